@@ -1,0 +1,28 @@
+// bonsai: inference runtime and OpenAI-compatible server for Bonsai (Qwen3
+// 1-bit / ternary GGUF) models. Subcommands live in cmd_*.cpp.
+#include <CLI/CLI.hpp>
+
+#include "apps/bonsai/commands.h"
+
+namespace bonsai::app {
+namespace {
+int g_exit_code = 0;
+}
+void set_exit_code(int code) { g_exit_code = code; }
+int exit_code() { return g_exit_code; }
+}  // namespace bonsai::app
+
+int main(int argc, char** argv) {
+  CLI::App app{"bonsai: run and serve Bonsai (Qwen3, Q1_0/Q2_0 GGUF) language models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "bonsai 0.1.0");
+  bonsai::app::register_run(app);
+  bonsai::app::register_serve(app);
+  bonsai::app::register_info(app);
+  bonsai::app::register_validate(app);
+  bonsai::app::register_synth(app);
+  bonsai::app::register_tokenize(app);
+  bonsai::app::register_logits(app);
+  CLI11_PARSE(app, argc, argv);
+  return bonsai::app::exit_code();
+}

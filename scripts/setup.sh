@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the build dependencies (Debian 12 packages) and builds bonsai into
+# ./build (Release). Safe to re-run: apt is skipped when everything is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(cmake ninja-build g++ clang pkg-config ccache git
+      libgtest-dev libgmock-dev libbenchmark-dev
+      nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libtomlplusplus-dev
+      libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+BUILD_DIR="${BUILD_DIR:-build}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "setup: built $BUILD_DIR/apps/bonsai/bonsai"

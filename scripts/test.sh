@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: builds (via setup.sh), then ctest. Fixtures are
+# read from ../shared (override with BONSAI_SHARED); under CI=true a missing
+# fixture fails instead of skipping.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+BUILD_DIR="${BUILD_DIR:-build}"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"

@@ -1,0 +1,63 @@
+#include "core/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace bonsai::core {
+
+Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    return fail(e == ENOENT ? Errc::kNotFound : Errc::kIo,
+                path + ": cannot open: " + std::strerror(e));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return fail(Errc::kIo, path + ": cannot stat: " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail(Errc::kIo, path + ": not a regular file");
+  }
+  std::shared_ptr<MappedFile> f(new MappedFile());
+  f->path_ = path;
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ > 0) {
+    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return fail(Errc::kIo, path + ": cannot mmap: " + std::strerror(e));
+    }
+    f->data_ = static_cast<const uint8_t*>(p);
+    f->mmapped_ = true;
+  }
+  ::close(fd);
+  return std::shared_ptr<const MappedFile>(std::move(f));
+}
+
+std::shared_ptr<const MappedFile> MappedFile::from_bytes(std::span<const uint8_t> bytes,
+                                                         std::string name) {
+  std::shared_ptr<MappedFile> f(new MappedFile());
+  f->path_ = std::move(name);
+  f->size_ = bytes.size();
+  // One spare byte so data() is never null for an empty buffer.
+  f->owned_.reset(new uint8_t[bytes.size() + 1]);
+  if (!bytes.empty()) std::memcpy(f->owned_.get(), bytes.data(), bytes.size());
+  f->data_ = f->owned_.get();
+  return f;
+}
+
+MappedFile::~MappedFile() {
+  if (mmapped_ && data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace bonsai::core

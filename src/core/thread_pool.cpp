@@ -1,0 +1,164 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "core/cpu_features.h"
+
+namespace bonsai::core {
+
+namespace {
+thread_local bool t_inside_job = false;  // re-entrancy guard
+}
+
+struct ThreadPool::Job {
+  void (*fn)(void*, int64_t, int64_t) = nullptr;
+  void* ctx = nullptr;
+  int64_t n = 0;
+  int64_t chunk = 1;
+  int64_t n_chunks = 0;
+  std::atomic<int64_t> next{0};  // next chunk index to claim
+  std::atomic<int64_t> done{0};  // chunks finished
+  std::atomic<int> active{0};    // workers holding a pointer to this job
+};
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  epoch_.fetch_add(1, std::memory_order_release);
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+// Claims and runs chunks of `job` until none are left. Returns true if it ran any.
+bool ThreadPool::work_on(Job& job) {
+  bool ran = false;
+  const bool was_inside = t_inside_job;
+  t_inside_job = true;
+  for (;;) {
+    const int64_t c = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (c >= job.n_chunks) break;
+    const int64_t b = c * job.chunk;
+    const int64_t e = std::min(job.n, b + job.chunk);
+    job.fn(job.ctx, b, e);
+    job.done.fetch_add(1, std::memory_order_acq_rel);
+    ran = true;
+  }
+  t_inside_job = was_inside;
+  return ran;
+}
+
+void ThreadPool::run(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx,
+                     int64_t min_chunk) {
+  if (n <= 0) return;
+  min_chunk = std::max<int64_t>(1, min_chunk);
+  if (n_threads_ == 1 || t_inside_job || n <= min_chunk) {
+    fn(ctx, 0, n);
+    return;
+  }
+  // A few chunks per thread evens out imbalance without much claiming traffic.
+  const int64_t target_chunks = static_cast<int64_t>(n_threads_) * 4;
+  int64_t chunk = std::max(min_chunk, (n + target_chunks - 1) / target_chunks);
+  Job job;
+  job.fn = fn;
+  job.ctx = ctx;
+  job.n = n;
+  job.chunk = chunk;
+  job.n_chunks = (n + chunk - 1) / chunk;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(&job);
+  }
+  epoch_.fetch_add(1, std::memory_order_release);
+  cv_.notify_all();
+  work_on(job);
+  // Remove the job so no worker picks it up again, then wait for in-flight chunks.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find(jobs_.begin(), jobs_.end(), &job);
+    if (it != jobs_.end()) jobs_.erase(it);
+  }
+  int spins = 0;
+  // After the erase no worker can newly pick the job; wait until those that
+  // did have let go, so the stack-allocated Job outlives every access.
+  while (job.done.load(std::memory_order_acquire) < job.n_chunks ||
+         job.active.load(std::memory_order_acquire) != 0) {
+    if (++spins > 64) std::this_thread::yield();
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = epoch_.load(std::memory_order_acquire);
+  for (;;) {
+    Job* job = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      for (Job* j : jobs_) {
+        if (j->next.load(std::memory_order_relaxed) < j->n_chunks) {
+          job = j;
+          // Pinned under mu_: the owner erases the job under mu_ and then
+          // waits for active == 0 before the Job goes out of scope.
+          job->active.fetch_add(1, std::memory_order_relaxed);
+          break;
+        }
+      }
+    }
+    if (job != nullptr) {
+      work_on(*job);
+      job->active.fetch_sub(1, std::memory_order_release);
+      continue;
+    }
+    // Nothing to do: spin on the epoch for a while, then sleep.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    bool woke = false;
+    while (std::chrono::steady_clock::now() < spin_until) {
+      const uint64_t e = epoch_.load(std::memory_order_acquire);
+      if (e != seen) {
+        seen = e;
+        woke = true;
+        break;
+      }
+    }
+    if (woke) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] {
+      return stop_ || std::any_of(jobs_.begin(), jobs_.end(), [](Job* j) {
+               return j->next.load(std::memory_order_relaxed) < j->n_chunks;
+             });
+    });
+    seen = epoch_.load(std::memory_order_acquire);
+  }
+}
+
+namespace {
+std::mutex g_pool_mu;
+std::unique_ptr<ThreadPool> g_pool;
+int g_requested_threads = 0;
+}  // namespace
+
+ThreadPool& global_pool() {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (!g_pool) {
+    const int n = g_requested_threads > 0 ? g_requested_threads : cpu_features().physical_cores;
+    g_pool = std::make_unique<ThreadPool>(n);
+  }
+  return *g_pool;
+}
+
+bool set_global_thread_count(int n_threads) {
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  if (g_pool) return g_pool->size() == std::max(1, n_threads);
+  g_requested_threads = std::max(1, n_threads);
+  return true;
+}
+
+}  // namespace bonsai::core

@@ -1,0 +1,167 @@
+// GGUF v2/v3 reader: zero-copy views into one memory mapping.
+// Format: ggml's docs/gguf.md (llama.cpp repository) — header (magic "GGUF",
+// u32 version, u64 tensor_count, u64 kv_count), key/value metadata, tensor
+// infos (name, n_dims, ne[], u32 type, u64 offset), padding to
+// `general.alignment` (default 32), then the tensor data section.
+//
+// Every rule is checked before a byte is read; a violation is a kFormat error
+// whose message names the file, the byte offset and the rule. A hostile file
+// never crashes or over-reads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ggml_types.h"
+#include "core/mapped_file.h"
+
+namespace bonsai::gguf {
+
+// GGUF metadata value type ids (gguf.md: GGUF_TYPE_*).
+enum class ValueType : uint32_t {
+  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
+  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+};
+
+// "u8", "i32", "f32", "bool", "string", "array", ... as used in error messages and `info`.
+std::string_view value_type_name(ValueType t);
+
+struct Value;
+
+// A metadata array: element type plus the elements (which may themselves be arrays).
+struct Array {
+  ValueType elem_type = ValueType::kUint8;
+  std::vector<Value> items;
+};
+
+// One metadata value. Strings are views into the mapping (valid while the File lives).
+struct Value {
+  ValueType type = ValueType::kUint8;
+  std::variant<uint64_t, int64_t, double, bool, std::string_view, Array> v;
+  // Unsigned ints hold uint64_t, signed ints int64_t, f32/f64 double (f32 is
+  // exactly representable), bool bool, string string_view, array Array.
+};
+
+struct KeyValue {
+  std::string_view key;  // view into the mapping
+  Value value;
+};
+
+// One tensor: a view into the mapping. ne[] in GGUF/ggml order (ne[0] is the
+// contiguous row length); unused dims are 1. nb[] are byte strides as ggml
+// computes them (nb[0] = block bytes, nb[1] = row bytes, ...).
+struct TensorInfo {
+  std::string_view name;
+  uint32_t type_id = 0;          // raw ggml type id from the file
+  core::GgmlType type{};         // same, as enum (known ids only reach here)
+  uint32_t n_dims = 0;
+  std::array<int64_t, 4> ne{1, 1, 1, 1};
+  std::array<uint64_t, 4> nb{0, 0, 0, 0};
+  uint64_t offset = 0;           // relative to the data section
+  uint64_t n_bytes = 0;          // size of the tensor's data
+  const uint8_t* data = nullptr; // = mapping + data_offset + offset
+  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+};
+
+struct OpenOptions {
+  // Force the layout of type-42 (Q2_0) tensors instead of detecting it
+  // (`--q2-layout`, env BONSAI_Q2_LAYOUT is read by the CLI, not here).
+  std::optional<core::Q2Layout> q2_layout;
+};
+
+class File {
+ public:
+  // Maps `path` and parses it. Errors: kNotFound / kIo from the mapping,
+  // kFormat for every broken rule (message: "<path>: offset <N>: <rule>"),
+  // kUnsupported for a version other than 2 or 3.
+  static core::Expected<std::shared_ptr<const File>> open(const std::string& path,
+                                                          const OpenOptions& options = {});
+  // Parses an existing mapping (tests, fuzzing). Keeps the mapping alive.
+  static core::Expected<std::shared_ptr<const File>> parse(
+      std::shared_ptr<const core::MappedFile> mapping, const OpenOptions& options = {});
+
+  const std::string& path() const { return mapping_->path(); }
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }  // absolute file offset of tensor data
+  const std::shared_ptr<const core::MappedFile>& mapping() const { return mapping_; }
+
+  // Metadata in file order.
+  const std::vector<KeyValue>& metadata() const { return kv_; }
+  const Value* find(std::string_view key) const;
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+
+  // Typed accessor. T: uint8_t..uint64_t, int8_t..int64_t, float, double,
+  // bool, std::string_view, std::string. Any integer value type converts to
+  // an integer T when the value fits. Errors: kNotFound "<path>: missing key
+  // 'K'", kFormat "<path>: key 'K' has type i32, expected u32" (or "value V
+  // does not fit in u32").
+  template <class T>
+  core::Expected<T> get(std::string_view key) const;
+
+  // Array accessors, same error rules; every element must convert.
+  core::Expected<std::vector<std::string_view>> get_string_array(std::string_view key) const;
+  core::Expected<std::vector<float>> get_f32_array(std::string_view key) const;
+  core::Expected<std::vector<int32_t>> get_i32_array(std::string_view key) const;
+
+  // Tensors in file order.
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find_tensor(std::string_view name) const;
+
+  // The Q2_0 layout in use when the file has any type-42 tensor (detected or forced).
+  std::optional<core::Q2Layout> q2_layout() const { return q2_layout_; }
+
+ private:
+  File() = default;
+  friend class Parser;
+  std::shared_ptr<const core::MappedFile> mapping_;
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
+  std::vector<KeyValue> kv_;
+  std::vector<TensorInfo> tensors_;
+  std::optional<core::Q2Layout> q2_layout_;
+};
+
+// Writes GGUF v3 files (tests, `bonsai synth`). Values are copied in; tensor
+// data is copied into the output in add order, each aligned to `alignment`.
+class Writer {
+ public:
+  explicit Writer(uint32_t alignment = 32);
+
+  void set_u32(std::string key, uint32_t v);
+  void set_i32(std::string key, int32_t v);
+  void set_u64(std::string key, uint64_t v);
+  void set_f32(std::string key, float v);
+  void set_bool(std::string key, bool v);
+  void set_string(std::string key, std::string v);
+  void set_string_array(std::string key, std::vector<std::string> v);
+  void set_f32_array(std::string key, std::vector<float> v);
+  void set_i32_array(std::string key, std::vector<int32_t> v);
+
+  // `ne` in ggml order (ne[0] = row length). `data` must be exactly the
+  // tensor's byte size for `type` (Q2_0 in the g64 layout).
+  core::Expected<void> add_tensor(std::string name, core::GgmlType type,
+                                  std::vector<int64_t> ne, std::vector<uint8_t> data);
+
+  std::vector<uint8_t> to_bytes() const;
+  // Errors: kIo naming the path.
+  core::Expected<void> write(const std::string& path) const;
+
+ private:
+  struct Kv;
+  struct Tensor;
+  uint32_t alignment_;
+  std::vector<std::shared_ptr<Kv>> kv_;
+  std::vector<Tensor> tensors_;
+};
+
+}  // namespace bonsai::gguf

@@ -1,0 +1,107 @@
+// Block-format kernels: dequantize, quantize (reference), GEMV and GEMM for
+// the weight formats Bonsai files use, with a scalar reference tier and SIMD
+// tiers (AVX2, AVX-512, NEON) chosen at run time. Formats are bit-exact with
+// ggml's definitions (llama.cpp ggml-quants.c / ggml-common.h); see
+// formats.h for the block structs.
+//
+// Threading: gemv/gemm split rows over the given pool; everything else is
+// single-threaded. All functions are thread-safe (no shared mutable state
+// other than the tier selection, which is set once at start-up).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/ggml_types.h"
+
+namespace bonsai::core {
+class ThreadPool;
+}
+
+namespace bonsai::kernels {
+
+// A weight/row format the kernels compute on. The three Q2_0 layouts that
+// share ggml type id 42 are distinct formats here.
+enum class Format : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,         // 32 weights: fp16 d, int8 qs[32]                (34 bytes)
+  kQ1_0,         // 128 weights: fp16 d, qs[16] sign bits          (18 bytes)
+  kQ2_0,         // 64 weights: fp16 d, qs[16] 2-bit codes          (18 bytes)
+  kQ2_0G128D,    // 128 weights: fp16 d, qs[32]                     (34 bytes)
+  kQ2_0G128Qs,   // 128 weights: qs[32], fp16 d                     (34 bytes)
+};
+
+// Maps a tensor's ggml type (and, for id 42, its layout) to a Format.
+// nullopt for types the kernels cannot compute on (e.g. Q4_K).
+std::optional<Format> format_of(core::GgmlType type,
+                                core::Q2Layout q2_layout = core::Q2Layout::kG64);
+std::string_view format_name(Format f);  // "Q1_0", "Q2_0(g128-d-first)", ...
+int64_t block_elems(Format f);           // weights per block
+size_t block_bytes(Format f);            // bytes per block
+// Bytes of one row of n elements (n must be a multiple of block_elems).
+inline size_t row_bytes(Format f, int64_t n) {
+  return static_cast<size_t>(n / block_elems(f)) * block_bytes(f);
+}
+
+// ---- Tiers -----------------------------------------------------------------
+enum class Tier : uint8_t { kReference, kAvx2, kAvx512, kNeon };
+std::string_view tier_name(Tier t);                    // "reference", "avx2", "avx512", "neon"
+std::optional<Tier> parse_tier(std::string_view name);
+bool tier_supported(Tier t);                           // built in AND the CPU has it
+Tier best_tier();                                      // fastest supported
+Tier active_tier();                                    // what gemv/gemm use now
+// Errors: kUnsupported "kernel tier 'avx512' is not supported by this CPU".
+core::Expected<void> set_active_tier(Tier t);
+// Applies env BONSAI_KERNEL=reference|avx2|avx512|neon if set (else best_tier()).
+// Errors: kInvalidArgument for an unknown name, kUnsupported as above.
+core::Expected<void> init_tier_from_env();
+
+// ---- Rows --------------------------------------------------------------------
+// Dequantizes n elements (a multiple of block_elems(f)) of `src` to float.
+void dequantize_row(Format f, const void* src, float* dst, int64_t n);
+// Reference quantizers (n a multiple of the block size).
+//   Q8_0: d = amax/127 (fp16), q = round(x/d)        (ggml quantize_row_q8_0_ref)
+//   Q1_0: d = mean |x| over the block, bit = x >= 0
+//   Q2_0 (g64): d = amax of the block, code = round(x/d) + 1 in {0,1,2}
+void quantize_row_q8_0(const float* src, void* dst, int64_t n);
+void quantize_row_q1_0(const float* src, void* dst, int64_t n);
+void quantize_row_q2_0(const float* src, void* dst, int64_t n);
+
+// ---- Matrix products -------------------------------------------------------------
+// A row-major weight matrix in one Format: `rows` rows of `cols` elements,
+// row r at (const uint8_t*)data + r * row_stride. Borrowed (points into the
+// model mapping); must outlive the call.
+struct MatrixView {
+  const void* data = nullptr;
+  Format format = Format::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_stride = 0;  // bytes
+};
+
+// y[r] = sum_c W[r][c] * x[c] for r in [0, rows). x: cols floats, y: rows floats.
+// Uses the active tier; pool == nullptr runs on the calling thread.
+void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool);
+
+// Y[j][r] = sum_c W[r][c] * X[j][c] for j in [0, n). X: [n][cols] row-major,
+// Y: [n][rows] row-major. Equal to n gemv calls (within float tolerance).
+void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool);
+
+// Same as gemv/gemm but on rows [row_begin, row_end) with an explicit tier,
+// single-threaded; for tests and benchmarks. The tier must be supported.
+void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y,
+               int64_t row_begin, int64_t row_end);
+
+// ---- Float vector helpers (attention, norms); active tier --------------------------
+float dot_f32(const float* a, const float* b, int64_t n);
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);  // a: fp16 bits
+void axpy_f32(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
+void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n);
+void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
+
+}  // namespace bonsai::kernels
