@@ -18,11 +18,3 @@ void register_info(CLI::App& app) {
 }
 
 }  // namespace bonsai::app
-
-namespace bonsai::app {
-void register_validate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("validate", "Check that a GGUF is a loadable model (not implemented yet)");
-  cmd->allow_extras();
-  cmd->callback([] { set_exit_code(2); });
-}
-}  // namespace bonsai::app

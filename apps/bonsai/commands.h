@@ -10,7 +10,7 @@ class App;
 namespace bonsai::app {
 
 void register_info(CLI::App& app);      // cmd_info.cpp      bonsai info -m FILE [--json]
-void register_validate(CLI::App& app);  // cmd_info.cpp      bonsai validate -m FILE
+void register_validate(CLI::App& app);  // cmd_validate.cpp     bonsai validate -m FILE
 void register_synth(CLI::App& app);     // cmd_synth.cpp     bonsai synth -o FILE --preset ...
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp  bonsai tokenize -m FILE -p TEXT
 void register_logits(CLI::App& app);    // cmd_logits.cpp    bonsai logits -m FILE ...
