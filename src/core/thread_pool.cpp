@@ -140,16 +140,19 @@ void ThreadPool::worker_loop() {
 }
 
 namespace {
-std::mutex g_pool_mu;
+std::mutex g_pool_mu;                       // guards creation of g_pool
 std::unique_ptr<ThreadPool> g_pool;
+std::atomic<ThreadPool*> g_pool_fast{nullptr};  // lock-free read path once created
 int g_requested_threads = 0;
 }  // namespace
 
 ThreadPool& global_pool() {
+  if (ThreadPool* p = g_pool_fast.load(std::memory_order_acquire)) return *p;
   std::lock_guard<std::mutex> lock(g_pool_mu);
   if (!g_pool) {
     const int n = g_requested_threads > 0 ? g_requested_threads : cpu_features().physical_cores;
     g_pool = std::make_unique<ThreadPool>(n);
+    g_pool_fast.store(g_pool.get(), std::memory_order_release);
   }
   return *g_pool;
 }
