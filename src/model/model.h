@@ -1,0 +1,144 @@
+// Model: a loaded Qwen3 / llama GGUF (weights as zero-copy views into the one
+// mapping) and its forward pass over a Batch.
+//
+// Usage (one engine replica):
+//   auto model = Model::load(path);                 // shared_ptr<const Model>, share it
+//   auto cache = KvCache::create((*model)->config(), n_ctx);
+//   Workspace ws;                                   // one per replica
+//   Batch b = Batch::for_sequence(ids, /*pos0=*/0);
+//   std::vector<float> logits(b.n_wanted() * (*model)->config().n_vocab);
+//   KvCache* caches[] = {&*cache};
+//   (*model)->forward(b, caches, ws, logits, pool);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gguf/gguf.h"        // File, OpenOptions
+#include "kernels/kernels.h"  // MatrixView
+#include "model/batch.h"      // Batch
+#include "model/config.h"     // ModelConfig
+#include "model/kv_cache.h"   // KvCache
+
+namespace bonsai::core {
+class ThreadPool;
+}
+
+namespace bonsai::model {
+
+// A norm weight vector: F32 tensors are viewed in place; F16/BF16 ones (tiny)
+// are converted once at load into `owned`.
+struct NormWeight {
+  const float* data = nullptr;  // n floats; points into the mapping or into owned
+  std::vector<float> owned;
+};
+
+// Views of one transformer block's tensors (llama.cpp names `blk.N.*`).
+// Matrix shapes as rows x cols (GGUF ne = [cols, rows]).
+struct LayerWeights {
+  NormWeight attn_norm;           // attn_norm.weight   [n_embd]
+  kernels::MatrixView wq;         // attn_q.weight      q_dim x n_embd
+  kernels::MatrixView wk;         // attn_k.weight      k_dim x n_embd
+  kernels::MatrixView wv;         // attn_v.weight      v_dim x n_embd
+  NormWeight q_norm;              // attn_q_norm.weight [head_dim_k] (qwen3 only)
+  NormWeight k_norm;              // attn_k_norm.weight [head_dim_k] (qwen3 only)
+  kernels::MatrixView wo;         // attn_output.weight n_embd x attn_out_dim
+  NormWeight ffn_norm;            // ffn_norm.weight    [n_embd]
+  kernels::MatrixView w_gate;     // ffn_gate.weight    n_ff x n_embd
+  kernels::MatrixView w_up;       // ffn_up.weight      n_ff x n_embd
+  kernels::MatrixView w_down;     // ffn_down.weight    n_embd x n_ff
+};
+
+// All weights. Borrowed views into the gguf::File's mapping (never copied);
+// valid while the owning Model lives.
+struct Weights {
+  kernels::MatrixView token_embd;  // n_vocab x n_embd, stored type; rows dequantized on lookup
+  NormWeight output_norm;          // [n_embd]
+  kernels::MatrixView output;      // n_vocab x n_embd; == token_embd when tied
+  std::vector<LayerWeights> layers;
+};
+
+// Per-caller scratch buffers for forward(), grown on demand and reused across
+// calls (no allocation in steady-state decode). One per engine replica; not
+// thread-safe (one forward() at a time per Workspace).
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(Workspace&&) noexcept = default;
+  Workspace& operator=(Workspace&&) noexcept = default;
+  size_t bytes() const;  // currently allocated scratch bytes
+
+ private:
+  friend class Model;
+  // Row-major [n_tokens][dim] activations.
+  std::vector<float> x_;       // residual stream       [n][n_embd]
+  std::vector<float> xb_;      // normed input          [n][n_embd]
+  std::vector<float> q_;       // queries               [n][q_dim]
+  std::vector<float> k_;       // keys                  [n][k_dim]
+  std::vector<float> v_;       // values                [n][v_dim]
+  std::vector<float> att_;     // attention output      [n][attn_out_dim]
+  std::vector<float> proj_;    // wo / w_down output    [n][n_embd]
+  std::vector<float> gate_;    // silu(gate) * up       [n][n_ff]
+  std::vector<float> up_;      //                       [n][n_ff]
+  std::vector<float> rope_;    // cos/sin per token     [n][n_rot]
+  std::vector<float> out_;     // final-normed rows of wanted tokens [n_wanted][n_embd]
+};
+
+// Lists every problem that stops `file` from loading as a model: unsupported
+// or missing architecture, missing/ill-typed/inconsistent metadata keys,
+// missing tensors, wrong shapes, tensor types the kernels cannot compute on.
+// Empty means loadable. Each entry is one human-readable line naming the
+// key or tensor. Used by Model::from_file and `bonsai validate`.
+std::vector<std::string> check_model(const gguf::File& file);
+
+// An immutable loaded model, shared by every engine replica
+// (std::shared_ptr<const Model>); all members are const after load, so
+// concurrent forward() calls with distinct caches and workspaces are safe.
+class Model {
+ public:
+  // Opens `path` (gguf::File::open) and builds the weights.
+  // Errors: those of File::open; kFormat / kUnsupported / kNotFound listing
+  // every problem check_model finds (joined with "; ").
+  static core::Expected<std::shared_ptr<const Model>> load(const std::string& path,
+                                                           const gguf::OpenOptions& options = {});
+  // Same on an already opened file (kept alive by the model).
+  static core::Expected<std::shared_ptr<const Model>> from_file(
+      std::shared_ptr<const gguf::File> file);
+
+  const ModelConfig& config() const { return config_; }
+  const gguf::File& file() const { return *file_; }
+  const std::shared_ptr<const gguf::File>& file_ptr() const { return file_; }
+  const Weights& weights() const { return weights_; }
+  // Bytes of all weight tensors in the mapping (token_embd counted once when tied).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+  // Runs the transformer on `batch`.
+  //   caches: indexed by BatchToken::seq; caches[seq] must be non-null for
+  //           every seq used, made for this model (KvCache::matches) and big
+  //           enough for the positions written.
+  //   logits: [batch.n_wanted()][n_vocab] floats, rows in batch order of the
+  //           tokens with logits == true; must hold at least that many.
+  //   pool:   matrix products and attention heads run on it.
+  // Errors (checked before anything is written; caches unchanged on error):
+  // kInvalidArgument for an empty batch, a token id outside [0, n_vocab), a
+  // seq id outside caches or a null cache, a cache of another model,
+  // non-consecutive positions in a sequence, a first position beyond the
+  // cache's size(), a logits span too small; kOutOfRange for a position >=
+  // the cache's n_ctx().
+  core::Expected<void> forward(const Batch& batch, std::span<KvCache* const> caches,
+                               Workspace& ws, std::span<float> logits,
+                               core::ThreadPool& pool) const;
+
+ private:
+  Model() = default;
+  std::shared_ptr<const gguf::File> file_;
+  ModelConfig config_;
+  Weights weights_;
+  uint64_t weight_bytes_ = 0;
+};
+
+}  // namespace bonsai::model
