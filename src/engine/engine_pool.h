@@ -1,0 +1,306 @@
+// EnginePool / EngineLease: N engine replicas of one model shared by many
+// concurrent requests, with the seed design's semantics (../shared/DESIGN.md,
+// "EnginePool / EngineLease"):
+//
+//   - size = max(1, number of engines given);
+//   - a counting semaphore with `size` permits bounds how many leases exist;
+//   - `idle` engines sit behind a mutex that is held only for one pop or one
+//     push, never while waiting and never across a forward pass;
+//   - acquire(deadline) waits for a permit, then pops an idle engine;
+//   - dropping a lease pushes the engine back *then* releases the permit, so
+//     a waiter woken by that permit always finds an engine.
+//
+// The pool is a template over the engine type so its concurrency logic is
+// unit-tested with a fake engine; bonsai code uses the alias `EnginePool`
+// (= BasicEnginePool<InferenceEngine>) declared at the bottom.
+//
+// Replicas share the process-wide compute thread pool (core::global_pool()),
+// whose workers are shared by all concurrent callers, so N replicas running
+// at once never start more compute threads than `-t` (each forward pass gets
+// its share of the workers instead of oversubscribing the cores).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"  // core::Expected
+
+namespace bonsai::engine {
+
+class InferenceEngine;  // engine.h
+struct SamplingParams;  // sampling.h
+
+// Why acquire() gave no lease. At the HTTP layer every one is a 503 with Retry-After.
+enum class PoolError {
+  kClosed,    // close() was called: the pool is shutting down
+  kEmpty,     // a permit was granted but no idle engine was there (cannot
+              // happen by construction; reported, never asserted)
+  kPoisoned,  // the pool's bookkeeping broke (an engine returned twice, a
+              // lock threw); no further leases are handed out
+  kTimeout,   // the deadline passed before a permit was free
+};
+
+// "closed", "empty", "poisoned", "timeout".
+const char* pool_error_name(PoolError e);
+
+// Where the compute runs. Only CPU exists today; a GPU tier would clamp the
+// pool to one replica (one device context), as the seed did.
+enum class ComputeTier { kCpu, kGpu };
+
+// hardware_concurrency() capped at 4, at least 1 (the seed's default CPU pool size).
+int default_cpu_pool_size();
+
+// Pool size to build: GPU tier -> 1; otherwise `requested` if >= 1, else
+// default_cpu_pool_size().
+int resolve_pool_size(int requested, ComputeTier tier);
+
+namespace detail {
+
+// A counting semaphore whose waiters can be woken all at once by close().
+// std::counting_semaphore cannot do that, hence this small mutex + condvar
+// one. Guarded by mu_: permits_, closed_.
+class ClosableSemaphore {
+ public:
+  enum class Result { kAcquired, kClosed, kTimeout };
+
+  explicit ClosableSemaphore(int permits) : permits_(permits) {}
+
+  // Takes one permit, waiting until `deadline` at most.
+  Result acquire_until(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mu_);
+    bool ok = cv_.wait_until(lock, deadline, [&] { return closed_ || permits_ > 0; });
+    if (closed_) return Result::kClosed;
+    if (!ok) return Result::kTimeout;
+    --permits_;
+    return Result::kAcquired;
+  }
+
+  // Returns one permit and wakes one waiter.
+  void release() {
+    {
+      std::lock_guard lock(mu_);
+      ++permits_;
+    }
+    cv_.notify_one();
+  }
+
+  // Every current and future acquire returns kClosed.
+  void close() {
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  bool closed() const {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
+  int permits() const {
+    std::lock_guard lock(mu_);
+    return permits_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int permits_;
+  bool closed_ = false;
+};
+
+}  // namespace detail
+
+template <class Engine>
+class BasicEnginePool;
+
+// Exclusive use of one engine replica until the lease is dropped. Move-only.
+// The destructor returns the engine to the pool's idle list and only then
+// releases the permit. A moved-from lease owns nothing and returns nothing,
+// so an engine can never be returned twice. Keeps the pool's shared state
+// alive, so a lease may outlive the EnginePool object that made it.
+template <class Engine>
+class BasicEngineLease {
+ public:
+  BasicEngineLease(BasicEngineLease&& other) noexcept
+      : state_(std::move(other.state_)), engine_(std::move(other.engine_)) {}
+  BasicEngineLease& operator=(BasicEngineLease&& other) noexcept {
+    if (this != &other) {
+      give_back();
+      state_ = std::move(other.state_);
+      engine_ = std::move(other.engine_);
+    }
+    return *this;
+  }
+  BasicEngineLease(const BasicEngineLease&) = delete;
+  BasicEngineLease& operator=(const BasicEngineLease&) = delete;
+  ~BasicEngineLease() { give_back(); }
+
+  Engine& engine() { return *engine_; }
+  Engine& operator*() { return *engine_; }
+  Engine* operator->() { return engine_.get(); }
+  // False only for a moved-from lease.
+  explicit operator bool() const { return engine_ != nullptr; }
+
+ private:
+  friend class BasicEnginePool<Engine>;
+  using State = typename BasicEnginePool<Engine>::State;
+
+  BasicEngineLease(std::shared_ptr<State> state, std::unique_ptr<Engine> engine)
+      : state_(std::move(state)), engine_(std::move(engine)) {}
+
+  void give_back() noexcept {
+    if (state_ && engine_) {
+      state_->push(std::move(engine_));  // engine first ...
+      state_->sem.release();             // ... then the permit
+    }
+    state_.reset();
+    engine_.reset();
+  }
+
+  std::shared_ptr<State> state_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// N replicas of one engine. Thread-safe: acquire/close/size/available may be
+// called from any thread. Members: state_ (shared with leases). Inside State,
+// `idle_mu` guards `idle`, `poisoned` and the pending metrics setter; the
+// semaphore has its own lock.
+template <class Engine>
+class BasicEnginePool {
+ public:
+  using Lease = BasicEngineLease<Engine>;
+  using Clock = std::chrono::steady_clock;
+
+  // Takes ownership of the engines. size() = max(1, engines.size()); an empty
+  // vector makes a pool of size 1 whose acquire reports kEmpty (the seed's
+  // rule, kept so misuse is reported rather than hanging).
+  explicit BasicEnginePool(std::vector<Engine> engines)
+      : state_(std::make_shared<State>(engines.empty() ? 1 : static_cast<int>(engines.size()))) {
+    state_->idle.reserve(state_->size);  // pushes never allocate, so give_back cannot throw
+    for (auto& e : engines) state_->idle.push_back(std::make_unique<Engine>(std::move(e)));
+    state_->slots = state_->idle.size();
+  }
+
+  BasicEnginePool(BasicEnginePool&&) noexcept = default;
+  BasicEnginePool& operator=(BasicEnginePool&&) noexcept = default;
+  BasicEnginePool(const BasicEnginePool&) = delete;
+  BasicEnginePool& operator=(const BasicEnginePool&) = delete;
+
+  // Waits until `deadline` for a permit, then pops an idle engine (the most
+  // recently returned one: LIFO, so a warm replica is reused first).
+  std::expected<Lease, PoolError> acquire(Clock::time_point deadline) {
+    State& s = *state_;
+    if (s.is_poisoned()) return std::unexpected(PoolError::kPoisoned);
+    switch (s.sem.acquire_until(deadline)) {
+      case detail::ClosableSemaphore::Result::kClosed:
+        return std::unexpected(PoolError::kClosed);
+      case detail::ClosableSemaphore::Result::kTimeout:
+        return std::unexpected(PoolError::kTimeout);
+      case detail::ClosableSemaphore::Result::kAcquired:
+        break;
+    }
+    std::unique_ptr<Engine> engine;
+    bool poisoned = false;
+    {
+      std::lock_guard lock(s.idle_mu);
+      poisoned = s.poisoned;
+      if (!poisoned && !s.idle.empty()) {
+        engine = std::move(s.idle.back());
+        s.idle.pop_back();
+      }
+    }
+    if (!engine) {
+      s.sem.release();  // the permit is not used: give it back
+      return std::unexpected(poisoned ? PoolError::kPoisoned : PoolError::kEmpty);
+    }
+    return Lease(state_, std::move(engine));
+  }
+
+  // acquire() with a relative timeout.
+  std::expected<Lease, PoolError> acquire_for(Clock::duration timeout) {
+    return acquire(Clock::now() + timeout);
+  }
+
+  // Wakes every waiter with kClosed; later acquires fail with kClosed.
+  // Leases already out stay valid and return their engines normally.
+  void close() { state_->sem.close(); }
+  bool closed() const { return state_->sem.closed(); }
+
+  // Calls setter(engine) on every replica: now for idle ones, and for leased
+  // ones when their lease returns them (a leased engine is never touched by
+  // another thread). Typical use: engine.set_metrics(aggregator).
+  void set_metrics_all(std::function<void(Engine&)> setter) {
+    std::lock_guard lock(state_->idle_mu);
+    for (auto& e : state_->idle) setter(*e);
+    state_->pending_setter = std::move(setter);
+    state_->pending_left = state_->slots - state_->idle.size();
+    state_->pending_done.clear();
+    for (auto& e : state_->idle) state_->pending_done.push_back(e.get());
+  }
+
+  // Number of replicas (>= 1).
+  int size() const { return state_->size; }
+  // Permits free right now (a snapshot; size() - available() replicas are busy).
+  int available() const { return state_->sem.permits(); }
+
+ private:
+  friend class BasicEngineLease<Engine>;
+
+  struct State {
+    explicit State(int n) : size(n), sem(n) {}
+
+    bool is_poisoned() {
+      std::lock_guard lock(idle_mu);
+      return poisoned;
+    }
+
+    // Returns an engine to idle. noexcept: capacity was reserved for `slots`
+    // engines, so push_back cannot allocate; a return beyond `slots` (double
+    // return: impossible through the Lease API) poisons the pool.
+    void push(std::unique_ptr<Engine> e) noexcept {
+      std::lock_guard lock(idle_mu);
+      if (idle.size() >= slots) {
+        poisoned = true;
+        return;
+      }
+      if (pending_setter && pending_left > 0) {
+        bool done = false;
+        for (Engine* p : pending_done) done = done || p == e.get();
+        if (!done) {
+          pending_setter(*e);
+          pending_done.push_back(e.get());
+          --pending_left;
+        }
+      }
+      idle.push_back(std::move(e));
+    }
+
+    const int size;
+    detail::ClosableSemaphore sem;
+    std::mutex idle_mu;
+    std::vector<std::unique_ptr<Engine>> idle;  // guarded by idle_mu
+    size_t slots = 0;                            // engines owned (idle + leased)
+    bool poisoned = false;                       // guarded by idle_mu
+    std::function<void(Engine&)> pending_setter;  // guarded by idle_mu
+    size_t pending_left = 0;                      // guarded by idle_mu
+    std::vector<const Engine*> pending_done;      // guarded by idle_mu
+  };
+
+  std::shared_ptr<State> state_;
+};
+
+// The pool the server uses.
+using EnginePool = BasicEnginePool<InferenceEngine>;
+using EngineLease = BasicEngineLease<InferenceEngine>;
+
+}  // namespace bonsai::engine

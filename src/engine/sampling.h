@@ -1,0 +1,144 @@
+// Sampling parameters and the sampler: turns one logits vector into one token.
+//
+// The chain follows llama.cpp's default sampler chain (common/sampling.cpp,
+// src/llama-sampling.cpp), restricted to the stages we support, in this order:
+//
+//   1. penalties   over the last `repeat_last_n` tokens of the history:
+//                  repeat_penalty (llama.cpp / CTRL paper: a logit > 0 is
+//                  divided by it, a logit <= 0 multiplied), then
+//                  logit -= count * frequency_penalty + (count > 0) * presence_penalty
+//                  (OpenAI's definition, as llama.cpp applies it).
+//   2. greedy      if temperature <= 0: the arg-max of the penalised logits
+//                  (lowest id on ties); no RNG draw. Stages 3-7 are skipped.
+//   3. top_k       keep the k largest logits (k <= 0 or k >= n_vocab: off).
+//   4. top_p       softmax of the survivors (at temperature 1, as llama.cpp
+//                  does: temperature comes later), keep the smallest prefix
+//                  of the sorted list whose probability sum is >= top_p
+//                  (top_p >= 1: off). At least one token is kept.
+//   5. min_p       keep tokens whose probability (softmax of the survivors,
+//                  temperature 1) is >= min_p * the largest probability
+//                  (min_p <= 0: off). At least one token is kept.
+//   6. temperature the survivors' logits are divided by `temperature`.
+//   7. sample      p_i = softmax(survivors); one uniform u in [0, 1) from the
+//                  RNG (Rng::next_double); the first token in sorted order
+//                  whose cumulative probability exceeds u is chosen (the last
+//                  survivor if rounding leaves u above the total).
+//
+// Sorted order everywhere is: logit descending, then token id ascending — a
+// strict total order, so the result does not depend on the sort algorithm or
+// the standard library. Every non-greedy sample consumes exactly one
+// next_double() (= one xoshiro256** output), even when one candidate is left,
+// so the RNG progression depends only on the number of sampled tokens.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"  // core::Expected
+
+namespace bonsai::engine {
+
+// Default seed of an engine that was given none (fixed, so runs repeat).
+inline constexpr uint64_t kDefaultSeed = 0x5EED;
+
+// What a generate* call samples with. Field names and defaults follow
+// llama.cpp's common_params_sampling; the OpenAI fields (presence/frequency
+// penalty, max_tokens, stop, seed) keep OpenAI's meaning.
+struct SamplingParams {
+  float temperature = 0.8f;        // <= 0: greedy (arg-max)
+  int32_t top_k = 40;              // <= 0: off
+  float top_p = 0.95f;             // >= 1: off; must be in (0, 1]
+  float min_p = 0.05f;             // <= 0: off; must be in [0, 1]
+  float repeat_penalty = 1.0f;     // 1.0: off; must be > 0
+  int32_t repeat_last_n = 64;      // window of past tokens the penalties see; 0: off, -1: all
+  float presence_penalty = 0.0f;   // OpenAI: subtracted once if the token occurred in the window
+  float frequency_penalty = 0.0f;  // OpenAI: subtracted once per occurrence in the window
+  uint64_t seed = kDefaultSeed;    // RNG seed (used by reseed; see InferenceEngine)
+  int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS or the context is full
+  std::vector<std::string> stop;   // stop strings (UTF-8); the text never contains them
+  bool ignore_eos = false;         // true: EOS/EOG tokens do not end generation
+
+  // Checks ranges (NaN, negative temperature is allowed = greedy, top_p in
+  // (0,1], min_p in [0,1], repeat_penalty > 0, repeat_last_n >= -1, empty stop
+  // strings). Errors: kInvalidArgument naming the field and the valid range.
+  core::Expected<void> validate() const;
+};
+
+// xoshiro256** 1.0 (Blackman & Vigna, https://prng.di.unimi.it/xoshiro256starstar.c),
+// seeded by running splitmix64 (Vigna, https://prng.di.unimi.it/splitmix64.c)
+// from the 64-bit seed to fill the four state words. Specified bit for bit,
+// so a seed gives the same stream on every platform and standard library.
+class Rng {
+ public:
+  struct State {
+    uint64_t s[4];
+    bool operator==(const State&) const = default;
+  };
+
+  explicit Rng(uint64_t seed = kDefaultSeed) { reseed(seed); }
+  void reseed(uint64_t seed);
+  // Next raw 64-bit output of xoshiro256**.
+  uint64_t next_u64();
+  // Uniform double in [0, 1): (next_u64() >> 11) * 2^-53.
+  double next_double();
+  State state() const { return state_; }
+  void set_state(const State& s) { state_ = s; }
+
+ private:
+  State state_;
+};
+
+// One surviving candidate of the chain: token id, its (penalised, tempered)
+// logit and its probability among the survivors.
+struct Candidate {
+  int32_t id = 0;
+  float logit = 0.0f;
+  float p = 0.0f;
+};
+
+// Applies stage 1 (penalties) in place. `logits`: [n_vocab]; `history`: the
+// tokens so far (prompt + generated), of which the last repeat_last_n count.
+// History ids outside [0, n_vocab) are ignored.
+void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
+                     const SamplingParams& params);
+
+// Stages 3-6 on already-penalised logits: the survivors in sorted order with
+// their tempered logits and final probabilities (summing to 1). Requires
+// temperature > 0. Exposed for tests and for logprobs.
+std::vector<Candidate> filter_candidates(std::span<const float> logits,
+                                         const SamplingParams& params);
+
+// Arg-max (lowest id on ties). `logits` must not be empty.
+int32_t argmax(std::span<const float> logits);
+
+// The sampler: SamplingParams plus the RNG. One per engine replica; not
+// thread-safe (an engine is used by one caller at a time).
+class Sampler {
+ public:
+  explicit Sampler(SamplingParams params = {}) : params_(std::move(params)), rng_(params_.seed) {}
+
+  const SamplingParams& params() const { return params_; }
+  // Replaces the parameters and KEEPS the RNG state (params.seed is not applied).
+  void set_params(SamplingParams params) { params_ = std::move(params); }
+  // Restarts the RNG from `seed` and records it in params().seed.
+  void reseed(uint64_t seed) {
+    params_.seed = seed;
+    rng_.reseed(seed);
+  }
+  Rng& rng() { return rng_; }
+  const Rng& rng() const { return rng_; }
+
+  // Runs the whole chain (see the file comment) on a copy of `logits`
+  // ([n_vocab]) with `history` for the penalties; returns the token id.
+  // `logits` must not be empty.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+ private:
+  SamplingParams params_;
+  Rng rng_;
+  std::vector<float> scratch_;  // penalised copy of the logits, reused
+};
+
+}  // namespace bonsai::engine
