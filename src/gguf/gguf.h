@@ -11,11 +11,13 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -129,7 +131,14 @@ class File {
   std::vector<KeyValue> kv_;
   std::vector<TensorInfo> tensors_;
   std::optional<core::Q2Layout> q2_layout_;
+  std::unordered_map<std::string_view, size_t> kv_index_;      // key -> index in kv_
+  std::unordered_map<std::string_view, size_t> tensor_index_;  // name -> index in tensors_
 };
+
+// Limits the reader enforces beyond the spec (hostile-file defences).
+inline constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
+inline constexpr int kMaxArrayNesting = 8;       // arrays of arrays of ... deeper is refused
+inline constexpr uint64_t kMaxAlignment = 1u << 30;
 
 // Writes GGUF v3 files (tests, `bonsai synth`). Values are copied in; tensor
 // data is copied into the output in add order, each aligned to `alignment`.
@@ -137,7 +146,13 @@ class Writer {
  public:
   explicit Writer(uint32_t alignment = 32);
 
+  void set_u8(std::string key, uint8_t v);
+  void set_i8(std::string key, int8_t v);
+  void set_u16(std::string key, uint16_t v);
+  void set_i16(std::string key, int16_t v);
   void set_u32(std::string key, uint32_t v);
+  void set_i64(std::string key, int64_t v);
+  void set_f64(std::string key, double v);
   void set_i32(std::string key, int32_t v);
   void set_u64(std::string key, uint64_t v);
   void set_f32(std::string key, float v);
@@ -152,15 +167,44 @@ class Writer {
   core::Expected<void> add_tensor(std::string name, core::GgmlType type,
                                   std::vector<int64_t> ne, std::vector<uint8_t> data);
 
+  // Fills a tensor's bytes at write time (streaming: `out` is the tensor's
+  // exact byte size; it lives only for the call). Lets `synth` write an 8B
+  // model without holding it in memory.
+  using Generator = std::function<void(std::span<uint8_t> out)>;
+  // As add_tensor, but the data comes from `gen` when written (called once per
+  // write()/to_bytes(), in add order, on the calling thread).
+  core::Expected<void> add_tensor_generated(std::string name, core::GgmlType type,
+                                            std::vector<int64_t> ne, Generator gen);
+  // Tests only: a tensor with any raw type id / dims / bytes and no checks
+  // (to build hostile or foreign-layout files). `offset_override`, if set,
+  // replaces the computed data offset in the tensor info.
+  void add_tensor_raw(std::string name, uint32_t type_id, std::vector<int64_t> ne,
+                      std::vector<uint8_t> data, std::optional<uint64_t> offset_override = {});
+
+  size_t n_tensors() const { return tensors_.size(); }
   std::vector<uint8_t> to_bytes() const;
-  // Errors: kIo naming the path.
+  // Writes the file (header, then each tensor streamed). Errors: kIo naming the path.
   core::Expected<void> write(const std::string& path) const;
 
  private:
-  struct Kv;
-  struct Tensor;
+  // One metadata entry, already encoded (value type id + payload, little endian).
+  struct Kv {
+    std::string key;
+    std::vector<uint8_t> encoded;
+  };
+  struct Tensor {
+    std::string name;
+    uint32_t type_id = 0;
+    std::vector<int64_t> ne;
+    uint64_t n_bytes = 0;
+    std::vector<uint8_t> data;  // used when gen is empty
+    Generator gen;
+    std::optional<uint64_t> offset_override;
+  };
+  void set_encoded(std::string key, std::vector<uint8_t> encoded);
+  std::vector<uint8_t> header_bytes(std::vector<uint64_t>* offsets) const;
   uint32_t alignment_;
-  std::vector<std::shared_ptr<Kv>> kv_;
+  std::vector<Kv> kv_;  // in insertion order; setting an existing key replaces it
   std::vector<Tensor> tensors_;
 };
 

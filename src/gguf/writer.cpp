@@ -1,0 +1,249 @@
+// GGUF v3 writer (ggml docs/gguf.md): header, metadata, tensor infos, padding
+// to the alignment, then each tensor's data padded to the alignment.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "gguf/gguf.h"
+
+namespace bonsai::gguf {
+namespace {
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  uint8_t b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.insert(out.end(), b, b + sizeof(T));
+}
+
+void put_string(std::vector<uint8_t>& out, std::string_view s) {
+  put<uint64_t>(out, s.size());
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+template <class T>
+std::vector<uint8_t> encode_scalar(ValueType t, T v) {
+  std::vector<uint8_t> e;
+  put<uint32_t>(e, static_cast<uint32_t>(t));
+  put<T>(e, v);
+  return e;
+}
+
+template <class T>
+std::vector<uint8_t> encode_array(ValueType elem, const std::vector<T>& v) {
+  std::vector<uint8_t> e;
+  put<uint32_t>(e, static_cast<uint32_t>(ValueType::kArray));
+  put<uint32_t>(e, static_cast<uint32_t>(elem));
+  put<uint64_t>(e, v.size());
+  for (const T& x : v) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      put_string(e, x);
+    } else {
+      put<T>(e, x);
+    }
+  }
+  return e;
+}
+
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+Writer::Writer(uint32_t alignment) : alignment_(alignment == 0 ? 32 : alignment) {
+  if (alignment_ != 32) set_u32("general.alignment", alignment_);
+}
+
+void Writer::set_encoded(std::string key, std::vector<uint8_t> encoded) {
+  for (Kv& kv : kv_) {
+    if (kv.key == key) {
+      kv.encoded = std::move(encoded);
+      return;
+    }
+  }
+  kv_.push_back(Kv{std::move(key), std::move(encoded)});
+}
+
+void Writer::set_u8(std::string key, uint8_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint8, v)); }
+void Writer::set_i8(std::string key, int8_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt8, v)); }
+void Writer::set_u16(std::string key, uint16_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint16, v)); }
+void Writer::set_i16(std::string key, int16_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt16, v)); }
+void Writer::set_u32(std::string key, uint32_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint32, v)); }
+void Writer::set_i32(std::string key, int32_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt32, v)); }
+void Writer::set_u64(std::string key, uint64_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint64, v)); }
+void Writer::set_i64(std::string key, int64_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt64, v)); }
+void Writer::set_f32(std::string key, float v) { set_encoded(std::move(key), encode_scalar(ValueType::kFloat32, v)); }
+void Writer::set_f64(std::string key, double v) { set_encoded(std::move(key), encode_scalar(ValueType::kFloat64, v)); }
+void Writer::set_bool(std::string key, bool v) {
+  set_encoded(std::move(key), encode_scalar<uint8_t>(ValueType::kBool, v ? 1 : 0));
+}
+void Writer::set_string(std::string key, std::string v) {
+  std::vector<uint8_t> e;
+  put<uint32_t>(e, static_cast<uint32_t>(ValueType::kString));
+  put_string(e, v);
+  set_encoded(std::move(key), std::move(e));
+}
+void Writer::set_string_array(std::string key, std::vector<std::string> v) {
+  set_encoded(std::move(key), encode_array(ValueType::kString, v));
+}
+void Writer::set_f32_array(std::string key, std::vector<float> v) {
+  set_encoded(std::move(key), encode_array(ValueType::kFloat32, v));
+}
+void Writer::set_i32_array(std::string key, std::vector<int32_t> v) {
+  set_encoded(std::move(key), encode_array(ValueType::kInt32, v));
+}
+
+namespace {
+
+// Byte size of a tensor of `type` with dims `ne`, or an error naming the rule broken.
+core::Expected<uint64_t> tensor_bytes(const std::string& name, core::GgmlType type, const std::vector<int64_t>& ne) {
+  auto traits = core::ggml_type_traits(static_cast<uint32_t>(type));
+  if (!traits) return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': unknown type");
+  if (ne.empty() || ne.size() > kMaxDims) {
+    return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': needs 1..4 dims");
+  }
+  uint64_t n = 1;
+  for (int64_t d : ne) {
+    if (d <= 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
+      return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': bad dims");
+    }
+  }
+  if (ne[0] % traits->block_size != 0) {
+    return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': ne[0] " +
+                                                        std::to_string(ne[0]) + " not a multiple of block size " +
+                                                        std::to_string(traits->block_size));
+  }
+  return n / traits->block_size * traits->type_size;
+}
+
+}  // namespace
+
+core::Expected<void> Writer::add_tensor(std::string name, core::GgmlType type, std::vector<int64_t> ne,
+                                        std::vector<uint8_t> data) {
+  auto nbytes = tensor_bytes(name, type, ne);
+  if (!nbytes) return std::unexpected(nbytes.error());
+  if (data.size() != *nbytes) {
+    return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': data has " +
+                                                        std::to_string(data.size()) + " bytes, expected " +
+                                                        std::to_string(*nbytes));
+  }
+  for (const Tensor& t : tensors_) {
+    if (t.name == name) return core::fail(core::Errc::kInvalidArgument, "gguf writer: duplicate tensor '" + name + "'");
+  }
+  Tensor t;
+  t.name = std::move(name);
+  t.type_id = static_cast<uint32_t>(type);
+  t.ne = std::move(ne);
+  t.n_bytes = *nbytes;
+  t.data = std::move(data);
+  tensors_.push_back(std::move(t));
+  return {};
+}
+
+core::Expected<void> Writer::add_tensor_generated(std::string name, core::GgmlType type, std::vector<int64_t> ne,
+                                                  Generator gen) {
+  auto nbytes = tensor_bytes(name, type, ne);
+  if (!nbytes) return std::unexpected(nbytes.error());
+  if (!gen) return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': no generator");
+  for (const Tensor& t : tensors_) {
+    if (t.name == name) return core::fail(core::Errc::kInvalidArgument, "gguf writer: duplicate tensor '" + name + "'");
+  }
+  Tensor t;
+  t.name = std::move(name);
+  t.type_id = static_cast<uint32_t>(type);
+  t.ne = std::move(ne);
+  t.n_bytes = *nbytes;
+  t.gen = std::move(gen);
+  tensors_.push_back(std::move(t));
+  return {};
+}
+
+void Writer::add_tensor_raw(std::string name, uint32_t type_id, std::vector<int64_t> ne, std::vector<uint8_t> data,
+                            std::optional<uint64_t> offset_override) {
+  Tensor t;
+  t.name = std::move(name);
+  t.type_id = type_id;
+  t.ne = std::move(ne);
+  t.n_bytes = data.size();
+  t.data = std::move(data);
+  t.offset_override = offset_override;
+  tensors_.push_back(std::move(t));
+}
+
+std::vector<uint8_t> Writer::header_bytes(std::vector<uint64_t>* offsets) const {
+  std::vector<uint8_t> h;
+  put<uint32_t>(h, 0x46554747);  // "GGUF"
+  put<uint32_t>(h, 3);
+  put<uint64_t>(h, tensors_.size());
+  put<uint64_t>(h, kv_.size());
+  for (const Kv& kv : kv_) {
+    put_string(h, kv.key);
+    h.insert(h.end(), kv.encoded.begin(), kv.encoded.end());
+  }
+  uint64_t off = 0;
+  for (const Tensor& t : tensors_) {
+    put_string(h, t.name);
+    put<uint32_t>(h, static_cast<uint32_t>(t.ne.size()));
+    for (int64_t d : t.ne) put<int64_t>(h, d);
+    put<uint32_t>(h, t.type_id);
+    put<uint64_t>(h, t.offset_override.value_or(off));
+    if (offsets) offsets->push_back(off);
+    off += align_up(t.n_bytes, alignment_);
+  }
+  h.resize(align_up(h.size(), alignment_), 0);
+  return h;
+}
+
+std::vector<uint8_t> Writer::to_bytes() const {
+  std::vector<uint8_t> out = header_bytes(nullptr);
+  for (const Tensor& t : tensors_) {
+    const size_t at = out.size();
+    out.resize(at + t.n_bytes, 0);
+    if (t.gen) {
+      t.gen(std::span<uint8_t>(out.data() + at, t.n_bytes));
+    } else if (!t.data.empty()) {
+      std::memcpy(out.data() + at, t.data.data(), t.data.size());
+    }
+    out.resize(align_up(out.size(), alignment_), 0);
+  }
+  return out;
+}
+
+core::Expected<void> Writer::write(const std::string& path) const {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return core::fail(core::Errc::kIo, path + ": cannot create: " + std::strerror(errno));
+  auto io_error = [&](const char* what) {
+    const int e = errno;
+    std::fclose(f);
+    std::remove(path.c_str());
+    return core::fail(core::Errc::kIo, path + ": " + what + ": " + std::strerror(e));
+  };
+  const std::vector<uint8_t> head = header_bytes(nullptr);
+  if (std::fwrite(head.data(), 1, head.size(), f) != head.size()) return io_error("write failed");
+  std::vector<uint8_t> buf;
+  const std::vector<uint8_t> zeros(alignment_, 0);
+  for (const Tensor& t : tensors_) {
+    std::span<const uint8_t> bytes;
+    if (t.gen) {
+      buf.assign(t.n_bytes, 0);
+      t.gen(std::span<uint8_t>(buf.data(), buf.size()));
+      bytes = buf;
+    } else {
+      bytes = t.data;
+    }
+    if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size()) {
+      return io_error("write failed");
+    }
+    const uint64_t pad = align_up(t.n_bytes, alignment_) - t.n_bytes;
+    if (pad > 0 && std::fwrite(zeros.data(), 1, pad, f) != pad) return io_error("write failed");
+  }
+  buf.clear();
+  buf.shrink_to_fit();
+  if (std::fclose(f) != 0) {
+    const int e = errno;
+    std::remove(path.c_str());
+    return core::fail(core::Errc::kIo, path + ": close failed: " + std::strerror(e));
+  }
+  return {};
+}
+
+}  // namespace bonsai::gguf
