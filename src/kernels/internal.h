@@ -1,0 +1,102 @@
+// Internal interface between kernels.cpp (dispatch, threading) and the tier
+// files (reference.cpp, avx2.cpp, avx512.cpp, neon.cpp). Not for other parts.
+//
+// Matrix products on quantized weights (Q8_0, Q1_0, Q2_0 layouts) quantize
+// the activations once per call to Q8_0-style blocks (32 values, d =
+// amax/127 rounded to fp16, q = round-to-nearest-even(x / d) as ggml's
+// quantize_row_q8_0 does), take exact int32 dot products per 32-value
+// sub-block, and scale in fp32: y = sum_b dw_b * sum_k dx_k * isum_bk. Every
+// tier produces bit-identical quants and integer sums; only the order of the
+// fp32 scaling adds differs. Float weight formats (F32, F16, BF16) take the
+// float activations directly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace bonsai::kernels::detail {
+
+// Minimal 64-byte aligned allocator for SIMD buffers.
+template <class T>
+struct AlignedAlloc {
+  using value_type = T;
+  AlignedAlloc() = default;
+  template <class U>
+  AlignedAlloc(const AlignedAlloc<U>&) {}
+  T* allocate(size_t n) {
+    void* p = ::operator new(n * sizeof(T) + 64, std::align_val_t(64));
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const AlignedAlloc<U>&) const { return true; }
+};
+template <class T>
+using AVec = std::vector<T, AlignedAlloc<T>>;
+
+// Quantized activations of n vectors of `cols` values (cols a multiple of
+// 128). resize() (defined in kernels.cpp) allocates every buffer; tier files
+// then use the raw pointers only, so that SIMD-flagged translation units
+// instantiate no shared inline/template code (which the linker could merge
+// with the portable copy and run on a CPU without the ISA).
+struct QuantAct {
+  int64_t n = 0;
+  int64_t cols = 0;
+  int8_t* q = nullptr;          // [n][cols] int8 quants in natural element order
+  float* d = nullptr;           // [n][cols/32] sub-block scales (fp16-rounded, widened)
+  // SIMD-tier extras (unused by the reference tier):
+  int8_t* qp = nullptr;         // [n][cols] quants in a tier's Q2 code order
+  float* lane_d = nullptr;      // [n][cols/4] scale of each 4-value dword lane
+  int32_t* lane_neg = nullptr;  // [n][cols/4] -(sum of the lane's 4 quants)
+  int32_t* sub_sum = nullptr;   // [n][cols/32] sum of each sub-block's quants
+
+  // Sets n, cols and makes every buffer at least that large (64-byte aligned).
+  void resize(int64_t n_vectors, int64_t n_cols);
+
+ private:
+  AVec<int8_t> q_buf_, qp_buf_;
+  AVec<float> d_buf_, lane_d_buf_;
+  AVec<int32_t> lane_neg_buf_, sub_sum_buf_;
+};
+
+// Function table of one tier. All pointers are non-null.
+struct TierOps {
+  // Quantizes x ([n][cols]) for a product with weights of format f (a
+  // quantized format) into `a` (resized as needed).
+  void (*prepare)(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a);
+  // Y[j][r] (Y is [n][w.rows]) for rows [r0, r1) and j < n. `a` is the
+  // prepared activation for quantized formats, nullptr for float formats
+  // (which read x: [n][w.cols]).
+  void (*rows)(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,
+               int64_t r0, int64_t r1);
+  float (*dot_f32)(const float* a, const float* b, int64_t n);
+  float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
+  void (*axpy_f32)(float alpha, const float* x, float* y, int64_t n);
+  void (*axpy_f16)(float alpha, const uint16_t* x, float* y, int64_t n);
+  void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n);
+};
+
+// Tier tables; nullptr when the tier is not compiled into this binary.
+const TierOps* reference_ops();
+const TierOps* avx2_ops();
+const TierOps* avx512_ops();
+const TierOps* neon_ops();
+
+// True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
+inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }
+
+// Reference Q8_0 activation quantizer for one vector of `cols` values:
+// q[cols], d[cols/32]. The SIMD tiers must reproduce it bit for bit.
+void quantize_act_ref(const float* x, int64_t cols, int8_t* q, float* d);
+
+// Reference row products, shared as fallbacks by the SIMD tiers.
+void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,
+              int64_t r0, int64_t r1);
+void prepare_ref(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a);
+
+}  // namespace bonsai::kernels::detail

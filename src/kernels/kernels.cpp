@@ -1,0 +1,388 @@
+// Formats table, tier selection, row (de)quantization and the threaded
+// dispatch of gemv/gemm onto the active tier (see kernels.h, internal.h).
+#include "kernels/kernels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/cpu_features.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "kernels/formats.h"
+#include "kernels/internal.h"
+
+namespace bonsai::kernels {
+
+using detail::TierOps;
+
+std::optional<Format> format_of(core::GgmlType type, core::Q2Layout q2_layout) {
+  switch (type) {
+    case core::GgmlType::F32: return Format::kF32;
+    case core::GgmlType::F16: return Format::kF16;
+    case core::GgmlType::BF16: return Format::kBF16;
+    case core::GgmlType::Q8_0: return Format::kQ8_0;
+    case core::GgmlType::Q1_0: return Format::kQ1_0;
+    case core::GgmlType::Q2_0:
+      switch (q2_layout) {
+        case core::Q2Layout::kG64: return Format::kQ2_0;
+        case core::Q2Layout::kG128DFirst: return Format::kQ2_0G128D;
+        case core::Q2Layout::kG128QsFirst: return Format::kQ2_0G128Qs;
+      }
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
+std::string_view format_name(Format f) {
+  switch (f) {
+    case Format::kF32: return "F32";
+    case Format::kF16: return "F16";
+    case Format::kBF16: return "BF16";
+    case Format::kQ8_0: return "Q8_0";
+    case Format::kQ1_0: return "Q1_0";
+    case Format::kQ2_0: return "Q2_0";
+    case Format::kQ2_0G128D: return "Q2_0(g128-d-first)";
+    case Format::kQ2_0G128Qs: return "Q2_0(g128-qs-first)";
+  }
+  return "?";
+}
+
+int64_t block_elems(Format f) {
+  switch (f) {
+    case Format::kF32:
+    case Format::kF16:
+    case Format::kBF16: return 1;
+    case Format::kQ8_0: return kQ8_0Elems;
+    case Format::kQ1_0: return kQ1_0Elems;
+    case Format::kQ2_0: return kQ2_0Elems;
+    case Format::kQ2_0G128D:
+    case Format::kQ2_0G128Qs: return kQ2G128Elems;
+  }
+  return 1;
+}
+
+size_t block_bytes(Format f) {
+  switch (f) {
+    case Format::kF32: return 4;
+    case Format::kF16:
+    case Format::kBF16: return 2;
+    case Format::kQ8_0: return sizeof(BlockQ8_0);
+    case Format::kQ1_0: return sizeof(BlockQ1_0);
+    case Format::kQ2_0: return sizeof(BlockQ2_0);
+    case Format::kQ2_0G128D: return sizeof(BlockQ2_0G128D);
+    case Format::kQ2_0G128Qs: return sizeof(BlockQ2_0G128Qs);
+  }
+  return 1;
+}
+
+// ---- Tiers -------------------------------------------------------------------
+
+std::string_view tier_name(Tier t) {
+  switch (t) {
+    case Tier::kReference: return "reference";
+    case Tier::kAvx2: return "avx2";
+    case Tier::kAvx512: return "avx512";
+    case Tier::kNeon: return "neon";
+  }
+  return "?";
+}
+
+std::optional<Tier> parse_tier(std::string_view name) {
+  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+    if (name == tier_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+const TierOps* ops_of(Tier t) {
+  switch (t) {
+    case Tier::kReference: return detail::reference_ops();
+    case Tier::kAvx2: return detail::avx2_ops();
+    case Tier::kAvx512: return detail::avx512_ops();
+    case Tier::kNeon: return detail::neon_ops();
+  }
+  return nullptr;
+}
+
+// Active tier as an int; -1 = not chosen yet (lazily best_tier()).
+std::atomic<int> g_active{-1};
+
+const TierOps* active_ops() { return ops_of(active_tier()); }
+
+}  // namespace
+
+bool tier_supported(Tier t) {
+  if (ops_of(t) == nullptr) return false;
+  const core::CpuFeatures& cpu = core::cpu_features();
+  switch (t) {
+    case Tier::kReference: return true;
+    case Tier::kAvx2: return cpu.avx2;
+    case Tier::kAvx512:
+      return cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512vnni && cpu.avx2;
+    case Tier::kNeon: return cpu.neon;
+  }
+  return false;
+}
+
+Tier best_tier() {
+  for (Tier t : {Tier::kAvx512, Tier::kAvx2, Tier::kNeon}) {
+    if (tier_supported(t)) return t;
+  }
+  return Tier::kReference;
+}
+
+Tier active_tier() {
+  int v = g_active.load(std::memory_order_acquire);
+  if (v < 0) {
+    const int best = static_cast<int>(best_tier());
+    int expected = -1;
+    g_active.compare_exchange_strong(expected, best, std::memory_order_acq_rel);
+    v = g_active.load(std::memory_order_acquire);
+  }
+  return static_cast<Tier>(v);
+}
+
+core::Expected<void> set_active_tier(Tier t) {
+  if (!tier_supported(t)) {
+    return core::fail(core::Errc::kUnsupported,
+                      "kernel tier '" + std::string(tier_name(t)) + "' is not supported by this CPU" +
+                          (ops_of(t) == nullptr ? " (not built into this binary)" : ""));
+  }
+  g_active.store(static_cast<int>(t), std::memory_order_release);
+  return {};
+}
+
+core::Expected<void> init_tier_from_env() {
+  const char* env = std::getenv("BONSAI_KERNEL");
+  if (env == nullptr || *env == '\0') return set_active_tier(best_tier());
+  const auto t = parse_tier(env);
+  if (!t) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      std::string("BONSAI_KERNEL='") + env +
+                          "' is not a kernel tier (expected reference, avx2, avx512 or neon)");
+  }
+  return set_active_tier(*t);
+}
+
+// ---- Rows ----------------------------------------------------------------------
+
+void dequantize_row(Format f, const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  switch (f) {
+    case Format::kF32:
+      std::memcpy(dst, p, static_cast<size_t>(n) * 4);
+      return;
+    case Format::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = core::fp16_to_fp32(h);
+      }
+      return;
+    case Format::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = core::bf16_to_fp32(h);
+      }
+      return;
+    case Format::kQ8_0:
+      for (int64_t b = 0; b < n / kQ8_0Elems; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ8_0*>(p) + b;
+        const float d = load_fp16(blk->d);
+        for (int j = 0; j < kQ8_0Elems; ++j) dst[b * kQ8_0Elems + j] = d * blk->qs[j];
+      }
+      return;
+    case Format::kQ1_0:
+      for (int64_t b = 0; b < n / kQ1_0Elems; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ1_0*>(p) + b;
+        const float d = load_fp16(blk->d);
+        for (int j = 0; j < kQ1_0Elems; ++j) {
+          dst[b * kQ1_0Elems + j] = ((blk->qs[j / 8] >> (j % 8)) & 1) ? d : -d;
+        }
+      }
+      return;
+    case Format::kQ2_0:
+      for (int64_t b = 0; b < n / kQ2_0Elems; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ2_0*>(p) + b;
+        const float d = load_fp16(blk->d);
+        for (int j = 0; j < kQ2_0Elems; ++j) {
+          const int code = (blk->qs[j / 4] >> (2 * (j % 4))) & 3;
+          dst[b * kQ2_0Elems + j] = static_cast<float>(q2_code_value(code, false)) * d;
+        }
+      }
+      return;
+    case Format::kQ2_0G128D:
+    case Format::kQ2_0G128Qs:
+      for (int64_t b = 0; b < n / kQ2G128Elems; ++b) {
+        const uint8_t* qs;
+        float d;
+        if (f == Format::kQ2_0G128D) {
+          const auto* blk = reinterpret_cast<const BlockQ2_0G128D*>(p) + b;
+          qs = blk->qs;
+          d = load_fp16(blk->d);
+        } else {
+          const auto* blk = reinterpret_cast<const BlockQ2_0G128Qs*>(p) + b;
+          qs = blk->qs;
+          d = load_fp16(blk->d);
+        }
+        for (int j = 0; j < kQ2G128Elems; ++j) {
+          const int code = (qs[j / 4] >> (2 * (j % 4))) & 3;
+          dst[b * kQ2G128Elems + j] = static_cast<float>(q2_code_value(code, true)) * d;
+        }
+      }
+      return;
+  }
+}
+
+void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
+  auto* out = static_cast<BlockQ8_0*>(dst);
+  for (int64_t b = 0; b < n / kQ8_0Elems; ++b) {
+    const float* x = src + b * kQ8_0Elems;
+    float amax = 0.0f;
+    for (int j = 0; j < kQ8_0Elems; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = core::fp32_to_fp16(d);
+    std::memcpy(out[b].d, &dh, 2);
+    for (int j = 0; j < kQ8_0Elems; ++j) out[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+  }
+}
+
+void quantize_row_q1_0(const float* src, void* dst, int64_t n) {
+  auto* out = static_cast<BlockQ1_0*>(dst);
+  for (int64_t b = 0; b < n / kQ1_0Elems; ++b) {
+    const float* x = src + b * kQ1_0Elems;
+    double sum = 0.0;
+    for (int j = 0; j < kQ1_0Elems; ++j) sum += std::fabs(x[j]);
+    const uint16_t dh = core::fp32_to_fp16(static_cast<float>(sum / kQ1_0Elems));
+    std::memcpy(out[b].d, &dh, 2);
+    std::memset(out[b].qs, 0, sizeof(out[b].qs));
+    for (int j = 0; j < kQ1_0Elems; ++j) {
+      if (x[j] >= 0.0f) out[b].qs[j / 8] = static_cast<uint8_t>(out[b].qs[j / 8] | (1u << (j % 8)));
+    }
+  }
+}
+
+void quantize_row_q2_0(const float* src, void* dst, int64_t n) {
+  auto* out = static_cast<BlockQ2_0*>(dst);
+  for (int64_t b = 0; b < n / kQ2_0Elems; ++b) {
+    const float* x = src + b * kQ2_0Elems;
+    float amax = 0.0f;
+    for (int j = 0; j < kQ2_0Elems; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const uint16_t dh = core::fp32_to_fp16(amax);
+    std::memcpy(out[b].d, &dh, 2);
+    std::memset(out[b].qs, 0, sizeof(out[b].qs));
+    for (int j = 0; j < kQ2_0Elems; ++j) {
+      int v = amax > 0.0f ? static_cast<int>(std::nearbyint(x[j] / amax)) : 0;
+      v = std::clamp(v, -1, 1);
+      out[b].qs[j / 4] = static_cast<uint8_t>(out[b].qs[j / 4] | ((v + 1) << (2 * (j % 4))));
+    }
+  }
+}
+
+// ---- Matrix products ---------------------------------------------------------------
+
+namespace {
+
+struct RowsCtx {
+  const TierOps* ops;
+  const MatrixView* w;
+  const float* x;
+  const detail::QuantAct* a;
+  int64_t n;
+  float* y;
+};
+
+// Rows per chunk: enough that each chunk streams >= ~64 KiB of weights.
+int64_t min_chunk_rows(const MatrixView& w, int64_t n) {
+  const size_t rb = std::max<size_t>(1, row_bytes(w.format, w.cols));
+  const int64_t rows = static_cast<int64_t>((size_t{64} << 10) / (rb * static_cast<size_t>(std::max<int64_t>(1, n))));
+  return std::max<int64_t>(4, rows);
+}
+
+void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y,
+              core::ThreadPool* pool) {
+  if (w.rows <= 0 || n <= 0) return;
+  thread_local detail::QuantAct act;
+  const detail::QuantAct* a = nullptr;
+  if (detail::is_quantized(w.format)) {
+    ops->prepare(w.format, x, n, w.cols, act);
+    a = &act;
+  }
+  RowsCtx ctx{ops, &w, x, a, n, y};
+  if (pool == nullptr || pool->size() <= 1) {
+    ops->rows(w, x, a, n, y, 0, w.rows);
+    return;
+  }
+  pool->parallel_for(
+      w.rows, [&ctx](int64_t b, int64_t e) { ctx.ops->rows(*ctx.w, ctx.x, ctx.a, ctx.n, ctx.y, b, e); },
+      min_chunk_rows(w, n));
+}
+
+}  // namespace
+
+void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool) {
+  run_rows(active_ops(), w, x, 1, y, pool);
+}
+
+void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool) {
+  run_rows(active_ops(), w, x, n, y, pool);
+}
+
+void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y,
+               int64_t row_begin, int64_t row_end) {
+  const TierOps* ops = tier_supported(tier) ? ops_of(tier) : detail::reference_ops();
+  if (row_end <= row_begin || n <= 0) return;
+  thread_local detail::QuantAct act;
+  const detail::QuantAct* a = nullptr;
+  if (detail::is_quantized(w.format)) {
+    ops->prepare(w.format, x, n, w.cols, act);
+    a = &act;
+  }
+  ops->rows(w, x, a, n, y, row_begin, row_end);
+}
+
+// ---- Float helpers ---------------------------------------------------------------------
+
+float dot_f32(const float* a, const float* b, int64_t n) { return active_ops()->dot_f32(a, b, n); }
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
+  return active_ops()->dot_f16_f32(a, b, n);
+}
+void axpy_f32(float alpha, const float* x, float* y, int64_t n) { active_ops()->axpy_f32(alpha, x, y, n); }
+void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n) {
+  active_ops()->axpy_f16(alpha, x, y, n);
+}
+void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) { active_ops()->f32_to_f16(src, dst, n); }
+
+}  // namespace bonsai::kernels
+
+namespace bonsai::kernels::detail {
+
+void QuantAct::resize(int64_t n_vectors, int64_t n_cols) {
+  n = n_vectors;
+  cols = n_cols;
+  const size_t e = static_cast<size_t>(n_vectors * n_cols);
+  if (q_buf_.size() < e) {
+    q_buf_.resize(e);
+    qp_buf_.resize(e);
+    d_buf_.resize(e / 32 + 1);
+    lane_d_buf_.resize(e / 4 + 1);
+    lane_neg_buf_.resize(e / 4 + 1);
+    sub_sum_buf_.resize(e / 32 + 1);
+  }
+  q = q_buf_.data();
+  qp = qp_buf_.data();
+  d = d_buf_.data();
+  lane_d = lane_d_buf_.data();
+  lane_neg = lane_neg_buf_.data();
+  sub_sum = sub_sum_buf_.data();
+}
+
+}  // namespace bonsai::kernels::detail
