@@ -34,9 +34,16 @@
 
 #include "core/error.h"  // core::Expected
 
+namespace bonsai::model {
+class Model;  // model/model.h
+}
+namespace bonsai::tokenizer {
+class Tokenizer;  // tokenizer/tokenizer.h
+}
+
 namespace bonsai::engine {
 
-class InferenceEngine;  // engine.h
+class InferenceEngine;  // inference_engine.h
 struct SamplingParams;  // sampling.h
 
 // Why acquire() gave no lease. At the HTTP layer every one is a 503 with Retry-After.
@@ -275,7 +282,7 @@ class BasicEnginePool {
       }
       if (pending_setter && pending_left > 0) {
         bool done = false;
-        for (Engine* p : pending_done) done = done || p == e.get();
+        for (const Engine* p : pending_done) done = done || p == e.get();
         if (!done) {
           pending_setter(*e);
           pending_done.push_back(e.get());
@@ -302,5 +309,32 @@ class BasicEnginePool {
 // The pool the server uses.
 using EnginePool = BasicEnginePool<InferenceEngine>;
 using EngineLease = BasicEngineLease<InferenceEngine>;
+
+// What build_pool_from_gguf returns: the pool plus what its replicas share.
+struct BuiltPool {
+  EnginePool pool;
+  ComputeTier tier = ComputeTier::kCpu;
+  int size = 1;                                           // effective replica count
+  std::shared_ptr<const model::Model> model;              // the one mapping's weights
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;  // shared by the replicas
+  int64_t n_ctx = 0;                                      // KV positions per replica
+  uint64_t mapped_bytes = 0;                              // size of the GGUF mapping
+  uint64_t kv_bytes = 0;                                  // KV caches of all replicas
+};
+
+// Maps `path` once (Model::load), builds the tokenizer from it, and creates
+// resolve_pool_size(requested_size, tier) replicas that all borrow the same
+// weights, embedding table and tokenizer; each owns only its KV cache,
+// workspace and sampler. Every replica gets `params` with params.seed =
+// `seed`, so replicas are interchangeable. `max_seq_len` <= 0: the model's
+// context_length capped at kDefaultMaxSeqLen. Errors: the model's, the
+// tokenizer's and InferenceEngine::create's (each names the file).
+core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
+                                               uint64_t seed, int64_t max_seq_len, int requested_size);
+
+// Bytes one model needs when built as above: the file size (the mapping)
+// plus `pool_size` KV caches of `max_seq_len` positions (F16, K and V, every
+// layer), read from the GGUF header without building the model.
+core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size);
 
 }  // namespace bonsai::engine

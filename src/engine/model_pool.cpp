@@ -1,0 +1,395 @@
+// ModelPool: LRU warm pool of loaded models. See model_pool.h.
+#include "engine/model_pool.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace bonsai::engine {
+namespace {
+
+std::string mib(uint64_t bytes) {
+  return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB";
+}
+
+uint64_t now_unix() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+}
+
+}  // namespace
+
+const char* model_state_name(ModelState s) {
+  switch (s) {
+    case ModelState::kLoaded: return "loaded";
+    case ModelState::kLoading: return "loading";
+    case ModelState::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+ModelPool::ModelPool(size_t capacity, uint64_t mem_budget_mb, Loader loader, Estimator estimator)
+    : capacity_(capacity == 0 ? 1 : capacity),
+      budget_bytes_(mem_budget_mb << 20),
+      loader_(std::move(loader)),
+      estimator_(std::move(estimator)) {}
+
+ModelPool::~ModelPool() {
+  wait_background();
+  close_all();
+}
+
+void ModelPool::loader_register(const std::string& id, ModelSpec spec) {
+  std::lock_guard lock(mu_);
+  registry_[id] = std::move(spec);
+}
+
+bool ModelPool::is_registered(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  return registry_.contains(id);
+}
+
+std::vector<std::string> ModelPool::registered_ids() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, spec] : registry_) ids.push_back(id);
+  return ids;
+}
+
+uint64_t ModelPool::mem_locked() const {
+  uint64_t total = 0;
+  for (const auto& [id, e] : entries_)
+    if (e.state != ModelState::kFailed) total += e.bytes;
+  for (const auto& z : zombies_) total += z.bytes;
+  return total;
+}
+
+size_t ModelPool::resident_locked() const {
+  size_t n = 0;
+  for (const auto& [id, e] : entries_) n += e.state != ModelState::kFailed;
+  return n;
+}
+
+uint64_t ModelPool::current_mem_bytes() const {
+  std::lock_guard lock(mu_);
+  return mem_locked();
+}
+
+size_t ModelPool::loaded_count() const {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (const auto& [id, e] : entries_) n += e.state == ModelState::kLoaded;
+  return n;
+}
+
+void ModelPool::evict_locked(std::map<std::string, Entry>::iterator it) {
+  Entry e = std::move(it->second);
+  entries_.erase(it);
+  if (e.model && e.model->pool) e.model->pool->close();
+  if (e.in_flight > 0) zombies_.push_back(std::move(e));
+  // Otherwise the last shared_ptr (ours, here) drops and the model is freed,
+  // unless a caller still holds a released handle; that is its business.
+}
+
+core::Expected<void> ModelPool::make_room_locked(const std::string& id, uint64_t bytes) {
+  if (budget_bytes_ != 0 && bytes > budget_bytes_) {
+    return core::fail(core::Errc::kResourceExhausted,
+                      "model '" + id + "' needs " + mib(bytes) +
+                          " (mapped file + KV caches) but the memory budget (--mem-budget) is only " +
+                          mib(budget_bytes_) + ": it cannot be loaded even alone");
+  }
+  // Candidates in LRU order: idle loaded models first, then those in flight
+  // (evicting one of those frees a slot but not its memory, yet).
+  std::vector<std::map<std::string, Entry>::iterator> idle, busy;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->first == id || it->second.state != ModelState::kLoaded) continue;
+    (it->second.in_flight == 0 ? idle : busy).push_back(it);
+  }
+  auto by_lru = [](auto a, auto b) { return a->second.last_used < b->second.last_used; };
+  std::sort(idle.begin(), idle.end(), by_lru);
+  std::sort(busy.begin(), busy.end(), by_lru);
+
+  // Plan first, evict only if the plan succeeds.
+  size_t resident = resident_locked();
+  uint64_t mem = mem_locked();
+  std::vector<std::map<std::string, Entry>::iterator> victims;
+  auto fits = [&] { return resident + 1 <= capacity_ && (budget_bytes_ == 0 || mem + bytes <= budget_bytes_); };
+  size_t i = 0, j = 0;
+  while (!fits()) {
+    if (i < idle.size()) {
+      victims.push_back(idle[i]);
+      --resident;
+      mem -= idle[i]->second.bytes;
+      ++i;
+    } else if (resident + 1 > capacity_ && j < busy.size()) {
+      victims.push_back(busy[j]);  // unlisted; memory stays counted until released
+      --resident;
+      ++j;
+    } else {
+      std::string why = resident + 1 > capacity_
+                            ? "all " + std::to_string(capacity_) + " model slots (--models-max) are loading"
+                            : "it needs " + mib(bytes) + ", and " + mib(mem) + " of the " + mib(budget_bytes_) +
+                                  " budget is held by models with requests in flight or loading";
+      return core::fail(core::Errc::kResourceExhausted,
+                        "cannot make room for model '" + id + "': " + why + "; retry later");
+    }
+  }
+  for (auto it : victims) evict_locked(it);
+  return {};
+}
+
+core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_loaded(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.state != ModelState::kLoaded)
+    return core::fail(core::Errc::kNotFound, "model '" + id + "' is not loaded");
+  it->second.last_used = ++tick_;
+  ++it->second.in_flight;
+  return it->second.model;
+}
+
+core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire(const std::string& id) {
+  // Two passes: the estimate is read without the lock, so another thread may
+  // have loaded (or started loading) the model meanwhile; the second look
+  // under the lock decides.
+  std::optional<uint64_t> estimate;
+  ModelSpec spec;
+  for (int pass = 0; pass < 2; ++pass) {
+    {
+      std::lock_guard lock(mu_);
+      auto it = entries_.find(id);
+      if (it != entries_.end()) {
+        if (it->second.state == ModelState::kLoaded) {
+          it->second.last_used = ++tick_;
+          ++it->second.in_flight;
+          return it->second.model;
+        }
+        if (it->second.state == ModelState::kLoading)
+          return core::fail(core::Errc::kResourceExhausted, "model '" + id + "' is loading; retry later");
+        // kFailed: try again (the file may have been fixed).
+      }
+      auto reg = registry_.find(id);
+      if (reg == registry_.end()) return core::fail(core::Errc::kNotFound, "model '" + id + "' does not exist");
+      if (estimate && reg->second.path == spec.path) {
+        if (auto r = mark_loading_locked(id, *estimate); !r) return std::unexpected(r.error());
+        break;
+      }
+      spec = reg->second;
+    }
+    auto est = estimator_(spec);
+    if (!est) return std::unexpected(est.error());
+    estimate = *est;
+    if (pass == 1) return core::fail(core::Errc::kResourceExhausted, "model '" + id + "' changed while loading; retry");
+  }
+  auto loaded = loader_(id, spec);
+  if (!loaded) {
+    (void)mark_failed(id, loaded.error().message);
+    return std::unexpected(loaded.error());
+  }
+  std::shared_ptr<LoadedModel> model = *loaded;
+  if (auto r = install(id, model, /*take=*/true); !r) return std::unexpected(r.error());
+  return model;
+}
+
+void ModelPool::release(const std::shared_ptr<LoadedModel>& model) {
+  if (!model) return;
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(model->id);
+  if (it != entries_.end() && it->second.model == model) {
+    if (it->second.in_flight > 0) --it->second.in_flight;
+    return;
+  }
+  for (auto z = zombies_.begin(); z != zombies_.end(); ++z) {
+    if (z->model != model) continue;
+    if (--z->in_flight <= 0) zombies_.erase(z);
+    return;
+  }
+}
+
+void ModelPool::release(const std::string& id) {
+  std::shared_ptr<LoadedModel> target;
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(id);
+    if (it != entries_.end() && it->second.in_flight > 0) {
+      --it->second.in_flight;
+      return;
+    }
+    for (const auto& z : zombies_)
+      if (z.id == id) target = z.model;
+  }
+  if (target) release(target);
+}
+
+core::Expected<void> ModelPool::unload(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.state == ModelState::kFailed)
+    return core::fail(core::Errc::kNotFound, "model '" + id + "' is not loaded");
+  if (it->second.state == ModelState::kLoading)
+    return core::fail(core::Errc::kInvalidArgument, "model '" + id + "' is still loading; unload it once it is ready");
+  evict_locked(it);
+  return {};
+}
+
+std::vector<ModelInfo> ModelPool::list() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<uint64_t, ModelInfo>> rows;
+  for (const auto& [id, e] : entries_) {
+    ModelInfo info;
+    info.id = id;
+    if (auto r = registry_.find(id); r != registry_.end()) info.path = r->second.path;
+    info.state = e.state;
+    info.reason = e.reason;
+    info.in_flight = e.in_flight;
+    info.mem_bytes = e.state == ModelState::kFailed ? 0 : e.bytes;
+    if (e.model) {
+      info.path = e.model->spec.path;
+      info.created_unix = e.model->created_unix;
+      if (e.model->pool) {
+        info.pool_size = e.model->pool->size();
+        info.busy = std::max(0, info.pool_size - e.model->pool->available());
+      }
+    }
+    rows.emplace_back(e.last_used, std::move(info));
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<ModelInfo> out;
+  for (auto& r : rows) out.push_back(std::move(r.second));
+  return out;
+}
+
+core::Expected<void> ModelPool::mark_loading(const std::string& id, uint64_t estimate_bytes) {
+  std::lock_guard lock(mu_);
+  return mark_loading_locked(id, estimate_bytes);
+}
+
+core::Expected<void> ModelPool::mark_loading_locked(const std::string& id, uint64_t estimate_bytes) {
+  if (!registry_.contains(id)) return core::fail(core::Errc::kNotFound, "model '" + id + "' is not registered");
+  auto it = entries_.find(id);
+  if (it != entries_.end() && it->second.state != ModelState::kFailed)
+    return core::fail(core::Errc::kInvalidArgument, "model '" + id + "' is already " +
+                                                        model_state_name(it->second.state));
+  if (it != entries_.end()) entries_.erase(it);  // a failed entry is replaced
+  if (auto r = make_room_locked(id, estimate_bytes); !r) return r;
+  Entry e;
+  e.id = id;
+  e.state = ModelState::kLoading;
+  e.bytes = estimate_bytes;
+  e.last_used = ++tick_;
+  entries_.emplace(id, std::move(e));
+  return {};
+}
+
+core::Expected<void> ModelPool::mark_ready(const std::string& id, std::shared_ptr<LoadedModel> model) {
+  return install(id, std::move(model), /*take=*/false);
+}
+
+core::Expected<void> ModelPool::install(const std::string& id, std::shared_ptr<LoadedModel> model, bool take) {
+  std::shared_ptr<LoadedModel> rejected;  // dropped after the lock is released
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.state != ModelState::kLoading)
+    return core::fail(core::Errc::kInvalidArgument, "model '" + id + "' is not loading");
+  if (!model) return core::fail(core::Errc::kInternal, "mark_ready('" + id + "') without a model");
+  if (model->created_unix == 0) model->created_unix = now_unix();
+  Entry& e = it->second;
+  if (budget_bytes_ != 0 && model->mem_bytes > e.bytes) {
+    // Larger than the estimate that was reserved: make room for the real
+    // size. While planning, this entry does not count (marked failed, 0 bytes).
+    e.state = ModelState::kFailed;
+    e.bytes = 0;
+    auto r = make_room_locked(id, model->mem_bytes);
+    if (!r) {
+      e.reason = r.error().message;
+      rejected = std::move(model);
+      return std::unexpected(r.error());
+    }
+  }
+  e.state = ModelState::kLoaded;
+  e.bytes = model->mem_bytes;
+  e.model = std::move(model);
+  e.reason.clear();
+  e.last_used = ++tick_;
+  if (take) ++e.in_flight;
+  return {};
+}
+
+core::Expected<void> ModelPool::mark_failed(const std::string& id, std::string reason) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.state != ModelState::kLoading)
+    return core::fail(core::Errc::kInvalidArgument, "model '" + id + "' is not loading");
+  it->second.state = ModelState::kFailed;
+  it->second.reason = std::move(reason);
+  it->second.bytes = 0;
+  it->second.model.reset();
+  return {};
+}
+
+core::Expected<void> ModelPool::load_in_background(const std::string& id) {
+  ModelSpec spec;
+  {
+    std::lock_guard lock(mu_);
+    auto reg = registry_.find(id);
+    if (reg == registry_.end()) return core::fail(core::Errc::kNotFound, "model '" + id + "' is not registered");
+    spec = reg->second;
+  }
+  auto estimate = estimator_(spec);
+  if (!estimate) return std::unexpected(estimate.error());
+  if (auto r = mark_loading(id, *estimate); !r) return r;
+  std::lock_guard lock(mu_);
+  bg_threads_.emplace_back([this, id, spec] {
+    auto loaded = loader_(id, spec);
+    if (loaded) {
+      (void)mark_ready(id, *loaded);
+    } else {
+      (void)mark_failed(id, loaded.error().message);
+    }
+  });
+  return {};
+}
+
+void ModelPool::wait_background() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    threads.swap(bg_threads_);
+  }
+  for (auto& t : threads)
+    if (t.joinable()) t.join();
+}
+
+void ModelPool::close_all() {
+  std::lock_guard lock(mu_);
+  for (auto& [id, e] : entries_)
+    if (e.model && e.model->pool) e.model->pool->close();
+  for (auto& z : zombies_)
+    if (z.model && z.model->pool) z.model->pool->close();
+}
+
+ModelPool::Loader gguf_model_loader() {
+  return [](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
+    auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size);
+    if (!built) return std::unexpected(built.error());
+    auto m = std::make_shared<LoadedModel>();
+    m->id = id;
+    m->spec = spec;
+    m->model = built->model;
+    m->tokenizer = built->tokenizer;
+    m->pool = std::make_shared<EnginePool>(std::move(built->pool));
+    m->tier = built->tier;
+    m->n_ctx = static_cast<int>(built->n_ctx);
+    m->mem_bytes = built->mapped_bytes + built->kv_bytes;
+    return m;
+  };
+}
+
+ModelPool::Estimator gguf_model_estimator() {
+  return [](const ModelSpec& spec) { return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size); };
+}
+
+}  // namespace bonsai::engine

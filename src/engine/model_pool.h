@@ -1,0 +1,200 @@
+// ModelPool: the multi-model LRU warm pool behind `bonsai serve`
+// (../shared/DESIGN.md, "ModelPool").
+//
+// Models are registered by id (loader_register) and loaded on demand or in
+// the background. At most `capacity` models are resident and, when a budget
+// is set, their estimated memory (mapped file bytes + KV caches of every
+// replica) stays within `mem_budget_mb`. Making room evicts the least
+// recently used models first. A model with requests in flight is never torn
+// down under them: it can be unlisted (evicted or unloaded), but its memory
+// is freed only when its last request releases it, and until then it still
+// counts in current_mem_bytes().
+//
+// The loader is injectable, so the pool's bookkeeping is unit-tested without
+// real models; the server uses gguf_model_loader() (engine_pool.h).
+//
+// Concurrency: one mutex (mu_) guards entries_, zombies_, registry_, tick_
+// and bg_threads_. It is never held while a model loads, so loading one model
+// never blocks requests to another.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"       // core::Expected
+#include "engine/engine_pool.h"  // EnginePool, ComputeTier
+#include "engine/sampling.h"  // SamplingParams
+
+namespace bonsai::model {
+class Model;  // model/model.h
+}
+namespace bonsai::tokenizer {
+class Tokenizer;  // tokenizer/tokenizer.h
+}
+
+namespace bonsai::engine {
+
+// How to load one model: what `-m ID=FILE` plus the pool flags say.
+struct ModelSpec {
+  std::string path;          // GGUF file
+  int pool_size = 0;         // replicas; <= 0: default_cpu_pool_size()
+  int ctx_size = 0;          // context per replica in tokens; <= 0: min(model's context_length, 4096)
+  SamplingParams defaults;   // sampling used where a request does not say
+};
+
+// A resident model: weights (one shared mapping), tokenizer and the replica
+// pool. Shared by the ModelPool and every request using it; freed when the
+// last holder drops it. Immutable after loading except the pool's own state.
+struct LoadedModel {
+  std::string id;
+  ModelSpec spec;
+  std::shared_ptr<const model::Model> model;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+  std::shared_ptr<EnginePool> pool;   // may be null in tests
+  ComputeTier tier = ComputeTier::kCpu;
+  int n_ctx = 0;                       // context each replica was built with (tokens)
+  uint64_t mem_bytes = 0;              // mapped bytes + KV caches of all replicas
+  uint64_t created_unix = 0;           // seconds since the epoch (OpenAI `created`)
+};
+
+// State of a model in list().
+enum class ModelState { kLoaded, kLoading, kFailed };
+const char* model_state_name(ModelState s);  // "loaded", "loading", "failed"
+
+// One row of list().
+struct ModelInfo {
+  std::string id;
+  std::string path;
+  ModelState state = ModelState::kLoaded;
+  std::string reason;       // failure reason (kFailed)
+  int in_flight = 0;        // requests holding the model
+  uint64_t mem_bytes = 0;   // estimate while loading, actual once loaded
+  int pool_size = 0;        // replicas (0 until loaded)
+  int busy = 0;             // replicas leased right now
+  uint64_t created_unix = 0;
+};
+
+class ModelPool {
+ public:
+  // Builds a LoadedModel for `id` from `spec`. Runs without the pool's lock.
+  using Loader =
+      std::function<core::Expected<std::shared_ptr<LoadedModel>>(const std::string& id, const ModelSpec& spec)>;
+  // Bytes a model will need once loaded (mapped file + KV caches), read
+  // cheaply (e.g. the GGUF header), so room is made before loading.
+  using Estimator = std::function<core::Expected<uint64_t>(const ModelSpec& spec)>;
+
+  // `capacity`: models resident at most (0 is treated as 1). `mem_budget_mb`:
+  // MiB for all resident models, 0 = unlimited.
+  ModelPool(size_t capacity, uint64_t mem_budget_mb, Loader loader, Estimator estimator);
+  // Joins background loads; closes every resident model's engine pool.
+  ~ModelPool();
+  ModelPool(const ModelPool&) = delete;
+  ModelPool& operator=(const ModelPool&) = delete;
+
+  // Registers (or replaces the spec of) a loadable model. A resident model
+  // keeps its current instance until it is unloaded.
+  void loader_register(const std::string& id, ModelSpec spec);
+  bool is_registered(const std::string& id) const;
+  std::vector<std::string> registered_ids() const;
+
+  // A handle to model `id`, counted in flight until release(). A loaded model
+  // is promoted to most-recently-used. Otherwise LRU models are evicted until
+  // it fits the capacity and the budget, and it is loaded in this thread.
+  // Errors: kNotFound (never registered), kResourceExhausted (loading
+  // elsewhere right now -> retry later; or it cannot fit the budget, with a
+  // message saying how much it needs), or the loader's error.
+  core::Expected<std::shared_ptr<LoadedModel>> acquire(const std::string& id);
+  // Like acquire, but never loads: kNotFound unless `id` is resident.
+  core::Expected<std::shared_ptr<LoadedModel>> acquire_loaded(const std::string& id);
+
+  // Ends one request's use of a model from acquire(). Prefer the handle form:
+  // the id form picks the listed instance first, then an unlisted one.
+  void release(const std::shared_ptr<LoadedModel>& model);
+  void release(const std::string& id);
+
+  // Unlists a loaded model and closes its engine pool (queued requests get
+  // PoolError::kClosed); requests in flight finish and then free it.
+  // Errors: kNotFound when `id` is not loaded; kInvalidArgument while it is loading.
+  core::Expected<void> unload(const std::string& id);
+
+  // Loaded, loading and failed models, most recently used first.
+  std::vector<ModelInfo> list() const;
+
+  // Background loads. mark_loading reserves room (evicting LRU models) for
+  // `estimate_bytes` and lists `id` as loading; mark_ready installs the
+  // loaded model (MRU); mark_failed lists it as failed with `reason`.
+  // Errors of mark_loading: kNotFound (not registered), kInvalidArgument
+  // (already loaded or loading), kResourceExhausted (cannot make room).
+  // mark_ready/mark_failed: kInvalidArgument if `id` is not loading.
+  core::Expected<void> mark_loading(const std::string& id, uint64_t estimate_bytes);
+  core::Expected<void> mark_ready(const std::string& id, std::shared_ptr<LoadedModel> model);
+  core::Expected<void> mark_failed(const std::string& id, std::string reason);
+
+  // Starts loading `id` on a background thread (estimate, mark_loading,
+  // loader, then mark_ready or mark_failed) and returns at once.
+  // Errors: those of mark_loading and of the estimator.
+  core::Expected<void> load_in_background(const std::string& id);
+  // Waits for every background load started so far (tests, shutdown).
+  void wait_background();
+
+  // Bytes of resident models plus unlisted ones still in flight; loading
+  // models count with their estimate.
+  uint64_t current_mem_bytes() const;
+  size_t capacity() const { return capacity_; }
+  uint64_t mem_budget_bytes() const { return budget_bytes_; }
+  // Number of models loaded (ready) right now.
+  size_t loaded_count() const;
+
+  // Closes every resident model's engine pool (shutdown): waiters get kClosed.
+  void close_all();
+
+ private:
+  struct Entry {
+    std::string id;
+    ModelState state = ModelState::kLoading;
+    std::shared_ptr<LoadedModel> model;  // set when kLoaded
+    std::string reason;                  // kFailed
+    uint64_t bytes = 0;                  // estimate while loading, actual once loaded
+    int in_flight = 0;
+    uint64_t last_used = 0;              // tick_ value of the last acquire
+  };
+
+  // Evicts LRU entries (other than `keep`) until one more model of `bytes`
+  // fits; idle models go first, models in flight become zombies (they free
+  // their memory later). Fails, evicting nothing, when it cannot fit.
+  // Requires mu_ held.
+  core::Expected<void> make_room_locked(const std::string& id, uint64_t bytes);
+  void evict_locked(std::map<std::string, Entry>::iterator it);
+  core::Expected<void> mark_loading_locked(const std::string& id, uint64_t estimate_bytes);
+  // mark_ready; with `take`, also counts one request in flight (acquire).
+  core::Expected<void> install(const std::string& id, std::shared_ptr<LoadedModel> model, bool take);
+  uint64_t mem_locked() const;
+  size_t resident_locked() const;  // loaded + loading
+
+  const size_t capacity_;
+  const uint64_t budget_bytes_;  // 0 = unlimited
+  Loader loader_;
+  Estimator estimator_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, ModelSpec> registry_;
+  std::map<std::string, Entry> entries_;
+  std::vector<Entry> zombies_;  // unlisted, still in flight
+  uint64_t tick_ = 0;
+  std::vector<std::thread> bg_threads_;
+};
+
+// The loader and estimator for real GGUF models: build_pool_from_gguf with
+// the spec's pool size, context and default sampling (seed = defaults.seed),
+// and estimate_model_bytes. Defined in model_pool.cpp.
+ModelPool::Loader gguf_model_loader();
+ModelPool::Estimator gguf_model_estimator();
+
+}  // namespace bonsai::engine

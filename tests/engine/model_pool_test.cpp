@@ -1,0 +1,303 @@
+// ModelPool bookkeeping (LRU, capacity, memory budget, in-flight protection,
+// background loads, unload errors) with an injected fake loader, so no real
+// model is needed.
+#include "engine/model_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace bonsai::engine {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr uint64_t kMiB = 1ull << 20;
+
+// A fake model zoo: id -> size in MiB. Counts loads; can block a load until
+// released, or fail it.
+struct Zoo {
+  std::map<std::string, uint64_t> size_mib;
+  std::map<std::string, int> loads;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gate_open = true;
+  std::string fail_id;
+
+  ModelPool make(size_t capacity, uint64_t budget_mb) {
+    return ModelPool(
+        capacity, budget_mb,
+        [this](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return gate_open; });
+          ++loads[id];
+          if (id == fail_id) return core::fail(core::Errc::kFormat, spec.path + ": bad magic at offset 0");
+          auto m = std::make_shared<LoadedModel>();
+          m->id = id;
+          m->spec = spec;
+          m->mem_bytes = size_mib.at(id) * kMiB;
+          return m;
+        },
+        [this](const ModelSpec& spec) -> core::Expected<uint64_t> {
+          std::lock_guard lock(mu);
+          return size_mib.at(spec.path) * kMiB;
+        });
+  }
+  void set_gate(bool open) {
+    {
+      std::lock_guard lock(mu);
+      gate_open = open;
+    }
+    cv.notify_all();
+  }
+};
+
+void reg(ModelPool& pool, const std::string& id) { pool.loader_register(id, ModelSpec{.path = id}); }
+
+std::vector<std::string> listed_ids(const ModelPool& pool) {
+  std::vector<std::string> ids;
+  for (const auto& m : pool.list()) ids.push_back(m.id);
+  return ids;
+}
+
+// acquire + release: one short request.
+void touch(ModelPool& pool, const std::string& id) {
+  auto m = pool.acquire(id);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  pool.release(*m);
+}
+
+TEST(ModelPool, UnknownModelIsNotFound) {
+  Zoo zoo;
+  auto pool = zoo.make(2, 0);
+  auto m = pool.acquire("nope");
+  ASSERT_FALSE(m.has_value());
+  EXPECT_EQ(m.error().code, core::Errc::kNotFound);
+  EXPECT_NE(m.error().message.find("nope"), std::string::npos);
+}
+
+TEST(ModelPool, LruOrderAndCapacity) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {"b", 1}, {"c", 1}};
+  auto pool = zoo.make(2, 0);
+  for (auto id : {"a", "b", "c"}) reg(pool, id);
+  touch(pool, "a");
+  touch(pool, "b");
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b", "a"}));
+  touch(pool, "a");  // a is promoted to MRU
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a", "b"}));
+  touch(pool, "c");  // capacity 2: the LRU (b) goes
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"c", "a"}));
+  EXPECT_EQ(pool.loaded_count(), 2u);
+  touch(pool, "a");  // still resident: no reload
+  EXPECT_EQ(zoo.loads["a"], 1);
+  touch(pool, "b");  // reloaded, evicting c (LRU now)
+  EXPECT_EQ(zoo.loads["b"], 2);
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(pool.current_mem_bytes(), 2 * kMiB);
+}
+
+TEST(ModelPool, MemoryBudgetEvictsLruAndRefusesWhatCannotFitAlone) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 4}, {"b", 4}, {"c", 4}, {"huge", 11}};
+  auto pool = zoo.make(10, 10);
+  for (auto id : {"a", "b", "c", "huge"}) reg(pool, id);
+  touch(pool, "a");
+  touch(pool, "b");
+  EXPECT_EQ(pool.current_mem_bytes(), 8 * kMiB);
+  touch(pool, "c");  // 12 > 10: a (LRU) is evicted
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"c", "b"}));
+  EXPECT_EQ(pool.current_mem_bytes(), 8 * kMiB);
+
+  auto h = pool.acquire("huge");
+  ASSERT_FALSE(h.has_value());
+  EXPECT_EQ(h.error().code, core::Errc::kResourceExhausted);
+  EXPECT_NE(h.error().message.find("even alone"), std::string::npos) << h.error().message;
+  EXPECT_NE(h.error().message.find("11 MiB"), std::string::npos) << h.error().message;
+  EXPECT_EQ(zoo.loads["huge"], 0);  // refused before loading
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"c", "b"}));  // nothing evicted for it
+}
+
+TEST(ModelPool, InFlightModelIsNeverTornDown) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 4}, {"b", 4}};
+  {
+    // Capacity 1: b's load evicts a from the list, but a's handle stays valid
+    // and its memory is counted until the request releases it.
+    auto pool = zoo.make(1, 0);
+    reg(pool, "a");
+    reg(pool, "b");
+    auto a = pool.acquire("a");
+    ASSERT_TRUE(a.has_value());
+    std::weak_ptr<LoadedModel> weak_a = *a;
+    auto b = pool.acquire("b");
+    ASSERT_TRUE(b.has_value()) << b.error().message;
+    EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
+    EXPECT_EQ((*a)->id, "a");
+    EXPECT_EQ(pool.current_mem_bytes(), 8 * kMiB);
+    pool.release(*a);
+    a->reset();
+    EXPECT_TRUE(weak_a.expired());
+    EXPECT_EQ(pool.current_mem_bytes(), 4 * kMiB);
+    pool.release(*b);
+  }
+  {
+    // Budget 6 MiB: a in flight holds 4; b (4) cannot fit until a is released.
+    auto pool = zoo.make(4, 6);
+    reg(pool, "a");
+    reg(pool, "b");
+    auto a = pool.acquire("a");
+    ASSERT_TRUE(a.has_value());
+    auto b = pool.acquire("b");
+    ASSERT_FALSE(b.has_value());
+    EXPECT_EQ(b.error().code, core::Errc::kResourceExhausted);
+    EXPECT_NE(b.error().message.find("in flight"), std::string::npos) << b.error().message;
+    EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
+    EXPECT_EQ(pool.list()[0].in_flight, 1);
+    pool.release("a");
+    EXPECT_EQ(pool.list()[0].in_flight, 0);
+    auto b2 = pool.acquire("b");
+    ASSERT_TRUE(b2.has_value()) << b2.error().message;
+    EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
+    pool.release(*b2);
+  }
+}
+
+TEST(ModelPool, BackgroundLoadSucceedsWithoutBlockingOtherModels) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {"slow", 2}};
+  auto pool = zoo.make(3, 0);
+  reg(pool, "a");
+  reg(pool, "slow");
+  touch(pool, "a");
+  zoo.set_gate(false);
+  // The gate blocks the loader; a's load already happened, so only slow waits.
+  ASSERT_TRUE(pool.load_in_background("slow").has_value());
+  auto rows = pool.list();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].id, "slow");
+  EXPECT_EQ(rows[0].state, ModelState::kLoading);
+  EXPECT_EQ(pool.current_mem_bytes(), 3 * kMiB);  // the estimate is reserved
+  auto busy = pool.acquire("slow");
+  ASSERT_FALSE(busy.has_value());
+  EXPECT_EQ(busy.error().code, core::Errc::kResourceExhausted);
+  EXPECT_NE(busy.error().message.find("loading"), std::string::npos);
+  EXPECT_FALSE(pool.load_in_background("slow").has_value());  // already loading
+  // Requests to the other model are served while slow loads.
+  for (int i = 0; i < 3; ++i) touch(pool, "a");
+  auto u = pool.unload("slow");
+  ASSERT_FALSE(u.has_value());
+  EXPECT_EQ(u.error().code, core::Errc::kInvalidArgument);
+  zoo.set_gate(true);
+  pool.wait_background();
+  rows = pool.list();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].id, "slow");
+  EXPECT_EQ(rows[0].state, ModelState::kLoaded);
+  EXPECT_GT(rows[0].created_unix, 0u);
+  touch(pool, "slow");
+  EXPECT_EQ(zoo.loads["slow"], 1);
+}
+
+TEST(ModelPool, BackgroundLoadFailureIsListedWithReason) {
+  Zoo zoo;
+  zoo.size_mib = {{"bad", 1}};
+  zoo.fail_id = "bad";
+  auto pool = zoo.make(2, 0);
+  reg(pool, "bad");
+  ASSERT_TRUE(pool.load_in_background("bad").has_value());
+  pool.wait_background();
+  auto rows = pool.list();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].state, ModelState::kFailed);
+  EXPECT_NE(rows[0].reason.find("bad magic"), std::string::npos) << rows[0].reason;
+  EXPECT_EQ(pool.current_mem_bytes(), 0u);
+  EXPECT_EQ(pool.loaded_count(), 0u);
+  // An on-demand acquire tries again and reports the loader's error.
+  auto m = pool.acquire("bad");
+  ASSERT_FALSE(m.has_value());
+  EXPECT_EQ(m.error().code, core::Errc::kFormat);
+  EXPECT_EQ(zoo.loads["bad"], 2);
+}
+
+TEST(ModelPool, MarkLoadingReadyFailedTransitions) {
+  Zoo zoo;
+  zoo.size_mib = {{"m", 3}};
+  auto pool = zoo.make(2, 0);
+  EXPECT_EQ(pool.mark_loading("m", kMiB).error().code, core::Errc::kNotFound);  // unregistered
+  reg(pool, "m");
+  EXPECT_FALSE(pool.mark_ready("m", std::make_shared<LoadedModel>()).has_value());  // not loading
+  EXPECT_FALSE(pool.mark_failed("m", "x").has_value());
+  ASSERT_TRUE(pool.mark_loading("m", kMiB).has_value());
+  EXPECT_EQ(pool.mark_loading("m", kMiB).error().code, core::Errc::kInvalidArgument);
+  auto lm = std::make_shared<LoadedModel>();
+  lm->id = "m";
+  lm->mem_bytes = 3 * kMiB;
+  ASSERT_TRUE(pool.mark_ready("m", lm).has_value());
+  EXPECT_EQ(pool.current_mem_bytes(), 3 * kMiB);  // the real size replaces the estimate
+  EXPECT_EQ(pool.mark_loading("m", kMiB).error().code, core::Errc::kInvalidArgument);  // loaded
+}
+
+TEST(ModelPool, UnloadErrorsAndSuccess) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 2}};
+  auto pool = zoo.make(2, 0);
+  reg(pool, "a");
+  auto e = pool.unload("a");  // registered but not loaded
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().code, core::Errc::kNotFound);
+  EXPECT_EQ(pool.unload("ghost").error().code, core::Errc::kNotFound);
+  touch(pool, "a");
+  ASSERT_TRUE(pool.unload("a").has_value());
+  EXPECT_TRUE(pool.list().empty());
+  EXPECT_EQ(pool.current_mem_bytes(), 0u);
+  EXPECT_EQ(pool.unload("a").error().code, core::Errc::kNotFound);
+  // Unloading a model in flight unlists it; its memory goes when released.
+  auto h = pool.acquire("a");
+  ASSERT_TRUE(h.has_value());
+  ASSERT_TRUE(pool.unload("a").has_value());
+  EXPECT_TRUE(pool.list().empty());
+  EXPECT_EQ(pool.current_mem_bytes(), 2 * kMiB);
+  EXPECT_EQ(pool.acquire_loaded("a").error().code, core::Errc::kNotFound);
+  pool.release(*h);
+  EXPECT_EQ(pool.current_mem_bytes(), 0u);
+}
+
+TEST(ModelPool, ConcurrentAcquireReleaseKeepsCountsConsistent) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {"b", 1}, {"c", 1}};
+  auto pool = zoo.make(2, 0);
+  for (auto id : {"a", "b", "c"}) reg(pool, id);
+  std::atomic<int> ok{0}, busy{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      const char* ids[] = {"a", "b", "c"};
+      for (int i = 0; i < 200; ++i) {
+        auto m = pool.acquire(ids[(t + i) % 3]);
+        if (m) {
+          ++ok;
+          pool.release(*m);
+        } else if (m.error().code == core::Errc::kResourceExhausted) {
+          ++busy;  // loading elsewhere or no evictable slot: retry later
+        } else {
+          ++other;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(ok.load() + busy.load(), 1200);
+  EXPECT_LE(pool.list().size(), 2u);
+  for (const auto& m : pool.list()) EXPECT_EQ(m.in_flight, 0) << m.id;
+  EXPECT_EQ(pool.current_mem_bytes(), pool.list().size() * kMiB);
+}
+
+}  // namespace
+}  // namespace bonsai::engine

@@ -1,0 +1,4 @@
+# EnginePool / ModelPool tests (serving owner).
+# Fake-engine / fake-loader tests: pool semantics only.
+bonsai_add_test(engine_pool_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/engine_pool_test.cpp LIBS bonsai_engine TIMEOUT 120)
+bonsai_add_test(model_pool_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_pool_test.cpp LIBS bonsai_engine TIMEOUT 120)
