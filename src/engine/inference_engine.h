@@ -74,6 +74,8 @@ struct EngineOptions {
   bool kv_f32 = false;
 };
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
+// Prompt tokens per forward() call in prefill (llama.cpp's default n_ubatch).
+inline constexpr int64_t kPrefillChunk = 512;
 
 // One streamed event: called once per sampled token (EOS included), in order.
 struct TokenEvent {
@@ -115,9 +117,8 @@ class InferenceEngine {
  public:
   // Builds a replica: allocates the KV cache and workspace. `model` and
   // `tokenizer` are shared with other replicas and must be non-null.
-  // Errors: kInvalidArgument (null model/tokenizer, invalid params, the
-  // tokenizer's vocabulary larger than the model's), kResourceExhausted
-  // (cache allocation failed).
+  // Errors: kInvalidArgument (null model/tokenizer, invalid params or
+  // max_seq_len < 0), kResourceExhausted (cache allocation failed).
   static core::Expected<InferenceEngine> create(std::shared_ptr<const model::Model> model,
                                                 std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
                                                 EngineOptions options = {});
@@ -130,8 +131,9 @@ class InferenceEngine {
 
   // ---- Generation (see the file comment for the RNG semantics) ----------
   // Errors: kInvalidArgument (empty prompt, id outside the vocabulary,
-  // invalid params), kOutOfRange (prompt does not fit the KV cache with room
-  // for one token), or the model's forward error. A cancelled call is a
+  // invalid params), kOutOfRange (prompt longer than max_seq_len()), or the
+  // model's forward error. Engine params and RNG are restored as the
+  // semantics say even on error. A cancelled call is a
   // success with finish_reason kCancelled.
   core::Expected<GenerationResult> generate(std::span<const int32_t> prompt);
   core::Expected<GenerationResult> generate_with_params(std::span<const int32_t> prompt,
@@ -149,7 +151,11 @@ class InferenceEngine {
   // ---- Low-level steps (what generate* is made of) ------------------------
   // Runs `tokens` at positions pos..pos+n-1 (pos <= current position; the
   // cache is truncated to pos first) and returns the logits of the last one:
-  // [n_vocab], valid until the next call. Errors as generate*.
+  // [n_vocab], valid until the next call. Long inputs run in chunks of
+  // kPrefillChunk tokens (bounded workspace). Errors: kInvalidArgument
+  // (empty tokens, pos beyond the current position, id outside the
+  // vocabulary), kOutOfRange (pos + n > max_seq_len()), the model's errors;
+  // on error the cache holds positions [0, pos) at most.
   core::Expected<std::span<const float>> prefill_from_pos(std::span<const int32_t> tokens,
                                                           int64_t pos);
   // Runs one token at the current position; returns its logits [n_vocab].

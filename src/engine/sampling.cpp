@@ -1,0 +1,195 @@
+// Sampler chain; see sampling.h for the order and the formulas.
+#include "engine/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace bonsai::engine {
+
+namespace {
+
+// splitmix64 (Vigna): advances x and returns the next output.
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// "%g" text of a number, for error messages.
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// The sorted order of sampling.h: logit descending, then id ascending.
+inline bool before(const Candidate& a, const Candidate& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+}  // namespace
+
+// ---- SamplingParams ------------------------------------------------------------
+
+core::Expected<void> SamplingParams::validate() const {
+  auto bad = [](std::string msg) { return core::fail(core::Errc::kInvalidArgument, std::move(msg)); };
+  if (std::isnan(temperature) || std::isinf(temperature)) return bad("sampling: temperature must be a finite number");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("sampling: top_p must be in (0, 1], got " + num(top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("sampling: min_p must be in [0, 1], got " + num(min_p));
+  if (!(repeat_penalty > 0.0f) || std::isinf(repeat_penalty)) {
+    return bad("sampling: repeat_penalty must be a finite number > 0, got " + num(repeat_penalty));
+  }
+  if (repeat_last_n < -1) return bad("sampling: repeat_last_n must be >= -1, got " + std::to_string(repeat_last_n));
+  if (!std::isfinite(presence_penalty)) return bad("sampling: presence_penalty must be a finite number");
+  if (!std::isfinite(frequency_penalty)) return bad("sampling: frequency_penalty must be a finite number");
+  for (size_t i = 0; i < stop.size(); ++i) {
+    if (stop[i].empty()) return bad("sampling: stop[" + std::to_string(i) + "] is an empty string");
+  }
+  return {};
+}
+
+// ---- Rng -------------------------------------------------------------------------
+
+void Rng::reseed(uint64_t seed) {
+  uint64_t x = seed;
+  for (auto& w : state_.s) w = splitmix64(x);
+}
+
+uint64_t Rng::next_u64() {
+  uint64_t* s = state_.s;
+  const uint64_t result = rotl(s[1] * 5, 7) * 9;
+  const uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+
+double Rng::next_double() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+// ---- Chain stages ------------------------------------------------------------------
+
+void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
+                     const SamplingParams& params) {
+  if (params.repeat_last_n == 0) return;
+  if (params.repeat_penalty == 1.0f && params.presence_penalty == 0.0f &&
+      params.frequency_penalty == 0.0f) {
+    return;
+  }
+  size_t window = history.size();
+  if (params.repeat_last_n > 0) window = std::min(window, static_cast<size_t>(params.repeat_last_n));
+  std::vector<int32_t> ids(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
+  std::sort(ids.begin(), ids.end());
+  const auto n_vocab = static_cast<int64_t>(logits.size());
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    const int32_t id = ids[i];
+    const auto count = static_cast<float>(j - i);
+    i = j;
+    if (id < 0 || id >= n_vocab) continue;
+    float& l = logits[static_cast<size_t>(id)];
+    // llama.cpp (llama_sampler_penalties_apply): the CTRL-style repetition
+    // penalty, then OpenAI's frequency and presence penalties.
+    if (l <= 0.0f) {
+      l *= params.repeat_penalty;
+    } else {
+      l /= params.repeat_penalty;
+    }
+    l -= count * params.frequency_penalty + params.presence_penalty;
+  }
+}
+
+int32_t argmax(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+std::vector<Candidate> filter_candidates(std::span<const float> logits,
+                                         const SamplingParams& params) {
+  const auto n = static_cast<int64_t>(logits.size());
+  std::vector<Candidate> c(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) c[static_cast<size_t>(i)] = {static_cast<int32_t>(i), logits[static_cast<size_t>(i)], 0.0f};
+  if (c.empty()) return c;
+
+  // 3. top_k: keep the k first in sorted order.
+  bool sorted = false;
+  if (params.top_k > 0 && params.top_k < n) {
+    std::partial_sort(c.begin(), c.begin() + params.top_k, c.end(), before);
+    c.resize(static_cast<size_t>(params.top_k));
+    sorted = true;
+  }
+
+  float max_l = c[0].logit;
+  for (const auto& x : c) max_l = std::max(max_l, x.logit);
+  // Softmax normaliser of the top_k survivors at temperature 1 (for top_p).
+  double z = 0.0;
+  for (const auto& x : c) z += std::exp(static_cast<double>(x.logit) - max_l);
+
+  // 5. min_p (applied before sorting to sort less; the result equals running
+  // it after top_p, because both keep a prefix of the sorted order and the
+  // ratio p_i / p_max does not change when top_p renormalises):
+  // p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p)  (llama.cpp's form).
+  if (params.min_p > 0.0f) {
+    const float threshold = max_l + std::log(params.min_p);
+    std::erase_if(c, [&](const Candidate& x) { return x.logit < threshold; });
+    if (c.empty()) c.push_back({argmax(logits), max_l, 0.0f});  // unreachable: max survives
+  }
+  if (!sorted) std::sort(c.begin(), c.end(), before);
+
+  // 4. top_p over the top_k survivors' probabilities.
+  if (params.top_p < 1.0f) {
+    double cum = 0.0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      cum += std::exp(static_cast<double>(c[i].logit) - max_l) / z;
+      if (cum >= params.top_p) {
+        c.resize(i + 1);
+        break;
+      }
+    }
+  }
+
+  // 6. temperature, then the final softmax.
+  const float temp = params.temperature > 0.0f ? params.temperature : 1.0f;
+  double sum = 0.0;
+  std::vector<double> e(c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    c[i].logit /= temp;
+    e[i] = std::exp(static_cast<double>(c[i].logit) - c[0].logit);
+    sum += e[i];
+  }
+  for (size_t i = 0; i < c.size(); ++i) c[i].p = static_cast<float>(e[i] / sum);
+  return c;
+}
+
+// ---- Sampler -------------------------------------------------------------------------
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  scratch_.assign(logits.begin(), logits.end());
+  apply_penalties(scratch_, history, params_);
+  if (params_.temperature <= 0.0f) return argmax(scratch_);
+
+  const std::vector<Candidate> c = filter_candidates(scratch_, params_);
+  // 7. One uniform draw; walk the cumulative distribution in sorted order.
+  // The cumulative sum is recomputed in double from the float p's so the
+  // walk is exactly reproducible from filter_candidates' output.
+  const double u = rng_.next_double();
+  double cum = 0.0;
+  for (const auto& x : c) {
+    cum += x.p;
+    if (u < cum) return x.id;
+  }
+  return c.back().id;
+}
+
+}  // namespace bonsai::engine

@@ -1,0 +1,319 @@
+// Sampler chain against hand-computed distributions (5-logit vectors whose
+// softmax is written out in the comments), RNG reproducibility, validation.
+#include "engine/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <vector>
+
+namespace bonsai::engine {
+namespace {
+
+// logits 1..5 for ids 0..4. At temperature 1, exp(l - 5) =
+// [e^-4, e^-3, e^-2, e^-1, 1] = [0.0183156, 0.0497871, 0.1353353, 0.3678794, 1],
+// sum 1.5713175, so p = [0.0116562, 0.0316849, 0.0861285, 0.2341217, 0.6364086].
+const std::vector<float> kRamp = {1, 2, 3, 4, 5};
+
+SamplingParams off() {  // every filter off, temperature 1
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  return p;
+}
+
+void expect_dist(const std::vector<Candidate>& c, const std::vector<int32_t>& ids,
+                 const std::vector<double>& probs) {
+  ASSERT_EQ(c.size(), ids.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].id, ids[i]) << "rank " << i;
+    EXPECT_NEAR(c[i].p, probs[i], 1e-6) << "rank " << i;
+  }
+}
+
+TEST(Rng, SplitMix64SeedingMatchesReference) {
+  // splitmix64 from 0: first output 0xe220a8397b1dcdaf (the value published
+  // with Vigna's splitmix64.c); it becomes state word 0.
+  Rng r(0);
+  EXPECT_EQ(r.state().s[0], 0xe220a8397b1dcdafULL);
+  EXPECT_EQ(r.state().s[1], 0x6e789e6aa1b965f4ULL);
+  EXPECT_EQ(r.state().s[2], 0x06c45d188009454fULL);
+  EXPECT_EQ(r.state().s[3], 0xf88bb8a8724c81ecULL);
+}
+
+TEST(Rng, Xoshiro256StarStarFixedSequence) {
+  Rng r(0);
+  // First output by hand: rotl(s1 * 5, 7) * 9 with s1 = 0x6e789e6aa1b965f4.
+  const uint64_t s1 = 0x6e789e6aa1b965f4ULL;
+  const uint64_t m = s1 * 5;
+  const uint64_t by_hand = ((m << 7) | (m >> 57)) * 9;
+  EXPECT_EQ(by_hand, 0x99ec5f36cb75f2b4ULL);
+  const std::array<uint64_t, 4> expected = {0x99ec5f36cb75f2b4ULL, 0xbf6e1f784956452aULL,
+                                            0x1a5f849d4933e6e0ULL, 0x6aa594f1262d2d2cULL};
+  for (uint64_t e : expected) EXPECT_EQ(r.next_u64(), e);
+
+  Rng r42(42);
+  EXPECT_EQ(r42.next_u64(), 0x15780b2e0c2ec716ULL);
+  EXPECT_EQ(r42.next_u64(), 0x6104d9866d113a7eULL);
+}
+
+TEST(Rng, NextDoubleIsTop53Bits) {
+  Rng r(0);
+  // (0x99ec5f36cb75f2b4 >> 11) * 2^-53 = 0.60126299941790...
+  EXPECT_DOUBLE_EQ(r.next_double(), static_cast<double>(0x99ec5f36cb75f2b4ULL >> 11) * 0x1.0p-53);
+  EXPECT_NEAR(Rng(0).next_double(), 0.6012629994179048, 1e-15);
+}
+
+TEST(Rng, StateRoundTripAndReseed) {
+  Rng a(7);
+  a.next_u64();
+  const Rng::State s = a.state();
+  const uint64_t x = a.next_u64();
+  a.set_state(s);
+  EXPECT_EQ(a.next_u64(), x);
+  a.reseed(7);
+  Rng b(7);
+  EXPECT_EQ(a.next_u64(), b.next_u64());
+}
+
+TEST(Filter, AllFiltersOffIsPlainSoftmax) {
+  expect_dist(filter_candidates(kRamp, off()), {4, 3, 2, 1, 0},
+              {0.6364086, 0.2341217, 0.0861285, 0.0316849, 0.0116562});
+}
+
+TEST(Filter, TopK) {
+  SamplingParams p = off();
+  p.top_k = 3;  // ids 4,3,2; exp = [1, e^-1, e^-2], sum 1.5032147
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2}, {0.6652410, 0.2447285, 0.0900306});
+  p.top_k = 1;
+  expect_dist(filter_candidates(kRamp, p), {4}, {1.0});
+  p.top_k = 99;  // >= n_vocab: off
+  EXPECT_EQ(filter_candidates(kRamp, p).size(), 5u);
+}
+
+TEST(Filter, TopP) {
+  SamplingParams p = off();
+  // Cumulative sorted probabilities: 0.6364, 0.8705, 0.9566, ...
+  p.top_p = 0.8f;  // reaches 0.8 at the 2nd token: ids 4,3 -> [1, e^-1] / 1.3678794
+  expect_dist(filter_candidates(kRamp, p), {4, 3}, {0.7310586, 0.2689414});
+  p.top_p = 0.5f;  // the first token alone reaches 0.5
+  expect_dist(filter_candidates(kRamp, p), {4}, {1.0});
+  p.top_p = 0.95f;  // 0.8705 < 0.95 <= 0.9566: three tokens
+  EXPECT_EQ(filter_candidates(kRamp, p).size(), 3u);
+}
+
+TEST(Filter, MinP) {
+  SamplingParams p = off();
+  // Keep p_i >= min_p * p_max, i.e. exp(l_i - 5) >= min_p.
+  p.min_p = 0.1f;  // e^-2 = 0.135 >= 0.1 > e^-3 = 0.0498: ids 4,3,2
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2}, {0.6652410, 0.2447285, 0.0900306});
+  p.min_p = 0.36f;  // e^-1 = 0.3679 >= 0.36
+  EXPECT_EQ(filter_candidates(kRamp, p).size(), 2u);
+  p.min_p = 0.37f;  // e^-1 < 0.37
+  expect_dist(filter_candidates(kRamp, p), {4}, {1.0});
+}
+
+TEST(Filter, Temperature) {
+  SamplingParams p = off();
+  p.temperature = 2.0f;  // exp((l - 5) / 2) = [e^-2, e^-1.5, e^-1, e^-0.5, 1], sum 2.3328755
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2, 1, 0},
+              {0.4286555, 0.2599927, 0.1576936, 0.0956460, 0.0580122});
+  p.temperature = 0.5f;  // exp(2 (l - 5)) = [e^-8, e^-6, e^-4, e^-2, 1], sum 1.1564645
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2, 1, 0},
+              {0.8647040, 0.1170250, 0.0158376, 0.0021434, 0.0002901});
+}
+
+TEST(Filter, TopPSeesUntemperedProbabilities) {
+  // llama.cpp order: top_p before temperature. At T=1, top_p 0.8 keeps ids 4,3;
+  // (at T=2 it would keep three: 0.4287, 0.6887, 0.8464). Then T=2:
+  // [1, e^-0.5] / 1.6065307 = [0.6224593, 0.3775407].
+  SamplingParams p = off();
+  p.top_p = 0.8f;
+  p.temperature = 2.0f;
+  expect_dist(filter_candidates(kRamp, p), {4, 3}, {0.6224593, 0.3775407});
+}
+
+TEST(Filter, ChainTopKThenTopPThenMinP) {
+  // top_k 4 drops id 0: exp = [1, e^-1, e^-2, e^-3], sum 1.5532018,
+  // p = [0.6438, 0.2369, 0.0871, 0.0321]; top_p 0.9 -> cum 0.6438, 0.8807,
+  // 0.9678: ids 4,3,2; min_p 0.2 -> e^-2 < 0.2: ids 4,3.
+  SamplingParams p = off();
+  p.top_k = 4;
+  p.top_p = 0.9f;
+  p.min_p = 0.2f;
+  expect_dist(filter_candidates(kRamp, p), {4, 3}, {0.7310586, 0.2689414});
+  p.min_p = 0.1f;  // now top_p decides: ids 4,3,2
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2}, {0.6652410, 0.2447285, 0.0900306});
+}
+
+TEST(Filter, TiesBreakByLowestId) {
+  const std::vector<float> tie = {1, 3, 3, 0};
+  SamplingParams p = off();
+  p.top_k = 1;
+  expect_dist(filter_candidates(tie, p), {1}, {1.0});
+  p.top_k = 0;
+  const auto c = filter_candidates(tie, p);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].id, 1);
+  EXPECT_EQ(c[1].id, 2);
+  EXPECT_EQ(argmax(tie), 1);
+}
+
+TEST(Penalties, RepeatPenaltyDividesPositiveMultipliesNegative) {
+  std::vector<float> l = {2, -1, 0.5f, 3, -2};
+  const std::vector<int32_t> hist = {0, 1, 1, 4};
+  SamplingParams p = off();
+  p.repeat_penalty = 2.0f;
+  p.repeat_last_n = 64;
+  apply_penalties(l, hist, p);
+  // id0: 2/2 = 1; id1: -1*2 = -2 (applied once, not per occurrence); id4: -2*2 = -4.
+  EXPECT_FLOAT_EQ(l[0], 1.0f);
+  EXPECT_FLOAT_EQ(l[1], -2.0f);
+  EXPECT_FLOAT_EQ(l[2], 0.5f);
+  EXPECT_FLOAT_EQ(l[3], 3.0f);
+  EXPECT_FLOAT_EQ(l[4], -4.0f);
+}
+
+TEST(Penalties, PresenceAndFrequency) {
+  std::vector<float> l = {2, -1, 0.5f, 3, -2};
+  const std::vector<int32_t> hist = {0, 1, 1, 4};
+  SamplingParams p = off();
+  p.repeat_penalty = 2.0f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  apply_penalties(l, hist, p);
+  // After the repeat penalty, minus count * 0.25 + 0.5:
+  EXPECT_FLOAT_EQ(l[0], 1.0f - 0.75f);   // count 1
+  EXPECT_FLOAT_EQ(l[1], -2.0f - 1.0f);   // count 2
+  EXPECT_FLOAT_EQ(l[2], 0.5f);           // absent: untouched
+  EXPECT_FLOAT_EQ(l[3], 3.0f);
+  EXPECT_FLOAT_EQ(l[4], -4.0f - 0.75f);  // count 1
+}
+
+TEST(Penalties, WindowIsLastNTokens) {
+  std::vector<float> l = {2, -1, 0.5f, 3, -2};
+  const std::vector<int32_t> hist = {0, 1, 1, 4};
+  SamplingParams p = off();
+  p.frequency_penalty = 1.0f;
+  p.repeat_last_n = 2;  // sees {1, 4} only
+  apply_penalties(l, hist, p);
+  EXPECT_FLOAT_EQ(l[0], 2.0f);
+  EXPECT_FLOAT_EQ(l[1], -2.0f);
+  EXPECT_FLOAT_EQ(l[4], -3.0f);
+
+  std::vector<float> l2 = {2, -1, 0.5f, 3, -2};
+  p.repeat_last_n = 0;  // off
+  apply_penalties(l2, hist, p);
+  EXPECT_FLOAT_EQ(l2[1], -1.0f);
+
+  std::vector<float> l3 = {2, -1, 0.5f, 3, -2};
+  p.repeat_last_n = -1;  // whole history
+  apply_penalties(l3, std::vector<int32_t>{0, 1, 1, 4, 99, -5}, p);  // out-of-range ids ignored
+  EXPECT_FLOAT_EQ(l3[0], 1.0f);
+  EXPECT_FLOAT_EQ(l3[1], -3.0f);
+}
+
+TEST(Sampler, PenaltyChangesTheGreedyChoice) {
+  SamplingParams p = off();
+  p.temperature = 0.0f;
+  Sampler s(p);
+  const std::vector<float> l = {0, 0, 3, 2.5f};
+  EXPECT_EQ(s.sample(l, std::vector<int32_t>{2}), 2);
+  p.repeat_penalty = 1.5f;  // 3 / 1.5 = 2 < 2.5
+  s.set_params(p);
+  EXPECT_EQ(s.sample(l, std::vector<int32_t>{2}), 3);
+}
+
+TEST(Sampler, GreedyConsumesNoRandomness) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  Sampler s(p);
+  const Rng::State before = s.rng().state();
+  EXPECT_EQ(s.sample(kRamp, {}), 4);
+  EXPECT_EQ(s.rng().state(), before);
+}
+
+TEST(Sampler, DrawWalksTheSortedDistribution) {
+  // Survivors {4: 0.7310586, 3: 0.2689414}. Seed 0 draws u = 0.6012630
+  // (< 0.731: id 4), then u = 0.7477741 (>= 0.731: id 3).
+  SamplingParams p = off();
+  p.top_p = 0.8f;
+  p.seed = 0;
+  Sampler s(p);
+  EXPECT_EQ(s.sample(kRamp, {}), 4);
+  EXPECT_EQ(s.sample(kRamp, {}), 3);
+  // One draw per sample even with a single survivor.
+  p.top_k = 1;
+  Sampler one(p);
+  one.sample(kRamp, {});
+  Rng r(0);
+  r.next_u64();
+  EXPECT_EQ(one.rng().state(), r.state());
+}
+
+TEST(Sampler, FrequenciesFollowTheDistribution) {
+  SamplingParams p = off();
+  p.seed = 1234;
+  Sampler s(p);
+  std::array<int, 5> count{};
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++count[static_cast<size_t>(s.sample(kRamp, {}))];
+  const std::array<double, 5> expected = {0.0116562, 0.0316849, 0.0861285, 0.2341217, 0.6364086};
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(count[i] / double(n), expected[i], 0.012) << i;
+}
+
+TEST(Sampler, SameSeedSameSequenceAndSetParamsKeepsRng) {
+  SamplingParams p;  // defaults: temp 0.8, top_k 40, top_p 0.95, min_p 0.05
+  p.seed = 99;
+  std::vector<float> l(64);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  Sampler a(p), b(p);
+  std::vector<int32_t> ta, tb;
+  for (int i = 0; i < 50; ++i) {
+    ta.push_back(a.sample(l, ta));
+    tb.push_back(b.sample(l, tb));
+  }
+  EXPECT_EQ(ta, tb);
+  // set_params keeps the RNG (its seed field is ignored), reseed restarts it.
+  const Rng::State st = a.rng().state();
+  SamplingParams q = p;
+  q.seed = 5;
+  a.set_params(q);
+  EXPECT_EQ(a.rng().state(), st);
+  a.reseed(99);
+  EXPECT_EQ(a.rng().state(), Rng(99).state());
+  EXPECT_EQ(a.params().seed, 99u);
+}
+
+TEST(SamplingParams, Validate) {
+  EXPECT_TRUE(SamplingParams{}.validate().has_value());
+  SamplingParams p;
+  p.top_p = 0.0f;
+  EXPECT_FALSE(p.validate().has_value());
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_FALSE(p.validate().has_value());
+  p = {};
+  p.repeat_penalty = 0.0f;
+  EXPECT_FALSE(p.validate().has_value());
+  p = {};
+  p.temperature = NAN;
+  auto r = p.validate();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("temperature"), std::string::npos);
+  p = {};
+  p.stop = {"ok", ""};
+  EXPECT_FALSE(p.validate().has_value());
+  p = {};
+  p.repeat_last_n = -2;
+  EXPECT_FALSE(p.validate().has_value());
+  p = {};
+  p.temperature = -1.0f;  // negative = greedy, allowed
+  EXPECT_TRUE(p.validate().has_value());
+}
+
+}  // namespace
+}  // namespace bonsai::engine
