@@ -1,0 +1,275 @@
+// Built-in renderers for the ChatML template family. The Qwen3 renderer is a
+// line-by-line transcription of the Jinja template Qwen3 ships in
+// tokenizer_config.json / GGUF `tokenizer.chat_template` (comments quote it).
+#include "tokenizer/chat_template.h"
+
+#include <cstdio>
+
+namespace bonsai::tokenizer {
+
+namespace {
+
+// Python str.lstrip/rstrip/strip with a set of characters.
+std::string_view lstrip(std::string_view s, std::string_view chars) {
+  const size_t p = s.find_first_not_of(chars);
+  return p == std::string_view::npos ? std::string_view() : s.substr(p);
+}
+std::string_view rstrip(std::string_view s, std::string_view chars) {
+  const size_t p = s.find_last_not_of(chars);
+  return p == std::string_view::npos ? std::string_view() : s.substr(0, p + 1);
+}
+std::string_view strip(std::string_view s, std::string_view chars) {
+  return rstrip(lstrip(s, chars), chars);
+}
+
+// Python s.split(sep)[0] and s.split(sep)[-1].
+std::string_view before_first(std::string_view s, std::string_view sep) {
+  const size_t p = s.find(sep);
+  return p == std::string_view::npos ? s : s.substr(0, p);
+}
+std::string_view after_last(std::string_view s, std::string_view sep) {
+  const size_t p = s.rfind(sep);
+  return p == std::string_view::npos ? s : s.substr(p + sep.size());
+}
+
+// Appends segments, merging consecutive ones from the same source.
+class Emitter {
+ public:
+  void tmpl(std::string_view s) { add(s, true); }
+  void user(std::string_view s) { add(s, false); }
+  RenderedChat take() { return std::move(out_); }
+
+ private:
+  void add(std::string_view s, bool from_template) {
+    if (s.empty()) return;
+    if (!out_.segments.empty() && out_.segments.back().from_template == from_template) {
+      out_.segments.back().text.append(s);
+    } else {
+      out_.segments.push_back(ChatSegment{std::string(s), from_template});
+    }
+  }
+  RenderedChat out_;
+};
+
+void append_json_string(std::string_view s, std::string& out) {
+  out.push_back('"');
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out.push_back(ch);
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::object: {
+      out.push_back('{');
+      bool first = true;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (!first) out += ", ";
+        first = false;
+        append_json_string(it.key(), out);
+        out += ": ";
+        append_python_json(it.value(), out);
+      }
+      out.push_back('}');
+      break;
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      out.push_back('[');
+      bool first = true;
+      for (const auto& e : v) {
+        if (!first) out += ", ";
+        first = false;
+        append_python_json(e, out);
+      }
+      out.push_back(']');
+      break;
+    }
+    case nlohmann::ordered_json::value_t::string:
+      append_json_string(v.get_ref<const std::string&>(), out);
+      break;
+    default:  // numbers, booleans, null: JSON's spelling is Python's
+      out += v.dump();
+      break;
+  }
+}
+
+bool valid_role(std::string_view r) {
+  return r == "system" || r == "user" || r == "assistant" || r == "tool";
+}
+
+core::Expected<void> check(std::span<const ChatMessage> messages, const ChatOptions& options) {
+  if (messages.empty()) {
+    return core::fail(core::Errc::kInvalidArgument, "chat template: 'messages' is empty");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!valid_role(messages[i].role)) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "chat template: messages[" + std::to_string(i) + "].role '" +
+                            messages[i].role + "' is not one of system, user, assistant, tool");
+    }
+  }
+  if (!options.tools.is_null() && !options.tools.is_array()) {
+    return core::fail(core::Errc::kInvalidArgument, "chat template: 'tools' must be an array");
+  }
+  return {};
+}
+
+// Plain ChatML (llama.cpp LLM_CHAT_TEMPLATE_CHATML).
+RenderedChat render_chatml(std::span<const ChatMessage> messages, const ChatOptions& options) {
+  Emitter e;
+  for (const ChatMessage& m : messages) {
+    e.tmpl("<|im_start|>" + m.role + "\n");
+    e.user(m.content);
+    e.tmpl("<|im_end|>\n");
+  }
+  if (options.add_generation_prompt) e.tmpl("<|im_start|>assistant\n");
+  return e.take();
+}
+
+// Qwen3's template. Client-supplied text (message content, reasoning, tool
+// JSON, tool-call names and arguments) goes out as user segments.
+RenderedChat render_qwen3(std::span<const ChatMessage> messages, const ChatOptions& options) {
+  Emitter e;
+  const size_t n = messages.size();
+  const bool has_tools = options.tools.is_array() && !options.tools.empty();
+  // {%- if tools %} ... system block with the tool signatures
+  if (has_tools) {
+    e.tmpl("<|im_start|>system\n");
+    if (messages[0].role == "system") {
+      e.user(messages[0].content);
+      e.tmpl("\n\n");
+    }
+    e.tmpl(
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    for (const auto& tool : options.tools) {
+      e.tmpl("\n");
+      e.user(to_python_json(tool));
+    }
+    e.tmpl(
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+  } else if (messages[0].role == "system") {
+    e.tmpl("<|im_start|>system\n");
+    e.user(messages[0].content);
+    e.tmpl("<|im_end|>\n");
+  }
+  // ns.last_query_index: the last user message that is not a wrapped tool
+  // response, scanning from the end while ns.multi_step_tool holds.
+  size_t last_query_index = n - 1;
+  for (size_t k = n; k-- > 0;) {
+    const ChatMessage& m = messages[k];
+    const std::string_view c = m.content;
+    if (m.role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
+      last_query_index = k;
+      break;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == n;
+    if (m.role == "user" || (m.role == "system" && i != 0)) {
+      e.tmpl("<|im_start|>" + m.role + "\n");
+      e.user(m.content);
+      e.tmpl("<|im_end|>\n");
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content;
+      std::string_view reasoning;
+      if (m.reasoning_content.has_value()) {
+        reasoning = *m.reasoning_content;
+      } else if (content.find("</think>") != std::string_view::npos) {
+        // content = content.split('</think>')[-1].lstrip('\n')
+        // reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+        reasoning = lstrip(after_last(rstrip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
+        content = lstrip(after_last(m.content, "</think>"), "\n");
+      }
+      if (i > last_query_index && (last || !reasoning.empty())) {
+        e.tmpl("<|im_start|>" + m.role + "\n<think>\n");
+        e.user(strip(reasoning, "\n"));
+        e.tmpl("\n</think>\n\n");
+        e.user(lstrip(content, "\n"));
+      } else {
+        e.tmpl("<|im_start|>" + m.role + "\n");
+        e.user(content);
+      }
+      for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+        const ToolCall& tc = m.tool_calls[j];
+        if ((j == 0 && !content.empty()) || j > 0) e.tmpl("\n");
+        e.tmpl("<tool_call>\n{\"name\": \"");
+        e.user(tc.name);
+        e.tmpl("\", \"arguments\": ");
+        e.user(tc.arguments);
+        e.tmpl("}\n</tool_call>");
+      }
+      e.tmpl("<|im_end|>\n");
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") e.tmpl("<|im_start|>user");
+      e.tmpl("\n<tool_response>\n");
+      e.user(m.content);
+      e.tmpl("\n</tool_response>");
+      if (last || messages[i + 1].role != "tool") e.tmpl("<|im_end|>\n");
+    }
+  }
+  if (options.add_generation_prompt) {
+    e.tmpl("<|im_start|>assistant\n");
+    if (!options.enable_thinking) e.tmpl("<think>\n\n</think>\n\n");
+  }
+  return e.take();
+}
+
+}  // namespace
+
+std::string RenderedChat::text() const {
+  std::string s;
+  for (const ChatSegment& seg : segments) s += seg.text;
+  return s;
+}
+
+std::string to_python_json(const nlohmann::ordered_json& value) {
+  std::string out;
+  append_python_json(value, out);
+  return out;
+}
+
+ChatTemplate ChatTemplate::from_text(std::string_view jinja_source) {
+  ChatTemplate t;
+  t.source_ = std::string(jinja_source);
+  // Qwen3: ChatML markers plus its <think> handling.
+  const bool chatml = jinja_source.find("<|im_start|>") != std::string_view::npos;
+  const bool think = jinja_source.find("<think>") != std::string_view::npos &&
+                     jinja_source.find("reasoning_content") != std::string_view::npos;
+  t.family_ = (chatml && think) ? Family::kQwen3 : Family::kChatML;
+  return t;
+}
+
+std::string_view ChatTemplate::family_name() const {
+  return family_ == Family::kQwen3 ? "qwen3" : "chatml";
+}
+
+core::Expected<RenderedChat> ChatTemplate::render(std::span<const ChatMessage> messages,
+                                                  const ChatOptions& options) const {
+  if (auto ok = check(messages, options); !ok) return std::unexpected(ok.error());
+  return family_ == Family::kQwen3 ? render_qwen3(messages, options)
+                                   : render_chatml(messages, options);
+}
+
+}  // namespace bonsai::tokenizer
