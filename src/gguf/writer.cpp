@@ -9,16 +9,22 @@
 namespace bonsai::gguf {
 namespace {
 
+// Appends raw bytes (resize + memcpy: vector::insert trips a GCC 12 -Wstringop-overflow false positive).
+void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
+  if (n == 0) return;
+  const size_t at = out.size();
+  out.resize(at + n);
+  std::memcpy(out.data() + at, p, n);
+}
+
 template <class T>
 void put(std::vector<uint8_t>& out, T v) {
-  uint8_t b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out.insert(out.end(), b, b + sizeof(T));
+  put_bytes(out, &v, sizeof(T));
 }
 
 void put_string(std::vector<uint8_t>& out, std::string_view s) {
   put<uint64_t>(out, s.size());
-  out.insert(out.end(), s.begin(), s.end());
+  put_bytes(out, s.data(), s.size());
 }
 
 template <class T>
@@ -177,7 +183,7 @@ std::vector<uint8_t> Writer::header_bytes(std::vector<uint64_t>* offsets) const 
   put<uint64_t>(h, kv_.size());
   for (const Kv& kv : kv_) {
     put_string(h, kv.key);
-    h.insert(h.end(), kv.encoded.begin(), kv.encoded.end());
+    put_bytes(h, kv.encoded.data(), kv.encoded.size());
   }
   uint64_t off = 0;
   for (const Tensor& t : tensors_) {
