@@ -1,20 +1,335 @@
-// PLACEHOLDER until its owner implements it: registers `bonsai run`, which
-// reports that it is not built yet and exits 2.
+// `bonsai run` (one prompt, streamed to stdout) and `bonsai chat`
+// (interactive multi-turn chat in the terminal). Flags follow llama.cpp's
+// llama-cli names (-m, -p, -n, --temp, --top-k, --top-p, --min-p,
+// --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
+// --seed, -c, -t).
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "apps/bonsai/commands.h"
+#include "core/error.h"                  // core::Expected
+#include "core/thread_pool.h"            // set_global_thread_count
+#include "engine/inference_engine.h"     // InferenceEngine
+#include "model/model.h"                 // Model::load
+#include "tokenizer/tokenizer.h"         // Tokenizer, ChatTemplate
+#if __has_include("apps/bonsai/synth.h")
+#include "apps/bonsai/synth.h"           // ensure_default_model
+#define BONSAI_HAVE_SYNTH 1
+#endif
 
 namespace bonsai::app {
+namespace {
+
+// Options shared by run and chat.
+struct GenOptions {
+  std::string model_path;
+  int32_t n_predict = 256;
+  float temp = 0.8f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  int32_t repeat_last_n = 64;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int64_t seed = static_cast<int64_t>(engine::kDefaultSeed);
+  int64_t ctx = 0;
+  int threads = 0;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+};
+
+void add_gen_flags(CLI::App* cmd, GenOptions& o) {
+  cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
+  cmd->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (-1: until EOS or the context is full)")
+      ->capture_default_str();
+  cmd->add_option("--temp", o.temp, "Temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Top-k sampling (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", o.top_p, "Top-p (nucleus) sampling (1.0: off)")->capture_default_str();
+  cmd->add_option("--min-p", o.min_p, "Min-p sampling (0.0: off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1.0: off)")->capture_default_str();
+  cmd->add_option("--repeat-last-n", o.repeat_last_n, "Tokens the penalties look back over (-1: all)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty")->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
+  cmd->add_option("-s,--seed", o.seed, "RNG seed (-1: random)")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", o.threads, "Compute threads (default: physical cores)");
+  cmd->add_flag("--ignore-eos", o.ignore_eos, "Keep generating past end-of-generation tokens");
+  cmd->add_option("--stop", o.stop, "Stop string (repeatable); not printed");
+}
+
+engine::SamplingParams to_params(const GenOptions& o) {
+  engine::SamplingParams p;
+  p.temperature = o.temp;
+  p.top_k = o.top_k;
+  p.top_p = o.top_p;
+  p.min_p = o.min_p;
+  p.repeat_penalty = o.repeat_penalty;
+  p.repeat_last_n = o.repeat_last_n;
+  p.presence_penalty = o.presence_penalty;
+  p.frequency_penalty = o.frequency_penalty;
+  p.seed = o.seed < 0 ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
+                      : static_cast<uint64_t>(o.seed);
+  p.max_tokens = o.n_predict;
+  p.ignore_eos = o.ignore_eos;
+  p.stop = o.stop;
+  return p;
+}
+
+// A loaded model, tokenizer and one engine replica.
+struct Session {
+  std::shared_ptr<const model::Model> model;
+  std::shared_ptr<const tokenizer::Tokenizer> tok;
+  std::optional<engine::InferenceEngine> engine;
+};
+
+// Resolves the model path (built-in default when none), loads everything.
+// Prints a message naming `cmd` and returns nullopt on error.
+std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
+  if (o.threads > 0 && !core::set_global_thread_count(o.threads)) {
+    std::cerr << "bonsai " << cmd << ": warning: -t ignored (the thread pool already started)\n";
+  }
+  std::string path = o.model_path;
+  if (path.empty()) {
+#ifdef BONSAI_HAVE_SYNTH
+    auto p = ensure_default_model();
+    if (!p) {
+      std::cerr << "bonsai " << cmd << ": cannot prepare the built-in default model: " << p.error().message << "\n";
+      return std::nullopt;
+    }
+    path = *p;
+    std::cerr << "bonsai " << cmd << ": no -m given; using the built-in default model " << path
+              << " (a tiny synthetic model: its text is not meaningful)\n";
+#else
+    std::cerr << "bonsai " << cmd << ": no -m given and this build has no built-in default model\n";
+    return std::nullopt;
+#endif
+  }
+  auto model = model::Model::load(path);
+  if (!model) {
+    std::cerr << "bonsai " << cmd << ": cannot load model: " << model.error().message << "\n";
+    return std::nullopt;
+  }
+  auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
+  if (!tok) {
+    std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
+    return std::nullopt;
+  }
+  const engine::SamplingParams params = to_params(o);
+  if (auto ok = params.validate(); !ok) {
+    std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+    return std::nullopt;
+  }
+  engine::EngineOptions eo;
+  eo.max_seq_len = o.ctx;
+  eo.params = params;
+  auto eng = engine::InferenceEngine::create(*model, *tok, eo);
+  if (!eng) {
+    std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";
+    return std::nullopt;
+  }
+  Session s;
+  s.model = *model;
+  s.tok = *tok;
+  s.engine.emplace(std::move(*eng));
+  return s;
+}
+
+double per_second(int64_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
+
+void print_timings(const engine::GenerationResult& r) {
+  std::fprintf(stderr, "\nprompt:     %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.prompt_tokens, r.prompt_ms,
+               per_second(r.prompt_tokens, r.prompt_ms));
+  std::fprintf(stderr, "generation: %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.completion_tokens, r.gen_ms,
+               per_second(r.completion_tokens, r.gen_ms));
+  std::fprintf(stderr, "finish_reason: %s\n", engine::finish_reason_name(r.finish_reason));
+}
+
+// llama.cpp server's `timings` object names.
+nlohmann::ordered_json timings_json(const engine::GenerationResult& r) {
+  return {{"prompt_n", r.prompt_tokens},
+          {"prompt_ms", r.prompt_ms},
+          {"prompt_per_second", per_second(r.prompt_tokens, r.prompt_ms)},
+          {"predicted_n", r.completion_tokens},
+          {"predicted_ms", r.gen_ms},
+          {"predicted_per_second", per_second(r.completion_tokens, r.gen_ms)},
+          {"ttft_ms", r.rate.ttft_ms}};
+}
+
+// ---- bonsai run ----------------------------------------------------------------
+
+struct RunOptions {
+  GenOptions gen;
+  std::string prompt;
+  std::string system;
+  bool chat = false;
+  bool no_think = false;
+  bool json = false;
+};
+
+int run_main(const RunOptions& o) {
+  auto s = open_session("run", o.gen);
+  if (!s) return 1;
+  const tokenizer::Tokenizer& tok = *s->tok;
+  std::vector<int32_t> ids;
+  if (o.chat) {
+    std::vector<tokenizer::ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
+    msgs.push_back({.role = "user", .content = o.prompt});
+    tokenizer::ChatOptions co;
+    co.enable_thinking = !o.no_think;
+    auto rendered = tok.chat_template().render(msgs, co);
+    if (!rendered) {
+      std::cerr << "bonsai run: " << rendered.error().message << "\n";
+      return 1;
+    }
+    ids = tok.encode_chat(*rendered);
+  } else {
+    ids = tok.encode_prompt(o.prompt);
+  }
+  if (ids.empty()) {  // empty prompt on a vocabulary without add_bos: BOS alone
+    if (tok.bos_id() == tokenizer::kNoToken) {
+      std::cerr << "bonsai run: the prompt is empty and the model has no BOS token to start from\n";
+      return 1;
+    }
+    ids.push_back(tok.bos_id());
+  }
+
+  engine::StreamCallback print_piece;
+  if (!o.json) {
+    print_piece = [](const engine::TokenEvent& ev) {
+      if (!ev.text.empty()) {
+        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      return true;
+    };
+  }
+  auto r = s->engine->generate_streaming(ids, print_piece);
+  if (!r) {
+    std::cerr << "\nbonsai run: " << r.error().message << "\n";
+    return 1;
+  }
+  if (o.json) {
+    nlohmann::ordered_json j = {{"prompt_tokens", ids},
+                        {"tokens", r->tokens},
+                        {"text", r->text},
+                        {"finish_reason", engine::finish_reason_name(r->finish_reason)},
+                        {"timings", timings_json(*r)}};
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    print_timings(*r);
+  }
+  return 0;
+}
+
+// ---- bonsai chat -------------------------------------------------------------------
+
+struct ChatCliOptions {
+  GenOptions gen;
+  std::string system;
+  bool no_think = false;
+};
+
+int chat_main(const ChatCliOptions& o) {
+  auto s = open_session("chat", o.gen);
+  if (!s) return 1;
+  const tokenizer::Tokenizer& tok = *s->tok;
+  engine::InferenceEngine& eng = *s->engine;
+  std::cerr << "bonsai chat: template " << tok.chat_template().family_name()
+            << ". Type a message; /reset clears the conversation, /exit or end of input quits.\n";
+
+  std::vector<tokenizer::ChatMessage> msgs;
+  if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
+  const size_t n_fixed = msgs.size();
+  tokenizer::ChatOptions co;
+  co.enable_thinking = !o.no_think;
+
+  std::string line;
+  while (true) {
+    std::fputs("> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      msgs.resize(n_fixed);
+      std::cerr << "(conversation cleared)\n";
+      continue;
+    }
+    if (line.empty()) continue;
+    msgs.push_back({.role = "user", .content = line});
+
+    // Render; drop the oldest turns while the prompt leaves no room to answer.
+    std::vector<int32_t> ids;
+    while (true) {
+      auto rendered = tok.chat_template().render(msgs, co);
+      if (!rendered) {
+        std::cerr << "bonsai chat: " << rendered.error().message << "\n";
+        return 1;
+      }
+      ids = tok.encode_chat(*rendered);
+      if (static_cast<int64_t>(ids.size()) < eng.max_seq_len() || msgs.size() <= n_fixed + 1) break;
+      msgs.erase(msgs.begin() + static_cast<std::ptrdiff_t>(n_fixed));
+    }
+    if (static_cast<int64_t>(ids.size()) >= eng.max_seq_len()) {
+      std::cerr << "bonsai chat: the message is too long for the context (" << eng.max_seq_len()
+                << " tokens; see -c)\n";
+      msgs.pop_back();
+      continue;
+    }
+    auto r = eng.generate_streaming(ids, [](const engine::TokenEvent& ev) {
+      if (!ev.text.empty()) {
+        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      return true;
+    });
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    if (!r) {
+      std::cerr << "bonsai chat: " << r.error().message << "\n";
+      msgs.pop_back();
+      continue;
+    }
+    msgs.push_back({.role = "assistant", .content = r->text});
+  }
+  return 0;
+}
+
+}  // namespace
 
 void register_run(CLI::App& app) {
-  auto* cmd = app.add_subcommand("run", "Generate text from a prompt (not implemented yet)");
-  cmd->allow_extras();
-  cmd->callback([] {
-    std::cerr << "bonsai run: not implemented yet\n";
-    set_exit_code(2);
-  });
+  auto run_opts = std::make_shared<RunOptions>();
+  auto* run = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
+  add_gen_flags(run, run_opts->gen);
+  run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
+  run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
+  run->add_option("--system", run_opts->system, "System message (with --chat)");
+  run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");
+  run->add_flag("--json", run_opts->json,
+                "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
+  run->callback([run_opts] { set_exit_code(run_main(*run_opts)); });
+
+  auto chat_opts = std::make_shared<ChatCliOptions>();
+  chat_opts->gen.n_predict = 1024;  // answers (with reasoning) run longer than one-shot runs
+  auto* chat = app.add_subcommand("chat", "Interactive multi-turn chat in the terminal");
+  add_gen_flags(chat, chat_opts->gen);
+  chat->add_option("--system", chat_opts->system, "System message");
+  chat->add_flag("--no-think", chat_opts->no_think, "enable_thinking = false (Qwen3)");
+  chat->callback([chat_opts] { set_exit_code(chat_main(*chat_opts)); });
 }
 
 }  // namespace bonsai::app
