@@ -250,6 +250,71 @@ std::string to_python_json(const nlohmann::ordered_json& value) {
   return out;
 }
 
+core::Expected<std::vector<ChatMessage>> chat_messages_from_json(
+    const nlohmann::ordered_json& messages) {
+  const auto bad = [](size_t i, const std::string& what) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "messages[" + std::to_string(i) + "]: " + what);
+  };
+  if (!messages.is_array()) {
+    return core::fail(core::Errc::kInvalidArgument, "'messages' must be an array");
+  }
+  std::vector<ChatMessage> out;
+  out.reserve(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object()) return bad(i, "must be an object");
+    ChatMessage msg;
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return bad(i, "'role' must be a string");
+    msg.role = role->get<std::string>();
+    if (auto c = m.find("content"); c != m.end() && !c->is_null()) {
+      if (c->is_string()) {
+        msg.content = c->get<std::string>();
+      } else if (c->is_array()) {
+        for (size_t k = 0; k < c->size(); ++k) {
+          const auto& part = (*c)[k];
+          auto text = part.is_object() ? part.find("text") : part.end();
+          if (!part.is_object() || text == part.end() || !text->is_string()) {
+            return bad(i, "content[" + std::to_string(k) + "] is not a text part");
+          }
+          msg.content += text->get<std::string>();
+        }
+      } else {
+        return bad(i, "'content' must be a string, an array of text parts or null");
+      }
+    }
+    if (auto r = m.find("reasoning_content"); r != m.end() && r->is_string()) {
+      msg.reasoning_content = r->get<std::string>();
+    }
+    if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) {
+      msg.tool_call_id = id->get<std::string>();
+    }
+    if (auto tcs = m.find("tool_calls"); tcs != m.end() && !tcs->is_null()) {
+      if (!tcs->is_array()) return bad(i, "'tool_calls' must be an array");
+      for (size_t k = 0; k < tcs->size(); ++k) {
+        const auto& tc = (*tcs)[k];
+        const std::string where = "tool_calls[" + std::to_string(k) + "]";
+        if (!tc.is_object()) return bad(i, where + " must be an object");
+        ToolCall call;
+        if (auto id = tc.find("id"); id != tc.end() && id->is_string()) call.id = id->get<std::string>();
+        // {"function": {...}} (OpenAI) or the function object itself.
+        const auto fn_it = tc.find("function");
+        const auto& fn = (fn_it != tc.end() && fn_it->is_object()) ? *fn_it : tc;
+        auto name = fn.find("name");
+        if (name == fn.end() || !name->is_string()) return bad(i, where + ".function.name must be a string");
+        call.name = name->get<std::string>();
+        if (auto args = fn.find("arguments"); args != fn.end()) {
+          call.arguments = args->is_string() ? args->get<std::string>() : to_python_json(*args);
+        }
+        msg.tool_calls.push_back(std::move(call));
+      }
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
 ChatTemplate ChatTemplate::from_text(std::string_view jinja_source) {
   ChatTemplate t;
   t.source_ = std::string(jinja_source);

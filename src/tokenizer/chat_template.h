@@ -109,6 +109,15 @@ class ChatTemplate {
   std::string source_;
 };
 
+// Converts an OpenAI `messages` array to ChatMessages. Accepts `content` as a
+// string, null, or an array of {"type":"text","text":...} parts (joined);
+// `reasoning_content`; `tool_calls[].function.{name,arguments}` with
+// arguments as a string (kept verbatim) or a JSON value (serialised with
+// to_python_json); `tool_call_id`. Errors (kInvalidArgument, naming the index
+// and field): not an array, a message that is not an object, a missing or
+// non-string role, a content part that is not text.
+core::Expected<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& messages);
+
 // Serialises JSON the way the Qwen template's `tojson` filter does in
 // llama.cpp/transformers (Python json.dumps defaults with ensure_ascii=False):
 // ", " between items, ": " after keys, no newlines, keys in stored order.
