@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -86,6 +87,7 @@ class Workspace {
   std::vector<float> up_;      //                       [n][n_ff]
   std::vector<float> rope_;    // cos/sin per token     [n][n_rot]
   std::vector<float> out_;     // final-normed rows of wanted tokens [n_wanted][n_embd]
+  std::vector<int64_t> seq_next_;  // per sequence id: next position in this batch (-1: absent)
 };
 
 // Lists every problem that stops `file` from loading as a model: unsupported

@@ -1,0 +1,216 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"  // File
+#include "model/model_internal.h"
+
+namespace bonsai::model {
+
+namespace {
+
+// Reads keys and remembers every problem (so `validate` lists them all).
+class KeyReader {
+ public:
+  KeyReader(const gguf::File& f, std::string arch, std::vector<core::Error>& errors)
+      : f_(f), arch_(std::move(arch)), errors_(errors) {}
+
+  std::string key(std::string_view suffix) const { return arch_ + "." + std::string(suffix); }
+
+  // A required unsigned count, > 0.
+  std::optional<int64_t> count(std::string_view suffix) {
+    const std::string k = key(suffix);
+    auto v = f_.get<uint64_t>(k);
+    if (!v) {
+      errors_.push_back(v.error());
+      return std::nullopt;
+    }
+    if (*v == 0 || *v > (uint64_t{1} << 31)) {
+      errors_.push_back({core::Errc::kFormat, f_.path() + ": key '" + k + "' = " +
+                                                  std::to_string(*v) + " is out of range (1..2^31)"});
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(*v);
+  }
+  // An optional count: `def` when absent; problems are recorded when present but bad.
+  std::optional<int64_t> count_or(std::string_view suffix, int64_t def) {
+    if (!f_.has(key(suffix))) return def;
+    return count(suffix);
+  }
+  std::optional<float> real(std::string_view suffix) {
+    const std::string k = key(suffix);
+    auto v = f_.get<float>(k);
+    if (!v) {
+      errors_.push_back(v.error());
+      return std::nullopt;
+    }
+    if (!std::isfinite(*v)) {
+      errors_.push_back({core::Errc::kFormat, f_.path() + ": key '" + k + "' is not finite"});
+      return std::nullopt;
+    }
+    return *v;
+  }
+  std::optional<float> real_or(std::string_view suffix, float def) {
+    if (!f_.has(key(suffix))) return def;
+    return real(suffix);
+  }
+  void problem(core::Errc code, std::string msg) { errors_.push_back({code, f_.path() + ": " + msg}); }
+
+ private:
+  const gguf::File& f_;
+  std::string arch_;
+  std::vector<core::Error>& errors_;
+};
+
+}  // namespace
+
+ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) {
+  ModelConfig c;
+  auto arch = f.get<std::string>("general.architecture");
+  if (!arch) {
+    errors.push_back(arch.error());
+    return c;
+  }
+  c.arch_name = *arch;
+  if (*arch == "qwen3") {
+    c.arch = Arch::kQwen3;
+    c.rope_type = RopeType::kNeox;
+    c.qk_norm = true;
+  } else if (*arch == "llama") {
+    c.arch = Arch::kLlama;
+    c.rope_type = RopeType::kNorm;
+    c.qk_norm = false;
+  } else {
+    errors.push_back({core::Errc::kUnsupported,
+                      f.path() + ": general.architecture '" + *arch +
+                          "' is not supported (expected 'qwen3' or 'llama')"});
+    return c;
+  }
+
+  KeyReader r(f, c.arch_name, errors);
+  const auto n_layer = r.count("block_count");
+  const auto n_ctx = r.count("context_length");
+  const auto n_embd = r.count("embedding_length");
+  const auto n_ff = r.count("feed_forward_length");
+  const auto n_head = r.count("attention.head_count");
+  const auto eps = r.real("attention.layer_norm_rms_epsilon");
+  c.n_layer = n_layer.value_or(0);
+  c.n_ctx_train = n_ctx.value_or(0);
+  c.n_embd = n_embd.value_or(0);
+  c.n_ff = n_ff.value_or(0);
+  c.n_head = n_head.value_or(0);
+  c.rms_eps = eps.value_or(1e-6f);
+  if (eps && !(*eps > 0.0f)) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("attention.layer_norm_rms_epsilon") +
+                                       "' must be > 0");
+  }
+
+  const auto n_head_kv = r.count_or("attention.head_count_kv", c.n_head);
+  c.n_head_kv = n_head_kv.value_or(0);
+  if (n_head && n_head_kv && c.n_head % c.n_head_kv != 0) {
+    r.problem(core::Errc::kFormat,
+              "key '" + r.key("attention.head_count") + "' = " + std::to_string(c.n_head) +
+                  " is not a multiple of '" + r.key("attention.head_count_kv") + "' = " +
+                  std::to_string(c.n_head_kv));
+  }
+  // head_dim defaults to n_embd / n_head (llama.cpp: n_embd_head_k).
+  int64_t def_head_dim = 0;
+  if (n_embd && n_head) {
+    if (c.n_embd % c.n_head == 0) def_head_dim = c.n_embd / c.n_head;
+  }
+  const bool has_kl = f.has(r.key("attention.key_length"));
+  const bool has_vl = f.has(r.key("attention.value_length"));
+  if ((!has_kl || !has_vl) && n_embd && n_head && def_head_dim == 0) {
+    r.problem(core::Errc::kFormat,
+              "key '" + r.key("attention.key_length") + "'/'value_length' missing and '" +
+                  r.key("embedding_length") + "' = " + std::to_string(c.n_embd) +
+                  " is not a multiple of head_count " + std::to_string(c.n_head));
+  }
+  const auto hd_k = has_kl ? r.count("attention.key_length") : std::optional<int64_t>(def_head_dim);
+  const auto hd_v = has_vl ? r.count("attention.value_length") : std::optional<int64_t>(def_head_dim);
+  c.head_dim_k = hd_k.value_or(0);
+  c.head_dim_v = hd_v.value_or(0);
+
+  const auto n_rot = r.count_or("rope.dimension_count", c.head_dim_k);
+  c.n_rot = n_rot.value_or(0);
+  if (n_rot && c.head_dim_k > 0 && (c.n_rot > c.head_dim_k || c.n_rot % 2 != 0)) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("rope.dimension_count") + "' = " +
+                                       std::to_string(c.n_rot) + " must be even and <= key_length " +
+                                       std::to_string(c.head_dim_k));
+  }
+  const auto base = r.real_or("rope.freq_base", 10000.0f);
+  c.rope_freq_base = base.value_or(10000.0f);
+  if (base && !(*base > 0.0f)) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("rope.freq_base") + "' must be > 0");
+  }
+
+  // RoPE scaling (llama.cpp load_hparams: rope.scaling.type, rope.scaling.factor
+  // or the older rope.scale_linear, rope.scaling.original_context_length).
+  std::string scaling = "none";
+  if (f.has(r.key("rope.scaling.type"))) {
+    auto s = f.get<std::string>(r.key("rope.scaling.type"));
+    if (!s) {
+      errors.push_back(s.error());
+    } else {
+      scaling = *s;
+    }
+  }
+  float factor = 0.0f;
+  if (f.has(r.key("rope.scaling.factor"))) {
+    factor = r.real("rope.scaling.factor").value_or(0.0f);
+  } else if (f.has(r.key("rope.scale_linear"))) {
+    factor = r.real("rope.scale_linear").value_or(0.0f);
+  }
+  if (factor < 0.0f) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("rope.scaling.factor") + "' must be >= 0");
+    factor = 0.0f;
+  }
+  c.rope_scaling_factor = factor == 0.0f ? 1.0f : factor;  // llama.cpp: 0 means 1
+  if (scaling == "none" || scaling.empty()) {
+    // A factor without a type means linear in llama.cpp only via rope.scale_linear.
+    c.rope_scaling = c.rope_scaling_factor != 1.0f ? RopeScaling::kLinear : RopeScaling::kNone;
+  } else if (scaling == "linear") {
+    c.rope_scaling = RopeScaling::kLinear;
+  } else if (scaling == "yarn") {
+    c.rope_scaling = RopeScaling::kYarn;
+  } else {
+    r.problem(core::Errc::kUnsupported, "key '" + r.key("rope.scaling.type") + "' = '" + scaling +
+                                            "' is not supported (none, linear, yarn)");
+  }
+  c.rope_orig_ctx = r.count_or("rope.scaling.original_context_length", c.n_ctx_train).value_or(0);
+  c.yarn_ext_factor = c.rope_scaling == RopeScaling::kYarn ? 1.0f : 0.0f;
+  c.yarn_ext_factor = r.real_or("rope.scaling.yarn_ext_factor", c.yarn_ext_factor).value_or(0.0f);
+  c.yarn_attn_factor = r.real_or("rope.scaling.yarn_attn_factor", 1.0f).value_or(1.0f);
+  c.yarn_beta_fast = r.real_or("rope.scaling.yarn_beta_fast", 32.0f).value_or(32.0f);
+  c.yarn_beta_slow = r.real_or("rope.scaling.yarn_beta_slow", 1.0f).value_or(1.0f);
+
+  // Vocabulary size and tied output come from the tensor table.
+  if (const auto* te = f.find_tensor("token_embd.weight")) {
+    c.n_vocab = te->ne[1];
+    if (c.n_vocab <= 0 || te->n_dims != 2) {
+      r.problem(core::Errc::kFormat, "tensor 'token_embd.weight' must be 2-D with >= 1 row");
+    }
+  } else {
+    errors.push_back({core::Errc::kNotFound, f.path() + ": missing tensor 'token_embd.weight'"});
+  }
+  c.tied_output = f.find_tensor("output.weight") == nullptr;
+  return c;
+}
+
+core::Expected<ModelConfig> ModelConfig::from_gguf(const gguf::File& file) {
+  std::vector<core::Error> errors;
+  ModelConfig c = parse_config(file, errors);
+  if (!errors.empty()) return std::unexpected(join_errors(errors));
+  return c;
+}
+
+core::Error join_errors(const std::vector<core::Error>& errors) {
+  core::Error e{errors.front().code, errors.front().message};
+  for (size_t i = 1; i < errors.size(); ++i) e.message += "; " + errors[i].message;
+  return e;
+}
+
+}  // namespace bonsai::model

@@ -1,0 +1,536 @@
+// Loading (check_model, Weights) and the forward pass.
+//
+// The forward pass follows llama.cpp's graphs for qwen3 and llama
+// (src/models/qwen3.cpp, src/models/llama.cpp) and reads like llama2.c's
+// `forward`: one layer loop, each step commented with its formula.
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "model/model_internal.h"
+
+namespace bonsai::model {
+
+namespace {
+
+// ---- Loading -------------------------------------------------------------------
+
+// Checks tensor shapes and types against the config, recording every problem.
+class TensorChecker {
+ public:
+  TensorChecker(const gguf::File& f, std::vector<core::Error>& errors) : f_(f), errors_(errors) {}
+
+  // A weight matrix `rows` x `cols` (GGUF ne = [cols, rows]) in a kernel format.
+  std::optional<kernels::MatrixView> matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const gguf::TensorInfo* t = find(name);
+    if (t == nullptr) return std::nullopt;
+    bool ok = true;
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+      problem(core::Errc::kFormat, "tensor '" + name + "' has shape " + shape(*t) +
+                                       ", expected [" + std::to_string(cols) + ", " +
+                                       std::to_string(rows) + "]");
+      ok = false;
+    }
+    const auto layout = f_.q2_layout().value_or(core::Q2Layout::kG64);
+    const auto fmt = kernels::format_of(t->type, layout);
+    if (!fmt) {
+      problem(core::Errc::kUnsupported, "tensor '" + name + "' has type " +
+                                            core::ggml_type_name(t->type_id) +
+                                            ", which the kernels cannot compute on");
+      return std::nullopt;
+    }
+    if (t->ne[0] % kernels::block_elems(*fmt) != 0) {
+      problem(core::Errc::kFormat, "tensor '" + name + "' row length " + std::to_string(t->ne[0]) +
+                                       " is not a multiple of the " +
+                                       std::string(kernels::format_name(*fmt)) + " block size " +
+                                       std::to_string(kernels::block_elems(*fmt)));
+      return std::nullopt;
+    }
+    if (!ok) return std::nullopt;
+    const size_t stride = kernels::row_bytes(*fmt, cols);
+    if (t->n_bytes < stride * static_cast<uint64_t>(rows)) {
+      problem(core::Errc::kFormat, "tensor '" + name + "' holds " + std::to_string(t->n_bytes) +
+                                       " bytes, expected " + std::to_string(stride * rows));
+      return std::nullopt;
+    }
+    bytes_ += t->n_bytes;
+    return kernels::MatrixView{t->data, *fmt, rows, cols, stride};
+  }
+
+  // A norm weight vector of n elements (F32 viewed in place; F16/BF16 converted).
+  std::optional<NormWeight> vector(const std::string& name, int64_t n) {
+    const gguf::TensorInfo* t = find(name);
+    if (t == nullptr) return std::nullopt;
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
+      problem(core::Errc::kFormat, "tensor '" + name + "' has shape " + shape(*t) + ", expected [" +
+                                       std::to_string(n) + "]");
+      return std::nullopt;
+    }
+    NormWeight w;
+    if (t->type == core::GgmlType::F32) {
+      w.data = reinterpret_cast<const float*>(t->data);
+    } else if (t->type == core::GgmlType::F16 || t->type == core::GgmlType::BF16) {
+      w.owned.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, t->data + 2 * i, 2);
+        w.owned[static_cast<size_t>(i)] =
+            t->type == core::GgmlType::F16 ? core::fp16_to_fp32(h) : core::bf16_to_fp32(h);
+      }
+    } else {
+      problem(core::Errc::kUnsupported, "tensor '" + name + "' has type " +
+                                            core::ggml_type_name(t->type_id) +
+                                            ", expected F32, F16 or BF16");
+      return std::nullopt;
+    }
+    bytes_ += t->n_bytes;
+    return w;
+  }
+
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const gguf::TensorInfo* find(const std::string& name) {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (t == nullptr) problem(core::Errc::kNotFound, "missing tensor '" + name + "'");
+    return t;
+  }
+  static std::string shape(const gguf::TensorInfo& t) {
+    std::string s = "[";
+    for (uint32_t d = 0; d < std::max<uint32_t>(1, t.n_dims); ++d) {
+      if (d) s += ", ";
+      s += std::to_string(t.ne[d]);
+    }
+    return s + "]";
+  }
+  void problem(core::Errc code, std::string msg) { errors_.push_back({code, f_.path() + ": " + msg}); }
+
+  const gguf::File& f_;
+  std::vector<core::Error>& errors_;
+  uint64_t bytes_ = 0;
+};
+
+// Builds the weight views for a config; every problem is appended to errors.
+Weights build_weights(const gguf::File& f, const ModelConfig& c, std::vector<core::Error>& errors,
+                      uint64_t& weight_bytes) {
+  TensorChecker tc(f, errors);
+  Weights w;
+  auto fix_norm = [](std::optional<NormWeight>&& n) {
+    NormWeight out = n ? std::move(*n) : NormWeight{};
+    if (!out.owned.empty()) out.data = out.owned.data();
+    return out;
+  };
+  const auto embd = tc.matrix("token_embd.weight", c.n_vocab, c.n_embd);
+  if (embd) w.token_embd = *embd;
+  w.output_norm = fix_norm(tc.vector("output_norm.weight", c.n_embd));
+  if (c.tied_output) {
+    w.output = w.token_embd;
+  } else if (const auto out = tc.matrix("output.weight", c.n_vocab, c.n_embd)) {
+    w.output = *out;
+  }
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    auto mat = [&](const char* name, int64_t rows, int64_t cols) {
+      return tc.matrix(p + name, rows, cols).value_or(kernels::MatrixView{});
+    };
+    L.attn_norm = fix_norm(tc.vector(p + "attn_norm.weight", c.n_embd));
+    L.wq = mat("attn_q.weight", c.q_dim(), c.n_embd);
+    L.wk = mat("attn_k.weight", c.k_dim(), c.n_embd);
+    L.wv = mat("attn_v.weight", c.v_dim(), c.n_embd);
+    if (c.qk_norm) {
+      L.q_norm = fix_norm(tc.vector(p + "attn_q_norm.weight", c.head_dim_k));
+      L.k_norm = fix_norm(tc.vector(p + "attn_k_norm.weight", c.head_dim_k));
+    }
+    L.wo = mat("attn_output.weight", c.n_embd, c.attn_out_dim());
+    L.ffn_norm = fix_norm(tc.vector(p + "ffn_norm.weight", c.n_embd));
+    L.w_gate = mat("ffn_gate.weight", c.n_ff, c.n_embd);
+    L.w_up = mat("ffn_up.weight", c.n_ff, c.n_embd);
+    L.w_down = mat("ffn_down.weight", c.n_embd, c.n_ff);
+  }
+  weight_bytes = tc.bytes();
+  return w;
+}
+
+// Config + weights, collecting every problem.
+struct Checked {
+  ModelConfig config;
+  Weights weights;
+  uint64_t weight_bytes = 0;
+  std::vector<core::Error> errors;
+};
+
+Checked check_all(const gguf::File& f) {
+  Checked r;
+  r.config = parse_config(f, r.errors);
+  // Shapes need the config's sizes; skip them when the sizes themselves are unknown.
+  const ModelConfig& c = r.config;
+  if (c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.n_head_kv > 0 && c.head_dim_k > 0 &&
+      c.head_dim_v > 0 && c.n_ff > 0 && c.n_vocab > 0) {
+    r.weights = build_weights(f, c, r.errors, r.weight_bytes);
+  }
+  return r;
+}
+
+// ---- Forward-pass building blocks (single token, single thread) -----------------
+
+// y = x / sqrt(mean(x^2) + eps) * w   (RMSNorm, Zhang & Sennrich 2019; ggml_rms_norm
+// sums in double). x and y may alias.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+// The cos/sin of every rotated pair at position `pos` (ggml_rope_cache_init):
+// theta_i = pos * base^(-2i/n_rot), optionally scaled (linear: theta * freq_scale;
+// YaRN: ramp between interpolated and extrapolated theta over the correction
+// dims, magnitude scaled by mscale = attn_factor * (1 + 0.1 ln(1/freq_scale))).
+// out: [n_rot/2] cos then [n_rot/2] sin.
+void rope_cache(const ModelConfig& c, const float corr_dims[2], int32_t pos, float* out) {
+  const int64_t half = c.n_rot / 2;
+  const float theta_scale = std::pow(c.rope_freq_base, -2.0f / static_cast<float>(c.n_rot));
+  const float freq_scale = c.rope_scaling == RopeScaling::kNone ? 1.0f : 1.0f / c.rope_scaling_factor;
+  float theta_extrap = static_cast<float>(pos);
+  for (int64_t i = 0; i < half; ++i) {
+    const float theta_interp = freq_scale * theta_extrap;
+    float theta = theta_interp;
+    float mscale = c.yarn_attn_factor;
+    if (c.yarn_ext_factor != 0.0f) {
+      // rope_yarn_ramp: 1 - clamp((i0/2 - low) / max(0.001, high - low), 0, 1)
+      const float y = (static_cast<float>(i) - corr_dims[0]) / std::max(0.001f, corr_dims[1] - corr_dims[0]);
+      const float ramp_mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * c.yarn_ext_factor;
+      theta = theta_interp * (1.0f - ramp_mix) + theta_extrap * ramp_mix;
+      mscale *= 1.0f + 0.1f * std::log(1.0f / freq_scale);
+    }
+    out[i] = std::cos(theta) * mscale;
+    out[half + i] = std::sin(theta) * mscale;
+    theta_extrap *= theta_scale;
+  }
+}
+
+// YaRN correction dims (ggml_rope_yarn_corr_dims): the rotary dims whose
+// wavelength crosses beta_fast / beta_slow rotations over the original context.
+void yarn_corr_dims(const ModelConfig& c, float dims[2]) {
+  auto corr_dim = [&](float n_rot) {
+    return static_cast<float>(c.n_rot) *
+           std::log(static_cast<float>(c.rope_orig_ctx) / (n_rot * 2.0f * static_cast<float>(M_PI))) /
+           (2.0f * std::log(c.rope_freq_base));
+  };
+  const float start = std::floor(corr_dim(c.yarn_beta_fast));
+  const float end = std::ceil(corr_dim(c.yarn_beta_slow));
+  dims[0] = std::max(0.0f, start);
+  dims[1] = std::min(static_cast<float>(c.n_rot - 1), end);
+}
+
+// Rotates the first n_rot dims of one head by the cached angles.
+//   kNorm: pairs (x[2i], x[2i+1]);  kNeox: pairs (x[i], x[i + n_rot/2]).
+//   (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)
+void apply_rope(RopeType type, const float* cs, int64_t n_rot, float* x) {
+  const int64_t half = n_rot / 2;
+  const float* cos_t = cs;
+  const float* sin_t = cs + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = type == RopeType::kNeox ? i : 2 * i;
+    const int64_t b = type == RopeType::kNeox ? i + half : 2 * i + 1;
+    const float x0 = x[a];
+    const float x1 = x[b];
+    x[a] = x0 * cos_t[i] - x1 * sin_t[i];
+    x[b] = x0 * sin_t[i] + x1 * cos_t[i];
+  }
+}
+
+// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several (prefill).
+void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool) {
+  if (n == 1) {
+    kernels::gemv(w, x, y, &pool);
+  } else {
+    kernels::gemm(w, x, n, y, &pool);
+  }
+}
+
+template <class T>
+void grow(std::vector<T>& v, int64_t n) {
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+}
+
+}  // namespace
+
+// ---- Public: loading ---------------------------------------------------------------
+
+std::vector<std::string> check_model(const gguf::File& file) {
+  std::vector<std::string> out;
+  for (const auto& e : check_all(file).errors) out.push_back(e.message);
+  return out;
+}
+
+core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path,
+                                                         const gguf::OpenOptions& options) {
+  auto file = gguf::File::open(path, options);
+  if (!file) return std::unexpected(file.error());
+  return from_file(std::move(*file));
+}
+
+core::Expected<std::shared_ptr<const Model>> Model::from_file(std::shared_ptr<const gguf::File> file) {
+  if (!file) return core::fail(core::Errc::kInvalidArgument, "Model::from_file: null file");
+  Checked r = check_all(*file);
+  if (!r.errors.empty()) return std::unexpected(join_errors(r.errors));
+  std::shared_ptr<Model> m(new Model());
+  m->file_ = std::move(file);
+  m->config_ = std::move(r.config);
+  m->weights_ = std::move(r.weights);
+  m->weight_bytes_ = r.weight_bytes;
+  // NormWeight::data may point into `owned`, which a vector move keeps in place.
+  return std::shared_ptr<const Model>(std::move(m));
+}
+
+size_t Workspace::bytes() const {
+  size_t n = 0;
+  for (const auto* v : {&x_, &xb_, &q_, &k_, &v_, &att_, &proj_, &gate_, &up_, &rope_, &out_}) {
+    n += v->capacity() * sizeof(float);
+  }
+  return n + seq_next_.capacity() * sizeof(int64_t);
+}
+
+// ---- Public: the forward pass -------------------------------------------------------
+
+core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const> caches,
+                                    Workspace& ws, std::span<float> logits,
+                                    core::ThreadPool& pool) const {
+  const ModelConfig& c = config_;
+  const Weights& W = weights_;
+  const int64_t n = static_cast<int64_t>(batch.size());
+  const int64_t n_wanted = static_cast<int64_t>(batch.n_wanted());
+
+  // ---- Validate everything before touching any state. ----
+  if (n == 0) return core::fail(core::Errc::kInvalidArgument, "forward: empty batch");
+  if (static_cast<uint64_t>(logits.size()) < static_cast<uint64_t>(n_wanted) * c.n_vocab) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "forward: logits span holds " + std::to_string(logits.size()) +
+                          " floats, need " + std::to_string(n_wanted) + " x " +
+                          std::to_string(c.n_vocab));
+  }
+  ws.seq_next_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
+  for (int64_t i = 0; i < n; ++i) {
+    const BatchToken& t = batch.tokens[static_cast<size_t>(i)];
+    const std::string where = "forward: batch token " + std::to_string(i) + ": ";
+    if (t.token < 0 || t.token >= c.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, where + "token id " + std::to_string(t.token) +
+                                                          " outside [0, " + std::to_string(c.n_vocab) + ")");
+    }
+    if (t.seq < 0 || static_cast<size_t>(t.seq) >= caches.size() || caches[t.seq] == nullptr) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        where + "sequence id " + std::to_string(t.seq) + " has no KV cache (" +
+                            std::to_string(caches.size()) + " given)");
+    }
+    const KvCache& kv = *caches[t.seq];
+    if (!kv.matches(c)) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        where + "the KV cache of sequence " + std::to_string(t.seq) +
+                            " was made for another model");
+    }
+    int64_t& next = ws.seq_next_[static_cast<size_t>(t.seq)];
+    if (next < 0) {
+      if (t.pos < 0 || t.pos > kv.size()) {
+        return core::fail(core::Errc::kInvalidArgument,
+                          where + "position " + std::to_string(t.pos) + " of sequence " +
+                              std::to_string(t.seq) + " leaves a gap: its cache holds " +
+                              std::to_string(kv.size()) + " positions");
+      }
+      for (size_t s = 0; s < caches.size(); ++s) {  // one cache per sequence
+        if (s != static_cast<size_t>(t.seq) && caches[s] == &kv && ws.seq_next_[s] >= 0) {
+          return core::fail(core::Errc::kInvalidArgument,
+                            where + "sequences " + std::to_string(s) + " and " +
+                                std::to_string(t.seq) + " share one KV cache");
+        }
+      }
+    } else if (t.pos != next) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        where + "position " + std::to_string(t.pos) + " of sequence " +
+                            std::to_string(t.seq) + " should be " + std::to_string(next) +
+                            " (positions must be consecutive)");
+    }
+    if (t.pos >= kv.n_ctx()) {
+      return core::fail(core::Errc::kOutOfRange,
+                        where + "position " + std::to_string(t.pos) + " is beyond the context size " +
+                            std::to_string(kv.n_ctx()));
+    }
+    next = t.pos + 1;
+  }
+
+  // ---- Scratch: activations are row-major [n tokens][dim]. ----
+  const int64_t E = c.n_embd, hd_k = c.head_dim_k, hd_v = c.head_dim_v;
+  const int64_t n_head = c.n_head, n_head_kv = c.n_head_kv, group = n_head / n_head_kv;
+  grow(ws.x_, n * E);
+  grow(ws.xb_, n * E);
+  grow(ws.q_, n * c.q_dim());
+  grow(ws.k_, n * c.k_dim());
+  grow(ws.v_, n * c.v_dim());
+  grow(ws.att_, n * c.attn_out_dim());
+  grow(ws.proj_, n * E);
+  grow(ws.gate_, n * c.n_ff);
+  grow(ws.up_, n * c.n_ff);
+  grow(ws.rope_, n * c.n_rot);
+  grow(ws.out_, std::max<int64_t>(1, n_wanted) * E);
+  float* x = ws.x_.data();
+  float* xb = ws.xb_.data();
+  float* q = ws.q_.data();
+  float* k = ws.k_.data();
+  float* v = ws.v_.data();
+  float* att = ws.att_.data();
+  float* proj = ws.proj_.data();
+  float* gate = ws.gate_.data();
+  float* up = ws.up_.data();
+  const auto& tok = batch.tokens;
+  constexpr int64_t kTokChunk = 4;  // tokens per task for the cheap per-token steps
+
+  // x[i] = token_embd[token_i]   (row dequantized from its stored type; no FP32 table)
+  // and the RoPE angles of each token's position.
+  float corr_dims[2] = {0.0f, 0.0f};
+  if (c.yarn_ext_factor != 0.0f) yarn_corr_dims(c, corr_dims);
+  pool.parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const auto* row = static_cast<const uint8_t*>(W.token_embd.data) +
+                        static_cast<size_t>(tok[i].token) * W.token_embd.row_stride;
+      kernels::dequantize_row(W.token_embd.format, row, x + i * E, E);
+      rope_cache(c, corr_dims, tok[i].pos, ws.rope_.data() + i * c.n_rot);
+    }
+  }, kTokChunk);
+
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd_k));
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = W.layers[static_cast<size_t>(l)];
+
+    // ---- Attention block ----
+    // xb = RMSNorm(x) * attn_norm
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
+    }, kTokChunk);
+
+    // q = Wq xb,  k = Wk xb,  v = Wv xb
+    matmul(L.wq, xb, n, q, pool);
+    matmul(L.wk, xb, n, k, pool);
+    matmul(L.wv, xb, n, v, pool);
+
+    // Per token: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm, k_h likewise, per
+    // head), then RoPE on q and k, then store k and v in the sequence's cache
+    // at slot = position.
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        float* qi = q + i * c.q_dim();
+        float* ki = k + i * c.k_dim();
+        const float* vi = v + i * c.v_dim();
+        const float* cs = ws.rope_.data() + i * c.n_rot;
+        for (int64_t h = 0; h < n_head; ++h) {
+          if (c.qk_norm) rms_norm(qi + h * hd_k, L.q_norm.data, qi + h * hd_k, hd_k, c.rms_eps);
+          apply_rope(c.rope_type, cs, c.n_rot, qi + h * hd_k);
+        }
+        KvCache& kv = *caches[tok[i].seq];
+        for (int64_t h = 0; h < n_head_kv; ++h) {
+          if (c.qk_norm) rms_norm(ki + h * hd_k, L.k_norm.data, ki + h * hd_k, hd_k, c.rms_eps);
+          apply_rope(c.rope_type, cs, c.n_rot, ki + h * hd_k);
+          uint8_t* kdst = kv.k_row(l, h, tok[i].pos);
+          uint8_t* vdst = kv.v_row(l, h, tok[i].pos);
+          if (kv.type() == KvType::kF16) {
+            kernels::f32_to_f16_row(ki + h * hd_k, reinterpret_cast<uint16_t*>(kdst), hd_k);
+            kernels::f32_to_f16_row(vi + h * hd_v, reinterpret_cast<uint16_t*>(vdst), hd_v);
+          } else {
+            std::memcpy(kdst, ki + h * hd_k, static_cast<size_t>(hd_k) * sizeof(float));
+            std::memcpy(vdst, vi + h * hd_v, static_cast<size_t>(hd_v) * sizeof(float));
+          }
+        }
+      }
+    }, kTokChunk);
+
+    // Causal grouped-query attention, one task per (token, query head); query
+    // head h reads KV head h / (n_head / n_head_kv):
+    //   s_t = (q_h . k_t) / sqrt(head_dim)      for cache positions t = 0..pos
+    //   p   = softmax(s)                        (fp32, max-subtracted)
+    //   att_h = sum_t p_t v_t
+    pool.parallel_for(n * n_head, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scores;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t i = task / n_head, h = task % n_head, kvh = h / group;
+        const KvCache& kv = *caches[tok[i].seq];
+        const int64_t n_pos = tok[i].pos + 1;
+        const float* qh = q + i * c.q_dim() + h * hd_k;
+        float* out = att + i * c.attn_out_dim() + h * hd_v;
+        grow(scores, n_pos);
+        const bool f16 = kv.type() == KvType::kF16;
+        // K rows of one head are contiguous: k_row(l, kvh, t) = base + t * hd_k elements.
+        const uint8_t* kbase = kv.k_row(l, kvh, 0);
+        const uint8_t* vbase = kv.v_row(l, kvh, 0);
+        float max_s = -INFINITY;
+        for (int64_t t = 0; t < n_pos; ++t) {
+          const float d = f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(kbase) + t * hd_k, qh, hd_k)
+                              : kernels::dot_f32(reinterpret_cast<const float*>(kbase) + t * hd_k, qh, hd_k);
+          scores[t] = d * kq_scale;
+          max_s = std::max(max_s, scores[t]);
+        }
+        double sum = 0.0;
+        for (int64_t t = 0; t < n_pos; ++t) {
+          scores[t] = std::exp(scores[t] - max_s);
+          sum += scores[t];
+        }
+        const float inv_sum = static_cast<float>(1.0 / sum);
+        std::fill(out, out + hd_v, 0.0f);
+        for (int64_t t = 0; t < n_pos; ++t) {
+          const float p = scores[t] * inv_sum;
+          if (f16) {
+            kernels::axpy_f16(p, reinterpret_cast<const uint16_t*>(vbase) + t * hd_v, out, hd_v);
+          } else {
+            kernels::axpy_f32(p, reinterpret_cast<const float*>(vbase) + t * hd_v, out, hd_v);
+          }
+        }
+      }
+    });
+
+    // x = x + Wo att
+    matmul(L.wo, att, n, proj, pool);
+    for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
+
+    // ---- Feed-forward block (SwiGLU) ----
+    // xb = RMSNorm(x) * ffn_norm
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
+    }, kTokChunk);
+    // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
+    matmul(L.w_gate, xb, n, gate, pool);
+    matmul(L.w_up, xb, n, up, pool);
+    pool.parallel_for(n * c.n_ff, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+    }, 4096);
+    // x = x + W_down gate
+    matmul(L.w_down, gate, n, proj, pool);
+    for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
+  }
+
+  // ---- Output: logits only for the tokens that want them ----
+  // out_j = RMSNorm(x_i) * output_norm;  logits_j = W_out out_j  (W_out = token_embd when tied)
+  if (n_wanted > 0) {
+    float* out = ws.out_.data();
+    int64_t j = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!tok[i].logits) continue;
+      rms_norm(x + i * E, W.output_norm.data, out + j * E, E, c.rms_eps);
+      ++j;
+    }
+    matmul(W.output, out, n_wanted, logits.data(), pool);
+  }
+
+  // Each sequence's cache now ends after its last token in this batch.
+  for (size_t s = 0; s < caches.size(); ++s) {
+    if (ws.seq_next_[s] >= 0) caches[s]->set_size(ws.seq_next_[s]);
+  }
+  return {};
+}
+
+}  // namespace bonsai::model
