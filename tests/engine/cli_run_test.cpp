@@ -1,0 +1,119 @@
+// `bonsai run` / `bonsai chat` end to end: runs the built binary.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs `bonsai ARGS` with `stdin_text` on stdin; captures stdout / stderr.
+CliResult bonsai(const std::string& args, const std::string& stdin_text = "") {
+  const fs::path dir = fs::temp_directory_path() / ("bonsai_cli_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in") << stdin_text;
+  const std::string bin = (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string();
+  const std::string cmd = "'" + bin + "' " + args + " <'" + (dir / "in").string() + "' >'" +
+                          (dir / "out").string() + "' 2>'" + (dir / "err").string() + "'";
+  CliResult r;
+  const int status = std::system(cmd.c_str());
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir / "out");
+  r.err = slurp(dir / "err");
+  fs::remove_all(dir);
+  return r;
+}
+
+const std::string kStories = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
+const std::string kOracle = bonsai::test::shared_path("models/stories260K/expected_greedy_from_bos.json");
+
+nlohmann::json oracle() {
+  std::ifstream f(kOracle);
+  return nlohmann::json::parse(f);
+}
+
+TEST(CliRun, GreedyFromBosJsonMatchesOracle) {
+  BONSAI_REQUIRE_FILE(kStories);
+  BONSAI_REQUIRE_FILE(kOracle);
+  const CliResult r = bonsai("run -m '" + kStories + "' --temp 0 -n 256 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto o = oracle();
+  EXPECT_EQ(j.at("prompt_tokens"), nlohmann::json::array({1}));
+  EXPECT_EQ(j.at("tokens"), o.at("generated_token_ids"));
+  EXPECT_EQ(j.at("text"), o.at("text"));
+  EXPECT_EQ(j.at("finish_reason"), "length");
+  EXPECT_EQ(j.at("timings").at("predicted_n"), 256);
+  EXPECT_GT(j.at("timings").at("predicted_per_second").get<double>(), 0.0);
+}
+
+TEST(CliRun, StreamsTextToStdoutAndTimingsToStderr) {
+  BONSAI_REQUIRE_FILE(kStories);
+  BONSAI_REQUIRE_FILE(kOracle);
+  const CliResult r = bonsai("run -m '" + kStories + "' -p '' --temp 0 -n 256 -t 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, oracle().at("text").get<std::string>() + "\n");
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("generation:"), std::string::npos) << r.err;
+}
+
+TEST(CliRun, SeedReproducesSampledOutput) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string args = "run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 123 --json";
+  const CliResult a = bonsai(args), b = bonsai(args + " -t 2");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(b.out).at("tokens"));
+  const CliResult c = bonsai("run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 124 --json");
+  ASSERT_EQ(c.rc, 0) << c.err;
+  EXPECT_NE(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(c.out).at("tokens"));
+}
+
+TEST(CliRun, ErrorsAreClearAndNonZero) {
+  const CliResult missing = bonsai("run -m /nonexistent/model.gguf -p hi");
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos) << missing.err;
+  BONSAI_REQUIRE_FILE(kOracle);
+  const CliResult not_gguf = bonsai("run -m '" + kOracle + "' -p hi");  // a JSON file
+  EXPECT_NE(not_gguf.rc, 0);
+  EXPECT_NE(not_gguf.err.find("cannot load model"), std::string::npos) << not_gguf.err;
+  BONSAI_REQUIRE_FILE(kStories);
+  const CliResult bad_param = bonsai("run -m '" + kStories + "' --top-p 3");
+  EXPECT_NE(bad_param.rc, 0);
+  EXPECT_NE(bad_param.err.find("top_p"), std::string::npos) << bad_param.err;
+}
+
+TEST(CliChat, KeepsTheConversationUntilExit) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0", "Hello\n\nHow are you?\n/exit\nnot read\n");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  // Three prompts shown (two answered turns, then /exit).
+  size_t prompts = 0;
+  for (size_t p = r.out.find("> "); p != std::string::npos; p = r.out.find("> ", p + 2)) ++prompts;
+  EXPECT_GE(prompts, 3u) << r.out;
+  const CliResult eof = bonsai("chat -m '" + kStories + "' -n 4 --temp 0", "Hi\n");  // EOF ends it
+  EXPECT_EQ(eof.rc, 0) << eof.err;
+}
+
+}  // namespace
