@@ -1,20 +1,203 @@
-// PLACEHOLDER until its owner implements it: registers `bonsai serve`, which
-// reports that it is not built yet and exits 2.
+// `bonsai serve`: the OpenAI-compatible HTTP server over one or more models.
+//
+//   bonsai serve [-m [ID=]FILE ...] [--pool-size N] [--models-max K]
+//                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
+//                [--port 8080] [--api-key KEY] [--config FILE.toml]
+//
+// Flags follow llama.cpp's llama-server names where they exist. A TOML file
+// (--config) may hold the same keys (see src/server/config.h); flags given
+// on the command line win. With no model at all, the built-in default model
+// is served. SIGINT/SIGTERM shut down gracefully.
 #include <CLI/CLI.hpp>
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
 #include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "apps/bonsai/commands.h"
+#include "core/thread_pool.h"     // set_global_thread_count
+#include "engine/engine_pool.h"   // default_cpu_pool_size
+#include "engine/model_pool.h"    // ModelPool, gguf_model_loader
+#include "server/config.h"        // ServeConfig, load_serve_toml
+#include "server/server.h"        // Server
+#if __has_include("apps/bonsai/synth.h")
+#include "apps/bonsai/synth.h"    // ensure_default_model
+#define BONSAI_HAVE_SYNTH 1
+#endif
 
 namespace bonsai::app {
+namespace {
+
+struct ServeFlags {
+  std::vector<std::string> models;
+  int pool_size = 0;
+  int models_max = 0;
+  uint64_t mem_budget = 0;
+  int ctx = 0;
+  int threads = 0;
+  std::string host;
+  int port = 0;
+  std::string api_key;
+  std::string config;
+  double timeout = 0;
+};
+
+int serve_main(CLI::App* cmd, const ServeFlags& f) {
+  server::ServeConfig cfg;
+  if (!f.config.empty()) {
+    if (auto r = server::load_serve_toml(f.config, cfg); !r) {
+      std::cerr << "bonsai serve: " << r.error().message << "\n";
+      return 1;
+    }
+  }
+  auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
+  if (given("--model")) {
+    cfg.models.clear();
+    for (const auto& m : f.models) {
+      auto arg = server::parse_model_arg(m);
+      if (!arg) {
+        std::cerr << "bonsai serve: " << arg.error().message << "\n";
+        return 1;
+      }
+      cfg.models.push_back(*arg);
+    }
+  }
+  if (given("--pool-size")) cfg.pool_size = f.pool_size;
+  if (given("--models-max")) cfg.models_max = f.models_max;
+  if (given("--mem-budget")) cfg.mem_budget_mb = f.mem_budget;
+  if (given("--ctx-size")) cfg.ctx_size = f.ctx;
+  if (given("--threads")) cfg.threads = f.threads;
+  if (given("--host")) cfg.host = f.host;
+  if (given("--port")) cfg.port = f.port;
+  if (given("--api-key")) cfg.api_key = f.api_key;
+  if (given("--timeout")) cfg.timeout_s = f.timeout;
+
+  if (cfg.models.empty()) {
+#ifdef BONSAI_HAVE_SYNTH
+    auto p = ensure_default_model();
+    if (!p) {
+      std::cerr << "bonsai serve: cannot prepare the built-in default model: " << p.error().message << "\n";
+      return 1;
+    }
+    auto arg = server::parse_model_arg(*p);
+    if (!arg) {
+      std::cerr << "bonsai serve: " << arg.error().message << "\n";
+      return 1;
+    }
+    cfg.models.push_back(*arg);
+    std::cerr << "bonsai serve: no -m given; serving the built-in default model " << *p
+              << " (a tiny synthetic model: its text is not meaningful)\n";
+#else
+    std::cerr << "bonsai serve: no -m given and this build has no built-in default model\n";
+    return 1;
+#endif
+  }
+  if (auto v = server::validate_serve_config(cfg); !v) {
+    std::cerr << "bonsai serve: " << v.error().message << "\n";
+    return 1;
+  }
+  if (cfg.threads > 0 && !core::set_global_thread_count(cfg.threads))
+    std::cerr << "bonsai serve: warning: -t ignored (the thread pool already started)\n";
+
+  // Signals: blocked in every thread (threads started from here inherit the
+  // mask) and taken synchronously by one waiter thread, which stops the server.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);  // internal: wakes the waiter when run() returns on its own
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the process
+
+  const size_t capacity = cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max)
+                                             : std::max<size_t>(1, cfg.models.size());
+  auto pool = std::make_shared<engine::ModelPool>(capacity, cfg.mem_budget_mb, engine::gguf_model_loader(),
+                                                  engine::gguf_model_estimator());
+  engine::ModelSpec base;
+  base.pool_size = cfg.pool_size;
+  base.ctx_size = cfg.ctx_size;
+  for (const auto& m : cfg.models) {
+    engine::ModelSpec spec = base;
+    spec.path = m.path;
+    pool->loader_register(m.id, spec);
+  }
+  std::vector<std::string> preload = cfg.preload;
+  if (!cfg.preload_set)
+    for (size_t i = 0; i < cfg.models.size() && i < capacity; ++i) preload.push_back(cfg.models[i].id);
+  for (const auto& id : preload) {
+    auto m = pool->acquire(id);
+    if (!m) {
+      std::cerr << "bonsai serve: cannot load model '" << id << "': " << m.error().message << "\n";
+      return 1;
+    }
+    std::cerr << "bonsai serve: loaded '" << id << "' from " << (*m)->spec.path << ": "
+              << ((*m)->pool ? (*m)->pool->size() : 0) << " replicas, context " << (*m)->n_ctx << ", ~"
+              << ((*m)->mem_bytes >> 20) << " MiB\n";
+    pool->release(*m);
+  }
+
+  server::ServerOptions so;
+  so.host = cfg.host;
+  so.port = cfg.port;
+  so.api_key = cfg.api_key;
+  so.max_body_bytes = cfg.max_body_bytes;
+  so.timeout_s = cfg.timeout_s;
+  so.queue_factor = cfg.queue_factor;
+  so.default_model = cfg.models.front().id;
+  so.default_spec = base;
+  server::Server srv(pool, so);
+  auto port = srv.bind();
+  if (!port) {
+    std::cerr << "bonsai serve: " << port.error().message << "\n";
+    return 1;
+  }
+  const std::string url = "http://" + cfg.host + ":" + std::to_string(*port);
+  std::printf("bonsai serve: listening on %s (OpenAI API at %s/v1; models:", url.c_str(), url.c_str());
+  for (const auto& m : cfg.models) std::printf(" %s", m.id.c_str());
+  std::printf(")\n");
+  std::printf("try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", "
+              "\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n",
+              url.c_str(), cfg.api_key.empty() ? "" : " -H 'Authorization: Bearer $KEY'",
+              cfg.models.front().id.c_str());
+  std::fflush(stdout);
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig != SIGUSR1) std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down\n";
+    srv.stop();
+  });
+  srv.run();
+  pthread_kill(waiter.native_handle(), SIGUSR1);
+  waiter.join();
+  pool->wait_background();
+  std::cerr << "bonsai serve: stopped\n";
+  return 0;
+}
+
+}  // namespace
 
 void register_serve(CLI::App& app) {
-  auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (not implemented yet)");
-  cmd->allow_extras();
-  cmd->callback([] {
-    std::cerr << "bonsai serve: not implemented yet\n";
-    set_exit_code(2);
-  });
+  auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (chat/completions, SSE streaming)");
+  auto f = std::make_shared<ServeFlags>();
+  cmd->add_option("-m,--model", f->models, "Model as [ID=]FILE (repeatable; default: the built-in model)");
+  cmd->add_option("--pool-size", f->pool_size, "Engine replicas per model (default: cores, at most 4)");
+  cmd->add_option("--models-max", f->models_max, "Models resident at once (LRU; default: the number of -m)");
+  cmd->add_option("--mem-budget", f->mem_budget, "Memory budget for resident models in MiB (0: unlimited)");
+  cmd->add_option("-c,--ctx-size", f->ctx, "Context size per replica in tokens (0: the model's, at most 4096)");
+  cmd->add_option("-t,--threads", f->threads, "Compute threads shared by all replicas (default: physical cores)");
+  cmd->add_option("--host", f->host, "Address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", f->port, "Port to listen on (default 8080; 0: any free port)");
+  cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin");
+  cmd->add_option("--config", f->config, "TOML file with the same keys and [router] preload = [...]");
+  cmd->add_option("--timeout", f->timeout, "Per-request timeout in seconds (default 600)");
+  cmd->callback([cmd, f] { set_exit_code(serve_main(cmd, *f)); });
 }
 
 }  // namespace bonsai::app

@@ -1,0 +1,166 @@
+// `bonsai serve` configuration (flags + TOML). See config.h.
+#include "server/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace bonsai::server {
+namespace {
+
+std::string normalize_key(std::string_view k) {
+  std::string s(k);
+  for (char& c : s)
+    if (c == '_') c = '-';
+  return s;
+}
+
+core::Expected<int64_t> get_integer(const toml::node& n, const std::string& where) {
+  if (auto v = n.value<int64_t>(); v && n.is_integer()) return *v;
+  return core::fail(core::Errc::kInvalidArgument, where + ": expected an integer");
+}
+
+core::Expected<std::string> get_string(const toml::node& n, const std::string& where) {
+  if (auto v = n.value<std::string>(); v && n.is_string()) return *v;
+  return core::fail(core::Errc::kInvalidArgument, where + ": expected a string");
+}
+
+}  // namespace
+
+core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
+  ModelArg m;
+  auto eq = arg.find('=');
+  if (eq != std::string_view::npos) {
+    m.id = std::string(arg.substr(0, eq));
+    m.path = std::string(arg.substr(eq + 1));
+    if (m.id.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty model id before '='");
+  } else {
+    m.path = std::string(arg);
+    std::filesystem::path p(m.path);
+    m.id = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+  }
+  if (m.path.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty file path");
+  if (m.id.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': cannot derive a model id");
+  return m;
+}
+
+core::Expected<void> apply_serve_toml(std::string_view text, const std::string& name, ServeConfig& config) {
+  // This toml++ build reports syntax errors by throwing toml::parse_error;
+  // it is caught here so nothing crosses the part boundary.
+  toml::table root;
+  try {
+    root = toml::parse(text, name);
+  } catch (const toml::parse_error& err) {
+    std::ostringstream os;
+    os << name << ":" << err.source().begin.line << ":" << err.source().begin.column << ": " << err.description();
+    return core::fail(core::Errc::kInvalidArgument, os.str());
+  }
+  for (const auto& [key_node, node] : root) {
+    const std::string key = normalize_key(key_node.str());
+    const std::string where = name + ": key '" + std::string(key_node.str()) + "'";
+    if (key == "model") {
+      std::vector<std::string> items;
+      if (node.is_string()) {
+        items.push_back(*node.value<std::string>());
+      } else if (const toml::array* arr = node.as_array()) {
+        for (size_t i = 0; i < arr->size(); ++i) {
+          auto s = get_string(*arr->get(i), where + "[" + std::to_string(i) + "]");
+          if (!s) return std::unexpected(s.error());
+          items.push_back(*s);
+        }
+      } else {
+        return core::fail(core::Errc::kInvalidArgument, where + ": expected a string or an array of strings");
+      }
+      for (const auto& it : items) {
+        auto m = parse_model_arg(it);
+        if (!m) return core::fail(core::Errc::kInvalidArgument, where + ": " + m.error().message);
+        config.models.push_back(*m);
+      }
+    } else if (key == "models") {
+      const toml::table* t = node.as_table();
+      if (!t) return core::fail(core::Errc::kInvalidArgument, where + ": expected a table of id = \"path\"");
+      for (const auto& [id, path] : *t) {
+        auto s = get_string(path, where + "." + std::string(id.str()));
+        if (!s) return std::unexpected(s.error());
+        config.models.push_back(ModelArg{std::string(id.str()), *s});
+      }
+    } else if (key == "router") {
+      const toml::table* t = node.as_table();
+      if (!t) return core::fail(core::Errc::kInvalidArgument, where + ": expected a table");
+      for (const auto& [rk, rv] : *t) {
+        std::string rwhere = name + ": key 'router." + std::string(rk.str()) + "'";
+        if (normalize_key(rk.str()) != "preload")
+          return core::fail(core::Errc::kInvalidArgument, rwhere + ": unknown key (expected 'preload')");
+        const toml::array* arr = rv.as_array();
+        if (!arr) return core::fail(core::Errc::kInvalidArgument, rwhere + ": expected an array of model ids");
+        config.preload.clear();
+        for (size_t i = 0; i < arr->size(); ++i) {
+          auto s = get_string(*arr->get(i), rwhere + "[" + std::to_string(i) + "]");
+          if (!s) return std::unexpected(s.error());
+          config.preload.push_back(*s);
+        }
+        config.preload_set = true;
+      }
+    } else if (key == "host" || key == "api-key") {
+      auto s = get_string(node, where);
+      if (!s) return std::unexpected(s.error());
+      (key == "host" ? config.host : config.api_key) = *s;
+    } else if (key == "timeout") {
+      if (!node.is_number())
+        return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
+      config.timeout_s = *node.value<double>();
+    } else if (key == "pool-size" || key == "models-max" || key == "mem-budget" || key == "ctx-size" ||
+               key == "threads" || key == "port" || key == "max-body" || key == "queue-factor") {
+      auto v = get_integer(node, where);
+      if (!v) return std::unexpected(v.error());
+      if (*v < 0) return core::fail(core::Errc::kInvalidArgument, where + ": must be >= 0");
+      if (key == "pool-size") config.pool_size = static_cast<int>(*v);
+      else if (key == "models-max") config.models_max = static_cast<int>(*v);
+      else if (key == "mem-budget") config.mem_budget_mb = static_cast<uint64_t>(*v);
+      else if (key == "ctx-size") config.ctx_size = static_cast<int>(*v);
+      else if (key == "threads") config.threads = static_cast<int>(*v);
+      else if (key == "port") config.port = static_cast<int>(*v);
+      else if (key == "max-body") config.max_body_bytes = static_cast<size_t>(*v);
+      else config.queue_factor = static_cast<int>(*v);
+    } else {
+      return core::fail(core::Errc::kInvalidArgument,
+                        where + ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
+                                "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor)");
+    }
+  }
+  return {};
+}
+
+core::Expected<void> load_serve_toml(const std::string& path, ServeConfig& config) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return core::fail(std::filesystem::exists(path) ? core::Errc::kIo : core::Errc::kNotFound,
+                      path + ": cannot open the config file");
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return apply_serve_toml(ss.str(), path, config);
+}
+
+core::Expected<void> validate_serve_config(const ServeConfig& c) {
+  if (c.port < 0 || c.port > 65535)
+    return core::fail(core::Errc::kInvalidArgument, "port " + std::to_string(c.port) + " is not in 0..65535");
+  if (c.pool_size < 0 || c.models_max < 0 || c.ctx_size < 0 || c.threads < 0 || c.queue_factor < 0)
+    return core::fail(core::Errc::kInvalidArgument, "pool-size, models-max, ctx-size, threads and queue-factor must be >= 0");
+  if (!(c.timeout_s > 0)) return core::fail(core::Errc::kInvalidArgument, "timeout must be > 0 seconds");
+  if (c.max_body_bytes == 0) return core::fail(core::Errc::kInvalidArgument, "max-body must be > 0 bytes");
+  for (size_t i = 0; i < c.models.size(); ++i)
+    for (size_t j = i + 1; j < c.models.size(); ++j)
+      if (c.models[i].id == c.models[j].id)
+        return core::fail(core::Errc::kInvalidArgument, "model id '" + c.models[i].id + "' is given twice");
+  for (const auto& id : c.preload) {
+    bool found = false;
+    for (const auto& m : c.models) found = found || m.id == id;
+    if (!found) return core::fail(core::Errc::kInvalidArgument, "router.preload names '" + id + "', which is not a model");
+  }
+  return {};
+}
+
+}  // namespace bonsai::server

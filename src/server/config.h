@@ -1,0 +1,66 @@
+// `bonsai serve` configuration: the command-line flags and the same keys in
+// a TOML file (--config FILE.toml, parsed with toml++). Flags given on the
+// command line override the file.
+//
+// TOML keys (the long flag names; '_' may replace '-'):
+//   model = ["stories=/path/stories260K.gguf", "/path/other.gguf"]   # -m, repeatable
+//   pool-size = 2        models-max = 2        mem-budget = 0   # MiB, 0 = unlimited
+//   ctx-size = 2048      threads = 4           host = "127.0.0.1"   port = 8080
+//   api-key = "..."      timeout = 600         # seconds per request
+//   max-body = 4194304   # bytes               queue-factor = 4     # waiting per replica
+//   [models]             # another way to name models: id = "path"
+//   tiny = "/path/qwen3-tiny-q1_0.gguf"
+//   [router]
+//   preload = ["stories"]   # loaded at start; the others load on first use
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+
+namespace bonsai::server {
+
+// One `-m [ID=]FILE`.
+struct ModelArg {
+  std::string id;    // defaults to the file name without .gguf
+  std::string path;
+};
+
+struct ServeConfig {
+  std::vector<ModelArg> models;
+  std::vector<std::string> preload;  // [router] preload
+  bool preload_set = false;          // false: preload every model (up to models_max)
+  int pool_size = 0;                 // replicas per model; 0: default_cpu_pool_size()
+  int models_max = 0;                // resident models at most; 0: max(1, number of models)
+  uint64_t mem_budget_mb = 0;        // 0: unlimited
+  int ctx_size = 0;                  // KV positions per replica; 0: min(model's, 4096)
+  int threads = 0;                   // compute threads; 0: physical cores
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;               // empty: no authentication
+  double timeout_s = 600;            // per request (waiting + generating)
+  size_t max_body_bytes = 4u << 20;  // larger bodies get 413
+  int queue_factor = 4;              // requests waiting per replica before 503
+};
+
+// Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").
+// Errors: kInvalidArgument for an empty id or path.
+core::Expected<ModelArg> parse_model_arg(std::string_view arg);
+
+// Applies the keys of TOML text `text` (from file `name`, for messages) onto
+// `config`. Unknown keys are errors (a typo should not be silently ignored),
+// as are wrong types; messages name the file and the key.
+core::Expected<void> apply_serve_toml(std::string_view text, const std::string& name, ServeConfig& config);
+
+// Reads `path` and applies it as above. Errors: kNotFound/kIo for the file.
+core::Expected<void> load_serve_toml(const std::string& path, ServeConfig& config);
+
+// Checks ranges (port 0..65535 where 0 = any free port, sizes >= 0, preload
+// ids that name a model). Errors: kInvalidArgument naming the key.
+core::Expected<void> validate_serve_config(const ServeConfig& config);
+
+}  // namespace bonsai::server

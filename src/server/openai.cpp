@@ -1,0 +1,430 @@
+// OpenAI request parsing/validation and response builders. See openai.h.
+#include "server/openai.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace bonsai::server {
+
+using nlohmann::json;
+
+json ApiError::to_json() const {
+  json e;
+  e["message"] = message;
+  e["type"] = type;
+  e["param"] = param.empty() ? json(nullptr) : json(param);
+  e["code"] = code.empty() ? json(nullptr) : json(code);
+  return json{{"error", e}};
+}
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+  ApiError e;
+  e.status = 400;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+ApiError overloaded(std::string message, std::string code, int retry_after_s) {
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.message = std::move(message);
+  e.code = std::move(code);
+  e.retry_after_s = retry_after_s;
+  return e;
+}
+
+namespace {
+
+const char* json_type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    case json::value_t::number_float: return "number";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    default: return "unknown";
+  }
+}
+
+ApiError wrong_type(const std::string& field, const char* expected, const json& got) {
+  return bad_request("Invalid type for '" + field + "': expected " + expected + ", but got " +
+                         json_type_name(got) + ".",
+                     field, "invalid_type");
+}
+
+// Reads an optional number in [lo, hi]; null means absent.
+std::optional<ApiError> get_number(const json& body, const char* field, double lo, double hi,
+                                   std::optional<float>& out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return wrong_type(field, "a number", *it);
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return bad_request("Invalid value for '" + std::string(field) + "': " + it->dump() + " is not in [" +
+                           json(lo).dump() + ", " + json(hi).dump() + "].",
+                       field, "invalid_value");
+  }
+  out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+// Reads an optional integer in [lo, hi]; 3.0 counts as an integer, 3.5 does not.
+std::optional<ApiError> get_int(const json& body, const char* field, int64_t lo, int64_t hi,
+                                std::optional<int64_t>& out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  int64_t v = 0;
+  if (it->is_number_integer()) {
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+      return bad_request("Invalid value for '" + std::string(field) + "': " + it->dump() + " is above " +
+                             std::to_string(hi) + ".",
+                         field, "invalid_value");
+    }
+    v = it->get<int64_t>();
+  } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>() &&
+             std::fabs(it->get<double>()) < 9e18) {
+    v = static_cast<int64_t>(it->get<double>());
+  } else {
+    return wrong_type(field, "an integer", *it);
+  }
+  if (v < lo || v > hi) {
+    return bad_request("Invalid value for '" + std::string(field) + "': " + std::to_string(v) + " is not in [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "].",
+                       field, "invalid_value");
+  }
+  out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const json& body, const char* field, bool& out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return wrong_type(field, "a boolean", *it);
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+// OpenAI message content: a string, null, or an array of content parts of
+// which we accept {"type":"text","text":...} (joined without separators).
+std::optional<ApiError> get_content(const json& msg, const std::string& where, std::string& out) {
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    out = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (!it->is_array()) return wrong_type(where + ".content", "a string or an array of content parts", *it);
+  for (size_t k = 0; k < it->size(); ++k) {
+    const json& part = (*it)[k];
+    std::string pw = where + ".content[" + std::to_string(k) + "]";
+    if (!part.is_object()) return wrong_type(pw, "an object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string())
+      return bad_request("Missing required parameter: '" + pw + ".type'.", pw + ".type", "missing_required_parameter");
+    if (*type != "text")
+      return bad_request("Invalid value for '" + pw + ".type': only \"text\" content parts are supported.",
+                         pw + ".type", "invalid_value");
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string()) {
+      if (text == part.end())
+        return bad_request("Missing required parameter: '" + pw + ".text'.", pw + ".text",
+                           "missing_required_parameter");
+      return wrong_type(pw + ".text", "a string", *text);
+    }
+    out += text->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages(const json& body, CompletionRequest& out) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null())
+    return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+  if (!it->is_array()) return wrong_type("messages", "an array", *it);
+  if (it->empty())
+    return bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages",
+                       "empty_array");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return wrong_type(where, "an object", m);
+    tokenizer::ChatMessage msg;
+    auto role = m.find("role");
+    if (role == m.end() || role->is_null())
+      return bad_request("Missing required parameter: '" + where + ".role'.", where + ".role",
+                         "missing_required_parameter");
+    if (!role->is_string()) return wrong_type(where + ".role", "a string", *role);
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for system
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
+      return bad_request("Invalid value for '" + where + ".role': '" + msg.role +
+                             "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
+                         where + ".role", "invalid_value");
+    }
+    if (auto e = get_content(m, where, msg.content)) return e;
+    if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null()) {
+      if (!rc->is_string()) return wrong_type(where + ".reasoning_content", "a string", *rc);
+      msg.reasoning_content = rc->get<std::string>();
+    }
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (!tc->is_array()) return wrong_type(where + ".tool_calls", "an array", *tc);
+      for (size_t k = 0; k < tc->size(); ++k) {
+        const json& call = (*tc)[k];
+        std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
+        if (!call.is_object()) return wrong_type(cw, "an object", call);
+        tokenizer::ToolCall t;
+        if (auto id = call.find("id"); id != call.end() && id->is_string()) t.id = id->get<std::string>();
+        auto fn = call.find("function");
+        if (fn == call.end() || !fn->is_object())
+          return bad_request("Missing required parameter: '" + cw + ".function'.", cw + ".function",
+                             "missing_required_parameter");
+        auto name = fn->find("name");
+        if (name == fn->end() || !name->is_string())
+          return bad_request("Missing required parameter: '" + cw + ".function.name'.", cw + ".function.name",
+                             "missing_required_parameter");
+        t.name = name->get<std::string>();
+        if (auto args = fn->find("arguments"); args != fn->end() && !args->is_null())
+          t.arguments = args->is_string() ? args->get<std::string>() : args->dump();
+        msg.tool_calls.push_back(std::move(t));
+      }
+    }
+    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+      if (!id->is_string()) return wrong_type(where + ".tool_call_id", "a string", *id);
+      msg.tool_call_id = id->get<std::string>();
+    }
+    out.messages.push_back(std::move(msg));
+  }
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) return wrong_type("tools", "an array", *t);
+  }
+  if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+    if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
+    if (auto e = get_bool(*k, "enable_thinking", out.enable_thinking)) {
+      e->param = "chat_template_kwargs.enable_thinking";
+      return e;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null())
+    return bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+  if (it->is_string()) {
+    out.prompt = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (!it->is_array()) return wrong_type("prompt", "a string, an array of strings or an array of tokens", *it);
+  if (it->empty()) return bad_request("Invalid 'prompt': empty array.", "prompt", "empty_array");
+  if ((*it)[0].is_number_integer()) {
+    for (const json& v : *it) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        return bad_request("Invalid 'prompt': a token array must hold non-negative integers.", "prompt",
+                           "invalid_value");
+      out.prompt_ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+    }
+    return std::nullopt;
+  }
+  if (it->size() != 1)
+    return bad_request("Invalid 'prompt': only one prompt per request is supported (got " +
+                           std::to_string(it->size()) + ").",
+                       "prompt", "invalid_value");
+  if (!(*it)[0].is_string()) return wrong_type("prompt[0]", "a string", (*it)[0]);
+  out.prompt = (*it)[0].get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
+                                                 CompletionRequest& out) {
+  out = CompletionRequest{};
+  out.endpoint = endpoint;
+  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded())
+    return bad_request("We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+                       "your HTTP library correctly. The OpenAI API expects a JSON payload.)",
+                       {}, "invalid_json");
+  if (!body.is_object()) return bad_request("The request body must be a JSON object.", {}, "invalid_json");
+
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return wrong_type("model", "a string", *it);
+    out.model = it->get<std::string>();
+  }
+  if (endpoint == Endpoint::kChat) {
+    if (auto e = parse_messages(body, out)) return e;
+    if (auto t = body.find("tools"); t != body.end() && t->is_array()) {
+      // Re-read in document order: the template's tojson keeps the client's key order.
+      auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+      if (!ordered.is_discarded() && ordered.contains("tools")) out.tools = ordered["tools"];
+    }
+  } else {
+    if (auto e = parse_prompt(body, out)) return e;
+  }
+
+  std::optional<int64_t> iv;
+  // max_completion_tokens is the newer name; either may be sent (it wins if both).
+  for (const char* f : {"max_tokens", "max_completion_tokens"}) {
+    iv.reset();
+    if (auto e = get_int(body, f, 1, std::numeric_limits<int32_t>::max(), iv)) return e;
+    if (iv) out.max_tokens = static_cast<int32_t>(*iv);
+  }
+  if (auto e = get_number(body, "temperature", 0.0, 2.0, out.temperature)) return e;
+  if (auto e = get_number(body, "top_p", 0.0, 1.0, out.top_p)) return e;
+  if (out.top_p && *out.top_p <= 0.0f) out.top_p = 1e-6f;  // 0 = keep only the top token
+  iv.reset();
+  if (auto e = get_int(body, "top_k", 0, std::numeric_limits<int32_t>::max(), iv)) return e;
+  if (iv) out.top_k = static_cast<int32_t>(*iv);
+  if (auto e = get_number(body, "min_p", 0.0, 1.0, out.min_p)) return e;
+  if (auto e = get_number(body, "repeat_penalty", 1e-6, 100.0, out.repeat_penalty)) return e;
+  if (auto e = get_number(body, "presence_penalty", -2.0, 2.0, out.presence_penalty)) return e;
+  if (auto e = get_number(body, "frequency_penalty", -2.0, 2.0, out.frequency_penalty)) return e;
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return wrong_type("seed", "an integer", *it);
+    out.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+  }
+  iv.reset();
+  if (auto e = get_int(body, "n", 1, kMaxChoices, iv)) return e;
+  if (iv) out.n = static_cast<int>(*iv);
+  if (auto e = get_bool(body, "stream", out.stream)) return e;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("stream_options", "an object", *it);
+    if (auto e = get_bool(*it, "include_usage", out.include_usage)) {
+      e->param = "stream_options.include_usage";
+      e->message = "Invalid type for 'stream_options.include_usage': expected a boolean.";
+      return e;
+    }
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      out.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (size_t k = 0; k < it->size(); ++k) {
+        if (!(*it)[k].is_string()) return wrong_type("stop[" + std::to_string(k) + "]", "a string", (*it)[k]);
+        out.stop.push_back((*it)[k].get<std::string>());
+      }
+    } else {
+      return wrong_type("stop", "a string or an array of strings", *it);
+    }
+    if (out.stop.size() > kMaxStop)
+      return bad_request("Invalid 'stop': at most " + std::to_string(kMaxStop) + " stop sequences are allowed.",
+                         "stop", "invalid_value");
+    std::erase_if(out.stop, [](const std::string& s) { return s.empty(); });
+  }
+  return std::nullopt;
+}
+
+json Usage::to_json() const {
+  return json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+std::string new_response_id(Endpoint endpoint) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string id = endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-";
+  uint64_t a = rng(), b = rng();
+  for (int i = 0; i < 16; ++i) id += hex[(a >> (4 * i)) & 15];
+  for (int i = 0; i < 8; ++i) id += hex[(b >> (4 * i)) & 15];
+  return id;
+}
+
+namespace {
+
+json envelope(const ResponseMeta& meta, bool chunk) {
+  json j;
+  j["id"] = meta.id;
+  if (meta.endpoint == Endpoint::kChat) {
+    j["object"] = chunk ? "chat.completion.chunk" : "chat.completion";
+  } else {
+    j["object"] = "text_completion";
+  }
+  j["created"] = meta.created;
+  j["model"] = meta.model;
+  j["system_fingerprint"] = "bonsai";
+  return j;
+}
+
+}  // namespace
+
+json build_response(const ResponseMeta& meta, const std::vector<Choice>& choices, const Usage& usage) {
+  json j = envelope(meta, false);
+  json arr = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    json c;
+    c["index"] = i;
+    if (meta.endpoint == Endpoint::kChat) {
+      c["message"] = json{{"role", "assistant"}, {"content", choices[i].text}};
+    } else {
+      c["text"] = choices[i].text;
+    }
+    c["logprobs"] = nullptr;
+    c["finish_reason"] = choices[i].finish_reason;
+    arr.push_back(std::move(c));
+  }
+  j["choices"] = std::move(arr);
+  j["usage"] = usage.to_json();
+  return j;
+}
+
+namespace {
+
+json chunk_with(const ResponseMeta& meta, int index, json delta_or_text, json finish) {
+  json j = envelope(meta, true);
+  json c;
+  c["index"] = index;
+  if (meta.endpoint == Endpoint::kChat) {
+    c["delta"] = std::move(delta_or_text);
+  } else {
+    c["text"] = std::move(delta_or_text);
+  }
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = std::move(finish);
+  j["choices"] = json::array({std::move(c)});
+  return j;
+}
+
+}  // namespace
+
+json build_role_chunk(const ResponseMeta& meta, int index) {
+  if (meta.endpoint == Endpoint::kChat)
+    return chunk_with(meta, index, json{{"role", "assistant"}, {"content", ""}}, nullptr);
+  return chunk_with(meta, index, "", nullptr);
+}
+
+json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text) {
+  if (meta.endpoint == Endpoint::kChat) return chunk_with(meta, index, json{{"content", text}}, nullptr);
+  return chunk_with(meta, index, json(text), nullptr);
+}
+
+json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason) {
+  if (meta.endpoint == Endpoint::kChat) return chunk_with(meta, index, json::object(), json(finish_reason));
+  return chunk_with(meta, index, "", json(finish_reason));
+}
+
+json build_usage_chunk(const ResponseMeta& meta, const Usage& usage) {
+  json j = envelope(meta, true);
+  j["choices"] = json::array();
+  j["usage"] = usage.to_json();
+  return j;
+}
+
+std::string sse_event(const json& payload) {
+  // dump() escapes newlines inside strings, so the payload is one line.
+  return "data: " + payload.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+json model_object(const std::string& id, int64_t created) {
+  return json{{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "bonsai"}};
+}
+
+}  // namespace bonsai::server

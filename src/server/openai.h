@@ -1,0 +1,122 @@
+// The OpenAI HTTP API's request and response shapes, as bonsai serves them:
+// parsing and validating /v1/chat/completions and /v1/completions bodies,
+// and building responses, streaming chunks, model objects and error objects.
+// Field names follow the OpenAI API reference (platform.openai.com/docs/
+// api-reference/chat and /completions) exactly; top_k, min_p and
+// repeat_penalty are llama.cpp server extensions.
+//
+// Pure functions over nlohmann::json: no I/O, no model, so they are unit
+// tested on their own.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
+
+namespace bonsai::server {
+
+// An HTTP error in OpenAI's shape:
+// {"error": {"message": ..., "type": ..., "param": ... | null, "code": ... | null}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";  // or "server_error", "authentication_error"...
+  std::string param;                           // empty: null
+  std::string code;                            // empty: null
+  int retry_after_s = 0;                       // > 0: send a Retry-After header (503)
+
+  nlohmann::json to_json() const;
+};
+
+// Shorthands for the errors the server returns.
+ApiError bad_request(std::string message, std::string param = {}, std::string code = {});
+ApiError overloaded(std::string message, std::string code = "overloaded", int retry_after_s = 1);
+
+enum class Endpoint { kChat, kCompletion };
+
+// A validated /v1/chat/completions or /v1/completions request. Optional
+// fields are unset when the client did not send them (or sent null), so the
+// model's defaults apply.
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string model;                               // may be empty: the server's default model
+  std::vector<tokenizer::ChatMessage> messages;    // chat
+  nlohmann::ordered_json tools = nullptr;          // chat: OpenAI `tools` (array) or null
+  bool enable_thinking = true;                     // chat_template_kwargs.enable_thinking
+  std::string prompt;                              // completions, text form
+  std::vector<int32_t> prompt_ids;                 // completions, token-id form (non-empty: used)
+  std::optional<int32_t> max_tokens;               // max_tokens or max_completion_tokens (>= 1)
+  std::optional<float> temperature;                // [0, 2]
+  std::optional<float> top_p;                      // [0, 1]
+  std::optional<int32_t> top_k;                    // >= 0 (0: off)
+  std::optional<float> min_p;                      // [0, 1]
+  std::optional<float> repeat_penalty;             // > 0
+  std::optional<float> presence_penalty;           // [-2, 2]
+  std::optional<float> frequency_penalty;          // [-2, 2]
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;                   // up to kMaxStop non-empty strings
+  int n = 1;                                       // [1, kMaxChoices]
+  bool stream = false;
+  bool include_usage = false;                      // stream_options.include_usage
+};
+
+inline constexpr int kMaxChoices = 16;
+inline constexpr size_t kMaxStop = 16;
+
+// Parses and validates a request body. Unknown fields are ignored; a field
+// of the wrong type or out of range is a 400 naming it in `param`.
+std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint,
+                                                 CompletionRequest& out);
+
+// Token counts of one request (OpenAI `usage`).
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  nlohmann::json to_json() const;
+};
+
+// One finished choice.
+struct Choice {
+  std::string text;
+  std::string finish_reason;  // "stop" | "length"
+};
+
+// Identity shared by a response and all its chunks.
+struct ResponseMeta {
+  std::string id;       // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+  Endpoint endpoint = Endpoint::kChat;
+};
+
+// A new response id: prefix + 24 random hex digits (not from the sampling RNG).
+std::string new_response_id(Endpoint endpoint);
+
+// The non-streamed body: chat.completion or text_completion.
+nlohmann::json build_response(const ResponseMeta& meta, const std::vector<Choice>& choices, const Usage& usage);
+
+// Streaming chunks (chat.completion.chunk, or text_completion for /v1/completions).
+// First chunk of a chat choice: delta {"role":"assistant","content":""}.
+nlohmann::json build_role_chunk(const ResponseMeta& meta, int index);
+// A piece of text of choice `index`.
+nlohmann::json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text);
+// The last chunk of choice `index`: empty delta (chat) / empty text, with finish_reason.
+nlohmann::json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason);
+// stream_options.include_usage: `choices: []` and the usage.
+nlohmann::json build_usage_chunk(const ResponseMeta& meta, const Usage& usage);
+
+// Server-Sent Events framing (html.spec.whatwg.org, "Server-sent events"):
+// "data: <payload>\n\n"; the stream ends with "data: [DONE]\n\n" (OpenAI).
+std::string sse_event(const nlohmann::json& payload);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// An OpenAI model object {"id","object":"model","created","owned_by"}.
+nlohmann::json model_object(const std::string& id, int64_t created);
+
+}  // namespace bonsai::server

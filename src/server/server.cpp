@@ -1,0 +1,685 @@
+// The OpenAI-compatible HTTP server. See server.h.
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/inference_engine.h"  // InferenceEngine, GenerateRequest, TokenEvent
+#include "engine/rate_tracker.h"      // RequestRateTracker
+#include "server/openai.h"            // request parsing, response builders, ApiError
+#include "tokenizer/tokenizer.h"      // Tokenizer::encode_chat / encode_prompt
+
+namespace bonsai::server {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Metric family names (the exposition lists them with HELP and TYPE).
+constexpr const char* kRequests = "bonsai_http_requests_total";
+constexpr const char* kPromptTokens = "bonsai_prompt_tokens_total";
+constexpr const char* kCompletionTokens = "bonsai_completion_tokens_total";
+constexpr const char* kTtft = "bonsai_time_to_first_token_seconds";
+constexpr const char* kItl = "bonsai_inter_token_latency_seconds";
+constexpr const char* kQueueWait = "bonsai_queue_wait_seconds";
+constexpr const char* kRejected = "bonsai_admission_rejected_total";
+constexpr const char* kCancelled = "bonsai_generations_cancelled_total";
+constexpr const char* kPoolSize = "bonsai_pool_size";
+constexpr const char* kPoolBusy = "bonsai_pool_busy";
+constexpr const char* kWaiting = "bonsai_requests_waiting";
+constexpr const char* kModelsLoaded = "bonsai_models_loaded";
+constexpr const char* kModelBytes = "bonsai_model_bytes";
+constexpr const char* kMemoryBytes = "bonsai_memory_bytes";
+constexpr const char* kBudgetBytes = "bonsai_memory_budget_bytes";
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The route a path belongs to (bounded label values for /metrics).
+std::string route_label(const std::string& path) {
+  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                              "/health",              "/metrics",        "/admin/models",
+                                              "/admin/models/load",   "/admin/models/unload"};
+  if (known.contains(path)) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+ApiError from_core_error(const core::Error& e, int default_status = 400) {
+  ApiError a;
+  a.message = e.message;
+  switch (e.code) {
+    case core::Errc::kInvalidArgument:
+    case core::Errc::kOutOfRange:
+      a.status = 400;
+      break;
+    case core::Errc::kNotFound:
+      a.status = 404;
+      break;
+    case core::Errc::kResourceExhausted:
+    case core::Errc::kTimeout:
+    case core::Errc::kCancelled:
+      a = overloaded(e.message, "overloaded", 1);
+      break;
+    default:
+      a.status = default_status;
+      if (default_status >= 500) a.type = "server_error";
+      break;
+  }
+  return a;
+}
+
+// One admitted request: what the handler prepared and the stream provider
+// (which runs after the handler returns) still needs. Dropping it returns
+// the engine to the pool first, then releases the model.
+struct Job {
+  std::shared_ptr<engine::ModelPool> pool;
+  std::shared_ptr<engine::LoadedModel> model;
+  std::optional<engine::EngineLease> lease;
+  std::vector<int32_t> prompt;
+  engine::SamplingParams params;
+  std::optional<uint64_t> seed;
+  int n = 1;
+  bool include_usage = false;
+  ResponseMeta meta;
+  Clock::time_point admitted;
+  Clock::time_point deadline;
+
+  Job() = default;
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  ~Job() {
+    lease.reset();
+    if (model) pool->release(model);
+  }
+};
+
+// Why a generation was cut short (kCancelled from the engine).
+enum class CutReason { kNone, kClientGone, kTimeout, kShutdown };
+
+}  // namespace
+
+struct Server::Impl {
+  std::shared_ptr<engine::ModelPool> models;
+  ServerOptions opt;
+  httplib::Server http;
+  MetricsRegistry metrics;
+  std::atomic<bool> stopping{false};
+  int64_t started_unix = unix_now();
+  std::mutex wait_mu;                 // guards waiting
+  std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
+
+  Impl(std::shared_ptr<engine::ModelPool> m, ServerOptions o) : models(std::move(m)), opt(std::move(o)) {
+    declare_metrics();
+    setup();
+  }
+
+  void declare_metrics() {
+    const std::vector<double> latency = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25,  0.5,    1,     2.5,  5,     10,   30};
+    metrics.declare(kRequests, "HTTP requests by route and status code.", MetricType::kCounter);
+    metrics.declare(kPromptTokens, "Prompt tokens processed, by model.", MetricType::kCounter);
+    metrics.declare(kCompletionTokens, "Completion tokens generated, by model.", MetricType::kCounter);
+    metrics.declare(kTtft, "Time from admission to the first generated token.", MetricType::kHistogram, latency);
+    metrics.declare(kItl, "Time between consecutive generated tokens.", MetricType::kHistogram, latency);
+    metrics.declare(kQueueWait, "Time a request waited for an engine replica.", MetricType::kHistogram, latency);
+    metrics.declare(kRejected, "Requests refused with 503 because the model's wait queue was full.",
+                    MetricType::kCounter);
+    metrics.declare(kCancelled, "Generations cut short, by reason (client_gone, timeout, shutdown).",
+                    MetricType::kCounter);
+    metrics.declare(kPoolSize, "Engine replicas of each loaded model.", MetricType::kGauge);
+    metrics.declare(kPoolBusy, "Engine replicas leased right now, per model.", MetricType::kGauge);
+    metrics.declare(kWaiting, "Requests waiting for an engine replica, per model.", MetricType::kGauge);
+    metrics.declare(kModelsLoaded, "Models loaded and ready.", MetricType::kGauge);
+    metrics.declare(kModelBytes, "Estimated bytes of each resident model (mapping + KV caches).",
+                    MetricType::kGauge);
+    metrics.declare(kMemoryBytes, "Estimated bytes of all resident models.", MetricType::kGauge);
+    metrics.declare(kBudgetBytes, "Memory budget for resident models in bytes (0 = unlimited).",
+                    MetricType::kGauge);
+  }
+
+  // ---- plumbing ---------------------------------------------------------
+
+  static void send_json(httplib::Response& res, int status, const json& body) {
+    res.status = status;
+    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  static void send_error(httplib::Response& res, const ApiError& e) {
+    if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
+    send_json(res, e.status, e.to_json());
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (opt.api_key.empty()) return true;
+    std::string h = req.get_header_value("Authorization");
+    const std::string want = "Bearer " + opt.api_key;
+    if (h.size() != want.size()) return false;
+    unsigned diff = 0;  // constant time in the key's length
+    for (size_t i = 0; i < h.size(); ++i) diff |= static_cast<unsigned char>(h[i] ^ want[i]);
+    return diff == 0;
+  }
+
+  void setup() {
+    http.new_task_queue = [n = opt.http_threads > 0 ? opt.http_threads : 64] {
+      return new httplib::ThreadPool(static_cast<size_t>(n));
+    };
+    http.set_payload_max_length(opt.max_body_bytes);
+    http.set_tcp_nodelay(true);
+    http.set_keep_alive_timeout(5);
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0;
+      if (protected_route && !authorized(req)) {
+        ApiError e;
+        e.status = 401;
+        e.code = "invalid_api_key";
+        e.message = req.has_header("Authorization")
+                        ? "Incorrect API key provided."
+                        : "You didn't provide an API key. Provide it in the Authorization header (Authorization: "
+                          "Bearer YOUR_KEY).";
+        send_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+
+    // Fills in OpenAI-shaped bodies for errors httplib produces itself (404
+    // unknown route, 413 body too large, 400 unreadable request).
+    httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      ApiError e;
+      e.status = res.status;
+      if (res.status == 413) {
+        e.message = "Request body too large.";
+        e.code = "request_too_large";
+      } else if (res.status == 404) {
+        e.message = "Unknown request URL: " + req.method + " " + req.path + ".";
+        e.code = "unknown_url";
+      } else if (res.status >= 500) {
+        e.type = "server_error";
+        e.message = "The server had an error while processing your request.";
+      } else {
+        e.message = "The request could not be read (HTTP " + std::to_string(res.status) + ").";
+      }
+      send_error(res, e);
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    http.set_error_handler(std::move(on_error));
+
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown exception";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& ex) {
+        what = ex.what();
+      } catch (...) {
+      }
+      ApiError e;
+      e.status = 500;
+      e.type = "server_error";
+      e.message = "Internal error: " + what;
+      send_error(res, e);
+    });
+
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(res.status)}});
+    });
+
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_completion(req, res, Endpoint::kChat);
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_completion(req, res, Endpoint::kCompletion);
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
+    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_model(req.matches[1].str(), res);
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      refresh_gauges();
+      res.set_content(metrics.expose(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    http.Get("/admin/models", [this](const httplib::Request&, httplib::Response& res) { handle_admin_list(res); });
+    http.Post("/admin/models/load", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_admin_load(req, res);
+    });
+    http.Post("/admin/models/unload", [this](const httplib::Request& req, httplib::Response& res) {
+      handle_admin_unload(req, res);
+    });
+  }
+
+  // ---- completions --------------------------------------------------------
+
+  void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+    if (stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
+    const Clock::time_point admitted = Clock::now();
+    CompletionRequest cr;
+    if (auto e = parse_completion_request(req.body, endpoint, cr)) return send_error(res, *e);
+
+    auto job = std::make_shared<Job>();
+    job->pool = models;
+    job->admitted = admitted;
+    job->deadline = admitted + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.timeout_s));
+    const std::string model_id = cr.model.empty() ? opt.default_model : cr.model;
+    if (model_id.empty()) return send_error(res, bad_request("You must provide a model parameter.", "model"));
+
+    // The model: 404 unknown, 503 loading; a registered model loads on demand here.
+    auto model = models->acquire(model_id);
+    if (!model) {
+      const core::Error& err = model.error();
+      if (err.code == core::Errc::kNotFound) {
+        ApiError e;
+        e.status = 404;
+        e.message = "The model '" + model_id + "' does not exist or you do not have access to it.";
+        e.param = "model";
+        e.code = "model_not_found";
+        return send_error(res, e);
+      }
+      if (err.code == core::Errc::kResourceExhausted)
+        return send_error(res, overloaded(err.message, "model_loading", 2));
+      ApiError e = from_core_error(err, 500);
+      e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
+      return send_error(res, e);
+    }
+    job->model = *model;
+    const engine::LoadedModel& lm = *job->model;
+    if (!lm.pool || !lm.tokenizer) return send_error(res, overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
+    const tokenizer::Tokenizer& tok = *lm.tokenizer;
+
+    // Prompt tokens.
+    if (endpoint == Endpoint::kChat) {
+      tokenizer::ChatOptions copts;
+      copts.enable_thinking = cr.enable_thinking;
+      copts.tools = cr.tools;
+      auto rendered = tok.chat_template().render(cr.messages, copts);
+      if (!rendered) return send_error(res, bad_request(rendered.error().message, "messages"));
+      job->prompt = tok.encode_chat(*rendered);
+    } else if (!cr.prompt_ids.empty()) {
+      for (int32_t id : cr.prompt_ids)
+        if (id >= tok.n_vocab())
+          return send_error(res, bad_request("Invalid 'prompt': token id " + std::to_string(id) +
+                                                 " is outside the vocabulary (size " + std::to_string(tok.n_vocab()) + ").",
+                                             "prompt", "invalid_value"));
+      job->prompt = cr.prompt_ids;
+    } else {
+      // As llama.cpp's server: special-token text in a raw completion prompt is recognised.
+      job->prompt = tok.encode_prompt(cr.prompt, /*parse_special=*/true);
+    }
+    if (job->prompt.empty()) return send_error(res, bad_request("The prompt is empty.", endpoint == Endpoint::kChat ? "messages" : "prompt"));
+
+    // Context: prompt + max_tokens must fit.
+    const int64_t n_ctx = lm.n_ctx;
+    const int64_t n_prompt = static_cast<int64_t>(job->prompt.size());
+    const int64_t max_tokens = cr.max_tokens ? *cr.max_tokens : n_ctx - n_prompt;
+    if (n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx) {
+      return send_error(res, bad_request("This model's maximum context length is " + std::to_string(n_ctx) +
+                                             " tokens. However, you requested " + std::to_string(n_prompt + std::max<int64_t>(max_tokens, 0)) +
+                                             " tokens (" + std::to_string(n_prompt) + " in the " +
+                                             (endpoint == Endpoint::kChat ? "messages" : "prompt") + ", " +
+                                             std::to_string(std::max<int64_t>(max_tokens, 0)) +
+                                             " in the completion). Please reduce the length of the " +
+                                             (endpoint == Endpoint::kChat ? "messages" : "prompt") + " or completion.",
+                                         "messages", "context_length_exceeded"));
+    }
+
+    // Sampling: the model's defaults, overridden by what the request says.
+    engine::SamplingParams p = lm.spec.defaults;
+    if (cr.temperature) p.temperature = *cr.temperature;
+    if (cr.top_p) p.top_p = *cr.top_p;
+    if (cr.top_k) p.top_k = *cr.top_k;
+    if (cr.min_p) p.min_p = *cr.min_p;
+    if (cr.repeat_penalty) p.repeat_penalty = *cr.repeat_penalty;
+    if (cr.presence_penalty) p.presence_penalty = *cr.presence_penalty;
+    if (cr.frequency_penalty) p.frequency_penalty = *cr.frequency_penalty;
+    p.max_tokens = static_cast<int32_t>(max_tokens);
+    p.stop = cr.stop;
+    if (auto v = p.validate(); !v) return send_error(res, bad_request(v.error().message));
+    job->params = std::move(p);
+    job->seed = cr.seed;
+    job->n = cr.n;
+    job->include_usage = cr.include_usage;
+    job->meta = ResponseMeta{new_response_id(endpoint), unix_now(), model_id, endpoint};
+
+    // Bounded admission, then an engine replica before the deadline.
+    engine::EnginePool& pool = *lm.pool;
+    {
+      std::lock_guard lock(wait_mu);
+      int& w = waiting[model_id];
+      if (w >= opt.queue_factor * pool.size() && pool.available() == 0) {
+        metrics.inc(kRejected, {{"model", model_id}});
+        return send_error(res, overloaded("Model '" + model_id + "' is overloaded: " + std::to_string(w) +
+                                              " requests are already waiting. Retry later.",
+                                          "overloaded", 1));
+      }
+      ++w;
+    }
+    auto lease = pool.acquire(job->deadline);
+    {
+      std::lock_guard lock(wait_mu);
+      --waiting[model_id];
+    }
+    metrics.observe(kQueueWait, {{"model", model_id}}, seconds_since(admitted));
+    if (!lease) {
+      const engine::PoolError pe = lease.error();
+      return send_error(res, overloaded(std::string("No engine replica of '") + model_id +
+                                            "' became free: " + engine::pool_error_name(pe) + ".",
+                                        pe == engine::PoolError::kTimeout ? "timeout" : "overloaded", 1));
+    }
+    job->lease.emplace(std::move(*lease));
+    metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
+
+    if (cr.stream) return start_stream(res, job);
+    run_blocking(res, *job);
+  }
+
+  // Runs choice `index` of `job` on its leased engine. `on_piece` gets each
+  // released piece of text (possibly empty, once per token) and returns false
+  // when the client is gone.
+  core::Expected<engine::GenerationResult> run_choice(Job& job, int index,
+                                                      const std::function<bool(std::string_view)>& on_piece,
+                                                      CutReason& cut) {
+    engine::RequestRateTracker tracker(index == 0 ? job.admitted : Clock::now());
+    tracker.on_start();
+    engine::GenerateRequest gr;
+    gr.prompt = job.prompt;
+    gr.params = job.params;
+    if (job.seed) gr.seed = *job.seed + static_cast<uint64_t>(index);
+    gr.cancel = &stopping;
+    gr.tracker = &tracker;
+    gr.on_token = [&](const engine::TokenEvent& ev) {
+      if (ev.token < 0) {  // the final flush: its text still goes out
+        if (!ev.text.empty()) on_piece(ev.text);
+        return true;
+      }
+      if (stopping) {
+        cut = CutReason::kShutdown;
+        return false;
+      }
+      if (!on_piece(ev.text)) {
+        cut = CutReason::kClientGone;
+        return false;
+      }
+      if (Clock::now() > job.deadline) {
+        cut = CutReason::kTimeout;
+        return false;
+      }
+      return true;
+    };
+    auto r = job.lease->engine().generate_request(gr);
+    tracker.on_finish();
+    if (r) {
+      const std::string& model = job.meta.model;
+      metrics.inc(kCompletionTokens, {{"model", model}}, r->completion_tokens);
+      auto s = tracker.summary();
+      if (index == 0 && s.tokens > 0) metrics.observe(kTtft, {{"model", model}}, s.ttft_ms / 1000.0);
+      for (double gap : s.itl_ms) metrics.observe(kItl, {{"model", model}}, gap / 1000.0);
+      if (r->finish_reason == engine::FinishReason::kCancelled) {
+        if (cut == CutReason::kNone) cut = stopping ? CutReason::kShutdown : CutReason::kTimeout;
+        const char* why = cut == CutReason::kClientGone ? "client_gone" : cut == CutReason::kTimeout ? "timeout" : "shutdown";
+        metrics.inc(kCancelled, {{"reason", why}});
+      }
+    }
+    return r;
+  }
+
+  static ApiError cut_error(CutReason cut) {
+    if (cut == CutReason::kTimeout) return overloaded("The request timed out while generating.", "timeout", 1);
+    return overloaded("The server is shutting down.", "shutting_down", 5);
+  }
+
+  void run_blocking(httplib::Response& res, Job& job) {
+    std::vector<Choice> choices;
+    Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
+    for (int i = 0; i < job.n; ++i) {
+      CutReason cut = CutReason::kNone;
+      auto r = run_choice(job, i, [](std::string_view) { return true; }, cut);
+      if (!r) return send_error(res, from_core_error(r.error(), 500));
+      if (r->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(cut));
+      usage.completion_tokens += r->completion_tokens;
+      choices.push_back(Choice{std::move(r->text), engine::finish_reason_name(r->finish_reason)});
+    }
+    job.lease.reset();  // the engine goes back before the body is sent
+    send_json(res, 200, build_response(job.meta, choices, usage));
+  }
+
+  void start_stream(httplib::Response& res, std::shared_ptr<Job> job) {
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider("text/event-stream", [this, job](size_t, httplib::DataSink& sink) {
+      auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+      bool alive = true;
+      Usage usage{static_cast<int64_t>(job->prompt.size()), 0};
+      for (int i = 0; i < job->n && alive; ++i) {
+        if (job->meta.endpoint == Endpoint::kChat) alive = write(sse_event(build_role_chunk(job->meta, i)));
+        if (!alive) break;
+        CutReason cut = CutReason::kNone;
+        auto on_piece = [&](std::string_view text) {
+          if (!alive || !sink.is_writable()) return alive = false;
+          if (!text.empty()) alive = write(sse_event(build_content_chunk(job->meta, i, text)));
+          return alive;
+        };
+        auto r = run_choice(*job, i, on_piece, cut);
+        if (!r) {
+          write(sse_event(from_core_error(r.error(), 500).to_json()));
+          break;
+        }
+        if (r->finish_reason == engine::FinishReason::kCancelled) {
+          if (cut != CutReason::kClientGone && alive) write(sse_event(cut_error(cut).to_json()));
+          alive = false;
+          break;
+        }
+        usage.completion_tokens += r->completion_tokens;
+        alive = write(sse_event(build_finish_chunk(job->meta, i, engine::finish_reason_name(r->finish_reason))));
+      }
+      job->lease.reset();  // free the replica before the last bytes go out
+      if (alive) {
+        if (job->include_usage) alive = write(sse_event(build_usage_chunk(job->meta, usage)));
+        if (alive) write(std::string(kSseDone));
+      }
+      sink.done();
+      return true;
+    });
+  }
+
+  // ---- models, health, metrics, admin -------------------------------------
+
+  std::vector<std::string> all_model_ids() const {
+    std::set<std::string> ids;
+    for (const auto& id : models->registered_ids()) ids.insert(id);
+    for (const auto& m : models->list()) ids.insert(m.id);
+    return {ids.begin(), ids.end()};
+  }
+
+  int64_t created_of(const std::string& id) const {
+    for (const auto& m : models->list())
+      if (m.id == id && m.created_unix > 0) return static_cast<int64_t>(m.created_unix);
+    return started_unix;
+  }
+
+  void handle_models(httplib::Response& res) {
+    json data = json::array();
+    for (const auto& id : all_model_ids()) data.push_back(model_object(id, created_of(id)));
+    send_json(res, 200, json{{"object", "list"}, {"data", data}});
+  }
+
+  void handle_model(const std::string& id, httplib::Response& res) {
+    auto ids = all_model_ids();
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+      ApiError e;
+      e.status = 404;
+      e.message = "The model '" + id + "' does not exist";
+      e.param = "model";
+      e.code = "model_not_found";
+      return send_error(res, e);
+    }
+    send_json(res, 200, model_object(id, created_of(id)));
+  }
+
+  json models_json() const {
+    json arr = json::array();
+    for (const auto& m : models->list()) {
+      json j{{"id", m.id},         {"path", m.path},           {"state", engine::model_state_name(m.state)},
+             {"in_flight", m.in_flight}, {"mem_bytes", m.mem_bytes}, {"pool_size", m.pool_size},
+             {"busy", m.busy}};
+      if (m.state == engine::ModelState::kFailed) j["reason"] = m.reason;
+      arr.push_back(std::move(j));
+    }
+    return arr;
+  }
+
+  void handle_health(httplib::Response& res) {
+    const size_t loaded = models->loaded_count();
+    json body{{"status", loaded > 0 && !stopping ? "ok" : (stopping ? "shutting_down" : "unavailable")},
+              {"models_loaded", loaded},
+              {"models", models_json()}};
+    if (loaded == 0) {
+      for (const auto& m : models->list())
+        if (m.state == engine::ModelState::kLoading) body["status"] = "loading";
+    }
+    send_json(res, loaded > 0 && !stopping ? 200 : 503, body);
+  }
+
+  void refresh_gauges() {
+    auto rows = models->list();
+    for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting}) metrics.clear(g);
+    size_t loaded = 0;
+    for (const auto& m : rows) {
+      if (m.state != engine::ModelState::kLoaded) continue;
+      ++loaded;
+      metrics.set(kPoolSize, {{"model", m.id}}, m.pool_size);
+      metrics.set(kPoolBusy, {{"model", m.id}}, m.busy);
+      metrics.set(kModelBytes, {{"model", m.id}}, static_cast<double>(m.mem_bytes));
+    }
+    {
+      std::lock_guard lock(wait_mu);
+      for (const auto& [id, w] : waiting) metrics.set(kWaiting, {{"model", id}}, w);
+    }
+    metrics.set(kModelsLoaded, {}, static_cast<double>(loaded));
+    metrics.set(kMemoryBytes, {}, static_cast<double>(models->current_mem_bytes()));
+    metrics.set(kBudgetBytes, {}, static_cast<double>(models->mem_budget_bytes()));
+  }
+
+  void handle_admin_list(httplib::Response& res) {
+    send_json(res, 200, json{{"object", "list"},
+                             {"data", models_json()},
+                             {"capacity", models->capacity()},
+                             {"mem_budget_bytes", models->mem_budget_bytes()},
+                             {"mem_bytes", models->current_mem_bytes()}});
+  }
+
+  static std::optional<ApiError> parse_admin_body(const httplib::Request& req, json& body) {
+    body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return bad_request("The request body must be a JSON object.", {}, "invalid_json");
+    auto id = body.find("id");
+    if (id == body.end() || !id->is_string() || id->get<std::string>().empty())
+      return bad_request("Missing required parameter: 'id' (a non-empty string).", "id", "missing_required_parameter");
+    return std::nullopt;
+  }
+
+  void handle_admin_load(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (auto e = parse_admin_body(req, body)) return send_error(res, *e);
+    const std::string id = body["id"].get<std::string>();
+    engine::ModelSpec spec = opt.default_spec;
+    auto path = body.find("path");
+    if (path != body.end()) {
+      if (!path->is_string()) return send_error(res, bad_request("Invalid type for 'path': expected a string.", "path", "invalid_type"));
+      spec.path = path->get<std::string>();
+    } else if (!models->is_registered(id)) {
+      return send_error(res, bad_request("Missing required parameter: 'path' (model '" + id + "' is not registered).",
+                                         "path", "missing_required_parameter"));
+    }
+    for (const char* f : {"pool_size", "ctx_size"}) {
+      auto it = body.find(f);
+      if (it == body.end() || it->is_null()) continue;
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1'000'000)
+        return send_error(res, bad_request(std::string("Invalid '") + f + "': expected a non-negative integer.", f, "invalid_value"));
+      (std::string(f) == "pool_size" ? spec.pool_size : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
+    }
+    if (path != body.end()) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(spec.path, ec))
+        return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
+      models->loader_register(id, spec);
+    }
+    auto r = models->load_in_background(id);
+    if (!r) {
+      ApiError e = from_core_error(r.error());
+      if (r.error().code == core::Errc::kInvalidArgument) {
+        e.status = 409;
+        e.code = "conflict";
+      }
+      return send_error(res, e);
+    }
+    send_json(res, 202, json{{"id", id}, {"state", "loading"}});
+  }
+
+  void handle_admin_unload(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (auto e = parse_admin_body(req, body)) return send_error(res, *e);
+    const std::string id = body["id"].get<std::string>();
+    auto r = models->unload(id);
+    if (!r) {
+      ApiError e = from_core_error(r.error());
+      if (r.error().code == core::Errc::kNotFound) e.code = "model_not_loaded";
+      if (r.error().code == core::Errc::kInvalidArgument) {
+        e.status = 409;
+        e.code = "conflict";
+      }
+      return send_error(res, e);
+    }
+    send_json(res, 200, json{{"id", id}, {"state", "unloaded"}});
+  }
+};
+
+Server::Server(std::shared_ptr<engine::ModelPool> models, ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(models), std::move(options))) {}
+
+Server::~Server() { stop(); }
+
+core::Expected<int> Server::bind() {
+  auto& o = impl_->opt;
+  int port = o.port;
+  if (port == 0) {
+    port = impl_->http.bind_to_any_port(o.host);
+    if (port < 0) return core::fail(core::Errc::kIo, "cannot listen on " + o.host + " (any port)");
+  } else if (!impl_->http.bind_to_port(o.host, port)) {
+    return core::fail(core::Errc::kIo, "cannot listen on " + o.host + ":" + std::to_string(port) +
+                                           " (address in use, or not a local address)");
+  }
+  return port;
+}
+
+void Server::run() { impl_->http.listen_after_bind(); }
+
+void Server::stop() {
+  if (!impl_) return;
+  impl_->stopping = true;
+  impl_->models->close_all();
+  impl_->http.stop();
+}
+
+MetricsRegistry& Server::metrics() { return impl_->metrics; }
+
+}  // namespace bonsai::server

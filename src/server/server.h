@@ -1,0 +1,67 @@
+// The OpenAI-compatible HTTP server behind `bonsai serve` (cpp-httplib).
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+// GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and the
+// admin routes GET /admin/models, POST /admin/models/load (202, background
+// load), POST /admin/models/unload.
+//
+// One request: parse + validate (400) -> ModelPool::acquire (404 unknown,
+// 503 loading) -> tokenize (chat template) -> context check (400
+// context_length_exceeded) -> bounded admission (503 + Retry-After when
+// queue_factor x pool size requests already wait) -> EnginePool::acquire with
+// the request deadline (503 + Retry-After) -> generate, streamed as SSE or
+// returned as one body -> lease dropped (engine back, then permit).
+//
+// A streaming client that disconnects is noticed before the next decode step
+// (the token callback checks the socket) and its generation stops, freeing
+// the engine. stop() cancels in-flight generations, closes the pools and
+// stops the listener.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "engine/model_pool.h"  // ModelPool, ModelSpec
+#include "server/metrics.h"     // MetricsRegistry
+
+namespace bonsai::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                   // 0: any free port (see bind())
+  std::string api_key;               // non-empty: /v1 and /admin need "Authorization: Bearer KEY"
+  size_t max_body_bytes = 4u << 20;  // larger bodies: 413
+  double timeout_s = 600;            // per request: waiting for an engine + generating
+  int queue_factor = 4;              // requests allowed to wait per replica before 503
+  int http_threads = 0;              // connection threads; 0: 64
+  std::string default_model;         // used when a request names no model
+  engine::ModelSpec default_spec;    // pool size / context / sampling for admin loads
+};
+
+class Server {
+ public:
+  // `models` is shared with the caller (which registers and preloads models).
+  Server(std::shared_ptr<engine::ModelPool> models, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the listening socket. Returns the port (the chosen one when
+  // options.port is 0). Errors: kIo naming host:port.
+  core::Expected<int> bind();
+  // Serves until stop(). Call after bind().
+  void run();
+  // Graceful shutdown, callable from any thread (e.g. a signal thread):
+  // stops accepting, cancels in-flight generations at their next decode
+  // step, closes every engine pool, and makes run() return.
+  void stop();
+
+  MetricsRegistry& metrics();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bonsai::server
