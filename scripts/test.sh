@@ -6,4 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 BUILD_DIR="${BUILD_DIR:-build}"
+./scripts/fuzz.sh "${FUZZ_SECONDS:-60}"  # GGUF reader under libFuzzer+ASan/UBSan; fails on any crash
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
