@@ -145,6 +145,21 @@ std::vector<Candidate> filter_candidates(std::span<const float> logits,
     std::erase_if(c, [&](const Candidate& x) { return x.logit < threshold; });
     if (c.empty()) c.push_back({argmax(logits), max_l, 0.0f});  // unreachable: max survives
   }
+  if (!sorted && params.top_p < 1.0f) {
+    // top_p needs only the sorted prefix that reaches top_p: sort the first k
+    // (k = 256, 1024, ...) until that prefix reaches it. Same prefix as a full
+    // sort (strict total order), at O(n log k) instead of O(n log n).
+    for (size_t k = 256; k < c.size(); k *= 4) {
+      std::partial_sort(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(k), c.end(), before);
+      double cum = 0.0;
+      for (size_t i = 0; i < k && cum < params.top_p; ++i) cum += std::exp(static_cast<double>(c[i].logit) - max_l) / z;
+      if (cum >= params.top_p) {
+        c.resize(k);
+        sorted = true;
+        break;
+      }
+    }
+  }
   if (!sorted) std::sort(c.begin(), c.end(), before);
 
   // 4. top_p over the top_k survivors' probabilities.

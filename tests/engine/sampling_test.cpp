@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -160,6 +161,39 @@ TEST(Filter, TiesBreakByLowestId) {
   EXPECT_EQ(c[0].id, 1);
   EXPECT_EQ(c[1].id, 2);
   EXPECT_EQ(argmax(tie), 1);
+}
+
+TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
+  // The partial-sort fast path must keep exactly the prefix a full sort keeps.
+  Rng r(3);
+  std::vector<float> l(20000);
+  for (auto& x : l) x = static_cast<float>(r.next_double() * 12.0 - 6.0);
+  l[17] = 14.0f;  // a peak, so small top_p stops early
+  for (float top_p : {0.05f, 0.5f, 0.9f, 0.999f}) {
+    SamplingParams p = off();
+    p.top_p = top_p;
+    const auto c = filter_candidates(l, p);
+    // Naive: sort everything (logit desc, id asc), cut where the cumulative
+    // softmax first reaches top_p.
+    std::vector<int32_t> ids(l.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+      return l[a] > l[b] || (l[a] == l[b] && a < b);
+    });
+    double z = 0;
+    for (float x : l) z += std::exp(static_cast<double>(x) - 14.0);
+    size_t keep = ids.size();
+    double cum = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      cum += std::exp(static_cast<double>(l[ids[i]]) - 14.0) / z;
+      if (cum >= top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    ASSERT_EQ(c.size(), keep) << "top_p " << top_p;
+    for (size_t i = 0; i < keep; ++i) ASSERT_EQ(c[i].id, ids[i]) << "top_p " << top_p << " rank " << i;
+  }
 }
 
 TEST(Penalties, RepeatPenaltyDividesPositiveMultipliesNegative) {
