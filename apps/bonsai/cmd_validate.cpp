@@ -1,20 +1,88 @@
-// PLACEHOLDER until its owner implements it: registers `bonsai validate`,
-// which reports that it is not built yet and exits 2.
+// `bonsai validate -m FILE [--q2-layout L]`: exit 0 when FILE is a loadable
+// Qwen3 (Bonsai) or llama model — the GGUF parses, every required key and
+// tensor is present with the right shape and a type the kernels compute on,
+// and its tokenizer (if it declares one) builds — else exit 1 with every
+// problem listed on stderr, one per line.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "apps/bonsai/commands.h"
+#include "core/ggml_types.h"      // parse_q2_layout
+#include "gguf/gguf.h"            // File
+#include "model/model.h"          // check_model, ModelConfig
+#include "tokenizer/tokenizer.h"  // Tokenizer
 
 namespace bonsai::app {
+namespace {
+
+struct ValidateOptions {
+  std::string model_path;
+  std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT
+};
+
+const char* arch_label(model::Arch a) { return a == model::Arch::kQwen3 ? "qwen3" : "llama"; }
+
+int run_validate(const ValidateOptions& o) {
+  gguf::OpenOptions open_options;
+  std::string layout = o.q2_layout;
+  if (layout.empty()) {
+    if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
+  }
+  if (!layout.empty()) {
+    open_options.q2_layout = core::parse_q2_layout(layout);
+    if (!open_options.q2_layout) {
+      std::cerr << "bonsai validate: unknown Q2_0 layout '" << layout
+                << "' (expected g64, g128-d-first or g128-qs-first)\n";
+      return 2;
+    }
+  }
+  auto file = gguf::File::open(o.model_path, open_options);
+  if (!file) {
+    std::cerr << o.model_path << ": INVALID\n  " << file.error().message << "\n";
+    return 1;
+  }
+  std::vector<std::string> problems = model::check_model(**file);
+  if ((*file)->has("tokenizer.ggml.model")) {
+    auto tok = tokenizer::Tokenizer::from_gguf(**file);
+    if (!tok) problems.push_back("tokenizer: " + tok.error().message);
+  }
+  if (!problems.empty()) {
+    std::cerr << o.model_path << ": INVALID (" << problems.size() << " problem"
+              << (problems.size() == 1 ? "" : "s") << ")\n";
+    for (const auto& p : problems) std::cerr << "  " << p << "\n";
+    return 1;
+  }
+  // check_model passed, so the config parses.
+  auto c = model::ModelConfig::from_gguf(**file);
+  if (!c) {
+    std::cerr << o.model_path << ": INVALID\n  " << c.error().message << "\n";
+    return 1;
+  }
+  std::cout << o.model_path << ": OK: " << arch_label(c->arch) << ", " << c->n_layer << " layers, n_embd "
+            << c->n_embd << ", " << c->n_head << "/" << c->n_head_kv << " heads, head_dim " << c->head_dim_k
+            << ", n_ff " << c->n_ff << ", n_vocab " << c->n_vocab << ", context " << c->n_ctx_train
+            << (c->tied_output ? ", tied output" : ", untied output") << ", " << (*file)->tensors().size()
+            << " tensors";
+  if (const auto l = (*file)->q2_layout()) std::cout << ", Q2_0 layout " << core::q2_layout_name(*l);
+  if (!(*file)->has("tokenizer.ggml.model")) std::cout << " (no tokenizer)";
+  std::cout << "\n";
+  return 0;
+}
+
+}  // namespace
 
 void register_validate(CLI::App& app) {
-  auto* cmd = app.add_subcommand("validate", "Check that a GGUF is a loadable model (not implemented yet)");
-  cmd->allow_extras();
-  cmd->callback([] {
-    std::cerr << "bonsai validate: not implemented yet\n";
-    set_exit_code(2);
-  });
+  auto opts = std::make_shared<ValidateOptions>();
+  auto* cmd = app.add_subcommand("validate", "Check that a GGUF is a loadable Qwen3/llama model");
+  cmd->add_option("-m,--model", opts->model_path, "GGUF model file")->required();
+  cmd->add_option("--q2-layout", opts->q2_layout,
+                  "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
+  cmd->callback([opts] { set_exit_code(run_validate(*opts)); });
 }
 
 }  // namespace bonsai::app

@@ -1,0 +1,175 @@
+// End-to-end: `bonsai validate` on every shared .gguf (exit 0) and on broken
+// files (exit != 0, every problem listed); `bonsai logits --json` prints the
+// top-k of the forward pass run in-process.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "model_test_util.h"
+
+namespace bonsai::model {
+namespace {
+
+std::string bonsai_bin() { return (test::binary_dir() / "apps" / "bonsai" / "bonsai").string(); }
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout + stderr
+};
+
+RunResult run_cmd(const std::string& args) {
+  RunResult r;
+  std::string cmd;
+  cmd.append(1, '\'').append(bonsai_bin()).append("' ").append(args).append(" 2>&1");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+#define REQUIRE_BONSAI_BIN()                                                         \
+  do {                                                                               \
+    if (!std::filesystem::exists(bonsai_bin())) GTEST_SKIP() << "bonsai not built"; \
+  } while (0)
+
+TEST(CliValidate, EverySharedGgufIsValid) {
+  REQUIRE_BONSAI_BIN();
+  int n = 0;
+  for (const char* dir : {"fixtures", "models/stories260K", "models/llama-2-tiny-random"}) {
+    const auto d = test::shared_path(dir);
+    if (!std::filesystem::exists(d)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(d)) {
+      if (e.path().extension() != ".gguf") continue;
+      const auto r = run_cmd("validate -m '" + e.path().string() + "'");
+      EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.out;
+      EXPECT_NE(r.out.find(": OK:"), std::string::npos) << r.out;
+      ++n;
+    }
+  }
+  if (n == 0) BONSAI_REQUIRE_FILE(test::shared_path("fixtures/qwen3-tiny-q1_0.gguf"));
+  EXPECT_GE(n, 8);
+}
+
+TEST(CliValidate, BrokenFilesFailListingEveryProblem) {
+  REQUIRE_BONSAI_BIN();
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string pid = std::to_string(::getpid());
+  // Not a GGUF at all.
+  {
+    const auto path = (dir / ("bonsai_cli_garbage_" + pid + ".gguf")).string();
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs("this is not a gguf file", f);
+    std::fclose(f);
+    const auto r = run_cmd("validate -m '" + path + "'");
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("INVALID"), std::string::npos) << r.out;
+    std::filesystem::remove(path);
+  }
+  // A qwen3 file with keys but no tensors: every missing tensor is listed.
+  {
+    gguf::Writer w;
+    w.set_string("general.architecture", "qwen3");
+    w.set_u32("qwen3.block_count", 1);
+    w.set_u32("qwen3.context_length", 64);
+    w.set_u32("qwen3.embedding_length", 32);
+    w.set_u32("qwen3.feed_forward_length", 64);
+    w.set_u32("qwen3.attention.head_count", 4);
+    w.set_f32("qwen3.attention.layer_norm_rms_epsilon", 1e-6f);
+    std::vector<uint8_t> data(32 * 10 * 4, 0);
+    ASSERT_TRUE(w.add_tensor("token_embd.weight", core::GgmlType::F32, {32, 10}, data).has_value());
+    const auto path = (dir / ("bonsai_cli_notensors_" + pid + ".gguf")).string();
+    ASSERT_TRUE(w.write(path).has_value());
+    const auto r = run_cmd("validate -m '" + path + "'");
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    for (const char* t : {"output_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.weight",
+                          "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
+                          "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "blk.0.ffn_norm.weight",
+                          "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"}) {
+      EXPECT_NE(r.out.find(t), std::string::npos) << t << "\n" << r.out;
+    }
+    EXPECT_NE(r.out.find("12 problems"), std::string::npos) << r.out;
+    std::filesystem::remove(path);
+  }
+  // Missing file.
+  EXPECT_NE(run_cmd("validate -m /nonexistent/model.gguf").exit_code, 0);
+}
+
+TEST(CliLogits, JsonMatchesInProcessForward) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  const auto r = run_cmd("logits -m '" + path + "' --ids 1,403,407,261 --top-k 3 --json -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("tokens"), nlohmann::json({1, 403, 407, 261}));
+  const auto& top = j.at("top");
+  ASSERT_EQ(top.size(), 4u);
+
+  auto model = testing::load_or_fail(path);
+  ASSERT_TRUE(model);
+  core::ThreadPool pool(1);
+  Workspace ws;
+  auto cache = KvCache::create(model->config(), 8);
+  ASSERT_TRUE(cache.has_value());
+  const std::vector<int32_t> ids = {1, 403, 407, 261};
+  const auto logits = testing::run_sequence(*model, ids, 0, *cache, ws, pool, true);
+  const int64_t V = model->config().n_vocab;
+  for (size_t pos = 0; pos < 4; ++pos) {
+    ASSERT_EQ(top[pos].size(), 3u);
+    const auto row = std::span<const float>(logits).subspan(pos * V, V);
+    EXPECT_EQ(top[pos][0][0].get<int32_t>(), testing::argmax(row)) << pos;
+    float prev = INFINITY;
+    for (const auto& e : top[pos]) {
+      const int32_t id = e[0].get<int32_t>();
+      const float v = e[1].get<float>();
+      EXPECT_FLOAT_EQ(v, row[id]);
+      EXPECT_LE(v, prev);
+      prev = v;
+    }
+  }
+  // The greedy continuation of BOS in stories260K is 403 ("Once"), then 407, 261.
+  EXPECT_EQ(top[0][0][0].get<int32_t>(), 403);
+  EXPECT_EQ(top[1][0][0].get<int32_t>(), 407);
+  EXPECT_EQ(top[2][0][0].get<int32_t>(), 261);
+}
+
+TEST(CliLogits, BadArgumentsFail) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  EXPECT_NE(run_cmd("logits -m '" + path + "' --ids 1,100000").exit_code, 0);  // id >= n_vocab
+  EXPECT_NE(run_cmd("logits -m '" + path + "' --ids 1,abc").exit_code, 0);
+  EXPECT_NE(run_cmd("logits -m '" + path + "'").exit_code, 0);                   // neither -p nor --ids
+  EXPECT_NE(run_cmd("logits -m '" + path + "' -p hi --ids 1").exit_code, 0);    // both
+  EXPECT_NE(run_cmd("logits -m /nonexistent.gguf --ids 1").exit_code, 0);
+}
+
+TEST(CliLogits, PromptIsTokenized) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  // prompts.json "english": its prompt_ids are 785 3974 13876 ... 13.
+  const auto r = run_cmd("logits -m '" + path + "' -p 'The quick brown fox jumps over the lazy dog.' --special --top-k 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("tokens"), nlohmann::json({785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13}));
+  EXPECT_EQ(j.at("top").size(), 10u);
+}
+
+}  // namespace
+}  // namespace bonsai::model
