@@ -85,9 +85,13 @@ std::vector<std::string_view> RegexSplitter::split(std::string_view text) const 
   size_t pos = 0;
   size_t last_end = 0;
   while (pos < text.size()) {
-    const int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md,
-                               nullptr);
-    if (rc < 0) break;  // no further match (or a match error): rest is one piece
+    int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+      // JIT stack exhausted or similar: retry with the interpreter (heap-based).
+      rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
+                       nullptr);
+    }
+    if (rc < 0) break;  // no further match (or a persistent error): rest is one piece
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t start = ov[0];
     size_t end = ov[1];
