@@ -2,3 +2,5 @@
 # Fake-engine / fake-loader tests: pool semantics only.
 bonsai_add_test(engine_pool_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/engine_pool_test.cpp LIBS bonsai_engine TIMEOUT 120)
 bonsai_add_test(model_pool_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_pool_test.cpp LIBS bonsai_engine TIMEOUT 120)
+# Real replicas on ../shared/models/stories260K (skips without the fixture).
+bonsai_add_test(engine_pool_real_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/engine_pool_real_test.cpp LIBS bonsai_engine TIMEOUT 300)
