@@ -494,7 +494,9 @@ void Tokenizer::Impl::spm_text(std::string_view text, std::vector<TokenId>& out)
   std::vector<Symbol> sym;
   for (size_t off = 0; off < text.size();) {
     const uint8_t c = static_cast<uint8_t>(text[off]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    // llama.cpp unicode_len_utf8: length from the high nibble of the lead byte.
+    static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    size_t len = kLen[c >> 4];
     len = std::min(len, text.size() - off);
     const int idx = static_cast<int>(sym.size());
     sym.push_back(Symbol{idx - 1, off + len == text.size() ? -1 : idx + 1, off, len});

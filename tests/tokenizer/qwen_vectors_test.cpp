@@ -131,6 +131,46 @@ TEST(QwenTokenizer, Qwen3Corpus) {
   EXPECT_GT(roundtrips, 200);
 }
 
+std::string hex(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (char ch : bytes) {
+    const auto c = static_cast<unsigned char>(ch);
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
+}
+
+// The model goldens: llama.cpp's prompt ids for the 11 prompts (special
+// tokens parsed) and the byte pieces of its 24 greedy tokens per prompt.
+TEST(QwenTokenizer, GoldenPromptIdsAndPieces) {
+  const auto path = test::shared_path("fixtures/golden/qwen3-tiny-q1_0.json");
+  BONSAI_REQUIRE_FILE(path);
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
+  auto tok = load_tokenizer(kQwenGguf);
+  ASSERT_NE(tok, nullptr);
+  const auto golden = nlohmann::json::parse(read_file(path));
+  const auto& prompts = golden.at("prompts");
+  ASSERT_EQ(prompts.size(), 11u);
+  for (const auto& p : prompts) {
+    const std::string name = p.at("name").get<std::string>();
+    const auto ids = tok->encode(p.at("text").get<std::string>(), p.at("parse_special").get<bool>());
+    EXPECT_EQ(ids, ids_of(p.at("prompt_ids"))) << name;
+    const auto greedy = ids_of(p.at("greedy_ids"));
+    const auto& pieces_hex = p.at("greedy_pieces_hex");
+    ASSERT_EQ(pieces_hex.size(), greedy.size()) << name;
+    std::string all;
+    for (size_t i = 0; i < greedy.size(); ++i) {
+      EXPECT_EQ(hex(tok->token_to_bytes(greedy[i])), pieces_hex[i].get<std::string>())
+          << name << " token " << greedy[i];
+      all += tok->token_to_bytes(greedy[i]);
+    }
+    EXPECT_EQ(hex(all), p.at("greedy_text_hex").get<std::string>()) << name;
+    EXPECT_EQ(hex(tok->decode(greedy)), p.at("greedy_text_hex").get<std::string>()) << name;
+  }
+}
+
 TEST(QwenTokenizer, PreTokenizerRules) {
   BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
   auto tok = load_tokenizer(kQwenGguf);
