@@ -112,3 +112,57 @@ TEST(QwenDecode, FlushReplacesUnfinishedCharacter) {
 
 }  // namespace
 }  // namespace bonsai::tokenizer
+
+namespace bonsai::tokenizer {
+namespace {
+
+// Random mixes of ASCII, accents (composed and combining), CJK, emoji with
+// ZWJ/skin tones, whitespace and special-token text: encode never crashes,
+// plain encoding round-trips to the NFC text, and streaming matches decode.
+TEST(QwenDecode, RandomTextRoundTrips) {
+  BONSAI_REQUIRE_FILE(test::shared_path(testing::kQwenGguf));
+  auto tok = testing::load_tokenizer(testing::kQwenGguf);
+  ASSERT_NE(tok, nullptr);
+  const std::vector<std::string> atoms = {
+      "a", "Z", " ", "  ", "\n", "\t", "\r\n", "7", "42", "'s", "'LL", "->", "!!", "é", "e\xCC\x81",
+      "\xC3\x85", "A\xCC\x8A", "猫", "世界", "🦙", "😶\u200d🌫️", "👍🏽", "\u00A0", "\u3000", "\u0085",
+      "<|im_end|>", "<think>", "Ω", "ﬁ", "\xF0\x9D\x94\x98"};
+  uint64_t state = 0x9E3779B97F4A7C15ull;  // splitmix64, fixed seed
+  auto next = [&] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string text;
+    const int n = 1 + static_cast<int>(next() % 24);
+    for (int i = 0; i < n; ++i) text += atoms[next() % atoms.size()];
+    const auto ids = tok->encode(text, false);
+    EXPECT_EQ(tok->decode(ids), unicode::nfc(text)) << "text: " << text;
+    IncrementalDecoder dec(*tok);
+    std::string streamed;
+    for (TokenId id : tok->encode(text, true)) {
+      const std::string piece = dec.push(id);
+      EXPECT_TRUE(is_valid_utf8(piece));
+      streamed += piece;
+    }
+    EXPECT_EQ(dec.pending_bytes(), 0u);
+    EXPECT_TRUE(is_valid_utf8(streamed));
+  }
+  // Arbitrary bytes: no crash, output stays valid UTF-8 when streamed.
+  for (int iter = 0; iter < 200; ++iter) {
+    std::string bytes;
+    const int n = static_cast<int>(next() % 40);
+    for (int i = 0; i < n; ++i) bytes.push_back(static_cast<char>(next() & 0xFF));
+    const auto ids = tok->encode(bytes, true);
+    IncrementalDecoder dec(*tok);
+    std::string streamed;
+    for (TokenId id : ids) streamed += dec.push(id);
+    streamed += dec.flush();
+    EXPECT_TRUE(is_valid_utf8(streamed));
+  }
+}
+
+}  // namespace
+}  // namespace bonsai::tokenizer

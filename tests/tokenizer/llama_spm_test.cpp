@@ -117,5 +117,40 @@ TEST(Llama2Tokenizer, HelloWorld) {
   EXPECT_EQ(tok->decode(ids), emoji);
 }
 
+// Cases of llama.cpp's test-tokenizer-0 vectors for the Llama SentencePiece
+// vocabulary (ggml-vocab-llama-spm), tokenized without BOS. Each id's text is
+// checked too, so the expectation can be read off the vocabulary: "▁▁" for a
+// lone space (prefix + space), a lone "▁" before byte-fallback characters.
+TEST(Llama2Tokenizer, LlamaCppSpmVectors) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kLlama2Gguf));
+  auto tok = load_tokenizer(kLlama2Gguf);
+  ASSERT_NE(tok, nullptr);
+  struct Case {
+    std::string text;
+    std::vector<TokenId> ids;
+  };
+  const std::vector<Case> cases = {
+      {"", {}},
+      {" ", {259}},
+      {"  ", {1678}},
+      {"   ", {268}},
+      {"\t", {29871, 12}},
+      {"\n", {29871, 13}},
+      {"Hello world", {15043, 3186}},
+      {" Hello world", {29871, 15043, 3186}},
+      {"Hello World", {15043, 2787}},
+      {" this is 🦙.cpp", {29871, 445, 338, 29871, 243, 162, 169, 156, 29889, 8223}},
+      {"w048 7tuijk dsdfhu", {281, 29900, 29946, 29947, 29871, 29955, 9161, 13535, 18031, 2176, 6905}},
+      {"нещо на Български", {1538, 4851, 665, 1386, 29713, 1305}},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(tok->encode(c.text), c.ids) << "'" << c.text << "'";
+    EXPECT_EQ(tok->decode(c.ids), c.text);
+  }
+  EXPECT_EQ(tok->token_text(259), "▁▁");
+  EXPECT_EQ(tok->token_text(29871), "▁");
+  EXPECT_EQ(tok->token_text(243), "<0xF0>");
+}
+
 }  // namespace
 }  // namespace bonsai::tokenizer
