@@ -1,8 +1,428 @@
-// avx2 tier (placeholder until implemented): not built into this binary.
+// AVX2 tier (AVX2 + FMA + F16C). Compiled with its own ISA flags
+// (src/kernels/CMakeLists.txt) and only called when kernels.cpp's CPUID check
+// passes. Intrinsics and internal-linkage helpers only (see internal.h).
+//
+// Quantized weights follow internal.h's scheme (exact int32 sums per
+// 32-value activation sub-block, fp32 scaling). Activations are rearranged
+// per weight block so that weights expand with broadcasts, uniform shifts
+// and ANDs only:
+//   * Q1_0: the 16 sign bytes are broadcast to both 128-bit halves; vector
+//     k (0..3) byte p holds element 8*(p%16) + 2k + p/16, whose sign is bit
+//     2k + p/16 of byte p%16. (bits & pattern) min 1 gives 0/1 weights;
+//     pmaddubsw sums bit*q pairs, the four vectors' int16 sums are added
+//     (|sum| <= 1016) and pmaddwd widens to int32 lanes; each lane lies in
+//     one sub-block. isum = 2 * sum(bit*q) - sum(q).
+//   * Q2_0 g64: codes broadcast to both halves; vector k (0..1) byte p holds
+//     element 4*(p%16) + 2k + p/16 (code = bits of byte p%16 shifted by
+//     2*(2k + p/16), a per-64-bit-lane shift).
+//   * Q2_0 g128: the 32 code bytes as one vector; vector k (0..3) byte p
+//     holds element 4p + k (code = (byte >> 2k) & 3), remapped 3 -> 1.
+//   Weight bytes are codes c in 0..3 (u8) and isum = sum(c*q) - sum(q).
 #include "kernels/internal.h"
 
-namespace bonsai::kernels::detail {
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
-const TierOps* avx2_ops() { return nullptr; }
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace bonsai::kernels::detail {
+namespace {
+
+alignas(64) float g_fp16_lut[65536];
+
+void init_tables() {
+  for (int i = 0; i < 65536; i += 8) {
+    alignas(16) uint16_t h[8];
+    for (int k = 0; k < 8; ++k) h[k] = static_cast<uint16_t>(i + k);
+    _mm256_store_ps(g_fp16_lut + i, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h))));
+  }
+}
+
+void init_once() {
+  static const bool done = (init_tables(), true);
+  (void)done;
+}
+
+inline float lut_fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return g_fp16_lut[h];
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3, kFamQ8 = 4 };
+
+template <int F>
+struct Geo;
+template <>
+struct Geo<kFamQ1> {
+  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0, kVecs = 4;
+};
+template <>
+struct Geo<kFamG64> {
+  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0, kVecs = 2;
+};
+template <>
+struct Geo<kFamG128D> {
+  static constexpr int kElems = 128, kBytes = 34, kQs = 2, kD = 0, kVecs = 4;
+};
+template <>
+struct Geo<kFamG128Qs> {
+  static constexpr int kElems = 128, kBytes = 34, kQs = 0, kD = 32, kVecs = 4;
+};
+
+struct Consts {
+  __m256i pat[4];   // Q1: bit 2k + p/16 at byte p
+  __m256i sh[2];    // G64: per-64-bit-lane shifts 2*(2k + half)
+  __m256i one8, three8, one16, remap;
+};
+
+Consts make_consts() {
+  Consts c;
+  for (int k = 0; k < 4; ++k) {
+    alignas(32) uint8_t p[32];
+    for (int i = 0; i < 32; ++i) p[i] = static_cast<uint8_t>(1u << (2 * k + i / 16));
+    c.pat[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  for (int k = 0; k < 2; ++k) {
+    c.sh[k] = _mm256_setr_epi64x(4 * k, 4 * k, 4 * k + 2, 4 * k + 2);
+  }
+  c.one8 = _mm256_set1_epi8(1);
+  c.three8 = _mm256_set1_epi8(3);
+  c.one16 = _mm256_set1_epi16(1);
+  c.remap = _mm256_setr_epi8(0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1,
+                             0, 1, 2, 1);
+  return c;
+}
+
+// Expands one block's weights into kVecs u8 vectors (0/1 for Q1, codes for Q2).
+template <int F>
+inline void expand(const uint8_t* blk, const Consts& c, __m256i* wv) {
+  if constexpr (F == kFamQ1) {
+    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    for (int k = 0; k < 4; ++k) wv[k] = _mm256_min_epu8(_mm256_and_si256(bq, c.pat[k]), c.one8);
+  } else if constexpr (F == kFamG64) {
+    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    for (int k = 0; k < 2; ++k) wv[k] = _mm256_and_si256(_mm256_srlv_epi64(bq, c.sh[k]), c.three8);
+  } else {
+    const __m256i bq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + Geo<F>::kQs));
+    wv[0] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(bq, c.three8));
+    wv[1] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(_mm256_srli_epi16(bq, 2), c.three8));
+    wv[2] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(_mm256_srli_epi16(bq, 4), c.three8));
+    wv[3] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(_mm256_srli_epi16(bq, 6), c.three8));
+  }
+}
+
+// int32 lane sums (8 lanes) of one block against prepared activations.
+template <int F>
+inline __m256i block_dot(const __m256i* wv, const int8_t* xq, const int32_t* neg, const Consts& c) {
+  __m256i s16 = _mm256_maddubs_epi16(wv[0], _mm256_load_si256(reinterpret_cast<const __m256i*>(xq)));
+  for (int k = 1; k < Geo<F>::kVecs; ++k) {
+    s16 = _mm256_add_epi16(s16,
+                           _mm256_maddubs_epi16(wv[k], _mm256_load_si256(reinterpret_cast<const __m256i*>(xq + 32 * k))));
+  }
+  __m256i s32 = _mm256_madd_epi16(s16, c.one16);
+  if constexpr (F == kFamQ1) s32 = _mm256_add_epi32(s32, s32);  // 2 * sum(bit * q)
+  return _mm256_add_epi32(s32, _mm256_load_si256(reinterpret_cast<const __m256i*>(neg)));
+}
+
+template <int F, int C>
+void micro(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t j0, float* y, int64_t y_ld, int64_t r,
+           const Consts& c) {
+  constexpr int E = Geo<F>::kElems;
+  const int64_t cols = a.cols;
+  __m256 out[C];
+  for (int k = 0; k < C; ++k) out[k] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * Geo<F>::kBytes;
+    __m256i wv[4];
+    expand<F>(blk, c, wv);
+    const __m256 dw = _mm256_set1_ps(lut_fp16(blk + Geo<F>::kD));
+    for (int k = 0; k < C; ++k) {
+      const int64_t j = j0 + k;
+      const __m256i acc = block_dot<F>(wv, a.qp + j * cols + b * E, a.lane_neg + j * (cols / 4) + b * 8, c);
+      const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(a.lane_d + j * (cols / 4) + b * 8));
+      out[k] = _mm256_fmadd_ps(t, dw, out[k]);
+    }
+  }
+  for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r] = hsum8(out[k]);
+}
+
+template <int F>
+void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
+  static const Consts c = make_consts();
+  const int64_t nb = w.cols / Geo<F>::kElems;
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) micro<F, 4>(row, nb, a, j, y, w.rows, r, c);
+    for (; j < n; ++j) micro<F, 1>(row, nb, a, j, y, w.rows, r, c);
+  }
+}
+
+void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
+  const int64_t nb = w.cols / 32;
+  const __m256i one16 = _mm256_set1_epi16(1);
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const int8_t* xq = a.q + j * a.cols;
+      const float* xd = a.d + j * (a.cols / 32);
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * 34;
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+        // |w| * sign(w) x: pmaddubsw pairs are at most 2 * 128 * 127, no saturation.
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), one16);
+        const __m256 sc = _mm256_set1_ps(lut_fp16(blk) * xd[b]);
+        if (b & 1) {
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc1);
+        } else {
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc0);
+        }
+      }
+      y[j * w.rows + r] = hsum8(_mm256_add_ps(acc0, acc1));
+    }
+  }
+}
+
+inline __m256 load8_f32(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+inline __m256 load8_f16(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8_bf16(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+float scalar_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+float scalar_f16(const uint8_t* p) { return lut_fp16(p); }
+float scalar_bf16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+
+template <int kEs, __m256 (*Load)(const uint8_t*), float (*Scalar)(const uint8_t*)>
+void rows_float(const MatrixView& w, const float* x, int64_t n, float* y, int64_t r0, int64_t r1) {
+  const int64_t cols = w.cols;
+  const int64_t c32 = cols & ~int64_t{31};
+  const int64_t c8 = cols & ~int64_t{7};
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* xj = x + j * cols;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      int64_t cc = 0;
+      for (; cc < c32; cc += 32) {
+        a0 = _mm256_fmadd_ps(Load(row + cc * kEs), _mm256_loadu_ps(xj + cc), a0);
+        a1 = _mm256_fmadd_ps(Load(row + (cc + 8) * kEs), _mm256_loadu_ps(xj + cc + 8), a1);
+        a2 = _mm256_fmadd_ps(Load(row + (cc + 16) * kEs), _mm256_loadu_ps(xj + cc + 16), a2);
+        a3 = _mm256_fmadd_ps(Load(row + (cc + 24) * kEs), _mm256_loadu_ps(xj + cc + 24), a3);
+      }
+      for (; cc < c8; cc += 8) a0 = _mm256_fmadd_ps(Load(row + cc * kEs), _mm256_loadu_ps(xj + cc), a0);
+      float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (; cc < cols; ++cc) s += Scalar(row + cc * kEs) * xj[cc];
+      y[j * w.rows + r] = s;
+    }
+  }
+}
+
+// Q8_0 quantization bit-identical to quantize_act_ref (see avx512.cpp).
+void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + 32 * b;
+    const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8), v2 = _mm256_loadu_ps(xb + 16),
+                 v3 = _mm256_loadu_ps(xb + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, sign), _mm256_and_ps(v1, sign)),
+                             _mm256_max_ps(_mm256_and_ps(v2, sign), _mm256_and_ps(v3, sign)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), _mm256_permutevar8x32_epi32(p, perm));
+    d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+  }
+}
+
+// Element held at byte p (0..E-1) of a block's rearranged activations.
+inline int perm_index(int fam, int p) {
+  const int k = p / 32, pp = p % 32;
+  switch (fam) {
+    case kFamQ1: return 8 * (pp % 16) + 2 * k + pp / 16;
+    case kFamG64: return 4 * (pp % 16) + 2 * k + pp / 16;
+    default: return 4 * pp + k;
+  }
+}
+
+// Activation sub-block (of 32, within the block) of int32 lane l (0..7).
+inline int lane_sub(int fam, int l) {
+  switch (fam) {
+    case kFamQ1: return l % 4;
+    case kFamG64: return (l % 4) / 2;
+    default: return l / 2;
+  }
+}
+
+void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
+  init_once();
+  a.resize(n, cols);
+  int fam = kFamQ8;
+  switch (f) {
+    case Format::kQ1_0: fam = kFamQ1; break;
+    case Format::kQ2_0: fam = kFamG64; break;
+    case Format::kQ2_0G128D: fam = kFamG128D; break;
+    case Format::kQ2_0G128Qs: fam = kFamG128Qs; break;
+    default: break;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    int8_t* q = a.q + j * cols;
+    float* d = a.d + j * (cols / 32);
+    quantize_act(x + j * cols, cols, q, d);
+    if (fam == kFamQ8) continue;
+    const int E = fam == kFamG64 ? 64 : 128;
+    int8_t* qp = a.qp + j * cols;
+    int32_t* neg = a.lane_neg + j * (cols / 4);
+    float* ld = a.lane_d + j * (cols / 4);
+    int idx[128];
+    for (int p = 0; p < E; ++p) idx[p] = perm_index(fam, p);
+    for (int64_t b = 0; b < cols / E; ++b) {
+      const int8_t* src = q + b * E;
+      int8_t* dst = qp + b * E;
+      for (int p = 0; p < E; ++p) dst[p] = src[idx[p]];
+      // lane_neg / lane_d use 8 lanes per block (indices b*8 + l).
+      for (int l = 0; l < 8; ++l) {
+        int s = 0;
+        for (int k = 0; k < E / 32; ++k) {
+          for (int t = 0; t < 4; ++t) s += dst[32 * k + 4 * l + t];
+        }
+        neg[b * 8 + l] = -s;
+        ld[b * 8 + l] = d[b * (E / 32) + lane_sub(fam, l)];
+      }
+    }
+  }
+}
+
+void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
+          int64_t r1) {
+  init_once();
+  switch (w.format) {
+    case Format::kF32: return rows_float<4, load8_f32, scalar_f32>(w, x, n, y, r0, r1);
+    case Format::kF16: return rows_float<2, load8_f16, scalar_f16>(w, x, n, y, r0, r1);
+    case Format::kBF16: return rows_float<2, load8_bf16, scalar_bf16>(w, x, n, y, r0, r1);
+    case Format::kQ8_0: return rows_q8(w, *a, n, y, r0, r1);
+    case Format::kQ1_0: return rows_fam<kFamQ1>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0: return rows_fam<kFamG64>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128D: return rows_fam<kFamG128D>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128Qs: return rows_fam<kFamG128Qs>(w, *a, n, y, r0, r1);
+  }
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  float s = hsum8(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i))),
+                         _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + 8))),
+                         _mm256_loadu_ps(b + i + 8), s1);
+  }
+  float s = hsum8(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += g_fp16_lut[a[i]] * b[i];
+  return s;
+}
+
+void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] += alpha * g_fp16_lut[x[i]];
+}
+
+void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<uint16_t>(
+        _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), _MM_FROUND_TO_NEAREST_INT), 0));
+  }
+}
+
+// The float helpers may run before any gemv (LUT for scalar tails).
+float dot_f16_f32_entry(const uint16_t* a, const float* b, int64_t n) {
+  init_once();
+  return dot_f16_f32(a, b, n);
+}
+void axpy_f16_entry(float alpha, const uint16_t* x, float* y, int64_t n) {
+  init_once();
+  axpy_f16(alpha, x, y, n);
+}
+
+}  // namespace
+
+const TierOps* avx2_ops() {
+  static const TierOps ops{prepare, rows, dot_f32, dot_f16_f32_entry, axpy_f32, axpy_f16_entry, f32_to_f16};
+  return &ops;
+}
 
 }  // namespace bonsai::kernels::detail
+
+#else
+
+namespace bonsai::kernels::detail {
+const TierOps* avx2_ops() { return nullptr; }
+}  // namespace bonsai::kernels::detail
+
+#endif

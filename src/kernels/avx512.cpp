@@ -1,8 +1,529 @@
-// avx512 tier (placeholder until implemented): not built into this binary.
+// AVX-512 tier (F, BW, VL, DQ + VNNI; GFNI used when present). Compiled with
+// its own ISA flags (src/kernels/CMakeLists.txt) and only called when
+// kernels.cpp's CPUID check passes. This file uses intrinsics and its own
+// internal-linkage helpers only (see internal.h for why).
+//
+// Quantized weights (see internal.h for the arithmetic, which is exactly the
+// reference's up to fp32 summation order):
+//   Activations are quantized to Q8_0 (bit-identical to the reference) and
+//   then rearranged per weight block so that a block's packed weights can be
+//   expanded to one byte per weight with a broadcast and one GF2P8AFFINEQB
+//   (or a bit test) per 64 weights -- no byte shuffles of the weights:
+//   * Q1_0: the 16 sign bytes are broadcast to all four 128-bit lanes; byte
+//     p of the first half-vector X0 holds element 8*(p%16) + p/16 and byte p
+//     of X1 element 8*(p%16) + 4 + p/16, so "bit p/16 (resp. p/16+4) of byte
+//     p%16" is that element's sign bit. The weight byte is 2*bit, and the
+//     int32 accumulator starts at -(sum of the lane's quants), giving
+//     sum_j (2*bit_j - 1) * q_j exactly.
+//   * Q2_0 g64: the 16 code bytes are broadcast; byte p holds element
+//     4*(p%16) + p/16, whose code is bits 2*(p/16)..+1 of byte p%16. The
+//     weight byte is the code c (0..3) and the accumulator starts at -sum q,
+//     giving sum (c - 1) q (g64: code 3 -> +2, as the reference).
+//   * Q2_0 g128 (both byte orders): the 32 code bytes are broadcast to both
+//     256-bit halves; X0 byte p holds element 4*(p%32) + p/32, X1 element
+//     4*(p%32) + 2 + p/32; codes are remapped 3 -> 1 (value 0) by a 16-byte
+//     table shuffle.
+//   In every layout each 32-bit lane (4 bytes, and for two half-vectors the
+//   same lane of both) lies in one 32-value activation sub-block, so the
+//   int32 lane sums are scaled by a per-lane activation scale vector and the
+//   weight block's fp16 scale, accumulating in fp32.
+// Float weights (F32/F16/BF16) use FMA on fp32 directly.
 #include "kernels/internal.h"
 
-namespace bonsai::kernels::detail {
+#if defined(__x86_64__) && defined(__AVX512VNNI__)
 
-const TierOps* avx512_ops() { return nullptr; }
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace bonsai::kernels::detail {
+namespace {
+
+// ---- Small helpers (internal linkage) ------------------------------------------------
+
+alignas(64) float g_fp16_lut[65536];  // fp16 bits -> float, filled once by init_once()
+
+bool g_has_gfni = false;   // CPUID says GFNI
+bool g_use_gfni = true;    // test hook (set_avx512_gfni)
+
+void init_tables() {
+  for (int i = 0; i < 65536; i += 16) {
+    alignas(32) uint16_t h[16];
+    for (int k = 0; k < 16; ++k) h[k] = static_cast<uint16_t>(i + k);
+    _mm512_store_ps(g_fp16_lut + i, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
+  }
+  g_has_gfni = __builtin_cpu_supports("gfni");
+}
+
+void init_once() {
+  static const bool done = (init_tables(), true);
+  (void)done;
+}
+
+inline float lut_fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return g_fp16_lut[h];
+}
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Weight format families by activation layout.
+enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3, kFamQ8 = 4 };
+
+// Geometry of one weight block ("unit") per family.
+template <int F>
+struct Geo;
+template <>
+struct Geo<kFamQ1> {
+  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0;
+};
+template <>
+struct Geo<kFamG64> {
+  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0;
+};
+template <>
+struct Geo<kFamG128D> {
+  static constexpr int kElems = 128, kBytes = 34, kQs = 2, kD = 0;
+};
+template <>
+struct Geo<kFamG128Qs> {
+  static constexpr int kElems = 128, kBytes = 34, kQs = 0, kD = 32;
+};
+
+// Constants for weight expansion.
+struct Consts {
+  __m512i gf0, gf1;      // GF2P8AFFINE matrices for half-vectors X0 / X1
+  __m512i pat0, pat1;    // bit-test patterns (non-GFNI Q1 path)
+  __m512i sh0, sh1;      // per-16-bit-word right shifts (non-GFNI Q2 paths)
+  __m512i two, three, remap;
+};
+
+template <int F>
+Consts make_consts() {
+  Consts c;
+  alignas(64) uint64_t g0[8], g1[8];
+  alignas(64) uint8_t p0[64], p1[64];
+  alignas(64) uint16_t s0[32], s1[32];
+  for (int q = 0; q < 8; ++q) {
+    if constexpr (F == kFamQ1) {
+      const int l = q / 2;  // 16-byte group
+      g0[q] = static_cast<uint64_t>(1u << l) << 48;        // out bit 1 = src bit l
+      g1[q] = static_cast<uint64_t>(1u << (l + 4)) << 48;  // out bit 1 = src bit l+4
+    } else {
+      const int l = F == kFamG64 ? q / 2 : q / 4;  // 16- or 32-byte group
+      const int l1 = F == kFamG64 ? l : l + 2;
+      g0[q] = (static_cast<uint64_t>(1u << (2 * l)) << 56) | (static_cast<uint64_t>(1u << (2 * l + 1)) << 48);
+      g1[q] = (static_cast<uint64_t>(1u << (2 * l1)) << 56) | (static_cast<uint64_t>(1u << (2 * l1 + 1)) << 48);
+    }
+  }
+  for (int p = 0; p < 64; ++p) {
+    p0[p] = static_cast<uint8_t>(1u << (p / 16));
+    p1[p] = static_cast<uint8_t>(1u << (p / 16 + 4));
+  }
+  for (int k = 0; k < 32; ++k) {
+    const int p = 2 * k;  // byte index of the word
+    const int l = F == kFamG64 ? p / 16 : p / 32;
+    s0[k] = static_cast<uint16_t>(2 * l);
+    s1[k] = static_cast<uint16_t>(2 * (F == kFamG64 ? l : l + 2));
+  }
+  c.gf0 = _mm512_load_si512(g0);
+  c.gf1 = _mm512_load_si512(g1);
+  c.pat0 = _mm512_load_si512(p0);
+  c.pat1 = _mm512_load_si512(p1);
+  c.sh0 = _mm512_load_si512(s0);
+  c.sh1 = _mm512_load_si512(s1);
+  c.two = _mm512_set1_epi8(2);
+  c.three = _mm512_set1_epi8(3);
+  c.remap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1));
+  return c;
+}
+
+// Expands the packed weights of one block into u8 weight bytes w0 (and w1
+// for 128-weight blocks) matching the activation layout described above.
+template <int F, bool kGf>
+inline void expand(const uint8_t* blk, const Consts& c, __m512i& w0, __m512i& w1) {
+  if constexpr (F == kFamQ1) {
+    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    if constexpr (kGf) {
+      w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
+      w1 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf1, 0);
+    } else {
+      w0 = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bq, c.pat0), c.two);
+      w1 = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bq, c.pat1), c.two);
+    }
+  } else if constexpr (F == kFamG64) {
+    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    if constexpr (kGf) {
+      w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
+    } else {
+      w0 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh0), c.three);
+    }
+    w1 = w0;
+  } else {
+    const __m512i bq = _mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + Geo<F>::kQs)));
+    if constexpr (kGf) {
+      w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
+      w1 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf1, 0);
+    } else {
+      w0 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh0), c.three);
+      w1 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh1), c.three);
+    }
+    w0 = _mm512_shuffle_epi8(c.remap, w0);  // code 3 -> 1 (value 0)
+    w1 = _mm512_shuffle_epi8(c.remap, w1);
+  }
+}
+
+// Integer lane sums of one block against column j's prepared activations.
+template <int F>
+inline __m512i block_dot(__m512i w0, __m512i w1, const int8_t* xq, const int32_t* neg) {
+  __m512i acc = _mm512_dpbusd_epi32(_mm512_load_si512(neg), w0, _mm512_load_si512(xq));
+  if constexpr (Geo<F>::kElems == 128) acc = _mm512_dpbusd_epi32(acc, w1, _mm512_load_si512(xq + 64));
+  return acc;
+}
+
+// R rows x C columns over all blocks of the rows. y is [n][rows].
+template <int F, bool kGf, int R, int C>
+void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, int64_t j0, float* y,
+           int64_t y_ld, int64_t r, const Consts& c) {
+  constexpr int E = Geo<F>::kElems;
+  constexpr int B = Geo<F>::kBytes;
+  const int64_t cols = a.cols;
+  __m512 out[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < C; ++k) out[i][k] = _mm512_setzero_ps();
+  const int8_t* xq[C];
+  const int32_t* ng[C];
+  const float* ld[C];
+  for (int k = 0; k < C; ++k) {
+    xq[k] = a.qp + (j0 + k) * cols;
+    ng[k] = a.lane_neg + (j0 + k) * (cols / 4);
+    ld[k] = a.lane_d + (j0 + k) * (cols / 4);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + static_cast<size_t>(i) * stride + static_cast<size_t>(b) * B;
+      __m512i w0, w1;
+      expand<F, kGf>(blk, c, w0, w1);
+      const __m512 dw = _mm512_set1_ps(lut_fp16(blk + Geo<F>::kD));
+      for (int k = 0; k < C; ++k) {
+        const __m512i acc = block_dot<F>(w0, w1, xq[k] + b * E, ng[k] + b * 16);
+        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_load_ps(ld[k] + b * 16));
+        out[i][k] = _mm512_fmadd_ps(t, dw, out[i][k]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = _mm512_reduce_add_ps(out[i][k]);
+}
+
+template <int F, bool kGf>
+void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
+  static const Consts c = make_consts<F>();
+  const int64_t nb = w.cols / Geo<F>::kElems;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const size_t st = w.row_stride;
+  int64_t r = r0;
+  if (n == 1) {
+    for (; r + 2 <= r1; r += 2) micro<F, kGf, 2, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
+    for (; r < r1; ++r) micro<F, kGf, 1, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
+    return;
+  }
+  for (; r < r1; ++r) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) micro<F, kGf, 1, 4>(base + r * st, st, nb, a, j, y, w.rows, r, c);
+    for (; j < n; ++j) micro<F, kGf, 1, 1>(base + r * st, st, nb, a, j, y, w.rows, r, c);
+  }
+}
+
+// ---- Q8_0 weights: natural activation order, 256-bit VNNI ------------------------------
+
+void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
+  const int64_t nb = w.cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const int8_t* xq = a.q + j * a.cols;
+      const float* xd = a.d + j * (a.cols / 32);
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * 34;
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+        const __m256i aw = _mm256_sign_epi8(wv, wv);
+        const __m256i sx = _mm256_sign_epi8(xv, wv);
+        const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+        const __m256 sc = _mm256_set1_ps(lut_fp16(blk) * xd[b]);
+        if (b & 1) {
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc1);
+        } else {
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc0);
+        }
+      }
+      const __m256 s8 = _mm256_add_ps(acc0, acc1);
+      __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+      s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+      y[j * w.rows + r] = _mm_cvtss_f32(s4);
+    }
+  }
+}
+
+// ---- Float weights ---------------------------------------------------------------------
+
+inline __m512 load16_f32(const uint8_t* p) { return _mm512_loadu_ps(reinterpret_cast<const float*>(p)); }
+inline __m512 load16_f16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16_bf16(const uint8_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int kEs, __m512 (*Load)(const uint8_t*), float (*Scalar)(const uint8_t*)>
+void rows_float(const MatrixView& w, const float* x, int64_t n, float* y, int64_t r0, int64_t r1) {
+  const int64_t cols = w.cols;
+  const int64_t c64 = cols & ~int64_t{63};
+  const int64_t c16 = cols & ~int64_t{15};
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* xj = x + j * cols;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      int64_t cc = 0;
+      for (; cc < c64; cc += 64) {
+        a0 = _mm512_fmadd_ps(Load(row + cc * kEs), _mm512_loadu_ps(xj + cc), a0);
+        a1 = _mm512_fmadd_ps(Load(row + (cc + 16) * kEs), _mm512_loadu_ps(xj + cc + 16), a1);
+        a2 = _mm512_fmadd_ps(Load(row + (cc + 32) * kEs), _mm512_loadu_ps(xj + cc + 32), a2);
+        a3 = _mm512_fmadd_ps(Load(row + (cc + 48) * kEs), _mm512_loadu_ps(xj + cc + 48), a3);
+      }
+      for (; cc < c16; cc += 16) a0 = _mm512_fmadd_ps(Load(row + cc * kEs), _mm512_loadu_ps(xj + cc), a0);
+      float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+      for (; cc < cols; ++cc) s += Scalar(row + cc * kEs) * xj[cc];
+      y[j * w.rows + r] = s;
+    }
+  }
+}
+
+float scalar_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+float scalar_f16(const uint8_t* p) { return lut_fp16(p); }
+float scalar_bf16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+
+// ---- Activation preparation -----------------------------------------------------------------
+
+// Q8_0 quantization of one vector, bit-identical to quantize_act_ref: amax
+// exact, d = amax / 127 (IEEE division), id = 1/d, q = cvtps2dq(x * id)
+// (round to nearest even), d rounded through fp16 (vcvtps2ph, nearest even).
+void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b);
+    const __m512 v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const __m512 m = _mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
+    d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+  }
+}
+
+// Element index held at byte p (0..127) of a block's rearranged activations.
+inline int perm_index(int fam, int p) {
+  const int h = p / 64, pp = p % 64;
+  switch (fam) {
+    case kFamQ1: return 8 * (pp % 16) + 4 * h + pp / 16;
+    case kFamG64: return 4 * (p % 16) + p / 16;  // 64-element blocks
+    default: return 4 * (pp % 32) + 2 * h + pp / 32;
+  }
+}
+
+// Activation sub-block (of 32) of dword lane l of a block.
+inline int lane_sub(int fam, int l) {
+  switch (fam) {
+    case kFamQ1: return l % 4;
+    case kFamG64: return (l % 4) / 2;
+    default: return (l % 8) / 2;
+  }
+}
+
+void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
+  init_once();
+  a.resize(n, cols);
+  int fam = kFamQ8;
+  switch (f) {
+    case Format::kQ1_0: fam = kFamQ1; break;
+    case Format::kQ2_0: fam = kFamG64; break;
+    case Format::kQ2_0G128D: fam = kFamG128D; break;
+    case Format::kQ2_0G128Qs: fam = kFamG128Qs; break;
+    default: break;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    int8_t* q = a.q + j * cols;
+    float* d = a.d + j * (cols / 32);
+    quantize_act(x + j * cols, cols, q, d);
+    if (fam == kFamQ8) continue;
+    const int E = fam == kFamG64 ? 64 : 128;
+    int8_t* qp = a.qp + j * cols;
+    int32_t* neg = a.lane_neg + j * (cols / 4);
+    float* ld = a.lane_d + j * (cols / 4);
+    int idx[128];
+    for (int p = 0; p < E; ++p) idx[p] = perm_index(fam, p);
+    for (int64_t b = 0; b < cols / E; ++b) {
+      const int8_t* src = q + b * E;
+      int8_t* dst = qp + b * E;
+      for (int p = 0; p < E; ++p) dst[p] = src[idx[p]];
+      for (int l = 0; l < 16; ++l) {
+        int s = dst[4 * l] + dst[4 * l + 1] + dst[4 * l + 2] + dst[4 * l + 3];
+        if (E == 128) s += dst[64 + 4 * l] + dst[64 + 4 * l + 1] + dst[64 + 4 * l + 2] + dst[64 + 4 * l + 3];
+        neg[b * 16 + l] = -s;
+        ld[b * 16 + l] = d[b * (E / 32) + lane_sub(fam, l)];
+      }
+    }
+  }
+}
+
+void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
+          int64_t r1) {
+  init_once();
+  const bool gf = g_has_gfni && g_use_gfni;
+  switch (w.format) {
+    case Format::kF32: return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
+    case Format::kF16: return rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);
+    case Format::kBF16: return rows_float<2, load16_bf16, scalar_bf16>(w, x, n, y, r0, r1);
+    case Format::kQ8_0: return rows_q8(w, *a, n, y, r0, r1);
+    case Format::kQ1_0:
+      return gf ? rows_fam<kFamQ1, true>(w, *a, n, y, r0, r1) : rows_fam<kFamQ1, false>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0:
+      return gf ? rows_fam<kFamG64, true>(w, *a, n, y, r0, r1)
+                        : rows_fam<kFamG64, false>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128D:
+      return gf ? rows_fam<kFamG128D, true>(w, *a, n, y, r0, r1)
+                        : rows_fam<kFamG128D, false>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128Qs:
+      return gf ? rows_fam<kFamG128Qs, true>(w, *a, n, y, r0, r1)
+                        : rows_fam<kFamG128Qs, false>(w, *a, n, y, r0, r1);
+  }
+}
+
+// ---- Float vector helpers ---------------------------------------------------------------------
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  if (i + 16 <= n) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    i += 16;
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i))),
+                         _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i + 16))),
+                         _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i))),
+                         _mm512_loadu_ps(b + i), s0);
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    s1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i)), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n) {
+  const __m512 va = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 xv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, xv, _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 xv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, xv, _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(dst + i, m,
+                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
+}  // namespace
+
+bool set_avx512_gfni(bool enabled) {
+  init_once();
+  const bool prev = g_use_gfni;
+  g_use_gfni = enabled;
+  return prev;
+}
+
+const TierOps* avx512_ops() {
+  static const TierOps ops{prepare, rows, dot_f32, dot_f16_f32, axpy_f32, axpy_f16, f32_to_f16};
+  return &ops;
+}
 
 }  // namespace bonsai::kernels::detail
+
+#else  // not x86-64 (or built without the tier's flags): tier absent
+
+namespace bonsai::kernels::detail {
+bool set_avx512_gfni(bool) { return false; }
+const TierOps* avx512_ops() { return nullptr; }
+}  // namespace bonsai::kernels::detail
+
+#endif

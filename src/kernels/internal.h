@@ -87,6 +87,13 @@ const TierOps* avx2_ops();
 const TierOps* avx512_ops();
 const TierOps* neon_ops();
 
+// The table of a tier (nullptr if not built); does not check the CPU.
+const TierOps* tier_ops(Tier t);
+
+// Test hook: lets tests run the AVX-512 tier's non-GFNI weight expansion on a
+// GFNI machine. `enabled` is ANDed with CPUID; returns the previous setting.
+bool set_avx512_gfni(bool enabled);
+
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }
 

@@ -110,6 +110,14 @@ const TierOps* ops_of(Tier t) {
   return nullptr;
 }
 
+}  // namespace
+
+namespace detail {
+const TierOps* tier_ops(Tier t) { return ops_of(t); }
+}  // namespace detail
+
+namespace {
+
 // Active tier as an int; -1 = not chosen yet (lazily best_tier()).
 std::atomic<int> g_active{-1};
 

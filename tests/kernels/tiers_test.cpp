@@ -1,0 +1,225 @@
+// Every supported SIMD tier against the scalar reference.
+//
+// What "equal" means here (DESIGN.md: integers exactly, floats within a
+// stated bound):
+//  * Activation quantization (int8 quants and their fp16 scales) must be
+//    bit-identical to the reference's.
+//  * Integer parts: with inputs whose fp32 scaling is exact (weight scales in
+//    {0.5, 1}, activation sub-blocks whose amax is 127 * 2^k so that d = 2^k
+//    and q = x / d), every tier's output must equal the reference bit for
+//    bit. Any error in weight expansion, bit order, code mapping, lane sums
+//    or activation layout shows up here as an exact mismatch.
+//  * Float parts: on random inputs the tier and the reference differ only in
+//    the order of fp32 operations. Bound used: |y_tier - y_ref| <=
+//    2 * (T + 16) * 2^-23 * sum_j |w_j * x_j|, where T is the number of
+//    fp32 partial sums of a row (cols/32 + cols/128 for quantized weights,
+//    cols for float weights) and w, x are the dequantized weights and the
+//    activations as the kernels see them (Q8_0-rounded for quantized
+//    weights). This is twice the classic worst-case bound T*u*sum|w x|
+//    (u = 2^-24) for one summation order (one for each side).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "kernel_test_util.h"
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace bonsai::kernels {
+namespace {
+
+using testing::kAllFormats;
+
+// A tier under test, with a label (the AVX-512 tier is run twice: with and
+// without its GFNI weight expansion).
+struct Variant {
+  Tier tier;
+  bool gfni;
+  std::string label;
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  for (Tier t : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+    if (!tier_supported(t)) continue;
+    v.push_back({t, true, std::string(tier_name(t))});
+    if (t == Tier::kAvx512) v.push_back({t, false, "avx512-nogfni"});
+  }
+  return v;
+}
+
+struct GfniScope {
+  explicit GfniScope(bool on) : prev(detail::set_avx512_gfni(on)) {}
+  ~GfniScope() { detail::set_avx512_gfni(prev); }
+  bool prev;
+};
+
+std::vector<float> random_batch(int64_t n, int64_t cols, uint32_t seed) {
+  std::vector<float> x;
+  x.reserve(static_cast<size_t>(n * cols));
+  for (int64_t j = 0; j < n; ++j) {
+    const auto v = testing::random_vector(cols, seed + static_cast<uint32_t>(j), 0.5f + 0.25f * (j % 5));
+    x.insert(x.end(), v.begin(), v.end());
+  }
+  return x;
+}
+
+TEST(Tiers, AtLeastOneSimdTierOnX86) {
+#if defined(__x86_64__)
+  // Every x86-64 machine this project targets has AVX2.
+  EXPECT_TRUE(tier_supported(Tier::kAvx2) || !core::cpu_features().avx2);
+#endif
+  EXPECT_TRUE(tier_supported(best_tier()));
+}
+
+TEST(Tiers, ActivationQuantizationBitIdentical) {
+  for (const Variant& v : variants()) {
+    GfniScope g(v.gfni);
+    const detail::TierOps* ops = detail::tier_ops(v.tier);
+    ASSERT_NE(ops, nullptr);
+    for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
+      for (int64_t cols : {128, 384, 2048}) {
+        auto x = random_batch(3, cols, 77);
+        x[5] = 0.0f;
+        for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero sub-block
+        x[70] = 1e-30f;                                                  // tiny
+        detail::QuantAct ref, got;
+        detail::reference_ops()->prepare(f, x.data(), 3, cols, ref);
+        ops->prepare(f, x.data(), 3, cols, got);
+        ASSERT_EQ(std::memcmp(ref.q, got.q, static_cast<size_t>(3 * cols)), 0) << v.label << " " << cols;
+        ASSERT_EQ(std::memcmp(ref.d, got.d, static_cast<size_t>(3 * cols / 32) * sizeof(float)), 0)
+            << v.label << " " << cols;
+      }
+    }
+  }
+}
+
+// Quantized weights with scales in {0.5, 1} and activations whose fp32
+// arithmetic is exact: every tier must match the reference bit for bit.
+TEST(Tiers, IntegerPartsExact) {
+  struct Shape {
+    int64_t rows, cols, n;
+  };
+  for (const Variant& v : variants()) {
+    GfniScope g(v.gfni);
+    for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
+      for (Shape s : {Shape{1, 128, 1}, Shape{7, 384, 3}, Shape{33, 2048, 1}, Shape{5, 6144, 17},
+                      Shape{3, 1024, 64}}) {
+        auto m = testing::random_matrix(f, s.rows, s.cols, 900 + static_cast<uint32_t>(f));
+        // Scales 0.5 or 1.
+        const size_t bb = block_bytes(f);
+        const size_t nblk = m.bytes.size() / bb;
+        for (size_t b = 0; b < nblk; ++b) {
+          const uint16_t h = (b * 2654435761u >> 7) & 1 ? 0x3800 : 0x3c00;
+          std::memcpy(m.bytes.data() + b * bb + testing::scale_offset(f), &h, 2);
+        }
+        // Activations: each 32-block has amax 127 * 2^k (k in {-1, 0}), values multiples of 2^k.
+        std::vector<float> x(static_cast<size_t>(s.n * s.cols));
+        std::mt19937 rng(1234);
+        for (size_t blk = 0; blk < x.size() / 32; ++blk) {
+          const float d = (rng() & 1) ? 1.0f : 0.5f;
+          for (int i = 0; i < 32; ++i) x[blk * 32 + i] = d * static_cast<float>(static_cast<int>(rng() % 255) - 127);
+          x[blk * 32 + rng() % 32] = (rng() & 1 ? 127.0f : -127.0f) * d;
+        }
+        std::vector<float> yr(static_cast<size_t>(s.n * s.rows)), yt(yr.size());
+        gemm_rows(Tier::kReference, m.view, x.data(), s.n, yr.data(), 0, s.rows);
+        gemm_rows(v.tier, m.view, x.data(), s.n, yt.data(), 0, s.rows);
+        for (size_t i = 0; i < yr.size(); ++i) {
+          ASSERT_EQ(yt[i], yr[i]) << v.label << " " << format_name(f) << " " << s.rows << "x" << s.cols
+                                  << " n=" << s.n << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+// Compares rows [rows_to_check] of y (a [n][rows] result of `tier`) with the
+// reference, within the documented bound.
+void expect_close_to_reference(const std::string& label, const MatrixView& w, const float* x, int64_t n,
+                               const float* y, const std::vector<int64_t>& rows_to_check) {
+  std::vector<float> yr(static_cast<size_t>(n * w.rows));
+  std::vector<std::vector<float>> xe;
+  for (int64_t j = 0; j < n; ++j) xe.push_back(testing::effective_x(w.format, x + j * w.cols, w.cols));
+  int failures = 0;
+  for (int64_t r : rows_to_check) {
+    gemm_rows(Tier::kReference, w, x, n, yr.data(), r, r + 1);
+    const auto wr = testing::dequant_row(w, r);
+    for (int64_t j = 0; j < n; ++j) {
+      const auto dd = testing::dot_double(wr, xe[static_cast<size_t>(j)]);
+      const double tol = 2.0 * testing::float_tol(testing::sum_terms(w.format, w.cols), dd.abs);
+      const float got = y[j * w.rows + r];
+      const float want = yr[static_cast<size_t>(j * w.rows + r)];
+      if (!(std::fabs(static_cast<double>(got) - want) <= tol) && ++failures <= 5) {
+        ADD_FAILURE() << label << " " << format_name(w.format) << " " << w.rows << "x" << w.cols << " n=" << n
+                      << " row " << r << " col " << j << ": got " << got << " ref " << want << " tol " << tol;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(Tiers, RandomAwkwardShapesWithinBound) {
+  for (const Variant& v : variants()) {
+    GfniScope g(v.gfni);
+    for (Format f : kAllFormats) {
+      for (int64_t rows : {1, 7, 33}) {
+        for (int64_t cols : {128, 384, 2048, 6144}) {
+          for (int64_t n : {1, 3, 17, 64}) {
+            if (rows * cols * n > 4'000'000) continue;  // keep the reference cost bounded
+            auto m = testing::random_matrix(f, rows, cols, static_cast<uint32_t>(rows * 31 + cols + n));
+            const auto x = random_batch(n, cols, static_cast<uint32_t>(cols + 5 * n));
+            std::vector<float> y(static_cast<size_t>(n * rows), std::nanf(""));
+            gemm_rows(v.tier, m.view, x.data(), n, y.data(), 0, rows);
+            std::vector<int64_t> all;
+            for (int64_t r = 0; r < rows; ++r) all.push_back(r);
+            expect_close_to_reference(v.label, m.view, x.data(), n, y.data(), all);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The public gemv/gemm (active tier, thread pool) on the largest Bonsai
+// shapes, checked on a sample of rows.
+TEST(Tiers, LargestBonsaiShapesThreaded) {
+  core::ThreadPool pool(2);
+  const Tier before = active_tier();
+  struct Case {
+    Format f;
+    int64_t rows, cols, n;
+  };
+  const Case cases[] = {
+      {Format::kQ1_0, 151936, 2048, 1}, {Format::kQ2_0, 151936, 2048, 1}, {Format::kQ1_0, 2048, 6144, 1},
+      {Format::kQ2_0, 6144, 2048, 64},  {Format::kQ1_0, 6144, 2048, 64}, {Format::kQ2_0G128Qs, 2048, 6144, 3},
+  };
+  for (const Variant& v : variants()) {
+    GfniScope g(v.gfni);
+    ASSERT_TRUE(set_active_tier(v.tier).has_value());
+    for (const Case& c : cases) {
+      auto m = testing::random_matrix(c.f, c.rows, c.cols, 4242);
+      const auto x = random_batch(c.n, c.cols, 99);
+      std::vector<float> y(static_cast<size_t>(c.n * c.rows), std::nanf(""));
+      if (c.n == 1) {
+        gemv(m.view, x.data(), y.data(), &pool);
+      } else {
+        gemm(m.view, x.data(), c.n, y.data(), &pool);
+      }
+      std::vector<int64_t> sample;
+      for (int64_t r = 0; r < c.rows; r += c.rows / 37 + 1) sample.push_back(r);
+      sample.push_back(c.rows - 1);
+      expect_close_to_reference(v.label, m.view, x.data(), c.n, y.data(), sample);
+    }
+  }
+  ASSERT_TRUE(set_active_tier(before).has_value());
+}
+
+}  // namespace
+}  // namespace bonsai::kernels
