@@ -1,0 +1,249 @@
+// bonsai_bench_kernels: GEMV / GEMM speed of the Q1_0 and Q2_0 kernels on the
+// Bonsai-1.7B matrix shapes, next to the machine's memory read bandwidth
+// measured in the same run.
+//
+// Memory, not cache: all weights live in one arena of --arena_mb (default
+// 1536 MiB, several times the LLC of the target machines); each iteration
+// multiplies by the next copy of the matrix in the arena, so every GEMV
+// streams its weights from DRAM. The read-bandwidth benchmark reads the same
+// arena with the same thread pool.
+//
+// Counters (per benchmark):
+//   weight_GB/s  weight bytes streamed per second (GEMV and GEMM)
+//   bw_ratio     weight_GB/s / read bandwidth with the same thread count
+//   cols/s       activation columns (vectors) multiplied per second
+//   read_GB/s    (bandwidth benchmark) bytes read per second
+// After the run a summary prints, per shape and thread count, the GEMV
+// bandwidth ratio and the GEMM(n=64)/GEMV columns-per-second ratio.
+//
+// Usage: bonsai_bench_kernels [--arena_mb=N] [google-benchmark flags]
+// The kernel tier is the best supported one unless BONSAI_KERNEL is set.
+#include <benchmark/benchmark.h>
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace {
+
+using bonsai::core::ThreadPool;
+namespace kn = bonsai::kernels;
+
+size_t g_arena_bytes = size_t{1536} << 20;
+
+// One arena of random bytes shared by every benchmark. Every 18-byte block
+// gets a sane fp16 scale at offset 0, which is where Q1_0 and Q2_0 (g64)
+// both keep d, so any 18-byte-aligned slice is a valid matrix of either.
+struct Arena {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  Arena() {
+    size = g_arena_bytes / 18 * 18;
+    void* p = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+    data = static_cast<uint8_t*>(p);
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (size_t i = 0; i + 8 <= size; i += 8) {
+      uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      std::memcpy(data + i, &z, 8);
+    }
+    for (size_t b = 0; b + 18 <= size; b += 18) {
+      const uint16_t h = bonsai::core::fp32_to_fp16(0.01f + 0.0001f * static_cast<float>(data[b + 1]));
+      std::memcpy(data + b, &h, 2);
+    }
+  }
+  ~Arena() { std::free(data); }
+};
+
+Arena& arena() {
+  static Arena a;
+  return a;
+}
+
+ThreadPool& pool(int threads) {
+  static ThreadPool p1(1), p2(2);
+  return threads == 1 ? p1 : p2;
+}
+
+// Read bandwidth measured per thread count (GB/s), best repetition.
+std::map<int, double> g_bw;
+
+// Results for the summary: (format, rows, cols, threads, n) -> cols/s and weight GB/s.
+struct Result {
+  double cols_per_s = 0;
+  double gbps = 0;
+};
+std::map<std::tuple<std::string, int64_t, int64_t, int, int64_t>, Result> g_results;
+
+uint64_t read_range(const uint8_t* p, size_t n) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+  for (size_t i = 0; i + 8 <= n / 8; i += 8) {
+    a0 += w[i];
+    a1 += w[i + 1];
+    a2 += w[i + 2];
+    a3 += w[i + 3];
+    a4 += w[i + 4];
+    a5 += w[i + 5];
+    a6 += w[i + 6];
+    a7 += w[i + 7];
+  }
+  return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  Arena& a = arena();
+  ThreadPool& tp = pool(threads);
+  const size_t chunk = a.size / 64 / 4096 * 4096;  // 64 chunks shared by the threads
+  double bytes = 0, secs = 0;
+  for (auto _ : state) {
+    std::vector<uint64_t> sums(64);
+    const auto t0 = std::chrono::steady_clock::now();
+    tp.parallel_for(
+        64, [&](int64_t b, int64_t e) {
+          for (int64_t c = b; c < e; ++c) sums[static_cast<size_t>(c)] = read_range(a.data + c * chunk, chunk);
+        },
+        1);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(sums.data());
+    state.SetIterationTime(s);
+    bytes += static_cast<double>(chunk) * 64;
+    secs += s;
+  }
+  const double gbps = bytes / secs / 1e9;
+  state.counters["read_GB/s"] = gbps;
+  g_bw[threads] = std::max(g_bw[threads], gbps);
+}
+
+// range: format (0 = Q1_0, 1 = Q2_0), rows, cols, threads, n (1 = gemv)
+void BM_Matmul(benchmark::State& state) {
+  const kn::Format f = state.range(0) == 0 ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
+  const int64_t rows = state.range(1), cols = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const int64_t n = state.range(4);
+  Arena& a = arena();
+  const size_t rb = kn::row_bytes(f, cols);
+  const size_t mat = rb * static_cast<size_t>(rows);
+  const size_t copies = std::max<size_t>(1, a.size / mat);
+  std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 2.0f;
+  ThreadPool& tp = pool(threads);
+  size_t it = 0;
+  double secs = 0, iters = 0;
+  for (auto _ : state) {
+    const kn::MatrixView w{a.data + (it++ % copies) * mat, f, rows, cols, rb};
+    const auto t0 = std::chrono::steady_clock::now();
+    if (n == 1) {
+      kn::gemv(w, x.data(), y.data(), &tp);
+    } else {
+      kn::gemm(w, x.data(), n, y.data(), &tp);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(y.data());
+    state.SetIterationTime(s);
+    secs += s;
+    iters += 1;
+  }
+  const double gbps = iters * static_cast<double>(mat) / secs / 1e9;
+  const double cps = iters * static_cast<double>(n) / secs;
+  state.counters["weight_GB/s"] = gbps;
+  state.counters["cols/s"] = cps;
+  if (g_bw.count(threads) != 0) state.counters["bw_ratio"] = gbps / g_bw[threads];
+  auto& r = g_results[{std::string(kn::format_name(f)), rows, cols, threads, n}];
+  if (cps > r.cols_per_s) r = Result{cps, gbps};
+}
+
+const int64_t kShapes[][2] = {{2048, 2048}, {1024, 2048}, {6144, 2048}, {2048, 6144}, {151936, 2048}};
+
+void register_all() {
+  for (int t : {1, 2}) {
+    benchmark::RegisterBenchmark("ReadBandwidth", BM_ReadBandwidth)
+        ->Arg(t)
+        ->ArgName("threads")
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (int fmt : {0, 1}) {
+    for (const auto& s : kShapes) {
+      for (int64_t n : {1, 64}) {
+        for (int t : {1, 2}) {
+          const std::string name = std::string(fmt == 0 ? "Q1_0" : "Q2_0") + (n == 1 ? "/gemv" : "/gemm");
+          benchmark::RegisterBenchmark(name.c_str(), BM_Matmul)
+              ->Args({fmt, s[0], s[1], t, n})
+              ->ArgNames({"fmt", "rows", "cols", "threads", "n"})
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
+}
+
+void print_summary() {
+  std::printf("\nSummary (tier %s; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s)\n",
+              std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2]);
+  std::printf("%-6s %14s %3s %12s %9s %14s %14s %9s\n", "format", "rows x cols", "thr", "gemv GB/s",
+              "bw_ratio", "gemv cols/s", "gemm64 cols/s", "gemm/gemv");
+  for (const char* fname : {"Q1_0", "Q2_0"}) {
+    for (const auto& s : kShapes) {
+      for (int t : {1, 2}) {
+        const auto gv = g_results.find({fname, s[0], s[1], t, 1});
+        const auto gm = g_results.find({fname, s[0], s[1], t, 64});
+        if (gv == g_results.end()) continue;
+        const double gemm_cps = gm == g_results.end() ? 0.0 : gm->second.cols_per_s;
+        char shape[32];
+        std::snprintf(shape, sizeof(shape), "%ldx%ld", static_cast<long>(s[0]), static_cast<long>(s[1]));
+        std::printf("%-6s %14s %3d %12.2f %8.1f%% %14.0f %14.0f %8.2fx\n", fname, shape, t, gv->second.gbps,
+                    100.0 * gv->second.gbps / g_bw[t], gv->second.cols_per_s, gemm_cps,
+                    gemm_cps / gv->second.cols_per_s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Our own flag first (Google Benchmark rejects unknown flags).
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--arena_mb=", 11) == 0) {
+      g_arena_bytes = static_cast<size_t>(std::atol(argv[i] + 11)) << 20;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  int n_args = static_cast<int>(args.size());
+  if (auto e = kn::init_tier_from_env(); !e) {
+    std::fprintf(stderr, "bonsai_bench_kernels: %s\n", e.error().message.c_str());
+    return 2;
+  }
+  std::printf("kernel tier: %s; cpu: %s\n", std::string(kn::tier_name(kn::active_tier())).c_str(),
+              bonsai::core::cpu_features().to_string().c_str());
+  benchmark::Initialize(&n_args, args.data());
+  register_all();
+  arena();  // allocate and fill before timing anything
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_summary();
+  return 0;
+}
