@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
