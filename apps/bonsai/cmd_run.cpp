@@ -6,7 +6,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -28,6 +30,47 @@
 
 namespace bonsai::app {
 namespace {
+
+// Set by SIGINT while a generation runs; the engine checks it before each
+// decode step, so Ctrl-C ends the answer (run: prints timings; chat: back to
+// the prompt) instead of killing the process.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+// Installs on_sigint for its lifetime, then restores the previous handler.
+class SigintCancels {
+ public:
+  SigintCancels() {
+    g_interrupted.store(false);
+    previous_ = std::signal(SIGINT, on_sigint);
+  }
+  ~SigintCancels() { std::signal(SIGINT, previous_); }
+  SigintCancels(const SigintCancels&) = delete;
+  SigintCancels& operator=(const SigintCancels&) = delete;
+
+ private:
+  void (*previous_)(int) = SIG_DFL;
+};
+
+// Generates `ids`, printing each released piece to stdout (unless `quiet`);
+// Ctrl-C cancels.
+core::Expected<engine::GenerationResult> generate_to_stdout(engine::InferenceEngine& eng,
+                                                            const std::vector<int32_t>& ids, bool quiet) {
+  SigintCancels sigint;
+  engine::GenerateRequest req;
+  req.prompt = ids;
+  req.cancel = &g_interrupted;
+  if (!quiet) {
+    req.on_token = [](const engine::TokenEvent& ev) {
+      if (!ev.text.empty()) {
+        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      return true;
+    };
+  }
+  return eng.generate_request(req);
+}
 
 // Options shared by run and chat.
 struct GenOptions {
@@ -206,17 +249,7 @@ int run_main(const RunOptions& o) {
     ids.push_back(tok.bos_id());
   }
 
-  engine::StreamCallback print_piece;
-  if (!o.json) {
-    print_piece = [](const engine::TokenEvent& ev) {
-      if (!ev.text.empty()) {
-        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
-        std::fflush(stdout);
-      }
-      return true;
-    };
-  }
-  auto r = s->engine->generate_streaming(ids, print_piece);
+  auto r = generate_to_stdout(*s->engine, ids, o.json);
   if (!r) {
     std::cerr << "\nbonsai run: " << r.error().message << "\n";
     return 1;
@@ -250,7 +283,8 @@ int chat_main(const ChatCliOptions& o) {
   const tokenizer::Tokenizer& tok = *s->tok;
   engine::InferenceEngine& eng = *s->engine;
   std::cerr << "bonsai chat: template " << tok.chat_template().family_name()
-            << ". Type a message; /reset clears the conversation, /exit or end of input quits.\n";
+            << ". Type a message; /reset clears the conversation, /exit or end of input quits,\n"
+            << "Ctrl-C stops an answer.\n";
 
   std::vector<tokenizer::ChatMessage> msgs;
   if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
@@ -290,13 +324,7 @@ int chat_main(const ChatCliOptions& o) {
       msgs.pop_back();
       continue;
     }
-    auto r = eng.generate_streaming(ids, [](const engine::TokenEvent& ev) {
-      if (!ev.text.empty()) {
-        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
-        std::fflush(stdout);
-      }
-      return true;
-    });
+    auto r = generate_to_stdout(eng, ids, false);
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!r) {
