@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 PKGS=(cmake ninja-build g++ clang pkg-config ccache git
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libtomlplusplus-dev
-      libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev)
+      libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
+      curl nodejs prometheus)  # server e2e test: curl, the OpenAI Node SDK, promtool
+# npm ships inside some nodejs builds (NodeSource); Debian packages it apart.
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -295,6 +295,7 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   if (auto e = get_int(body, "n", 1, kMaxChoices, iv)) return e;
   if (iv) out.n = static_cast<int>(*iv);
   if (auto e = get_bool(body, "stream", out.stream)) return e;
+  if (auto e = get_bool(body, "ignore_eos", out.ignore_eos)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("stream_options", "an object", *it);
     if (auto e = get_bool(*it, "include_usage", out.include_usage)) {

@@ -2,8 +2,8 @@
 // parsing and validating /v1/chat/completions and /v1/completions bodies,
 // and building responses, streaming chunks, model objects and error objects.
 // Field names follow the OpenAI API reference (platform.openai.com/docs/
-// api-reference/chat and /completions) exactly; top_k, min_p and
-// repeat_penalty are llama.cpp server extensions.
+// api-reference/chat and /completions) exactly; top_k, min_p,
+// repeat_penalty and ignore_eos are llama.cpp server extensions.
 //
 // Pure functions over nlohmann::json: no I/O, no model, so they are unit
 // tested on their own.
@@ -60,6 +60,7 @@ struct CompletionRequest {
   std::optional<float> presence_penalty;           // [-2, 2]
   std::optional<float> frequency_penalty;          // [-2, 2]
   std::optional<uint64_t> seed;
+  bool ignore_eos = false;                         // llama.cpp extension: keep going past EOS
   std::vector<std::string> stop;                   // up to kMaxStop non-empty strings
   int n = 1;                                       // [1, kMaxChoices]
   bool stream = false;

@@ -352,6 +352,7 @@ struct Server::Impl {
     if (cr.frequency_penalty) p.frequency_penalty = *cr.frequency_penalty;
     p.max_tokens = static_cast<int32_t>(max_tokens);
     p.stop = cr.stop;
+    p.ignore_eos = cr.ignore_eos;
     if (auto v = p.validate(); !v) return send_error(res, bad_request(v.error().message));
     job->params = std::move(p);
     job->seed = cr.seed;

@@ -1,0 +1,116 @@
+// Prometheus exposition and the serve TOML config.
+#include <gtest/gtest.h>
+
+#include "server/config.h"
+#include "server/metrics.h"
+
+namespace bonsai::server {
+namespace {
+
+TEST(Metrics, ExpositionFormat) {
+  MetricsRegistry m;
+  m.declare("t_requests_total", "Requests.", MetricType::kCounter);
+  m.declare("t_gauge", "A gauge\nwith newline.", MetricType::kGauge);
+  m.declare("t_latency_seconds", "Latency.", MetricType::kHistogram, {0.1, 1});
+  m.inc("t_requests_total", {{"route", "/v1/models"}, {"status", "200"}});
+  m.inc("t_requests_total", {{"route", "/v1/models"}, {"status", "200"}}, 2);
+  m.inc("t_requests_total", {{"route", "a\"b\\c"}, {"status", "500"}});
+  m.set("t_gauge", {}, 2.5);
+  m.observe("t_latency_seconds", {{"model", "x"}}, 0.05);
+  m.observe("t_latency_seconds", {{"model", "x"}}, 0.5);
+  m.observe("t_latency_seconds", {{"model", "x"}}, 7);
+  EXPECT_EQ(m.value("t_requests_total", {{"route", "/v1/models"}, {"status", "200"}}), 3);
+  EXPECT_EQ(m.histogram_count("t_latency_seconds", {{"model", "x"}}), 3u);
+  const std::string text = m.expose();
+  const std::string want =
+      "# HELP t_gauge A gauge\\nwith newline.\n"
+      "# TYPE t_gauge gauge\n"
+      "t_gauge 2.5\n"
+      "# HELP t_latency_seconds Latency.\n"
+      "# TYPE t_latency_seconds histogram\n"
+      "t_latency_seconds_bucket{model=\"x\",le=\"0.1\"} 1\n"
+      "t_latency_seconds_bucket{model=\"x\",le=\"1\"} 2\n"
+      "t_latency_seconds_bucket{model=\"x\",le=\"+Inf\"} 3\n"
+      "t_latency_seconds_sum{model=\"x\"} 7.55\n"
+      "t_latency_seconds_count{model=\"x\"} 3\n"
+      "# HELP t_requests_total Requests.\n"
+      "# TYPE t_requests_total counter\n"
+      "t_requests_total{route=\"/v1/models\",status=\"200\"} 3\n"
+      "t_requests_total{route=\"a\\\"b\\\\c\",status=\"500\"} 1\n";
+  EXPECT_EQ(text, want);
+  m.clear("t_gauge");
+  EXPECT_EQ(m.value("t_gauge", {}), 0);
+}
+
+TEST(Config, ModelArg) {
+  auto a = parse_model_arg("tiny=/x/y.gguf");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "tiny");
+  EXPECT_EQ(a->path, "/x/y.gguf");
+  auto b = parse_model_arg("/models/stories260K.gguf");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->id, "stories260K");
+  EXPECT_FALSE(parse_model_arg("=/x.gguf").has_value());
+  EXPECT_FALSE(parse_model_arg("id=").has_value());
+}
+
+TEST(Config, TomlKeysAndPreload) {
+  ServeConfig c;
+  auto r = apply_serve_toml(R"(
+model = ["a=/m/a.gguf"]
+pool-size = 2
+models_max = 3
+mem-budget = 512
+ctx-size = 1024
+threads = 2
+host = "127.0.0.1"
+port = 9000
+api-key = "k"
+timeout = 12.5
+[models]
+b = "/m/b.gguf"
+[router]
+preload = ["b"]
+)",
+                            "serve.toml", c);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  ASSERT_EQ(c.models.size(), 2u);
+  EXPECT_EQ(c.models[0].id, "a");
+  EXPECT_EQ(c.models[1].id, "b");
+  EXPECT_EQ(c.models[1].path, "/m/b.gguf");
+  EXPECT_EQ(c.pool_size, 2);
+  EXPECT_EQ(c.models_max, 3);
+  EXPECT_EQ(c.mem_budget_mb, 512u);
+  EXPECT_EQ(c.ctx_size, 1024);
+  EXPECT_EQ(c.threads, 2);
+  EXPECT_EQ(c.port, 9000);
+  EXPECT_EQ(c.api_key, "k");
+  EXPECT_DOUBLE_EQ(c.timeout_s, 12.5);
+  EXPECT_TRUE(c.preload_set);
+  EXPECT_EQ(c.preload, std::vector<std::string>{"b"});
+  EXPECT_TRUE(validate_serve_config(c).has_value());
+}
+
+TEST(Config, TomlErrorsNameFileAndKey) {
+  ServeConfig c;
+  auto bad_type = apply_serve_toml("port = \"80\"\n", "s.toml", c);
+  ASSERT_FALSE(bad_type.has_value());
+  EXPECT_NE(bad_type.error().message.find("s.toml: key 'port'"), std::string::npos) << bad_type.error().message;
+  auto unknown = apply_serve_toml("pool_sise = 2\n", "s.toml", c);
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_NE(unknown.error().message.find("pool_sise"), std::string::npos);
+  auto syntax = apply_serve_toml("port = = 1\n", "s.toml", c);
+  ASSERT_FALSE(syntax.has_value());
+  EXPECT_NE(syntax.error().message.find("s.toml:1"), std::string::npos) << syntax.error().message;
+  ServeConfig d;
+  d.models = {{"a", "/a.gguf"}};
+  d.preload = {"zzz"};
+  EXPECT_FALSE(validate_serve_config(d).has_value());
+  d.preload.clear();
+  d.port = 70000;
+  EXPECT_FALSE(validate_serve_config(d).has_value());
+  EXPECT_EQ(load_serve_toml("/nonexistent/serve.toml", d).error().code, core::Errc::kNotFound);
+}
+
+}  // namespace
+}  // namespace bonsai::server
