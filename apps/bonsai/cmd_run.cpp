@@ -23,10 +23,7 @@
 #include "engine/inference_engine.h"     // InferenceEngine
 #include "model/model.h"                 // Model::load
 #include "tokenizer/tokenizer.h"         // Tokenizer, ChatTemplate
-#if __has_include("apps/bonsai/synth.h")
-#include "apps/bonsai/synth.h"           // ensure_default_model
-#define BONSAI_HAVE_SYNTH 1
-#endif
+#include "apps/bonsai/synth.h"           // synth::ensure_default_model
 
 namespace bonsai::app {
 namespace {
@@ -145,8 +142,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   }
   std::string path = o.model_path;
   if (path.empty()) {
-#ifdef BONSAI_HAVE_SYNTH
-    auto p = ensure_default_model();
+    auto p = synth::ensure_default_model();
     if (!p) {
       std::cerr << "bonsai " << cmd << ": cannot prepare the built-in default model: " << p.error().message << "\n";
       return std::nullopt;
@@ -154,10 +150,6 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     path = *p;
     std::cerr << "bonsai " << cmd << ": no -m given; using the built-in default model " << path
               << " (a tiny synthetic model: its text is not meaningful)\n";
-#else
-    std::cerr << "bonsai " << cmd << ": no -m given and this build has no built-in default model\n";
-    return std::nullopt;
-#endif
   }
   auto model = model::Model::load(path);
   if (!model) {

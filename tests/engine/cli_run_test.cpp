@@ -28,13 +28,14 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// Runs `bonsai ARGS` with `stdin_text` on stdin; captures stdout / stderr.
-CliResult bonsai(const std::string& args, const std::string& stdin_text = "") {
+// Runs `[ENV] bonsai ARGS` with `stdin_text` on stdin (env: shell variable
+// assignments such as "X='y' "); captures stdout / stderr.
+CliResult bonsai(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
   const fs::path dir = fs::temp_directory_path() / ("bonsai_cli_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "in") << stdin_text;
   const std::string bin = (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string();
-  const std::string cmd = "'" + bin + "' " + args + " <'" + (dir / "in").string() + "' >'" +
+  const std::string cmd = env + "'" + bin + "' " + args + " <'" + (dir / "in").string() + "' >'" +
                           (dir / "out").string() + "' 2>'" + (dir / "err").string() + "'";
   CliResult r;
   const int status = std::system(cmd.c_str());
@@ -102,6 +103,21 @@ TEST(CliRun, ErrorsAreClearAndNonZero) {
   const CliResult bad_param = bonsai("run -m '" + kStories + "' --top-p 3");
   EXPECT_NE(bad_param.rc, 0);
   EXPECT_NE(bad_param.err.find("top_p"), std::string::npos) << bad_param.err;
+}
+
+TEST(CliRun, NoModelUsesTheBuiltInDefault) {
+  const fs::path cache = fs::temp_directory_path() / ("bonsai_cli_cache_" + std::to_string(::getpid()));
+  const std::string env = "BONSAI_CACHE_DIR='" + cache.string() + "' ";
+  const CliResult r = bonsai("run -p Hello -n 6 --temp 0 --json", "", env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("built-in default model"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("timings").at("predicted_n"), 6);
+  EXPECT_EQ(j.at("tokens").size(), 6u);
+  const CliResult chat = bonsai("chat -n 4", "Hi\n/exit\n", env);
+  EXPECT_EQ(chat.rc, 0) << chat.err;
+  EXPECT_NE(chat.err.find("built-in default model"), std::string::npos) << chat.err;
+  fs::remove_all(cache);
 }
 
 TEST(CliChat, KeepsTheConversationUntilExit) {
