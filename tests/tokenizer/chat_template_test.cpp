@@ -49,6 +49,33 @@ TEST(ChatTemplate, GoldenConversationsByteForByte) {
   }
 }
 
+// 80 random conversations (every role order, reasoning in content and
+// separate, tool calls, consecutive tool messages, tools with nested JSON,
+// enable_thinking on/off, with and without a generation prompt) rendered by
+// Jinja2 with the template stored in the fixture GGUF; regenerate with
+// tests/tokenizer/gen_chat_cases.py.
+TEST(ChatTemplate, MatchesJinjaRenderingsOfTheGgufTemplate) {
+  const std::string path = std::string(BONSAI_TOKENIZER_TEST_DATA) + "/qwen3_chat_jinja_cases.json";
+  BONSAI_REQUIRE_FILE(path);
+  const auto data = nlohmann::ordered_json::parse(read_file(path));
+  const ChatTemplate t = ChatTemplate::from_text("<|im_start|> <think> reasoning_content");
+  ASSERT_EQ(t.family(), ChatTemplate::Family::kQwen3);
+  const auto& cases = data.at("cases");
+  ASSERT_EQ(cases.size(), 80u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    auto messages = chat_messages_from_json(c.at("messages"));
+    ASSERT_TRUE(messages.has_value()) << i << ": " << messages.error().message;
+    ChatOptions opt;
+    opt.add_generation_prompt = c.at("add_generation_prompt").get<bool>();
+    opt.enable_thinking = c.at("enable_thinking").get<bool>();
+    opt.tools = c.at("tools");
+    auto rendered = t.render(*messages, opt);
+    ASSERT_TRUE(rendered.has_value()) << i << ": " << rendered.error().message;
+    EXPECT_EQ(rendered->text(), c.at("prompt").get<std::string>()) << "case " << i << ": " << c.at("messages").dump();
+  }
+}
+
 TEST(ChatTemplate, UserTextCannotInjectSpecialTokens) {
   BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
   auto tok = load_tokenizer(kQwenGguf);
