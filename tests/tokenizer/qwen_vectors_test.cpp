@@ -5,7 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -169,6 +171,35 @@ TEST(QwenTokenizer, GoldenPromptIdsAndPieces) {
     EXPECT_EQ(hex(all), p.at("greedy_text_hex").get<std::string>()) << name;
     EXPECT_EQ(hex(tok->decode(greedy)), p.at("greedy_text_hex").get<std::string>()) << name;
   }
+}
+
+// One Tokenizer shared by many threads (the server's replicas): same ids as
+// a single thread (the BPE cache is shared and locked).
+TEST(QwenTokenizer, ConcurrentEncodeIsConsistent) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
+  auto tok = load_tokenizer(kQwenGguf);
+  ASSERT_NE(tok, nullptr);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) {
+    texts.push_back("Thread-safe tokenization #" + std::to_string(i) + ": café, 世界 " +
+                    std::string(static_cast<size_t>(i % 7), ' ') + "🦙 word" + std::to_string(i * 7919));
+  }
+  std::vector<std::vector<TokenId>> want;
+  for (const auto& t : texts) want.push_back(tok->encode(t));
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th) {
+    threads.emplace_back([&, th] {
+      for (int rep = 0; rep < 5; ++rep) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          const size_t k = (i * 31 + static_cast<size_t>(th) * 17 + static_cast<size_t>(rep)) % texts.size();
+          if (tok->encode(texts[k]) != want[k]) mismatches.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(QwenTokenizer, PreTokenizerRules) {
