@@ -4,8 +4,6 @@
 // --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
 // --seed, -c, -t).
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -13,17 +11,18 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "apps/bonsai/commands.h"
-#include "core/error.h"                  // core::Expected
-#include "core/thread_pool.h"            // set_global_thread_count
-#include "engine/inference_engine.h"     // InferenceEngine
-#include "model/model.h"                 // Model::load
-#include "tokenizer/tokenizer.h"         // Tokenizer, ChatTemplate
-#include "apps/bonsai/synth.h"           // synth::ensure_default_model
+#include "apps/bonsai/synth.h"        // synth::ensure_default_model
+#include "core/error.h"               // core::Expected
+#include "core/thread_pool.h"         // set_global_thread_count
+#include "engine/inference_engine.h"  // InferenceEngine
+#include "model/model.h"              // Model::load
+#include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate
 
 namespace bonsai::app {
 namespace {
@@ -52,7 +51,8 @@ class SigintCancels {
 // Generates `ids`, printing each released piece to stdout (unless `quiet`);
 // Ctrl-C cancels.
 core::Expected<engine::GenerationResult> generate_to_stdout(engine::InferenceEngine& eng,
-                                                            const std::vector<int32_t>& ids, bool quiet) {
+                                                            const std::vector<int32_t>& ids,
+                                                            bool quiet) {
   SigintCancels sigint;
   engine::GenerateRequest req;
   req.prompt = ids;
@@ -90,17 +90,22 @@ struct GenOptions {
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
-  cmd->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (-1: until EOS or the context is full)")
+  cmd->add_option("-n,--n-predict", o.n_predict,
+                  "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
   cmd->add_option("--temp", o.temp, "Temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Top-k sampling (0: off)")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Top-p (nucleus) sampling (1.0: off)")->capture_default_str();
   cmd->add_option("--min-p", o.min_p, "Min-p sampling (0.0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1.0: off)")->capture_default_str();
-  cmd->add_option("--repeat-last-n", o.repeat_last_n, "Tokens the penalties look back over (-1: all)")
+  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1.0: off)")
       ->capture_default_str();
-  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty")->capture_default_str();
-  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
+  cmd->add_option("--repeat-last-n", o.repeat_last_n,
+                  "Tokens the penalties look back over (-1: all)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty")
+      ->capture_default_str();
   cmd->add_option("-s,--seed", o.seed, "RNG seed (-1: random)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
       ->capture_default_str();
@@ -119,8 +124,9 @@ engine::SamplingParams to_params(const GenOptions& o) {
   p.repeat_last_n = o.repeat_last_n;
   p.presence_penalty = o.presence_penalty;
   p.frequency_penalty = o.frequency_penalty;
-  p.seed = o.seed < 0 ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
-                      : static_cast<uint64_t>(o.seed);
+  p.seed = o.seed < 0
+               ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
+               : static_cast<uint64_t>(o.seed);
   p.max_tokens = o.n_predict;
   p.ignore_eos = o.ignore_eos;
   p.stop = o.stop;
@@ -144,7 +150,8 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   if (path.empty()) {
     auto p = synth::ensure_default_model();
     if (!p) {
-      std::cerr << "bonsai " << cmd << ": cannot prepare the built-in default model: " << p.error().message << "\n";
+      std::cerr << "bonsai " << cmd
+                << ": cannot prepare the built-in default model: " << p.error().message << "\n";
       return std::nullopt;
     }
     path = *p;
@@ -158,7 +165,8 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   }
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) {
-    std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
+    std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": "
+              << tok.error().message << "\n";
     return std::nullopt;
   }
   const engine::SamplingParams params = to_params(o);
@@ -181,13 +189,15 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   return s;
 }
 
-double per_second(int64_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
+double per_second(int64_t n, double ms) {
+  return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0;
+}
 
 void print_timings(const engine::GenerationResult& r) {
-  std::fprintf(stderr, "\nprompt:     %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.prompt_tokens, r.prompt_ms,
-               per_second(r.prompt_tokens, r.prompt_ms));
-  std::fprintf(stderr, "generation: %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.completion_tokens, r.gen_ms,
-               per_second(r.completion_tokens, r.gen_ms));
+  std::fprintf(stderr, "\nprompt:     %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.prompt_tokens,
+               r.prompt_ms, per_second(r.prompt_tokens, r.prompt_ms));
+  std::fprintf(stderr, "generation: %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.completion_tokens,
+               r.gen_ms, per_second(r.completion_tokens, r.gen_ms));
   std::fprintf(stderr, "finish_reason: %s\n", engine::finish_reason_name(r.finish_reason));
 }
 
@@ -248,10 +258,10 @@ int run_main(const RunOptions& o) {
   }
   if (o.json) {
     nlohmann::ordered_json j = {{"prompt_tokens", ids},
-                        {"tokens", r->tokens},
-                        {"text", r->text},
-                        {"finish_reason", engine::finish_reason_name(r->finish_reason)},
-                        {"timings", timings_json(*r)}};
+                                {"tokens", r->tokens},
+                                {"text", r->text},
+                                {"finish_reason", engine::finish_reason_name(r->finish_reason)},
+                                {"timings", timings_json(*r)}};
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::fputc('\n', stdout);
@@ -336,11 +346,13 @@ void register_run(CLI::App& app) {
   auto* run = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
   add_gen_flags(run, run_opts->gen);
   run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
-  run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
+  run->add_flag("--chat", run_opts->chat,
+                "Wrap the prompt in the model's chat template (as a user message)");
   run->add_option("--system", run_opts->system, "System message (with --chat)");
   run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");
-  run->add_flag("--json", run_opts->json,
-                "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
+  run->add_flag(
+      "--json", run_opts->json,
+      "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
   run->callback([run_opts] { set_exit_code(run_main(*run_opts)); });
 
   auto chat_opts = std::make_shared<ChatCliOptions>();

@@ -6,10 +6,10 @@
 #include <string>
 #include <utility>
 
-#include "core/thread_pool.h"      // ThreadPool, global_pool
-#include "engine/text_emitter.h"   // TextEmitter
-#include "model/model.h"           // Model, KvCache, Workspace, Batch
-#include "tokenizer/tokenizer.h"   // Tokenizer
+#include "core/thread_pool.h"     // ThreadPool, global_pool
+#include "engine/text_emitter.h"  // TextEmitter
+#include "model/model.h"          // Model, KvCache, Workspace, Batch
+#include "tokenizer/tokenizer.h"  // Tokenizer
 
 namespace bonsai::engine {
 
@@ -21,9 +21,12 @@ double ms_since(Clock::time_point t0, Clock::time_point t1) {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -45,21 +48,25 @@ struct InferenceEngine::Impl {
 };
 
 core::Expected<InferenceEngine> InferenceEngine::create(
-    std::shared_ptr<const model::Model> model, std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
-    EngineOptions options) {
-  if (model == nullptr) return core::fail(core::Errc::kInvalidArgument, "InferenceEngine: model is null");
+    std::shared_ptr<const model::Model> model,
+    std::shared_ptr<const tokenizer::Tokenizer> tokenizer, EngineOptions options) {
+  if (model == nullptr)
+    return core::fail(core::Errc::kInvalidArgument, "InferenceEngine: model is null");
   if (tokenizer == nullptr) {
     return core::fail(core::Errc::kInvalidArgument, "InferenceEngine: tokenizer is null");
   }
   if (auto ok = options.params.validate(); !ok) return std::unexpected(ok.error());
   if (options.max_seq_len < 0) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "InferenceEngine: max_seq_len must be >= 0, got " + std::to_string(options.max_seq_len));
+    return core::fail(
+        core::Errc::kInvalidArgument,
+        "InferenceEngine: max_seq_len must be >= 0, got " + std::to_string(options.max_seq_len));
   }
   const model::ModelConfig& cfg = model->config();
   int64_t n_ctx = options.max_seq_len;
-  if (n_ctx == 0) n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kDefaultMaxSeqLen, kDefaultMaxSeqLen);
-  auto cache = model::KvCache::create(cfg, n_ctx, options.kv_f32 ? model::KvType::kF32 : model::KvType::kF16);
+  if (n_ctx == 0)
+    n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kDefaultMaxSeqLen, kDefaultMaxSeqLen);
+  auto cache = model::KvCache::create(cfg, n_ctx,
+                                      options.kv_f32 ? model::KvType::kF32 : model::KvType::kF16);
   if (!cache) return std::unexpected(cache.error());
 
   auto impl = std::make_unique<Impl>();
@@ -86,21 +93,23 @@ core::Expected<std::span<const float>> InferenceEngine::prefill_from_pos(
   if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "prefill: no tokens");
   const auto held = static_cast<int64_t>(m.history.size());
   if (pos < 0 || pos > held) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "prefill: position " + std::to_string(pos) + " is beyond the " + std::to_string(held) +
-                          " positions in the cache");
+    return core::fail(core::Errc::kInvalidArgument, "prefill: position " + std::to_string(pos) +
+                                                        " is beyond the " + std::to_string(held) +
+                                                        " positions in the cache");
   }
   const auto n = static_cast<int64_t>(tokens.size());
   if (pos + n > m.cache.n_ctx()) {
-    return core::fail(core::Errc::kOutOfRange,
-                      "prefill: positions " + std::to_string(pos) + ".." + std::to_string(pos + n - 1) +
-                          " exceed the context of " + std::to_string(m.cache.n_ctx()) + " tokens");
+    return core::fail(core::Errc::kOutOfRange, "prefill: positions " + std::to_string(pos) + ".." +
+                                                   std::to_string(pos + n - 1) +
+                                                   " exceed the context of " +
+                                                   std::to_string(m.cache.n_ctx()) + " tokens");
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
       return core::fail(core::Errc::kInvalidArgument,
-                        "prefill: token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                            " is outside the vocabulary [0, " + std::to_string(m.n_vocab) + ")");
+                        "prefill: token " + std::to_string(tokens[i]) + " at index " +
+                            std::to_string(i) + " is outside the vocabulary [0, " +
+                            std::to_string(m.n_vocab) + ")");
     }
   }
   m.cache.truncate(pos);
@@ -152,16 +161,16 @@ core::Expected<GenerationResult> InferenceEngine::generate_with_params(
   return generate_request(r);
 }
 
-core::Expected<GenerationResult> InferenceEngine::generate_with_seed(std::span<const int32_t> prompt,
-                                                                     uint64_t seed) {
+core::Expected<GenerationResult> InferenceEngine::generate_with_seed(
+    std::span<const int32_t> prompt, uint64_t seed) {
   GenerateRequest r;
   r.prompt = prompt;
   r.seed = seed;
   return generate_request(r);
 }
 
-core::Expected<GenerationResult> InferenceEngine::generate_streaming(std::span<const int32_t> prompt,
-                                                                     const StreamCallback& on_token) {
+core::Expected<GenerationResult> InferenceEngine::generate_streaming(
+    std::span<const int32_t> prompt, const StreamCallback& on_token) {
   GenerateRequest r;
   r.prompt = prompt;
   r.on_token = on_token;
@@ -183,7 +192,8 @@ core::Expected<std::vector<GenerationResult>> InferenceEngine::batch_generate(
 core::Expected<GenerationResult> InferenceEngine::generate_request(const GenerateRequest& req) {
   Impl& m = *impl_;
   const Clock::time_point t_start = Clock::now();
-  if (req.prompt.empty()) return core::fail(core::Errc::kInvalidArgument, "generate: the prompt is empty");
+  if (req.prompt.empty())
+    return core::fail(core::Errc::kInvalidArgument, "generate: the prompt is empty");
   if (static_cast<int64_t>(req.prompt.size()) > m.cache.n_ctx()) {
     return core::fail(core::Errc::kOutOfRange,
                       "generate: the prompt has " + std::to_string(req.prompt.size()) +
@@ -295,7 +305,9 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
 // ---- State ----------------------------------------------------------------------------
 
 const SamplingParams& InferenceEngine::params() const { return impl_->sampler.params(); }
-void InferenceEngine::set_params(SamplingParams params) { impl_->sampler.set_params(std::move(params)); }
+void InferenceEngine::set_params(SamplingParams params) {
+  impl_->sampler.set_params(std::move(params));
+}
 void InferenceEngine::reseed(uint64_t seed) { impl_->sampler.reseed(seed); }
 Rng::State InferenceEngine::rng_state() const { return impl_->sampler.rng().state(); }
 void InferenceEngine::set_rng_state(const Rng::State& s) { impl_->sampler.rng().set_state(s); }
@@ -310,7 +322,9 @@ int64_t InferenceEngine::n_vocab() const { return impl_->n_vocab; }
 const model::Model& InferenceEngine::model() const { return *impl_->model; }
 const tokenizer::Tokenizer& InferenceEngine::tokenizer() const { return *impl_->tok; }
 std::shared_ptr<const model::Model> InferenceEngine::model_ptr() const { return impl_->model; }
-std::shared_ptr<const tokenizer::Tokenizer> InferenceEngine::tokenizer_ptr() const { return impl_->tok; }
+std::shared_ptr<const tokenizer::Tokenizer> InferenceEngine::tokenizer_ptr() const {
+  return impl_->tok;
+}
 size_t InferenceEngine::kv_cache_bytes() const { return impl_->cache.bytes(); }
 
 }  // namespace bonsai::engine

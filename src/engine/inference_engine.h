@@ -33,11 +33,11 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.h"             // core::Expected
-#include "engine/engine_stats.h"    // EngineStats
-#include "engine/rate_tracker.h"    // RequestRateTracker, RequestRateAggregator
-#include "engine/sampling.h"        // SamplingParams, Sampler
-#include "kernels/kernels.h"        // kernels::Tier
+#include "core/error.h"           // core::Expected
+#include "engine/engine_stats.h"  // EngineStats
+#include "engine/rate_tracker.h"  // RequestRateTracker, RequestRateAggregator
+#include "engine/sampling.h"      // SamplingParams, Sampler
+#include "kernels/kernels.h"      // kernels::Tier
 
 namespace bonsai::core {
 class ThreadPool;
@@ -93,24 +93,24 @@ using StreamCallback = std::function<bool(const TokenEvent&)>;
 
 // What one generate* call returns.
 struct GenerationResult {
-  std::vector<int32_t> tokens;        // sampled ids, excluding a terminating EOS/EOG token
-  std::string text;                   // detokenized tokens, stop string and after removed
+  std::vector<int32_t> tokens;  // sampled ids, excluding a terminating EOS/EOG token
+  std::string text;             // detokenized tokens, stop string and after removed
   FinishReason finish_reason = FinishReason::kStop;
-  int32_t prompt_tokens = 0;          // prompt length
-  int32_t completion_tokens = 0;      // tokens sampled, a terminating EOS included
-  double prompt_ms = 0;               // prefill time
-  double gen_ms = 0;                  // decode + sampling time
-  RequestRateSummary rate;            // TTFT / ITL / tokens/s of this call
+  int32_t prompt_tokens = 0;      // prompt length
+  int32_t completion_tokens = 0;  // tokens sampled, a terminating EOS included
+  double prompt_ms = 0;           // prefill time
+  double gen_ms = 0;              // decode + sampling time
+  RequestRateSummary rate;        // TTFT / ITL / tokens/s of this call
 };
 
 // The general form every generate* maps onto (the server uses it directly).
 struct GenerateRequest {
-  std::span<const int32_t> prompt;          // token ids incl. BOS if wanted; borrowed for the call
-  std::optional<SamplingParams> params;     // set: generate_with_params semantics
-  std::optional<uint64_t> seed;             // set: generate_with_seed semantics (applied after params)
-  StreamCallback on_token;                  // optional
+  std::span<const int32_t> prompt;       // token ids incl. BOS if wanted; borrowed for the call
+  std::optional<SamplingParams> params;  // set: generate_with_params semantics
+  std::optional<uint64_t> seed;          // set: generate_with_seed semantics (applied after params)
+  StreamCallback on_token;               // optional
   const std::atomic<bool>* cancel = nullptr;  // optional; checked before each decode step
-  RequestRateTracker* tracker = nullptr;    // optional; on_token is called per sampled token
+  RequestRateTracker* tracker = nullptr;      // optional; on_token is called per sampled token
 };
 
 class InferenceEngine {
@@ -119,9 +119,9 @@ class InferenceEngine {
   // `tokenizer` are shared with other replicas and must be non-null.
   // Errors: kInvalidArgument (null model/tokenizer, invalid params or
   // max_seq_len < 0), kResourceExhausted (cache allocation failed).
-  static core::Expected<InferenceEngine> create(std::shared_ptr<const model::Model> model,
-                                                std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
-                                                EngineOptions options = {});
+  static core::Expected<InferenceEngine> create(
+      std::shared_ptr<const model::Model> model,
+      std::shared_ptr<const tokenizer::Tokenizer> tokenizer, EngineOptions options = {});
 
   InferenceEngine(InferenceEngine&&) noexcept;
   InferenceEngine& operator=(InferenceEngine&&) noexcept;
@@ -179,14 +179,14 @@ class InferenceEngine {
   // Every finished generate* is also recorded here when set (shared with the
   // pool/server; thread-safe). nullptr: none.
   void set_metrics(std::shared_ptr<RequestRateAggregator> metrics);
-  kernels::Tier kernel_tier() const;       // the tier the forward pass runs on
-  int64_t max_seq_len() const;             // KV-cache capacity in positions
+  kernels::Tier kernel_tier() const;  // the tier the forward pass runs on
+  int64_t max_seq_len() const;        // KV-cache capacity in positions
   int64_t n_vocab() const;
   const model::Model& model() const;
   const tokenizer::Tokenizer& tokenizer() const;
   std::shared_ptr<const model::Model> model_ptr() const;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_ptr() const;
-  size_t kv_cache_bytes() const;           // allocated bytes of this replica's cache
+  size_t kv_cache_bytes() const;  // allocated bytes of this replica's cache
 
  private:
   struct Impl;

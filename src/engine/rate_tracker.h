@@ -21,11 +21,11 @@ double percentile(std::span<const double> samples, double p);
 
 // The figures of one finished (or cancelled) request. Times in milliseconds.
 struct RequestRateSummary {
-  uint64_t tokens = 0;         // generated tokens recorded with on_token
-  double queue_ms = 0;         // admission -> start (0 if on_start was never called)
-  double ttft_ms = 0;          // admission -> first token (0 if no token)
-  double itl_p50_ms = 0;       // inter-token latency, median
-  double itl_p95_ms = 0;       // inter-token latency, 95th percentile
+  uint64_t tokens = 0;    // generated tokens recorded with on_token
+  double queue_ms = 0;    // admission -> start (0 if on_start was never called)
+  double ttft_ms = 0;     // admission -> first token (0 if no token)
+  double itl_p50_ms = 0;  // inter-token latency, median
+  double itl_p95_ms = 0;  // inter-token latency, 95th percentile
   double itl_mean_ms = 0;
   double total_ms = 0;         // admission -> finish (or the last event)
   double tokens_per_s = 0;     // (tokens - 1) / (last token - first token); 0 if < 2 tokens
@@ -64,11 +64,11 @@ class RequestRateTracker {
 // Snapshot of a RequestRateAggregator. Cumulative counters (for Prometheus
 // counters/sums) plus percentiles over the last `window` requests / gaps.
 struct RequestRateStats {
-  uint64_t requests = 0;         // cumulative
-  uint64_t tokens = 0;           // cumulative generated tokens
-  double ttft_sum_ms = 0;        // cumulative sum over requests with >= 1 token
+  uint64_t requests = 0;   // cumulative
+  uint64_t tokens = 0;     // cumulative generated tokens
+  double ttft_sum_ms = 0;  // cumulative sum over requests with >= 1 token
   uint64_t ttft_count = 0;
-  double itl_sum_ms = 0;         // cumulative sum of all inter-token gaps
+  double itl_sum_ms = 0;  // cumulative sum of all inter-token gaps
   uint64_t itl_count = 0;
   double queue_sum_ms = 0;
   // Over the rolling window:
@@ -90,11 +90,11 @@ class RequestRateAggregator {
 
  private:
   const size_t window_;
-  mutable std::mutex mu_;      // guards everything below
-  RequestRateStats totals_;    // cumulative fields only
-  std::deque<double> ttft_;    // last window_ TTFTs
-  std::deque<double> tps_;     // last window_ tokens/s (requests with >= 2 tokens)
-  std::deque<double> itl_;     // last 64 * window_ gaps
+  mutable std::mutex mu_;    // guards everything below
+  RequestRateStats totals_;  // cumulative fields only
+  std::deque<double> ttft_;  // last window_ TTFTs
+  std::deque<double> tps_;   // last window_ tokens/s (requests with >= 2 tokens)
+  std::deque<double> itl_;   // last 64 * window_ gaps
 };
 
 }  // namespace bonsai::engine

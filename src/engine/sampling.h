@@ -56,9 +56,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // OpenAI: subtracted once if the token occurred in the window
   float frequency_penalty = 0.0f;  // OpenAI: subtracted once per occurrence in the window
   uint64_t seed = kDefaultSeed;    // RNG seed (used by reseed; see InferenceEngine)
-  int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS or the context is full
-  std::vector<std::string> stop;   // stop strings (UTF-8); the text never contains them
-  bool ignore_eos = false;         // true: EOS/EOG tokens do not end generation
+  int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS or the context is full
+  std::vector<std::string> stop;  // stop strings (UTF-8); the text never contains them
+  bool ignore_eos = false;        // true: EOS/EOG tokens do not end generation
 
   // Checks ranges (NaN, negative temperature is allowed = greedy, top_p in
   // (0,1], min_p in [0,1], repeat_penalty > 0, repeat_last_n >= -1, empty stop

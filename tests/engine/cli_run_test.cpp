@@ -1,12 +1,12 @@
 // `bonsai run` / `bonsai chat` end to end: runs the built binary.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -30,8 +30,10 @@ std::string slurp(const fs::path& p) {
 
 // Runs `[ENV] bonsai ARGS` with `stdin_text` on stdin (env: shell variable
 // assignments such as "X='y' "); captures stdout / stderr.
-CliResult bonsai(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
-  const fs::path dir = fs::temp_directory_path() / ("bonsai_cli_test_" + std::to_string(::getpid()));
+CliResult bonsai(const std::string& args, const std::string& stdin_text = "",
+                 const std::string& env = "") {
+  const fs::path dir =
+      fs::temp_directory_path() / ("bonsai_cli_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "in") << stdin_text;
   const std::string bin = (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string();
@@ -47,7 +49,8 @@ CliResult bonsai(const std::string& args, const std::string& stdin_text = "", co
 }
 
 const std::string kStories = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
-const std::string kOracle = bonsai::test::shared_path("models/stories260K/expected_greedy_from_bos.json");
+const std::string kOracle =
+    bonsai::test::shared_path("models/stories260K/expected_greedy_from_bos.json");
 
 nlohmann::json oracle() {
   std::ifstream f(kOracle);
@@ -81,12 +84,14 @@ TEST(CliRun, StreamsTextToStdoutAndTimingsToStderr) {
 
 TEST(CliRun, SeedReproducesSampledOutput) {
   BONSAI_REQUIRE_FILE(kStories);
-  const std::string args = "run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 123 --json";
+  const std::string args =
+      "run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 123 --json";
   const CliResult a = bonsai(args), b = bonsai(args + " -t 2");
   ASSERT_EQ(a.rc, 0) << a.err;
   ASSERT_EQ(b.rc, 0) << b.err;
   EXPECT_EQ(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(b.out).at("tokens"));
-  const CliResult c = bonsai("run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 124 --json");
+  const CliResult c =
+      bonsai("run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 124 --json");
   ASSERT_EQ(c.rc, 0) << c.err;
   EXPECT_NE(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(c.out).at("tokens"));
 }
@@ -106,7 +111,8 @@ TEST(CliRun, ErrorsAreClearAndNonZero) {
 }
 
 TEST(CliRun, NoModelUsesTheBuiltInDefault) {
-  const fs::path cache = fs::temp_directory_path() / ("bonsai_cli_cache_" + std::to_string(::getpid()));
+  const fs::path cache =
+      fs::temp_directory_path() / ("bonsai_cli_cache_" + std::to_string(::getpid()));
   const std::string env = "BONSAI_CACHE_DIR='" + cache.string() + "' ";
   const CliResult r = bonsai("run -p Hello -n 6 --temp 0 --json", "", env);
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -122,7 +128,8 @@ TEST(CliRun, NoModelUsesTheBuiltInDefault) {
 
 TEST(CliChat, KeepsTheConversationUntilExit) {
   BONSAI_REQUIRE_FILE(kStories);
-  const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0", "Hello\n\nHow are you?\n/exit\nnot read\n");
+  const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0",
+                             "Hello\n\nHow are you?\n/exit\nnot read\n");
   ASSERT_EQ(r.rc, 0) << r.err;
   // Three prompts shown (two answered turns, then /exit).
   size_t prompts = 0;

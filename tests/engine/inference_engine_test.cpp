@@ -5,14 +5,14 @@
 #include "engine/inference_engine.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
+#include "common/test_util.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
-#include "common/test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bonsai::engine {
@@ -60,7 +60,8 @@ SamplingParams creative(int32_t n, uint64_t seed = 7) {
   return p;
 }
 
-InferenceEngine make_engine(const SamplingParams& p, int64_t ctx = 512, core::ThreadPool* pool = nullptr) {
+InferenceEngine make_engine(const SamplingParams& p, int64_t ctx = 512,
+                            core::ThreadPool* pool = nullptr) {
   EngineOptions o;
   o.params = p;
   o.max_seq_len = ctx;
@@ -70,15 +71,16 @@ InferenceEngine make_engine(const SamplingParams& p, int64_t ctx = 512, core::Th
   return std::move(*e);
 }
 
-#define REQUIRE_STORIES()                                  \
-  BONSAI_REQUIRE_FILE(test::shared_path(kModelRel));       \
-  ASSERT_NE(stories().model, nullptr);                     \
+#define REQUIRE_STORIES()                            \
+  BONSAI_REQUIRE_FILE(test::shared_path(kModelRel)); \
+  ASSERT_NE(stories().model, nullptr);               \
   ASSERT_NE(stories().tok, nullptr)
 
 const std::vector<int32_t> kBos = {1};
 
 TEST(InferenceEngine, GreedyFromBosMatchesOracle) {
-  const std::string oracle_path = test::shared_path("models/stories260K/expected_greedy_from_bos.json");
+  const std::string oracle_path =
+      test::shared_path("models/stories260K/expected_greedy_from_bos.json");
   BONSAI_REQUIRE_FILE(oracle_path);
   REQUIRE_STORIES();
   std::ifstream f(oracle_path);
@@ -119,7 +121,8 @@ TEST(InferenceEngine, StreamedTextEqualsNonStreamed) {
     EXPECT_EQ(streamed, whole->text);
     EXPECT_EQ(r->text, whole->text);
     EXPECT_EQ(r->tokens, whole->tokens);
-    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<long>(r->tokens.size())), r->tokens);
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<long>(r->tokens.size())),
+              r->tokens);
   }
 }
 
@@ -306,7 +309,8 @@ TEST(InferenceEngine, EosEndsGenerationUnlessIgnored) {
   ASSERT_TRUE(r.has_value());
   for (int32_t t : r->tokens) EXPECT_FALSE(stories().tok->is_eog(t));
   if (r->finish_reason == FinishReason::kStop) {
-    EXPECT_EQ(r->completion_tokens, static_cast<int32_t>(r->tokens.size()) + 1);  // EOS counted, not listed
+    EXPECT_EQ(r->completion_tokens,
+              static_cast<int32_t>(r->tokens.size()) + 1);  // EOS counted, not listed
     p.ignore_eos = true;
     auto all = e.generate_with_params(kBos, p);
     ASSERT_TRUE(all.has_value());
@@ -318,13 +322,14 @@ TEST(InferenceEngine, EosEndsGenerationUnlessIgnored) {
 
 TEST(InferenceEngine, BatchGenerateEqualsSequentialCalls) {
   REQUIRE_STORIES();
-  const std::vector<std::vector<int32_t>> prompts = {
-      kBos, stories().tok->encode_prompt("The dog"), stories().tok->encode_prompt("Tom had a red")};
+  const std::vector<std::vector<int32_t>> prompts = {kBos, stories().tok->encode_prompt("The dog"),
+                                                     stories().tok->encode_prompt("Tom had a red")};
   InferenceEngine a = make_engine(creative(30, 11)), b = make_engine(creative(30, 11));
   auto batch = a.batch_generate(prompts);
   ASSERT_TRUE(batch.has_value());
   ASSERT_EQ(batch->size(), 3u);
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ((*batch)[i].tokens, b.generate(prompts[i])->tokens);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ((*batch)[i].tokens, b.generate(prompts[i])->tokens);
 }
 
 TEST(InferenceEngine, LowLevelStepsComposeLikeGenerate) {

@@ -13,7 +13,7 @@ using std::chrono::milliseconds;
 
 TEST(Percentile, NearestRank) {
   const std::vector<double> v = {10, 9, 8, 7, 6, 5, 4, 3, 2, 1};
-  EXPECT_DOUBLE_EQ(percentile(v, 50), 5);   // ceil(5) = 5th
+  EXPECT_DOUBLE_EQ(percentile(v, 50), 5);  // ceil(5) = 5th
   EXPECT_DOUBLE_EQ(percentile(v, 90), 9);
   EXPECT_DOUBLE_EQ(percentile(v, 95), 10);  // ceil(9.5) = 10th
   EXPECT_DOUBLE_EQ(percentile(v, 0), 1);
@@ -57,7 +57,7 @@ TEST(RequestRateAggregator, RollsUp) {
   const Clock::time_point t0 = Clock::now();
   for (int r = 0; r < 3; ++r) {
     RequestRateTracker t(t0);
-    t.on_token(t0 + milliseconds(10 * (r + 1)));   // ttft 10, 20, 30
+    t.on_token(t0 + milliseconds(10 * (r + 1)));      // ttft 10, 20, 30
     t.on_token(t0 + milliseconds(10 * (r + 1) + 5));  // one 5 ms gap
     agg.record(t.summary());
   }

@@ -177,9 +177,8 @@ TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
     // softmax first reaches top_p.
     std::vector<int32_t> ids(l.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
-      return l[a] > l[b] || (l[a] == l[b] && a < b);
-    });
+    std::sort(ids.begin(), ids.end(),
+              [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     double z = 0;
     for (float x : l) z += std::exp(static_cast<double>(x) - 14.0);
     size_t keep = ids.size();
@@ -192,7 +191,8 @@ TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
       }
     }
     ASSERT_EQ(c.size(), keep) << "top_p " << top_p;
-    for (size_t i = 0; i < keep; ++i) ASSERT_EQ(c[i].id, ids[i]) << "top_p " << top_p << " rank " << i;
+    for (size_t i = 0; i < keep; ++i)
+      ASSERT_EQ(c[i].id, ids[i]) << "top_p " << top_p << " rank " << i;
   }
 }
 
@@ -220,9 +220,9 @@ TEST(Penalties, PresenceAndFrequency) {
   p.frequency_penalty = 0.25f;
   apply_penalties(l, hist, p);
   // After the repeat penalty, minus count * 0.25 + 0.5:
-  EXPECT_FLOAT_EQ(l[0], 1.0f - 0.75f);   // count 1
-  EXPECT_FLOAT_EQ(l[1], -2.0f - 1.0f);   // count 2
-  EXPECT_FLOAT_EQ(l[2], 0.5f);           // absent: untouched
+  EXPECT_FLOAT_EQ(l[0], 1.0f - 0.75f);  // count 1
+  EXPECT_FLOAT_EQ(l[1], -2.0f - 1.0f);  // count 2
+  EXPECT_FLOAT_EQ(l[2], 0.5f);          // absent: untouched
   EXPECT_FLOAT_EQ(l[3], 3.0f);
   EXPECT_FLOAT_EQ(l[4], -4.0f - 0.75f);  // count 1
 }
@@ -244,7 +244,7 @@ TEST(Penalties, WindowIsLastNTokens) {
   EXPECT_FLOAT_EQ(l2[1], -1.0f);
 
   std::vector<float> l3 = {2, -1, 0.5f, 3, -2};
-  p.repeat_last_n = -1;  // whole history
+  p.repeat_last_n = -1;                                              // whole history
   apply_penalties(l3, std::vector<int32_t>{0, 1, 1, 4, 99, -5}, p);  // out-of-range ids ignored
   EXPECT_FLOAT_EQ(l3[0], 1.0f);
   EXPECT_FLOAT_EQ(l3[1], -3.0f);

@@ -30,11 +30,13 @@ TEST(TextEmitter, MultiByteCharacterSplitAcrossTokens) {
 
 TEST(TextEmitter, InvalidBytesBecomeReplacementCharacters) {
   TextEmitter e;
-  EXPECT_EQ(e.push("a\xFF" "b"), "a" + kFffd + "b");  // invalid byte
-  EXPECT_EQ(e.push("\x80"), kFffd);                     // stray continuation
-  EXPECT_EQ(e.push("\xE2\x82"), "");                    // valid prefix of a 3-byte char
-  EXPECT_EQ(e.push("A"), kFffd + "A");                  // ...broken: one U+FFFD for the subpart
-  EXPECT_EQ(e.push("\xED\xA0"), kFffd + kFffd);         // surrogate: ED then A0 both invalid
+  EXPECT_EQ(e.push("a\xFF"
+                   "b"),
+            "a" + kFffd + "b");                  // invalid byte
+  EXPECT_EQ(e.push("\x80"), kFffd);              // stray continuation
+  EXPECT_EQ(e.push("\xE2\x82"), "");             // valid prefix of a 3-byte char
+  EXPECT_EQ(e.push("A"), kFffd + "A");           // ...broken: one U+FFFD for the subpart
+  EXPECT_EQ(e.push("\xED\xA0"), kFffd + kFffd);  // surrogate: ED then A0 both invalid
   EXPECT_EQ(e.push("\xC3"), "");
   EXPECT_EQ(e.finish(), kFffd);  // incomplete at the end
 }
@@ -85,10 +87,10 @@ TEST(TextEmitter, HoldsLongestPossibleStart) {
 }
 
 TEST(TextEmitter, MultiByteStopAndPartialCharacter) {
-  TextEmitter e({"\xC3\xA9t\xC3\xA9"});  // "été"
-  EXPECT_EQ(e.push("un \xC3"), "un ");     // partial char held (UTF-8)
-  EXPECT_EQ(e.push("\xA9t"), "");          // "ét" may start "été" (stop)
-  EXPECT_EQ(e.push("\xC3"), "");           // partial char
+  TextEmitter e({"\xC3\xA9t\xC3\xA9"});            // "été"
+  EXPECT_EQ(e.push("un \xC3"), "un ");             // partial char held (UTF-8)
+  EXPECT_EQ(e.push("\xA9t"), "");                  // "ét" may start "été" (stop)
+  EXPECT_EQ(e.push("\xC3"), "");                   // partial char
   EXPECT_EQ(e.push("\xA8"), "\xC3\xA9t\xC3\xA8");  // "étè" is not "été"
   EXPECT_FALSE(e.stopped());
   EXPECT_EQ(e.push("\xC3\xA9t\xC3\xA9!"), "");
@@ -100,7 +102,8 @@ TEST(TextEmitter, ConcatenationEqualsOneShot) {
   // Byte-by-byte pushes release exactly what one push + finish releases.
   const std::string text = "Il \xC3\xA9tait une fois STOP la fin";
   for (const std::vector<std::string>& stops :
-       {std::vector<std::string>{}, std::vector<std::string>{"STOP"}, std::vector<std::string>{"fois S", "zz"}}) {
+       {std::vector<std::string>{}, std::vector<std::string>{"STOP"},
+        std::vector<std::string>{"fois S", "zz"}}) {
     TextEmitter whole(stops), bytes(stops);
     std::string a = whole.push(text) + whole.finish();
     std::string b;
