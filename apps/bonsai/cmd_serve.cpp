@@ -26,10 +26,7 @@
 #include "engine/model_pool.h"    // ModelPool, gguf_model_loader
 #include "server/config.h"        // ServeConfig, load_serve_toml
 #include "server/server.h"        // Server
-#if __has_include("apps/bonsai/synth.h")
-#include "apps/bonsai/synth.h"    // ensure_default_model
-#define BONSAI_HAVE_SYNTH 1
-#endif
+#include "apps/bonsai/synth.h"    // synth::ensure_default_model
 
 namespace bonsai::app {
 namespace {
@@ -79,8 +76,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--timeout")) cfg.timeout_s = f.timeout;
 
   if (cfg.models.empty()) {
-#ifdef BONSAI_HAVE_SYNTH
-    auto p = ensure_default_model();
+    auto p = synth::ensure_default_model();
     if (!p) {
       std::cerr << "bonsai serve: cannot prepare the built-in default model: " << p.error().message << "\n";
       return 1;
@@ -93,10 +89,6 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     cfg.models.push_back(*arg);
     std::cerr << "bonsai serve: no -m given; serving the built-in default model " << *p
               << " (a tiny synthetic model: its text is not meaningful)\n";
-#else
-    std::cerr << "bonsai serve: no -m given and this build has no built-in default model\n";
-    return 1;
-#endif
   }
   if (auto v = server::validate_serve_config(cfg); !v) {
     std::cerr << "bonsai serve: " << v.error().message << "\n";

@@ -60,18 +60,35 @@ threads = 2
 preload = ["stories"]
 EOF
 
-"$BIN" serve --config "$WORK/serve.toml" --port 0 >"$WORK/out" 2>"$WORK/err" &
-SERVER_PID=$!
-URL=""
-for _ in $(seq 1 200); do
-  URL="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/out" 2>/dev/null | head -1 || true)"
-  [ -n "$URL" ] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  sleep 0.1
-done
-if [ -z "$URL" ]; then
-  echo "FAIL: the server did not start"; cat "$WORK/out" "$WORK/err"; exit 1
-fi
+# start_server CONFIG: starts `bonsai serve --config CONFIG --port 0`, sets SERVER_PID and URL.
+start_server() {
+  "$BIN" serve --config "$1" --port 0 >"$WORK/out" 2>"$WORK/err" &
+  SERVER_PID=$!
+  URL=""
+  for _ in $(seq 1 200); do
+    URL="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$WORK/out" 2>/dev/null | head -1 || true)"
+    [ -n "$URL" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$URL" ]; then
+    echo "FAIL: the server did not start"; cat "$WORK/out" "$WORK/err"; exit 1
+  fi
+}
+# stop_server: SIGTERM, then the exit code must be 0 and the stop clean.
+stop_server() {
+  kill -TERM "$SERVER_PID"
+  local rc=""
+  for _ in $(seq 1 100); do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then wait "$SERVER_PID" && rc=0 || rc=$?; break; fi
+    sleep 0.1
+  done
+  check "SIGTERM: exit code" 0 "$rc"
+  grep -q "bonsai serve: stopped" "$WORK/err" && ok "SIGTERM: stopped cleanly" || bad "no clean stop message"
+  SERVER_PID=""
+}
+
+start_server "$WORK/serve.toml"
 echo "# server at $URL"
 grep -q "try: curl $URL/v1/chat/completions" "$WORK/out" && ok "start-up prints the URL and a curl example" || bad "start-up banner"
 
@@ -199,15 +216,37 @@ fi
 if (cd "$NODE_DIR" && node sdk_test.mjs "$URL" "$KEY" stories); then ok "OpenAI Node SDK tests"; else bad "OpenAI Node SDK tests"; fi
 
 # ---- graceful shutdown ----
-kill -TERM "$SERVER_PID"
-rc=""
-for _ in $(seq 1 100); do
-  if ! kill -0 "$SERVER_PID" 2>/dev/null; then wait "$SERVER_PID" && rc=0 || rc=$?; break; fi
-  sleep 0.1
-done
-check "SIGTERM: exit code" 0 "$rc"
-grep -q "bonsai serve: stopped" "$WORK/err" && ok "SIGTERM: stopped cleanly" || bad "no clean stop message"
-SERVER_PID=""
+stop_server
+
+# ---- a second server: nothing preloaded, a 0.5 s request timeout ----
+cat >"$WORK/serve2.toml" <<EOF
+model = ["stories=$STORIES"]
+pool-size = 1
+ctx-size = 2048
+timeout = 0.5
+api-key = "$KEY"
+[router]
+preload = []
+EOF
+start_server "$WORK/serve2.toml"
+check "/health with no model loaded: 503" 503 "$(curl -s -o "$WORK/body" -w '%{http_code}' "$URL/health")"
+check "/health says why" unavailable "$(jget "$WORK/body" j.status)"
+t0=$(date +%s%N)
+check "timeout: a long request gets 503" 503 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true}')"
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "timeout: code" timeout "$(jget "$WORK/body" j.error.code)"
+[ "$ms" -lt 3000 ] && ok "timeout: answered after $ms ms" || bad "timeout: took $ms ms"
+check "/health after the on-demand load: 200" 200 "$(curl -s -o "$WORK/body" -w '%{http_code}' "$URL/health")"
+check "timeout while streaming: 200 then an error event" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true,"stream":true}')"
+grep -q '"code":"timeout"' "$WORK/body" && ok "timeout: the stream carries the error object" || bad "timeout: no error event in the stream"
+stop_server
+
+# ---- a model that cannot fit the memory budget even alone is refused clearly ----
+if "$BIN" serve -m "stories=$STORIES" --mem-budget 1 --port 0 >"$WORK/out" 2>"$WORK/err"; then
+  bad "--mem-budget 1: the server started"
+else
+  grep -q "cannot be loaded even alone" "$WORK/err" && ok "--mem-budget 1: refused ($(grep -o 'needs [0-9]* MiB' "$WORK/err" | head -1))" || bad "--mem-budget 1: unclear error: $(cat "$WORK/err")"
+fi
 
 if [ "$FAILS" -ne 0 ]; then
   echo "FAILED: $FAILS checks"; echo "--- server stderr ---"; tail -20 "$WORK/err"; exit 1
