@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <new>
-#include <stdexcept>
 #include <string>
 
 namespace bonsai::model {
@@ -28,14 +27,12 @@ core::Expected<KvCache> KvCache::create(const ModelConfig& config, int64_t n_ctx
   if (total > static_cast<long double>(SIZE_MAX / 2)) {
     return core::fail(core::Errc::kResourceExhausted, "KV cache: size overflows");
   }
-  try {
-    c.data_.resize(static_cast<size_t>(total));
-  } catch (const std::bad_alloc&) {
+  c.bytes_ = static_cast<size_t>(total);
+  c.data_.reset(new (std::nothrow) uint8_t[c.bytes_]);  // default-initialised: no zero fill
+  if (!c.data_) {
     return core::fail(core::Errc::kResourceExhausted,
-                      "KV cache: cannot allocate " + std::to_string(static_cast<uint64_t>(total)) +
-                          " bytes for " + std::to_string(n_ctx) + " positions");
-  } catch (const std::length_error&) {
-    return core::fail(core::Errc::kResourceExhausted, "KV cache: size too large");
+                      "KV cache: cannot allocate " + std::to_string(c.bytes_) + " bytes for " +
+                          std::to_string(n_ctx) + " positions");
   }
   return c;
 }

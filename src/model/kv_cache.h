@@ -3,7 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "core/error.h"
 #include "model/config.h"  // ModelConfig
@@ -39,7 +39,7 @@ class KvCache {
   int64_t n_ctx() const { return n_ctx_; }   // capacity in positions
   int64_t size() const { return size_; }     // positions currently held
   KvType type() const { return type_; }
-  size_t bytes() const { return data_.size(); }  // allocated bytes (K and V, all layers)
+  size_t bytes() const { return bytes_; }  // allocated bytes (K and V, all layers)
 
   void clear() { size_ = 0; }                     // forget every position (no free)
   void truncate(int64_t n) { if (n < size_) size_ = n < 0 ? 0 : n; }  // keep 0..n-1
@@ -48,11 +48,11 @@ class KvCache {
   // K of layer l, KV head h, position p starts at k_row(l, h, p).
   size_t elem_size() const { return type_ == KvType::kF16 ? 2 : 4; }
   uint8_t* k_row(int64_t layer, int64_t head, int64_t pos) {
-    return data_.data() + elem_size() * static_cast<size_t>(
+    return data_.get() + elem_size() * static_cast<size_t>(
         layer * layer_elems_ + (head * n_ctx_ + pos) * head_dim_k_);
   }
   uint8_t* v_row(int64_t layer, int64_t head, int64_t pos) {
-    return data_.data() + elem_size() * static_cast<size_t>(
+    return data_.get() + elem_size() * static_cast<size_t>(
         layer * layer_elems_ + n_head_kv_ * n_ctx_ * head_dim_k_ + (head * n_ctx_ + pos) * head_dim_v_);
   }
   const uint8_t* k_row(int64_t layer, int64_t head, int64_t pos) const {
@@ -70,7 +70,11 @@ class KvCache {
   }
 
  private:
-  std::vector<uint8_t> data_;  // [n_layer][K: n_head_kv*n_ctx*head_dim_k, V: n_head_kv*n_ctx*head_dim_v]
+  // [n_layer][K: n_head_kv*n_ctx*head_dim_k, V: n_head_kv*n_ctx*head_dim_v].
+  // Not zero-filled: a slot is written before it is read, and the OS commits
+  // the pages of a large allocation only as the context fills.
+  std::unique_ptr<uint8_t[]> data_;
+  size_t bytes_ = 0;
   KvType type_ = KvType::kF16;
   int64_t n_ctx_ = 0;
   int64_t size_ = 0;

@@ -305,7 +305,6 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
                                     Workspace& ws, std::span<float> logits,
                                     core::ThreadPool& pool) const {
   const ModelConfig& c = config_;
-  const Weights& W = weights_;
   const int64_t n = static_cast<int64_t>(batch.size());
   const int64_t n_wanted = static_cast<int64_t>(batch.n_wanted());
 
@@ -365,6 +364,31 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
     next = t.pos + 1;
   }
 
+  // ---- Run, in slices of at most kMaxUbatch tokens. ----
+  const std::span<const BatchToken> all(batch.tokens);
+  float* out_logits = logits.data();
+  for (int64_t b0 = 0; b0 < n; b0 += kMaxUbatch) {
+    const auto slice = all.subspan(static_cast<size_t>(b0),
+                                   static_cast<size_t>(std::min(kMaxUbatch, n - b0)));
+    run_ubatch(slice, caches, ws, out_logits, pool);
+    for (const auto& t : slice) out_logits += t.logits ? c.n_vocab : 0;
+  }
+
+  // Each sequence's cache now ends after its last token in this batch.
+  for (size_t s = 0; s < caches.size(); ++s) {
+    if (ws.seq_next_[s] >= 0) caches[s]->set_size(ws.seq_next_[s]);
+  }
+  return {};
+}
+
+void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const> caches,
+                       Workspace& ws, float* logits, core::ThreadPool& pool) const {
+  const ModelConfig& c = config_;
+  const Weights& W = weights_;
+  const int64_t n = static_cast<int64_t>(tok.size());
+  int64_t n_wanted = 0;
+  for (const auto& t : tok) n_wanted += t.logits ? 1 : 0;
+
   // ---- Scratch: activations are row-major [n tokens][dim]. ----
   const int64_t E = c.n_embd, hd_k = c.head_dim_k, hd_v = c.head_dim_v;
   const int64_t n_head = c.n_head, n_head_kv = c.n_head_kv, group = n_head / n_head_kv;
@@ -388,7 +412,6 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
   float* proj = ws.proj_.data();
   float* gate = ws.gate_.data();
   float* up = ws.up_.data();
-  const auto& tok = batch.tokens;
   constexpr int64_t kTokChunk = 4;  // tokens per task for the cheap per-token steps
 
   // x[i] = token_embd[token_i]   (row dequantized from its stored type; no FP32 table)
@@ -523,14 +546,8 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
       rms_norm(x + i * E, W.output_norm.data, out + j * E, E, c.rms_eps);
       ++j;
     }
-    matmul(W.output, out, n_wanted, logits.data(), pool);
+    matmul(W.output, out, n_wanted, logits, pool);
   }
-
-  // Each sequence's cache now ends after its last token in this batch.
-  for (size_t s = 0; s < caches.size(); ++s) {
-    if (ws.seq_next_[s] >= 0) caches[s]->set_size(ws.seq_next_[s]);
-  }
-  return {};
 }
 
 }  // namespace bonsai::model

@@ -135,8 +135,17 @@ class Model {
                                Workspace& ws, std::span<float> logits,
                                core::ThreadPool& pool) const;
 
+  // Batches longer than this are run in consecutive slices of at most this
+  // many tokens (llama.cpp's n_ubatch default), bounding workspace memory;
+  // the result is the same as one pass.
+  static constexpr int64_t kMaxUbatch = 512;
+
  private:
   Model() = default;
+  // The transformer on one validated slice of a batch; writes the slice's
+  // wanted logits rows to `logits`.
+  void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches,
+                  Workspace& ws, float* logits, core::ThreadPool& pool) const;
   std::shared_ptr<const gguf::File> file_;
   ModelConfig config_;
   Weights weights_;

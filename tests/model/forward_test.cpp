@@ -259,6 +259,32 @@ TEST(Forward, BadInputIsAnErrorNotACrash) {
   EXPECT_EQ(cache->size(), 2);
 }
 
+// A batch longer than Model::kMaxUbatch runs in slices; the result equals
+// feeding the same tokens in two separate forward() calls.
+TEST(Forward, LongBatchIsSlicedTransparently) {
+  BONSAI_REQUIRE_FILE(stories_path());
+  auto model = load_or_fail(stories_path());
+  ASSERT_TRUE(model);
+  const int64_t V = model->config().n_vocab;
+  const int32_t n = static_cast<int32_t>(Model::kMaxUbatch) + 77;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) ids[i] = i == 0 ? 1 : 3 + (i * 37) % 500;
+  core::ThreadPool pool(2);
+  Workspace ws;
+  auto a = KvCache::create(model->config(), n);
+  auto b = KvCache::create(model->config(), n);
+  ASSERT_TRUE(a && b);
+  const auto one = run_sequence(*model, ids, 0, *a, ws, pool, true);
+  ASSERT_EQ(one.size(), static_cast<size_t>(n) * V);
+  EXPECT_EQ(a->size(), n);
+  const int32_t split = 300;
+  auto first = run_sequence(*model, std::span<const int32_t>(ids).first(split), 0, *b, ws, pool, true);
+  auto second = run_sequence(*model, std::span<const int32_t>(ids).subspan(split), split, *b, ws, pool, true);
+  first.insert(first.end(), second.begin(), second.end());
+  EXPECT_LE(max_abs_diff(one, first), 1e-4);
+  EXPECT_EQ(b->size(), n);
+}
+
 TEST(KvCacheTest, SizesAndErrors) {
   ModelConfig c;
   c.n_layer = 2, c.n_head_kv = 2, c.head_dim_k = 8, c.head_dim_v = 4;
