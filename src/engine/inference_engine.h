@@ -93,7 +93,8 @@ using StreamCallback = std::function<bool(const TokenEvent&)>;
 
 // What one generate* call returns.
 struct GenerationResult {
-  std::vector<int32_t> tokens;  // sampled ids, excluding a terminating EOS/EOG token
+  std::vector<int32_t> tokens;  // sampled ids, excluding a terminating EOS/EOG token (the token
+                                // that completed a stop string IS included)
   std::string text;             // detokenized tokens, stop string and after removed
   FinishReason finish_reason = FinishReason::kStop;
   int32_t prompt_tokens = 0;      // prompt length
