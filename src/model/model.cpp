@@ -473,44 +473,54 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       }
     }, kTokChunk);
 
-    // Causal grouped-query attention, one task per (token, query head); query
-    // head h reads KV head h / (n_head / n_head_kv):
+    // Causal grouped-query attention. Query head h reads KV head
+    // h / (n_head / n_head_kv):
     //   s_t = (q_h . k_t) / sqrt(head_dim)      for cache positions t = 0..pos
     //   p   = softmax(s)                        (fp32, max-subtracted)
     //   att_h = sum_t p_t v_t
-    pool.parallel_for(n * n_head, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> scores;
+    // One task per (token, KV head) computes all query heads of that group,
+    // so each cached K/V row is read from memory once per group, not per head.
+    pool.parallel_for(n * n_head_kv, [&](int64_t b, int64_t e) {
+      thread_local std::vector<float> scores;  // [group][n_pos]
       for (int64_t task = b; task < e; ++task) {
-        const int64_t i = task / n_head, h = task % n_head, kvh = h / group;
+        const int64_t i = task / n_head_kv, kvh = task % n_head_kv;
         const KvCache& kv = *caches[tok[i].seq];
         const int64_t n_pos = tok[i].pos + 1;
-        const float* qh = q + i * c.q_dim() + h * hd_k;
-        float* out = att + i * c.attn_out_dim() + h * hd_v;
-        grow(scores, n_pos);
         const bool f16 = kv.type() == KvType::kF16;
-        // K rows of one head are contiguous: k_row(l, kvh, t) = base + t * hd_k elements.
+        // One head's rows are contiguous: row t at base + t * head_dim elements.
         const uint8_t* kbase = kv.k_row(l, kvh, 0);
         const uint8_t* vbase = kv.v_row(l, kvh, 0);
-        float max_s = -INFINITY;
+        const float* q0 = q + i * c.q_dim() + kvh * group * hd_k;        // group's first query head
+        float* out0 = att + i * c.attn_out_dim() + kvh * group * hd_v;   // and its output
+        grow(scores, group * n_pos);
         for (int64_t t = 0; t < n_pos; ++t) {
-          const float d = f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(kbase) + t * hd_k, qh, hd_k)
-                              : kernels::dot_f32(reinterpret_cast<const float*>(kbase) + t * hd_k, qh, hd_k);
-          scores[t] = d * kq_scale;
-          max_s = std::max(max_s, scores[t]);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qh = q0 + g * hd_k;
+            const float d = f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(kbase) + t * hd_k, qh, hd_k)
+                                : kernels::dot_f32(reinterpret_cast<const float*>(kbase) + t * hd_k, qh, hd_k);
+            scores[g * n_pos + t] = d * kq_scale;
+          }
         }
-        double sum = 0.0;
-        for (int64_t t = 0; t < n_pos; ++t) {
-          scores[t] = std::exp(scores[t] - max_s);
-          sum += scores[t];
+        for (int64_t g = 0; g < group; ++g) {
+          float* sg = scores.data() + g * n_pos;
+          const float max_s = *std::max_element(sg, sg + n_pos);
+          double sum = 0.0;
+          for (int64_t t = 0; t < n_pos; ++t) {
+            sg[t] = std::exp(sg[t] - max_s);
+            sum += sg[t];
+          }
+          const float inv_sum = static_cast<float>(1.0 / sum);
+          for (int64_t t = 0; t < n_pos; ++t) sg[t] *= inv_sum;
         }
-        const float inv_sum = static_cast<float>(1.0 / sum);
-        std::fill(out, out + hd_v, 0.0f);
+        std::fill(out0, out0 + group * hd_v, 0.0f);
         for (int64_t t = 0; t < n_pos; ++t) {
-          const float p = scores[t] * inv_sum;
-          if (f16) {
-            kernels::axpy_f16(p, reinterpret_cast<const uint16_t*>(vbase) + t * hd_v, out, hd_v);
-          } else {
-            kernels::axpy_f32(p, reinterpret_cast<const float*>(vbase) + t * hd_v, out, hd_v);
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = scores[g * n_pos + t];
+            if (f16) {
+              kernels::axpy_f16(p, reinterpret_cast<const uint16_t*>(vbase) + t * hd_v, out0 + g * hd_v, hd_v);
+            } else {
+              kernels::axpy_f32(p, reinterpret_cast<const float*>(vbase) + t * hd_v, out0 + g * hd_v, hd_v);
+            }
           }
         }
       }
