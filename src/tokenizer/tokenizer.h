@@ -18,7 +18,8 @@
 // Special tokens: token types (`tokenizer.ggml.token_type`) control (3) and
 // unknown (2) are recognised in text only with parse_special; user-defined
 // (4: e.g. <think>, <tool_call>) are always recognised, as in llama.cpp and
-// Hugging Face. Unused (5) tokens are never produced by encode.
+// Hugging Face. Unused (5) tokens (Qwen's [PAD...]) are not special: their
+// text is never matched as a token.
 //
 // Thread safety: a Tokenizer is immutable after from_gguf; all const methods
 // may be called concurrently (the BPE word cache is internally locked).
@@ -73,8 +74,10 @@ class Tokenizer {
 
   // ---- encoding ----------------------------------------------------------
 
-  // Token ids of `text` (UTF-8; invalid bytes are handled like llama.cpp: each
-  // becomes U+FFFD for pre-tokenization). Never adds BOS/EOS.
+  // Token ids of `text`. Never adds BOS/EOS. Any bytes are accepted: for
+  // gpt2, each byte that is not valid UTF-8 becomes U+FFFD before
+  // pre-tokenization (as llama.cpp does); for llama, characters without a
+  // token fall back to <0xNN> byte tokens (or unk when there are none).
   // parse_special: recognise control tokens' text (e.g. "<|im_end|>") as
   // those tokens; otherwise such text is tokenized as plain characters.
   std::vector<TokenId> encode(std::string_view text, bool parse_special = false) const;
