@@ -65,6 +65,8 @@ PID=""
 # Figures. The first RSS samples cover the solo phase and warm-up; "under
 # load" starts 5 s in.
 read -r rss_first_load rss_max < <(awk 'NR==6 {f=$2} {if ($2>m) m=$2} END {if (!f) f=$2; print f, m}' "$WORK/rss")
+# Every fifth sample (KiB), to show whether RSS levels off.
+rss_series="$(awk 'NR % 5 == 1 {printf "%s%d", (n++ ? " " : ""), $2}' "$WORK/rss")"
 tokens="$(awk '/^bonsai_completion_tokens_total/ {s+=$2} END {print s+0}' "$WORK/metrics")"
 rejected="$(awk '/^bonsai_admission_rejected_total/ {s+=$2} END {print s+0}' "$WORK/metrics")"
 five_xx="$(awk '/^bonsai_http_requests_total/ && /status="5/ && !/status="503"/ {s+=$2} END {print s+0}' "$WORK/metrics")"
@@ -88,6 +90,7 @@ verdict="$(node -e '
   echo "client: $(cat "$WORK/result.json")"
   echo "server: completion tokens $tokens ($(awk -v t="$tokens" -v d="$DURATION" 'BEGIN {printf "%.0f", t/d}') tokens/s), admission 503s $rejected, 5xx other than 503: $five_xx"
   echo "rss_kib: start $rss_start, first under load $rss_first_load, max $rss_max, end $rss_end"
+  echo "rss_kib every 5 s: $rss_series"
   echo "verdict: $verdict"
 } | tee "$OUT"
 [ "${verdict%%:*}" = PASS ]
