@@ -54,6 +54,12 @@ core::Expected<void> SamplingParams::validate() const {
     return bad("sampling: presence_penalty must be a finite number");
   if (!std::isfinite(frequency_penalty))
     return bad("sampling: frequency_penalty must be a finite number");
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    if (!std::isfinite(logit_bias[i].second)) {
+      return bad("sampling: logit_bias for token " + std::to_string(logit_bias[i].first) +
+                 " must be a finite number");
+    }
+  }
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) return bad("sampling: stop[" + std::to_string(i) + "] is an empty string");
   }
@@ -83,6 +89,13 @@ uint64_t Rng::next_u64() {
 double Rng::next_double() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
 // ---- Chain stages ------------------------------------------------------------------
+
+void apply_logit_bias(std::span<float> logits, const SamplingParams& params) {
+  const auto n_vocab = static_cast<int64_t>(logits.size());
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id >= 0 && id < n_vocab) logits[static_cast<size_t>(id)] += bias;
+  }
+}
 
 void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
                      const SamplingParams& params) {
@@ -202,6 +215,7 @@ std::vector<Candidate> filter_candidates(std::span<const float> logits,
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   scratch_.assign(logits.begin(), logits.end());
+  apply_logit_bias(scratch_, params_);
   apply_penalties(scratch_, history, params_);
   if (params_.temperature <= 0.0f) return argmax(scratch_);
 

@@ -3,6 +3,9 @@
 // The chain follows llama.cpp's default sampler chain (common/sampling.cpp,
 // src/llama-sampling.cpp), restricted to the stages we support, in this order:
 //
+//   0. logit_bias  each (id, bias) pair is added to that token's logit
+//                  (OpenAI `logit_bias`; llama.cpp puts its logit-bias
+//                  sampler first as well).
 //   1. penalties   over the last `repeat_last_n` tokens of the history:
 //                  repeat_penalty (llama.cpp / CTRL paper: a logit > 0 is
 //                  divided by it, a logit <= 0 multiplied), then
@@ -34,6 +37,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"  // core::Expected
@@ -59,6 +63,10 @@ struct SamplingParams {
   int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS or the context is full
   std::vector<std::string> stop;  // stop strings (UTF-8); the text never contains them
   bool ignore_eos = false;        // true: EOS/EOG tokens do not end generation
+  // OpenAI logit_bias: (token id, bias) pairs added to the logits before the
+  // penalties (stage 0). -100 / +100 effectively ban / force a token. Ids
+  // outside the vocabulary are ignored; repeated ids add up.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // Checks ranges (NaN, negative temperature is allowed = greedy, top_p in
   // (0,1], min_p in [0,1], repeat_penalty > 0, repeat_last_n >= -1, empty stop
@@ -98,6 +106,9 @@ struct Candidate {
   float p = 0.0f;
 };
 
+// Applies stage 0 (logit_bias) in place. `logits`: [n_vocab].
+void apply_logit_bias(std::span<float> logits, const SamplingParams& params);
+
 // Applies stage 1 (penalties) in place. `logits`: [n_vocab]; `history`: the
 // tokens so far (prompt + generated), of which the last repeat_last_n count.
 // History ids outside [0, n_vocab) are ignored.
@@ -130,7 +141,7 @@ class Sampler {
   Rng& rng() { return rng_; }
   const Rng& rng() const { return rng_; }
 
-  // Runs the whole chain (see the file comment) on a copy of `logits`
+  // Runs the whole chain (see the file comment, stages 0-7) on a copy of `logits`
   // ([n_vocab]) with `history` for the penalties; returns the token id.
   // `logits` must not be empty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);

@@ -250,6 +250,31 @@ TEST(Penalties, WindowIsLastNTokens) {
   EXPECT_FLOAT_EQ(l3[1], -3.0f);
 }
 
+TEST(LogitBias, AddsBeforePenalties) {
+  SamplingParams p = off();
+  p.temperature = 0.0f;
+  p.logit_bias = {{0, 10.0f}, {2, -100.0f}, {99, 5.0f}, {0, 1.0f}};  // id 99: ignored; id 0 twice
+  std::vector<float> l = {1, 2, 3, 4, 5};
+  apply_logit_bias(l, p);
+  EXPECT_FLOAT_EQ(l[0], 12.0f);
+  EXPECT_FLOAT_EQ(l[2], -97.0f);
+  EXPECT_FLOAT_EQ(l[4], 5.0f);
+  Sampler s(p);
+  EXPECT_EQ(s.sample(kRamp, {}), 0);  // 1 + 11 = 12 beats 5
+  // Bias first, then the repeat penalty: (1 + 11) / 4 = 3 < 5.
+  p.repeat_penalty = 4.0f;
+  s.set_params(p);
+  EXPECT_EQ(s.sample(kRamp, std::vector<int32_t>{0}), 4);
+  // A -100 bias removes a token from a sampled distribution in practice.
+  SamplingParams q = off();
+  q.logit_bias = {{4, -100.0f}};
+  std::vector<float> biased = kRamp;
+  apply_logit_bias(biased, q);
+  const auto c = filter_candidates(biased, q);
+  EXPECT_EQ(c[0].id, 3);
+  EXPECT_LT(c.back().p, 1e-30);
+}
+
 TEST(Sampler, PenaltyChangesTheGreedyChoice) {
   SamplingParams p = off();
   p.temperature = 0.0f;
@@ -340,6 +365,9 @@ TEST(SamplingParams, Validate) {
   EXPECT_NE(r.error().message.find("temperature"), std::string::npos);
   p = {};
   p.stop = {"ok", ""};
+  EXPECT_FALSE(p.validate().has_value());
+  p = {};
+  p.logit_bias = {{3, INFINITY}};
   EXPECT_FALSE(p.validate().has_value());
   p = {};
   p.repeat_last_n = -2;
