@@ -183,7 +183,10 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   c.rope_orig_ctx = r.count_or("rope.scaling.original_context_length", c.n_ctx_train).value_or(0);
   c.yarn_ext_factor = c.rope_scaling == RopeScaling::kYarn ? 1.0f : 0.0f;
   c.yarn_ext_factor = r.real_or("rope.scaling.yarn_ext_factor", c.yarn_ext_factor).value_or(0.0f);
-  c.yarn_attn_factor = r.real_or("rope.scaling.yarn_attn_factor", 1.0f).value_or(1.0f);
+  // llama.cpp folds `rope.scaling.attn_factor` (hparams.rope_attn_factor) into
+  // the YaRN attn_factor; `rope.scaling.yarn_attn_factor` overrides it.
+  c.yarn_attn_factor = r.real_or("rope.scaling.attn_factor", 1.0f).value_or(1.0f);
+  c.yarn_attn_factor = r.real_or("rope.scaling.yarn_attn_factor", c.yarn_attn_factor).value_or(1.0f);
   c.yarn_beta_fast = r.real_or("rope.scaling.yarn_beta_fast", 32.0f).value_or(32.0f);
   c.yarn_beta_slow = r.real_or("rope.scaling.yarn_beta_slow", 1.0f).value_or(1.0f);
 

@@ -189,12 +189,47 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+// Rotates the first n_rot dims of one head by the cached angles.
+//   kNorm: pairs (x[2i], x[2i+1]);  kNeox: pairs (x[i], x[i + n_rot/2]).
+//   (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)
+void apply_rope(RopeType type, const float* cs, int64_t n_rot, float* x) {
+  const int64_t half = n_rot / 2;
+  const float* cos_t = cs;
+  const float* sin_t = cs + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t a = type == RopeType::kNeox ? i : 2 * i;
+    const int64_t b = type == RopeType::kNeox ? i + half : 2 * i + 1;
+    const float x0 = x[a];
+    const float x1 = x[b];
+    x[a] = x0 * cos_t[i] - x1 * sin_t[i];
+    x[b] = x0 * sin_t[i] + x1 * cos_t[i];
+  }
+}
+
+// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several (prefill).
+void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool) {
+  if (n == 1) {
+    kernels::gemv(w, x, y, &pool);
+  } else {
+    kernels::gemm(w, x, n, y, &pool);
+  }
+}
+
+template <class T>
+void grow(std::vector<T>& v, int64_t n) {
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+}
+
+}  // namespace
+
+// ---- RoPE angles (model_internal.h) ----------------------------------------------
+
 // The cos/sin of every rotated pair at position `pos` (ggml_rope_cache_init):
 // theta_i = pos * base^(-2i/n_rot), optionally scaled (linear: theta * freq_scale;
 // YaRN: ramp between interpolated and extrapolated theta over the correction
 // dims, magnitude scaled by mscale = attn_factor * (1 + 0.1 ln(1/freq_scale))).
 // out: [n_rot/2] cos then [n_rot/2] sin.
-void rope_cache(const ModelConfig& c, const float corr_dims[2], int32_t pos, float* out) {
+void rope_angles(const ModelConfig& c, const float corr_dims[2], int32_t pos, float* out) {
   const int64_t half = c.n_rot / 2;
   const float theta_scale = std::pow(c.rope_freq_base, -2.0f / static_cast<float>(c.n_rot));
   const float freq_scale = c.rope_scaling == RopeScaling::kNone ? 1.0f : 1.0f / c.rope_scaling_factor;
@@ -229,39 +264,6 @@ void yarn_corr_dims(const ModelConfig& c, float dims[2]) {
   dims[0] = std::max(0.0f, start);
   dims[1] = std::min(static_cast<float>(c.n_rot - 1), end);
 }
-
-// Rotates the first n_rot dims of one head by the cached angles.
-//   kNorm: pairs (x[2i], x[2i+1]);  kNeox: pairs (x[i], x[i + n_rot/2]).
-//   (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)
-void apply_rope(RopeType type, const float* cs, int64_t n_rot, float* x) {
-  const int64_t half = n_rot / 2;
-  const float* cos_t = cs;
-  const float* sin_t = cs + half;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t a = type == RopeType::kNeox ? i : 2 * i;
-    const int64_t b = type == RopeType::kNeox ? i + half : 2 * i + 1;
-    const float x0 = x[a];
-    const float x1 = x[b];
-    x[a] = x0 * cos_t[i] - x1 * sin_t[i];
-    x[b] = x0 * sin_t[i] + x1 * cos_t[i];
-  }
-}
-
-// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several (prefill).
-void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool) {
-  if (n == 1) {
-    kernels::gemv(w, x, y, &pool);
-  } else {
-    kernels::gemm(w, x, n, y, &pool);
-  }
-}
-
-template <class T>
-void grow(std::vector<T>& v, int64_t n) {
-  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
-}
-
-}  // namespace
 
 // ---- Public: loading ---------------------------------------------------------------
 
@@ -423,7 +425,7 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       const auto* row = static_cast<const uint8_t*>(W.token_embd.data) +
                         static_cast<size_t>(tok[i].token) * W.token_embd.row_stride;
       kernels::dequantize_row(W.token_embd.format, row, x + i * E, E);
-      rope_cache(c, corr_dims, tok[i].pos, ws.rope_.data() + i * c.n_rot);
+      rope_angles(c, corr_dims, tok[i].pos, ws.rope_.data() + i * c.n_rot);
     }
   }, kTokChunk);
 
