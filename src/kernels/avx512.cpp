@@ -46,6 +46,7 @@ alignas(64) float g_fp16_lut[65536];  // fp16 bits -> float, filled once by init
 
 bool g_has_gfni = false;   // CPUID says GFNI
 bool g_use_gfni = true;    // test hook (set_avx512_gfni)
+bool g_use_amx = true;     // test hook (set_avx512_amx)
 
 void init_tables() {
   for (int i = 0; i < 65536; i += 16) {
@@ -375,10 +376,14 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
     case Format::kQ2_0G128Qs: fam = kFamG128Qs; break;
     default: break;
   }
+  for (int64_t j = 0; j < n; ++j) quantize_act(x + j * cols, cols, a.q + j * cols, a.d + j * (cols / 32));
+  if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) {
+    amx_prepare(f, a);
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
-    int8_t* q = a.q + j * cols;
-    float* d = a.d + j * (cols / 32);
-    quantize_act(x + j * cols, cols, q, d);
+    const int8_t* q = a.q + j * cols;
+    const float* d = a.d + j * (cols / 32);
     if (fam == kFamQ8) continue;
     const int E = fam == kFamG64 ? 64 : 128;
     int8_t* qp = a.qp + j * cols;
@@ -403,6 +408,10 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
 void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
           int64_t r1) {
   init_once();
+  if (a != nullptr && a->amx_ready) {
+    amx_rows(w, *a, n, y, r0, r1);
+    return;
+  }
   const bool gf = g_has_gfni && g_use_gfni;
   switch (w.format) {
     case Format::kF32: return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
@@ -505,6 +514,12 @@ void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
 
 }  // namespace
 
+bool set_avx512_amx(bool enabled) {
+  const bool prev = g_use_amx;
+  g_use_amx = enabled;
+  return prev;
+}
+
 bool set_avx512_gfni(bool enabled) {
   init_once();
   const bool prev = g_use_gfni;
@@ -523,6 +538,7 @@ const TierOps* avx512_ops() {
 
 namespace bonsai::kernels::detail {
 bool set_avx512_gfni(bool) { return false; }
+bool set_avx512_amx(bool) { return false; }
 const TierOps* avx512_ops() { return nullptr; }
 }  // namespace bonsai::kernels::detail
 

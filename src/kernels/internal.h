@@ -54,13 +54,24 @@ struct QuantAct {
   float* lane_d = nullptr;      // [n][cols/4] scale of each 4-value dword lane
   int32_t* lane_neg = nullptr;  // [n][cols/4] -(sum of the lane's 4 quants)
   int32_t* sub_sum = nullptr;   // [n][cols/32] sum of each sub-block's quants
+  // AMX GEMM layout (amx.cpp), valid when amx_ready; groups of 16 columns:
+  int64_t amx_groups = 0;
+  int8_t* amx_b = nullptr;       // [groups][cols/32] B tiles of 8 x 64 bytes
+  float* amx_negh = nullptr;     // [groups][cols/32][16] -(sum over a weight block's
+                                 //   sub-blocks k of dx_k * sum of quants); first
+                                 //   cols/block_elems entries per group used
+  float* amx_dx = nullptr;       // [groups][cols/32][16] activation scales
+  bool amx_ready = false;
 
-  // Sets n, cols and makes every buffer at least that large (64-byte aligned).
+  // Sets n, cols and makes every buffer at least that large (64-byte
+  // aligned); clears amx_ready.
   void resize(int64_t n_vectors, int64_t n_cols);
+  // Sizes the AMX buffers for `groups` groups of 16 columns (after resize).
+  void resize_amx(int64_t groups);
 
  private:
-  AVec<int8_t> q_buf_, qp_buf_;
-  AVec<float> d_buf_, lane_d_buf_;
+  AVec<int8_t> q_buf_, qp_buf_, amx_b_buf_;
+  AVec<float> d_buf_, lane_d_buf_, amx_dx_buf_, amx_negh_buf_;
   AVec<int32_t> lane_neg_buf_, sub_sum_buf_;
 };
 
@@ -93,6 +104,19 @@ const TierOps* tier_ops(Tier t);
 // Test hook: lets tests run the AVX-512 tier's non-GFNI weight expansion on a
 // GFNI machine. `enabled` is ANDed with CPUID; returns the previous setting.
 bool set_avx512_gfni(bool enabled);
+
+// Test hook: disables the AVX-512 tier's AMX GEMM path; returns the previous setting.
+bool set_avx512_amx(bool enabled);
+
+// AMX-INT8 GEMM path (amx.cpp), used by the AVX-512 tier for n >= kAmxMinCols.
+inline constexpr int64_t kAmxMinCols = 4;
+// CPU has AMX-INT8 and the OS granted the tile-data permission (asked once).
+bool amx_usable();
+bool amx_supports(Format f);
+// Fills a.amx_* from a.q / a.d (natural Q8_0 quants) for weights of format f.
+void amx_prepare(Format f, QuantAct& a);
+// Rows [r0, r1) of Y = W X with the AMX layout of `a`.
+void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1);
 
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }

@@ -391,6 +391,18 @@ void QuantAct::resize(int64_t n_vectors, int64_t n_cols) {
   lane_d = lane_d_buf_.data();
   lane_neg = lane_neg_buf_.data();
   sub_sum = sub_sum_buf_.data();
+  amx_ready = false;
+}
+
+void QuantAct::resize_amx(int64_t groups) {
+  amx_groups = groups;
+  const size_t s = static_cast<size_t>(groups * (cols / 32));
+  if (amx_b_buf_.size() < s * 512) amx_b_buf_.resize(s * 512);
+  if (amx_negh_buf_.size() < s * 16) amx_negh_buf_.resize(s * 16);
+  if (amx_dx_buf_.size() < s * 16) amx_dx_buf_.resize(s * 16);
+  amx_b = amx_b_buf_.data();
+  amx_negh = amx_negh_buf_.data();
+  amx_dx = amx_dx_buf_.data();
 }
 
 }  // namespace bonsai::kernels::detail

@@ -37,11 +37,13 @@ namespace {
 
 using testing::kAllFormats;
 
-// A tier under test, with a label (the AVX-512 tier is run twice: with and
-// without its GFNI weight expansion).
+// A tier under test, with a label. The AVX-512 tier is run three ways: as
+// it runs in production (GFNI weight expansion, AMX GEMM for n >= 4 where the
+// CPU has them), without AMX (VNNI GEMM), and without AMX and GFNI.
 struct Variant {
   Tier tier;
   bool gfni;
+  bool amx;
   std::string label;
 };
 
@@ -49,16 +51,23 @@ std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (Tier t : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
     if (!tier_supported(t)) continue;
-    v.push_back({t, true, std::string(tier_name(t))});
-    if (t == Tier::kAvx512) v.push_back({t, false, "avx512-nogfni"});
+    v.push_back({t, true, true, std::string(tier_name(t)) + (t == Tier::kAvx512 && detail::amx_usable() ? "+amx" : "")});
+    if (t == Tier::kAvx512) {
+      v.push_back({t, true, false, "avx512-noamx"});
+      v.push_back({t, false, false, "avx512-noamx-nogfni"});
+    }
   }
   return v;
 }
 
 struct GfniScope {
-  explicit GfniScope(bool on) : prev(detail::set_avx512_gfni(on)) {}
-  ~GfniScope() { detail::set_avx512_gfni(prev); }
-  bool prev;
+  explicit GfniScope(const Variant& v)
+      : prev(detail::set_avx512_gfni(v.gfni)), prev_amx(detail::set_avx512_amx(v.amx)) {}
+  ~GfniScope() {
+    detail::set_avx512_gfni(prev);
+    detail::set_avx512_amx(prev_amx);
+  }
+  bool prev, prev_amx;
 };
 
 std::vector<float> random_batch(int64_t n, int64_t cols, uint32_t seed) {
@@ -81,7 +90,7 @@ TEST(Tiers, AtLeastOneSimdTierOnX86) {
 
 TEST(Tiers, ActivationQuantizationBitIdentical) {
   for (const Variant& v : variants()) {
-    GfniScope g(v.gfni);
+    GfniScope g(v);
     const detail::TierOps* ops = detail::tier_ops(v.tier);
     ASSERT_NE(ops, nullptr);
     for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
@@ -108,7 +117,7 @@ TEST(Tiers, IntegerPartsExact) {
     int64_t rows, cols, n;
   };
   for (const Variant& v : variants()) {
-    GfniScope g(v.gfni);
+    GfniScope g(v);
     for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
       for (Shape s : {Shape{1, 128, 1}, Shape{7, 384, 3}, Shape{33, 2048, 1}, Shape{5, 6144, 17},
                       Shape{3, 1024, 64}}) {
@@ -167,7 +176,7 @@ void expect_close_to_reference(const std::string& label, const MatrixView& w, co
 
 TEST(Tiers, RandomAwkwardShapesWithinBound) {
   for (const Variant& v : variants()) {
-    GfniScope g(v.gfni);
+    GfniScope g(v);
     for (Format f : kAllFormats) {
       for (int64_t rows : {1, 7, 33}) {
         for (int64_t cols : {128, 384, 2048, 6144}) {
@@ -201,7 +210,7 @@ TEST(Tiers, LargestBonsaiShapesThreaded) {
       {Format::kQ2_0, 6144, 2048, 64},  {Format::kQ1_0, 6144, 2048, 64}, {Format::kQ2_0G128Qs, 2048, 6144, 3},
   };
   for (const Variant& v : variants()) {
-    GfniScope g(v.gfni);
+    GfniScope g(v);
     ASSERT_TRUE(set_active_tier(v.tier).has_value());
     for (const Case& c : cases) {
       auto m = testing::random_matrix(c.f, c.rows, c.cols, 4242);
