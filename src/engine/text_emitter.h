@@ -41,7 +41,8 @@ class TextEmitter {
 
  private:
   // Moves complete, valid characters from raw_ to text_ (invalid bytes
-  // become U+FFFD); leaves an incomplete trailing sequence in raw_.
+  // become U+FFFD); leaves an incomplete trailing sequence in raw_ unless
+  // `final` (then it becomes one U+FFFD).
   void decode_utf8(bool final);
   // Releases the part of text_ that cannot be (the start of) a stop string.
   std::string release(bool final);
