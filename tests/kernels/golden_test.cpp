@@ -14,7 +14,7 @@
 
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
-#include "test_util.h"
+#include "common/test_util.h"
 
 namespace bonsai::kernels {
 namespace {
