@@ -45,6 +45,7 @@ namespace {
 alignas(64) float g_fp16_lut[65536];  // fp16 bits -> float, filled once by init_once()
 
 bool g_has_gfni = false;   // CPUID says GFNI
+bool g_has_vbmi = false;   // CPUID says AVX512_VBMI (vpermb, for activation prep)
 bool g_use_gfni = true;    // test hook (set_avx512_gfni)
 bool g_use_amx = true;     // test hook (set_avx512_amx)
 
@@ -55,6 +56,7 @@ void init_tables() {
     _mm512_store_ps(g_fp16_lut + i, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
   }
   g_has_gfni = __builtin_cpu_supports("gfni");
+  g_has_vbmi = __builtin_cpu_supports("avx512vbmi");
 }
 
 void init_once() {
@@ -381,26 +383,44 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
     amx_prepare(f, a);
     return;
   }
+  if (fam == kFamQ8) return;
+  const int E = fam == kFamG64 ? 64 : 128;
+  // Byte permutation of a block (E elements) and per-lane sub-block index.
+  alignas(64) uint8_t idx[128];
+  alignas(64) int32_t lsub[16];
+  for (int p = 0; p < E; ++p) idx[p] = static_cast<uint8_t>(perm_index(fam, p));
+  for (int l = 0; l < 16; ++l) lsub[l] = lane_sub(fam, l);
+  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i lsubv = _mm512_load_si512(lsub);
   for (int64_t j = 0; j < n; ++j) {
     const int8_t* q = a.q + j * cols;
     const float* d = a.d + j * (cols / 32);
-    if (fam == kFamQ8) continue;
-    const int E = fam == kFamG64 ? 64 : 128;
     int8_t* qp = a.qp + j * cols;
     int32_t* neg = a.lane_neg + j * (cols / 4);
     float* ld = a.lane_d + j * (cols / 4);
-    int idx[128];
-    for (int p = 0; p < E; ++p) idx[p] = perm_index(fam, p);
     for (int64_t b = 0; b < cols / E; ++b) {
       const int8_t* src = q + b * E;
       int8_t* dst = qp + b * E;
-      for (int p = 0; p < E; ++p) dst[p] = src[idx[p]];
-      for (int l = 0; l < 16; ++l) {
-        int s = dst[4 * l] + dst[4 * l + 1] + dst[4 * l + 2] + dst[4 * l + 3];
-        if (E == 128) s += dst[64 + 4 * l] + dst[64 + 4 * l + 1] + dst[64 + 4 * l + 2] + dst[64 + 4 * l + 3];
-        neg[b * 16 + l] = -s;
-        ld[b * 16 + l] = d[b * (E / 32) + lane_sub(fam, l)];
+      __m512i x0, x1 = _mm512_setzero_si512();
+      if (g_has_vbmi && g_use_gfni) {
+        // Two-source byte permutes over the block's (up to) 128 bytes.
+        const __m512i s0 = _mm512_loadu_si512(src);
+        const __m512i s1 = E == 128 ? _mm512_loadu_si512(src + 64) : s0;
+        x0 = _mm512_permutex2var_epi8(s0, _mm512_load_si512(idx), s1);
+        if (E == 128) x1 = _mm512_permutex2var_epi8(s0, _mm512_load_si512(idx + 64), s1);
+      } else {
+        for (int p = 0; p < E; ++p) dst[p] = src[idx[p]];
+        x0 = _mm512_loadu_si512(dst);
+        if (E == 128) x1 = _mm512_loadu_si512(dst + 64);
       }
+      _mm512_storeu_si512(dst, x0);
+      if (E == 128) _mm512_storeu_si512(dst + 64, x1);
+      // Lane sums of the quants (both halves share lanes), negated.
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x0), ones, x1);
+      _mm512_storeu_si512(neg + b * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+      // Lane scales: d[b * E/32 + lane_sub(l)].
+      const __m512 dv = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (E / 32)) - 1), d + b * (E / 32));
+      _mm512_storeu_ps(ld + b * 16, _mm512_permutexvar_ps(lsubv, dv));
     }
   }
 }

@@ -101,8 +101,9 @@ const TierOps* neon_ops();
 // The table of a tier (nullptr if not built); does not check the CPU.
 const TierOps* tier_ops(Tier t);
 
-// Test hook: lets tests run the AVX-512 tier's non-GFNI weight expansion on a
-// GFNI machine. `enabled` is ANDed with CPUID; returns the previous setting.
+// Test hook: lets tests run the AVX-512 tier's code paths for CPUs without
+// GFNI / AVX512_VBMI (e.g. Cascade Lake) on a machine that has them.
+// `enabled` is ANDed with CPUID; returns the previous setting.
 bool set_avx512_gfni(bool enabled);
 
 // Test hook: disables the AVX-512 tier's AMX GEMM path; returns the previous setting.
