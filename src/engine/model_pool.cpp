@@ -1,6 +1,8 @@
 // ModelPool: LRU warm pool of loaded models. See model_pool.h.
 #include "engine/model_pool.h"
 
+#include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -381,6 +383,8 @@ ModelPool::Loader gguf_model_loader() {
     m->model = built->model;
     m->tokenizer = built->tokenizer;
     m->pool = std::make_shared<EnginePool>(std::move(built->pool));
+    m->rates = std::make_shared<RequestRateAggregator>();
+    m->pool->set_metrics_all([rates = m->rates](InferenceEngine& e) { e.set_metrics(rates); });
     m->tier = built->tier;
     m->n_ctx = static_cast<int>(built->n_ctx);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes;

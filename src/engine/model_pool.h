@@ -29,8 +29,9 @@
 #include <vector>
 
 #include "core/error.h"       // core::Expected
-#include "engine/engine_pool.h"  // EnginePool, ComputeTier
-#include "engine/sampling.h"  // SamplingParams
+#include "engine/engine_pool.h"   // EnginePool, ComputeTier
+#include "engine/rate_tracker.h"  // RequestRateAggregator
+#include "engine/sampling.h"      // SamplingParams
 
 namespace bonsai::model {
 class Model;  // model/model.h
@@ -58,6 +59,9 @@ struct LoadedModel {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
   std::shared_ptr<EnginePool> pool;   // may be null in tests
+  // Every replica records its finished generations here (set_metrics_all);
+  // thread-safe. May be null in tests.
+  std::shared_ptr<RequestRateAggregator> rates;
   ComputeTier tier = ComputeTier::kCpu;
   int n_ctx = 0;                       // context each replica was built with (tokens)
   uint64_t mem_bytes = 0;              // mapped bytes + KV caches of all replicas

@@ -44,6 +44,9 @@ constexpr const char* kModelsLoaded = "bonsai_models_loaded";
 constexpr const char* kModelBytes = "bonsai_model_bytes";
 constexpr const char* kMemoryBytes = "bonsai_memory_bytes";
 constexpr const char* kBudgetBytes = "bonsai_memory_budget_bytes";
+constexpr const char* kEngineItlP50 = "bonsai_engine_itl_p50_seconds";
+constexpr const char* kEngineItlP95 = "bonsai_engine_itl_p95_seconds";
+constexpr const char* kEngineTps = "bonsai_engine_tokens_per_second";
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -152,6 +155,12 @@ struct Server::Impl {
                     MetricType::kGauge);
     metrics.declare(kMemoryBytes, "Estimated bytes of all resident models.", MetricType::kGauge);
     metrics.declare(kBudgetBytes, "Memory budget for resident models in bytes (0 = unlimited).",
+                    MetricType::kGauge);
+    metrics.declare(kEngineItlP50, "Median inter-token latency over the engine's recent requests, per model.",
+                    MetricType::kGauge);
+    metrics.declare(kEngineItlP95, "95th percentile inter-token latency over recent requests, per model.",
+                    MetricType::kGauge);
+    metrics.declare(kEngineTps, "Mean decode tokens/s per request over recent requests, per model.",
                     MetricType::kGauge);
   }
 
@@ -294,8 +303,14 @@ struct Server::Impl {
         e.code = "model_not_found";
         return send_error(res, e);
       }
-      if (err.code == core::Errc::kResourceExhausted)
-        return send_error(res, overloaded(err.message, "model_loading", 2));
+      if (err.code == core::Errc::kResourceExhausted) {
+        // Loading elsewhere (retry soon), or no room in the budget / slots right now.
+        bool loading = false;
+        for (const auto& m : models->list())
+          loading = loading || (m.id == model_id && m.state == engine::ModelState::kLoading);
+        return send_error(res, loading ? overloaded(err.message, "model_loading", 2)
+                                       : overloaded(err.message, "insufficient_capacity", 5));
+      }
       ApiError e = from_core_error(err, 500);
       e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
       return send_error(res, e);
@@ -562,7 +577,8 @@ struct Server::Impl {
 
   void refresh_gauges() {
     auto rows = models->list();
-    for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting}) metrics.clear(g);
+    for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps})
+      metrics.clear(g);
     size_t loaded = 0;
     for (const auto& m : rows) {
       if (m.state != engine::ModelState::kLoaded) continue;
@@ -570,6 +586,15 @@ struct Server::Impl {
       metrics.set(kPoolSize, {{"model", m.id}}, m.pool_size);
       metrics.set(kPoolBusy, {{"model", m.id}}, m.busy);
       metrics.set(kModelBytes, {{"model", m.id}}, static_cast<double>(m.mem_bytes));
+      if (auto lm = models->acquire_loaded(m.id)) {
+        if ((*lm)->rates) {
+          const engine::RequestRateStats st = (*lm)->rates->snapshot();
+          metrics.set(kEngineItlP50, {{"model", m.id}}, st.itl_p50_ms / 1000.0);
+          metrics.set(kEngineItlP95, {{"model", m.id}}, st.itl_p95_ms / 1000.0);
+          metrics.set(kEngineTps, {{"model", m.id}}, st.tokens_per_s_mean);
+        }
+        models->release(*lm);
+      }
     }
     {
       std::lock_guard lock(wait_mu);
