@@ -495,16 +495,18 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
         const float* q0 = q + i * c.q_dim() + kvh * group * hd_k;        // group's first query head
         float* out0 = att + i * c.attn_out_dim() + kvh * group * hd_v;   // and its output
         grow(scores, group * n_pos);
-        for (int64_t t = 0; t < n_pos; ++t) {
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qh = q0 + g * hd_k;
-            const float d = f16 ? kernels::dot_f16_f32(reinterpret_cast<const uint16_t*>(kbase) + t * hd_k, qh, hd_k)
-                                : kernels::dot_f32(reinterpret_cast<const float*>(kbase) + t * hd_k, qh, hd_k);
-            scores[g * n_pos + t] = d * kq_scale;
-          }
+        // scores[g][t] = k_t . q_g for the group's query heads: one small
+        // matrix product over the cached K rows (an F16 or F32 matrix n_pos x hd).
+        const kernels::MatrixView k_mat{kbase, f16 ? kernels::Format::kF16 : kernels::Format::kF32, n_pos, hd_k,
+                                        static_cast<size_t>(hd_k) * kv.elem_size()};
+        if (group == 1) {
+          kernels::gemv(k_mat, q0, scores.data(), nullptr);
+        } else {
+          kernels::gemm(k_mat, q0, group, scores.data(), nullptr);
         }
         for (int64_t g = 0; g < group; ++g) {
           float* sg = scores.data() + g * n_pos;
+          for (int64_t t = 0; t < n_pos; ++t) sg[t] *= kq_scale;
           const float max_s = *std::max_element(sg, sg + n_pos);
           double sum = 0.0;
           for (int64_t t = 0; t < n_pos; ++t) {
