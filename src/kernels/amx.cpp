@@ -236,10 +236,25 @@ bool amx_supports(Format f) {
   return f == Format::kQ1_0 || f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
 }
 
-void amx_prepare(Format f, QuantAct& a) {
-  const int64_t n = a.n, cols = a.cols, S = cols / 32;
+void amx_setup(QuantAct& a) {
+  const int64_t n = a.n, S = a.cols / 32;
   const int64_t G = (n + 15) / 16;
   a.resize_amx(G);
+  // Padding columns of the last group: zero activations and scales.
+  for (int64_t j = n; j < 16 * G; ++j) {
+    const int64_t g = j / 16, cc = j % 16;
+    for (int64_t s = 0; s < S; ++s) {
+      int8_t* bt = a.amx_b + (g * S + s) * 512;
+      for (int r = 0; r < 8; ++r) std::memset(bt + r * 64 + 4 * cc, 0, 4);
+      a.amx_dx[(g * S + s) * 16 + cc] = 0.0f;
+      a.amx_negh[(g * S + s) * 16 + cc] = 0.0f;
+    }
+  }
+  a.amx_ready = true;
+}
+
+void amx_fill_columns(Format f, QuantAct& a, int64_t j0, int64_t j1) {
+  const int64_t cols = a.cols, S = cols / 32;
   const bool natural = f == Format::kQ1_0;
   const int64_t subs = f == Format::kQ2_0 ? 2 : 4;  // sub-blocks per weight block
   // K-index t of a sub-block -> element offset within the sub-block.
@@ -247,34 +262,30 @@ void amx_prepare(Format f, QuantAct& a) {
   for (int t = 0; t < 32; ++t) perm[t] = static_cast<uint8_t>(natural ? t : 4 * (t % 8) + t / 8);
   const __m256i pv = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm));
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t g = 0; g < G; ++g) {
-    for (int cc = 0; cc < 16; ++cc) {
-      const int64_t j = 16 * g + cc;
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t gs = g * S + s;
-        int8_t* bt = a.amx_b + gs * 512;
-        float& negh = a.amx_negh[(g * S + s / subs) * 16 + cc];  // [g][block][cc], block = s / subs
-        if (s % subs == 0) negh = 0.0f;
-        if (j >= n) {
-          for (int r = 0; r < 8; ++r) std::memset(bt + r * 64 + 4 * cc, 0, 4);
-          a.amx_dx[gs * 16 + cc] = 0.0f;
-          continue;
-        }
-        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + j * cols + 32 * s));
-        const __m256i qp = _mm256_permutexvar_epi8(pv, qv);
-        alignas(32) int32_t dw8[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(dw8), qp);
-        for (int r = 0; r < 8; ++r) std::memcpy(bt + r * 64 + 4 * cc, &dw8[r], 4);
-        // sum of the 32 quants: sad of (q ^ 0x80) against 0, minus 32 * 128.
-        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qv, bias), _mm256_setzero_si256());
-        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-        const int64_t tot = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
-        a.amx_dx[gs * 16 + cc] = a.d[j * S + s];
-        negh -= a.amx_dx[gs * 16 + cc] * static_cast<float>(tot);
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t g = j / 16, cc = j % 16;
+    float negh = 0.0f;
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t gs = g * S + s;
+      int8_t* bt = a.amx_b + gs * 512;
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + j * cols + 32 * s));
+      const __m256i qp = _mm256_permutexvar_epi8(pv, qv);
+      alignas(32) int32_t dw8[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dw8), qp);
+      for (int r = 0; r < 8; ++r) std::memcpy(bt + r * 64 + 4 * cc, &dw8[r], 4);
+      // Sum of the 32 quants: sad of (q ^ 0x80) against 0, minus 32 * 128.
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qv, bias), _mm256_setzero_si256());
+      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const int64_t tot = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
+      const float dx = a.d[j * S + s];
+      a.amx_dx[gs * 16 + cc] = dx;
+      negh -= dx * static_cast<float>(tot);
+      if (s % subs == subs - 1) {  // last sub-block of weight block s / subs
+        a.amx_negh[(g * S + s / subs) * 16 + cc] = negh;
+        negh = 0.0f;
       }
     }
   }
-  a.amx_ready = true;
 }
 
 void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
@@ -294,7 +305,8 @@ void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
 namespace bonsai::kernels::detail {
 bool amx_usable() { return false; }
 bool amx_supports(Format) { return false; }
-void amx_prepare(Format, QuantAct&) {}
+void amx_setup(QuantAct&) {}
+void amx_fill_columns(Format, QuantAct&, int64_t, int64_t) {}
 void amx_rows(const MatrixView&, const QuantAct&, int64_t, float*, int64_t, int64_t) {}
 }  // namespace bonsai::kernels::detail
 

@@ -367,22 +367,30 @@ inline int lane_sub(int fam, int l) {
   }
 }
 
-void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
+int family_of(Format f) {
+  switch (f) {
+    case Format::kQ1_0: return kFamQ1;
+    case Format::kQ2_0: return kFamG64;
+    case Format::kQ2_0G128D: return kFamG128D;
+    case Format::kQ2_0G128Qs: return kFamG128Qs;
+    default: return kFamQ8;
+  }
+}
+
+void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
-  int fam = kFamQ8;
-  switch (f) {
-    case Format::kQ1_0: fam = kFamQ1; break;
-    case Format::kQ2_0: fam = kFamG64; break;
-    case Format::kQ2_0G128D: fam = kFamG128D; break;
-    case Format::kQ2_0G128Qs: fam = kFamG128Qs; break;
-    default: break;
-  }
-  for (int64_t j = 0; j < n; ++j) quantize_act(x + j * cols, cols, a.q + j * cols, a.d + j * (cols / 32));
-  if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) {
-    amx_prepare(f, a);
+  if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
+}
+
+void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a) {
+  const int64_t cols = a.cols;
+  for (int64_t j = j0; j < j1; ++j) quantize_act(x + j * cols, cols, a.q + j * cols, a.d + j * (cols / 32));
+  if (a.amx_ready) {
+    amx_fill_columns(f, a, j0, j1);
     return;
   }
+  const int fam = family_of(f);
   if (fam == kFamQ8) return;
   const int E = fam == kFamG64 ? 64 : 128;
   // Byte permutation of a block (E elements) and per-lane sub-block index.
@@ -392,7 +400,7 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   for (int l = 0; l < 16; ++l) lsub[l] = lane_sub(fam, l);
   const __m512i ones = _mm512_set1_epi8(1);
   const __m512i lsubv = _mm512_load_si512(lsub);
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     const int8_t* q = a.q + j * cols;
     const float* d = a.d + j * (cols / 32);
     int8_t* qp = a.qp + j * cols;
@@ -423,6 +431,11 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
       _mm512_storeu_ps(ld + b * 16, _mm512_permutexvar_ps(lsubv, dv));
     }
   }
+}
+
+void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
+  prepare_setup(f, n, cols, a);
+  prepare_cols(f, x, 0, n, a);
 }
 
 void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
@@ -548,7 +561,8 @@ bool set_avx512_gfni(bool enabled) {
 }
 
 const TierOps* avx512_ops() {
-  static const TierOps ops{prepare, rows, dot_f32, dot_f16_f32, axpy_f32, axpy_f16, f32_to_f16};
+  static const TierOps ops{prepare,  rows,     dot_f32,       dot_f16_f32, axpy_f32,
+                           axpy_f16, f32_to_f16, prepare_setup, prepare_cols};
   return &ops;
 }
 

@@ -90,6 +90,12 @@ struct TierOps {
   void (*axpy_f32)(float alpha, const float* x, float* y, int64_t n);
   void (*axpy_f16)(float alpha, const uint16_t* x, float* y, int64_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n);
+  // Optional (may be nullptr): the same work split so that batches can be
+  // prepared in parallel: prepare_setup sizes `a` for n columns on one
+  // thread, then prepare_cols fills columns [j0, j1) (x is the whole [n][cols]
+  // batch); disjoint column ranges may run concurrently.
+  void (*prepare_setup)(Format f, int64_t n, int64_t cols, QuantAct& a);
+  void (*prepare_cols)(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a);
 };
 
 // Tier tables; nullptr when the tier is not compiled into this binary.
@@ -114,8 +120,12 @@ inline constexpr int64_t kAmxMinCols = 8;  // below this the VNNI path is faster
 // CPU has AMX-INT8 and the OS granted the tile-data permission (asked once).
 bool amx_usable();
 bool amx_supports(Format f);
-// Fills a.amx_* from a.q / a.d (natural Q8_0 quants) for weights of format f.
-void amx_prepare(Format f, QuantAct& a);
+// Sizes a.amx_* for a.n columns (after a.resize), zeroes the padding
+// columns of the last group and sets amx_ready.
+void amx_setup(QuantAct& a);
+// Fills a.amx_* for columns [j0, j1) from their a.q / a.d (natural Q8_0
+// quants) for weights of format f. Column ranges may run concurrently.
+void amx_fill_columns(Format f, QuantAct& a, int64_t j0, int64_t j1);
 // Rows [r0, r1) of Y = W X with the AMX layout of `a`.
 void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1);
 

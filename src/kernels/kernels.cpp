@@ -321,7 +321,17 @@ void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n
   thread_local detail::QuantAct act;
   const detail::QuantAct* a = nullptr;
   if (detail::is_quantized(w.format)) {
-    ops->prepare(w.format, x, n, w.cols, act);
+    if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
+      // Batches: quantize / lay out the columns in parallel.
+      // (A pointer, not the name: a lambda naming a thread_local variable
+      // would reach each worker's own instance.)
+      detail::QuantAct* ap = &act;
+      ops->prepare_setup(w.format, n, w.cols, *ap);
+      pool->parallel_for(
+          n, [ops, &w, x, ap](int64_t j0, int64_t j1) { ops->prepare_cols(w.format, x, j0, j1, *ap); }, 4);
+    } else {
+      ops->prepare(w.format, x, n, w.cols, act);
+    }
     a = &act;
   }
   RowsCtx ctx{ops, &w, x, a, n, y};
