@@ -100,6 +100,7 @@ class Parser {
   uint64_t pos_ = 0;
   const std::string& path_;
   std::vector<uint64_t> info_offsets_;  // where each tensor info starts (for messages)
+  uint64_t n_elements_ = 0;             // metadata array elements so far (kMaxMetadataElements)
 };
 
 core::Expected<std::string_view> Parser::read_string(const char* what) {
@@ -161,6 +162,11 @@ core::Expected<Value> Parser::read_value(ValueType t, int depth) {
                            " elements cannot fit in the " + std::to_string(left()) +
                            " bytes left");
       }
+      if (*n > kMaxMetadataElements - n_elements_) {
+        return err(at, "metadata arrays hold more than " + std::to_string(kMaxMetadataElements) +
+                           " elements in total");
+      }
+      n_elements_ += *n;
       arr.items.reserve(static_cast<size_t>(*n));
       for (uint64_t i = 0; i < *n; ++i) {
         auto item = read_value(arr.elem_type, depth + 1);

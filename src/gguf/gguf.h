@@ -139,6 +139,9 @@ class File {
 inline constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
 inline constexpr int kMaxArrayNesting = 8;       // arrays of arrays of ... deeper is refused
 inline constexpr uint64_t kMaxAlignment = 1u << 30;
+// Total metadata array elements per file (each becomes a Value of ~48 bytes,
+// so this bounds memory at ~800 MB; real files hold < 1M: vocab, merges, types).
+inline constexpr uint64_t kMaxMetadataElements = 1u << 24;
 
 // Writes GGUF v3 files (tests, `bonsai synth`). Values are copied in; tensor
 // data is copied into the output in add order, each aligned to `alignment`.

@@ -316,6 +316,10 @@ TEST(GgufHostile, HandMadeFilesAreRefused) {
     Bytes c;  // array of 2^40 empty arrays
     c.header(0, 1).str("a").put<uint32_t>(9).put<uint32_t>(9).put<uint64_t>(1ull << 40).zeros(64);
     expect_refused(c.b, "cannot fit");
+    Bytes big;  // more array elements than the reader will hold, yet each fits in the file
+    big.header(0, 1).str("a").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>(kMaxMetadataElements + 1);
+    big.zeros(kMaxMetadataElements + 1);
+    expect_refused(big.b, "elements in total");
     Bytes d;  // nesting bomb: 100 levels of single-element arrays
     d.header(0, 1).str("a").put<uint32_t>(9);
     for (int i = 0; i < 100; ++i) d.put<uint32_t>(9).put<uint64_t>(1);
