@@ -143,6 +143,7 @@ void micro(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t j0, float*
   for (int k = 0; k < C; ++k) out[k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * Geo<F>::kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + 4096), _MM_HINT_T0);  // see avx512.cpp
     __m256i wv[4];
     expand<F>(blk, c, wv);
     const __m256 dw = _mm256_set1_ps(lut_fp16(blk + Geo<F>::kD));

@@ -48,6 +48,10 @@ bool g_has_gfni = false;   // CPUID says GFNI
 bool g_has_vbmi = false;   // CPUID says AVX512_VBMI (vpermb, for activation prep)
 bool g_use_gfni = true;    // test hook (set_avx512_gfni)
 bool g_use_amx = true;     // test hook (set_avx512_amx)
+// Software prefetch distance for streamed weights (bytes ahead of the block
+// being read). The hardware prefetcher alone left the GEMV ~25% short of the
+// memory bandwidth here; 2-8 KiB ahead measured best (4 KiB chosen).
+constexpr int64_t kPrefetchBytes = 4096;
 
 void init_tables() {
   for (int i = 0; i < 65536; i += 16) {
@@ -208,6 +212,7 @@ void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, in
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < R; ++i) {
       const uint8_t* blk = row0 + static_cast<size_t>(i) * stride + static_cast<size_t>(b) * B;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchBytes), _MM_HINT_T0);
       __m512i w0, w1;
       expand<F, kGf>(blk, c, w0, w1);
       const __m512 dw = _mm512_set1_ps(lut_fp16(blk + Geo<F>::kD));
