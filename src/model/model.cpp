@@ -173,7 +173,17 @@ Checked check_all(const gguf::File& f) {
   const ModelConfig& c = r.config;
   if (c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.n_head_kv > 0 && c.head_dim_k > 0 &&
       c.head_dim_v > 0 && c.n_ff > 0 && c.n_vocab > 0) {
-    r.weights = build_weights(f, c, r.errors, r.weight_bytes);
+    // Every block has at least 9 tensors: a block count the tensor table
+    // cannot hold is one problem, not millions of missing tensors.
+    if (static_cast<uint64_t>(c.n_layer) * 9 > f.tensors().size()) {
+      r.errors.push_back({core::Errc::kFormat,
+                          f.path() + ": key '" + c.arch_name + ".block_count' = " +
+                              std::to_string(c.n_layer) + " needs at least " +
+                              std::to_string(c.n_layer * 9) + " tensors, the file has " +
+                              std::to_string(f.tensors().size())});
+    } else {
+      r.weights = build_weights(f, c, r.errors, r.weight_bytes);
+    }
   }
   return r;
 }

@@ -323,6 +323,62 @@ TEST(CheckModel, MissingKeysAndArchitecture) {
   }
 }
 
+// Random (often inconsistent) hyper-parameters over a fixed tensor set: the
+// file is either refused with problems listed, or it loads and runs. Never a
+// crash (run under ASan/UBSan too).
+TEST(CheckModel, RandomHyperParametersNeverCrash) {
+  const std::vector<std::string> keys = {
+      "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+      "attention.head_count_kv", "attention.key_length", "attention.value_length",
+      "rope.dimension_count", "context_length"};
+  const std::vector<uint64_t> values = {0, 1, 2, 3, 4, 6, 7, 8, 16, 32, 40, 64, 1ull << 31, (1ull << 32) + 5};
+  uint64_t rng = 12345;
+  auto next = [&rng] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return rng >> 33;
+  };
+  int loaded = 0, refused = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    TinySpec s;
+    s.arch = (iter % 3 == 0) ? "llama" : "qwen3";
+    std::vector<std::pair<std::string, uint64_t>> edits;
+    const int n_edits = 1 + static_cast<int>(next() % 3);
+    for (int e = 0; e < n_edits; ++e) {
+      edits.emplace_back(keys[next() % keys.size()], values[next() % values.size()]);
+    }
+    const auto path = write_tiny("random.gguf", s, {}, [&](gguf::Writer& w) {
+      for (const auto& [k, v] : edits) {
+        if (v > UINT32_MAX) {
+          w.set_u64(s.arch + "." + k, v);
+        } else {
+          w.set_u32(s.arch + "." + k, static_cast<uint32_t>(v));
+        }
+      }
+    });
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.has_value()) << f.error().message;
+    const auto problems = check_model(**f);
+    auto m = Model::from_file(*f);
+    EXPECT_EQ(problems.empty(), m.has_value()) << join(problems);
+    if (m) {
+      ++loaded;
+      core::ThreadPool pool(2);
+      Workspace ws;
+      auto cache = KvCache::create((*m)->config(), 4);
+      ASSERT_TRUE(cache.has_value());
+      const std::vector<int32_t> ids = {1, 2, 3};
+      const auto logits = testing::run_sequence(**m, ids, 0, *cache, ws, pool, true);
+      for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    } else {
+      ++refused;
+      EXPECT_FALSE(problems.empty());
+    }
+    std::filesystem::remove(path);
+  }
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(refused, 0);
+}
+
 TEST(ModelConfigTest, YarnScalingKeys) {
   TinySpec s;
   const auto path = write_tiny("yarn.gguf", s, {}, [](gguf::Writer& w) {
