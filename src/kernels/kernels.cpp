@@ -315,25 +315,29 @@ int64_t min_chunk_rows(const MatrixView& w, int64_t n) {
   return std::max<int64_t>(4, rows);
 }
 
+// Quantizes x for weights of format f into the calling thread's scratch
+// (in parallel for batches) and returns it; nullptr for float formats.
+const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, const float* x, int64_t n,
+                                    core::ThreadPool* pool) {
+  if (!detail::is_quantized(f)) return nullptr;
+  thread_local detail::QuantAct act;
+  // (A pointer, not the name: a lambda naming a thread_local variable would
+  // reach each worker's own instance.)
+  detail::QuantAct* ap = &act;
+  if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
+    // Batches: quantize / lay out the columns in parallel.
+    ops->prepare_setup(f, n, cols, *ap);
+    pool->parallel_for(n, [ops, f, x, ap](int64_t j0, int64_t j1) { ops->prepare_cols(f, x, j0, j1, *ap); }, 4);
+  } else {
+    ops->prepare(f, x, n, cols, *ap);
+  }
+  return ap;
+}
+
 void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y,
               core::ThreadPool* pool) {
   if (w.rows <= 0 || n <= 0) return;
-  thread_local detail::QuantAct act;
-  const detail::QuantAct* a = nullptr;
-  if (detail::is_quantized(w.format)) {
-    if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
-      // Batches: quantize / lay out the columns in parallel.
-      // (A pointer, not the name: a lambda naming a thread_local variable
-      // would reach each worker's own instance.)
-      detail::QuantAct* ap = &act;
-      ops->prepare_setup(w.format, n, w.cols, *ap);
-      pool->parallel_for(
-          n, [ops, &w, x, ap](int64_t j0, int64_t j1) { ops->prepare_cols(w.format, x, j0, j1, *ap); }, 4);
-    } else {
-      ops->prepare(w.format, x, n, w.cols, act);
-    }
-    a = &act;
-  }
+  const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool);
   RowsCtx ctx{ops, &w, x, a, n, y};
   if (pool == nullptr || pool->size() <= 1) {
     ops->rows(w, x, a, n, y, 0, w.rows);
@@ -352,6 +356,38 @@ void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool)
 
 void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool) {
   run_rows(active_ops(), w, x, n, y, pool);
+}
+
+void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys,
+                core::ThreadPool* pool) {
+  if (count <= 0 || n <= 0) return;
+  bool same = true;
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    same = same && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols;
+    total += ws[i].rows;
+  }
+  const TierOps* ops = active_ops();
+  if (!same || pool == nullptr || pool->size() <= 1) {
+    for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool);
+    return;
+  }
+  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool);
+  // Global row index over the concatenated matrices; a chunk may span several.
+  pool->parallel_for(
+      total,
+      [&](int64_t b, int64_t e) {
+        int64_t base = 0;
+        for (int i = 0; i < count && b < e; ++i) {
+          const int64_t lo = b - base, hi = e - base;
+          if (lo < ws[i].rows) {
+            const int64_t r0 = lo < 0 ? 0 : lo, r1 = hi < ws[i].rows ? hi : ws[i].rows;
+            if (r0 < r1) ops->rows(ws[i], x, a, n, ys[i], r0, r1);
+          }
+          base += ws[i].rows;
+        }
+      },
+      min_chunk_rows(ws[0], n));
 }
 
 void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y,

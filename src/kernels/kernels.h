@@ -92,6 +92,15 @@ void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool)
 // Y: [n][rows] row-major. Equal to n gemv calls (within float tolerance).
 void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool);
 
+// Several matrices applied to the same activations in one threaded pass:
+// Y_i = W_i X for i < count (X: [n][cols], ys[i]: [n][ws[i].rows]). All
+// ws[i] must have the same cols. When they also share a format (e.g. the Q,
+// K, V projections, or ffn gate and up) the activations are quantized once
+// and all rows go through one pool dispatch; otherwise this is `count` gemm
+// calls. Results equal the separate gemm calls exactly.
+void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys,
+                core::ThreadPool* pool);
+
 // Same as gemv/gemm but on rows [row_begin, row_end) with an explicit tier,
 // single-threaded; for tests and benchmarks. The tier must be supported.
 void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y,

@@ -230,5 +230,37 @@ TEST(Tiers, LargestBonsaiShapesThreaded) {
   ASSERT_TRUE(set_active_tier(before).has_value());
 }
 
+// gemm_multi (shared quantization, one dispatch) equals separate gemm calls
+// bit for bit, for every tier, including mixed-format fallbacks.
+TEST(Tiers, GemmMultiEqualsSeparateCalls) {
+  core::ThreadPool pool(2);
+  const Tier before = active_tier();
+  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+    if (!tier_supported(t)) continue;
+    ASSERT_TRUE(set_active_tier(t).has_value());
+    for (int64_t n : {1, 3, 17}) {
+      for (Format f2 : {Format::kQ1_0, Format::kQ2_0}) {  // third matrix: same or different format
+        auto q = testing::random_matrix(Format::kQ1_0, 257, 512, 11);
+        auto k = testing::random_matrix(Format::kQ1_0, 64, 512, 12);
+        auto v = testing::random_matrix(f2, 33, 512, 13);
+        const auto x = random_batch(n, 512, 14);
+        const MatrixView ws[3] = {q.view, k.view, v.view};
+        std::vector<float> y0(static_cast<size_t>(n * 257)), y1(static_cast<size_t>(n * 64)),
+            y2(static_cast<size_t>(n * 33));
+        float* ys[3] = {y0.data(), y1.data(), y2.data()};
+        gemm_multi(ws, 3, x.data(), n, ys, &pool);
+        for (int i = 0; i < 3; ++i) {
+          std::vector<float> sep(static_cast<size_t>(n * ws[i].rows));
+          gemm(ws[i], x.data(), n, sep.data(), &pool);
+          for (size_t e = 0; e < sep.size(); ++e) {
+            ASSERT_EQ(ys[i][e], sep[e]) << tier_name(t) << " n=" << n << " matrix " << i << " at " << e;
+          }
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(set_active_tier(before).has_value());
+}
+
 }  // namespace
 }  // namespace bonsai::kernels
