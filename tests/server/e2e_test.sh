@@ -19,9 +19,10 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 BUILD="$(cd "$(dirname "$BIN")/../.." && pwd)"
 STORIES="$SHARED/models/stories260K/stories260K.gguf"
 LLAMA="$SHARED/models/llama-2-tiny-random/llama-2-tiny-random.gguf"
+QWEN="$SHARED/fixtures/qwen3-tiny-q1_0.gguf"
 KEY="testkey"
 
-for f in "$STORIES" "$LLAMA"; do
+for f in "$STORIES" "$LLAMA" "$QWEN"; do
   if [ ! -f "$f" ]; then
     if [ "${CI:-}" = "true" ]; then echo "FAIL: missing fixture $f"; exit 1; fi
     echo "SKIP: missing fixture $f"; exit 77
@@ -52,10 +53,12 @@ cat >"$WORK/serve.toml" <<EOF
 model = ["stories=$STORIES", "llama=$LLAMA"]
 pool-size = 1
 ctx-size = 2048
-models-max = 3
+models-max = 4
 queue-factor = 1
 api-key = "$KEY"
 threads = 2
+[models]
+qwen = "$QWEN"
 [router]
 preload = ["stories"]
 EOF
@@ -106,7 +109,7 @@ req() {
 check "GET /health" 200 "$(curl -s -o "$WORK/body" -w '%{http_code}' "$URL/health")"
 check "/health status" ok "$(jget "$WORK/body" j.status)"
 check "GET /v1/models" 200 "$(req GET /v1/models)"
-check "/v1/models lists both" '["llama","stories"]' "$(jget "$WORK/body" 'j.data.map(m=>m.id).sort()')"
+check "/v1/models lists all three" '["llama","qwen","stories"]' "$(jget "$WORK/body" 'j.data.map(m=>m.id).sort()')"
 check "GET /v1/models/stories" 200 "$(req GET /v1/models/stories)"
 check "GET /admin/models: only the preloaded model is loaded" '["stories"]' "$(req GET /admin/models >/dev/null; jget "$WORK/body" 'j.data.filter(m=>m.state==="loaded").map(m=>m.id)')"
 
@@ -217,7 +220,7 @@ if [ ! -f "$NODE_DIR/node_modules/openai/package.json" ]; then
   (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error >"$WORK/npm.log" 2>&1) || {
     echo "FAIL: 'npm install' of the openai package failed (is the npm registry reachable?):"; cat "$WORK/npm.log"; exit 1; }
 fi
-if (cd "$NODE_DIR" && node sdk_test.mjs "$URL" "$KEY" stories); then ok "OpenAI Node SDK tests"; else bad "OpenAI Node SDK tests"; fi
+if (cd "$NODE_DIR" && node sdk_test.mjs "$URL" "$KEY" stories qwen); then ok "OpenAI Node SDK tests"; else bad "OpenAI Node SDK tests"; fi
 
 # ---- graceful shutdown ----
 stop_server

@@ -1,11 +1,14 @@
 // The official OpenAI Node SDK against `bonsai serve`: non-streamed and
 // streamed chat and completions, streamed == non-streamed for seeded
 // requests (byte for byte), n > 1, stop strings, usage, models, errors.
-// Usage: node sdk_test.mjs BASE_URL API_KEY MODEL
+// Usage: node sdk_test.mjs BASE_URL API_KEY MODEL [QWEN_MODEL]
+// MODEL is stories260K (a trained llama-architecture model); QWEN_MODEL a
+// Qwen3 fixture with random weights and the real 151k-token vocabulary,
+// whose output is full of multi-byte characters split across tokens.
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 
-const [baseURL, apiKey, model] = process.argv.slice(2);
+const [baseURL, apiKey, model, qwen] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
 let passed = 0;
 async function check(name, fn) {
@@ -141,5 +144,41 @@ await check("errors come back as SDK error classes with OpenAI bodies", async ()
   const bad = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: "wrong", maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401);
 });
+
+if (qwen) {
+  await check("qwen3 chat (multi-byte text): n = 2 streamed == non-streamed, pieces are whole characters", async () => {
+    const req = { model: qwen, messages: [{ role: "user", content: "你好, who are you?" }], max_tokens: 40,
+                  temperature: 1.0, seed: 11, n: 2, chat_template_kwargs: { enable_thinking: false } };
+    const full = await client.chat.completions.create(req);
+    assert.equal(full.choices.length, 2);
+    const pieces = [];
+    const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    const got = { text: {}, finish: {} };
+    let usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        got.text[c.index] ??= "";
+        if (c.delta?.content) {
+          pieces.push(c.delta.content);
+          got.text[c.index] += c.delta.content;
+        }
+        if (c.finish_reason) got.finish[c.index] = c.finish_reason;
+      }
+    }
+    for (let i = 0; i < 2; i++) {
+      assert.equal(got.text[i], full.choices[i].message.content, `choice ${i}`);
+      assert.equal(got.finish[i], full.choices[i].finish_reason);
+    }
+    assert.deepEqual(usage, full.usage);
+    const all = pieces.join("");
+    assert.ok(/[^\x00-\x7f]/.test(all), "expected some non-ASCII text from a 151k vocabulary");
+    // A piece never starts with a lone low surrogate or ends with a high one
+    // (a split character would show up as U+FFFD or a broken pair).
+    for (const p of pieces) {
+      assert.ok(!/^[\udc00-\udfff]/.test(p) && !/[\ud800-\udbff]$/.test(p), `split character in ${JSON.stringify(p)}`);
+    }
+  });
+}
 
 console.log(`${passed} checks passed`);
