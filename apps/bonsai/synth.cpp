@@ -5,7 +5,8 @@
 // gain/sqrt(row length) so each projection maps rms-1 inputs to rms-`gain`
 // outputs (activations stay O(1) after every RMSNorm); the lm head gets
 // log-normal per-row gains so some tokens are consistently louder and the
-// argmax is clear. Rows are then quantized with the kernels' reference
+// argmax is clear. Each row has its own stream (tensor seed, row index), so
+// rows are generated in parallel. Rows are then quantized with the kernels' reference
 // quantizers (Q1_0 / Q2_0) or rounded to fp16.
 #include "apps/bonsai/synth.h"
 
@@ -21,6 +22,7 @@
 #include <utility>
 
 #include "core/fp16.h"
+#include "core/thread_pool.h"
 #include "kernels/kernels.h"
 
 namespace bonsai::synth {
@@ -299,10 +301,13 @@ core::GgmlType ggml_type(WeightType t) {
   return core::GgmlType::F16;
 }
 
-// Fills `out` (the tensor's bytes) row by row.
+// Fills `out` (the tensor's bytes). Matrix rows are independent: row r draws
+// from its own stream seeded by (tensor seed, r), so rows are generated in
+// parallel on the process pool and the bytes do not depend on the thread count.
 void generate(const TensorSpec& spec, WeightType type, uint64_t seed, std::span<uint8_t> out) {
-  Rng rng(tensor_seed(seed, spec.name));
+  const uint64_t tseed = tensor_seed(seed, spec.name);
   if (spec.kind == Kind::kNorm) {
+    Rng rng(tseed);
     for (int64_t i = 0; i < spec.ne[0]; ++i) {
       const float v = spec.lo + (spec.hi - spec.lo) * rng.uniform();
       std::memcpy(out.data() + 4 * i, &v, 4);
@@ -311,23 +316,30 @@ void generate(const TensorSpec& spec, WeightType type, uint64_t seed, std::span<
   }
   const int64_t cols = spec.ne[0], rows = spec.ne[1];
   const size_t row_bytes = out.size() / static_cast<size_t>(rows);
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float gain = spec.row_spread > 0.0f ? std::exp(spec.row_spread * rng.normal()) : 1.0f;
-    const float s = spec.rms * gain;
-    for (float& x : row) x = s * rng.normal();
-    uint8_t* dst = out.data() + static_cast<size_t>(r) * row_bytes;
-    switch (type) {
-      case WeightType::kQ1_0: kernels::quantize_row_q1_0(row.data(), dst, cols); break;
-      case WeightType::kQ2_0: kernels::quantize_row_q2_0(row.data(), dst, cols); break;
-      case WeightType::kF16:
-        for (int64_t c = 0; c < cols; ++c) {
-          const uint16_t h = core::fp32_to_fp16(row[static_cast<size_t>(c)]);
-          std::memcpy(dst + 2 * c, &h, 2);
+  core::global_pool().parallel_for(
+      rows,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = begin; r < end; ++r) {
+          uint64_t rs = tseed ^ (static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ull);
+          Rng rng(splitmix64(rs));
+          const float gain = spec.row_spread > 0.0f ? std::exp(spec.row_spread * rng.normal()) : 1.0f;
+          const float s = spec.rms * gain;
+          for (float& x : row) x = s * rng.normal();
+          uint8_t* dst = out.data() + static_cast<size_t>(r) * row_bytes;
+          switch (type) {
+            case WeightType::kQ1_0: kernels::quantize_row_q1_0(row.data(), dst, cols); break;
+            case WeightType::kQ2_0: kernels::quantize_row_q2_0(row.data(), dst, cols); break;
+            case WeightType::kF16:
+              for (int64_t c = 0; c < cols; ++c) {
+                const uint16_t h = core::fp32_to_fp16(row[static_cast<size_t>(c)]);
+                std::memcpy(dst + 2 * c, &h, 2);
+              }
+              break;
+          }
         }
-        break;
-    }
-  }
+      },
+      16);
 }
 
 }  // namespace
@@ -493,7 +505,7 @@ core::Expected<std::string> ensure_default_model() {
     return core::fail(core::Errc::kIo, "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   // The name carries the generator version so a changed synth writes a new file.
-  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v1.gguf";
+  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v2.gguf";
   std::error_code ec;
   if (fs::exists(path, ec) && gguf::File::open(path.string())) return path.string();
   fs::create_directories(dir, ec);
