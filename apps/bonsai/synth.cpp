@@ -248,16 +248,22 @@ constexpr std::string_view kChatTemplate =
 
 enum class Kind { kMatrix, kNorm };
 
+// Gain of lm-head rows of unused/special tokens: like untrained rows of a real
+// model they rarely win the argmax, so greedy text is ordinary tokens.
+constexpr float kQuietGain = 0.25f;
+
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> ne;  // ggml order
   Kind kind = Kind::kMatrix;
   float rms = 0.0f;         // matrices: entry rms
   float row_spread = 0.0f;  // matrices: log-normal sigma of per-row gain
+  int64_t quiet_from = -1;  // lm head: rows >= this (PAD and special tokens) get gain kQuietGain
   float lo = 0.0f, hi = 0.0f;  // norms: uniform range
 };
 
-std::vector<TensorSpec> tensor_list(const Preset& p) {
+// `n_normal`: ids below it are byte/merge tokens; the rest are PADs and specials.
+std::vector<TensorSpec> tensor_list(const Preset& p, int64_t n_normal) {
   const int64_t E = p.n_embd, V = p.n_vocab, F = p.n_ff;
   const int64_t q_dim = static_cast<int64_t>(p.n_head) * p.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(p.n_head_kv) * p.head_dim;
@@ -273,8 +279,12 @@ std::vector<TensorSpec> tensor_list(const Preset& p) {
   };
   std::vector<TensorSpec> t;
   t.push_back(p.tied ? mat("token_embd.weight", E, V, kOutGain * sE, kRowSpread) : mat("token_embd.weight", E, V, 1.0f));
+  if (p.tied) t.back().quiet_from = n_normal;
   t.push_back(norm("output_norm.weight", E, 0.9f, 1.1f));
-  if (!p.tied) t.push_back(mat("output.weight", E, V, kOutGain * sE, kRowSpread));
+  if (!p.tied) {
+    t.push_back(mat("output.weight", E, V, kOutGain * sE, kRowSpread));
+    t.back().quiet_from = n_normal;
+  }
   for (uint32_t i = 0; i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     t.push_back(norm(b + "attn_norm.weight", E, 0.9f, 1.1f));
@@ -323,7 +333,8 @@ void generate(const TensorSpec& spec, WeightType type, uint64_t seed, std::span<
         for (int64_t r = begin; r < end; ++r) {
           uint64_t rs = tseed ^ (static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ull);
           Rng rng(splitmix64(rs));
-          const float gain = spec.row_spread > 0.0f ? std::exp(spec.row_spread * rng.normal()) : 1.0f;
+          float gain = spec.row_spread > 0.0f ? std::exp(spec.row_spread * rng.normal()) : 1.0f;
+          if (spec.quiet_from >= 0 && r >= spec.quiet_from) gain *= kQuietGain;
           const float s = spec.rms * gain;
           for (float& x : row) x = s * rng.normal();
           uint8_t* dst = out.data() + static_cast<size_t>(r) * row_bytes;
@@ -436,6 +447,7 @@ core::Expected<gguf::Writer> build(const Options& o) {
   }
   auto vocab = build_vocab(p.n_vocab);
   if (!vocab) return std::unexpected(vocab.error());
+  const int64_t n_normal = std::count(vocab->types.begin(), vocab->types.end(), 1);
 
   gguf::Writer w;
   const std::string arch = "qwen3";
@@ -474,7 +486,7 @@ core::Expected<gguf::Writer> build(const Options& o) {
   w.set_bool("tokenizer.ggml.add_bos_token", false);
   w.set_string("tokenizer.chat_template", std::string(kChatTemplate));
 
-  for (TensorSpec& spec : tensor_list(p)) {
+  for (TensorSpec& spec : tensor_list(p, n_normal)) {
     const core::GgmlType t = spec.kind == Kind::kNorm ? core::GgmlType::F32 : ggml_type(o.type);
     auto shared = std::make_shared<TensorSpec>(spec);
     const WeightType wt = o.type;
@@ -505,7 +517,7 @@ core::Expected<std::string> ensure_default_model() {
     return core::fail(core::Errc::kIo, "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   // The name carries the generator version so a changed synth writes a new file.
-  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v2.gguf";
+  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v3.gguf";
   std::error_code ec;
   if (fs::exists(path, ec) && gguf::File::open(path.string())) return path.string();
   fs::create_directories(dir, ec);
