@@ -137,7 +137,9 @@ inline void expand_row(const uint8_t* blk, uint8_t* dst, const Consts& c) {
 
 // Column groups whose y accumulators (16 x 16 floats each) stay in L1 while
 // one 16-row tile streams its blocks once.
-constexpr int kMaxGroupsPerPass = 8;
+constexpr int kMaxGroupsPerPass = 4;
+// Row tiles (of 16 rows) that advance together through the blocks.
+constexpr int kTilesPerPass = 4;
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t h;
@@ -169,53 +171,70 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
   const int64_t nb = w.cols / E;
   const int64_t S = w.cols / 32;
   const int64_t G = a.amx_groups;
-  alignas(64) uint8_t ascr[16 * 128];
+  // Up to kTilesPerPass row tiles advance block by block together, so each
+  // block's B tiles (activations, kSubs x groups x 512 B) are loaded from L1
+  // for every tile instead of streaming the whole B buffer per tile.
+  alignas(64) uint8_t ascr_buf[kTilesPerPass][16 * 128];
+  alignas(64) float dw_buf[kTilesPerPass][16];
   alignas(64) int32_t cbuf[2][4][256];
-  alignas(64) float ybuf[kMaxGroupsPerPass][16][16];
-  alignas(64) float dw[16];
+  alignas(64) float ybuf[kTilesPerPass][kMaxGroupsPerPass][16][16];
   _tile_loadconfig(&cfg);
-  for (int64_t rt = r0; rt < r1; rt += 16) {
-    const int mrows = static_cast<int>(r1 - rt < 16 ? r1 - rt : 16);
-    std::memset(ascr, 0, sizeof(ascr));
-    for (int m = 0; m < 16; ++m) dw[m] = 0.0f;
+  for (int64_t rp = r0; rp < r1; rp += 16 * kTilesPerPass) {
+    const int64_t rp_end = rp + 16 * kTilesPerPass < r1 ? rp + 16 * kTilesPerPass : r1;
+    const int nt = static_cast<int>((rp_end - rp + 15) / 16);
+    std::memset(ascr_buf, 0, sizeof(ascr_buf));
+    std::memset(dw_buf, 0, sizeof(dw_buf));
     for (int64_t g0 = 0; g0 < G; g0 += kMaxGroupsPerPass) {
       const int64_t g1 = g0 + kMaxGroupsPerPass < G ? g0 + kMaxGroupsPerPass : G;
-      for (int64_t g = g0; g < g1; ++g)
-        for (int m = 0; m < 16; ++m) _mm512_store_ps(ybuf[g - g0][m], _mm512_setzero_ps());
+      for (int t = 0; t < nt; ++t)
+        for (int64_t g = g0; g < g1; ++g)
+          for (int m = 0; m < 16; ++m) _mm512_store_ps(ybuf[t][g - g0][m], _mm512_setzero_ps());
       for (int64_t b = 0; b < nb; ++b) {
-        for (int m = 0; m < mrows; ++m) {
-          const uint8_t* blk = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rt + m) * w.row_stride +
-                               static_cast<size_t>(b) * Geo<F>::kBytes;
-          expand_row<F>(blk, ascr + m * E, c);
-          dw[m] = half_to_float(blk + Geo<F>::kD);
-        }
-        for (int64_t g = g0; g < g1; ++g) {
-          int32_t(*cb)[256] = cbuf[g & 1];
-          BONSAI_AMX_SUB(0, 4, 6)
-          BONSAI_AMX_SUB(1, 5, 7)
-          BONSAI_AMX_SUB(2, 4, 6)
-          BONSAI_AMX_SUB(3, 5, 7)
-          // F = -sum_k dx_k T_k + sum_k dx_k C_k, per row m (16 columns per vector).
-          __m512 fa[16];
-          const __m512 negh = _mm512_load_ps(a.amx_negh + (g * S + b) * 16);
-          for (int m = 0; m < 16; ++m) fa[m] = negh;
-          for (int k = 0; k < kSubs; ++k) {
-            const __m512 dxv = _mm512_load_ps(a.amx_dx + (g * S + b * kSubs + k) * 16);
-            for (int m = 0; m < 16; ++m) {
-              fa[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[k] + 16 * m)), dxv, fa[m]);
-            }
+        for (int t = 0; t < nt; ++t) {
+          const int64_t rt = rp + 16 * t;
+          const int mrows = static_cast<int>(rp_end - rt < 16 ? rp_end - rt : 16);
+          for (int m = 0; m < mrows; ++m) {
+            const uint8_t* blk = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rt + m) * w.row_stride +
+                                 static_cast<size_t>(b) * Geo<F>::kBytes;
+            expand_row<F>(blk, ascr_buf[t] + m * E, c);
+            dw_buf[t][m] = half_to_float(blk + Geo<F>::kD);
           }
-          float(*yb)[16] = ybuf[g - g0];
-          for (int m = 0; m < 16; ++m) {
-            _mm512_store_ps(yb[m], _mm512_fmadd_ps(fa[m], _mm512_set1_ps(dw[m]), _mm512_load_ps(yb[m])));
+        }
+        for (int t = 0; t < nt; ++t) {
+          const uint8_t* ascr = ascr_buf[t];
+          const float* dw = dw_buf[t];
+          for (int64_t g = g0; g < g1; ++g) {
+            int32_t(*cb)[256] = cbuf[g & 1];
+            BONSAI_AMX_SUB(0, 4, 6)
+            BONSAI_AMX_SUB(1, 5, 7)
+            BONSAI_AMX_SUB(2, 4, 6)
+            BONSAI_AMX_SUB(3, 5, 7)
+            // F = -sum_k dx_k T_k + sum_k dx_k C_k, per row m (16 columns per vector).
+            __m512 fa[16];
+            const __m512 negh = _mm512_load_ps(a.amx_negh + (g * S + b) * 16);
+            for (int m = 0; m < 16; ++m) fa[m] = negh;
+            for (int k = 0; k < kSubs; ++k) {
+              const __m512 dxv = _mm512_load_ps(a.amx_dx + (g * S + b * kSubs + k) * 16);
+              for (int m = 0; m < 16; ++m) {
+                fa[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[k] + 16 * m)), dxv, fa[m]);
+              }
+            }
+            float(*yb)[16] = ybuf[t][g - g0];
+            for (int m = 0; m < 16; ++m) {
+              _mm512_store_ps(yb[m], _mm512_fmadd_ps(fa[m], _mm512_set1_ps(dw[m]), _mm512_load_ps(yb[m])));
+            }
           }
         }
       }
-      for (int64_t g = g0; g < g1; ++g) {
-        for (int cc = 0; cc < 16; ++cc) {
-          const int64_t j = 16 * g + cc;
-          if (j >= n) break;
-          for (int m = 0; m < mrows; ++m) y[j * w.rows + rt + m] = ybuf[g - g0][m][cc];
+      for (int t = 0; t < nt; ++t) {
+        const int64_t rt = rp + 16 * t;
+        const int mrows = static_cast<int>(rp_end - rt < 16 ? rp_end - rt : 16);
+        for (int64_t g = g0; g < g1; ++g) {
+          for (int cc = 0; cc < 16; ++cc) {
+            const int64_t j = 16 * g + cc;
+            if (j >= n) break;
+            for (int m = 0; m < mrows; ++m) y[j * w.rows + rt + m] = ybuf[t][g - g0][m][cc];
+          }
         }
       }
     }
