@@ -7,6 +7,17 @@
 // Threading: gemv/gemm split rows over the given pool; everything else is
 // single-threaded. All functions are thread-safe (no shared mutable state
 // other than the tier selection, which is set once at start-up).
+//
+// Arithmetic of the quantized products (every tier, see internal.h): the
+// activations are quantized to Q8_0 blocks of 32 (d = amax/127 rounded to
+// fp16, q = round-to-nearest-even(x/d), as llama.cpp's quantize_row_q8_0),
+// each 32-value sub-block's integer dot product is exact in int32, and the
+// scaling is fp32: y = sum_b dw_b * sum_k dx_k * isum_bk. Tiers differ from
+// the reference only in the order of the fp32 operations.
+// Tiers (kernels/*.cpp, each compiled with its own ISA flags): reference
+// (scalar), avx2 (AVX2+FMA+F16C), avx512 (F/BW/VL/DQ + VNNI; GFNI and VBMI
+// when present; AMX-INT8 tiles for batches of >= 8 columns when the CPU and
+// OS allow), neon (arm64).
 #pragma once
 
 #include <cstddef>
