@@ -258,8 +258,8 @@ struct TensorSpec {
   Kind kind = Kind::kMatrix;
   float rms = 0.0f;         // matrices: entry rms
   float row_spread = 0.0f;  // matrices: log-normal sigma of per-row gain
-  int64_t quiet_from = -1;  // lm head: rows >= this (PAD and special tokens) get gain kQuietGain
   float lo = 0.0f, hi = 0.0f;  // norms: uniform range
+  int64_t quiet_from = -1;      // lm head: rows >= this (PAD and special tokens) get gain kQuietGain
 };
 
 // `n_normal`: ids below it are byte/merge tokens; the rest are PADs and specials.
@@ -272,10 +272,10 @@ std::vector<TensorSpec> tensor_list(const Preset& p, int64_t n_normal) {
   constexpr float kRowSpread = 0.35f;
   const float sE = 1.0f / std::sqrt(static_cast<float>(E));
   auto mat = [](std::string n, int64_t cols, int64_t rows, float rms, float spread = 0.0f) {
-    return TensorSpec{std::move(n), {cols, rows}, Kind::kMatrix, rms, spread, 0, 0};
+    return TensorSpec{.name = std::move(n), .ne = {cols, rows}, .kind = Kind::kMatrix, .rms = rms, .row_spread = spread};
   };
   auto norm = [](std::string n, int64_t len, float lo, float hi) {
-    return TensorSpec{std::move(n), {len}, Kind::kNorm, 0, 0, lo, hi};
+    return TensorSpec{.name = std::move(n), .ne = {len}, .kind = Kind::kNorm, .lo = lo, .hi = hi};
   };
   std::vector<TensorSpec> t;
   t.push_back(p.tied ? mat("token_embd.weight", E, V, kOutGain * sE, kRowSpread) : mat("token_embd.weight", E, V, 1.0f));
@@ -517,7 +517,7 @@ core::Expected<std::string> ensure_default_model() {
     return core::fail(core::Errc::kIo, "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   // The name carries the generator version so a changed synth writes a new file.
-  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v3.gguf";
+  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v4.gguf";
   std::error_code ec;
   if (fs::exists(path, ec) && gguf::File::open(path.string())) return path.string();
   fs::create_directories(dir, ec);

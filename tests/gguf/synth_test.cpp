@@ -204,6 +204,16 @@ TEST(Synth, WeightsAreWellScaledInEveryType) {
     const auto [lo, hi] = std::minmax_element(norms.begin(), norms.end());
     EXPECT_GT(*lo, 0.0);
     EXPECT_GT(*hi / *lo, 2.0);
+    // Rows of PAD/special tokens (the last ones) are quiet: they rarely win the argmax.
+    auto types = f->get_i32_array("tokenizer.ggml.token_type").value();
+    double normal_sum = 0, quiet_sum = 0;
+    int n_normal = 0, n_quiet = 0;
+    for (size_t i = 0; i < norms.size(); ++i) {
+      if (types[i] == 1) normal_sum += norms[i], ++n_normal;
+      else quiet_sum += norms[i], ++n_quiet;
+    }
+    ASSERT_GT(n_quiet, 0);
+    EXPECT_LT(quiet_sum / n_quiet, 0.5 * normal_sum / n_normal);
     // Norm weights are finite and near 1.
     const gguf::TensorInfo* qn = f->find_tensor("blk.0.attn_q_norm.weight");
     const float* w = reinterpret_cast<const float*>(qn->data);
@@ -246,6 +256,31 @@ TEST(Synth, PresetsHaveBonsaiShapes) {
     ASSERT_TRUE(w8) << w8.error().message;
     EXPECT_EQ(w8->n_tensors(), 3u + 36u * 11u);  // + output.weight
   }
+}
+
+TEST(Synth, UntiedYarnPresetWritesOutputAndScalingKeys) {
+  // The 8b preset's structure (untied output, YaRN keys) at a small size.
+  Preset p = preset("8b").value();
+  p.n_embd = 256, p.n_layer = 1, p.n_ff = 512, p.n_vocab = 600, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 64;
+  auto w = build(Options{p, WeightType::kQ1_0, 5});
+  ASSERT_TRUE(w) << w.error().message;
+  auto f = parse(w->to_bytes());
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->get<std::string>("qwen3.rope.scaling.type").value(), "yarn");
+  EXPECT_EQ(f->get<float>("qwen3.rope.scaling.factor").value(), 4.0f);
+  EXPECT_EQ(f->get<uint32_t>("qwen3.rope.scaling.original_context_length").value(), 16384u);
+  EXPECT_EQ(f->get<uint32_t>("qwen3.context_length").value(), 65536u);
+  const gguf::TensorInfo* out = f->find_tensor("output.weight");
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->ne[0], 256);
+  EXPECT_EQ(out->ne[1], 600);
+  // Untied: the embedding is plain (rms ~1), the lm head is the scaled one.
+  EXPECT_NEAR(std::sqrt(tensor_ms(*f->find_tensor("token_embd.weight"))), 0.8, 0.3);
+  EXPECT_LT(std::sqrt(tensor_ms(*out)), 0.5);
+  EXPECT_EQ(f->tensors().size(), 3u + 11u);
+  // A bad shape for the type is refused.
+  p.n_ff = 200;
+  EXPECT_FALSE(build(Options{p, WeightType::kQ1_0, 5}));
 }
 
 TEST(Synth, EnsureDefaultModelWritesOnceAtomically) {
