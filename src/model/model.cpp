@@ -331,46 +331,46 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
   ws.seq_next_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
   for (int64_t i = 0; i < n; ++i) {
     const BatchToken& t = batch.tokens[static_cast<size_t>(i)];
-    const std::string where = "forward: batch token " + std::to_string(i) + ": ";
+    auto where = [i] { return "forward: batch token " + std::to_string(i) + ": "; };  // built on error only
     if (t.token < 0 || t.token >= c.n_vocab) {
-      return core::fail(core::Errc::kInvalidArgument, where + "token id " + std::to_string(t.token) +
+      return core::fail(core::Errc::kInvalidArgument, where() + "token id " + std::to_string(t.token) +
                                                           " outside [0, " + std::to_string(c.n_vocab) + ")");
     }
     if (t.seq < 0 || static_cast<size_t>(t.seq) >= caches.size() || caches[t.seq] == nullptr) {
       return core::fail(core::Errc::kInvalidArgument,
-                        where + "sequence id " + std::to_string(t.seq) + " has no KV cache (" +
+                        where() + "sequence id " + std::to_string(t.seq) + " has no KV cache (" +
                             std::to_string(caches.size()) + " given)");
     }
     const KvCache& kv = *caches[t.seq];
     if (!kv.matches(c)) {
       return core::fail(core::Errc::kInvalidArgument,
-                        where + "the KV cache of sequence " + std::to_string(t.seq) +
+                        where() + "the KV cache of sequence " + std::to_string(t.seq) +
                             " was made for another model");
     }
     int64_t& next = ws.seq_next_[static_cast<size_t>(t.seq)];
     if (next < 0) {
       if (t.pos < 0 || t.pos > kv.size()) {
         return core::fail(core::Errc::kInvalidArgument,
-                          where + "position " + std::to_string(t.pos) + " of sequence " +
+                          where() + "position " + std::to_string(t.pos) + " of sequence " +
                               std::to_string(t.seq) + " leaves a gap: its cache holds " +
                               std::to_string(kv.size()) + " positions");
       }
       for (size_t s = 0; s < caches.size(); ++s) {  // one cache per sequence
         if (s != static_cast<size_t>(t.seq) && caches[s] == &kv && ws.seq_next_[s] >= 0) {
           return core::fail(core::Errc::kInvalidArgument,
-                            where + "sequences " + std::to_string(s) + " and " +
+                            where() + "sequences " + std::to_string(s) + " and " +
                                 std::to_string(t.seq) + " share one KV cache");
         }
       }
     } else if (t.pos != next) {
       return core::fail(core::Errc::kInvalidArgument,
-                        where + "position " + std::to_string(t.pos) + " of sequence " +
+                        where() + "position " + std::to_string(t.pos) + " of sequence " +
                             std::to_string(t.seq) + " should be " + std::to_string(next) +
                             " (positions must be consecutive)");
     }
     if (t.pos >= kv.n_ctx()) {
       return core::fail(core::Errc::kOutOfRange,
-                        where + "position " + std::to_string(t.pos) + " is beyond the context size " +
+                        where() + "position " + std::to_string(t.pos) + " is beyond the context size " +
                             std::to_string(kv.n_ctx()));
     }
     next = t.pos + 1;
