@@ -84,6 +84,7 @@ uint64_t tensor_seed(uint64_t seed, std::string_view name) {
 struct ByteAlphabet {
   std::vector<std::string> tokens_in_id_order;
   std::string of_byte[256];
+  uint8_t byte_of_id[256];  // inverse: the byte token id i stands for
 };
 
 std::string utf8(uint32_t cp) {
@@ -108,6 +109,7 @@ const ByteAlphabet& byte_alphabet() {
     for (int b = 0; b < 256; ++b) {
       if (printable(b)) {
         out.of_byte[b] = utf8(static_cast<uint32_t>(b));
+        out.byte_of_id[out.tokens_in_id_order.size()] = static_cast<uint8_t>(b);
         out.tokens_in_id_order.push_back(out.of_byte[b]);
       }
     }
@@ -115,6 +117,7 @@ const ByteAlphabet& byte_alphabet() {
     for (int b = 0; b < 256; ++b) {
       if (!printable(b)) {
         out.of_byte[b] = utf8(static_cast<uint32_t>(256 + n++));
+        out.byte_of_id[out.tokens_in_id_order.size()] = static_cast<uint8_t>(b);
         out.tokens_in_id_order.push_back(out.of_byte[b]);
       }
     }
@@ -248,9 +251,25 @@ constexpr std::string_view kChatTemplate =
 
 enum class Kind { kMatrix, kNorm };
 
-// Gain of lm-head rows of unused/special tokens: like untrained rows of a real
-// model they rarely win the argmax, so greedy text is ordinary tokens.
+// Gain of lm-head rows of PAD/special tokens and of byte tokens that are not
+// printable ASCII: like rarely-seen rows of a trained model they seldom win
+// the argmax, so greedy text is readable tokens rather than broken UTF-8.
 constexpr float kQuietGain = 0.25f;
+
+// Which token ids get quiet lm-head rows (see kQuietGain).
+std::vector<uint8_t> quiet_rows(const std::vector<int32_t>& types) {
+  const ByteAlphabet& ab = byte_alphabet();
+  std::vector<uint8_t> q(types.size(), 0);
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i] != 1) {
+      q[i] = 1;
+    } else if (i < 256) {
+      const uint8_t b = ab.byte_of_id[i];
+      q[i] = (b >= 0x80 || (b < 0x20 && b != '\n')) ? 1 : 0;
+    }
+  }
+  return q;
+}
 
 struct TensorSpec {
   std::string name;
@@ -259,17 +278,23 @@ struct TensorSpec {
   float rms = 0.0f;         // matrices: entry rms
   float row_spread = 0.0f;  // matrices: log-normal sigma of per-row gain
   float lo = 0.0f, hi = 0.0f;  // norms: uniform range
-  int64_t quiet_from = -1;      // lm head: rows >= this (PAD and special tokens) get gain kQuietGain
+  // lm head only: quiet[row] != 0 gives the row gain kQuietGain (shared, read-only).
+  std::shared_ptr<const std::vector<uint8_t>> quiet;
 };
 
-// `n_normal`: ids below it are byte/merge tokens; the rest are PADs and specials.
-std::vector<TensorSpec> tensor_list(const Preset& p, int64_t n_normal) {
+// `quiet`: per token id, 1 for quiet lm-head rows (see quiet_rows).
+std::vector<TensorSpec> tensor_list(const Preset& p, std::shared_ptr<const std::vector<uint8_t>> quiet) {
   const int64_t E = p.n_embd, V = p.n_vocab, F = p.n_ff;
   const int64_t q_dim = static_cast<int64_t>(p.n_head) * p.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(p.n_head_kv) * p.head_dim;
   constexpr float kGain = 1.5f;     // each projection: rms-1 in -> rms-1.5 out
   constexpr float kOutGain = 4.0f;  // logits std ~ 4
   constexpr float kRowSpread = 0.35f;
+  // Residual branches (attn_output, ffn_down) are 4x louder so the token's own
+  // embedding is a small part of the residual stream: with a tied lm head it
+  // would otherwise add |e_t|^2 to its own logit and greedy decoding would
+  // repeat the current token (the residual stays O(1..5) rms).
+  constexpr float kBranch = 4.0f;
   const float sE = 1.0f / std::sqrt(static_cast<float>(E));
   auto mat = [](std::string n, int64_t cols, int64_t rows, float rms, float spread = 0.0f) {
     return TensorSpec{.name = std::move(n), .ne = {cols, rows}, .kind = Kind::kMatrix, .rms = rms, .row_spread = spread};
@@ -279,11 +304,11 @@ std::vector<TensorSpec> tensor_list(const Preset& p, int64_t n_normal) {
   };
   std::vector<TensorSpec> t;
   t.push_back(p.tied ? mat("token_embd.weight", E, V, kOutGain * sE, kRowSpread) : mat("token_embd.weight", E, V, 1.0f));
-  if (p.tied) t.back().quiet_from = n_normal;
+  if (p.tied) t.back().quiet = quiet;
   t.push_back(norm("output_norm.weight", E, 0.9f, 1.1f));
   if (!p.tied) {
     t.push_back(mat("output.weight", E, V, kOutGain * sE, kRowSpread));
-    t.back().quiet_from = n_normal;
+    t.back().quiet = quiet;
   }
   for (uint32_t i = 0; i < p.n_layer; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
@@ -291,13 +316,13 @@ std::vector<TensorSpec> tensor_list(const Preset& p, int64_t n_normal) {
     t.push_back(mat(b + "attn_q.weight", E, q_dim, kGain * sE));
     t.push_back(mat(b + "attn_k.weight", E, kv_dim, kGain * sE));
     t.push_back(mat(b + "attn_v.weight", E, kv_dim, kGain * sE));
-    t.push_back(mat(b + "attn_output.weight", q_dim, E, kGain / std::sqrt(static_cast<float>(q_dim))));
+    t.push_back(mat(b + "attn_output.weight", q_dim, E, kBranch * kGain / std::sqrt(static_cast<float>(q_dim))));
     t.push_back(norm(b + "attn_q_norm.weight", p.head_dim, 0.8f, 1.8f));
     t.push_back(norm(b + "attn_k_norm.weight", p.head_dim, 0.8f, 1.8f));
     t.push_back(norm(b + "ffn_norm.weight", E, 0.9f, 1.1f));
     t.push_back(mat(b + "ffn_gate.weight", E, F, kGain * sE));
     t.push_back(mat(b + "ffn_up.weight", E, F, kGain * sE));
-    t.push_back(mat(b + "ffn_down.weight", F, E, kGain / std::sqrt(static_cast<float>(F))));
+    t.push_back(mat(b + "ffn_down.weight", F, E, kBranch * kGain / std::sqrt(static_cast<float>(F))));
   }
   return t;
 }
@@ -334,7 +359,7 @@ void generate(const TensorSpec& spec, WeightType type, uint64_t seed, std::span<
           uint64_t rs = tseed ^ (static_cast<uint64_t>(r) * 0xd1b54a32d192ed03ull);
           Rng rng(splitmix64(rs));
           float gain = spec.row_spread > 0.0f ? std::exp(spec.row_spread * rng.normal()) : 1.0f;
-          if (spec.quiet_from >= 0 && r >= spec.quiet_from) gain *= kQuietGain;
+          if (spec.quiet && (*spec.quiet)[static_cast<size_t>(r)] != 0) gain *= kQuietGain;
           const float s = spec.rms * gain;
           for (float& x : row) x = s * rng.normal();
           uint8_t* dst = out.data() + static_cast<size_t>(r) * row_bytes;
@@ -447,7 +472,7 @@ core::Expected<gguf::Writer> build(const Options& o) {
   }
   auto vocab = build_vocab(p.n_vocab);
   if (!vocab) return std::unexpected(vocab.error());
-  const int64_t n_normal = std::count(vocab->types.begin(), vocab->types.end(), 1);
+  auto quiet = std::make_shared<const std::vector<uint8_t>>(quiet_rows(vocab->types));
 
   gguf::Writer w;
   const std::string arch = "qwen3";
@@ -486,7 +511,7 @@ core::Expected<gguf::Writer> build(const Options& o) {
   w.set_bool("tokenizer.ggml.add_bos_token", false);
   w.set_string("tokenizer.chat_template", std::string(kChatTemplate));
 
-  for (TensorSpec& spec : tensor_list(p, n_normal)) {
+  for (TensorSpec& spec : tensor_list(p, quiet)) {
     const core::GgmlType t = spec.kind == Kind::kNorm ? core::GgmlType::F32 : ggml_type(o.type);
     auto shared = std::make_shared<TensorSpec>(spec);
     const WeightType wt = o.type;
@@ -517,7 +542,7 @@ core::Expected<std::string> ensure_default_model() {
     return core::fail(core::Errc::kIo, "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   // The name carries the generator version so a changed synth writes a new file.
-  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v4.gguf";
+  const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v5.gguf";
   std::error_code ec;
   if (fs::exists(path, ec) && gguf::File::open(path.string())) return path.string();
   fs::create_directories(dir, ec);
