@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(cmake ninja-build g++ clang pkg-config ccache git
+PKGS=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config ccache git  # libclang-rt: libFuzzer (scripts/fuzz.sh)
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libtomlplusplus-dev
       libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
