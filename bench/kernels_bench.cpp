@@ -208,7 +208,7 @@ void BM_Matmul(benchmark::State& state) {
 
 const int64_t kShapes[][2] = {{2048, 2048}, {1024, 2048}, {6144, 2048}, {2048, 6144}, {151936, 2048}};
 
-void register_all() {
+void register_bandwidth() {
   for (int t : {1, 2}) {
     benchmark::RegisterBenchmark("ReadBandwidth", BM_ReadBandwidth)
         ->Arg(t)
@@ -216,6 +216,12 @@ void register_all() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+}
+
+// Bandwidth first and again last (the summary uses the best of both, so a
+// busy moment on a shared machine does not inflate bw_ratio).
+void register_all() {
+  register_bandwidth();
   for (int fmt : {0, 1}) {
     for (const auto& s : kShapes) {
       for (int64_t n : {1, 64}) {
@@ -230,6 +236,7 @@ void register_all() {
       }
     }
   }
+  register_bandwidth();
 }
 
 void print_summary() {
