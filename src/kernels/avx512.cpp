@@ -235,6 +235,9 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
   const size_t st = w.row_stride;
   int64_t r = r0;
   if (n == 1) {
+    // Four rows at a time share the activation loads and give the core four
+    // independent accumulation chains (measured faster than 2 or 8).
+    for (; r + 4 <= r1; r += 4) micro<F, kGf, 4, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
     for (; r + 2 <= r1; r += 2) micro<F, kGf, 2, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
     for (; r < r1; ++r) micro<F, kGf, 1, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
     return;
