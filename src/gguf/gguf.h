@@ -118,7 +118,19 @@ class File {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
 
-  // The Q2_0 layout in use when the file has any type-42 tensor (detected or forced).
+  // The Q2_0 layout in use when the file has any type-42 tensor (detected or
+  // forced by OpenOptions::q2_layout); nullopt when there is none. Detection
+  // (issue 2; ../shared/tools/make_qwen3_gguf.py writes all three layouts):
+  //  1. Geometry: the block size (64 w / 18 B or 128 w / 34 B) under which
+  //     every type-42 tensor ends exactly where padding to the next tensor's
+  //     offset (or EOF) begins; if both or neither fit tightly, the one under
+  //     which all tensors at least fit without overlap; if both still fit,
+  //     the file is refused as ambiguous.
+  //  2. For 128-weight blocks, byte order from the data (up to 4096 sampled
+  //     blocks per tensor): valid ternary codes are 0..2 (never 3) and the
+  //     fp16 scale is finite with |d| <= 1e3. The order with no violating
+  //     block wins; if both or neither are clean the file is refused.
+  // Refusals are kFormat errors that say to pass --q2-layout.
   std::optional<core::Q2Layout> q2_layout() const { return q2_layout_; }
 
  private:
