@@ -59,7 +59,8 @@ class Rng {
   float normal() {
     const uint64_t r = next();
     float sum = 0.0f;
-    for (int i = 0; i < 4; ++i) sum += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
+    for (int i = 0; i < 4; ++i)
+      sum += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
     return (sum - 2.0f) * 1.7320508f;
   }
 
@@ -105,7 +106,9 @@ std::string utf8(uint32_t cp) {
 const ByteAlphabet& byte_alphabet() {
   static const ByteAlphabet a = [] {
     ByteAlphabet out;
-    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff); };
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    };
     for (int b = 0; b < 256; ++b) {
       if (printable(b)) {
         out.of_byte[b] = utf8(static_cast<uint32_t>(b));
@@ -128,26 +131,41 @@ const ByteAlphabet& byte_alphabet() {
 
 // Training text for the merges (our own prose; any English text would do).
 constexpr std::string_view kCorpus =
-    "The little bonsai tree stood on the window sill of the old house. Every morning the light came in "
-    "through the glass and the tree turned its small green leaves toward the sun. The gardener who lived "
-    "in the house was patient. She trimmed the branches with care and watered the soil when it was dry. "
-    "Hello, world! This is a small language model that was written by a program. It does not know much, "
-    "but it can count: one, two, three, four, five, six, seven, eight, nine, ten. It can also say the "
+    "The little bonsai tree stood on the window sill of the old house. Every morning the light "
+    "came in "
+    "through the glass and the tree turned its small green leaves toward the sun. The gardener who "
+    "lived "
+    "in the house was patient. She trimmed the branches with care and watered the soil when it was "
+    "dry. "
+    "Hello, world! This is a small language model that was written by a program. It does not know "
+    "much, "
+    "but it can count: one, two, three, four, five, six, seven, eight, nine, ten. It can also say "
+    "the "
     "days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday. "
-    "What is the capital of France? The capital of France is Paris. What is the answer to the question? "
-    "The answer is that there is no answer, only another question. The model reads the prompt and then it "
+    "What is the capital of France? The capital of France is Paris. What is the answer to the "
+    "question? "
+    "The answer is that there is no answer, only another question. The model reads the prompt and "
+    "then it "
     "writes the next token, and the next, and the next, until it reaches the end of the text. "
     "In the beginning there were bits, and the bits were either zero or one. Then there were three "
-    "values: minus one, zero and plus one. A ternary weight is one of these three values times a scale. "
-    "A binary weight is plus or minus the scale. These models are small and fast, and they run on the "
-    "computer that is on your desk. The server answers many requests at the same time. Each request "
+    "values: minus one, zero and plus one. A ternary weight is one of these three values times a "
+    "scale. "
+    "A binary weight is plus or minus the scale. These models are small and fast, and they run on "
+    "the "
+    "computer that is on your desk. The server answers many requests at the same time. Each "
+    "request "
     "has a prompt, a number of tokens to generate, a temperature and a seed. "
-    "def main():\n    print(\"hello world\")\n    return 0\n\nfor i in range(10):\n    print(i * i)\n"
+    "def main():\n    print(\"hello world\")\n    return 0\n\nfor i in range(10):\n    print(i * "
+    "i)\n"
     "int main(int argc, char** argv) { return argc > 1 ? 0 : 1; }\n"
-    "Once upon a time there was a girl named Lily who liked to read books about trees and rivers and the "
-    "stars in the night sky. She wanted to be a scientist when she grew up, and she asked many questions. "
-    "Why is the sky blue? Why do leaves fall in the autumn? How does the model know which word comes next? "
-    "The user asked the assistant a question, and the assistant thought about it and then answered. ";
+    "Once upon a time there was a girl named Lily who liked to read books about trees and rivers "
+    "and the "
+    "stars in the night sky. She wanted to be a scientist when she grew up, and she asked many "
+    "questions. "
+    "Why is the sky blue? Why do leaves fall in the autumn? How does the model know which word "
+    "comes next? "
+    "The user asked the assistant a question, and the assistant thought about it and then "
+    "answered. ";
 
 // Splits text into pre-tokens roughly as the qwen2 pre-tokenizer does: an
 // optional leading space plus a run of letters, single digits, runs of other
@@ -160,7 +178,8 @@ std::vector<std::string> pre_tokens(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     size_t j = i;
-    if (text[j] == ' ' && j + 1 < text.size() && !is_space(text[j + 1]) && !is_digit(text[j + 1])) ++j;
+    if (text[j] == ' ' && j + 1 < text.size() && !is_space(text[j + 1]) && !is_digit(text[j + 1]))
+      ++j;
     if (is_alpha(text[j])) {
       while (j < text.size() && is_alpha(text[j])) ++j;
     } else if (is_digit(text[j])) {
@@ -229,13 +248,32 @@ struct Special {
   int32_t type;
 };
 constexpr Special kSpecials[] = {
-    {"<|endoftext|>", 3},     {"<|im_start|>", 3},    {"<|im_end|>", 3},       {"<|object_ref_start|>", 3},
-    {"<|object_ref_end|>", 3}, {"<|box_start|>", 3},  {"<|box_end|>", 3},      {"<|quad_start|>", 3},
-    {"<|quad_end|>", 3},      {"<|vision_start|>", 3}, {"<|vision_end|>", 3},  {"<|vision_pad|>", 3},
-    {"<|image_pad|>", 3},     {"<|video_pad|>", 3},   {"<tool_call>", 4},      {"</tool_call>", 4},
-    {"<|fim_prefix|>", 3},    {"<|fim_middle|>", 3},  {"<|fim_suffix|>", 3},   {"<|fim_pad|>", 3},
-    {"<|repo_name|>", 3},     {"<|file_sep|>", 3},    {"<tool_response>", 4},  {"</tool_response>", 4},
-    {"<think>", 4},           {"</think>", 4},
+    {"<|endoftext|>", 3},
+    {"<|im_start|>", 3},
+    {"<|im_end|>", 3},
+    {"<|object_ref_start|>", 3},
+    {"<|object_ref_end|>", 3},
+    {"<|box_start|>", 3},
+    {"<|box_end|>", 3},
+    {"<|quad_start|>", 3},
+    {"<|quad_end|>", 3},
+    {"<|vision_start|>", 3},
+    {"<|vision_end|>", 3},
+    {"<|vision_pad|>", 3},
+    {"<|image_pad|>", 3},
+    {"<|video_pad|>", 3},
+    {"<tool_call>", 4},
+    {"</tool_call>", 4},
+    {"<|fim_prefix|>", 3},
+    {"<|fim_middle|>", 3},
+    {"<|fim_suffix|>", 3},
+    {"<|fim_pad|>", 3},
+    {"<|repo_name|>", 3},
+    {"<|file_sep|>", 3},
+    {"<tool_response>", 4},
+    {"</tool_response>", 4},
+    {"<think>", 4},
+    {"</think>", 4},
 };
 constexpr uint32_t kNumSpecials = sizeof(kSpecials) / sizeof(kSpecials[0]);
 
@@ -275,15 +313,16 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> ne;  // ggml order
   Kind kind = Kind::kMatrix;
-  float rms = 0.0f;         // matrices: entry rms
-  float row_spread = 0.0f;  // matrices: log-normal sigma of per-row gain
+  float rms = 0.0f;            // matrices: entry rms
+  float row_spread = 0.0f;     // matrices: log-normal sigma of per-row gain
   float lo = 0.0f, hi = 0.0f;  // norms: uniform range
   // lm head only: quiet[row] != 0 gives the row gain kQuietGain (shared, read-only).
   std::shared_ptr<const std::vector<uint8_t>> quiet;
 };
 
 // `quiet`: per token id, 1 for quiet lm-head rows (see quiet_rows).
-std::vector<TensorSpec> tensor_list(const Preset& p, std::shared_ptr<const std::vector<uint8_t>> quiet) {
+std::vector<TensorSpec> tensor_list(const Preset& p,
+                                    std::shared_ptr<const std::vector<uint8_t>> quiet) {
   const int64_t E = p.n_embd, V = p.n_vocab, F = p.n_ff;
   const int64_t q_dim = static_cast<int64_t>(p.n_head) * p.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(p.n_head_kv) * p.head_dim;
@@ -297,13 +336,18 @@ std::vector<TensorSpec> tensor_list(const Preset& p, std::shared_ptr<const std::
   constexpr float kBranch = 4.0f;
   const float sE = 1.0f / std::sqrt(static_cast<float>(E));
   auto mat = [](std::string n, int64_t cols, int64_t rows, float rms, float spread = 0.0f) {
-    return TensorSpec{.name = std::move(n), .ne = {cols, rows}, .kind = Kind::kMatrix, .rms = rms, .row_spread = spread};
+    return TensorSpec{.name = std::move(n),
+                      .ne = {cols, rows},
+                      .kind = Kind::kMatrix,
+                      .rms = rms,
+                      .row_spread = spread};
   };
   auto norm = [](std::string n, int64_t len, float lo, float hi) {
     return TensorSpec{.name = std::move(n), .ne = {len}, .kind = Kind::kNorm, .lo = lo, .hi = hi};
   };
   std::vector<TensorSpec> t;
-  t.push_back(p.tied ? mat("token_embd.weight", E, V, kOutGain * sE, kRowSpread) : mat("token_embd.weight", E, V, 1.0f));
+  t.push_back(p.tied ? mat("token_embd.weight", E, V, kOutGain * sE, kRowSpread)
+                     : mat("token_embd.weight", E, V, 1.0f));
   if (p.tied) t.back().quiet = quiet;
   t.push_back(norm("output_norm.weight", E, 0.9f, 1.1f));
   if (!p.tied) {
@@ -316,22 +360,27 @@ std::vector<TensorSpec> tensor_list(const Preset& p, std::shared_ptr<const std::
     t.push_back(mat(b + "attn_q.weight", E, q_dim, kGain * sE));
     t.push_back(mat(b + "attn_k.weight", E, kv_dim, kGain * sE));
     t.push_back(mat(b + "attn_v.weight", E, kv_dim, kGain * sE));
-    t.push_back(mat(b + "attn_output.weight", q_dim, E, kBranch * kGain / std::sqrt(static_cast<float>(q_dim))));
+    t.push_back(mat(b + "attn_output.weight", q_dim, E,
+                    kBranch * kGain / std::sqrt(static_cast<float>(q_dim))));
     t.push_back(norm(b + "attn_q_norm.weight", p.head_dim, 0.8f, 1.8f));
     t.push_back(norm(b + "attn_k_norm.weight", p.head_dim, 0.8f, 1.8f));
     t.push_back(norm(b + "ffn_norm.weight", E, 0.9f, 1.1f));
     t.push_back(mat(b + "ffn_gate.weight", E, F, kGain * sE));
     t.push_back(mat(b + "ffn_up.weight", E, F, kGain * sE));
-    t.push_back(mat(b + "ffn_down.weight", F, E, kBranch * kGain / std::sqrt(static_cast<float>(F))));
+    t.push_back(
+        mat(b + "ffn_down.weight", F, E, kBranch * kGain / std::sqrt(static_cast<float>(F))));
   }
   return t;
 }
 
 core::GgmlType ggml_type(WeightType t) {
   switch (t) {
-    case WeightType::kQ1_0: return core::GgmlType::Q1_0;
-    case WeightType::kQ2_0: return core::GgmlType::Q2_0;
-    case WeightType::kF16: return core::GgmlType::F16;
+    case WeightType::kQ1_0:
+      return core::GgmlType::Q1_0;
+    case WeightType::kQ2_0:
+      return core::GgmlType::Q2_0;
+    case WeightType::kF16:
+      return core::GgmlType::F16;
   }
   return core::GgmlType::F16;
 }
@@ -364,8 +413,12 @@ void generate(const TensorSpec& spec, WeightType type, uint64_t seed, std::span<
           for (float& x : row) x = s * rng.normal();
           uint8_t* dst = out.data() + static_cast<size_t>(r) * row_bytes;
           switch (type) {
-            case WeightType::kQ1_0: kernels::quantize_row_q1_0(row.data(), dst, cols); break;
-            case WeightType::kQ2_0: kernels::quantize_row_q2_0(row.data(), dst, cols); break;
+            case WeightType::kQ1_0:
+              kernels::quantize_row_q1_0(row.data(), dst, cols);
+              break;
+            case WeightType::kQ2_0:
+              kernels::quantize_row_q2_0(row.data(), dst, cols);
+              break;
             case WeightType::kF16:
               for (int64_t c = 0; c < cols; ++c) {
                 const uint16_t h = core::fp32_to_fp16(row[static_cast<size_t>(c)]);
@@ -387,13 +440,16 @@ core::Expected<Preset> preset(std::string_view name) {
     p.n_embd = 256, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 64, p.n_ff = 768;
     p.n_vocab = 2048, p.n_ctx = 4096, p.tied = true;
   } else if (name == "1.7b") {
-    p.n_embd = 2048, p.n_layer = 28, p.n_head = 16, p.n_head_kv = 8, p.head_dim = 128, p.n_ff = 6144;
+    p.n_embd = 2048, p.n_layer = 28, p.n_head = 16, p.n_head_kv = 8, p.head_dim = 128,
+    p.n_ff = 6144;
     p.n_vocab = 151669, p.n_ctx = 32768, p.tied = true;
   } else if (name == "4b") {
-    p.n_embd = 2560, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128, p.n_ff = 9728;
+    p.n_embd = 2560, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128,
+    p.n_ff = 9728;
     p.n_vocab = 151669, p.n_ctx = 32768, p.tied = true;
   } else if (name == "8b") {
-    p.n_embd = 4096, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128, p.n_ff = 12288;
+    p.n_embd = 4096, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128,
+    p.n_ff = 12288;
     p.n_vocab = 151669, p.n_ctx = 65536, p.tied = false;
     p.yarn_factor = 4.0f, p.yarn_original_ctx = 16384;
   } else {
@@ -412,9 +468,12 @@ std::optional<WeightType> parse_weight_type(std::string_view name) {
 
 std::string_view weight_type_name(WeightType t) {
   switch (t) {
-    case WeightType::kQ1_0: return "q1_0";
-    case WeightType::kQ2_0: return "q2_0";
-    case WeightType::kF16: return "f16";
+    case WeightType::kQ1_0:
+      return "q1_0";
+    case WeightType::kQ2_0:
+      return "q2_0";
+    case WeightType::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -424,7 +483,8 @@ std::string_view chat_template() { return kChatTemplate; }
 core::Expected<Vocab> build_vocab(uint32_t n_vocab) {
   const ByteAlphabet& ab = byte_alphabet();
   if (n_vocab < 256 + kNumSpecials) {
-    return core::fail(core::Errc::kInvalidArgument, "synth: vocabulary of " + std::to_string(n_vocab) +
+    return core::fail(core::Errc::kInvalidArgument, "synth: vocabulary of " +
+                                                        std::to_string(n_vocab) +
                                                         " is too small (needs at least " +
                                                         std::to_string(256 + kNumSpecials) + ")");
   }
@@ -462,13 +522,14 @@ core::Expected<gguf::Writer> build(const Options& o) {
   const int64_t q_dim = static_cast<int64_t>(p.n_head) * p.head_dim;
   for (int64_t cols : {static_cast<int64_t>(p.n_embd), static_cast<int64_t>(p.n_ff), q_dim}) {
     if (cols <= 0 || cols % block != 0) {
-      return core::fail(core::Errc::kInvalidArgument, "synth: row length " + std::to_string(cols) +
-                                                          " is not a multiple of the " +
-                                                          std::string(weight_type_name(o.type)) + " block size");
+      return core::fail(core::Errc::kInvalidArgument,
+                        "synth: row length " + std::to_string(cols) + " is not a multiple of the " +
+                            std::string(weight_type_name(o.type)) + " block size");
     }
   }
   if (p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0) {
-    return core::fail(core::Errc::kInvalidArgument, "synth: n_head must be a multiple of n_head_kv");
+    return core::fail(core::Errc::kInvalidArgument,
+                      "synth: n_head must be a multiple of n_head_kv");
   }
   auto vocab = build_vocab(p.n_vocab);
   if (!vocab) return std::unexpected(vocab.error());
@@ -478,10 +539,12 @@ core::Expected<gguf::Writer> build(const Options& o) {
   const std::string arch = "qwen3";
   w.set_string("general.architecture", arch);
   w.set_string("general.type", "model");
-  w.set_string("general.name", "bonsai-synth-" + p.name + "-" + std::string(weight_type_name(o.type)));
-  w.set_string("general.description", "synthetic random-weight Qwen3 model (bonsai synth --preset " + p.name +
-                                          " --type " + std::string(weight_type_name(o.type)) +
-                                          " --seed " + std::to_string(o.seed) + ")");
+  w.set_string("general.name",
+               "bonsai-synth-" + p.name + "-" + std::string(weight_type_name(o.type)));
+  w.set_string("general.description",
+               "synthetic random-weight Qwen3 model (bonsai synth --preset " + p.name + " --type " +
+                   std::string(weight_type_name(o.type)) + " --seed " + std::to_string(o.seed) +
+                   ")");
   w.set_u32(arch + ".block_count", p.n_layer);
   w.set_u32(arch + ".context_length", p.n_ctx);
   w.set_u32(arch + ".embedding_length", p.n_embd);
@@ -498,7 +561,9 @@ core::Expected<gguf::Writer> build(const Options& o) {
     w.set_u32(arch + ".rope.scaling.original_context_length", p.yarn_original_ctx);
   }
   // llama_ftype "mostly X" values as make_qwen3_gguf.py writes them.
-  w.set_u32("general.file_type", o.type == WeightType::kQ1_0 ? 40 : o.type == WeightType::kQ2_0 ? 41 : 1);
+  w.set_u32("general.file_type", o.type == WeightType::kQ1_0   ? 40
+                                 : o.type == WeightType::kQ2_0 ? 41
+                                                               : 1);
   if (o.type != WeightType::kF16) w.set_u32("general.quantization_version", 2);
   w.set_string("tokenizer.ggml.model", "gpt2");
   w.set_string("tokenizer.ggml.pre", "qwen2");
@@ -516,8 +581,9 @@ core::Expected<gguf::Writer> build(const Options& o) {
     auto shared = std::make_shared<TensorSpec>(spec);
     const WeightType wt = o.type;
     const uint64_t seed = o.seed;
-    auto r = w.add_tensor_generated(spec.name, t, spec.ne,
-                                    [shared, wt, seed](std::span<uint8_t> out) { generate(*shared, wt, seed, out); });
+    auto r = w.add_tensor_generated(
+        spec.name, t, spec.ne,
+        [shared, wt, seed](std::span<uint8_t> out) { generate(*shared, wt, seed, out); });
     if (!r) return std::unexpected(r.error());
   }
   return w;
@@ -539,14 +605,17 @@ core::Expected<std::string> ensure_default_model() {
   } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
     dir = fs::path(h) / ".cache" / "bonsai";
   } else {
-    return core::fail(core::Errc::kIo, "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
+    return core::fail(core::Errc::kIo,
+                      "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   // The name carries the generator version so a changed synth writes a new file.
   const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v5.gguf";
   std::error_code ec;
   if (fs::exists(path, ec) && gguf::File::open(path.string())) return path.string();
   fs::create_directories(dir, ec);
-  if (ec) return core::fail(core::Errc::kIo, dir.string() + ": cannot create cache directory: " + ec.message());
+  if (ec)
+    return core::fail(core::Errc::kIo,
+                      dir.string() + ": cannot create cache directory: " + ec.message());
   Options o;
   auto p = preset("tiny");
   if (!p) return std::unexpected(p.error());
@@ -557,7 +626,8 @@ core::Expected<std::string> ensure_default_model() {
   if (ec) {
     const std::string why = ec.message();
     fs::remove(tmp, ec);
-    return core::fail(core::Errc::kIo, path.string() + ": cannot move the written model into place: " + why);
+    return core::fail(core::Errc::kIo,
+                      path.string() + ": cannot move the written model into place: " + why);
   }
   return path.string();
 }

@@ -20,18 +20,18 @@ namespace bonsai::synth {
 
 // Model hyper-parameters of a preset (Qwen3 names; see issue 2 for the shapes).
 struct Preset {
-  std::string name;          // "tiny", "1.7b", "4b", "8b"
-  uint32_t n_embd = 0;       // qwen3.embedding_length
-  uint32_t n_layer = 0;      // qwen3.block_count
-  uint32_t n_head = 0;       // qwen3.attention.head_count
-  uint32_t n_head_kv = 0;    // qwen3.attention.head_count_kv
-  uint32_t head_dim = 0;     // qwen3.attention.key_length = value_length
-  uint32_t n_ff = 0;         // qwen3.feed_forward_length
-  uint32_t n_vocab = 0;      // tokens and token_embd rows
-  uint32_t n_ctx = 0;        // qwen3.context_length
-  bool tied = true;          // no output.weight: the lm head is token_embd
-  float rope_base = 1e6f;    // qwen3.rope.freq_base
-  float rms_eps = 1e-6f;     // qwen3.attention.layer_norm_rms_epsilon
+  std::string name;        // "tiny", "1.7b", "4b", "8b"
+  uint32_t n_embd = 0;     // qwen3.embedding_length
+  uint32_t n_layer = 0;    // qwen3.block_count
+  uint32_t n_head = 0;     // qwen3.attention.head_count
+  uint32_t n_head_kv = 0;  // qwen3.attention.head_count_kv
+  uint32_t head_dim = 0;   // qwen3.attention.key_length = value_length
+  uint32_t n_ff = 0;       // qwen3.feed_forward_length
+  uint32_t n_vocab = 0;    // tokens and token_embd rows
+  uint32_t n_ctx = 0;      // qwen3.context_length
+  bool tied = true;        // no output.weight: the lm head is token_embd
+  float rope_base = 1e6f;  // qwen3.rope.freq_base
+  float rms_eps = 1e-6f;   // qwen3.attention.layer_norm_rms_epsilon
   // YaRN (qwen3.rope.scaling.type "yarn"): factor 0 = no scaling keys.
   float yarn_factor = 0.0f;
   uint32_t yarn_original_ctx = 0;

@@ -2,6 +2,8 @@
 // detection. Format: ggml's docs/gguf.md; validation rules follow (and
 // extend) llama.cpp's ggml/src/gguf.cpp. Every length is checked against the
 // bytes left before anything is read or allocated.
+#include "gguf/gguf.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -11,25 +13,37 @@
 #include <unordered_set>
 
 #include "core/fp16.h"
-#include "gguf/gguf.h"
 
 namespace bonsai::gguf {
 
 std::string_view value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::kUint8: return "u8";
-    case ValueType::kInt8: return "i8";
-    case ValueType::kUint16: return "u16";
-    case ValueType::kInt16: return "i16";
-    case ValueType::kUint32: return "u32";
-    case ValueType::kInt32: return "i32";
-    case ValueType::kFloat32: return "f32";
-    case ValueType::kBool: return "bool";
-    case ValueType::kString: return "string";
-    case ValueType::kArray: return "array";
-    case ValueType::kUint64: return "u64";
-    case ValueType::kInt64: return "i64";
-    case ValueType::kFloat64: return "f64";
+    case ValueType::kUint8:
+      return "u8";
+    case ValueType::kInt8:
+      return "i8";
+    case ValueType::kUint16:
+      return "u16";
+    case ValueType::kInt16:
+      return "i16";
+    case ValueType::kUint32:
+      return "u32";
+    case ValueType::kInt32:
+      return "i32";
+    case ValueType::kFloat32:
+      return "f32";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kString:
+      return "string";
+    case ValueType::kArray:
+      return "array";
+    case ValueType::kUint64:
+      return "u64";
+    case ValueType::kInt64:
+      return "i64";
+    case ValueType::kFloat64:
+      return "f64";
   }
   return "unknown";
 }
@@ -41,18 +55,30 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as little-endian u32
 // Bytes of a scalar value type; 0 for string/array.
 size_t scalar_size(ValueType t) {
   switch (t) {
-    case ValueType::kUint8: case ValueType::kInt8: case ValueType::kBool: return 1;
-    case ValueType::kUint16: case ValueType::kInt16: return 2;
-    case ValueType::kUint32: case ValueType::kInt32: case ValueType::kFloat32: return 4;
-    case ValueType::kUint64: case ValueType::kInt64: case ValueType::kFloat64: return 8;
-    default: return 0;
+    case ValueType::kUint8:
+    case ValueType::kInt8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kUint16:
+    case ValueType::kInt16:
+      return 2;
+    case ValueType::kUint32:
+    case ValueType::kInt32:
+    case ValueType::kFloat32:
+      return 4;
+    case ValueType::kUint64:
+    case ValueType::kInt64:
+    case ValueType::kFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
 // Smallest encoding of one element of type t (bounds counts before allocating).
 size_t min_encoded_size(ValueType t) {
-  if (t == ValueType::kString) return 8;       // u64 length, empty string
-  if (t == ValueType::kArray) return 4 + 8;    // elem type + count, empty array
+  if (t == ValueType::kString) return 8;     // u64 length, empty string
+  if (t == ValueType::kArray) return 4 + 8;  // elem type + count, empty array
   return scalar_size(t);
 }
 
@@ -66,7 +92,11 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 class Parser {
  public:
   Parser(File& f, const OpenOptions& opt)
-      : f_(f), opt_(opt), p_(f.mapping_->data()), size_(f.mapping_->size()), path_(f.mapping_->path()) {}
+      : f_(f),
+        opt_(opt),
+        p_(f.mapping_->data()),
+        size_(f.mapping_->size()),
+        path_(f.mapping_->path()) {}
 
   core::Expected<void> run();
 
@@ -109,7 +139,8 @@ core::Expected<std::string_view> Parser::read_string(const char* what) {
   if (!len) return std::unexpected(len.error());
   if (*len > left()) {
     return err(at, std::string(what) + ": string length " + std::to_string(*len) +
-                       " runs past the end of the file (" + std::to_string(left()) + " bytes left)");
+                       " runs past the end of the file (" + std::to_string(left()) +
+                       " bytes left)");
   }
   std::string_view s(reinterpret_cast<const char*>(p_ + pos_), static_cast<size_t>(*len));
   pos_ += *len;
@@ -121,16 +152,66 @@ core::Expected<Value> Parser::read_value(ValueType t, int depth) {
   v.type = t;
   const uint64_t at = pos_;
   switch (t) {
-    case ValueType::kUint8: { auto x = read_pod<uint8_t>("u8 value"); if (!x) return std::unexpected(x.error()); v.v = uint64_t{*x}; break; }
-    case ValueType::kUint16: { auto x = read_pod<uint16_t>("u16 value"); if (!x) return std::unexpected(x.error()); v.v = uint64_t{*x}; break; }
-    case ValueType::kUint32: { auto x = read_pod<uint32_t>("u32 value"); if (!x) return std::unexpected(x.error()); v.v = uint64_t{*x}; break; }
-    case ValueType::kUint64: { auto x = read_pod<uint64_t>("u64 value"); if (!x) return std::unexpected(x.error()); v.v = uint64_t{*x}; break; }
-    case ValueType::kInt8: { auto x = read_pod<int8_t>("i8 value"); if (!x) return std::unexpected(x.error()); v.v = int64_t{*x}; break; }
-    case ValueType::kInt16: { auto x = read_pod<int16_t>("i16 value"); if (!x) return std::unexpected(x.error()); v.v = int64_t{*x}; break; }
-    case ValueType::kInt32: { auto x = read_pod<int32_t>("i32 value"); if (!x) return std::unexpected(x.error()); v.v = int64_t{*x}; break; }
-    case ValueType::kInt64: { auto x = read_pod<int64_t>("i64 value"); if (!x) return std::unexpected(x.error()); v.v = int64_t{*x}; break; }
-    case ValueType::kFloat32: { auto x = read_pod<float>("f32 value"); if (!x) return std::unexpected(x.error()); v.v = double{*x}; break; }
-    case ValueType::kFloat64: { auto x = read_pod<double>("f64 value"); if (!x) return std::unexpected(x.error()); v.v = *x; break; }
+    case ValueType::kUint8: {
+      auto x = read_pod<uint8_t>("u8 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = uint64_t{*x};
+      break;
+    }
+    case ValueType::kUint16: {
+      auto x = read_pod<uint16_t>("u16 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = uint64_t{*x};
+      break;
+    }
+    case ValueType::kUint32: {
+      auto x = read_pod<uint32_t>("u32 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = uint64_t{*x};
+      break;
+    }
+    case ValueType::kUint64: {
+      auto x = read_pod<uint64_t>("u64 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = uint64_t{*x};
+      break;
+    }
+    case ValueType::kInt8: {
+      auto x = read_pod<int8_t>("i8 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = int64_t{*x};
+      break;
+    }
+    case ValueType::kInt16: {
+      auto x = read_pod<int16_t>("i16 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = int64_t{*x};
+      break;
+    }
+    case ValueType::kInt32: {
+      auto x = read_pod<int32_t>("i32 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = int64_t{*x};
+      break;
+    }
+    case ValueType::kInt64: {
+      auto x = read_pod<int64_t>("i64 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = int64_t{*x};
+      break;
+    }
+    case ValueType::kFloat32: {
+      auto x = read_pod<float>("f32 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = double{*x};
+      break;
+    }
+    case ValueType::kFloat64: {
+      auto x = read_pod<double>("f64 value");
+      if (!x) return std::unexpected(x.error());
+      v.v = *x;
+      break;
+    }
     case ValueType::kBool: {
       auto x = read_pod<uint8_t>("bool value");
       if (!x) return std::unexpected(x.error());
@@ -150,7 +231,8 @@ core::Expected<Value> Parser::read_value(ValueType t, int depth) {
       }
       auto et = read_pod<uint32_t>("array element type");
       if (!et) return std::unexpected(et.error());
-      if (!is_valid_value_type(*et)) return err(at, "unknown array element type " + std::to_string(*et));
+      if (!is_valid_value_type(*et))
+        return err(at, "unknown array element type " + std::to_string(*et));
       auto n = read_pod<uint64_t>("array length");
       if (!n) return std::unexpected(n.error());
       Array arr;
@@ -159,8 +241,7 @@ core::Expected<Value> Parser::read_value(ValueType t, int depth) {
       if (*n > left() / min_size) {
         return err(at, "array of " + std::to_string(*n) + " " +
                            std::string(value_type_name(arr.elem_type)) +
-                           " elements cannot fit in the " + std::to_string(left()) +
-                           " bytes left");
+                           " elements cannot fit in the " + std::to_string(left()) + " bytes left");
       }
       if (*n > kMaxMetadataElements - n_elements_) {
         return err(at, "metadata arrays hold more than " + std::to_string(kMaxMetadataElements) +
@@ -204,8 +285,8 @@ core::Expected<void> Parser::read_tensor_info(uint64_t index) {
     auto ne = read_pod<int64_t>("tensor dimension");
     if (!ne) return std::unexpected(ne.error());
     if (*ne <= 0) {
-      return err(d_at, "tensor '" + std::string(t.name) + "': ne[" + std::to_string(d) + "] = " +
-                           std::to_string(*ne) + " must be > 0");
+      return err(d_at, "tensor '" + std::string(t.name) + "': ne[" + std::to_string(d) +
+                           "] = " + std::to_string(*ne) + " must be > 0");
     }
     if (__builtin_mul_overflow(n_elements, *ne, &n_elements)) {
       return err(d_at, "tensor '" + std::string(t.name) + "': element count overflows int64");
@@ -240,13 +321,15 @@ namespace {
 // Byte strides and total size of a tensor for a block geometry; false on overflow.
 bool compute_strides(TensorInfo& t, uint32_t block_size, uint32_t type_size) {
   uint64_t row = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(t.ne[0]) / block_size, uint64_t{type_size}, &row)) {
+  if (__builtin_mul_overflow(static_cast<uint64_t>(t.ne[0]) / block_size, uint64_t{type_size},
+                             &row)) {
     return false;
   }
   t.nb[0] = type_size;
   t.nb[1] = row;
   for (int d = 2; d < 4; ++d) {
-    if (__builtin_mul_overflow(t.nb[d - 1], static_cast<uint64_t>(t.ne[d - 1]), &t.nb[d])) return false;
+    if (__builtin_mul_overflow(t.nb[d - 1], static_cast<uint64_t>(t.ne[d - 1]), &t.nb[d]))
+      return false;
   }
   return !__builtin_mul_overflow(t.nb[3], static_cast<uint64_t>(t.ne[3]), &t.n_bytes);
 }
@@ -260,17 +343,21 @@ struct Fit {
   bool tight = true;
 };
 
-Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits geom, uint64_t alignment,
-                 uint64_t data_size) {
+Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits geom,
+                 uint64_t alignment, uint64_t data_size) {
   Fit fit;
-  struct Span { uint64_t off, size; bool q2; };
+  struct Span {
+    uint64_t off, size;
+    bool q2;
+  };
   std::vector<Span> spans;
   spans.reserve(tensors.size());
   for (const TensorInfo& src : tensors) {
     TensorInfo t = src;
     const bool q2 = t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0);
     const core::GgmlTypeTraits traits = q2 ? geom : *core::ggml_type_traits(t.type_id);
-    if (t.ne[0] % traits.block_size != 0 || !compute_strides(t, traits.block_size, traits.type_size)) {
+    if (t.ne[0] % traits.block_size != 0 ||
+        !compute_strides(t, traits.block_size, traits.type_size)) {
       return {false, false};
     }
     spans.push_back({t.offset, t.n_bytes, q2});
@@ -293,10 +380,12 @@ Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits ge
 core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
   using core::Q2Layout;
   const auto alignment = f_.alignment_;
-  const Fit g64 = geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG64), alignment, data_size);
-  const Fit g128 =
-      geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG128DFirst), alignment, data_size);
-  const std::string hint = "; pass --q2-layout g64|g128-d-first|g128-qs-first (or BONSAI_Q2_LAYOUT)";
+  const Fit g64 =
+      geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG64), alignment, data_size);
+  const Fit g128 = geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG128DFirst),
+                                alignment, data_size);
+  const std::string hint =
+      "; pass --q2-layout g64|g128-d-first|g128-qs-first (or BONSAI_Q2_LAYOUT)";
   bool use_g128;
   if (g64.tight != g128.tight) {
     use_g128 = g128.tight;
@@ -306,10 +395,12 @@ core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
     // Neither fits: report it as g64 so the bounds check names the tensor.
     return Q2Layout::kG64;
   } else {
-    return core::fail(core::Errc::kFormat,
-                      path_ + ": offset " + std::to_string(f_.data_offset_) +
-                          ": Q2_0 (type 42) tensors fit both the 64-weight and the 128-weight block "
-                          "layouts; cannot tell which this file uses" + hint);
+    return core::fail(
+        core::Errc::kFormat,
+        path_ + ": offset " + std::to_string(f_.data_offset_) +
+            ": Q2_0 (type 42) tensors fit both the 64-weight and the 128-weight block "
+            "layouts; cannot tell which this file uses" +
+            hint);
   }
   if (!use_g128) return Q2Layout::kG64;
 
@@ -344,18 +435,19 @@ core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
   }
   if (bad_d_first == 0 && bad_qs_first > 0) return Q2Layout::kG128DFirst;
   if (bad_qs_first == 0 && bad_d_first > 0) return Q2Layout::kG128QsFirst;
-  return core::fail(core::Errc::kFormat,
-                    path_ + ": offset " + std::to_string(f_.data_offset_) +
-                        ": Q2_0 (type 42) tensors use 128-weight blocks but the byte order is ambiguous (of " +
-                        std::to_string(checked) + " sampled blocks, " + std::to_string(bad_d_first) +
-                        " are invalid as {d, qs} and " + std::to_string(bad_qs_first) +
-                        " as {qs, d})" + hint);
+  return core::fail(
+      core::Errc::kFormat,
+      path_ + ": offset " + std::to_string(f_.data_offset_) +
+          ": Q2_0 (type 42) tensors use 128-weight blocks but the byte order is ambiguous (of " +
+          std::to_string(checked) + " sampled blocks, " + std::to_string(bad_d_first) +
+          " are invalid as {d, qs} and " + std::to_string(bad_qs_first) + " as {qs, d})" + hint);
 }
 
 core::Expected<void> Parser::layout_tensors() {
   const uint64_t data_size = f_.data_offset_ <= size_ ? size_ - f_.data_offset_ : 0;
   bool has_q2 = false;
-  for (const TensorInfo& t : f_.tensors_) has_q2 |= t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0);
+  for (const TensorInfo& t : f_.tensors_)
+    has_q2 |= t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0);
   if (!f_.tensors_.empty() && f_.data_offset_ > size_) {
     return err(f_.data_offset_, "tensor data section starts past the end of the file (" +
                                     std::to_string(size_) + " bytes)");
@@ -373,23 +465,28 @@ core::Expected<void> Parser::layout_tensors() {
     TensorInfo& t = f_.tensors_[i];
     const uint64_t at = info_offsets_[i];
     core::GgmlTypeTraits traits = *core::ggml_type_traits(t.type_id);
-    if (t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0)) traits = core::q2_block_geometry(*f_.q2_layout_);
+    if (t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0))
+      traits = core::q2_block_geometry(*f_.q2_layout_);
     if (t.ne[0] % traits.block_size != 0) {
       return err(at, "tensor '" + std::string(t.name) + "': ne[0] = " + std::to_string(t.ne[0]) +
-                         " is not a multiple of the Q2_0(" + std::string(core::q2_layout_name(*f_.q2_layout_)) +
-                         ") block size " + std::to_string(traits.block_size));
+                         " is not a multiple of the Q2_0(" +
+                         std::string(core::q2_layout_name(*f_.q2_layout_)) + ") block size " +
+                         std::to_string(traits.block_size));
     }
     if (!compute_strides(t, traits.block_size, traits.type_size)) {
       return err(at, "tensor '" + std::string(t.name) + "': byte size overflows");
     }
     if (t.offset % f_.alignment_ != 0) {
-      return err(at, "tensor '" + std::string(t.name) + "': data offset " + std::to_string(t.offset) +
-                         " is not a multiple of the alignment " + std::to_string(f_.alignment_));
+      return err(at, "tensor '" + std::string(t.name) + "': data offset " +
+                         std::to_string(t.offset) + " is not a multiple of the alignment " +
+                         std::to_string(f_.alignment_));
     }
     if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
-      return err(at, "tensor '" + std::string(t.name) + "': data [" + std::to_string(t.offset) + ", +" +
-                         std::to_string(t.n_bytes) + ") extends past the end of the file (data section is " +
-                         std::to_string(data_size) + " bytes at offset " + std::to_string(f_.data_offset_) + ")");
+      return err(at, "tensor '" + std::string(t.name) + "': data [" + std::to_string(t.offset) +
+                         ", +" + std::to_string(t.n_bytes) +
+                         ") extends past the end of the file (data section is " +
+                         std::to_string(data_size) + " bytes at offset " +
+                         std::to_string(f_.data_offset_) + ")");
     }
     t.data = p_ + f_.data_offset_ + t.offset;
   }
@@ -402,10 +499,10 @@ core::Expected<void> Parser::layout_tensors() {
     const TensorInfo& a = f_.tensors_[order[k - 1]];
     const TensorInfo& b = f_.tensors_[order[k]];
     if (a.offset + a.n_bytes > b.offset) {
-      return err(info_offsets_[order[k]], "tensor '" + std::string(b.name) + "' data at " +
-                                              std::to_string(b.offset) + " overlaps tensor '" +
-                                              std::string(a.name) + "' [" + std::to_string(a.offset) + ", +" +
-                                              std::to_string(a.n_bytes) + ")");
+      return err(info_offsets_[order[k]],
+                 "tensor '" + std::string(b.name) + "' data at " + std::to_string(b.offset) +
+                     " overlaps tensor '" + std::string(a.name) + "' [" + std::to_string(a.offset) +
+                     ", +" + std::to_string(a.n_bytes) + ")");
     }
   }
   return {};
@@ -419,7 +516,8 @@ core::Expected<void> Parser::run() {
   if (!version) return std::unexpected(version.error());
   if (*version != 2 && *version != 3) {
     std::string why = "unsupported GGUF version " + std::to_string(*version) + " (supported: 2, 3)";
-    if (std::byteswap(*version) == 2 || std::byteswap(*version) == 3) why += "; big-endian files are not supported";
+    if (std::byteswap(*version) == 2 || std::byteswap(*version) == 3)
+      why += "; big-endian files are not supported";
     return core::fail(core::Errc::kUnsupported, path_ + ": offset 4: " + why);
   }
   f_.version_ = *version;
@@ -435,7 +533,8 @@ core::Expected<void> Parser::run() {
     return err(counts_at, "tensor count " + std::to_string(*n_tensors) + " cannot fit in the file");
   }
   if (*n_kv > left() / kMinKv) {
-    return err(counts_at + 8, "metadata kv count " + std::to_string(*n_kv) + " cannot fit in the file");
+    return err(counts_at + 8,
+               "metadata kv count " + std::to_string(*n_kv) + " cannot fit in the file");
   }
   if (*n_tensors * kMinTensorInfo + *n_kv * kMinKv > left()) {
     return err(counts_at, "tensor count " + std::to_string(*n_tensors) + " and kv count " +
@@ -447,12 +546,14 @@ core::Expected<void> Parser::run() {
     const uint64_t at = pos_;
     auto key = read_string("metadata key");
     if (!key) return std::unexpected(key.error());
-    if (f_.kv_index_.contains(*key)) return err(at, "duplicate metadata key '" + std::string(*key) + "'");
+    if (f_.kv_index_.contains(*key))
+      return err(at, "duplicate metadata key '" + std::string(*key) + "'");
     const uint64_t type_at = pos_;
     auto type = read_pod<uint32_t>("metadata value type");
     if (!type) return std::unexpected(type.error());
     if (!is_valid_value_type(*type)) {
-      return err(type_at, "key '" + std::string(*key) + "': unknown value type " + std::to_string(*type));
+      return err(type_at,
+                 "key '" + std::string(*key) + "': unknown value type " + std::to_string(*type));
     }
     auto value = read_value(static_cast<ValueType>(*type), 0);
     if (!value) return std::unexpected(value.error());
@@ -467,7 +568,8 @@ core::Expected<void> Parser::run() {
                                 ", expected an unsigned integer");
     }
     if (*u == 0 || !std::has_single_bit(*u) || *u > kMaxAlignment) {
-      return err(counts_at, "general.alignment " + std::to_string(*u) + " is not a power of two in 1..2^30");
+      return err(counts_at,
+                 "general.alignment " + std::to_string(*u) + " is not a power of two in 1..2^30");
     }
     f_.alignment_ = *u;
   }
@@ -484,14 +586,15 @@ core::Expected<void> Parser::run() {
 
 // ---- File ----------------------------------------------------------------------------
 
-core::Expected<std::shared_ptr<const File>> File::open(const std::string& path, const OpenOptions& options) {
+core::Expected<std::shared_ptr<const File>> File::open(const std::string& path,
+                                                       const OpenOptions& options) {
   auto m = core::MappedFile::open(path);
   if (!m) return std::unexpected(m.error());
   return parse(std::move(*m), options);
 }
 
-core::Expected<std::shared_ptr<const File>> File::parse(std::shared_ptr<const core::MappedFile> mapping,
-                                                        const OpenOptions& options) {
+core::Expected<std::shared_ptr<const File>> File::parse(
+    std::shared_ptr<const core::MappedFile> mapping, const OpenOptions& options) {
   if (!mapping) return core::fail(core::Errc::kInvalidArgument, "gguf: null mapping");
   std::shared_ptr<File> f(new File());
   f->mapping_ = std::move(mapping);
@@ -517,18 +620,30 @@ namespace {
 
 template <class T>
 constexpr std::string_view wanted_name() {
-  if constexpr (std::is_same_v<T, bool>) return "bool";
-  else if constexpr (std::is_same_v<T, uint8_t>) return "u8";
-  else if constexpr (std::is_same_v<T, uint16_t>) return "u16";
-  else if constexpr (std::is_same_v<T, uint32_t>) return "u32";
-  else if constexpr (std::is_same_v<T, uint64_t>) return "u64";
-  else if constexpr (std::is_same_v<T, int8_t>) return "i8";
-  else if constexpr (std::is_same_v<T, int16_t>) return "i16";
-  else if constexpr (std::is_same_v<T, int32_t>) return "i32";
-  else if constexpr (std::is_same_v<T, int64_t>) return "i64";
-  else if constexpr (std::is_same_v<T, float>) return "f32";
-  else if constexpr (std::is_same_v<T, double>) return "f64";
-  else return "string";
+  if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return "u8";
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return "u16";
+  else if constexpr (std::is_same_v<T, uint32_t>)
+    return "u32";
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return "u64";
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return "i8";
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return "i16";
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return "i32";
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return "i64";
+  else if constexpr (std::is_same_v<T, float>)
+    return "f32";
+  else if constexpr (std::is_same_v<T, double>)
+    return "f64";
+  else
+    return "string";
 }
 
 // Converts one value to T; on failure returns the reason ("has type X" / "value V does not fit").
@@ -544,11 +659,13 @@ std::expected<T, std::string> convert(const Value& v) {
   } else if constexpr (std::is_integral_v<T>) {
     if (const uint64_t* u = std::get_if<uint64_t>(&v.v)) {
       if (std::in_range<T>(*u)) return static_cast<T>(*u);
-      return std::unexpected("value " + std::to_string(*u) + " does not fit in " + std::string(wanted_name<T>()));
+      return std::unexpected("value " + std::to_string(*u) + " does not fit in " +
+                             std::string(wanted_name<T>()));
     }
     if (const int64_t* i = std::get_if<int64_t>(&v.v)) {
       if (std::in_range<T>(*i)) return static_cast<T>(*i);
-      return std::unexpected("value " + std::to_string(*i) + " does not fit in " + std::string(wanted_name<T>()));
+      return std::unexpected("value " + std::to_string(*i) + " does not fit in " +
+                             std::string(wanted_name<T>()));
     }
     return type_error();
   } else if constexpr (std::is_floating_point_v<T>) {
@@ -565,9 +682,12 @@ std::expected<T, std::string> convert(const Value& v) {
 template <class T>
 core::Expected<T> File::get(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr) return core::fail(core::Errc::kNotFound, path() + ": missing key '" + std::string(key) + "'");
+  if (v == nullptr)
+    return core::fail(core::Errc::kNotFound, path() + ": missing key '" + std::string(key) + "'");
   auto r = convert<T>(*v);
-  if (!r) return core::fail(core::Errc::kFormat, path() + ": key '" + std::string(key) + "' " + r.error());
+  if (!r)
+    return core::fail(core::Errc::kFormat,
+                      path() + ": key '" + std::string(key) + "' " + r.error());
   return *r;
 }
 
@@ -590,11 +710,13 @@ namespace {
 template <class T>
 core::Expected<std::vector<T>> get_array(const File& f, std::string_view key) {
   const Value* v = f.find(key);
-  if (v == nullptr) return core::fail(core::Errc::kNotFound, f.path() + ": missing key '" + std::string(key) + "'");
+  if (v == nullptr)
+    return core::fail(core::Errc::kNotFound, f.path() + ": missing key '" + std::string(key) + "'");
   const Array* a = std::get_if<Array>(&v->v);
   if (a == nullptr) {
     return core::fail(core::Errc::kFormat, f.path() + ": key '" + std::string(key) + "' has type " +
-                                               std::string(value_type_name(v->type)) + ", expected array of " +
+                                               std::string(value_type_name(v->type)) +
+                                               ", expected array of " +
                                                std::string(wanted_name<T>()));
   }
   std::vector<T> out;
@@ -602,8 +724,9 @@ core::Expected<std::vector<T>> get_array(const File& f, std::string_view key) {
   for (size_t i = 0; i < a->items.size(); ++i) {
     auto r = convert<T>(a->items[i]);
     if (!r) {
-      return core::fail(core::Errc::kFormat,
-                        f.path() + ": key '" + std::string(key) + "' element " + std::to_string(i) + " " + r.error());
+      return core::fail(core::Errc::kFormat, f.path() + ": key '" + std::string(key) +
+                                                 "' element " + std::to_string(i) + " " +
+                                                 r.error());
     }
     out.push_back(*r);
   }

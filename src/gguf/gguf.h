@@ -29,8 +29,19 @@ namespace bonsai::gguf {
 
 // GGUF metadata value type ids (gguf.md: GGUF_TYPE_*).
 enum class ValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 
 // "u8", "i32", "f32", "bool", "string", "array", ... as used in error messages and `info`.
@@ -62,14 +73,14 @@ struct KeyValue {
 // computes them (nb[0] = block bytes, nb[1] = row bytes, ...).
 struct TensorInfo {
   std::string_view name;
-  uint32_t type_id = 0;          // raw ggml type id from the file
-  core::GgmlType type{};         // same, as enum (known ids only reach here)
+  uint32_t type_id = 0;   // raw ggml type id from the file
+  core::GgmlType type{};  // same, as enum (known ids only reach here)
   uint32_t n_dims = 0;
   std::array<int64_t, 4> ne{1, 1, 1, 1};
   std::array<uint64_t, 4> nb{0, 0, 0, 0};
-  uint64_t offset = 0;           // relative to the data section
-  uint64_t n_bytes = 0;          // size of the tensor's data
-  const uint8_t* data = nullptr; // = mapping + data_offset + offset
+  uint64_t offset = 0;            // relative to the data section
+  uint64_t n_bytes = 0;           // size of the tensor's data
+  const uint8_t* data = nullptr;  // = mapping + data_offset + offset
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
 
@@ -148,8 +159,8 @@ class File {
 };
 
 // Limits the reader enforces beyond the spec (hostile-file defences).
-inline constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
-inline constexpr int kMaxArrayNesting = 8;       // arrays of arrays of ... deeper is refused
+inline constexpr uint32_t kMaxDims = 4;     // GGML_MAX_DIMS
+inline constexpr int kMaxArrayNesting = 8;  // arrays of arrays of ... deeper is refused
 inline constexpr uint64_t kMaxAlignment = 1u << 30;
 // Total metadata array elements per file (each becomes a Value of ~48 bytes,
 // so this bounds memory at ~800 MB; real files hold < 1M: vocab, merges, types).
@@ -179,8 +190,8 @@ class Writer {
 
   // `ne` in ggml order (ne[0] = row length). `data` must be exactly the
   // tensor's byte size for `type` (Q2_0 in the g64 layout).
-  core::Expected<void> add_tensor(std::string name, core::GgmlType type,
-                                  std::vector<int64_t> ne, std::vector<uint8_t> data);
+  core::Expected<void> add_tensor(std::string name, core::GgmlType type, std::vector<int64_t> ne,
+                                  std::vector<uint8_t> data);
 
   // Fills a tensor's bytes at write time (streaming: `out` is the tensor's
   // exact byte size; it lives only for the call). Lets `synth` write an 8B

@@ -2,7 +2,6 @@
 // `bonsai info --json` on every shared .gguf agrees with the reader tensor by
 // tensor (name, ggml type, shape in ne order, offset, bytes) and key by key.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -24,7 +23,8 @@ struct RunResult {
 // Runs `bonsai ARGS` (with `env` assignments prefixed, e.g. "X=1") through the shell.
 RunResult run(const std::string& args, bool merge_stderr = false, const std::string& env = "") {
   const std::string bin = (test::binary_dir() / "apps/bonsai/bonsai").string();
-  const std::string cmd = env + " '" + bin + "' " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd =
+      env + " '" + bin + "' " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   RunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -64,7 +64,8 @@ void expect_json_matches(const nlohmann::json& j, const File& f) {
     EXPECT_EQ(jt["name"], std::string(t.name));
     EXPECT_EQ(jt["type"], core::ggml_type_name(t.type_id)) << t.name;
     ASSERT_EQ(jt["shape"].size(), t.n_dims) << t.name;
-    for (uint32_t d = 0; d < t.n_dims; ++d) EXPECT_EQ(jt["shape"][d].get<int64_t>(), t.ne[d]) << t.name;
+    for (uint32_t d = 0; d < t.n_dims; ++d)
+      EXPECT_EQ(jt["shape"][d].get<int64_t>(), t.ne[d]) << t.name;
     EXPECT_EQ(jt["offset"].get<uint64_t>(), t.offset) << t.name;
     EXPECT_EQ(jt["bytes"].get<uint64_t>(), t.n_bytes) << t.name;
   }
@@ -76,7 +77,8 @@ void expect_json_matches(const nlohmann::json& j, const File& f) {
 }
 
 TEST(CliInfo, SynthThenInfoRoundTrips) {
-  const auto path = (std::filesystem::temp_directory_path() / "bonsai_cli_synth_test.gguf").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / "bonsai_cli_synth_test.gguf").string();
   auto w = run("synth -o '" + path + "' --preset tiny --type q2_0 --seed 7", true);
   ASSERT_EQ(w.exit_code, 0) << w.out;
   auto r = run("info -m '" + path + "' --json");
@@ -123,7 +125,8 @@ TEST(CliInfo, EverySharedFileMatchesTheReader) {
   }
   EXPECT_EQ(n, 8);
   const auto qs = test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-qs-first.gguf");
-  EXPECT_EQ(nlohmann::json::parse(run("info -m '" + qs + "' --json").out)["q2_layout"], "g128-qs-first");
+  EXPECT_EQ(nlohmann::json::parse(run("info -m '" + qs + "' --json").out)["q2_layout"],
+            "g128-qs-first");
 }
 
 TEST(CliInfo, LayoutOverrideAndErrors) {
@@ -137,10 +140,12 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   auto env = run("info -m '" + d_first + "' --json", false, "BONSAI_Q2_LAYOUT=g128-qs-first");
   ASSERT_EQ(env.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(env.out)["q2_layout"], "g128-qs-first");
-  auto env_g64 = run("info -m '" + d_first + "'", true, "BONSAI_Q2_LAYOUT=g64");  // g64 on a g128 file
+  auto env_g64 =
+      run("info -m '" + d_first + "'", true, "BONSAI_Q2_LAYOUT=g64");  // g64 on a g128 file
   EXPECT_EQ(env_g64.exit_code, 1);
   EXPECT_NE(env_g64.out.find(d_first + ": offset "), std::string::npos) << env_g64.out;
-  auto flag_wins = run("info -m '" + d_first + "' --json --q2-layout g128-d-first", false, "BONSAI_Q2_LAYOUT=g64");
+  auto flag_wins = run("info -m '" + d_first + "' --json --q2-layout g128-d-first", false,
+                       "BONSAI_Q2_LAYOUT=g64");
   ASSERT_EQ(flag_wins.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(flag_wins.out)["q2_layout"], "g128-d-first");
   auto bad_layout = run("info -m '" + d_first + "' --q2-layout g32", true);
@@ -150,7 +155,11 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.out.find("/nonexistent/file.gguf"), std::string::npos);
   const auto junk = (std::filesystem::temp_directory_path() / "bonsai_cli_junk.gguf").string();
-  { std::FILE* f = std::fopen(junk.c_str(), "wb"); std::fputs("GGUF\x03\x00\x00\x00garbage", f); std::fclose(f); }
+  {
+    std::FILE* f = std::fopen(junk.c_str(), "wb");
+    std::fputs("GGUF\x03\x00\x00\x00garbage", f);
+    std::fclose(f);
+  }
   auto bad = run("info -m '" + junk + "'", true);
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.out.find(junk + ": offset "), std::string::npos) << bad.out;

@@ -32,18 +32,25 @@ void check_file(const bonsai::gguf::File& f, size_t size) {
 
 }  // namespace
 
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto mapping = bonsai::core::MappedFile::from_bytes(std::span<const uint8_t>(data, size), "fuzz.gguf");
+  auto mapping =
+      bonsai::core::MappedFile::from_bytes(std::span<const uint8_t>(data, size), "fuzz.gguf");
   bonsai::gguf::OpenOptions opt;
   // The first byte (when present) picks detection or a forced layout, so the
   // forced-layout paths are fuzzed too.
   if (size > 0) {
     switch (data[size - 1] & 3) {
-      case 1: opt.q2_layout = bonsai::core::Q2Layout::kG64; break;
-      case 2: opt.q2_layout = bonsai::core::Q2Layout::kG128DFirst; break;
-      case 3: opt.q2_layout = bonsai::core::Q2Layout::kG128QsFirst; break;
-      default: break;
+      case 1:
+        opt.q2_layout = bonsai::core::Q2Layout::kG64;
+        break;
+      case 2:
+        opt.q2_layout = bonsai::core::Q2Layout::kG128DFirst;
+        break;
+      case 3:
+        opt.q2_layout = bonsai::core::Q2Layout::kG128QsFirst;
+        break;
+      default:
+        break;
     }
   }
   auto f = bonsai::gguf::File::parse(mapping, opt);

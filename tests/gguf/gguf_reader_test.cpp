@@ -234,7 +234,8 @@ TEST(GgufQ2Layout, DetectsEachPairedFixture) {
     auto f = open_ok(path);
     ASSERT_NE(f, nullptr) << c.file;
     ASSERT_TRUE(f->q2_layout().has_value()) << c.file;
-    EXPECT_EQ(*f->q2_layout(), c.layout) << c.file << ": got " << core::q2_layout_name(*f->q2_layout());
+    EXPECT_EQ(*f->q2_layout(), c.layout)
+        << c.file << ": got " << core::q2_layout_name(*f->q2_layout());
     const TensorInfo* emb = f->find_tensor("token_embd.weight");
     ASSERT_NE(emb, nullptr);
     const uint64_t block_bytes = c.layout == core::Q2Layout::kG64 ? 18 : 34;

@@ -1,6 +1,8 @@
 // `bonsai synth` library tests: the written file parses, has every tensor and
 // key a Bonsai/Qwen3 file has, a consistent BPE tokenizer, well-scaled
 // weights, is deterministic per seed, and the default-model cache works.
+#include "apps/bonsai/synth.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <set>
 #include <string>
 
-#include "apps/bonsai/synth.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 
@@ -191,9 +192,9 @@ TEST(Synth, WeightsAreWellScaledInEveryType) {
     }
     // Projections: entry rms ~ gain/sqrt(row length), gain 1.5 (x4 on the residual
     // branches); quantization changes it by < 2x.
-    for (const auto& [name, gain] : {std::pair{"blk.0.attn_q.weight", 1.5}, std::pair{"blk.1.ffn_up.weight", 1.5},
-                                     std::pair{"blk.1.ffn_down.weight", 6.0},
-                                     std::pair{"blk.0.attn_output.weight", 6.0}}) {
+    for (const auto& [name, gain] :
+         {std::pair{"blk.0.attn_q.weight", 1.5}, std::pair{"blk.1.ffn_up.weight", 1.5},
+          std::pair{"blk.1.ffn_down.weight", 6.0}, std::pair{"blk.0.attn_output.weight", 6.0}}) {
       const gguf::TensorInfo* t = f->find_tensor(name);
       ASSERT_NE(t, nullptr);
       const double want = gain / std::sqrt(static_cast<double>(t->ne[0]));
@@ -212,8 +213,10 @@ TEST(Synth, WeightsAreWellScaledInEveryType) {
     double normal_sum = 0, quiet_sum = 0;
     int n_normal = 0, n_quiet = 0;
     for (size_t i = 0; i < norms.size(); ++i) {
-      if (types[i] == 1) normal_sum += norms[i], ++n_normal;
-      else quiet_sum += norms[i], ++n_quiet;
+      if (types[i] == 1)
+        normal_sum += norms[i], ++n_normal;
+      else
+        quiet_sum += norms[i], ++n_quiet;
     }
     ASSERT_GT(n_quiet, 0);
     EXPECT_LT(quiet_sum / n_quiet, 0.5 * normal_sum / n_normal);
@@ -264,7 +267,8 @@ TEST(Synth, PresetsHaveBonsaiShapes) {
 TEST(Synth, UntiedYarnPresetWritesOutputAndScalingKeys) {
   // The 8b preset's structure (untied output, YaRN keys) at a small size.
   Preset p = preset("8b").value();
-  p.n_embd = 256, p.n_layer = 1, p.n_ff = 512, p.n_vocab = 600, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 64;
+  p.n_embd = 256, p.n_layer = 1, p.n_ff = 512, p.n_vocab = 600, p.n_head = 4, p.n_head_kv = 2,
+  p.head_dim = 64;
   auto w = build(Options{p, WeightType::kQ1_0, 5});
   ASSERT_TRUE(w) << w.error().message;
   auto f = parse(w->to_bytes());
@@ -287,7 +291,8 @@ TEST(Synth, UntiedYarnPresetWritesOutputAndScalingKeys) {
 }
 
 TEST(Synth, EnsureDefaultModelWritesOnceAtomically) {
-  const auto dir = std::filesystem::temp_directory_path() / ("bonsai_cache_test_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("bonsai_cache_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   ::setenv("BONSAI_CACHE_DIR", dir.c_str(), 1);
   auto p1 = ensure_default_model();
