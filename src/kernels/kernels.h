@@ -77,6 +77,9 @@ core::Expected<void> init_tier_from_env();
 void dequantize_row(Format f, const void* src, float* dst, int64_t n);
 // Reference quantizers (n a multiple of the block size).
 //   Q8_0: d = amax/127 (fp16), q = round(x/d)        (ggml quantize_row_q8_0_ref)
+//         computed as round-to-nearest-even(x * (1/d)) with the unrounded d,
+//         as ggml's SIMD quantize_row_q8_0 does at inference (the _ref variant
+//         rounds exact ties away from zero; the two differ only on ties).
 //   Q1_0: d = mean |x| over the block, bit = x >= 0
 //   Q2_0 (g64): d = amax of the block, code = round(x/d) + 1 in {0,1,2}
 void quantize_row_q8_0(const float* src, void* dst, int64_t n);
