@@ -242,6 +242,18 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
     for (; r < r1; ++r) micro<F, kGf, 1, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
     return;
   }
+  // Small batches (AMX takes n >= kAmxMinCols where available): two rows x
+  // up to four columns per pass, so each expanded weight block feeds 4-8
+  // dot products.
+  for (; r + 2 <= r1; r += 2) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) micro<F, kGf, 2, 4>(base + r * st, st, nb, a, j, y, w.rows, r, c);
+    if (j + 2 <= n) {
+      micro<F, kGf, 2, 2>(base + r * st, st, nb, a, j, y, w.rows, r, c);
+      j += 2;
+    }
+    if (j < n) micro<F, kGf, 2, 1>(base + r * st, st, nb, a, j, y, w.rows, r, c);
+  }
   for (; r < r1; ++r) {
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) micro<F, kGf, 1, 4>(base + r * st, st, nb, a, j, y, w.rows, r, c);

@@ -116,7 +116,7 @@ bool set_avx512_gfni(bool enabled);
 bool set_avx512_amx(bool enabled);
 
 // AMX-INT8 GEMM path (amx.cpp), used by the AVX-512 tier for n >= kAmxMinCols.
-inline constexpr int64_t kAmxMinCols = 8;  // below this the VNNI path is faster (measured)
+inline constexpr int64_t kAmxMinCols = 6;  // below this the VNNI path is faster (measured)
 // CPU has AMX-INT8 and the OS granted the tile-data permission (asked once).
 bool amx_usable();
 bool amx_supports(Format f);

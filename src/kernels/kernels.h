@@ -16,7 +16,7 @@
 // the reference only in the order of the fp32 operations.
 // Tiers (kernels/*.cpp, each compiled with its own ISA flags): reference
 // (scalar), avx2 (AVX2+FMA+F16C), avx512 (F/BW/VL/DQ + VNNI; GFNI and VBMI
-// when present; AMX-INT8 tiles for batches of >= 8 columns when the CPU and
+// when present; AMX-INT8 tiles for batches of >= 6 columns when the CPU and
 // OS allow), neon (arm64).
 #pragma once
 

@@ -38,7 +38,7 @@ namespace {
 using testing::kAllFormats;
 
 // A tier under test, with a label. The AVX-512 tier is run three ways: as
-// it runs in production (GFNI weight expansion, AMX GEMM for n >= 8 where the
+// it runs in production (GFNI weight expansion, AMX GEMM for n >= 6 where the
 // CPU has them), without AMX (VNNI GEMM), and without AMX and GFNI.
 struct Variant {
   Tier tier;
