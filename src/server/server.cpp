@@ -2,6 +2,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -190,6 +191,12 @@ struct Server::Impl {
     http.new_task_queue = [n = opt.http_threads > 0 ? opt.http_threads : 64] {
       return new httplib::ThreadPool(static_cast<size_t>(n));
     };
+    // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second
+    // server bind the same port and silently share its connections.
+    http.set_socket_options([](int sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
     http.set_payload_max_length(opt.max_body_bytes);
     http.set_tcp_nodelay(true);
     http.set_keep_alive_timeout(5);

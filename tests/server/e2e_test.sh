@@ -222,8 +222,23 @@ if [ ! -f "$NODE_DIR/node_modules/openai/package.json" ]; then
 fi
 if (cd "$NODE_DIR" && node sdk_test.mjs "$URL" "$KEY" stories qwen); then ok "OpenAI Node SDK tests"; else bad "OpenAI Node SDK tests"; fi
 
-# ---- graceful shutdown ----
+# ---- the port is not shared: a second server on it fails clearly ----
+PORT="${URL##*:}"
+if timeout 10 "$BIN" serve -m "stories=$STORIES" --port "$PORT" >"$WORK/out2" 2>"$WORK/err2"; then
+  bad "a second server bound port $PORT"
+else
+  grep -q "cannot listen on 127.0.0.1:$PORT" "$WORK/err2" && ok "a second server on port $PORT is refused" || bad "second server: $(cat "$WORK/err2")"
+fi
+
+# ---- graceful shutdown with a stream in flight: it is cancelled and ends ----
+curl -sN -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' --max-time 60 \
+  --data-binary '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true,"stream":true}' \
+  "$URL/v1/completions" >"$WORK/inflight" 2>/dev/null &
+INFLIGHT=$!
+for _ in $(seq 1 100); do grep -q '^data: {' "$WORK/inflight" 2>/dev/null && break; sleep 0.05; done
 stop_server
+wait "$INFLIGHT" || true
+grep -q '"code":"shutting_down"' "$WORK/inflight" && ok "SIGTERM: the in-flight stream got a shutting_down error" || bad "SIGTERM: in-flight stream: $(tail -c 300 "$WORK/inflight")"
 
 # ---- a second server: nothing preloaded, a 0.1 s request timeout ----
 cat >"$WORK/serve2.toml" <<EOF
