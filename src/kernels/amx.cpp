@@ -189,7 +189,17 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
       for (int t = 0; t < nt; ++t)
         for (int64_t g = g0; g < g1; ++g)
           for (int m = 0; m < 16; ++m) _mm512_store_ps(ybuf[t][g - g0][m], _mm512_setzero_ps());
+      // Prefetch the next pass's rows (contiguous when the rows are packed),
+      // a slice per block, while this pass computes.
+      const int64_t next_end = rp_end + 16 * kTilesPerPass < r1 ? rp_end + 16 * kTilesPerPass : r1;
+      const bool packed = w.row_stride == static_cast<size_t>(nb) * Geo<F>::kBytes;
+      const size_t pf_bytes = packed && g1 == G ? static_cast<size_t>(next_end - rp_end) * w.row_stride : 0;
+      const size_t pf_step = (pf_bytes / static_cast<size_t>(nb) + 63) / 64 * 64;
+      const uint8_t* pf_base = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rp_end) * w.row_stride;
       for (int64_t b = 0; b < nb; ++b) {
+        for (size_t o = static_cast<size_t>(b) * pf_step; o < pf_bytes && o < static_cast<size_t>(b + 1) * pf_step; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf_base + o), _MM_HINT_T0);
+        }
         for (int t = 0; t < nt; ++t) {
           const int64_t rt = rp + 16 * t;
           const int mrows = static_cast<int>(rp_end - rt < 16 ? rp_end - rt : 16);
