@@ -196,6 +196,13 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire(const std::strin
   return model;
 }
 
+std::shared_ptr<const LoadedModel> ModelPool::peek(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.state != ModelState::kLoaded) return nullptr;
+  return it->second.model;
+}
+
 void ModelPool::release(const std::shared_ptr<LoadedModel>& model) {
   if (!model) return;
   std::lock_guard lock(mu_);

@@ -118,6 +118,10 @@ class ModelPool {
   // Like acquire, but never loads: kNotFound unless `id` is resident.
   core::Expected<std::shared_ptr<LoadedModel>> acquire_loaded(const std::string& id);
 
+  // The resident instance of `id` (nullptr if not loaded) for read-only
+  // introspection (metrics): no in-flight count, no LRU promotion.
+  std::shared_ptr<const LoadedModel> peek(const std::string& id) const;
+
   // Ends one request's use of a model from acquire(). Prefer the handle form:
   // the id form picks the listed instance first, then an unlisted one.
   void release(const std::shared_ptr<LoadedModel>& model);

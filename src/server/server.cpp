@@ -593,14 +593,11 @@ struct Server::Impl {
       metrics.set(kPoolSize, {{"model", m.id}}, m.pool_size);
       metrics.set(kPoolBusy, {{"model", m.id}}, m.busy);
       metrics.set(kModelBytes, {{"model", m.id}}, static_cast<double>(m.mem_bytes));
-      if (auto lm = models->acquire_loaded(m.id)) {
-        if ((*lm)->rates) {
-          const engine::RequestRateStats st = (*lm)->rates->snapshot();
-          metrics.set(kEngineItlP50, {{"model", m.id}}, st.itl_p50_ms / 1000.0);
-          metrics.set(kEngineItlP95, {{"model", m.id}}, st.itl_p95_ms / 1000.0);
-          metrics.set(kEngineTps, {{"model", m.id}}, st.tokens_per_s_mean);
-        }
-        models->release(*lm);
+      if (auto lm = models->peek(m.id); lm && lm->rates) {
+        const engine::RequestRateStats st = lm->rates->snapshot();
+        metrics.set(kEngineItlP50, {{"model", m.id}}, st.itl_p50_ms / 1000.0);
+        metrics.set(kEngineItlP95, {{"model", m.id}}, st.itl_p95_ms / 1000.0);
+        metrics.set(kEngineTps, {{"model", m.id}}, st.tokens_per_s_mean);
       }
     }
     {

@@ -90,6 +90,9 @@ TEST(ModelPool, LruOrderAndCapacity) {
   EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b", "a"}));
   touch(pool, "a");  // a is promoted to MRU
   EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a", "b"}));
+  EXPECT_NE(pool.peek("b"), nullptr);  // peeking neither promotes b nor counts it in flight
+  EXPECT_EQ(pool.peek("c"), nullptr);
+  EXPECT_EQ(pool.list()[1].in_flight, 0);
   touch(pool, "c");  // capacity 2: the LRU (b) goes
   EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"c", "a"}));
   EXPECT_EQ(pool.loaded_count(), 2u);
