@@ -8,7 +8,9 @@
 #
 # Usage: bench/load/load_test.sh [BONSAI_BINARY] [SHARED_DIR]
 #   env: CLIENTS (32), DURATION (30 s), MAX_TOKENS (48), POOL_SIZE (2),
-#        THREADS (nproc), OUT (bench/results/load-stories260K-llama2tiny.txt)
+#        THREADS (nproc), M1 / M2 (the two models as ID=PATH; default
+#        stories260K and llama-2-tiny-random from SHARED_DIR/models),
+#        OUT (bench/results/load-ID1-ID2.txt)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BIN="${1:-$ROOT/build/apps/bonsai/bonsai}"
@@ -18,10 +20,11 @@ DURATION="${DURATION:-30}"
 MAX_TOKENS="${MAX_TOKENS:-48}"
 POOL_SIZE="${POOL_SIZE:-2}"
 THREADS="${THREADS:-$(nproc)}"
-OUT="${OUT:-$ROOT/bench/results/load-stories260K-llama2tiny.txt}"
-M1="$SHARED/models/stories260K/stories260K.gguf"
-M2="$SHARED/models/llama-2-tiny-random/llama-2-tiny-random.gguf"
-for f in "$BIN" "$M1" "$M2"; do [ -e "$f" ] || { echo "load_test: missing $f"; exit 1; }; done
+M1="${M1:-stories=$SHARED/models/stories260K/stories260K.gguf}"
+M2="${M2:-llama=$SHARED/models/llama-2-tiny-random/llama-2-tiny-random.gguf}"
+ID1="${M1%%=*}" ID2="${M2%%=*}"
+OUT="${OUT:-$ROOT/bench/results/load-$ID1-$ID2.txt}"
+for f in "$BIN" "${M1#*=}" "${M2#*=}"; do [ -e "$f" ] || { echo "load_test: missing $f"; exit 1; }; done
 command -v node >/dev/null || { echo "load_test: node is required"; exit 1; }
 
 WORK="$(mktemp -d /tmp/bonsai_load.XXXXXX)"
@@ -32,7 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN" serve -m "stories=$M1" -m "llama=$M2" --pool-size "$POOL_SIZE" -c 512 -t "$THREADS" --port 0 \
+"$BIN" serve -m "$M1" -m "$M2" --pool-size "$POOL_SIZE" -c 512 -t "$THREADS" --port 0 \
   >"$WORK/out" 2>"$WORK/err" &
 PID=$!
 URL=""
@@ -53,7 +56,7 @@ rss_start="$(rss_kib)"
   done ) >"$WORK/rss" &
 SAMPLER=$!
 
-node "$ROOT/bench/load/load_client.mjs" "$URL" "$CLIENTS" "$DURATION" "$MAX_TOKENS" stories llama >"$WORK/result.json"
+node "$ROOT/bench/load/load_client.mjs" "$URL" "$CLIENTS" "$DURATION" "$MAX_TOKENS" "$ID1" "$ID2" >"$WORK/result.json"
 kill "$SAMPLER" 2>/dev/null || true
 wait "$SAMPLER" 2>/dev/null || true
 curl -s "$URL/metrics" >"$WORK/metrics"
@@ -85,7 +88,7 @@ verdict="$(node -e '
 {
   echo "# bonsai serve load test ($(date -u +%Y-%m-%dT%H:%MZ))"
   echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
-  echo "setup: 2 models (stories=stories260K.gguf, llama=llama-2-tiny-random.gguf), --pool-size $POOL_SIZE -c 512 -t $THREADS,"
+  echo "setup: 2 models ($ID1=$(basename "${M1#*=}"), $ID2=$(basename "${M2#*=}")), --pool-size $POOL_SIZE -c 512 -t $THREADS,"
   echo "       queue factor 4 (8 waiting per model), $CLIENTS streaming clients for ${DURATION}s, max_tokens $MAX_TOKENS, temperature 0.8, seeded"
   echo "client: $(cat "$WORK/result.json")"
   echo "server: completion tokens $tokens ($(awk -v t="$tokens" -v d="$DURATION" 'BEGIN {printf "%.0f", t/d}') tokens/s), admission 503s $rejected, 5xx other than 503: $five_xx"
