@@ -132,6 +132,10 @@ void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }
 
+// Round to nearest even and convert to int8 (NaN -> -128, as cvtps2dq's
+// out-of-range result saturates); shared by the reference quantizers.
+int8_t round_to_i8(float v);
+
 // Reference Q8_0 activation quantizer for one vector of `cols` values:
 // q[cols], d[cols/32]. The SIMD tiers must reproduce it bit for bit.
 void quantize_act_ref(const float* x, int64_t cols, int8_t* q, float* d);

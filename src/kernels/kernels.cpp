@@ -259,7 +259,7 @@ void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const uint16_t dh = core::fp32_to_fp16(d);
     std::memcpy(out[b].d, &dh, 2);
-    for (int j = 0; j < kQ8_0Elems; ++j) out[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+    for (int j = 0; j < kQ8_0Elems; ++j) out[b].qs[j] = detail::round_to_i8(x[j] * id);
   }
 }
 
@@ -288,7 +288,8 @@ void quantize_row_q2_0(const float* src, void* dst, int64_t n) {
     std::memcpy(out[b].d, &dh, 2);
     std::memset(out[b].qs, 0, sizeof(out[b].qs));
     for (int j = 0; j < kQ2_0Elems; ++j) {
-      int v = amax > 0.0f ? static_cast<int>(std::nearbyint(x[j] / amax)) : 0;
+      const float r = amax > 0.0f ? std::nearbyint(x[j] / amax) : 0.0f;
+      int v = r == r ? static_cast<int>(std::clamp(r, -1.0f, 1.0f)) : 0;  // NaN -> 0
       v = std::clamp(v, -1, 1);
       out[b].qs[j / 4] = static_cast<uint8_t>(out[b].qs[j / 4] | ((v + 1) << (2 * (j % 4))));
     }

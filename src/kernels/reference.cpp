@@ -9,6 +9,16 @@
 
 namespace bonsai::kernels::detail {
 
+int8_t round_to_i8(float v) {
+  // NaN (from a NaN or infinite input) gives -128, as the SIMD tiers'
+  // cvtps2dq "integer indefinite" saturates to; finite inputs give |v| <= 127.
+  // (NaN activations are not bit-identical across tiers: the block's amax
+  // may or may not see the NaN. They only must not be undefined behaviour.)
+  if (!(v == v)) return -128;
+  const float r = std::nearbyint(v);
+  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -128.0f ? -128.0f : r));
+}
+
 void quantize_act_ref(const float* x, int64_t cols, int8_t* q, float* d) {
   for (int64_t b = 0; b < cols / kQ8_0Elems; ++b) {
     const float* xb = x + b * kQ8_0Elems;
@@ -18,7 +28,7 @@ void quantize_act_ref(const float* x, int64_t cols, int8_t* q, float* d) {
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
     for (int j = 0; j < kQ8_0Elems; ++j) {
       // Round to nearest even, as ggml's SIMD quantize_row_q8_0 (cvtps2dq).
-      q[b * kQ8_0Elems + j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
+      q[b * kQ8_0Elems + j] = round_to_i8(xb[j] * id);
     }
     d[b] = core::fp16_to_fp32(core::fp32_to_fp16(dd));
   }

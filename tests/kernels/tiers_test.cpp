@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -99,6 +100,7 @@ TEST(Tiers, ActivationQuantizationBitIdentical) {
         x[5] = 0.0f;
         for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = 0.0f;  // an all-zero sub-block
         x[70] = 1e-30f;                                                  // tiny
+        x[200] = std::numeric_limits<float>::infinity();                 // d = inf, id = 0
         detail::QuantAct ref, got;
         detail::reference_ops()->prepare(f, x.data(), 3, cols, ref);
         ops->prepare(f, x.data(), 3, cols, got);
