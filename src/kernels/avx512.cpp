@@ -74,8 +74,6 @@ inline float lut_fp16(const uint8_t* p) {
   return g_fp16_lut[h];
 }
 
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-
 // Weight format families by activation layout.
 enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3, kFamQ8 = 4 };
 
