@@ -169,7 +169,8 @@ void BM_Matmul(benchmark::State& state) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 2.0f;
   ThreadPool& tp = pool(threads);
   // Interleaved read: max(mat, 8 MiB) from a region away from the matrix copy.
-  const size_t il_bytes = std::max<size_t>(mat, size_t{8} << 20) / 4096 * 4096;
+  const size_t il_bytes =
+      std::max<size_t>(4096, std::min(a.size, std::max<size_t>(mat, size_t{8} << 20)) / 4096 * 4096);
   const size_t il_slots = std::max<size_t>(1, a.size / il_bytes);
   size_t it = 0;
   double secs = 0, iters = 0, il_secs = 0, il_read = 0;

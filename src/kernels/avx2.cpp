@@ -134,38 +134,51 @@ inline __m256i block_dot(const __m256i* wv, const int8_t* xq, const int32_t* neg
   return _mm256_add_epi32(s32, _mm256_load_si256(reinterpret_cast<const __m256i*>(neg)));
 }
 
-template <int F, int C>
-void micro(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t j0, float* y, int64_t y_ld, int64_t r,
-           const Consts& c) {
+// R rows x C columns over all blocks (16 ymm registers: R*C accumulators
+// plus R expanded blocks of up to 4 vectors must fit; R*C <= 4).
+template <int F, int R, int C>
+void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, int64_t j0, float* y,
+           int64_t y_ld, int64_t r, const Consts& c) {
   constexpr int E = Geo<F>::kElems;
   const int64_t cols = a.cols;
-  __m256 out[C];
-  for (int k = 0; k < C; ++k) out[k] = _mm256_setzero_ps();
+  __m256 out[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < C; ++k) out[i][k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * Geo<F>::kBytes;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 4096), _MM_HINT_T0);  // see avx512.cpp
-    __m256i wv[4];
-    expand<F>(blk, c, wv);
-    const __m256 dw = _mm256_set1_ps(lut_fp16(blk + Geo<F>::kD));
-    for (int k = 0; k < C; ++k) {
-      const int64_t j = j0 + k;
-      const __m256i acc = block_dot<F>(wv, a.qp + j * cols + b * E, a.lane_neg + j * (cols / 4) + b * 8, c);
-      const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(a.lane_d + j * (cols / 4) + b * 8));
-      out[k] = _mm256_fmadd_ps(t, dw, out[k]);
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* blk = row0 + static_cast<size_t>(i) * stride + static_cast<size_t>(b) * Geo<F>::kBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + 4096), _MM_HINT_T0);  // see avx512.cpp
+      __m256i wv[4];
+      expand<F>(blk, c, wv);
+      const __m256 dw = _mm256_set1_ps(lut_fp16(blk + Geo<F>::kD));
+      for (int k = 0; k < C; ++k) {
+        const int64_t j = j0 + k;
+        const __m256i acc = block_dot<F>(wv, a.qp + j * cols + b * E, a.lane_neg + j * (cols / 4) + b * 8, c);
+        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_load_ps(a.lane_d + j * (cols / 4) + b * 8));
+        out[i][k] = _mm256_fmadd_ps(t, dw, out[i][k]);
+      }
     }
   }
-  for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r] = hsum8(out[k]);
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = hsum8(out[i][k]);
 }
 
 template <int F>
 void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   static const Consts c = make_consts();
   const int64_t nb = w.cols / Geo<F>::kElems;
-  for (int64_t r = r0; r < r1; ++r) {
-    const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const size_t st = w.row_stride;
+  int64_t r = r0;
+  if (n == 1) {
+    for (; r + 4 <= r1; r += 4) micro<F, 4, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
+    for (; r < r1; ++r) micro<F, 1, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
+    return;
+  }
+  for (; r < r1; ++r) {
     int64_t j = 0;
-    for (; j + 4 <= n; j += 4) micro<F, 4>(row, nb, a, j, y, w.rows, r, c);
-    for (; j < n; ++j) micro<F, 1>(row, nb, a, j, y, w.rows, r, c);
+    for (; j + 4 <= n; j += 4) micro<F, 1, 4>(base + r * st, st, nb, a, j, y, w.rows, r, c);
+    for (; j < n; ++j) micro<F, 1, 1>(base + r * st, st, nb, a, j, y, w.rows, r, c);
   }
 }
 
