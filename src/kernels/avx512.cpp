@@ -27,6 +27,10 @@
 //   same lane of both) lies in one 32-value activation sub-block, so the
 //   int32 lane sums are scaled by a per-lane activation scale vector and the
 //   weight block's fp16 scale, accumulating in fp32.
+// GEMV (n = 1) runs four rows at a time with a software prefetch 4 KiB ahead
+// in the weight stream; small batches (n < kAmxMinCols) run two rows x up to
+// four columns so each expanded block feeds several dot products; larger
+// batches go to the AMX tiles (amx.cpp) when the CPU and OS allow.
 // Float weights (F32/F16/BF16) use FMA on fp32 directly.
 #include "kernels/internal.h"
 
