@@ -1,6 +1,7 @@
 // OpenAI request parsing/validation and response builders. See openai.h.
 #include "server/openai.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -302,6 +303,23 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       e->param = "stream_options.include_usage";
       e->message = "Invalid type for 'stream_options.include_usage': expected a boolean.";
       return e;
+    }
+  }
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("logit_bias", "an object mapping token ids to biases", *it);
+    for (const auto& [key, val] : it->items()) {
+      int64_t id = -1;
+      auto [ptr, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || ptr != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+        return bad_request("Invalid key in 'logit_bias': '" + key + "' is not a token id.", "logit_bias",
+                           "invalid_value");
+      if (!val.is_number()) return wrong_type("logit_bias." + key, "a number", val);
+      const double b = val.get<double>();
+      if (!(b >= -100.0 && b <= 100.0))
+        return bad_request("Invalid value in 'logit_bias' for token " + key + ": " + val.dump() +
+                               " is not in [-100, 100].",
+                           "logit_bias", "invalid_value");
+      out.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
     }
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {

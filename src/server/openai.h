@@ -61,6 +61,7 @@ struct CompletionRequest {
   std::optional<float> frequency_penalty;          // [-2, 2]
   std::optional<uint64_t> seed;
   bool ignore_eos = false;                         // llama.cpp extension: keep going past EOS
+  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI logit_bias: {"token id": bias in [-100, 100]}
   std::vector<std::string> stop;                   // up to kMaxStop non-empty strings
   int n = 1;                                       // [1, kMaxChoices]
   bool stream = false;

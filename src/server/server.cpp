@@ -375,6 +375,13 @@ struct Server::Impl {
     p.max_tokens = static_cast<int32_t>(max_tokens);
     p.stop = cr.stop;
     p.ignore_eos = cr.ignore_eos;
+    for (const auto& [id, bias] : cr.logit_bias) {
+      if (id >= tok.n_vocab())
+        return send_error(res, bad_request("Invalid key in 'logit_bias': token " + std::to_string(id) +
+                                               " is outside the vocabulary (size " + std::to_string(tok.n_vocab()) + ").",
+                                           "logit_bias", "invalid_value"));
+    }
+    p.logit_bias = cr.logit_bias;
     if (auto v = p.validate(); !v) return send_error(res, bad_request(v.error().message));
     job->params = std::move(p);
     job->seed = cr.seed;

@@ -138,6 +138,9 @@ check "context_length_exceeded code" context_length_exceeded "$(jget "$WORK/body
 # ---- a normal request, and on-demand loading of the second model ----
 check "POST /v1/completions" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":20,"temperature":0}')"
 check "greedy text (the model's published story)" true "$(jget "$WORK/body" 'j.choices[0].text.startsWith(", there was a little girl named Lily. She loved to play")')"
+check "logit_bias forcing one token" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once","max_tokens":3,"temperature":0,"logit_bias":{"400":100}}')"
+check "logit_bias: the forced piece three times" true "$(jget "$WORK/body" 'const t=j.choices[0].text, p=t.slice(0,t.length/3); t.length>0 && p.repeat(3)===t')"
+check "logit_bias with a token outside the vocabulary: 400" 400 "$(req POST /v1/completions '{"model":"stories","prompt":"Once","logit_bias":{"999999":1}}')"
 check "on-demand load of 'llama'" 200 "$(req POST /v1/chat/completions '{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":4}')"
 check "llama answered 4 tokens" 4 "$(jget "$WORK/body" j.usage.completion_tokens)"
 

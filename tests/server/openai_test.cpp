@@ -50,6 +50,8 @@ TEST(OpenAiParse, CompletionPromptForms) {
   EXPECT_EQ(r.prompt, "only");
   ASSERT_FALSE(parse(R"({"prompt":[1,2,3]})", Endpoint::kCompletion, r));
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_FALSE(parse(R"({"prompt":"a","logit_bias":{"7":-100,"42":2.5}})", Endpoint::kCompletion, r));
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 2.5f}, {7, -100.0f}}));
   auto e = parse(R"({"prompt":["a","b"]})", Endpoint::kCompletion, r);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "prompt");
@@ -86,6 +88,10 @@ TEST(OpenAiParse, WrongTypesAndRangesAre400NamingTheField) {
       {R"({"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}})", Endpoint::kChat,
        "stream_options.include_usage"},
       {R"({"prompt":5})", Endpoint::kCompletion, "prompt"},
+      {R"({"prompt":"x","logit_bias":[1]})", Endpoint::kCompletion, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"abc":1}})", Endpoint::kCompletion, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"5":101}})", Endpoint::kCompletion, "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"5":"1"}})", Endpoint::kCompletion, "logit_bias.5"},
       {R"({"max_tokens":5})", Endpoint::kCompletion, "prompt"},
   };
   for (const auto& c : cases) {
