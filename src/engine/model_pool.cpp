@@ -349,17 +349,63 @@ core::Expected<void> ModelPool::load_in_background(const std::string& id) {
   }
   auto estimate = estimator_(spec);
   if (!estimate) return std::unexpected(estimate.error());
-  if (auto r = mark_loading(id, *estimate); !r) return r;
   std::lock_guard lock(mu_);
-  bg_threads_.emplace_back([this, id, spec] {
+  if (auto r = mark_loading_locked(id, *estimate); !r) return r;
+  spawn_load_locked(id, std::move(spec), nullptr);
+  return {};
+}
+
+core::Expected<void> ModelPool::load_in_background(const std::string& id, ModelSpec spec) {
+  auto busy = [this](const std::string& mid) -> core::Expected<void> {
+    auto it = entries_.find(mid);
+    if (it != entries_.end() && it->second.state != ModelState::kFailed) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "model '" + mid + "' is already " + model_state_name(it->second.state) +
+                            "; unload it first to load it again");
+    }
+    return {};
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (auto r = busy(id); !r) return r;
+  }
+  auto estimate = estimator_(spec);  // reads the file: outside the lock
+  if (!estimate) return std::unexpected(estimate.error());
+  std::lock_guard lock(mu_);
+  if (auto r = busy(id); !r) return r;  // loaded meanwhile
+  std::optional<ModelSpec> previous;
+  if (auto reg = registry_.find(id); reg != registry_.end()) previous = reg->second;
+  registry_[id] = spec;
+  auto restore = [this, id, spec, previous] {  // runs with mu_ held
+    auto reg = registry_.find(id);
+    if (reg == registry_.end() || reg->second.path != spec.path) return;  // re-registered since
+    if (previous) {
+      reg->second = *previous;
+    } else {
+      registry_.erase(reg);
+    }
+  };
+  if (auto r = mark_loading_locked(id, *estimate); !r) {
+    restore();
+    return r;
+  }
+  spawn_load_locked(id, std::move(spec), restore);
+  return {};
+}
+
+void ModelPool::spawn_load_locked(const std::string& id, ModelSpec spec, std::function<void()> restore) {
+  bg_threads_.emplace_back([this, id, spec = std::move(spec), restore = std::move(restore)] {
     auto loaded = loader_(id, spec);
     if (loaded) {
-      (void)mark_ready(id, *loaded);
+      if (mark_ready(id, *loaded)) return;  // else: did not fit after all (listed as failed)
     } else {
       (void)mark_failed(id, loaded.error().message);
     }
+    if (restore) {
+      std::lock_guard lock(mu_);
+      restore();
+    }
   });
-  return {};
 }
 
 void ModelPool::wait_background() {

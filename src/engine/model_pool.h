@@ -149,6 +149,15 @@ class ModelPool {
   // loader, then mark_ready or mark_failed) and returns at once.
   // Errors: those of mark_loading and of the estimator.
   core::Expected<void> load_in_background(const std::string& id);
+  // Registers `id` as `spec` and loads it in the background, as one step
+  // that a failure leaves without effect: the registry changes only if the
+  // load starts (an id that is loaded or loading is refused with
+  // kInvalidArgument before anything changes; an estimator or mark_loading
+  // error restores the previous registration), and if the background load
+  // then fails, the previous registration comes back (or, for a new id,
+  // the id is unregistered) while list() shows the failure and its reason.
+  // So a rejected or failed (admin) load never re-points a served id.
+  core::Expected<void> load_in_background(const std::string& id, ModelSpec spec);
   // Waits for every background load started so far (tests, shutdown).
   void wait_background();
 
@@ -181,6 +190,10 @@ class ModelPool {
   core::Expected<void> make_room_locked(const std::string& id, uint64_t bytes);
   void evict_locked(std::map<std::string, Entry>::iterator it);
   core::Expected<void> mark_loading_locked(const std::string& id, uint64_t estimate_bytes);
+  // Starts the background thread that loads `id` (already marked loading)
+  // from `spec`. On failure, `restore` (when set) is called under mu_ after
+  // mark_failed. Requires mu_ held.
+  void spawn_load_locked(const std::string& id, ModelSpec spec, std::function<void()> restore);
   // mark_ready; with `take`, also counts one request in flight (acquire).
   core::Expected<void> install(const std::string& id, std::shared_ptr<LoadedModel> model, bool take);
   uint64_t mem_locked() const;

@@ -259,11 +259,10 @@ struct Server::Impl {
       metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(res.status)}});
     });
 
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_completion(req, res, Endpoint::kChat);
-    });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_completion(req, res, Endpoint::kCompletion);
+    post_json("/v1/chat/completions",
+              [this](const std::string& body, httplib::Response& res) { handle_completion(body, res, Endpoint::kChat); });
+    post_json("/v1/completions", [this](const std::string& body, httplib::Response& res) {
+      handle_completion(body, res, Endpoint::kCompletion);
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
     http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
@@ -275,21 +274,57 @@ struct Server::Impl {
       res.set_content(metrics.expose(), "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/admin/models", [this](const httplib::Request&, httplib::Response& res) { handle_admin_list(res); });
-    http.Post("/admin/models/load", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_admin_load(req, res);
+    post_json("/admin/models/load",
+              [this](const std::string& body, httplib::Response& res) { handle_admin_load(body, res); });
+    post_json("/admin/models/unload",
+              [this](const std::string& body, httplib::Response& res) { handle_admin_unload(body, res); });
+  }
+
+  // Registers a POST route whose body is read as JSON whatever its
+  // Content-Type says (OpenAI's API does the same). The body is read here,
+  // through httplib's content reader, rather than by httplib itself: httplib
+  // caps application/x-www-form-urlencoded bodies at 8 KiB (413) — the type
+  // `curl -d` sends by default — and parses them as a query string. The
+  // limit is opt.max_body_bytes for every type (413 above it); a multipart
+  // body is drained and refused with 400.
+  void post_json(const std::string& pattern, std::function<void(const std::string&, httplib::Response&)> handler) {
+    auto read_body = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                            std::string& body) {
+      if (req.is_multipart_form_data()) {
+        reader([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
+        send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
+        return false;
+      }
+      bool too_large = false;
+      const bool ok = reader([&](const char* data, size_t n) {
+        if (body.size() + n > opt.max_body_bytes) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, n);
+        return true;
+      });
+      if (ok) return true;
+      if (too_large) res.status = 413;
+      if (res.status < 400) res.status = 400;  // unreadable (httplib sets 413 above its own limit)
+      return false;  // the error handler writes the body
+    };
+    http.Post(pattern, [read_body, handler](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body)) handler(body, res);
     });
-    http.Post("/admin/models/unload", [this](const httplib::Request& req, httplib::Response& res) {
-      handle_admin_unload(req, res);
-    });
+    // A POST that httplib does not treat as having content comes here.
+    http.Post(pattern, [handler](const httplib::Request& req, httplib::Response& res) { handler(req.body, res); });
   }
 
   // ---- completions --------------------------------------------------------
 
-  void handle_completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  void handle_completion(const std::string& body_text, httplib::Response& res, Endpoint endpoint) {
     if (stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
     const Clock::time_point admitted = Clock::now();
     CompletionRequest cr;
-    if (auto e = parse_completion_request(req.body, endpoint, cr)) return send_error(res, *e);
+    if (auto e = parse_completion_request(body_text, endpoint, cr)) return send_error(res, *e);
 
     auto job = std::make_shared<Job>();
     job->pool = models;
@@ -533,10 +568,14 @@ struct Server::Impl {
 
   // ---- models, health, metrics, admin -------------------------------------
 
+  // Models a request may name: registered ones (loadable on demand) and
+  // resident ones; a failed load of an unregistered id is not one (it is
+  // listed, with its reason, by GET /admin/models only).
   std::vector<std::string> all_model_ids() const {
     std::set<std::string> ids;
     for (const auto& id : models->registered_ids()) ids.insert(id);
-    for (const auto& m : models->list()) ids.insert(m.id);
+    for (const auto& m : models->list())
+      if (m.state != engine::ModelState::kFailed) ids.insert(m.id);
     return {ids.begin(), ids.end()};
   }
 
@@ -624,8 +663,8 @@ struct Server::Impl {
                              {"mem_bytes", models->current_mem_bytes()}});
   }
 
-  static std::optional<ApiError> parse_admin_body(const httplib::Request& req, json& body) {
-    body = json::parse(req.body, nullptr, false);
+  static std::optional<ApiError> parse_admin_body(const std::string& body_text, json& body) {
+    body = json::parse(body_text, nullptr, false);
     if (body.is_discarded() || !body.is_object())
       return bad_request("The request body must be a JSON object.", {}, "invalid_json");
     auto id = body.find("id");
@@ -634,9 +673,9 @@ struct Server::Impl {
     return std::nullopt;
   }
 
-  void handle_admin_load(const httplib::Request& req, httplib::Response& res) {
+  void handle_admin_load(const std::string& body_text, httplib::Response& res) {
     json body;
-    if (auto e = parse_admin_body(req, body)) return send_error(res, *e);
+    if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
     const std::string id = body["id"].get<std::string>();
     engine::ModelSpec spec = opt.default_spec;
     auto path = body.find("path");
@@ -654,13 +693,17 @@ struct Server::Impl {
         return send_error(res, bad_request(std::string("Invalid '") + f + "': expected a non-negative integer.", f, "invalid_value"));
       (std::string(f) == "pool_size" ? spec.pool_size : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
     }
+    core::Expected<void> r;
     if (path != body.end()) {
       std::error_code ec;
       if (!std::filesystem::is_regular_file(spec.path, ec))
         return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
-      models->loader_register(id, spec);
+      // Registers and loads as one step: a refused or failed load leaves the
+      // id's previous registration (the file a served model reloads from) alone.
+      r = models->load_in_background(id, spec);
+    } else {
+      r = models->load_in_background(id);
     }
-    auto r = models->load_in_background(id);
     if (!r) {
       ApiError e = from_core_error(r.error());
       if (r.error().code == core::Errc::kInvalidArgument) {
@@ -672,9 +715,9 @@ struct Server::Impl {
     send_json(res, 202, json{{"id", id}, {"state", "loading"}});
   }
 
-  void handle_admin_unload(const httplib::Request& req, httplib::Response& res) {
+  void handle_admin_unload(const std::string& body_text, httplib::Response& res) {
     json body;
-    if (auto e = parse_admin_body(req, body)) return send_error(res, *e);
+    if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
     const std::string id = body["id"].get<std::string>();
     auto r = models->unload(id);
     if (!r) {

@@ -27,6 +27,8 @@ struct Zoo {
   std::condition_variable cv;
   bool gate_open = true;
   std::string fail_id;
+  std::string fail_path;                          // the loader fails for this file
+  std::map<std::string, std::string> last_path;   // id -> file of its last load
 
   ModelPool make(size_t capacity, uint64_t budget_mb) {
     return ModelPool(
@@ -35,15 +37,18 @@ struct Zoo {
           std::unique_lock lock(mu);
           cv.wait(lock, [&] { return gate_open; });
           ++loads[id];
-          if (id == fail_id) return core::fail(core::Errc::kFormat, spec.path + ": bad magic at offset 0");
+          last_path[id] = spec.path;
+          if (id == fail_id || (!fail_path.empty() && spec.path == fail_path))
+            return core::fail(core::Errc::kFormat, spec.path + ": bad magic at offset 0");
           auto m = std::make_shared<LoadedModel>();
           m->id = id;
           m->spec = spec;
-          m->mem_bytes = size_mib.at(id) * kMiB;
+          m->mem_bytes = (size_mib.contains(spec.path) ? size_mib.at(spec.path) : size_mib.at(id)) * kMiB;
           return m;
         },
         [this](const ModelSpec& spec) -> core::Expected<uint64_t> {
           std::lock_guard lock(mu);
+          if (!size_mib.contains(spec.path)) return core::fail(core::Errc::kFormat, spec.path + ": not a GGUF file");
           return size_mib.at(spec.path) * kMiB;
         });
   }
@@ -225,6 +230,59 @@ TEST(ModelPool, BackgroundLoadFailureIsListedWithReason) {
   ASSERT_FALSE(m.has_value());
   EXPECT_EQ(m.error().code, core::Errc::kFormat);
   EXPECT_EQ(zoo.loads["bad"], 2);
+}
+
+// Register-and-load (the admin API's load with a path): a refused or failed
+// load must not re-point an id that is served (regression: the server used
+// to register first, so a rejected load of a bad file broke the model at its
+// next reload).
+TEST(ModelPool, RegisterAndLoadLeavesRegistryAloneWhenRefusedOrFailed) {
+  Zoo zoo;
+  zoo.size_mib = {{"a.gguf", 1}, {"b.gguf", 1}, {"broken.gguf", 1}};
+  zoo.fail_path = "broken.gguf";
+  auto pool = zoo.make(2, 0);
+  pool.loader_register("a", ModelSpec{.path = "a.gguf"});
+  touch(pool, "a");
+
+  // Loaded: refused before anything changes.
+  auto r = pool.load_in_background("a", ModelSpec{.path = "b.gguf", .ctx_size = 7});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, core::Errc::kInvalidArgument);
+  ASSERT_TRUE(pool.unload("a").has_value());
+  touch(pool, "a");
+  EXPECT_EQ(zoo.last_path["a"], "a.gguf");
+  ASSERT_TRUE(pool.unload("a").has_value());
+
+  // The estimator rejects the file: nothing changes.
+  r = pool.load_in_background("a", ModelSpec{.path = "garbage.gguf"});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, core::Errc::kFormat);
+  EXPECT_TRUE(pool.list().empty());
+
+  // The background load fails: listed as failed, the old file comes back.
+  ASSERT_TRUE(pool.load_in_background("a", ModelSpec{.path = "broken.gguf"}).has_value());
+  pool.wait_background();
+  auto rows = pool.list();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].state, ModelState::kFailed);
+  EXPECT_NE(rows[0].reason.find("broken.gguf"), std::string::npos) << rows[0].reason;
+  touch(pool, "a");
+  EXPECT_EQ(zoo.last_path["a"], "a.gguf");
+
+  // A new id whose load fails is not left registered.
+  ASSERT_TRUE(pool.load_in_background("new", ModelSpec{.path = "broken.gguf"}).has_value());
+  pool.wait_background();
+  EXPECT_FALSE(pool.is_registered("new"));
+  auto m = pool.acquire("new");
+  ASSERT_FALSE(m.has_value());
+  EXPECT_EQ(m.error().code, core::Errc::kNotFound);
+
+  // A good one is registered and loaded.
+  ASSERT_TRUE(pool.load_in_background("c", ModelSpec{.path = "b.gguf"}).has_value());
+  pool.wait_background();
+  EXPECT_TRUE(pool.is_registered("c"));
+  EXPECT_NE(pool.peek("c"), nullptr);
+  EXPECT_EQ(zoo.last_path["c"], "b.gguf");
 }
 
 TEST(ModelPool, MarkLoadingReadyFailedTransitions) {
