@@ -245,10 +245,36 @@ std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
 
 }  // namespace
 
+bool json_nesting_exceeds(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
                                                  CompletionRequest& out) {
   out = CompletionRequest{};
   out.endpoint = endpoint;
+  if (json_nesting_exceeds(body_text, kMaxJsonDepth))
+    return bad_request("The JSON body of your request nests arrays/objects deeper than " +
+                           std::to_string(kMaxJsonDepth) + " levels.",
+                       {}, "invalid_json");
   json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded())
     return bad_request("We could not parse the JSON body of your request. (HINT: This likely means you aren't using "

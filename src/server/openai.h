@@ -70,9 +70,20 @@ struct CompletionRequest {
 
 inline constexpr int kMaxChoices = 16;
 inline constexpr size_t kMaxStop = 16;
+// Deepest nesting of arrays/objects a request body may have. Parsing is
+// iterative, but dumping a value (tool-call arguments, tools rendered by the
+// chat template's tojson) recurses once per level: a 2 MiB body of nested
+// brackets overflowed a connection thread's stack and killed the server.
+// Real requests (tool JSON schemas included) stay far below this.
+inline constexpr int kMaxJsonDepth = 128;
+
+// True when `text` (JSON, possibly malformed) nests arrays/objects deeper
+// than `max_depth`. One pass over the bytes, brackets inside strings ignored.
+bool json_nesting_exceeds(std::string_view text, int max_depth);
 
 // Parses and validates a request body. Unknown fields are ignored; a field
-// of the wrong type or out of range is a 400 naming it in `param`.
+// of the wrong type or out of range is a 400 naming it in `param`; a body
+// nested deeper than kMaxJsonDepth is a 400 (code "invalid_json").
 std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint,
                                                  CompletionRequest& out);
 

@@ -664,6 +664,9 @@ struct Server::Impl {
   }
 
   static std::optional<ApiError> parse_admin_body(const std::string& body_text, json& body) {
+    if (json_nesting_exceeds(body_text, kMaxJsonDepth))
+      return bad_request("The request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels.", {},
+                         "invalid_json");
     body = json::parse(body_text, nullptr, false);
     if (body.is_discarded() || !body.is_object())
       return bad_request("The request body must be a JSON object.", {}, "invalid_json");

@@ -114,6 +114,33 @@ TEST(OpenAiParse, MalformedJson) {
   }
 }
 
+// Regression: deep nesting in tool-call arguments (re-serialised with a
+// recursive dump) overflowed the stack and crashed the server.
+TEST(OpenAiParse, DeepNestingIsRefusedNotACrash) {
+  auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  const int deep = 1'000'000;
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[)"
+      R"({"id":"a","type":"function","function":{"name":"f","arguments":)" +
+      nested(deep) + "}}]}]}";
+  CompletionRequest r;
+  auto e = parse(body, Endpoint::kChat, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->code, "invalid_json");
+  // Also in an ignored field, and for /v1/completions.
+  e = parse(R"({"prompt":"x","extra":)" + nested(deep) + "}", Endpoint::kCompletion, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, "invalid_json");
+  // Ordinary nesting, and brackets inside strings, are fine.
+  EXPECT_FALSE(parse(R"({"prompt":"[[[[[[{{{{\"]]]","extra":)" + nested(kMaxJsonDepth - 1) + "}",
+                     Endpoint::kCompletion, r)
+                   .has_value());
+  EXPECT_TRUE(json_nesting_exceeds(nested(kMaxJsonDepth + 1), kMaxJsonDepth));
+  EXPECT_FALSE(json_nesting_exceeds(nested(kMaxJsonDepth), kMaxJsonDepth));
+  EXPECT_FALSE(json_nesting_exceeds(R"(["[[[[", "\"[[["])", 1));
+}
+
 TEST(OpenAiError, Shape) {
   json j = bad_request("bad", "temperature", "invalid_value").to_json();
   EXPECT_EQ(j, json::parse(R"({"error":{"message":"bad","type":"invalid_request_error","param":"temperature",
