@@ -89,9 +89,14 @@ std::optional<ApiError> get_int(const json& body, const char* field, int64_t lo,
                          field, "invalid_value");
     }
     v = it->get<int64_t>();
-  } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>() &&
-             std::fabs(it->get<double>()) < 9e18) {
-    v = static_cast<int64_t>(it->get<double>());
+  } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()) {
+    const double d = it->get<double>();  // integral: 3.0 and 1e300 are integers, the latter out of range
+    if (!(d >= static_cast<double>(lo) && d < static_cast<double>(hi) + 1.0)) {
+      return bad_request("Invalid value for '" + std::string(field) + "': " + it->dump() + " is not in [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "].",
+                         field, "invalid_value");
+    }
+    v = static_cast<int64_t>(d);
   } else {
     return wrong_type(field, "an integer", *it);
   }

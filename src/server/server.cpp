@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -180,10 +181,16 @@ struct Server::Impl {
   bool authorized(const httplib::Request& req) const {
     if (opt.api_key.empty()) return true;
     std::string h = req.get_header_value("Authorization");
-    const std::string want = "Bearer " + opt.api_key;
-    if (h.size() != want.size()) return false;
+    // RFC 7235 section 2.1: the auth scheme is case-insensitive ("bearer KEY" is valid).
+    constexpr std::string_view kScheme = "bearer ";
+    if (h.size() < kScheme.size()) return false;
+    for (size_t i = 0; i < kScheme.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(h[i])) != kScheme[i]) return false;
+    const std::string_view key = std::string_view(h).substr(kScheme.size());
+    const std::string& want = opt.api_key;
+    if (key.size() != want.size()) return false;
     unsigned diff = 0;  // constant time in the key's length
-    for (size_t i = 0; i < h.size(); ++i) diff |= static_cast<unsigned char>(h[i] ^ want[i]);
+    for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(key[i] ^ want[i]);
     return diff == 0;
   }
 
@@ -395,7 +402,7 @@ struct Server::Impl {
                                              std::to_string(std::max<int64_t>(max_tokens, 0)) +
                                              " in the completion). Please reduce the length of the " +
                                              (endpoint == Endpoint::kChat ? "messages" : "prompt") + " or completion.",
-                                         "messages", "context_length_exceeded"));
+                                         endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded"));
     }
 
     // Sampling: the model's defaults, overridden by what the request says.
@@ -532,15 +539,21 @@ struct Server::Impl {
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider("text/event-stream", [this, job](size_t, httplib::DataSink& sink) {
       auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+      // With stream_options.include_usage, OpenAI sends "usage": null on every
+      // chunk but the last (the usage chunk); typed clients expect the key.
+      auto chunk = [&](json c) {
+        if (job->include_usage) c["usage"] = nullptr;
+        return write(sse_event(c));
+      };
       bool alive = true;
       Usage usage{static_cast<int64_t>(job->prompt.size()), 0};
       for (int i = 0; i < job->n && alive; ++i) {
-        if (job->meta.endpoint == Endpoint::kChat) alive = write(sse_event(build_role_chunk(job->meta, i)));
+        if (job->meta.endpoint == Endpoint::kChat) alive = chunk(build_role_chunk(job->meta, i));
         if (!alive) break;
         CutReason cut = CutReason::kNone;
         auto on_piece = [&](std::string_view text) {
           if (!alive || !sink.is_writable()) return alive = false;
-          if (!text.empty()) alive = write(sse_event(build_content_chunk(job->meta, i, text)));
+          if (!text.empty()) alive = chunk(build_content_chunk(job->meta, i, text));
           return alive;
         };
         auto r = run_choice(*job, i, on_piece, cut);
@@ -554,7 +567,7 @@ struct Server::Impl {
           break;
         }
         usage.completion_tokens += r->completion_tokens;
-        alive = write(sse_event(build_finish_chunk(job->meta, i, engine::finish_reason_name(r->finish_reason))));
+        alive = chunk(build_finish_chunk(job->meta, i, engine::finish_reason_name(r->finish_reason)));
       }
       job->lease.reset();  // free the replica before the last bytes go out
       if (alive) {

@@ -104,6 +104,19 @@ TEST(OpenAiParse, WrongTypesAndRangesAre400NamingTheField) {
   }
 }
 
+// An integral float out of range is an out-of-range value, not a wrong type.
+TEST(OpenAiParse, IntegralFloatOutOfRangeIsInvalidValue) {
+  CompletionRequest r;
+  for (const char* body : {R"({"prompt":"x","max_tokens":1e300})", R"({"prompt":"x","max_tokens":-1e300})",
+                           R"({"prompt":"x","max_tokens":4294967296.0})", R"({"prompt":"x","n":1e19})"}) {
+    auto e = parse(body, Endpoint::kCompletion, r);
+    ASSERT_TRUE(e.has_value()) << body;
+    EXPECT_EQ(e->code, "invalid_value") << body << " -> " << e->message;
+  }
+  ASSERT_FALSE(parse(R"({"prompt":"x","max_tokens":2147483647.0})", Endpoint::kCompletion, r).has_value());
+  EXPECT_EQ(r.max_tokens, 2147483647);
+}
+
 TEST(OpenAiParse, MalformedJson) {
   CompletionRequest r;
   for (const char* body : {"{", "", "[1,2]", "null", "{\"messages\": [}"}) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/test_util.h"
 
@@ -22,6 +23,8 @@ using nlohmann::json;
 // A served pool with model "stories" (pool size 1, context 256) on a free port.
 class ServerHttp : public ::testing::Test {
  protected:
+  virtual void customize(ServerOptions&) {}
+
   void SetUp() override {
     stories_ = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
     BONSAI_REQUIRE_FILE(stories_);
@@ -39,6 +42,7 @@ class ServerHttp : public ::testing::Test {
     so.default_model = "stories";
     so.default_spec = spec_;
     so.http_threads = 8;
+    customize(so);
     server_ = std::make_unique<Server>(pool_, so);
     auto port = server_->bind();
     ASSERT_TRUE(port.has_value()) << port.error().message;
@@ -61,9 +65,10 @@ class ServerHttp : public ::testing::Test {
 
   // POST `body` with `content_type`; returns {status, parsed body} (null if not JSON).
   std::pair<int, json> post(const std::string& path, const std::string& body,
-                            const std::string& content_type = "application/json") const {
+                            const std::string& content_type = "application/json",
+                            const httplib::Headers& headers = {}) const {
     auto c = client();
-    auto r = c.Post(path.c_str(), body, content_type.c_str());
+    auto r = c.Post(path.c_str(), headers, body, content_type.c_str());
     if (!r) return {-1, json()};
     return {r->status, json::parse(r->body, nullptr, false)};
   }
@@ -154,6 +159,131 @@ TEST_F(ServerHttp, RefusedAdminLoadDoesNotRepointAServedModel) {
   ASSERT_TRUE(one);
   EXPECT_EQ(one->status, 404);
   std::remove(garbage.c_str());
+}
+
+// Splits an SSE body into its JSON payloads; checks the framing
+// ("data: ...\n\n" events, the last one "data: [DONE]").
+std::vector<json> sse_payloads(const std::string& body) {
+  std::vector<json> out;
+  size_t pos = 0;
+  bool done = false;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    EXPECT_NE(end, std::string::npos) << "unterminated event at " << pos;
+    if (end == std::string::npos) break;
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    EXPECT_FALSE(done) << "event after [DONE]: " << ev;
+    if (ev == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    out.push_back(json::parse(ev.substr(6)));
+  }
+  EXPECT_TRUE(done) << "no data: [DONE]";
+  return out;
+}
+
+// Streamed (include_usage, n = 2) and non-streamed answers to the same
+// seeded request are the same, and every chunk has OpenAI's shape: with
+// include_usage, "usage": null on all chunks but the last (choices: []).
+TEST_F(ServerHttp, StreamWithUsageMatchesNonStreamedAndHasOpenAiChunkShape) {
+  for (const bool chat : {true, false}) {
+    json req{{"model", "stories"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 11}, {"n", 2}, {"stop", " the"}};
+    if (chat) {
+      req["messages"] = json::array({json{{"role", "user"}, {"content", "Once upon a time"}}});
+    } else {
+      req["prompt"] = "Once upon a time";
+    }
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    auto [st, plain] = post(path, req.dump());
+    ASSERT_EQ(st, 200) << plain.dump();
+    req["stream"] = true;
+    req["stream_options"] = json{{"include_usage", true}};
+    auto c = client();
+    auto r = c.Post(path.c_str(), req.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/event-stream", 0), 0u);
+    auto events = sse_payloads(r->body);
+    ASSERT_GE(events.size(), 3u);
+    std::vector<std::string> text(2);
+    std::vector<std::string> finish(2);
+    for (size_t k = 0; k < events.size(); ++k) {
+      const json& ev = events[k];
+      EXPECT_EQ(ev["id"].get<std::string>().rfind(chat ? "chatcmpl-" : "cmpl-", 0), 0u) << ev.dump();
+      EXPECT_EQ(ev["object"], chat ? "chat.completion.chunk" : "text_completion");
+      EXPECT_EQ(ev["model"], "stories");
+      EXPECT_EQ(ev["id"], events[0]["id"]);
+      EXPECT_EQ(ev["created"], events[0]["created"]);
+      ASSERT_TRUE(ev.contains("usage")) << ev.dump();
+      if (k + 1 == events.size()) {
+        EXPECT_TRUE(ev["choices"].empty());
+        EXPECT_EQ(ev["usage"], plain["usage"]);
+        continue;
+      }
+      EXPECT_TRUE(ev["usage"].is_null()) << ev.dump();
+      ASSERT_EQ(ev["choices"].size(), 1u);
+      const json& ch = ev["choices"][0];
+      const int i = ch["index"];
+      ASSERT_TRUE(i == 0 || i == 1);
+      EXPECT_TRUE(finish[i].empty()) << "chunk after the finish chunk of choice " << i;
+      if (chat) {
+        if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+      } else {
+        text[i] += ch["text"].get<std::string>();
+      }
+      if (!ch["finish_reason"].is_null()) finish[i] = ch["finish_reason"];
+    }
+    for (int i = 0; i < 2; ++i) {
+      const json& pc = plain["choices"][i];
+      EXPECT_EQ(pc["index"], i);
+      EXPECT_EQ(text[i], chat ? pc["message"]["content"] : pc["text"]) << "choice " << i;
+      EXPECT_EQ(finish[i], pc["finish_reason"]) << "choice " << i;
+    }
+  }
+  // Without include_usage there is no usage key on chunks.
+  json req{{"model", "stories"}, {"prompt", "Once"}, {"max_tokens", 3}, {"stream", true}};
+  auto c = client();
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  for (const json& ev : sse_payloads(r->body)) EXPECT_FALSE(ev.contains("usage")) << ev.dump();
+}
+
+// The context-length error names the field the request actually used.
+TEST_F(ServerHttp, ContextLengthExceededNamesPromptOrMessages) {
+  auto [st, j] = post("/v1/completions", completion_body("Once upon a time", 10000).dump());
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j["error"]["param"], "prompt");
+  json chat{{"model", "stories"}, {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})},
+            {"max_tokens", 10000}};
+  std::tie(st, j) = post("/v1/chat/completions", chat.dump());
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j["error"]["param"], "messages");
+}
+
+class ServerHttpWithKey : public ServerHttp {
+ protected:
+  void customize(ServerOptions& so) override { so.api_key = "s3cret"; }
+};
+
+// RFC 7235: the scheme of the Authorization header is case-insensitive.
+TEST_F(ServerHttpWithKey, BearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
+  const std::string body = completion_body("Once", 2).dump();
+  for (const char* h : {"Bearer s3cret", "bearer s3cret", "BEARER s3cret"}) {
+    auto [st, j] = post("/v1/completions", body, "application/json", {{"Authorization", h}});
+    EXPECT_EQ(st, 200) << h << " " << j.dump();
+  }
+  for (const char* h : {"Bearer S3CRET", "Bearer s3cre", "Bearers3cret", "Basic s3cret", "s3cret", "Bearer"}) {
+    auto [st, j] = post("/v1/completions", body, "application/json", {{"Authorization", h}});
+    EXPECT_EQ(st, 401) << h;
+    EXPECT_EQ(j["error"]["code"], "invalid_api_key") << h;
+  }
+  auto [st, j] = post("/v1/completions", body);
+  EXPECT_EQ(st, 401);
 }
 
 }  // namespace
