@@ -65,6 +65,10 @@ EOF
 
 # start_server CONFIG: starts `bonsai serve --config CONFIG --port 0`, sets SERVER_PID and URL.
 start_server() {
+  # Empty the output first: the child truncates it only once it runs, and a
+  # slow start would otherwise let the loop below read the previous server's URL.
+  : >"$WORK/out"
+  : >"$WORK/err"
   "$BIN" serve --config "$1" --port 0 >"$WORK/out" 2>"$WORK/err" &
   SERVER_PID=$!
   URL=""
