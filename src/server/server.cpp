@@ -293,7 +293,8 @@ struct Server::Impl {
   // caps application/x-www-form-urlencoded bodies at 8 KiB (413) — the type
   // `curl -d` sends by default — and parses them as a query string. The
   // limit is opt.max_body_bytes for every type (413 above it); a multipart
-  // body is drained and refused with 400.
+  // body is drained and refused with 400; no Content-Length and no
+  // Transfer-Encoding means an empty body.
   void post_json(const std::string& pattern, std::function<void(const std::string&, httplib::Response&)> handler) {
     auto read_body = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                             std::string& body) {
@@ -302,6 +303,12 @@ struct Server::Impl {
         send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
         return false;
       }
+      // RFC 7230 section 3.3.3: a request with neither Content-Length nor
+      // Transfer-Encoding has an empty body. httplib would read until the
+      // client closes, i.e. hang for its read timeout (5 s) and then 400.
+      std::string te = req.get_header_value("Transfer-Encoding");
+      std::transform(te.begin(), te.end(), te.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      if (!req.has_header("Content-Length") && te.find("chunked") == std::string::npos) return true;
       bool too_large = false;
       const bool ok = reader([&](const char* data, size_t n) {
         if (body.size() + n > opt.max_body_bytes) {

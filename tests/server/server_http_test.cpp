@@ -6,8 +6,13 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -107,6 +112,34 @@ TEST_F(ServerHttp, FormUrlencodedContentTypeIsReadAsJsonBeyond8KiB) {
   auto [st_mp, j_mp] = post("/v1/completions", "--xyz\r\n\r\n", "multipart/form-data; boundary=xyz");
   EXPECT_EQ(st_mp, 400) << j_mp.dump();
   EXPECT_TRUE(j_mp.contains("error")) << j_mp.dump();
+}
+
+// A POST with neither Content-Length nor Transfer-Encoding has an empty body
+// (RFC 7230 3.3.3): an immediate 400, not a wait for the client to close.
+TEST_F(ServerHttp, PostWithoutContentLengthIsAnEmptyBodyAtOnce) {
+  for (const char* path : {"/v1/completions", "/admin/models/unload"}) {
+    // A raw socket: httplib's client would add "Content-Length: 0".
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    timeval tv{.tv_sec = 30, .tv_usec = 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string req = std::string("POST ") + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    std::string resp;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(resp.rfind("HTTP/1.1 400", 0), 0u) << path << ": " << resp;
+    EXPECT_NE(resp.find("invalid_json"), std::string::npos) << resp;
+    EXPECT_LT(s, 2.0) << path << " took " << s << " s";
+  }
 }
 
 // The configured limit still holds, with every content type.
