@@ -57,6 +57,17 @@ int64_t unix_now() {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// `t` + `seconds`, saturated: a huge or infinite timeout (--timeout inf,
+// 1e10: "no timeout") means 10^9 s (~31 years). Converting it unclamped to
+// nanoseconds overflowed int64 into a deadline in the past, and every
+// request timed out at once.
+Clock::time_point deadline_after(Clock::time_point t, double seconds) {
+  constexpr double kMaxSeconds = 1e9;
+  if (!(seconds < kMaxSeconds)) seconds = kMaxSeconds;  // also NaN
+  if (seconds < 0) seconds = 0;
+  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 // The route a path belongs to (bounded label values for /metrics).
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models",
@@ -343,7 +354,7 @@ struct Server::Impl {
     auto job = std::make_shared<Job>();
     job->pool = models;
     job->admitted = admitted;
-    job->deadline = admitted + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.timeout_s));
+    job->deadline = deadline_after(admitted, opt.timeout_s);
     const std::string model_id = cr.model.empty() ? opt.default_model : cr.model;
     if (model_id.empty()) return send_error(res, bad_request("You must provide a model parameter.", "model"));
 

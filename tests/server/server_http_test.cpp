@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -318,6 +319,28 @@ TEST_F(ServerHttpWithKey, BearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
   auto [st, j] = post("/v1/completions", body);
   EXPECT_EQ(st, 401);
 }
+
+// --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
+// overflow into the past, so every request timed out at once (503).
+class ServerHttpHugeTimeout : public ServerHttp, public ::testing::WithParamInterface<double> {
+ protected:
+  void customize(ServerOptions& so) override { so.timeout_s = GetParam(); }
+};
+
+TEST_P(ServerHttpHugeTimeout, RequestsDoNotTimeOutAtOnce) {
+  for (const bool stream : {false, true}) {
+    json req = completion_body("Once upon a time", 4);
+    req["stream"] = stream;
+    auto c = client();
+    auto r = c.Post("/v1/completions", req.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->body.find("timeout"), std::string::npos) << r->body;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Timeouts, ServerHttpHugeTimeout,
+                         ::testing::Values(std::numeric_limits<double>::infinity(), 1e10, 1e300));
 
 }  // namespace
 }  // namespace bonsai::server
