@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -116,6 +117,12 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       auto v = get_integer(node, where);
       if (!v) return std::unexpected(v.error());
       if (*v < 0) return core::fail(core::Errc::kInvalidArgument, where + ": must be >= 0");
+      // Every key but the two byte counts is an int: a larger value used to be
+      // truncated silently (port = 4294975376 served on 8080).
+      if (key != "mem-budget" && key != "max-body" && *v > std::numeric_limits<int>::max())
+        return core::fail(core::Errc::kInvalidArgument,
+                          where + ": " + std::to_string(*v) + " is too large (at most " +
+                              std::to_string(std::numeric_limits<int>::max()) + ")");
       if (key == "pool-size") config.pool_size = static_cast<int>(*v);
       else if (key == "models-max") config.models_max = static_cast<int>(*v);
       else if (key == "mem-budget") config.mem_budget_mb = static_cast<uint64_t>(*v);

@@ -112,5 +112,20 @@ TEST(Config, TomlErrorsNameFileAndKey) {
   EXPECT_EQ(load_serve_toml("/nonexistent/serve.toml", d).error().code, core::Errc::kNotFound);
 }
 
+// Regression: int keys were truncated from int64 (port = 2^32 + 8080 served
+// on 8080, pool-size = 2^32 + 1 gave 1 replica) instead of being refused.
+TEST(Config, TomlIntegersTooLargeForTheirKeyAreRefused) {
+  for (const char* text : {"port = 4294975376\n", "pool-size = 4294967297\n", "ctx-size = 9999999999\n",
+                           "queue-factor = 2147483648\n"}) {
+    ServeConfig c;
+    auto r = apply_serve_toml(text, "s.toml", c);
+    ASSERT_FALSE(r.has_value()) << text << " -> port " << c.port << ", pool " << c.pool_size;
+    EXPECT_NE(r.error().message.find("too large"), std::string::npos) << r.error().message;
+  }
+  ServeConfig c;
+  ASSERT_TRUE(apply_serve_toml("mem-budget = 8589934592\nmax-body = 8589934592\n", "s.toml", c).has_value());
+  EXPECT_EQ(c.mem_budget_mb, 8589934592ull);
+}
+
 }  // namespace
 }  // namespace bonsai::server
