@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
@@ -171,10 +172,19 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire(const std::strin
         }
         if (it->second.state == ModelState::kLoading)
           return core::fail(core::Errc::kResourceExhausted, "model '" + id + "' is loading; retry later");
-        // kFailed: try again (the file may have been fixed).
+        // kFailed: try again if the file may have been fixed (it changed, or
+        // the id now names another file); otherwise fail fast.
       }
       auto reg = registry_.find(id);
       if (reg == registry_.end()) return core::fail(core::Errc::kNotFound, "model '" + id + "' does not exist");
+      if (it != entries_.end() && it->second.failed && it->second.failed->path == reg->second.path) {
+        const FailedLoad& f = *it->second.failed;
+        const FailedLoad now = stamp_failed_load(f.path, f.code);
+        if (now.exists == f.exists && now.size == f.size && now.mtime == f.mtime) {
+          return core::fail(f.code, it->second.reason + " (loading model '" + id +
+                                        "' failed; not retried until its file changes)");
+        }
+      }
       if (estimate && reg->second.path == spec.path) {
         if (auto r = mark_loading_locked(id, *estimate); !r) return std::unexpected(r.error());
         break;
@@ -188,7 +198,7 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire(const std::strin
   }
   auto loaded = loader_(id, spec);
   if (!loaded) {
-    (void)mark_failed(id, loaded.error().message);
+    loader_failed(id, spec.path, loaded.error());
     return std::unexpected(loaded.error());
   }
   std::shared_ptr<LoadedModel> model = *loaded;
@@ -339,6 +349,33 @@ core::Expected<void> ModelPool::mark_failed(const std::string& id, std::string r
   return {};
 }
 
+ModelPool::FailedLoad ModelPool::stamp_failed_load(const std::string& path, core::Errc code) {
+  FailedLoad f;
+  f.path = path;
+  f.code = code;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return f;
+  const auto mtime = std::filesystem::last_write_time(path, ec);
+  if (ec) return f;
+  f.exists = true;
+  f.size = static_cast<uint64_t>(size);
+  f.mtime = static_cast<int64_t>(mtime.time_since_epoch().count());
+  return f;
+}
+
+void ModelPool::loader_failed(const std::string& id, const std::string& path, const core::Error& error) {
+  FailedLoad stamp = stamp_failed_load(path, error.code);  // stat outside the lock
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.state != ModelState::kLoading) return;
+  it->second.state = ModelState::kFailed;
+  it->second.reason = error.message;
+  it->second.bytes = 0;
+  it->second.model.reset();
+  it->second.failed = std::move(stamp);
+}
+
 core::Expected<void> ModelPool::load_in_background(const std::string& id) {
   ModelSpec spec;
   {
@@ -399,7 +436,7 @@ void ModelPool::spawn_load_locked(const std::string& id, ModelSpec spec, std::fu
     if (loaded) {
       if (mark_ready(id, *loaded)) return;  // else: did not fit after all (listed as failed)
     } else {
-      (void)mark_failed(id, loaded.error().message);
+      loader_failed(id, spec.path, loaded.error());
     }
     if (restore) {
       std::lock_guard lock(mu_);

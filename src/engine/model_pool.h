@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -173,11 +174,25 @@ class ModelPool {
   void close_all();
 
  private:
+  // What a failed load was tried on: the file, its size and mtime then, and
+  // the loader's error code. An on-demand acquire() of a failed model whose
+  // file is unchanged fails fast with the recorded error instead of loading
+  // again, which would first evict a healthy LRU model to make room.
+  struct FailedLoad {
+    std::string path;
+    bool exists = false;
+    uint64_t size = 0;
+    int64_t mtime = 0;  // file_time_type ticks
+    core::Errc code = core::Errc::kInternal;
+  };
+  static FailedLoad stamp_failed_load(const std::string& path, core::Errc code);
+
   struct Entry {
     std::string id;
     ModelState state = ModelState::kLoading;
     std::shared_ptr<LoadedModel> model;  // set when kLoaded
     std::string reason;                  // kFailed
+    std::optional<FailedLoad> failed;    // kFailed by the loader (see FailedLoad)
     uint64_t bytes = 0;                  // estimate while loading, actual once loaded
     int in_flight = 0;
     uint64_t last_used = 0;              // tick_ value of the last acquire
@@ -190,6 +205,8 @@ class ModelPool {
   core::Expected<void> make_room_locked(const std::string& id, uint64_t bytes);
   void evict_locked(std::map<std::string, Entry>::iterator it);
   core::Expected<void> mark_loading_locked(const std::string& id, uint64_t estimate_bytes);
+  // mark_failed for a loader error on `path` (records FailedLoad). Locks mu_.
+  void loader_failed(const std::string& id, const std::string& path, const core::Error& error);
   // Starts the background thread that loads `id` (already marked loading)
   // from `spec`. On failure, `restore` (when set) is called under mu_ after
   // mark_failed. Requires mu_ held.

@@ -362,7 +362,10 @@ struct Server::Impl {
     auto model = models->acquire(model_id);
     if (!model) {
       const core::Error& err = model.error();
-      if (err.code == core::Errc::kNotFound) {
+      // 404 only for an id that names no model: a registered model whose
+      // file fails to load (e.g. a missing GGUF key, also kNotFound) is a
+      // server-side failure.
+      if (err.code == core::Errc::kNotFound && !models->is_registered(model_id)) {
         ApiError e;
         e.status = 404;
         e.message = "The model '" + model_id + "' does not exist or you do not have access to it.";
@@ -378,7 +381,10 @@ struct Server::Impl {
         return send_error(res, loading ? overloaded(err.message, "model_loading", 2)
                                        : overloaded(err.message, "insufficient_capacity", 5));
       }
-      ApiError e = from_core_error(err, 500);
+      ApiError e;  // the file, not the request, is at fault: 500 whatever the loader's code
+      e.status = 500;
+      e.type = "server_error";
+      e.code = "model_load_failed";
       e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
       return send_error(res, e);
     }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -225,10 +226,16 @@ TEST(ModelPool, BackgroundLoadFailureIsListedWithReason) {
   EXPECT_NE(rows[0].reason.find("bad magic"), std::string::npos) << rows[0].reason;
   EXPECT_EQ(pool.current_mem_bytes(), 0u);
   EXPECT_EQ(pool.loaded_count(), 0u);
-  // An on-demand acquire tries again and reports the loader's error.
+  // An on-demand acquire reports the loader's error; the file is unchanged,
+  // so it is not loaded again (see FailedLoadIsNotRetriedUntilTheFileChanges).
   auto m = pool.acquire("bad");
   ASSERT_FALSE(m.has_value());
   EXPECT_EQ(m.error().code, core::Errc::kFormat);
+  EXPECT_NE(m.error().message.find("bad magic"), std::string::npos) << m.error().message;
+  EXPECT_EQ(zoo.loads["bad"], 1);
+  // An explicit background load does try again.
+  ASSERT_TRUE(pool.load_in_background("bad").has_value());
+  pool.wait_background();
   EXPECT_EQ(zoo.loads["bad"], 2);
 }
 
@@ -283,6 +290,52 @@ TEST(ModelPool, RegisterAndLoadLeavesRegistryAloneWhenRefusedOrFailed) {
   EXPECT_TRUE(pool.is_registered("c"));
   EXPECT_NE(pool.peek("c"), nullptr);
   EXPECT_EQ(zoo.last_path["c"], "b.gguf");
+}
+
+// Regression: every on-demand request for a model whose file fails to load
+// evicted a healthy LRU model first (to make room), then failed. Once failed,
+// it fails fast until its file changes.
+TEST(ModelPool, FailedLoadIsNotRetriedUntilTheFileChanges) {
+  const std::string file = ::testing::TempDir() + "/bonsai_model_pool_failed.gguf";
+  auto write = [&](const char* text) {
+    std::FILE* f = std::fopen(file.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  write("broken");
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {file, 1}};
+  zoo.fail_path = file;
+  auto pool = zoo.make(1, 0);
+  reg(pool, "a");
+  pool.loader_register("bad", ModelSpec{.path = file});
+  touch(pool, "a");
+
+  auto m = pool.acquire("bad");  // tried once (this evicts "a": it had to make room)
+  ASSERT_FALSE(m.has_value());
+  EXPECT_EQ(m.error().code, core::Errc::kFormat);
+  EXPECT_EQ(zoo.loads["bad"], 1);
+  touch(pool, "a");
+  EXPECT_EQ(zoo.loads["a"], 2);
+  for (int i = 0; i < 3; ++i) {
+    m = pool.acquire("bad");
+    ASSERT_FALSE(m.has_value());
+    EXPECT_EQ(m.error().code, core::Errc::kFormat);  // the recorded error, fast
+    EXPECT_NE(m.error().message.find("bad magic"), std::string::npos) << m.error().message;
+  }
+  EXPECT_EQ(zoo.loads["bad"], 1);
+  EXPECT_NE(pool.peek("a"), nullptr) << "a healthy model was evicted for a load that was bound to fail";
+  EXPECT_EQ(zoo.loads["a"], 2);
+
+  // The file changes: tried again (and now it loads).
+  write("fixed, and a different size");
+  zoo.fail_path.clear();
+  m = pool.acquire("bad");
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  pool.release(*m);
+  EXPECT_EQ(zoo.loads["bad"], 2);
+  std::remove(file.c_str());
 }
 
 TEST(ModelPool, MarkLoadingReadyFailedTransitions) {

@@ -219,6 +219,48 @@ std::vector<json> sse_payloads(const std::string& body) {
   return out;
 }
 
+// A registered model whose file fails to load is a 500 naming the cause,
+// not a 404 "does not exist" (the loader's kNotFound for a missing GGUF key
+// was mapped to model_not_found); an unknown id is still a 404.
+TEST_F(ServerHttp, RegisteredModelThatFailsToLoadIs500Not404) {
+  std::string bytes;
+  {
+    std::FILE* f = std::fopen(stories_.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+    std::fclose(f);
+  }
+  const std::string key = "tokenizer.ggml.tokens";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + key.size() - 1] = 'z';  // same length: the file stays well-formed, the key is gone
+  const std::string broken = ::testing::TempDir() + "/bonsai_server_http_notok.gguf";
+  {
+    std::FILE* f = std::fopen(broken.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+  engine::ModelSpec spec = spec_;
+  spec.path = broken;
+  pool_->loader_register("broken", spec);
+  for (int i = 0; i < 2; ++i) {
+    json req = completion_body("Once", 2);
+    req["model"] = "broken";
+    auto [st, j] = post("/v1/completions", req.dump());
+    EXPECT_EQ(st, 500) << j.dump();
+    EXPECT_EQ(j["error"]["type"], "server_error") << j.dump();
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("tokenizer.ggml.tokens"), std::string::npos) << j.dump();
+  }
+  json req = completion_body("Once", 2);
+  req["model"] = "nope";
+  auto [st, j] = post("/v1/completions", req.dump());
+  EXPECT_EQ(st, 404);
+  EXPECT_EQ(j["error"]["code"], "model_not_found");
+  std::remove(broken.c_str());
+}
+
 // Streamed (include_usage, n = 2) and non-streamed answers to the same
 // seeded request are the same, and every chunk has OpenAI's shape: with
 // include_usage, "usage": null on all chunks but the last (choices: []).
