@@ -141,6 +141,7 @@ struct Server::Impl {
   int64_t started_unix = unix_now();
   std::mutex wait_mu;                 // guards waiting
   std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
+  std::mutex scrape_mu;               // one /metrics refresh + exposition at a time
 
   Impl(std::shared_ptr<engine::ModelPool> m, ServerOptions o) : models(std::move(m)), opt(std::move(o)) {
     declare_metrics();
@@ -288,8 +289,15 @@ struct Server::Impl {
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      refresh_gauges();
-      res.set_content(metrics.expose(), "text/plain; version=0.0.4; charset=utf-8");
+      std::string text;
+      {
+        // refresh_gauges clears the per-model gauges and sets them again: a
+        // concurrent scrape exposing in between would miss those series.
+        std::lock_guard lock(scrape_mu);
+        refresh_gauges();
+        text = metrics.expose();
+      }
+      res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/admin/models", [this](const httplib::Request&, httplib::Response& res) { handle_admin_list(res); });
     post_json("/admin/models/load",

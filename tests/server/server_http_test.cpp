@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <memory>
@@ -259,6 +260,32 @@ TEST_F(ServerHttp, RegisteredModelThatFailsToLoadIs500Not404) {
   EXPECT_EQ(st, 404);
   EXPECT_EQ(j["error"]["code"], "model_not_found");
   std::remove(broken.c_str());
+}
+
+// Regression: concurrent /metrics scrapes each cleared and re-set the
+// per-model gauges, so ~10% of scrapes lacked bonsai_pool_size & co.
+TEST_F(ServerHttp, ConcurrentScrapesAlwaysSeeEveryGaugeSeries) {
+  std::atomic<int> missing{0};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> scrapers;
+  for (int t = 0; t < 4; ++t) {
+    scrapers.emplace_back([&] {
+      auto c = client();
+      for (int i = 0; i < 150; ++i) {
+        auto r = c.Get("/metrics");
+        if (!r || r->status != 200) {
+          ++failed;
+          continue;
+        }
+        for (const char* want : {"\nbonsai_pool_size{model=\"stories\"} 1\n", "\nbonsai_models_loaded 1\n",
+                                 "\nbonsai_model_bytes{model=\"stories\"} "})
+          if (r->body.find(want) == std::string::npos) ++missing;
+      }
+    });
+  }
+  for (auto& t : scrapers) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(missing.load(), 0);
 }
 
 // Streamed (include_usage, n = 2) and non-streamed answers to the same
