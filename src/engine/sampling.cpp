@@ -200,12 +200,30 @@ std::vector<Candidate> filter_candidates(std::span<const float> logits,
 
   // 6. temperature, then the final softmax.
   const float temp = params.temperature > 0.0f ? params.temperature : 1.0f;
+  const float top = c[0].logit;  // the largest (sorted)
   double sum = 0.0;
   std::vector<double> e(c.size());
+  bool overflow = false;
   for (size_t i = 0; i < c.size(); ++i) {
+    const float raw = c[i].logit;
     c[i].logit /= temp;
-    e[i] = std::exp(static_cast<double>(c[i].logit) - c[0].logit);
-    sum += e[i];
+    overflow = overflow || !std::isfinite(c[i].logit);
+    e[i] = raw;  // kept for the overflow path below
+  }
+  if (!overflow) {
+    for (size_t i = 0; i < c.size(); ++i) {
+      e[i] = std::exp(static_cast<double>(c[i].logit) - c[0].logit);
+      sum += e[i];
+    }
+  } else {
+    // A tiny temperature (e.g. 1e-40) overflowed logit / T to +-inf in
+    // float: inf - inf = NaN probabilities, and the walk in sample() then
+    // returned the LEAST likely candidate. exp((l_i - l_top) / T) in double
+    // never overflows (the exponent is <= 0) and tends to greedy as T -> 0.
+    for (size_t i = 0; i < c.size(); ++i) {
+      e[i] = std::exp((e[i] - static_cast<double>(top)) / static_cast<double>(temp));
+      sum += e[i];
+    }
   }
   for (size_t i = 0; i < c.size(); ++i) c[i].p = static_cast<float>(e[i] / sum);
   return c;

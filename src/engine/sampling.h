@@ -99,7 +99,9 @@ class Rng {
 };
 
 // One surviving candidate of the chain: token id, its (penalised, tempered)
-// logit and its probability among the survivors.
+// logit and its probability among the survivors. For a tiny temperature the
+// tempered logit may be +-inf in float; `p` is always finite (it is computed
+// from the differences to the top logit when the quotient overflows).
 struct Candidate {
   int32_t id = 0;
   float logit = 0.0f;

@@ -127,6 +127,33 @@ TEST(Filter, Temperature) {
               {0.8647040, 0.1170250, 0.0158376, 0.0021434, 0.0002901});
 }
 
+// Regression: a tiny temperature overflowed logit / T to inf in float, the
+// probabilities became NaN and sample() returned the LEAST likely token
+// (temperature 1e-40 over HTTP gave garbage instead of ~greedy text).
+TEST(Filter, TinyTemperatureTendsToGreedyWithoutNaN) {
+  for (const float t : {1e-30f, 1e-38f, 1e-40f, 1e-45f}) {
+    SamplingParams p = off();
+    p.temperature = t;
+    const auto c = filter_candidates(kRamp, p);
+    ASSERT_EQ(c.size(), 5u);
+    EXPECT_EQ(c[0].id, 4) << t;
+    EXPECT_FLOAT_EQ(c[0].p, 1.0f) << t;
+    for (size_t i = 1; i < c.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(c[i].p)) << t;
+      EXPECT_EQ(c[i].p, 0.0f) << t;
+    }
+    p.seed = 3;
+    Sampler s(p);
+    for (int k = 0; k < 20; ++k) EXPECT_EQ(s.sample(kRamp, {}), 4) << t;
+  }
+  // Negative logits too (l / T -> -inf for every candidate).
+  const std::vector<float> neg = {-3.0f, -1.0f, -2.0f};
+  SamplingParams p = off();
+  p.temperature = 1e-40f;
+  Sampler s(p);
+  EXPECT_EQ(s.sample(neg, {}), 1);
+}
+
 TEST(Filter, TopPSeesUntemperedProbabilities) {
   // llama.cpp order: top_p before temperature. At T=1, top_p 0.8 keeps ids 4,3;
   // (at T=2 it would keep three: 0.4287, 0.6887, 0.8464). Then T=2:
