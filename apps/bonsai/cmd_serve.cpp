@@ -168,7 +168,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   std::printf(")\n");
   std::printf("try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", "
               "\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n",
-              url.c_str(), cfg.api_key.empty() ? "" : " -H 'Authorization: Bearer $KEY'",
+              url.c_str(), cfg.api_key.empty() ? "" : " -H \"Authorization: Bearer $KEY\"",
               cfg.models.front().id.c_str());
   std::fflush(stdout);
 

@@ -98,6 +98,10 @@ stop_server() {
 start_server "$WORK/serve.toml"
 echo "# server at $URL"
 grep -q "try: curl $URL/v1/chat/completions" "$WORK/out" && ok "start-up prints the URL and a curl example" || bad "start-up banner"
+# The printed example works as printed (with KEY set, as the banner says).
+TRY="$(sed -n 's/^try: //p' "$WORK/out" | head -1)"
+TRY_OUT="$(KEY="$KEY" bash -c "$TRY -s -o /dev/null -w '%{http_code}'" 2>/dev/null || true)"
+check "the banner's curl example succeeds" "200" "$TRY_OUT"
 
 # req METHOD PATH [BODY] [extra curl args...]: status on stdout, body in $WORK/body, headers in $WORK/hdr.
 req() {
