@@ -33,6 +33,10 @@ core::Expected<std::string> get_string(const toml::node& n, const std::string& w
 core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
   ModelArg m;
   auto eq = arg.find('=');
+  // A file whose name holds '=' (e.g. /runs/lr=3e-4/model.gguf) is a FILE,
+  // not ID=FILE: an existing file wins.
+  std::error_code ec;
+  if (eq != std::string_view::npos && std::filesystem::is_regular_file(std::string(arg), ec)) eq = std::string_view::npos;
   if (eq != std::string_view::npos) {
     m.id = std::string(arg.substr(0, eq));
     m.path = std::string(arg.substr(eq + 1));

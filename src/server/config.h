@@ -48,6 +48,7 @@ struct ServeConfig {
 };
 
 // Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").
+// An argument that names an existing file is a FILE even if it holds '='.
 // Errors: kInvalidArgument for an empty id or path.
 core::Expected<ModelArg> parse_model_arg(std::string_view arg);
 

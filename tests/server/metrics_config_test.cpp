@@ -1,6 +1,9 @@
 // Prometheus exposition and the serve TOML config.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
+
 #include "server/config.h"
 #include "server/metrics.h"
 
@@ -52,6 +55,20 @@ TEST(Config, ModelArg) {
   EXPECT_EQ(b->id, "stories260K");
   EXPECT_FALSE(parse_model_arg("=/x.gguf").has_value());
   EXPECT_FALSE(parse_model_arg("id=").has_value());
+  // Regression: a path with '=' in it was split into id "/runs/lr" and path "3/m.gguf".
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "bonsai_cfg_lr=3e-4";
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "m.gguf").string();
+  std::fclose(std::fopen(file.c_str(), "wb"));
+  auto c = parse_model_arg(file);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->id, "m");
+  EXPECT_EQ(c->path, file);
+  auto d = parse_model_arg("mine=" + file);  // ID=FILE still works with such a file
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->id, "mine");
+  EXPECT_EQ(d->path, file);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, TomlKeysAndPreload) {
