@@ -55,6 +55,13 @@ bool ModelPool::is_registered(const std::string& id) const {
   return registry_.contains(id);
 }
 
+std::optional<ModelSpec> ModelPool::registration(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = registry_.find(id);
+  if (it == registry_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::vector<std::string> ModelPool::registered_ids() const {
   std::lock_guard lock(mu_);
   std::vector<std::string> ids;

@@ -107,6 +107,8 @@ class ModelPool {
   // keeps its current instance until it is unloaded.
   void loader_register(const std::string& id, ModelSpec spec);
   bool is_registered(const std::string& id) const;
+  // The registered spec of `id` (nullopt if not registered).
+  std::optional<ModelSpec> registration(const std::string& id) const;
   std::vector<std::string> registered_ids() const;
 
   // A handle to model `id`, counted in flight until release(). A loaded model

@@ -127,6 +127,11 @@ struct Job {
   }
 };
 
+// Largest pool_size an admin load accepts (each replica holds its own KV
+// caches; 1'000'000 replicas would exhaust memory long before the budget
+// check could help when no budget is set).
+constexpr int64_t kMaxAdminPoolSize = 256;
+
 // Why a generation was cut short (kCancelled from the engine).
 enum class CutReason { kNone, kClientGone, kTimeout, kShutdown };
 
@@ -725,33 +730,35 @@ struct Server::Impl {
     json body;
     if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
     const std::string id = body["id"].get<std::string>();
+    // With a path: the server's defaults for that file; without: the id's
+    // registration. Either way pool_size / ctx_size in the body override.
     engine::ModelSpec spec = opt.default_spec;
     auto path = body.find("path");
     if (path != body.end()) {
       if (!path->is_string()) return send_error(res, bad_request("Invalid type for 'path': expected a string.", "path", "invalid_type"));
       spec.path = path->get<std::string>();
-    } else if (!models->is_registered(id)) {
+    } else if (auto reg = models->registration(id)) {
+      spec = *reg;
+    } else {
       return send_error(res, bad_request("Missing required parameter: 'path' (model '" + id + "' is not registered).",
                                          "path", "missing_required_parameter"));
     }
     for (const char* f : {"pool_size", "ctx_size"}) {
+      const int64_t max = std::string(f) == "pool_size" ? kMaxAdminPoolSize : 1'000'000;
       auto it = body.find(f);
       if (it == body.end() || it->is_null()) continue;
-      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1'000'000)
-        return send_error(res, bad_request(std::string("Invalid '") + f + "': expected a non-negative integer.", f, "invalid_value"));
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
+        return send_error(res, bad_request(std::string("Invalid '") + f + "': expected an integer in [0, " +
+                                               std::to_string(max) + "].",
+                                           f, "invalid_value"));
       (std::string(f) == "pool_size" ? spec.pool_size : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
     }
-    core::Expected<void> r;
-    if (path != body.end()) {
-      std::error_code ec;
-      if (!std::filesystem::is_regular_file(spec.path, ec))
-        return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
-      // Registers and loads as one step: a refused or failed load leaves the
-      // id's previous registration (the file a served model reloads from) alone.
-      r = models->load_in_background(id, spec);
-    } else {
-      r = models->load_in_background(id);
-    }
+    std::error_code ec;
+    if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))
+      return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
+    // Registers and loads as one step: a refused or failed load leaves the
+    // id's previous registration (the file a served model reloads from) alone.
+    core::Expected<void> r = models->load_in_background(id, spec);
     if (!r) {
       ApiError e = from_core_error(r.error());
       if (r.error().code == core::Errc::kInvalidArgument) {

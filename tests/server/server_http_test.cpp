@@ -220,6 +220,22 @@ std::vector<json> sse_payloads(const std::string& body) {
   return out;
 }
 
+// Regression: for a registered id loaded without 'path', the body's
+// ctx_size / pool_size were silently ignored.
+TEST_F(ServerHttp, AdminLoadOfARegisteredIdAppliesItsOverrides) {
+  ASSERT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
+  auto [st, j] = post("/admin/models/load", json{{"id", "stories"}, {"ctx_size", 128}}.dump());
+  ASSERT_EQ(st, 202) << j.dump();
+  pool_->wait_background();
+  auto lm = pool_->peek("stories");
+  ASSERT_NE(lm, nullptr);
+  EXPECT_EQ(lm->n_ctx, 128);
+  EXPECT_EQ(lm->spec.path, stories_);
+  auto [st2, j2] = post("/admin/models/load", json{{"id", "other"}, {"path", stories_}, {"pool_size", 100000}}.dump());
+  EXPECT_EQ(st2, 400) << j2.dump();
+  EXPECT_EQ(j2["error"]["param"], "pool_size");
+}
+
 // A registered model whose file fails to load is a 500 naming the cause,
 // not a 404 "does not exist" (the loader's kNotFound for a missing GGUF key
 // was mapped to model_not_found); an unknown id is still a 404.
