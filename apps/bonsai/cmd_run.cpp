@@ -109,7 +109,8 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-s,--seed", o.seed, "RNG seed (-1: random)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
       ->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "Compute threads (default: physical cores)");
+  cmd->add_option("-t,--threads", o.threads, "Compute threads (default, or <= 0: physical cores)")
+      ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_option("--stop", o.stop, "Stop string (repeatable); not printed");
 }

@@ -1,6 +1,9 @@
 // bonsai: inference runtime and OpenAI-compatible server for Bonsai (Qwen3
 // 1-bit / ternary GGUF) models. Subcommands live in cmd_*.cpp.
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <new>
 
 #include "apps/bonsai/commands.h"
 
@@ -23,6 +26,18 @@ int main(int argc, char** argv) {
   bonsai::app::register_synth(app);
   bonsai::app::register_tokenize(app);
   bonsai::app::register_logits(app);
-  CLI11_PARSE(app, argc, argv);
+  // Commands report errors as messages and exit codes; this is the last line
+  // of defence so that an exception nobody expected (std::bad_alloc on a huge
+  // request, std::system_error from the OS) still ends with a message and
+  // exit 1 instead of std::terminate's abort.
+  try {
+    CLI11_PARSE(app, argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "bonsai: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bonsai: fatal error: %s\n", e.what());
+    return 1;
+  }
   return bonsai::app::exit_code();
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <memory>
 
 #include "core/cpu_features.h"
@@ -23,9 +24,15 @@ struct ThreadPool::Job {
   std::atomic<int> active{0};    // workers holding a pointer to this job
 };
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::clamp(n_threads, 1, kMaxThreads)) {
+  try {
+    workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::exception&) {
+    // std::system_error (EAGAIN: thread limit) or std::bad_alloc: keep the
+    // workers that started; the pool is smaller but fully functional.
+  }
+  n_threads_ = static_cast<int>(workers_.size()) + 1;
 }
 
 ThreadPool::~ThreadPool() {
@@ -159,7 +166,7 @@ ThreadPool& global_pool() {
 
 bool set_global_thread_count(int n_threads) {
   std::lock_guard<std::mutex> lock(g_pool_mu);
-  if (g_pool) return g_pool->size() == std::max(1, n_threads);
+  if (g_pool) return g_pool->size() == std::clamp(n_threads, 1, ThreadPool::kMaxThreads);
   g_requested_threads = std::max(1, n_threads);
   return true;
 }

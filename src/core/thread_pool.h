@@ -21,8 +21,14 @@ namespace bonsai::core {
 
 class ThreadPool {
  public:
+  // Most compute threads a pool runs (ggml's GGML_MAX_N_THREADS is the same).
+  static constexpr int kMaxThreads = 512;
+
   // `n_threads` >= 1 is the total number of compute threads including the
-  // caller: n_threads - 1 workers are started. Values < 1 are treated as 1.
+  // caller: n_threads - 1 workers are started. Values < 1 are treated as 1,
+  // values above kMaxThreads as kMaxThreads. Never throws: if the system
+  // refuses to start a worker (thread limit, memory), the pool runs with the
+  // workers it has, and size() says how many threads that is.
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

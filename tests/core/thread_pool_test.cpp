@@ -77,5 +77,17 @@ TEST(ThreadPool, SingleThreadPoolRunsInline) {
   EXPECT_TRUE(same);
 }
 
+// -t 100000 used to start 99999 std::threads until the OS refused one, and the
+// std::system_error escaped the constructor (abort). The pool now caps the
+// count at kMaxThreads and never throws.
+TEST(ThreadPool, AbsurdThreadCountIsCappedNotFatal) {
+  ThreadPool pool(1'000'000);
+  EXPECT_GE(pool.size(), 1);
+  EXPECT_LE(pool.size(), ThreadPool::kMaxThreads);
+  std::atomic<int64_t> total{0};
+  pool.parallel_for(10'000, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+  EXPECT_EQ(total.load(), 10'000);
+}
+
 }  // namespace
 }  // namespace bonsai::core
