@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <thread>
 #include <string>
@@ -32,6 +34,11 @@
 
 namespace bonsai::app {
 namespace {
+
+// Positions run through the model per forward() call: the model's own ubatch
+// size, so the logits are bit-identical to one pass over the whole sequence,
+// and the logits buffer is at most 512 x n_vocab floats (311 MB at 152k).
+constexpr int64_t kSliceTokens = model::Model::kMaxUbatch;
 
 struct LogitsOptions {
   std::string model_path;
@@ -121,7 +128,11 @@ int run_logits(const LogitsOptions& o) {
     tokens = std::move(*ids);
   }
 
-  // One batch, logits for every position.
+  // The sequence runs as one prefill through the KV cache, but in slices of
+  // kSliceTokens so the logits buffer stays slices x n_vocab floats whatever
+  // the sequence length (tokens x n_vocab would be tens of GB for a long
+  // prompt on a 152k vocabulary). Each position's top-k is printed (streamed,
+  // also for --json) as soon as its slice is done.
   auto cache = model::KvCache::create(m.config(), static_cast<int64_t>(tokens.size()));
   if (!cache) {
     std::cerr << "bonsai logits: " << cache.error().message << "\n";
@@ -130,39 +141,48 @@ int run_logits(const LogitsOptions& o) {
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   core::ThreadPool pool(threads);
   model::Workspace ws;
-  const model::Batch batch = model::Batch::for_sequence(tokens, 0, 0, /*all_logits=*/true);
-  std::vector<float> logits(tokens.size() * static_cast<size_t>(n_vocab));
+  const size_t slice_max = static_cast<size_t>(kSliceTokens);
+  std::vector<float> logits(std::min(tokens.size(), slice_max) * static_cast<size_t>(n_vocab));
   model::KvCache* caches[] = {&*cache};
-  if (auto r = m.forward(batch, caches, ws, logits, pool); !r) {
-    std::cerr << "bonsai logits: " << r.error().message << "\n";
-    return 1;
-  }
 
   // Top-k per position: largest logit first, ties -> lower id.
   const size_t k = std::min<size_t>(static_cast<size_t>(o.top_k), static_cast<size_t>(n_vocab));
   std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
-  nlohmann::json top = nlohmann::json::array();
-  for (size_t pos = 0; pos < tokens.size(); ++pos) {
-    const float* row = logits.data() + pos * n_vocab;
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
-                      [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    if (o.json) {
-      nlohmann::json entries = nlohmann::json::array();
-      for (size_t i = 0; i < k; ++i) entries.push_back({idx[i], row[idx[i]]});
-      top.push_back(std::move(entries));
-    } else {
-      std::printf("%zu %d:", pos, tokens[pos]);
-      for (size_t i = 0; i < k; ++i) std::printf(" [%d, %.6f]", idx[i], row[idx[i]]);
-      std::printf("\n");
+  if (o.json) std::printf("{\"tokens\":%s,\"top\":[", nlohmann::json(tokens).dump().c_str());
+  for (size_t start = 0; start < tokens.size(); start += slice_max) {
+    const size_t n = std::min(slice_max, tokens.size() - start);
+    const model::Batch batch = model::Batch::for_sequence(
+        std::span<const int32_t>(tokens).subspan(start, n), static_cast<int32_t>(start), 0,
+        /*all_logits=*/true);
+    if (auto r = m.forward(batch, caches, ws, logits, pool); !r) {
+      if (o.json) std::printf("]}\n");
+      std::fflush(stdout);
+      std::cerr << "bonsai logits: " << r.error().message << "\n";
+      return 1;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t pos = start + i;
+      const float* row = logits.data() + i * static_cast<size_t>(n_vocab);
+      std::iota(idx.begin(), idx.end(), 0);
+      // NaN logits (a broken model) sort last, so the order stays a strict weak ordering.
+      auto key = [row](int32_t a) { return std::isnan(row[a]) ? -INFINITY : row[a]; };
+      std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+                        [&key](int32_t a, int32_t b) {
+                          const float ka = key(a), kb = key(b);
+                          return ka > kb || (ka == kb && a < b);
+                        });
+      if (o.json) {
+        nlohmann::json entries = nlohmann::json::array();
+        for (size_t j = 0; j < k; ++j) entries.push_back({idx[j], row[idx[j]]});
+        std::printf("%s%s", pos ? "," : "", entries.dump().c_str());
+      } else {
+        std::printf("%zu %d:", pos, tokens[pos]);
+        for (size_t j = 0; j < k; ++j) std::printf(" [%d, %.6f]", idx[j], row[idx[j]]);
+        std::printf("\n");
+      }
     }
   }
-  if (o.json) {
-    nlohmann::json out;
-    out["tokens"] = tokens;
-    out["top"] = std::move(top);
-    std::cout << out.dump() << "\n";
-  }
+  if (o.json) std::printf("]}\n");
   return 0;
 }
 
@@ -183,7 +203,8 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--ids", o->ids, "Comma-separated token ids instead of -p");
   cmd->add_option("--top-k", o->top_k, "Pairs per position")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print {\"tokens\":[...],\"top\":[[[id,logit],...],...]}");
-  cmd->add_option("-t,--threads", o->threads, "Compute threads (default: all cores)");
+  cmd->add_option("-t,--threads", o->threads, "Compute threads (default, or <= 0: all cores)")
+      ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
   cmd->add_option("--q2-layout", o->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
   cmd->callback([o] { set_exit_code(run_logits(*o)); });

@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -169,6 +171,84 @@ TEST(CliLogits, PromptIsTokenized) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("tokens"), nlohmann::json({785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13}));
   EXPECT_EQ(j.at("top").size(), 10u);
+}
+
+// `logits` used to allocate positions x n_vocab floats at once: a few thousand
+// tokens on a 152k vocabulary is GBs, and a long prompt aborted with an
+// uncaught std::bad_alloc. It now runs the sequence in ubatch slices (bounded
+// buffer); here under a 700 MB address-space limit that the old 1600 x 151936
+// x 4 B = 972 MB buffer could not fit in.
+TEST(CliLogits, LongSequenceRunsInBoundedMemory) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan reserves terabytes of address space; ulimit -v cannot apply";
+#else
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  std::string ids = "5";
+  for (int i = 1; i < 1600; ++i) ids += ",5";
+  RunResult r;
+  {
+    std::string cmd = "sh -c \"ulimit -v 700000; exec '" + bonsai_bin() + "' logits -m '" + path +
+                      "' --top-k 1 -t 1 --ids " + ids + "\" 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    const int status = ::pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.out.substr(0, 2000);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1600) << r.out.substr(0, 2000);
+  EXPECT_NE(r.out.find("\n1599 5: ["), std::string::npos);
+#endif
+}
+
+// Slicing the sequence does not change the numbers: positions on both sides
+// of the 512-token slice boundary equal one in-process forward() pass.
+TEST(CliLogits, SlicedSequenceMatchesOnePass) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  std::vector<int32_t> ids;
+  std::string arg;
+  for (int i = 0; i < 700; ++i) {
+    ids.push_back(i == 0 ? 1 : 3 + (i * 37) % 500);
+    if (i) arg += ',';
+    arg += std::to_string(ids.back());
+  }
+  const auto r = run_cmd("logits -m '" + path + "' --top-k 2 --json -t 1 --ids " + arg);
+  ASSERT_EQ(r.exit_code, 0) << r.out.substr(0, 2000);
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("top").size(), ids.size());
+  auto model = testing::load_or_fail(path);
+  ASSERT_TRUE(model);
+  core::ThreadPool pool(1);
+  Workspace ws;
+  auto cache = KvCache::create(model->config(), static_cast<int64_t>(ids.size()));
+  ASSERT_TRUE(cache.has_value());
+  const auto logits = testing::run_sequence(*model, ids, 0, *cache, ws, pool, true);
+  const int64_t V = model->config().n_vocab;
+  for (size_t pos : {size_t{0}, size_t{510}, size_t{511}, size_t{512}, size_t{513}, size_t{699}}) {
+    const auto row = std::span<const float>(logits).subspan(pos * V, V);
+    const auto& top = j.at("top")[pos];
+    EXPECT_EQ(top[0][0].get<int32_t>(), testing::argmax(row)) << pos;
+    EXPECT_EQ(top[0][1].get<float>(), row[top[0][0].get<int32_t>()]) << pos;
+  }
+}
+
+// -t 100000 used to abort (std::system_error from std::thread); now the CLI
+// refuses values past the pool's maximum with a message naming the flag.
+TEST(CliLogits, AbsurdThreadCountIsRefused) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  const auto r = run_cmd("logits -m '" + path + "' --ids 1 -t 100000");
+  EXPECT_GT(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--threads"), std::string::npos) << r.out;
+  const auto ok = run_cmd("logits -m '" + path + "' --ids 1 -t 0 --top-k 1");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;  // <= 0: the default
 }
 
 }  // namespace
