@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "gguf/gguf.h"  // File
@@ -159,13 +161,22 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
     }
   }
   float factor = 0.0f;
-  if (f.has(r.key("rope.scaling.factor"))) {
+  std::string factor_key = r.key("rope.scaling.factor");
+  if (f.has(factor_key)) {
     factor = r.real("rope.scaling.factor").value_or(0.0f);
   } else if (f.has(r.key("rope.scale_linear"))) {
+    factor_key = r.key("rope.scale_linear");
     factor = r.real("rope.scale_linear").value_or(0.0f);
   }
-  if (factor < 0.0f) {
-    r.problem(core::Errc::kFormat, "key '" + r.key("rope.scaling.factor") + "' must be >= 0");
+  // RoPE uses freq_scale = 1 / factor: a subnormal factor makes it infinite
+  // and every rotated position NaN, so only 0 ("none") or a normal positive
+  // float is a usable factor.
+  if (factor < 0.0f || (factor > 0.0f && !std::isnormal(factor))) {
+    std::ostringstream v;
+    v << factor;
+    r.problem(core::Errc::kFormat, "key '" + factor_key + "' = " + v.str() +
+                                       " must be 0 or a positive normal float (1/factor is the "
+                                       "RoPE frequency scale)");
     factor = 0.0f;
   }
   c.rope_scaling_factor = factor == 0.0f ? 1.0f : factor;  // llama.cpp: 0 means 1
@@ -200,6 +211,19 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
     errors.push_back({core::Errc::kNotFound, f.path() + ": missing tensor 'token_embd.weight'"});
   }
   c.tied_output = f.find_tensor("output.weight") == nullptr;
+
+  // Every id the tokenizer can produce must have an embedding row (llama.cpp
+  // requires token_embd to have exactly one row per token; more rows than
+  // tokens is harmless padding, fewer makes prompts fail mid-run).
+  if (const gguf::Value* tv = f.find("tokenizer.ggml.tokens"); tv != nullptr && c.n_vocab > 0) {
+    if (const auto* a = std::get_if<gguf::Array>(&tv->v);
+        a != nullptr && a->items.size() > static_cast<uint64_t>(c.n_vocab)) {
+      r.problem(core::Errc::kFormat,
+                "tokenizer.ggml.tokens has " + std::to_string(a->items.size()) +
+                    " entries but tensor 'token_embd.weight' has only " + std::to_string(c.n_vocab) +
+                    " rows (tokens past the last row would have no embedding)");
+    }
+  }
   return c;
 }
 

@@ -75,8 +75,9 @@ struct ModelConfig {
   // Errors: kNotFound naming a missing required key (or token_embd.weight),
   // kUnsupported for another architecture or rope scaling type, kFormat for a
   // key of the wrong type or inconsistent values (e.g. "qwen3.attention.
-  // head_count 6 is not a multiple of head_count_kv 4"), each message
-  // starting with the file path.
+  // head_count 6 is not a multiple of head_count_kv 4", a rope scaling
+  // factor whose reciprocal overflows, more tokenizer tokens than
+  // token_embd.weight rows), each message starting with the file path.
   static core::Expected<ModelConfig> from_gguf(const gguf::File& file);
 };
 

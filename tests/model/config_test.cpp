@@ -411,5 +411,75 @@ TEST(ModelConfigTest, YarnScalingKeys) {
   std::filesystem::remove(plain_path);
 }
 
+// A rope scaling factor so small that 1/factor (RoPE's frequency scale)
+// overflows used to load fine and give NaN logits from position 1 on.
+TEST(CheckModel, SubnormalRopeScalingFactorIsNamed) {
+  TinySpec s;
+  for (const char* key : {"qwen3.rope.scaling.factor", "qwen3.rope.scale_linear"}) {
+    const auto path = write_tiny("tiny_factor.gguf", s, {}, [key](gguf::Writer& w) {
+      if (std::string(key).ends_with("factor")) w.set_string("qwen3.rope.scaling.type", "linear");
+      w.set_f32(key, 1e-38f);
+    });
+    auto f = open_or_fail(path);
+    ASSERT_TRUE(f);
+    const auto problems = check_model(*f);
+    EXPECT_TRUE(any_contains(problems, key)) << key << "\n" << join(problems);
+    EXPECT_FALSE(Model::from_file(f).has_value()) << key;
+    std::filesystem::remove(path);
+  }
+  // A small but normal factor stays accepted, and its logits are finite.
+  const auto path = write_tiny("small_factor.gguf", s, {}, [](gguf::Writer& w) {
+    w.set_string("qwen3.rope.scaling.type", "linear");
+    w.set_f32("qwen3.rope.scaling.factor", 1e-30f);
+  });
+  auto m = Model::load(path);
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  core::ThreadPool pool(1);
+  Workspace ws;
+  auto cache = KvCache::create((*m)->config(), 8);
+  ASSERT_TRUE(cache.has_value());
+  const std::vector<int32_t> ids = {3, 7, 39, 5};
+  for (float v : testing::run_sequence(**m, ids, 0, *cache, ws, pool, true)) {
+    ASSERT_TRUE(std::isfinite(v));
+  }
+  std::filesystem::remove(path);
+}
+
+// A tokenizer with more tokens than token_embd.weight has rows used to pass
+// `validate` and load, then fail mid-run on the first prompt whose ids fell
+// past the last row. Fewer tokens than rows (padding rows) stays valid.
+TEST(CheckModel, TokenizerLargerThanEmbeddingIsNamed) {
+  TinySpec s;  // 40 embedding rows
+  auto tokens = [](int n) {
+    std::vector<std::string> t;
+    for (int i = 0; i < n; ++i) {
+      std::string name = "t";  // (not "t" + to_string: g++ 12 -Wrestrict false positive)
+      name += std::to_string(i);
+      t.push_back(std::move(name));
+    }
+    return t;
+  };
+  const auto big = write_tiny("vocab_big.gguf", s, {}, [&](gguf::Writer& w) {
+    w.set_string_array("tokenizer.ggml.tokens", tokens(41));
+  });
+  auto f = open_or_fail(big);
+  ASSERT_TRUE(f);
+  const auto problems = check_model(*f);
+  ASSERT_EQ(problems.size(), 1u) << join(problems);
+  EXPECT_TRUE(any_contains(problems, "tokenizer.ggml.tokens has 41 entries")) << join(problems);
+  EXPECT_TRUE(any_contains(problems, "'token_embd.weight' has only 40 rows")) << join(problems);
+  EXPECT_FALSE(ModelConfig::from_gguf(*f).has_value());
+  std::filesystem::remove(big);
+  for (int n : {40, 39}) {
+    const auto ok = write_tiny("vocab_ok.gguf", s, {}, [&](gguf::Writer& w) {
+      w.set_string_array("tokenizer.ggml.tokens", tokens(n));
+    });
+    auto g = open_or_fail(ok);
+    ASSERT_TRUE(g);
+    EXPECT_TRUE(check_model(*g).empty()) << n << ": " << join(check_model(*g));
+    std::filesystem::remove(ok);
+  }
+}
+
 }  // namespace
 }  // namespace bonsai::model
