@@ -63,7 +63,7 @@ std::string value_to_text(const Value& v, size_t max_chars = 72) {
         out += "\\t";
       else if (c == '"')
         out += "\\\"";
-      else if (static_cast<unsigned char>(c) < 0x20)
+      else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
         out += "?";
       else
         out += c;
@@ -76,6 +76,16 @@ std::string value_to_text(const Value& v, size_t max_chars = 72) {
     return os.str();
   }
   return value_to_json(v).dump();
+}
+
+// A key or tensor name from the file, for the terminal: control characters
+// (ESC sequences could restyle or rewrite the user's terminal) become '?'.
+std::string printable(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) c = '?';
+  }
+  return out;
 }
 
 std::string shape_text(const gguf::TensorInfo& t) {
@@ -113,15 +123,17 @@ void print_text(const gguf::File& f, std::ostream& os) {
      << f.tensors().size() << " tensors (" << data_bytes << " bytes)\n";
   const std::string arch =
       std::string(f.get<std::string_view>("general.architecture").value_or("(unknown)"));
-  os << "architecture:  " << arch << "\n";
-  if (auto name = f.get<std::string_view>("general.name")) os << "name:          " << *name << "\n";
+  os << "architecture:  " << printable(arch) << "\n";
+  if (auto name = f.get<std::string_view>("general.name")) {
+    os << "name:          " << printable(*name) << "\n";
+  }
   if (f.q2_layout()) os << "q2 layout:     " << core::q2_layout_name(*f.q2_layout()) << "\n";
 
   os << "\nhyper-parameters:\n";
   const std::string prefix = arch + ".";
   for (const auto& kv : f.metadata()) {
     if (kv.key.starts_with(prefix)) {
-      os << "  " << std::left << std::setw(44) << kv.key.substr(prefix.size())
+      os << "  " << std::left << std::setw(44) << printable(kv.key.substr(prefix.size()))
          << value_to_text(kv.value) << "\n";
     }
   }
@@ -175,7 +187,7 @@ void print_text(const gguf::File& f, std::ostream& os) {
   os << "\nother metadata:\n";
   for (const auto& kv : f.metadata()) {
     if (kv.key.starts_with(prefix) || kv.key.starts_with("tokenizer.")) continue;
-    os << "  " << std::left << std::setw(44) << kv.key << value_to_text(kv.value) << "\n";
+    os << "  " << std::left << std::setw(44) << printable(kv.key) << value_to_text(kv.value) << "\n";
   }
 
   size_t name_w = 4;
@@ -184,7 +196,7 @@ void print_text(const gguf::File& f, std::ostream& os) {
      << std::setw(8) << "type" << std::setw(24) << "shape" << std::right << std::setw(14) << "bytes"
      << "\n";
   for (const auto& t : f.tensors()) {
-    os << "  " << std::left << std::setw(static_cast<int>(name_w) + 2) << t.name << std::setw(8)
+    os << "  " << std::left << std::setw(static_cast<int>(name_w) + 2) << printable(t.name) << std::setw(8)
        << core::ggml_type_name(t.type_id) << std::setw(24) << shape_text(t) << std::right
        << std::setw(14) << t.n_bytes << "\n";
   }

@@ -171,5 +171,32 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   EXPECT_NE(bad_type.exit_code, 0);
 }
 
+// Text mode printed general.name, keys and tensor names raw: a file could put
+// terminal escape sequences (ESC [ ... ) on the user's screen. Control
+// characters in anything taken from the file now print as '?'.
+TEST(CliInfo, TextModeEscapesControlCharactersFromTheFile) {
+  Writer w;
+  w.set_string("general.architecture", "qwen3");
+  w.set_string("general.name", "evil\x1b[2Jname\x07");
+  w.set_bool("x.k\x1b[31mey", true);
+  auto t = w.add_tensor("t\x1b]0;title\x07", core::GgmlType::F32, {4},
+                        std::vector<uint8_t>(16, 0));
+  ASSERT_TRUE(t.has_value()) << t.error().message;
+  const auto path =
+      (std::filesystem::temp_directory_path() / "bonsai_cli_info_escapes.gguf").string();
+  ASSERT_TRUE(w.write(path).has_value());
+  const auto r = run("info -m '" + path + "'");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\x07'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("evil?[2Jname?"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("x.k?[31mey"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("t?]0;title?"), std::string::npos) << r.out;
+  // --json keeps the exact text (JSON escapes it).
+  const auto j = nlohmann::json::parse(run("info -m '" + path + "' --json").out);
+  EXPECT_EQ(j["metadata"]["general.name"], "evil\x1b[2Jname\x07");
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace bonsai::gguf
