@@ -4,6 +4,7 @@
 #include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -438,28 +439,46 @@ core::Expected<void> ModelPool::load_in_background(const std::string& id, ModelS
 }
 
 void ModelPool::spawn_load_locked(const std::string& id, ModelSpec spec, std::function<void()> restore) {
-  bg_threads_.emplace_back([this, id, spec = std::move(spec), restore = std::move(restore)] {
+  // Join the loads that have finished: an unjoined thread keeps its stack
+  // (8 MiB of address space each; a server doing admin loads for weeks ran
+  // out of mappings). Their `done` is set as their last step, so these
+  // joins return at once.
+  std::erase_if(bg_threads_, [](BgLoad& b) {
+    if (!b.done->load(std::memory_order_acquire)) return false;
+    if (b.thread.joinable()) b.thread.join();
+    return true;
+  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([this, id, spec = std::move(spec), restore = std::move(restore), done] {
     auto loaded = loader_(id, spec);
+    bool ready = false;
     if (loaded) {
-      if (mark_ready(id, *loaded)) return;  // else: did not fit after all (listed as failed)
+      ready = mark_ready(id, *loaded).has_value();  // false: did not fit after all (listed as failed)
     } else {
       loader_failed(id, spec.path, loaded.error());
     }
-    if (restore) {
+    if (!ready && restore) {
       std::lock_guard lock(mu_);
       restore();
     }
+    done->store(true, std::memory_order_release);
   });
+  bg_threads_.push_back(BgLoad{std::move(t), std::move(done)});
+}
+
+size_t ModelPool::background_threads() const {
+  std::lock_guard lock(mu_);
+  return bg_threads_.size();
 }
 
 void ModelPool::wait_background() {
-  std::vector<std::thread> threads;
+  std::vector<BgLoad> threads;
   {
     std::lock_guard lock(mu_);
     threads.swap(bg_threads_);
   }
-  for (auto& t : threads)
-    if (t.joinable()) t.join();
+  for (auto& b : threads)
+    if (b.thread.joinable()) b.thread.join();
 }
 
 void ModelPool::close_all() {

@@ -18,6 +18,7 @@
 // never blocks requests to another.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -163,6 +164,10 @@ class ModelPool {
   core::Expected<void> load_in_background(const std::string& id, ModelSpec spec);
   // Waits for every background load started so far (tests, shutdown).
   void wait_background();
+  // Background-load threads not joined yet (running, or finished since the
+  // last load started). Bounded by the loads in progress + finished ones
+  // not yet reaped; for tests.
+  size_t background_threads() const;
 
   // Bytes of resident models plus unlisted ones still in flight; loading
   // models count with their estimate.
@@ -228,7 +233,13 @@ class ModelPool {
   std::map<std::string, Entry> entries_;
   std::vector<Entry> zombies_;  // unlisted, still in flight
   uint64_t tick_ = 0;
-  std::vector<std::thread> bg_threads_;
+  // A background load's thread and whether it has finished (then it is
+  // joined by the next spawn_load_locked or by wait_background).
+  struct BgLoad {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<BgLoad> bg_threads_;
 };
 
 // The loader and estimator for real GGUF models: build_pool_from_gguf with
