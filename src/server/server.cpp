@@ -654,13 +654,17 @@ struct Server::Impl {
     send_json(res, 200, model_object(id, created_of(id)));
   }
 
-  json models_json() const {
+  // The model rows of /admin/models and /health. `with_files`: include each
+  // model's file path and failure reason (they name server paths and file
+  // contents; /health is not behind --api-key, so it omits them when a key is set).
+  json models_json(bool with_files = true) const {
     json arr = json::array();
     for (const auto& m : models->list()) {
-      json j{{"id", m.id},         {"path", m.path},           {"state", engine::model_state_name(m.state)},
+      json j{{"id", m.id},         {"state", engine::model_state_name(m.state)},
              {"in_flight", m.in_flight}, {"mem_bytes", m.mem_bytes}, {"pool_size", m.pool_size},
              {"busy", m.busy}};
-      if (m.state == engine::ModelState::kFailed) j["reason"] = m.reason;
+      if (with_files) j["path"] = m.path;
+      if (with_files && m.state == engine::ModelState::kFailed) j["reason"] = m.reason;
       arr.push_back(std::move(j));
     }
     return arr;
@@ -670,7 +674,7 @@ struct Server::Impl {
     const size_t loaded = models->loaded_count();
     json body{{"status", loaded > 0 && !stopping ? "ok" : (stopping ? "shutting_down" : "unavailable")},
               {"models_loaded", loaded},
-              {"models", models_json()}};
+              {"models", models_json(/*with_files=*/opt.api_key.empty())}};
     if (loaded == 0) {
       for (const auto& m : models->list())
         if (m.state == engine::ModelState::kLoading) body["status"] = "loading";

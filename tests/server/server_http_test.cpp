@@ -405,6 +405,25 @@ TEST_F(ServerHttpWithKey, BearerSchemeIsCaseInsensitiveAndTheKeyIsNot) {
   EXPECT_EQ(st, 401);
 }
 
+// /health is not behind the key: with a key set it must not reveal the
+// server's model file paths (it did, and failure reasons with them).
+TEST_F(ServerHttpWithKey, HealthDoesNotRevealModelPaths) {
+  auto c = client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["status"], "ok");
+  ASSERT_EQ(j["models"].size(), 1u);
+  EXPECT_EQ(j["models"][0]["id"], "stories");
+  EXPECT_EQ(j["models"][0]["state"], "loaded");
+  EXPECT_EQ(r->body.find(stories_), std::string::npos) << r->body;
+  // /admin/models (behind the key) still has them.
+  auto a = c.Get("/admin/models", {{"Authorization", "Bearer s3cret"}});
+  ASSERT_TRUE(a);
+  EXPECT_NE(a->body.find(stories_), std::string::npos) << a->body;
+}
+
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
 // overflow into the past, so every request timed out at once (503).
 class ServerHttpHugeTimeout : public ServerHttp, public ::testing::WithParamInterface<double> {
