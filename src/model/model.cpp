@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -93,9 +95,12 @@ class TensorChecker {
   }
 
   uint64_t bytes() const { return bytes_; }
+  // Whether `name` is one of the tensors the model looked up.
+  bool used(std::string_view name) const { return used_.contains(std::string(name)); }
 
  private:
   const gguf::TensorInfo* find(const std::string& name) {
+    used_.insert(name);
     const gguf::TensorInfo* t = f_.find_tensor(name);
     if (t == nullptr) problem(core::Errc::kNotFound, "missing tensor '" + name + "'");
     return t;
@@ -113,6 +118,7 @@ class TensorChecker {
   const gguf::File& f_;
   std::vector<core::Error>& errors_;
   uint64_t bytes_ = 0;
+  std::unordered_set<std::string> used_;  // every tensor name looked up
 };
 
 // Builds the weight views for a config; every problem is appended to errors.
@@ -155,6 +161,27 @@ Weights build_weights(const gguf::File& f, const ModelConfig& c, std::vector<cor
     L.w_down = mat("ffn_down.weight", c.n_embd, c.n_ff);
   }
   weight_bytes = tc.bytes();
+  // Tensors the model would silently ignore mean the metadata does not
+  // describe the file (e.g. block_count 1 on a 2-layer file: llama.cpp refuses
+  // it as "wrong number of tensors"); one problem naming the first few.
+  std::vector<std::string_view> unused;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    if (!tc.used(t.name)) unused.push_back(t.name);
+  }
+  if (!unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 4; ++i) {
+      names += i ? ", '" : "'";
+      names += unused[i];
+      names += '\'';
+    }
+    if (unused.size() > 4) names += ", ...";
+    errors.push_back({core::Errc::kFormat,
+                      f.path() + ": " + std::to_string(unused.size()) + " tensor" +
+                          (unused.size() == 1 ? " is" : "s are") + " not part of a " +
+                          std::to_string(c.n_layer) + "-layer " + c.arch_name +
+                          " model (check '" + c.arch_name + ".block_count'): " + names});
+  }
   return w;
 }
 

@@ -92,8 +92,9 @@ class Workspace {
 
 // Lists every problem that stops `file` from loading as a model: unsupported
 // or missing architecture, missing/ill-typed/inconsistent metadata keys,
-// missing tensors, wrong shapes, tensor types the kernels cannot compute on.
-// Empty means loadable. Each entry is one human-readable line naming the
+// missing tensors, wrong shapes, tensor types the kernels cannot compute on,
+// tensors the model would not use (metadata that does not describe the file,
+// e.g. block_count too small). Empty means loadable. Each entry is one human-readable line naming the
 // key or tensor. Used by Model::from_file and `bonsai validate`.
 std::vector<std::string> check_model(const gguf::File& file);
 

@@ -481,5 +481,31 @@ TEST(CheckModel, TokenizerLargerThanEmbeddingIsNamed) {
   }
 }
 
+// block_count 1 on a file with two layers of tensors used to validate and run
+// as a 1-layer model, silently ignoring half the weights (llama.cpp refuses:
+// "wrong number of tensors"). Unused tensors are now one named problem.
+TEST(CheckModel, TensorsBeyondBlockCountAreNamed) {
+  TinySpec s;  // 2 layers of tensors
+  const auto path = write_tiny("unused.gguf", s, {}, [](gguf::Writer& w) {
+    w.set_u32("qwen3.block_count", 1);
+  });
+  auto f = open_or_fail(path);
+  ASSERT_TRUE(f);
+  const auto problems = check_model(*f);
+  ASSERT_EQ(problems.size(), 1u) << join(problems);
+  EXPECT_TRUE(any_contains(problems, "11 tensors are not part of a 1-layer qwen3 model")) << join(problems);
+  EXPECT_TRUE(any_contains(problems, "'blk.1.attn_norm.weight'")) << join(problems);
+  EXPECT_TRUE(any_contains(problems, "qwen3.block_count")) << join(problems);
+  EXPECT_FALSE(Model::from_file(f).has_value());
+  std::filesystem::remove(path);
+  // An untied file whose tensors are all used stays valid.
+  s.tied = false;
+  const auto ok = write_tiny("untied_ok.gguf", s);
+  auto g = open_or_fail(ok);
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(check_model(*g).empty()) << join(check_model(*g));
+  std::filesystem::remove(ok);
+}
+
 }  // namespace
 }  // namespace bonsai::model
