@@ -595,7 +595,10 @@ struct Server::Impl {
         };
         auto r = run_choice(*job, i, on_piece, cut);
         if (!r) {
+          // The stream ends with the error event, as for timeouts and
+          // shutdown: no usage chunk and no [DONE] after it.
           write(sse_event(from_core_error(r.error(), 500).to_json()));
+          alive = false;
           break;
         }
         if (r->finish_reason == engine::FinishReason::kCancelled) {

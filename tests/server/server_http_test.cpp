@@ -31,11 +31,12 @@ using nlohmann::json;
 class ServerHttp : public ::testing::Test {
  protected:
   virtual void customize(ServerOptions&) {}
+  virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
 
   void SetUp() override {
     stories_ = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
     BONSAI_REQUIRE_FILE(stories_);
-    pool_ = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+    pool_ = std::make_shared<engine::ModelPool>(2, 0, loader(), engine::gguf_model_estimator());
     spec_.path = stories_;
     spec_.pool_size = 1;
     spec_.ctx_size = 256;
@@ -422,6 +423,38 @@ TEST_F(ServerHttpWithKey, HealthDoesNotRevealModelPaths) {
   auto a = c.Get("/admin/models", {{"Authorization", "Bearer s3cret"}});
   ASSERT_TRUE(a);
   EXPECT_NE(a->body.find(stories_), std::string::npos) << a->body;
+}
+
+// A model whose advertised context is larger than its engines' (a stand-in
+// for any engine error after the stream has started): the engine fails the
+// request, and the stream ends with the error event — no usage chunk and no
+// [DONE] after it (they used to follow the error).
+class ServerHttpEngineError : public ServerHttp {
+ protected:
+  engine::ModelPool::Loader loader() override {
+    return [](const std::string& id, const engine::ModelSpec& spec) {
+      auto m = engine::gguf_model_loader()(id, spec);
+      if (m) (*m)->n_ctx = 100000;
+      return m;
+    };
+  }
+};
+
+TEST_F(ServerHttpEngineError, StreamEndsWithTheErrorEvent) {
+  std::string prompt;
+  for (int i = 0; i < 80; ++i) prompt += "Once upon a time ";
+  json req = completion_body(prompt, 4);
+  req["stream"] = true;
+  req["stream_options"] = json{{"include_usage", true}};
+  auto c = client();
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->body.find("[DONE]"), std::string::npos) << r->body;
+  const size_t last = r->body.rfind("data: ");
+  ASSERT_NE(last, std::string::npos);
+  const json ev = json::parse(r->body.substr(last + 6), nullptr, false);
+  EXPECT_TRUE(ev.contains("error")) << r->body;
 }
 
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
