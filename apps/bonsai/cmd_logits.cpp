@@ -133,6 +133,15 @@ int run_logits(const LogitsOptions& o) {
   // the sequence length (tokens x n_vocab would be tens of GB for a long
   // prompt on a 152k vocabulary). Each position's top-k is printed (streamed,
   // also for --json) as soon as its slice is done.
+  // Checked up front (forward() checks each slice) so that nothing is
+  // printed for a sequence that cannot run to the end.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      std::cerr << "bonsai logits: token " << i << ": id " << tokens[i] << " is outside the vocabulary [0, "
+                << n_vocab << ")\n";
+      return 1;
+    }
+  }
   auto cache = model::KvCache::create(m.config(), static_cast<int64_t>(tokens.size()));
   if (!cache) {
     std::cerr << "bonsai logits: " << cache.error().message << "\n";

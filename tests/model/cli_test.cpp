@@ -251,5 +251,35 @@ TEST(CliLogits, AbsurdThreadCountIsRefused) {
   EXPECT_EQ(ok.exit_code, 0) << ok.out;  // <= 0: the default
 }
 
+// With slices, a bad id in a later slice must still fail before anything is
+// printed (no half JSON document on stdout).
+TEST(CliLogits, BadIdInLaterSliceFailsBeforeOutput) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  std::string ids = "1";
+  for (int i = 1; i < 600; ++i) ids += ",5";
+  ids += ",512";  // n_vocab is 512
+  std::string cmd = "'";
+  cmd += bonsai_bin();
+  cmd += "' logits -m '";
+  cmd += path;
+  cmd += "' --json -t 1 --ids ";
+  cmd += ids;
+  cmd += " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_EQ(out, "");
+  const auto r = run_cmd("logits -m '" + path + "' --ids " + ids);
+  EXPECT_NE(r.out.find("token 600: id 512 is outside the vocabulary [0, 512)"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace bonsai::model
