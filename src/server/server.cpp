@@ -1,7 +1,11 @@
 // The OpenAI-compatible HTTP server. See server.h.
 #include "server/server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -66,6 +70,57 @@ Clock::time_point deadline_after(Clock::time_point t, double seconds) {
   if (!(seconds < kMaxSeconds)) seconds = kMaxSeconds;  // also NaN
   if (seconds < 0) seconds = 0;
   return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// The server-side socket of the connection that sent `req`, or -1.
+// httplib 0.11 gives handlers no access to it (later versions added
+// Request::is_connection_closed for this), so it is found by its addresses:
+// the socket in /proc/self/fd whose peer is req's remote address and port
+// and whose local port is `local_port`. A TCP connection's address pair is
+// unique, and the connection (so the fd) stays open while its handler runs.
+int find_client_socket(const httplib::Request& req, int local_port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  const std::string want_port = std::to_string(req.remote_port);
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd < 0) continue;
+    sockaddr_storage peer{};
+    socklen_t len = sizeof peer;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    char host[NI_MAXHOST];
+    char serv[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
+        req.remote_addr != host || want_port != serv)
+      continue;
+    sockaddr_storage self{};
+    len = sizeof self;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &len) != 0) continue;
+    const int port = self.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port)
+                                                : ntohs(reinterpret_cast<sockaddr_in*>(&self)->sin_port);
+    if (port != local_port) continue;
+    found = static_cast<int>(fd);
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// True when the peer of `fd` has closed the connection (an orderly FIN or an
+// error). Data waiting to be read (a pipelined next request) is not a close.
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+  if ((p.revents & POLLIN) != 0) {
+    char c = 0;
+    return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  }
+  return false;
 }
 
 // The route a path belongs to (bounded label values for /metrics).
@@ -147,6 +202,7 @@ struct Server::Impl {
   std::mutex wait_mu;                 // guards waiting
   std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
   std::mutex scrape_mu;               // one /metrics refresh + exposition at a time
+  int bound_port = -1;                // set by Server::bind()
 
   Impl(std::shared_ptr<engine::ModelPool> m, ServerOptions o) : models(std::move(m)), opt(std::move(o)) {
     declare_metrics();
@@ -283,11 +339,12 @@ struct Server::Impl {
       metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(res.status)}});
     });
 
-    post_json("/v1/chat/completions",
-              [this](const std::string& body, httplib::Response& res) { handle_completion(body, res, Endpoint::kChat); });
-    post_json("/v1/completions", [this](const std::string& body, httplib::Response& res) {
-      handle_completion(body, res, Endpoint::kCompletion);
-    });
+    post_json("/v1/chat/completions", [this](const httplib::Request& req, const std::string& body,
+                                             httplib::Response& res) { handle_completion(req, body, res, Endpoint::kChat); });
+    post_json("/v1/completions",
+              [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+                handle_completion(req, body, res, Endpoint::kCompletion);
+              });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) { handle_models(res); });
     http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
       handle_model(req.matches[1].str(), res);
@@ -305,10 +362,10 @@ struct Server::Impl {
       res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/admin/models", [this](const httplib::Request&, httplib::Response& res) { handle_admin_list(res); });
-    post_json("/admin/models/load",
-              [this](const std::string& body, httplib::Response& res) { handle_admin_load(body, res); });
-    post_json("/admin/models/unload",
-              [this](const std::string& body, httplib::Response& res) { handle_admin_unload(body, res); });
+    post_json("/admin/models/load", [this](const httplib::Request&, const std::string& body,
+                                           httplib::Response& res) { handle_admin_load(body, res); });
+    post_json("/admin/models/unload", [this](const httplib::Request&, const std::string& body,
+                                             httplib::Response& res) { handle_admin_unload(body, res); });
   }
 
   // Registers a POST route whose body is read as JSON whatever its
@@ -319,7 +376,8 @@ struct Server::Impl {
   // limit is opt.max_body_bytes for every type (413 above it); a multipart
   // body is drained and refused with 400; no Content-Length and no
   // Transfer-Encoding means an empty body.
-  void post_json(const std::string& pattern, std::function<void(const std::string&, httplib::Response&)> handler) {
+  void post_json(const std::string& pattern,
+                 std::function<void(const httplib::Request&, const std::string&, httplib::Response&)> handler) {
     auto read_body = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                             std::string& body) {
       if (req.is_multipart_form_data()) {
@@ -350,15 +408,16 @@ struct Server::Impl {
     http.Post(pattern, [read_body, handler](const httplib::Request& req, httplib::Response& res,
                                             const httplib::ContentReader& reader) {
       std::string body;
-      if (read_body(req, res, reader, body)) handler(body, res);
+      if (read_body(req, res, reader, body)) handler(req, body, res);
     });
     // A POST that httplib does not treat as having content comes here.
-    http.Post(pattern, [handler](const httplib::Request& req, httplib::Response& res) { handler(req.body, res); });
+    http.Post(pattern, [handler](const httplib::Request& req, httplib::Response& res) { handler(req, req.body, res); });
   }
 
   // ---- completions --------------------------------------------------------
 
-  void handle_completion(const std::string& body_text, httplib::Response& res, Endpoint endpoint) {
+  void handle_completion(const httplib::Request& req, const std::string& body_text, httplib::Response& res,
+                         Endpoint endpoint) {
     if (stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
     const Clock::time_point admitted = Clock::now();
     CompletionRequest cr;
@@ -497,7 +556,7 @@ struct Server::Impl {
     metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
 
     if (cr.stream) return start_stream(res, job);
-    run_blocking(res, *job);
+    run_blocking(req, res, *job);
   }
 
   // Runs choice `index` of `job` on its leased engine. `on_piece` gets each
@@ -552,15 +611,26 @@ struct Server::Impl {
 
   static ApiError cut_error(CutReason cut) {
     if (cut == CutReason::kTimeout) return overloaded("The request timed out while generating.", "timeout", 1);
+    if (cut == CutReason::kClientGone) {
+      ApiError e;  // nobody reads it; the status labels the request in /metrics (nginx's 499)
+      e.status = 499;
+      e.type = "client_closed_request";
+      e.message = "The client closed the connection before the answer was ready.";
+      return e;
+    }
     return overloaded("The server is shutting down.", "shutting_down", 5);
   }
 
-  void run_blocking(httplib::Response& res, Job& job) {
+  // A non-streamed answer. Like a stream, it stops within one decode step
+  // when the client hangs up (checked on the connection's socket per token);
+  // it used to run to max_tokens for nobody, holding its replica.
+  void run_blocking(const httplib::Request& req, httplib::Response& res, Job& job) {
     std::vector<Choice> choices;
     Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
+    const int fd = find_client_socket(req, bound_port);
     for (int i = 0; i < job.n; ++i) {
       CutReason cut = CutReason::kNone;
-      auto r = run_choice(job, i, [](std::string_view) { return true; }, cut);
+      auto r = run_choice(job, i, [fd](std::string_view) { return !peer_closed(fd); }, cut);
       if (!r) return send_error(res, from_core_error(r.error(), 500));
       if (r->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(cut));
       usage.completion_tokens += r->completion_tokens;
@@ -810,6 +880,7 @@ core::Expected<int> Server::bind() {
     return core::fail(core::Errc::kIo, "cannot listen on " + o.host + ":" + std::to_string(port) +
                                            " (address in use, or not a local address)");
   }
+  impl_->bound_port = port;
   return port;
 }
 

@@ -457,6 +457,45 @@ TEST_F(ServerHttpEngineError, StreamEndsWithTheErrorEvent) {
   EXPECT_TRUE(ev.contains("error")) << r->body;
 }
 
+// A client that hangs up while its NON-streamed answer is generated cancels
+// it within a decode step (it used to run to max_tokens for nobody, holding
+// the replica); the next request is served at once.
+TEST_F(ServerHttp, NonStreamedGenerationStopsWhenTheClientHangsUp) {
+  ASSERT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
+  ASSERT_EQ(post("/admin/models/load", json{{"id", "stories"}, {"ctx_size", 2048}}.dump()).first, 202);
+  pool_->wait_background();
+  ASSERT_NE(pool_->peek("stories"), nullptr);
+  MetricsRegistry& m = server_->metrics();
+  const double tokens_before = m.value("bonsai_completion_tokens_total", {{"model", "stories"}});
+  const double gone_before = m.value("bonsai_generations_cancelled_total", {{"reason", "client_gone"}});
+
+  json req = completion_body("Once upon a time", 2000);
+  req["ignore_eos"] = true;
+  const std::string body = req.dump();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string msg = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, msg.data(), msg.size(), 0), static_cast<ssize_t>(msg.size()));
+  // Hang up as soon as the generation is under way.
+  for (int i = 0; i < 2000 && pool_->peek("stories")->pool->available() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::close(fd);
+  // The replica comes back well before 2000 tokens could be generated.
+  for (int i = 0; i < 5000 && m.value("bonsai_generations_cancelled_total", {{"reason", "client_gone"}}) == gone_before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(m.value("bonsai_generations_cancelled_total", {{"reason", "client_gone"}}), gone_before + 1);
+  const double generated = m.value("bonsai_completion_tokens_total", {{"model", "stories"}}) - tokens_before;
+  EXPECT_LT(generated, 2000) << "the abandoned answer ran to max_tokens";
+  auto [st, j] = post("/v1/completions", completion_body("Once upon a time", 3).dump());
+  EXPECT_EQ(st, 200) << j.dump();
+}
+
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
 // overflow into the past, so every request timed out at once (503).
 class ServerHttpHugeTimeout : public ServerHttp, public ::testing::WithParamInterface<double> {
