@@ -11,7 +11,10 @@
 namespace bonsai::core {
 
 Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (e.g. -m <(...) or a named pipe) for reading
+  // would otherwise block until a writer appears; with it the open returns
+  // and the S_ISREG check below refuses the FIFO. No effect on regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
     return fail(e == ENOENT ? Errc::kNotFound : Errc::kIo,

@@ -18,7 +18,8 @@ class MappedFile {
  public:
   // Maps `path` read-only (MAP_PRIVATE, PROT_READ). An empty file maps to an
   // empty span. Errors: kNotFound (no such file), kIo (open/stat/mmap failed,
-  // with errno text and the path).
+  // with errno text and the path; "not a regular file" for directories,
+  // devices and FIFOs, which are refused without blocking).
   static Expected<std::shared_ptr<const MappedFile>> open(const std::string& path);
 
   // Wraps bytes already in memory (tests, fuzzing). The buffer is copied into
