@@ -212,7 +212,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--ids", o->ids, "Comma-separated token ids instead of -p");
   cmd->add_option("--top-k", o->top_k, "Pairs per position")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print {\"tokens\":[...],\"top\":[[[id,logit],...],...]}");
-  cmd->add_option("-t,--threads", o->threads, "Compute threads (default, or <= 0: all cores)")
+  cmd->add_option("-t,--threads", o->threads, "Compute threads (default, 0 or -1: all cores)")
       ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
   cmd->add_option("--q2-layout", o->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");

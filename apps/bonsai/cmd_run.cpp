@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "apps/bonsai/commands.h"
 #include "apps/bonsai/synth.h"        // synth::ensure_default_model
 #include "core/error.h"               // core::Expected
+#include "core/ggml_types.h"          // parse_q2_layout
 #include "core/thread_pool.h"         // set_global_thread_count
 #include "engine/inference_engine.h"  // InferenceEngine
 #include "model/model.h"              // Model::load
@@ -86,6 +88,7 @@ struct GenOptions {
   int threads = 0;
   bool ignore_eos = false;
   std::vector<std::string> stop;
+  std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT (as info/validate/logits)
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
@@ -109,10 +112,12 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-s,--seed", o.seed, "RNG seed (-1: random)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
       ->capture_default_str();
-  cmd->add_option("-t,--threads", o.threads, "Compute threads (default, or <= 0: physical cores)")
+  cmd->add_option("-t,--threads", o.threads, "Compute threads (default, 0 or -1: physical cores)")
       ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
   cmd->add_flag("--ignore-eos", o.ignore_eos, "Keep generating past end-of-generation tokens");
   cmd->add_option("--stop", o.stop, "Stop string (repeatable); not printed");
+  cmd->add_option("--q2-layout", o.q2_layout,
+                  "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
 }
 
 engine::SamplingParams to_params(const GenOptions& o) {
@@ -159,7 +164,20 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": no -m given; using the built-in default model " << path
               << " (a tiny synthetic model: its text is not meaningful)\n";
   }
-  auto model = model::Model::load(path);
+  gguf::OpenOptions open_options;
+  std::string layout = o.q2_layout;
+  if (layout.empty()) {
+    if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
+  }
+  if (!layout.empty()) {
+    open_options.q2_layout = core::parse_q2_layout(layout);
+    if (!open_options.q2_layout) {
+      std::cerr << "bonsai " << cmd << ": unknown Q2_0 layout '" << layout
+                << "' (expected g64, g128-d-first or g128-qs-first)\n";
+      return std::nullopt;
+    }
+  }
+  auto model = model::Model::load(path, open_options);
   if (!model) {
     std::cerr << "bonsai " << cmd << ": cannot load model: " << model.error().message << "\n";
     return std::nullopt;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -279,6 +280,50 @@ TEST(CliLogits, BadIdInLaterSliceFailsBeforeOutput) {
   EXPECT_EQ(out, "");
   const auto r = run_cmd("logits -m '" + path + "' --ids " + ids);
   EXPECT_NE(r.out.find("token 600: id 512 is outside the vocabulary [0, 512)"), std::string::npos) << r.out;
+}
+
+// `run` (and `chat`) had no --q2-layout and ignored BONSAI_Q2_LAYOUT, unlike
+// info/validate/logits, so a file whose type-42 layout must be forced could
+// not be run. Both now reach Model::load.
+TEST(CliRun, Q2LayoutOverrideReachesTheModel) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-d-first.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  // stdout only (the JSON); stderr dropped.
+  auto stdout_of = [](const std::string& args) {
+    RunResult r;
+    std::string cmd = "'";
+    cmd += bonsai_bin();
+    cmd += "' ";
+    cmd += args;
+    cmd += " 2>/dev/null";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) return r;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    const int status = ::pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  const std::string args = "run -m '" + path + "' -p hi -n 3 --temp 0 -t 1 --json";
+  const auto detected = stdout_of(args);
+  ASSERT_EQ(detected.exit_code, 0) << detected.out;
+  const auto forced_same = stdout_of(args + " --q2-layout g128-d-first");
+  ASSERT_EQ(forced_same.exit_code, 0) << forced_same.out;
+  EXPECT_EQ(nlohmann::json::parse(forced_same.out).at("tokens"),
+            nlohmann::json::parse(detected.out).at("tokens"));
+  // g64 blocks do not fit this file's tensors: refused, by flag and by env.
+  const auto flag = run_cmd(args + " --q2-layout g64");
+  EXPECT_EQ(flag.exit_code, 1) << flag.out;
+  EXPECT_NE(flag.out.find("cannot load model"), std::string::npos) << flag.out;
+  ::setenv("BONSAI_Q2_LAYOUT", "g64", 1);
+  const auto env = run_cmd(args);
+  ::unsetenv("BONSAI_Q2_LAYOUT");
+  EXPECT_EQ(env.exit_code, 1) << env.out;
+  const auto bad = run_cmd(args + " --q2-layout g32");
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("unknown Q2_0 layout 'g32'"), std::string::npos) << bad.out;
 }
 
 }  // namespace
