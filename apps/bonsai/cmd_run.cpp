@@ -201,6 +201,12 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";
     return std::nullopt;
   }
+  if (const int64_t n_train = (*model)->config().n_ctx_train; eng->max_seq_len() > n_train) {
+    // As llama.cpp: positions past the training context are out of distribution.
+    std::cerr << "bonsai " << cmd << ": warning: the context (" << eng->max_seq_len()
+              << " tokens, -c) is larger than the model was trained on (" << n_train
+              << "); text past that is likely garbage\n";
+  }
   Session s;
   s.model = *model;
   s.tok = *tok;

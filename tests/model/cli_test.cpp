@@ -326,5 +326,21 @@ TEST(CliRun, Q2LayoutOverrideReachesTheModel) {
   EXPECT_NE(bad.out.find("unknown Q2_0 layout 'g32'"), std::string::npos) << bad.out;
 }
 
+// -c beyond the model's training context was accepted silently (llama.cpp
+// warns: "possible training context overflow"); now a warning on stderr.
+TEST(CliRun, ContextBeyondTrainingWarns) {
+  REQUIRE_BONSAI_BIN();
+  const std::string path = test::shared_path("models/stories260K/stories260K.gguf");  // trained on 2048
+  BONSAI_REQUIRE_FILE(path);
+  const auto over = run_cmd("run -m '" + path + "' -p Once -n 1 -t 1 -c 4096");
+  ASSERT_EQ(over.exit_code, 0) << over.out;
+  EXPECT_NE(over.out.find("warning: the context (4096 tokens, -c) is larger than the model was trained on (2048)"),
+            std::string::npos)
+      << over.out;
+  const auto fits = run_cmd("run -m '" + path + "' -p Once -n 1 -t 1 -c 2048");
+  ASSERT_EQ(fits.exit_code, 0) << fits.out;
+  EXPECT_EQ(fits.out.find("warning"), std::string::npos) << fits.out;
+}
+
 }  // namespace
 }  // namespace bonsai::model
