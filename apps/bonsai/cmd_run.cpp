@@ -214,6 +214,21 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   return s;
 }
 
+// Only the ChatML family is rendered (issue 3); say so when the model's own
+// template is absent or of another family, instead of silently sending a
+// prompt format the model may never have seen.
+void warn_if_not_chatml(const char* cmd, const tokenizer::Tokenizer& tok) {
+  const std::string& src = tok.chat_template().source();
+  if (src.empty()) {
+    std::cerr << "bonsai " << cmd
+              << ": note: the model has no chat template (tokenizer.chat_template); using ChatML\n";
+  } else if (src.find("<|im_start|>") == std::string::npos) {
+    std::cerr << "bonsai " << cmd
+              << ": warning: the model's chat template is not ChatML, the only format rendered; "
+                 "the prompt is written as ChatML anyway\n";
+  }
+}
+
 double per_second(int64_t n, double ms) {
   return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0;
 }
@@ -254,6 +269,7 @@ int run_main(const RunOptions& o) {
   const tokenizer::Tokenizer& tok = *s->tok;
   std::vector<int32_t> ids;
   if (o.chat) {
+    warn_if_not_chatml("run", tok);
     std::vector<tokenizer::ChatMessage> msgs;
     if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
     msgs.push_back({.role = "user", .content = o.prompt});
@@ -309,6 +325,7 @@ int chat_main(const ChatCliOptions& o) {
   if (!s) return 1;
   const tokenizer::Tokenizer& tok = *s->tok;
   engine::InferenceEngine& eng = *s->engine;
+  warn_if_not_chatml("chat", tok);
   std::cerr << "bonsai chat: template " << tok.chat_template().family_name()
             << ". Type a message; /reset clears the conversation, /exit or end of input quits,\n"
             << "Ctrl-C stops an answer.\n";

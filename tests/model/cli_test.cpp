@@ -342,5 +342,22 @@ TEST(CliRun, ContextBeyondTrainingWarns) {
   EXPECT_EQ(fits.out.find("warning"), std::string::npos) << fits.out;
 }
 
+// A model without a chat template got ChatML silently under --chat / chat.
+TEST(CliRun, ChatOnModelWithoutTemplateSaysChatML) {
+  REQUIRE_BONSAI_BIN();
+  const std::string stories = test::shared_path("models/stories260K/stories260K.gguf");
+  const std::string qwen = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(stories);
+  BONSAI_REQUIRE_FILE(qwen);
+  const auto r = run_cmd("run -m '" + stories + "' --chat -p hi -n 1 -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("note: the model has no chat template (tokenizer.chat_template); using ChatML"),
+            std::string::npos)
+      << r.out;
+  const auto q = run_cmd("run -m '" + qwen + "' --chat -p hi -n 1 -t 1");  // has a Qwen3 template
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  EXPECT_EQ(q.out.find("chat template"), std::string::npos) << q.out;
+}
+
 }  // namespace
 }  // namespace bonsai::model
