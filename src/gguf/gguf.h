@@ -209,7 +209,9 @@ class Writer {
 
   size_t n_tensors() const { return tensors_.size(); }
   std::vector<uint8_t> to_bytes() const;
-  // Writes the file (header, then each tensor streamed). Errors: kIo naming the path.
+  // Writes the file (header, then each tensor streamed). Errors: kIo naming the path;
+  // on a write error a regular output file is removed, a device/FIFO/link target
+  // (e.g. /dev/full) never is.
   core::Expected<void> write(const std::string& path) const;
 
  private:

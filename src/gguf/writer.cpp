@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <sys/stat.h>
+
 #include "gguf/gguf.h"
 
 namespace bonsai::gguf {
@@ -251,10 +253,15 @@ core::Expected<void> Writer::write(const std::string& path) const {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr)
     return core::fail(core::Errc::kIo, path + ": cannot create: " + std::strerror(errno));
+  // A half-written regular file is removed on error; anything else (-o
+  // /dev/full, /dev/stdout, a FIFO) is left alone: as root, remove() would
+  // delete the device node or link itself.
+  struct stat st {};
+  const bool regular = ::fstat(::fileno(f), &st) == 0 && S_ISREG(st.st_mode);
   auto io_error = [&](const char* what) {
     const int e = errno;
     std::fclose(f);
-    std::remove(path.c_str());
+    if (regular) std::remove(path.c_str());
     return core::fail(core::Errc::kIo, path + ": " + what + ": " + std::strerror(e));
   };
   const std::vector<uint8_t> head = header_bytes(nullptr);
@@ -280,7 +287,7 @@ core::Expected<void> Writer::write(const std::string& path) const {
   buf.shrink_to_fit();
   if (std::fclose(f) != 0) {
     const int e = errno;
-    std::remove(path.c_str());
+    if (regular) std::remove(path.c_str());
     return core::fail(core::Errc::kIo, path + ": close failed: " + std::strerror(e));
   }
   return {};

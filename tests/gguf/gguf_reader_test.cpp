@@ -2,6 +2,10 @@
 // values, tensor shapes/types/offsets, typed accessor errors, Q2_0 layouts.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 
@@ -260,6 +264,33 @@ TEST(GgufQ2Layout, OverrideIsHonouredOrRefused) {
   ASSERT_FALSE(g);
   EXPECT_EQ(g.error().code, core::Errc::kFormat);
   EXPECT_NE(g.error().message.find(d_first + ": offset "), std::string::npos) << g.error().message;
+}
+
+// Writer::write removed its output path on a write error whatever it was:
+// `bonsai synth -o /dev/full` run as root deleted /dev/full. A private
+// /dev/full twin (mknod needs root; skipped otherwise) must survive the error,
+// while a half-written regular file is still cleaned up.
+TEST(GgufWriter, WriteErrorRemovesOnlyRegularFiles) {
+  Writer w;
+  w.set_string("general.architecture", "qwen3");
+  ASSERT_TRUE(w.add_tensor("t", core::GgmlType::F32, {1024}, std::vector<uint8_t>(4096, 0)).has_value());
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("bonsai_writer_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto full = (dir / "full").string();
+  if (::mknod(full.c_str(), S_IFCHR | 0666, ::makedev(1, 7)) != 0) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "mknod needs root";
+  }
+  auto r = w.write(full);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find(full + ": write failed"), std::string::npos) << r.error().message;
+  EXPECT_TRUE(std::filesystem::exists(full)) << "the device node was deleted";
+  // Regular files are still written normally.
+  const auto ok = (dir / "ok.gguf").string();
+  ASSERT_TRUE(w.write(ok).has_value());
+  EXPECT_TRUE(File::open(ok).has_value());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
