@@ -14,6 +14,10 @@
 //   F = sum_k dx_k * C_k - sum_k dx_k * T_k,   y += dw * F,
 // with the second sum precomputed per (block, column) by amx_prepare.
 //
+// The g128 Q2_0 layouts run per 64-weight half (the block's d, codes
+// remapped 3 -> 1), exactly as a g64 block, so their results are
+// bit-identical to the equivalent g64 matrix (blocks paired with equal d).
+//
 // Element order inside a sub-block (K index t): natural for Q1_0; for the
 // Q2_0 layouts t holds element 4*(t%8) + t/8, which lets a broadcast qword
 // of codes expand with one GF2P8AFFINEQB (each byte's code is bits
@@ -83,19 +87,48 @@ template <>
 struct Geo<kFamG64> {
   static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0;
 };
+// The g128 layouts iterate over 64-weight halves as units; kBytes is the
+// whole block's size (see qs_at / d_at).
 template <>
 struct Geo<kFamG128D> {
-  static constexpr int kElems = 128, kBytes = 34, kQs = 2, kD = 0;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0;
 };
 template <>
 struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 128, kBytes = 34, kQs = 0, kD = 32;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32;
 };
+
+inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
+
+// Packed weights of unit b (a block; a 64-weight half for g128) of a row.
+template <int F>
+inline const uint8_t* qs_at(const uint8_t* row, int64_t b) {
+  if constexpr (is_g128(F)) {
+    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kQs + (b & 1) * 16;
+  } else {
+    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kQs;
+  }
+}
+// fp16 scale of unit b of a row.
+template <int F>
+inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
+  if constexpr (is_g128(F)) {
+    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kD;
+  } else {
+    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kD;
+  }
+}
+
+// Bytes of a row of nb units when rows are packed back to back.
+template <int F>
+inline size_t packed_row_bytes(int64_t nb) {
+  return is_g128(F) ? static_cast<size_t>(nb / 2) * Geo<F>::kBytes : static_cast<size_t>(nb) * Geo<F>::kBytes;
+}
 
 struct Consts {
   __m512i gf;     // qword Q: out bits 0,1 = src bits 2*(Q%4), 2*(Q%4)+1
   __m512i two, remap;
-  __m512i lo_idx, hi_idx;  // qword permutes [q0 x4, q1 x4] / [q2 x4, q3 x4]
+  __m512i lo_idx;  // qword permute [q0 x4, q1 x4]
 };
 
 Consts make_consts() {
@@ -109,29 +142,24 @@ Consts make_consts() {
   c.two = _mm512_set1_epi8(2);
   c.remap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1));
   c.lo_idx = _mm512_setr_epi64(0, 0, 0, 0, 1, 1, 1, 1);
-  c.hi_idx = _mm512_setr_epi64(2, 2, 2, 2, 3, 3, 3, 3);
   return c;
 }
 
-// Expands one row's block into E bytes at dst (one sub-block per 32 bytes).
+// Expands one row's unit (qs: its sign/code bytes) into E bytes at dst (one
+// sub-block per 32 bytes).
 template <int F>
-inline void expand_row(const uint8_t* blk, uint8_t* dst, const Consts& c) {
+inline void expand_row(const uint8_t* qs, uint8_t* dst, const Consts& c) {
   if constexpr (F == kFamQ1) {
     uint64_t m0, m1;
-    std::memcpy(&m0, blk + 2, 8);
-    std::memcpy(&m1, blk + 10, 8);
+    std::memcpy(&m0, qs, 8);
+    std::memcpy(&m1, qs + 8, 8);
     _mm512_store_si512(dst, _mm512_maskz_mov_epi8(_cvtu64_mask64(m0), c.two));
     _mm512_store_si512(dst + 64, _mm512_maskz_mov_epi8(_cvtu64_mask64(m1), c.two));
-  } else if constexpr (F == kFamG64) {
-    const __m512i q = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-    _mm512_store_si512(dst, _mm512_gf2p8affine_epi64_epi8(_mm512_permutexvar_epi64(c.lo_idx, q), c.gf, 0));
   } else {
-    const __m512i q = _mm512_castsi256_si512(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + Geo<F>::kQs)));
-    const __m512i lo = _mm512_gf2p8affine_epi64_epi8(_mm512_permutexvar_epi64(c.lo_idx, q), c.gf, 0);
-    const __m512i hi = _mm512_gf2p8affine_epi64_epi8(_mm512_permutexvar_epi64(c.hi_idx, q), c.gf, 0);
-    _mm512_store_si512(dst, _mm512_shuffle_epi8(c.remap, lo));
-    _mm512_store_si512(dst + 64, _mm512_shuffle_epi8(c.remap, hi));
+    const __m512i q = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    __m512i w = _mm512_gf2p8affine_epi64_epi8(_mm512_permutexvar_epi64(c.lo_idx, q), c.gf, 0);
+    if constexpr (is_g128(F)) w = _mm512_shuffle_epi8(c.remap, w);  // code 3 -> 1 (value 0)
+    _mm512_store_si512(dst, w);
   }
 }
 
@@ -192,7 +220,7 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
       // Prefetch the next pass's rows (contiguous when the rows are packed),
       // a slice per block, while this pass computes.
       const int64_t next_end = rp_end + 16 * kTilesPerPass < r1 ? rp_end + 16 * kTilesPerPass : r1;
-      const bool packed = w.row_stride == static_cast<size_t>(nb) * Geo<F>::kBytes;
+      const bool packed = w.row_stride == packed_row_bytes<F>(nb);
       const size_t pf_bytes = packed && g1 == G ? static_cast<size_t>(next_end - rp_end) * w.row_stride : 0;
       const size_t pf_step = (pf_bytes / static_cast<size_t>(nb) + 63) / 64 * 64;
       const uint8_t* pf_base = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rp_end) * w.row_stride;
@@ -204,10 +232,9 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
           const int64_t rt = rp + 16 * t;
           const int mrows = static_cast<int>(rp_end - rt < 16 ? rp_end - rt : 16);
           for (int m = 0; m < mrows; ++m) {
-            const uint8_t* blk = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rt + m) * w.row_stride +
-                                 static_cast<size_t>(b) * Geo<F>::kBytes;
-            expand_row<F>(blk, ascr_buf[t] + m * E, c);
-            dw_buf[t][m] = half_to_float(blk + Geo<F>::kD);
+            const uint8_t* rowm = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rt + m) * w.row_stride;
+            expand_row<F>(qs_at<F>(rowm, b), ascr_buf[t] + m * E, c);
+            dw_buf[t][m] = half_to_float(d_at<F>(rowm, b));
           }
         }
         for (int t = 0; t < nt; ++t) {
@@ -285,7 +312,7 @@ void amx_setup(QuantAct& a) {
 void amx_fill_columns(Format f, QuantAct& a, int64_t j0, int64_t j1) {
   const int64_t cols = a.cols, S = cols / 32;
   const bool natural = f == Format::kQ1_0;
-  const int64_t subs = f == Format::kQ2_0 ? 2 : 4;  // sub-blocks per weight block
+  const int64_t subs = natural ? 4 : 2;  // sub-blocks per weight unit (g128: per half)
   // K-index t of a sub-block -> element offset within the sub-block.
   alignas(32) uint8_t perm[32];
   for (int t = 0; t < 32; ++t) perm[t] = static_cast<uint8_t>(natural ? t : 4 * (t % 8) + t / 8);

@@ -15,8 +15,9 @@
 //   * Q2_0 g64: codes broadcast to both halves; vector k (0..1) byte p holds
 //     element 4*(p%16) + 2k + p/16 (code = bits of byte p%16 shifted by
 //     2*(2k + p/16), a per-64-bit-lane shift).
-//   * Q2_0 g128: the 32 code bytes as one vector; vector k (0..3) byte p
-//     holds element 4p + k (code = (byte >> 2k) & 3), remapped 3 -> 1.
+//   * Q2_0 g128 (both byte orders): each 64-weight half (16 code bytes,
+//     the block's d) runs as a g64 block, codes remapped 3 -> 1 (value 0),
+//     so results are bit-identical to the equivalent g64 matrix.
 //   Weight bytes are codes c in 0..3 (u8) and isum = sum(c*q) - sum(q).
 #include "kernels/internal.h"
 
@@ -70,14 +71,37 @@ template <>
 struct Geo<kFamG64> {
   static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0, kVecs = 2;
 };
+// The g128 layouts iterate over 64-weight halves ("units" of 17 bytes on
+// average); qs_at / d_at locate a unit's codes and scale.
 template <>
 struct Geo<kFamG128D> {
-  static constexpr int kElems = 128, kBytes = 34, kQs = 2, kD = 0, kVecs = 4;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0, kVecs = 2;
 };
 template <>
 struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 128, kBytes = 34, kQs = 0, kD = 32, kVecs = 4;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32, kVecs = 2;
 };
+
+inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
+
+// Packed weights of unit b (a block; a 64-weight half for g128) of a row.
+template <int F>
+inline const uint8_t* qs_at(const uint8_t* row, int64_t b) {
+  if constexpr (is_g128(F)) {
+    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kQs + (b & 1) * 16;
+  } else {
+    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kQs;
+  }
+}
+// fp16 scale of unit b of a row.
+template <int F>
+inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
+  if constexpr (is_g128(F)) {
+    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kD;
+  } else {
+    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kD;
+  }
+}
 
 struct Consts {
   __m256i pat[4];   // Q1: bit 2k + p/16 at byte p
@@ -103,21 +127,19 @@ Consts make_consts() {
   return c;
 }
 
-// Expands one block's weights into kVecs u8 vectors (0/1 for Q1, codes for Q2).
+// Expands one unit's packed weights (qs: its 16 code/sign bytes) into kVecs
+// u8 vectors (0/1 for Q1, codes for Q2; g128 codes remapped 3 -> 1).
 template <int F>
-inline void expand(const uint8_t* blk, const Consts& c, __m256i* wv) {
+inline void expand(const uint8_t* qs, const Consts& c, __m256i* wv) {
   if constexpr (F == kFamQ1) {
-    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
     for (int k = 0; k < 4; ++k) wv[k] = _mm256_min_epu8(_mm256_and_si256(bq, c.pat[k]), c.one8);
-  } else if constexpr (F == kFamG64) {
-    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-    for (int k = 0; k < 2; ++k) wv[k] = _mm256_and_si256(_mm256_srlv_epi64(bq, c.sh[k]), c.three8);
   } else {
-    const __m256i bq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + Geo<F>::kQs));
-    wv[0] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(bq, c.three8));
-    wv[1] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(_mm256_srli_epi16(bq, 2), c.three8));
-    wv[2] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(_mm256_srli_epi16(bq, 4), c.three8));
-    wv[3] = _mm256_shuffle_epi8(c.remap, _mm256_and_si256(_mm256_srli_epi16(bq, 6), c.three8));
+    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+    for (int k = 0; k < 2; ++k) wv[k] = _mm256_and_si256(_mm256_srlv_epi64(bq, c.sh[k]), c.three8);
+    if constexpr (is_g128(F)) {
+      for (int k = 0; k < 2; ++k) wv[k] = _mm256_shuffle_epi8(c.remap, wv[k]);
+    }
   }
 }
 
@@ -146,11 +168,12 @@ void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, in
     for (int k = 0; k < C; ++k) out[i][k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < R; ++i) {
-      const uint8_t* blk = row0 + static_cast<size_t>(i) * stride + static_cast<size_t>(b) * Geo<F>::kBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(blk + 4096), _MM_HINT_T0);  // see avx512.cpp
+      const uint8_t* rowi = row0 + static_cast<size_t>(i) * stride;
+      const uint8_t* dp = d_at<F>(rowi, b);
+      _mm_prefetch(reinterpret_cast<const char*>(dp + 4096), _MM_HINT_T0);  // see avx512.cpp
       __m256i wv[4];
-      expand<F>(blk, c, wv);
-      const __m256 dw = _mm256_set1_ps(lut_fp16(blk + Geo<F>::kD));
+      expand<F>(qs_at<F>(rowi, b), c, wv);
+      const __m256 dw = _mm256_set1_ps(lut_fp16(dp));
       for (int k = 0; k < C; ++k) {
         const int64_t j = j0 + k;
         const __m256i acc = block_dot<F>(wv, a.qp + j * cols + b * E, a.lane_neg + j * (cols / 4) + b * 8, c);
@@ -289,8 +312,7 @@ inline int perm_index(int fam, int p) {
   const int k = p / 32, pp = p % 32;
   switch (fam) {
     case kFamQ1: return 8 * (pp % 16) + 2 * k + pp / 16;
-    case kFamG64: return 4 * (pp % 16) + 2 * k + pp / 16;
-    default: return 4 * pp + k;
+    default: return 4 * (pp % 16) + 2 * k + pp / 16;  // g64 (and g128 halves)
   }
 }
 
@@ -298,8 +320,7 @@ inline int perm_index(int fam, int p) {
 inline int lane_sub(int fam, int l) {
   switch (fam) {
     case kFamQ1: return l % 4;
-    case kFamG64: return (l % 4) / 2;
-    default: return l / 2;
+    default: return (l % 4) / 2;  // g64 (and g128 halves)
   }
 }
 
@@ -309,9 +330,9 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   int fam = kFamQ8;
   switch (f) {
     case Format::kQ1_0: fam = kFamQ1; break;
-    case Format::kQ2_0: fam = kFamG64; break;
-    case Format::kQ2_0G128D: fam = kFamG128D; break;
-    case Format::kQ2_0G128Qs: fam = kFamG128Qs; break;
+    case Format::kQ2_0:
+    case Format::kQ2_0G128D:  // g128 runs per 64-weight half, as g64
+    case Format::kQ2_0G128Qs: fam = kFamG64; break;
     default: break;
   }
   for (int64_t j = 0; j < n; ++j) {

@@ -19,10 +19,10 @@
 //     4*(p%16) + p/16, whose code is bits 2*(p/16)..+1 of byte p%16. The
 //     weight byte is the code c (0..3) and the accumulator starts at -sum q,
 //     giving sum (c - 1) q (g64: code 3 -> +2, as the reference).
-//   * Q2_0 g128 (both byte orders): the 32 code bytes are broadcast to both
-//     256-bit halves; X0 byte p holds element 4*(p%32) + p/32, X1 element
-//     4*(p%32) + 2 + p/32; codes are remapped 3 -> 1 (value 0) by a 16-byte
-//     table shuffle.
+//   * Q2_0 g128 (both byte orders): each 64-weight half (16 code bytes, the
+//     block's d) runs exactly as a g64 block, codes remapped 3 -> 1 (value
+//     0) by a 16-byte table shuffle, so results are bit-identical to the
+//     equivalent g64 matrix (blocks paired with equal d).
 //   In every layout each 32-bit lane (4 bytes, and for two half-vectors the
 //   same lane of both) lies in one 32-value activation sub-block, so the
 //   int32 lane sums are scaled by a per-lane activation scale vector and the
@@ -95,14 +95,37 @@ template <>
 struct Geo<kFamG64> {
   static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0;
 };
+// The g128 layouts iterate over 64-weight halves as units; kBytes is the
+// whole block's size (see qs_at / d_at).
 template <>
 struct Geo<kFamG128D> {
-  static constexpr int kElems = 128, kBytes = 34, kQs = 2, kD = 0;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0;
 };
 template <>
 struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 128, kBytes = 34, kQs = 0, kD = 32;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32;
 };
+
+inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
+
+// Packed weights of unit b (a block; a 64-weight half for g128) of a row.
+template <int F>
+inline const uint8_t* qs_at(const uint8_t* row, int64_t b) {
+  if constexpr (is_g128(F)) {
+    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kQs + (b & 1) * 16;
+  } else {
+    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kQs;
+  }
+}
+// fp16 scale of unit b of a row.
+template <int F>
+inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
+  if constexpr (is_g128(F)) {
+    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kD;
+  } else {
+    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kD;
+  }
+}
 
 // Constants for weight expansion.
 struct Consts {
@@ -123,11 +146,10 @@ Consts make_consts() {
       const int l = q / 2;  // 16-byte group
       g0[q] = static_cast<uint64_t>(1u << l) << 48;        // out bit 1 = src bit l
       g1[q] = static_cast<uint64_t>(1u << (l + 4)) << 48;  // out bit 1 = src bit l+4
-    } else {
-      const int l = F == kFamG64 ? q / 2 : q / 4;  // 16- or 32-byte group
-      const int l1 = F == kFamG64 ? l : l + 2;
+    } else {  // Q2 (g128 units are 64-weight halves, laid out as g64)
+      const int l = q / 2;  // 16-byte group
       g0[q] = (static_cast<uint64_t>(1u << (2 * l)) << 56) | (static_cast<uint64_t>(1u << (2 * l + 1)) << 48);
-      g1[q] = (static_cast<uint64_t>(1u << (2 * l1)) << 56) | (static_cast<uint64_t>(1u << (2 * l1 + 1)) << 48);
+      g1[q] = g0[q];
     }
   }
   for (int p = 0; p < 64; ++p) {
@@ -136,9 +158,9 @@ Consts make_consts() {
   }
   for (int k = 0; k < 32; ++k) {
     const int p = 2 * k;  // byte index of the word
-    const int l = F == kFamG64 ? p / 16 : p / 32;
+    const int l = p / 16;
     s0[k] = static_cast<uint16_t>(2 * l);
-    s1[k] = static_cast<uint16_t>(2 * (F == kFamG64 ? l : l + 2));
+    s1[k] = s0[k];
   }
   c.gf0 = _mm512_load_si512(g0);
   c.gf1 = _mm512_load_si512(g1);
@@ -152,12 +174,13 @@ Consts make_consts() {
   return c;
 }
 
-// Expands the packed weights of one block into u8 weight bytes w0 (and w1
-// for 128-weight blocks) matching the activation layout described above.
+// Expands the packed weights of one unit (qs: its 16 sign/code bytes) into
+// u8 weight bytes w0 (and w1 for Q1_0's 128-weight blocks) matching the
+// activation layout described above.
 template <int F, bool kGf>
-inline void expand(const uint8_t* blk, const Consts& c, __m512i& w0, __m512i& w1) {
+inline void expand(const uint8_t* qs, const Consts& c, __m512i& w0, __m512i& w1) {
   if constexpr (F == kFamQ1) {
-    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
     if constexpr (kGf) {
       w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
       w1 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf1, 0);
@@ -165,26 +188,15 @@ inline void expand(const uint8_t* blk, const Consts& c, __m512i& w0, __m512i& w1
       w0 = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bq, c.pat0), c.two);
       w1 = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bq, c.pat1), c.two);
     }
-  } else if constexpr (F == kFamG64) {
-    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-    if constexpr (kGf) {
-      w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
-    } else {
-      w0 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh0), c.three);
-    }
-    w1 = w0;
   } else {
-    const __m512i bq = _mm512_broadcast_i64x4(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + Geo<F>::kQs)));
+    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
     if constexpr (kGf) {
       w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
-      w1 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf1, 0);
     } else {
       w0 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh0), c.three);
-      w1 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh1), c.three);
     }
-    w0 = _mm512_shuffle_epi8(c.remap, w0);  // code 3 -> 1 (value 0)
-    w1 = _mm512_shuffle_epi8(c.remap, w1);
+    if constexpr (is_g128(F)) w0 = _mm512_shuffle_epi8(c.remap, w0);  // code 3 -> 1 (value 0)
+    w1 = w0;
   }
 }
 
@@ -201,7 +213,6 @@ template <int F, bool kGf, int R, int C>
 void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, int64_t j0, float* y,
            int64_t y_ld, int64_t r, const Consts& c) {
   constexpr int E = Geo<F>::kElems;
-  constexpr int B = Geo<F>::kBytes;
   const int64_t cols = a.cols;
   __m512 out[R][C];
   for (int i = 0; i < R; ++i)
@@ -216,12 +227,13 @@ void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, in
   }
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < R; ++i) {
-      const uint8_t* blk = row0 + static_cast<size_t>(i) * stride + static_cast<size_t>(b) * B;
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchL2Bytes), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kPrefetchL1Bytes), _MM_HINT_T0);
+      const uint8_t* rowi = row0 + static_cast<size_t>(i) * stride;
+      const uint8_t* dp = d_at<F>(rowi, b);
+      _mm_prefetch(reinterpret_cast<const char*>(dp + kPrefetchL2Bytes), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(dp + kPrefetchL1Bytes), _MM_HINT_T0);
       __m512i w0, w1;
-      expand<F, kGf>(blk, c, w0, w1);
-      const __m512 dw = _mm512_set1_ps(lut_fp16(blk + Geo<F>::kD));
+      expand<F, kGf>(qs_at<F>(rowi, b), c, w0, w1);
+      const __m512 dw = _mm512_set1_ps(lut_fp16(dp));
       for (int k = 0; k < C; ++k) {
         const __m512i acc = block_dot<F>(w0, w1, xq[k] + b * E, ng[k] + b * 16);
         const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_load_ps(ld[k] + b * 16));
@@ -379,8 +391,7 @@ inline int perm_index(int fam, int p) {
   const int h = p / 64, pp = p % 64;
   switch (fam) {
     case kFamQ1: return 8 * (pp % 16) + 4 * h + pp / 16;
-    case kFamG64: return 4 * (p % 16) + p / 16;  // 64-element blocks
-    default: return 4 * (pp % 32) + 2 * h + pp / 32;
+    default: return 4 * (p % 16) + p / 16;  // 64-element blocks (g64, g128 halves)
   }
 }
 
@@ -388,17 +399,16 @@ inline int perm_index(int fam, int p) {
 inline int lane_sub(int fam, int l) {
   switch (fam) {
     case kFamQ1: return l % 4;
-    case kFamG64: return (l % 4) / 2;
-    default: return (l % 8) / 2;
+    default: return (l % 4) / 2;  // g64, g128 halves
   }
 }
 
 int family_of(Format f) {
   switch (f) {
     case Format::kQ1_0: return kFamQ1;
-    case Format::kQ2_0: return kFamG64;
-    case Format::kQ2_0G128D: return kFamG128D;
-    case Format::kQ2_0G128Qs: return kFamG128Qs;
+    case Format::kQ2_0:
+    case Format::kQ2_0G128D:  // g128 runs per 64-weight half, as g64
+    case Format::kQ2_0G128Qs: return kFamG64;
     default: return kFamQ8;
   }
 }

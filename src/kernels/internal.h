@@ -7,8 +7,11 @@
 // quantize_row_q8_0 does), take exact int32 dot products per 32-value
 // sub-block, and scale in fp32: y = sum_b dw_b * sum_k dx_k * isum_bk. Every
 // tier produces bit-identical quants and integer sums; only the order of the
-// fp32 scaling adds differs. Float weight formats (F32, F16, BF16) take the
-// float activations directly.
+// fp32 scaling adds differs. The g128 Q2_0 layouts are scaled per 64-weight
+// half (b above ranges over halves, both with the block's d), in every tier
+// exactly as the tier's g64 path, so a g128 matrix and its g64 twin (pairs
+// of blocks sharing d) give bit-identical products. Float weight formats
+// (F32, F16, BF16) take the float activations directly.
 #pragma once
 
 #include <cstddef>

@@ -73,6 +73,10 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
   }
   const int64_t nb = cols / be;
   const int nsub = static_cast<int>(be / 32);
+  // Sub-blocks summed per multiply by the weight scale: the whole block,
+  // except per 64-weight half for the g128 Q2_0 layouts, exactly as two g64
+  // blocks with the same d (bit-identical to the equivalent g64 matrix).
+  const int group = (f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs) ? 2 : nsub;
   for (int64_t r = r0; r < r1; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
     for (int64_t j = 0; j < n; ++j) {
@@ -102,8 +106,11 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
           }
           const float sub = static_cast<float>(vaddvq_s32(isum)) * dx[b * nsub + s];
           bsum = vsetq_lane_f32(vgetq_lane_f32(bsum, 0) + sub, bsum, 0);
+          if ((s + 1) % group == 0) {
+            acc = vmlaq_n_f32(acc, bsum, half_at(blk + d_off));
+            bsum = vdupq_n_f32(0.0f);
+          }
         }
-        acc = vmlaq_n_f32(acc, bsum, half_at(blk + d_off));
       }
       y[j * w.rows + r] = vaddvq_f32(acc);
     }

@@ -153,6 +153,11 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
   const int64_t be = block_elems(f);
   const int64_t nb = cols / be;
   const int64_t nsub = be / kQ8_0Elems;
+  // Sub-blocks summed before each multiply by the weight scale: a whole
+  // block, except that the g128 Q2_0 layouts are summed per 64-weight half
+  // (two sub-blocks), exactly as two consecutive g64 blocks with the same d,
+  // so that a g128 matrix gives bit-identical results to its g64 twin.
+  const int64_t group = (f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs) ? 2 : nsub;
   int8_t wi[128];
   for (int64_t r = r0; r < r1; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
@@ -162,12 +167,14 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const float dw = decode_block_int(f, row, b, wi);
-        float bs = 0.0f;
-        for (int64_t k = 0; k < nsub; ++k) {
-          const int64_t s = b * nsub + k;
-          bs += dj[s] * static_cast<float>(isum32(wi + k * 32, qj + s * 32));
+        for (int64_t k0 = 0; k0 < nsub; k0 += group) {
+          float bs = 0.0f;
+          for (int64_t k = k0; k < k0 + group; ++k) {
+            const int64_t s = b * nsub + k;
+            bs += dj[s] * static_cast<float>(isum32(wi + k * 32, qj + s * 32));
+          }
+          acc += dw * bs;
         }
-        acc += dw * bs;
       }
       y[j * w.rows + r] = acc;
     }

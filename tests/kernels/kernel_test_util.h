@@ -126,7 +126,13 @@ inline double float_tol(int64_t terms, double abs_sum) {
 }
 
 // Number of sequential fp32 adds in a row product: one per 32-value
-// sub-block for quantized formats, one per element for float formats.
-inline int64_t sum_terms(Format f, int64_t cols) { return is_quantized(f) ? cols / 32 + cols / 128 : cols; }
+// sub-block plus one per scaled group (64 weights for the Q2_0 layouts,
+// whose g128 blocks are scaled per half; 128 otherwise) for quantized
+// formats, one per element for float formats.
+inline int64_t sum_terms(Format f, int64_t cols) {
+  if (!is_quantized(f)) return cols;
+  const bool q2 = f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
+  return cols / 32 + cols / (q2 ? 64 : 128);
+}
 
 }  // namespace bonsai::kernels::testing

@@ -264,5 +264,95 @@ TEST(Tiers, GemmMultiEqualsSeparateCalls) {
   ASSERT_TRUE(set_active_tier(before).has_value());
 }
 
+// A g64 Q2_0 matrix whose consecutive block pairs share one scale, written in
+// the g64 layout and in both g128 layouts (README of the paired fixtures):
+// g128 block k = g64 blocks 2k, 2k+1 (codes back to back, the shared d).
+// Random g64 code 3 (+2, not expressible in g128) becomes code 1 (value 0)
+// in the g64 matrix and stays code 3 (value 0 there) in the g128 ones, so
+// the g128 3 -> 0 mapping is exercised too.
+struct PairedMatrices {
+  testing::RandomMatrix g64;
+  std::vector<uint8_t> d_first, qs_first;
+  MatrixView d_view, qs_view;
+};
+
+PairedMatrices paired_matrices(int64_t rows, int64_t cols, uint32_t seed) {
+  PairedMatrices p;
+  p.g64 = testing::random_matrix(Format::kQ2_0, rows, cols, seed);
+  const int64_t nb = rows * cols / 128;  // g128 blocks
+  p.d_first.assign(static_cast<size_t>(nb) * 34 + 64, 0);
+  p.qs_first.assign(static_cast<size_t>(nb) * 34 + 64, 0);
+  uint8_t* g = p.g64.bytes.data();
+  for (int64_t k = 0; k < nb; ++k) {
+    uint8_t* b0 = g + 2 * k * 18;
+    uint8_t* b1 = b0 + 18;
+    std::memcpy(b1, b0, 2);  // shared scale
+    uint8_t* dd = p.d_first.data() + k * 34;
+    uint8_t* qd = p.qs_first.data() + k * 34;
+    std::memcpy(dd, b0, 2);
+    std::memcpy(qd + 32, b0, 2);
+    for (int i = 0; i < 32; ++i) {
+      uint8_t& src = (i < 16 ? b0 : b1)[2 + i % 16];
+      dd[2 + i] = src;
+      qd[i] = src;
+      uint8_t fixed = src;
+      for (int sh = 0; sh < 8; sh += 2) {
+        if (((fixed >> sh) & 3) == 3) fixed = static_cast<uint8_t>(fixed & ~(2u << sh));  // 3 -> 1
+      }
+      src = fixed;
+    }
+  }
+  p.d_view = MatrixView{p.d_first.data(), Format::kQ2_0G128D, rows, cols, static_cast<size_t>(cols / 128 * 34)};
+  p.qs_view = MatrixView{p.qs_first.data(), Format::kQ2_0G128Qs, rows, cols, static_cast<size_t>(cols / 128 * 34)};
+  return p;
+}
+
+// The g128 layouts accumulate exactly as their g64 twin: gemv/gemm results
+// are bit-identical within each tier (incl. AVX-512 with/without GFNI, AMX).
+TEST(Tiers, G128BitIdenticalToPairedG64) {
+  const int64_t rows = 37, cols = 1024;
+  const PairedMatrices p = paired_matrices(rows, cols, 515);
+  // The conversion itself: identical dequantized weights.
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto w64 = testing::dequant_row(p.g64.view, r);
+    ASSERT_EQ(w64, testing::dequant_row(p.d_view, r)) << r;
+    ASSERT_EQ(w64, testing::dequant_row(p.qs_view, r)) << r;
+  }
+  std::vector<Variant> vs = variants();
+  vs.insert(vs.begin(), Variant{Tier::kReference, true, true, "reference"});
+  core::ThreadPool pool(2);
+  const Tier before = active_tier();
+  for (const Variant& v : vs) {
+    GfniScope g(v);
+    ASSERT_TRUE(set_active_tier(v.tier).has_value());
+    for (int64_t n : {1, 3, 17, 64}) {
+      const auto x = random_batch(n, cols, 600 + static_cast<uint32_t>(n));
+      const size_t ny = static_cast<size_t>(n * rows);
+      std::vector<float> y64(ny), yd(ny), yq(ny);
+      // Single-threaded tier entry point.
+      gemm_rows(v.tier, p.g64.view, x.data(), n, y64.data(), 0, rows);
+      gemm_rows(v.tier, p.d_view, x.data(), n, yd.data(), 0, rows);
+      gemm_rows(v.tier, p.qs_view, x.data(), n, yq.data(), 0, rows);
+      EXPECT_EQ(std::memcmp(y64.data(), yd.data(), ny * sizeof(float)), 0) << v.label << " rows n=" << n;
+      EXPECT_EQ(std::memcmp(y64.data(), yq.data(), ny * sizeof(float)), 0) << v.label << " rows n=" << n;
+      // Public gemv / gemm (active tier, thread pool).
+      if (n == 1) {
+        gemv(p.g64.view, x.data(), y64.data(), &pool);
+        gemv(p.d_view, x.data(), yd.data(), &pool);
+        gemv(p.qs_view, x.data(), yq.data(), &pool);
+      } else {
+        gemm(p.g64.view, x.data(), n, y64.data(), &pool);
+        gemm(p.d_view, x.data(), n, yd.data(), &pool);
+        gemm(p.qs_view, x.data(), n, yq.data(), &pool);
+      }
+      EXPECT_EQ(std::memcmp(y64.data(), yd.data(), ny * sizeof(float)), 0) << v.label << " gemm n=" << n;
+      EXPECT_EQ(std::memcmp(y64.data(), yq.data(), ny * sizeof(float)), 0) << v.label << " gemm n=" << n;
+      // Not trivially equal: the outputs are non-zero.
+      EXPECT_NE(y64[0], 0.0f) << v.label;
+    }
+  }
+  ASSERT_TRUE(set_active_tier(before).has_value());
+}
+
 }  // namespace
 }  // namespace bonsai::kernels

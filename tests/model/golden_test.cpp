@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -184,12 +185,11 @@ TEST(GoldenPaired, G128LayoutsMatchG64) {
     }
     std::printf("[paired] %s vs g64: max |logit diff| %.3g, rms %.3g over %zu logits, %d argmax differ\n",
                 layout, max_diff, rms, ref.size(), argmax_diff);
-    // Bit-identical logits would need the kernels to group the per-block
-    // float sums identically for 64- and 128-weight blocks; they do not (as
-    // ggml's), so ~1e-7 differences in matrix products flip a few Q8_0
-    // activation roundings. That moves logits by O(0.01) rms, never argmax.
-    EXPECT_LE(rms, 0.02) << layout;
-    EXPECT_LE(max_diff, 0.25) << layout;
+    // The kernels accumulate a g128 block exactly as two g64 blocks with the
+    // same scale (per 64-weight half, in every tier), so within the active
+    // tier the three layouts must give bit-identical logits.
+    EXPECT_EQ(max_diff, 0.0) << layout;
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0) << layout;
     EXPECT_EQ(argmax_diff, 0) << layout;
   }
 }
