@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 
+#include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
 #include "gguf/gguf.h"
 
@@ -220,21 +221,13 @@ void register_info(CLI::App& app) {
       "Layout of type-42 (Q2_0) tensors: g64|g128-d-first|g128-qs-first (default: detect; "
       "env BONSAI_Q2_LAYOUT)");
   cmd->callback([opt] {
-    gguf::OpenOptions open_opt;
-    std::string layout = opt->q2_layout;
-    if (layout.empty()) {
-      if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
+    auto open_opt = open_options_from_cli(opt->q2_layout);
+    if (!open_opt) {
+      std::cerr << "bonsai info: " << open_opt.error().message << "\n";
+      set_exit_code(1);
+      return;
     }
-    if (!layout.empty()) {
-      open_opt.q2_layout = core::parse_q2_layout(layout);
-      if (!open_opt.q2_layout) {
-        std::cerr << "bonsai info: unknown Q2_0 layout '" << layout
-                  << "' (expected g64, g128-d-first or g128-qs-first)\n";
-        set_exit_code(1);
-        return;
-      }
-    }
-    auto f = gguf::File::open(opt->model, open_opt);
+    auto f = gguf::File::open(opt->model, *open_opt);
     if (!f) {
       std::cerr << "bonsai info: " << f.error().message << "\n";
       set_exit_code(1);

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
 #include "core/ggml_types.h"      // parse_q2_layout
 #include "core/thread_pool.h"     // ThreadPool
@@ -86,19 +87,12 @@ int run_logits(const LogitsOptions& o) {
     std::cerr << "bonsai logits: " << t.error().message << "\n";
     return 1;
   }
-  gguf::OpenOptions open_options;
-  std::string layout = o.q2_layout;
-  if (layout.empty()) {
-    if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
+  const auto open_options = open_options_from_cli(o.q2_layout);
+  if (!open_options) {
+    std::cerr << "bonsai logits: " << open_options.error().message << "\n";
+    return 2;
   }
-  if (!layout.empty()) {
-    open_options.q2_layout = core::parse_q2_layout(layout);
-    if (!open_options.q2_layout) {
-      std::cerr << "bonsai logits: unknown Q2_0 layout '" << layout << "'\n";
-      return 2;
-    }
-  }
-  auto model = model::Model::load(o.model_path, open_options);
+  auto model = model::Model::load(o.model_path, *open_options);
   if (!model) {
     std::cerr << "bonsai logits: " << model.error().message << "\n";
     return 1;

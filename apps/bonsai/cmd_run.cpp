@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
 #include "apps/bonsai/synth.h"        // synth::ensure_default_model
 #include "core/error.h"               // core::Expected
@@ -164,20 +165,12 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": no -m given; using the built-in default model " << path
               << " (a tiny synthetic model: its text is not meaningful)\n";
   }
-  gguf::OpenOptions open_options;
-  std::string layout = o.q2_layout;
-  if (layout.empty()) {
-    if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
+  const auto open_options = open_options_from_cli(o.q2_layout);
+  if (!open_options) {
+    std::cerr << "bonsai " << cmd << ": " << open_options.error().message << "\n";
+    return std::nullopt;
   }
-  if (!layout.empty()) {
-    open_options.q2_layout = core::parse_q2_layout(layout);
-    if (!open_options.q2_layout) {
-      std::cerr << "bonsai " << cmd << ": unknown Q2_0 layout '" << layout
-                << "' (expected g64, g128-d-first or g128-qs-first)\n";
-      return std::nullopt;
-    }
-  }
-  auto model = model::Model::load(path, open_options);
+  auto model = model::Model::load(path, *open_options);
   if (!model) {
     std::cerr << "bonsai " << cmd << ": cannot load model: " << model.error().message << "\n";
     return std::nullopt;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
 #include "core/ggml_types.h"      // parse_q2_layout
 #include "gguf/gguf.h"            // File
@@ -28,20 +29,12 @@ struct ValidateOptions {
 const char* arch_label(model::Arch a) { return a == model::Arch::kQwen3 ? "qwen3" : "llama"; }
 
 int run_validate(const ValidateOptions& o) {
-  gguf::OpenOptions open_options;
-  std::string layout = o.q2_layout;
-  if (layout.empty()) {
-    if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
+  auto open_options = open_options_from_cli(o.q2_layout);
+  if (!open_options) {
+    std::cerr << "bonsai validate: " << open_options.error().message << "\n";
+    return 2;
   }
-  if (!layout.empty()) {
-    open_options.q2_layout = core::parse_q2_layout(layout);
-    if (!open_options.q2_layout) {
-      std::cerr << "bonsai validate: unknown Q2_0 layout '" << layout
-                << "' (expected g64, g128-d-first or g128-qs-first)\n";
-      return 2;
-    }
-  }
-  auto file = gguf::File::open(o.model_path, open_options);
+  auto file = gguf::File::open(o.model_path, *open_options);
   if (!file) {
     std::cerr << o.model_path << ": INVALID\n  " << file.error().message << "\n";
     return 1;
