@@ -70,6 +70,10 @@ void init_tables() {
   g_has_vbmi = __builtin_cpu_supports("avx512vbmi");
 }
 
+// The grouped GEMV / small-batch path (needs GFNI and AVX512_VBMI; the test
+// hook set_avx512_gfni(false) turns it off with the rest of the GFNI use).
+bool use_grouped() { return g_has_gfni && g_has_vbmi && g_use_gfni; }
+
 void init_once() {
   static const bool done = (init_tables(), true);
   (void)done;
@@ -279,6 +283,217 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
   }
 }
 
+
+// ---- Grouped layout (GFNI + VBMI): four weight units per vector -------------------------
+//
+// The GEMV / small-batch path on CPUs with GFNI and AVX512_VBMI. Four
+// consecutive units of a row (Q1_0 blocks, Q2_0 g64 blocks, or g128
+// 64-weight halves) form a group; one VPERMT2B gathers their 4 x 16 packed
+// bytes into Q (unit u in 128-bit lane u, its packed bytes in order) and one
+// VPERMT2W + VCVTPH2PS their four fp16 scales into a lane vector. Each dword
+// lane of the accumulator is then one (unit, lane-chunk) pair:
+//   * Q1_0 (8 bit planes m): plane m's weight byte p = 2 * bit m of Q byte p
+//     (one GF2P8AFFINEQB), the weight of element 8*(p%16) + m of unit p/16;
+//     lane L (= 4u + k) sums the 32 elements of sub-block k of unit u.
+//   * Q2_0 (4 code planes c): plane c's byte p = code c of Q byte p (one
+//     GF2P8AFFINEQB), the code of element 4*(p%16) + c of unit p/16; lane L
+//     sums elements [16*(L%4), +16) of unit L/4 (one half of a sub-block).
+//     g128 codes are remapped 3 -> 1 (value 0) on Q before the planes.
+// The activations are laid out to match (prepare_cols_grouped): per group,
+// plane-major vectors X[plane][64], the lane's negated quant sum (the
+// accumulator's start, as in the per-block path) and the lane's activation
+// scale. Per group and row that is 8 (Q1_0) or 4 (Q2_0) expansions and
+// VPDPBUSDs, and one int->float conversion, multiply and FMA for 16 lanes,
+// instead of three float operations per unit. Lane L of group g always
+// covers elements [W*(16g+L), +W) (W = 32 for Q1_0, 16 for Q2_0), so the
+// lane sums and scales are in natural order. A last partial group (units
+// not a multiple of 4) is loaded with byte masks (no read past the row) and
+// its missing lanes are zero on the activation side.
+// A g128 matrix and its g64 twin (blocks paired with equal d) run the same
+// groups, lanes and operations, so they stay bit-identical.
+
+template <int F>
+struct GGeo;
+template <>
+struct GGeo<kFamQ1> {
+  static constexpr int kPlanes = 8, kElems = 128, kGroupBytes = 72;
+};
+template <>
+struct GGeo<kFamG64> {
+  static constexpr int kPlanes = 4, kElems = 64, kGroupBytes = 72;
+};
+template <>
+struct GGeo<kFamG128D> {
+  static constexpr int kPlanes = 4, kElems = 64, kGroupBytes = 68;
+};
+template <>
+struct GGeo<kFamG128Qs> {
+  static constexpr int kPlanes = 4, kElems = 64, kGroupBytes = 68;
+};
+
+// Byte offset (from the group start) of packed byte j of unit u, and of
+// unit u's fp16 scale.
+template <int F>
+constexpr int gq_offset(int u, int j) {
+  if constexpr (F == kFamG128D) return 34 * (u / 2) + 2 + 16 * (u % 2) + j;
+  if constexpr (F == kFamG128Qs) return 34 * (u / 2) + 16 * (u % 2) + j;
+  return 18 * u + 2 + j;
+}
+template <int F>
+constexpr int gd_offset(int u) {
+  if constexpr (F == kFamG128D) return 34 * (u / 2);
+  if constexpr (F == kFamG128Qs) return 34 * (u / 2) + 32;
+  return 18 * u;
+}
+// Bytes a group of nu units spans (nu <= 4; even for g128).
+template <int F>
+constexpr int gspan(int nu) {
+  return is_g128(F) ? 34 * (nu / 2) : 18 * nu;
+}
+
+struct GConsts {
+  __m512i qidx;      // VPERMT2B index: Q byte p <- group byte gq_offset(p/16, p%16)
+  __m512i didx;      // VPERMT2W index: word w < 16 <- scale of unit w/4
+  __m512i plane[8];  // GF2P8AFFINEQB matrices, one per plane
+  __m512i odd;       // 0xAA in every byte (g128 remap)
+};
+
+template <int F>
+GConsts make_gconsts() {
+  GConsts c;
+  alignas(64) uint8_t qi[64];
+  alignas(64) uint16_t di[32];
+  for (int p = 0; p < 64; ++p) qi[p] = static_cast<uint8_t>(gq_offset<F>(p / 16, p % 16));
+  for (int w = 0; w < 32; ++w) di[w] = static_cast<uint16_t>(gd_offset<F>((w % 16) / 4) / 2);
+  c.qidx = _mm512_load_si512(qi);
+  c.didx = _mm512_load_si512(di);
+  for (int m = 0; m < 8; ++m) {
+    uint64_t q = 0;
+    if constexpr (F == kFamQ1) {
+      q = static_cast<uint64_t>(1u << m) << 48;  // out bit 1 = src bit m (weight byte 0 or 2)
+    } else if (m < 4) {
+      // out bit 0 = src bit 2m, out bit 1 = src bit 2m+1 (the code)
+      q = (static_cast<uint64_t>(1u << (2 * m)) << 56) | (static_cast<uint64_t>(1u << (2 * m + 1)) << 48);
+    }
+    c.plane[m] = _mm512_set1_epi64(static_cast<long long>(q));
+  }
+  c.odd = _mm512_set1_epi8(static_cast<char>(0xAA));
+  return c;
+}
+
+// Loads the packed bytes (Q) and the per-lane fp16 scales (dw) of the group
+// at p; nu < 4 for a last partial group (masked loads, nothing past it read).
+template <int F, bool kTail>
+inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512& dw) {
+  __m512i l0, l1;
+  if constexpr (!kTail) {
+    l0 = _mm512_loadu_si512(p);
+    if constexpr (GGeo<F>::kGroupBytes == 72) {
+      l1 = _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64)));
+    } else {
+      uint32_t v;
+      std::memcpy(&v, p + 64, 4);
+      l1 = _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(v)));
+    }
+  } else {
+    const int span = gspan<F>(nu);  // < 64 for every partial group
+    l0 = _mm512_maskz_loadu_epi8(span >= 64 ? ~__mmask64{0} : (__mmask64{1} << span) - 1, p);
+    l1 = _mm512_setzero_si512();
+  }
+  q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
+  if constexpr (is_g128(F)) {
+    // code 3 -> 1 in every 2-bit field: clear bit 1 where bit 0 is set.
+    q = _mm512_ternarylogic_epi64(q, _mm512_slli_epi16(q, 1), c.odd, 0x70);  // q & ~(shl(q) & 0xAA)
+  }
+  dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(l0, c.didx, l1)));
+}
+
+// Prepared grouped activations of column j: X planes, lane negsums, lane scales.
+struct GCol {
+  const int8_t* x;
+  const int32_t* neg;
+  const float* dl;
+};
+
+// Per-column strides of the grouped layout (see prepare_cols_grouped).
+inline int64_t g_groups(int64_t cols, int elems) { return (cols / elems + 3) / 4; }
+
+// R rows x C columns over all groups of the rows. y is [n][rows].
+template <int F, int R, int C>
+void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a, int64_t j0, float* y,
+            int64_t y_ld, int64_t r, const GConsts& c) {
+  constexpr int P = GGeo<F>::kPlanes, GB = GGeo<F>::kGroupBytes;
+  const int64_t ng = (units + 3) / 4, full = units / 4;
+  const int64_t xs = ng * 4 * GGeo<F>::kElems, ls = ng * 16;  // column strides
+  __m512 out[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < C; ++k) out[i][k] = _mm512_setzero_ps();
+  GCol col[C];
+  for (int k = 0; k < C; ++k) col[k] = GCol{a.qp + (j0 + k) * xs, a.lane_neg + (j0 + k) * ls, a.lane_d + (j0 + k) * ls};
+  auto body = [&](int64_t g, auto tail) {
+    __m512i q[R];
+    __m512 dw[R];
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* p = row0 + static_cast<size_t>(i) * stride + static_cast<size_t>(g) * GB;
+      if constexpr (!decltype(tail)::value) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL2Bytes), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL2Bytes + 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL1Bytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL1Bytes + 64), _MM_HINT_T0);
+      }
+      gload<F, decltype(tail)::value>(p, static_cast<int>(units - 4 * g), c, q[i], dw[i]);
+    }
+    __m512i acc[R][C];
+    for (int k = 0; k < C; ++k) {
+      const __m512i nv = _mm512_load_si512(col[k].neg + g * 16);
+      for (int i = 0; i < R; ++i) acc[i][k] = nv;
+    }
+    for (int m = 0; m < P; ++m) {
+      __m512i wv[R];
+      for (int i = 0; i < R; ++i) wv[i] = _mm512_gf2p8affine_epi64_epi8(q[i], c.plane[m], 0);
+      for (int k = 0; k < C; ++k) {
+        const __m512i xv = _mm512_load_si512(col[k].x + g * (P * 64) + m * 64);
+        for (int i = 0; i < R; ++i) acc[i][k] = _mm512_dpbusd_epi32(acc[i][k], wv[i], xv);
+      }
+    }
+    for (int k = 0; k < C; ++k) {
+      const __m512 dl = _mm512_load_ps(col[k].dl + g * 16);
+      for (int i = 0; i < R; ++i)
+        out[i][k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[i][k]), dl), dw[i], out[i][k]);
+    }
+  };
+  for (int64_t g = 0; g < full; ++g) body(g, std::false_type{});
+  if (full < ng) body(full, std::true_type{});
+  for (int i = 0; i < R; ++i)
+    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = _mm512_reduce_add_ps(out[i][k]);
+}
+
+template <int F>
+void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
+  static const GConsts c = make_gconsts<F>();
+  const int64_t units = w.cols / GGeo<F>::kElems;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const size_t st = w.row_stride;
+  int64_t r = r0;
+  if (n == 1) {
+    // Two rows at a time: two independent VPDPBUSD chains per plane.
+    for (; r + 4 <= r1; r += 4) gmicro<F, 4, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
+    for (; r + 2 <= r1; r += 2) gmicro<F, 2, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
+    if (r < r1) gmicro<F, 1, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
+    return;
+  }
+  // Small batches: each expanded plane feeds up to four columns.
+  for (; r < r1; ++r) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) gmicro<F, 1, 4>(base + r * st, st, units, a, j, y, w.rows, r, c);
+    if (j + 2 <= n) {
+      gmicro<F, 1, 2>(base + r * st, st, units, a, j, y, w.rows, r, c);
+      j += 2;
+    }
+    if (j < n) gmicro<F, 1, 1>(base + r * st, st, units, a, j, y, w.rows, r, c);
+  }
+}
+
 // ---- Q8_0 weights: natural activation order, 256-bit VNNI ------------------------------
 
 void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
@@ -413,6 +628,76 @@ int family_of(Format f) {
   }
 }
 
+
+// Grouped activation layout of columns [j0, j1) for weight family fam (see
+// "Grouped layout" above): per column, ng = ceil(units / 4) groups of
+// X[planes][64] (a.qp, column stride ng * 4 * E bytes), lane negsums
+// (a.lane_neg) and lane scales (a.lane_d), both ng * 16 per column; the lanes
+// of a last partial group past the row are zero.
+void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
+  const int64_t cols = a.cols;
+  const bool q1 = fam == kFamQ1;
+  const int E = q1 ? 128 : 64, W = q1 ? 32 : 16, P = q1 ? 8 : 4;
+  const int64_t units = cols / E, ng = g_groups(cols, E);
+  const int64_t xs = ng * 4 * E, ls = ng * 16;
+  // Transposes of one unit: output byte o (plane o/16, packed byte o%16).
+  alignas(64) uint8_t t0[64], t1[64];
+  for (int o = 0; o < 64; ++o) {
+    if (q1) {
+      t0[o] = static_cast<uint8_t>(8 * (o % 16) + o / 16);      // planes 0..3
+      t1[o] = static_cast<uint8_t>(8 * (o % 16) + 4 + o / 16);  // planes 4..7
+    } else {
+      t0[o] = static_cast<uint8_t>(4 * (o % 16) + o / 16);  // planes 0..3
+      t1[o] = 0;
+    }
+  }
+  const __m512i i0 = _mm512_load_si512(t0), i1 = _mm512_load_si512(t1);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t j = j0; j < j1; ++j) {
+    const int8_t* q = a.q + j * cols;
+    const float* d = a.d + j * (cols / 32);
+    int8_t* x = a.qp + j * xs;
+    int32_t* neg = a.lane_neg + j * ls;
+    float* dl = a.lane_d + j * ls;
+    // Padding of a partial last group.
+    std::memset(x + units * E, 0, static_cast<size_t>(xs - units * E));
+    const int64_t lanes = units * E / W;
+    std::memset(neg + lanes, 0, static_cast<size_t>(ls - lanes) * sizeof(int32_t));
+    std::memset(dl + lanes, 0, static_cast<size_t>(ls - lanes) * sizeof(float));
+    for (int64_t u = 0; u < units; ++u) {
+      int8_t* xg = x + (u / 4) * (P * 64) + (u % 4) * 16;
+      if (q1) {
+        const __m512i s0 = _mm512_loadu_si512(q + u * 128), s1 = _mm512_loadu_si512(q + u * 128 + 64);
+        const __m512i a0 = _mm512_permutex2var_epi8(s0, i0, s1), a1 = _mm512_permutex2var_epi8(s0, i1, s1);
+        alignas(64) int8_t b0[64], b1[64];
+        _mm512_store_si512(b0, a0);
+        _mm512_store_si512(b1, a1);
+        for (int m = 0; m < 4; ++m) {
+          std::memcpy(xg + m * 64, b0 + 16 * m, 16);
+          std::memcpy(xg + (m + 4) * 64, b1 + 16 * m, 16);
+        }
+      } else {
+        const __m512i a0 = _mm512_permutexvar_epi8(i0, _mm512_loadu_si512(q + u * 64));
+        alignas(64) int8_t b0[64];
+        _mm512_store_si512(b0, a0);
+        for (int m = 0; m < 4; ++m) std::memcpy(xg + m * 64, b0 + 16 * m, 16);
+      }
+    }
+    // Lane sums (negated) of W consecutive quants, and lane scales.
+    for (int64_t c0 = 0; c0 < units * E; c0 += 64) {
+      alignas(64) int32_t s4[16];
+      _mm512_store_si512(s4, _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q + c0)));
+      const int per = W / 4;  // dwords per lane
+      for (int l = 0; l < 16 / per; ++l) {
+        int32_t sum = 0;
+        for (int t = 0; t < per; ++t) sum += s4[l * per + t];
+        neg[c0 / W + l] = -sum;
+      }
+    }
+    for (int64_t l = 0; l < lanes; ++l) dl[l] = d[l * W / 32];
+  }
+}
+
 void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
@@ -428,6 +713,10 @@ void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a)
   }
   const int fam = family_of(f);
   if (fam == kFamQ8) return;
+  if (use_grouped()) {
+    prepare_cols_grouped(fam, j0, j1, a);
+    return;
+  }
   const int E = fam == kFamG64 ? 64 : 128;
   // Byte permutation of a block (E elements) and per-lane sub-block index.
   alignas(64) uint8_t idx[128];
@@ -482,6 +771,15 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     return;
   }
   const bool gf = g_has_gfni && g_use_gfni;
+  if (use_grouped()) {
+    switch (w.format) {
+      case Format::kQ1_0: return rows_grouped<kFamQ1>(w, *a, n, y, r0, r1);
+      case Format::kQ2_0: return rows_grouped<kFamG64>(w, *a, n, y, r0, r1);
+      case Format::kQ2_0G128D: return rows_grouped<kFamG128D>(w, *a, n, y, r0, r1);
+      case Format::kQ2_0G128Qs: return rows_grouped<kFamG128Qs>(w, *a, n, y, r0, r1);
+      default: break;
+    }
+  }
   switch (w.format) {
     case Format::kF32: return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
     case Format::kF16: return rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);

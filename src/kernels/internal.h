@@ -53,9 +53,11 @@ struct QuantAct {
   int8_t* q = nullptr;          // [n][cols] int8 quants in natural element order
   float* d = nullptr;           // [n][cols/32] sub-block scales (fp16-rounded, widened)
   // SIMD-tier extras (unused by the reference tier):
-  int8_t* qp = nullptr;         // [n][cols] quants in a tier's Q2 code order
-  float* lane_d = nullptr;      // [n][cols/4] scale of each 4-value dword lane
-  int32_t* lane_neg = nullptr;  // [n][cols/4] -(sum of the lane's 4 quants)
+  int8_t* qp = nullptr;         // [n][cols + 384] quants in a tier's weight order
+                                //   (column stride cols, or the AVX-512 grouped
+                                //   layout's padded stride; see avx512.cpp)
+  float* lane_d = nullptr;      // [n][cols/4] scale of each dword lane
+  int32_t* lane_neg = nullptr;  // [n][cols/4] -(sum of the lane's quants)
   int32_t* sub_sum = nullptr;   // [n][cols/32] sum of each sub-block's quants
   // AMX GEMM layout (amx.cpp), valid when amx_ready; groups of 16 columns:
   int64_t amx_groups = 0;

@@ -424,9 +424,12 @@ void QuantAct::resize(int64_t n_vectors, int64_t n_cols) {
   n = n_vectors;
   cols = n_cols;
   const size_t e = static_cast<size_t>(n_vectors * n_cols);
+  // qp: the AVX-512 grouped layout pads each column to whole groups of
+  // four weight units (at most 3 * 128 extra bytes).
+  const size_t ep = static_cast<size_t>(n_vectors * (n_cols + 384));
+  if (qp_buf_.size() < ep) qp_buf_.resize(ep);
   if (q_buf_.size() < e) {
     q_buf_.resize(e);
-    qp_buf_.resize(e);
     d_buf_.resize(e / 32 + 1);
     lane_d_buf_.resize(e / 4 + 1);
     lane_neg_buf_.resize(e / 4 + 1);
