@@ -42,6 +42,13 @@ Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& 
     }
     f->data_ = static_cast<const uint8_t*>(p);
     f->mmapped_ = true;
+#ifdef MADV_HUGEPAGE
+    // Best effort, errors ignored: where the kernel supports huge pages for
+    // read-only file mappings (CONFIG_READ_ONLY_THP_FOR_FS, khugepaged) the
+    // weight streams of a GEMV then cost one TLB entry per 2 MiB instead of
+    // per 4 KiB (bench/results: +15-25% GEMV bandwidth with 2 MiB pages).
+    ::madvise(p, f->size_, MADV_HUGEPAGE);
+#endif
   }
   ::close(fd);
   return std::shared_ptr<const MappedFile>(std::move(f));
