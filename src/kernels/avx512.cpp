@@ -27,10 +27,14 @@
 //   same lane of both) lies in one 32-value activation sub-block, so the
 //   int32 lane sums are scaled by a per-lane activation scale vector and the
 //   weight block's fp16 scale, accumulating in fp32.
-// GEMV (n = 1) runs four rows at a time with software prefetches (L2 8 KiB,
-// L1 2 KiB ahead) in the weight stream; small batches (n < kAmxMinCols) run two rows x up to
-// four columns so each expanded block feeds several dot products; larger
-// batches go to the AMX tiles (amx.cpp) when the CPU and OS allow.
+// With GFNI and AVX512_VBMI (Ice Lake and later) GEMV and small batches take
+// the grouped path instead (see "Grouped layout" below): four weight units
+// per vector, so the fp32 scaling runs once per four units; GEMV runs four
+// rows at a time, small batches one row x up to four columns. Without them
+// the per-block scheme above runs (GEMV four rows at a time, small batches
+// two rows x up to four columns). Both prefetch the weight stream in
+// software (L2 4 KiB, L1 1 KiB ahead). Batches of n >= kAmxMinCols go to the
+// AMX tiles (amx.cpp) when the CPU and OS allow.
 // Float weights (F32/F16/BF16) use FMA on fp32 directly.
 #include "kernels/internal.h"
 
