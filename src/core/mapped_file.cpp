@@ -43,10 +43,11 @@ Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& 
     f->data_ = static_cast<const uint8_t*>(p);
     f->mmapped_ = true;
 #ifdef MADV_HUGEPAGE
-    // Best effort, errors ignored: where the kernel supports huge pages for
-    // read-only file mappings (CONFIG_READ_ONLY_THP_FOR_FS, khugepaged) the
+    // Best effort, errors ignored: where the kernel maps read-only file
+    // pages as huge pages (CONFIG_READ_ONLY_THP_FOR_FS, khugepaged) the
     // weight streams of a GEMV then cost one TLB entry per 2 MiB instead of
-    // per 4 KiB (bench/results: +15-25% GEMV bandwidth with 2 MiB pages).
+    // per 4 KiB (bench/results/kernels-2026-11-29-grouped*.txt: 3-20% more
+    // GEMV bandwidth on 2 MiB pages).
     ::madvise(p, f->size_, MADV_HUGEPAGE);
 #endif
   }
