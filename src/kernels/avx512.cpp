@@ -61,8 +61,9 @@ bool g_use_amx = true;     // test hook (set_avx512_amx)
 // prefetches two lines per level per 72-byte group, so no line is skipped).
 // The hardware prefetcher alone left the GEMV ~40% short of the memory
 // bandwidth here; two levels (L2 prefetches do not hold L1 fill buffers)
-// measured best, and with 2 MiB pages 4 KiB / 1 KiB beat 8 / 2, 16 / 2,
-// 8 / 4, 2 / 0.5, 4 / 0.5, 3 / 1 and 6 / 1 KiB on Sapphire Rapids by 2-6%.
+// measured best; in one sweep of the grouped Q1_0 GEMV on Sapphire Rapids
+// (2 MiB pages) 4 KiB / 1 KiB came out ahead of 8 / 2, 16 / 2, 8 / 4,
+// 2 / 0.5, 4 / 0.5, 3 / 1 and 6 / 1 KiB, by 2-6% (run-to-run noise ~3%).
 constexpr int64_t kPrefetchL2Bytes = 4096;
 constexpr int64_t kPrefetchL1Bytes = 1024;
 
@@ -289,7 +290,6 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
   }
 }
 
-
 // ---- Grouped layout (GFNI + VBMI): four weight units per vector -------------------------
 //
 // The GEMV / small-batch path on CPUs with GFNI and AVX512_VBMI. Four
@@ -482,7 +482,8 @@ void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, i
   const size_t st = w.row_stride;
   int64_t r = r0;
   if (n == 1) {
-    // Two rows at a time: two independent VPDPBUSD chains per plane.
+    // Four rows at a time: four independent VPDPBUSD chains per plane and
+    // the activation loads shared (measured faster than one or two rows).
     for (; r + 4 <= r1; r += 4) gmicro<F, 4, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
     for (; r + 2 <= r1; r += 2) gmicro<F, 2, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
     if (r < r1) gmicro<F, 1, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
