@@ -1,6 +1,7 @@
 // OpenAI request parsing/validation and response builders. See openai.h.
 #include "server/openai.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -149,6 +150,135 @@ std::optional<ApiError> get_content(const json& msg, const std::string& where, s
   return std::nullopt;
 }
 
+ApiError missing(const std::string& field) {
+  return bad_request("Missing required parameter: '" + field + "'.", field, "missing_required_parameter");
+}
+
+// An optional string member `key` of `obj` (null means absent); `where` is
+// obj's path ("" for the request body itself).
+std::optional<ApiError> check_optional_string(const json& obj, const char* key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null() || it->is_string()) return std::nullopt;
+  return wrong_type(where.empty() ? std::string(key) : where + "." + key, "a string", *it);
+}
+
+// The function-tool names declared in `tools` (validated by parse_tools).
+std::vector<std::string> tool_names(const json& tools) {
+  std::vector<std::string> names;
+  for (const json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
+  return names;
+}
+
+// OpenAI chat `tools` (API reference, "Create chat completion" > tools): an
+// array of {"type": "function", "function": {"name": string, "description"?:
+// string, "parameters"?: object (a JSON Schema), "strict"?: boolean}}. The
+// entries are handed to the chat template as they are, so each one is
+// checked here; a malformed entry is a 400 naming it ("tools[1].function.name").
+// Then `tool_choice`: "none" | "auto" | "required", or {"type": "function",
+// "function": {"name": one of the tools}}; anything but "none"/"auto" needs
+// tools. And `parallel_tool_calls`: a boolean.
+std::optional<ApiError> parse_tools(const json& body) {
+  const json* tools = nullptr;
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) return wrong_type("tools", "an array", *t);
+    tools = &*t;
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!tool.is_object()) return wrong_type(where, "an object", tool);
+      auto type = tool.find("type");
+      if (type == tool.end() || type->is_null()) return missing(where + ".type");
+      if (!type->is_string()) return wrong_type(where + ".type", "a string", *type);
+      if (*type != "function")
+        return bad_request("Invalid value for '" + where + ".type': " + type->dump() +
+                               ". Supported values are: 'function'.",
+                           where + ".type", "invalid_value");
+      auto fn = tool.find("function");
+      if (fn == tool.end() || fn->is_null()) return missing(where + ".function");
+      if (!fn->is_object()) return wrong_type(where + ".function", "an object", *fn);
+      const std::string fw = where + ".function";
+      auto name = fn->find("name");
+      if (name == fn->end() || name->is_null()) return missing(fw + ".name");
+      if (!name->is_string()) return wrong_type(fw + ".name", "a string", *name);
+      if (name->get_ref<const std::string&>().empty())
+        return bad_request("Invalid '" + fw + ".name': empty string. Expected a string with minimum length 1.",
+                           fw + ".name", "empty_string");
+      if (auto e = check_optional_string(*fn, "description", fw)) return e;
+      if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object())
+        return wrong_type(fw + ".parameters", "an object (a JSON Schema)", *p);
+      if (auto s = fn->find("strict"); s != fn->end() && !s->is_null() && !s->is_boolean())
+        return wrong_type(fw + ".strict", "a boolean", *s);
+    }
+  }
+  const bool have_tools = tools != nullptr && !tools->empty();
+  if (auto c = body.find("tool_choice"); c != body.end() && !c->is_null()) {
+    if (c->is_string()) {
+      const std::string& v = c->get_ref<const std::string&>();
+      if (v != "none" && v != "auto" && v != "required")
+        return bad_request("Invalid value for 'tool_choice': " + c->dump() +
+                               ". Supported values are: 'none', 'auto' and 'required'.",
+                           "tool_choice", "invalid_value");
+      if (v == "required" && !have_tools)
+        return bad_request("Invalid value for 'tool_choice': 'required' is only allowed when 'tools' are specified.",
+                           "tool_choice", "invalid_value");
+    } else if (c->is_object()) {
+      auto type = c->find("type");
+      if (type == c->end() || type->is_null()) return missing("tool_choice.type");
+      if (!type->is_string()) return wrong_type("tool_choice.type", "a string", *type);
+      if (*type != "function")
+        return bad_request("Invalid value for 'tool_choice.type': " + type->dump() +
+                               ". Supported values are: 'function'.",
+                           "tool_choice.type", "invalid_value");
+      auto fn = c->find("function");
+      if (fn == c->end() || fn->is_null()) return missing("tool_choice.function");
+      if (!fn->is_object()) return wrong_type("tool_choice.function", "an object", *fn);
+      auto name = fn->find("name");
+      if (name == fn->end() || name->is_null()) return missing("tool_choice.function.name");
+      if (!name->is_string()) return wrong_type("tool_choice.function.name", "a string", *name);
+      const std::vector<std::string> names = have_tools ? tool_names(*tools) : std::vector<std::string>{};
+      if (std::find(names.begin(), names.end(), name->get<std::string>()) == names.end())
+        return bad_request("Invalid value for 'tool_choice': no function named " + name->dump() +
+                               " is declared in 'tools'.",
+                           "tool_choice.function.name", "invalid_value");
+    } else {
+      return wrong_type("tool_choice", "a string or an object", *c);
+    }
+  }
+  if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null() && !p->is_boolean())
+    return wrong_type("parallel_tool_calls", "a boolean", *p);
+  return std::nullopt;
+}
+
+// OpenAI `response_format` (both endpoints accept it here): {"type": "text"},
+// {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name":
+// string, "description"?: string, "schema"?: object, "strict"?: boolean}}.
+// Only the shape is checked: generation is not constrained by it.
+std::optional<ApiError> check_response_format(const json& body) {
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return wrong_type("response_format", "an object", *it);
+  auto type = it->find("type");
+  if (type == it->end() || type->is_null()) return missing("response_format.type");
+  if (!type->is_string()) return wrong_type("response_format.type", "a string", *type);
+  if (*type == "text" || *type == "json_object") return std::nullopt;
+  if (*type != "json_schema")
+    return bad_request("Invalid value for 'response_format.type': " + type->dump() +
+                           ". Supported values are: 'text', 'json_object' and 'json_schema'.",
+                       "response_format.type", "invalid_value");
+  auto js = it->find("json_schema");
+  if (js == it->end() || js->is_null()) return missing("response_format.json_schema");
+  if (!js->is_object()) return wrong_type("response_format.json_schema", "an object", *js);
+  auto name = js->find("name");
+  if (name == js->end() || name->is_null()) return missing("response_format.json_schema.name");
+  if (!name->is_string()) return wrong_type("response_format.json_schema.name", "a string", *name);
+  if (auto e = check_optional_string(*js, "description", "response_format.json_schema")) return e;
+  if (auto s = js->find("schema"); s != js->end() && !s->is_null() && !s->is_object())
+    return wrong_type("response_format.json_schema.schema", "an object (a JSON Schema)", *s);
+  if (auto s = js->find("strict"); s != js->end() && !s->is_null() && !s->is_boolean())
+    return wrong_type("response_format.json_schema.strict", "a boolean", *s);
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_messages(const json& body, CompletionRequest& out) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null())
@@ -201,15 +331,14 @@ std::optional<ApiError> parse_messages(const json& body, CompletionRequest& out)
         msg.tool_calls.push_back(std::move(t));
       }
     }
+    if (auto e = check_optional_string(m, "name", where)) return e;
     if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
       if (!id->is_string()) return wrong_type(where + ".tool_call_id", "a string", *id);
       msg.tool_call_id = id->get<std::string>();
     }
     out.messages.push_back(std::move(msg));
   }
-  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-    if (!t->is_array()) return wrong_type("tools", "an array", *t);
-  }
+  if (auto e = parse_tools(body)) return e;
   if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     if (auto e = get_bool(*k, "enable_thinking", out.enable_thinking)) {
@@ -300,6 +429,26 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     }
   } else {
     if (auto e = parse_prompt(body, out)) return e;
+  }
+
+  if (auto e = check_response_format(body)) return e;
+  if (auto e = check_optional_string(body, "user", "")) return e;
+  // Accepted for compatibility, not computed (responses carry "logprobs": null);
+  // still, a value of the wrong type is the client's bug and says so.
+  if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+    if (endpoint == Endpoint::kChat && !it->is_boolean()) return wrong_type("logprobs", "a boolean", *it);
+    if (endpoint == Endpoint::kCompletion) {
+      std::optional<int64_t> lp;
+      if (auto e = get_int(body, "logprobs", 0, 5, lp)) return e;
+    }
+  }
+  {
+    std::optional<int64_t> tl;
+    if (auto e = get_int(body, "top_logprobs", 0, 20, tl)) return e;
+  }
+  if (endpoint == Endpoint::kCompletion) {
+    bool echo = false;
+    if (auto e = get_bool(body, "echo", echo)) return e;
   }
 
   std::optional<int64_t> iv;

@@ -104,6 +104,154 @@ TEST(OpenAiParse, WrongTypesAndRangesAre400NamingTheField) {
   }
 }
 
+// OpenAI `tools` entries are {"type":"function","function":{"name":...}}:
+// "tools":[5] and other malformed entries used to pass straight to the chat
+// template. Each is a 400 whose param and message name the bad entry/field.
+struct ToolCase {
+  const char* extra;  // fields appended to a valid chat body
+  const char* param;
+  const char* code;
+  const char* message;
+};
+
+TEST(OpenAiParse, MalformedToolsAndToolChoiceAre400NamingTheField) {
+  const ToolCase cases[] = {
+      {R"("tools":[5])", "tools[0]", "invalid_type", "Invalid type for 'tools[0]': expected an object, but got integer."},
+      {R"("tools":{"type":"function"})", "tools", "invalid_type",
+       "Invalid type for 'tools': expected an array, but got object."},
+      {R"("tools":[{"type":"function","function":{"name":"f"}},"g"])", "tools[1]", "invalid_type",
+       "Invalid type for 'tools[1]': expected an object, but got string."},
+      {R"("tools":[{"function":{"name":"f"}}])", "tools[0].type", "missing_required_parameter",
+       "Missing required parameter: 'tools[0].type'."},
+      {R"("tools":[{"type":"retrieval","function":{"name":"f"}}])", "tools[0].type", "invalid_value",
+       "Invalid value for 'tools[0].type': \"retrieval\". Supported values are: 'function'."},
+      {R"("tools":[{"type":1,"function":{"name":"f"}}])", "tools[0].type", "invalid_type",
+       "Invalid type for 'tools[0].type': expected a string, but got integer."},
+      {R"("tools":[{"type":"function"}])", "tools[0].function", "missing_required_parameter",
+       "Missing required parameter: 'tools[0].function'."},
+      {R"("tools":[{"type":"function","function":"f"}])", "tools[0].function", "invalid_type",
+       "Invalid type for 'tools[0].function': expected an object, but got string."},
+      {R"("tools":[{"type":"function","function":{"description":"d"}}])", "tools[0].function.name",
+       "missing_required_parameter", "Missing required parameter: 'tools[0].function.name'."},
+      {R"("tools":[{"type":"function","function":{"name":7}}])", "tools[0].function.name", "invalid_type",
+       "Invalid type for 'tools[0].function.name': expected a string, but got integer."},
+      {R"("tools":[{"type":"function","function":{"name":""}}])", "tools[0].function.name", "empty_string",
+       "Invalid 'tools[0].function.name': empty string. Expected a string with minimum length 1."},
+      {R"("tools":[{"type":"function","function":{"name":"f","description":["d"]}}])",
+       "tools[0].function.description", "invalid_type",
+       "Invalid type for 'tools[0].function.description': expected a string, but got array."},
+      {R"("tools":[{"type":"function","function":{"name":"f","parameters":"{}"}}])", "tools[0].function.parameters",
+       "invalid_type",
+       "Invalid type for 'tools[0].function.parameters': expected an object (a JSON Schema), but got string."},
+      {R"("tools":[{"type":"function","function":{"name":"f","strict":"yes"}}])", "tools[0].function.strict",
+       "invalid_type", "Invalid type for 'tools[0].function.strict': expected a boolean, but got string."},
+      {R"("tool_choice":5)", "tool_choice", "invalid_type",
+       "Invalid type for 'tool_choice': expected a string or an object, but got integer."},
+      {R"("tool_choice":"always")", "tool_choice", "invalid_value",
+       "Invalid value for 'tool_choice': \"always\". Supported values are: 'none', 'auto' and 'required'."},
+      {R"("tool_choice":"required")", "tool_choice", "invalid_value",
+       "Invalid value for 'tool_choice': 'required' is only allowed when 'tools' are specified."},
+      {R"("tool_choice":{"type":"function"})", "tool_choice.function", "missing_required_parameter",
+       "Missing required parameter: 'tool_choice.function'."},
+      {R"("tool_choice":{"type":"function","function":{"name":"g"}},"tools":[{"type":"function","function":{"name":"f"}}])",
+       "tool_choice.function.name", "invalid_value",
+       "Invalid value for 'tool_choice': no function named \"g\" is declared in 'tools'."},
+      {R"("tool_choice":{"function":{"name":"f"}})", "tool_choice.type", "missing_required_parameter",
+       "Missing required parameter: 'tool_choice.type'."},
+      {R"("parallel_tool_calls":"yes")", "parallel_tool_calls", "invalid_type",
+       "Invalid type for 'parallel_tool_calls': expected a boolean, but got string."},
+  };
+  for (const auto& c : cases) {
+    const std::string body = std::string(R"({"messages":[{"role":"user","content":"x"}],)") + c.extra + "}";
+    CompletionRequest r;
+    auto e = parse(body, Endpoint::kChat, r);
+    ASSERT_TRUE(e.has_value()) << body;
+    EXPECT_EQ(e->status, 400) << body;
+    EXPECT_EQ(e->type, "invalid_request_error") << body;
+    EXPECT_EQ(e->param, c.param) << body << " -> " << e->message;
+    EXPECT_EQ(e->code, c.code) << body << " -> " << e->message;
+    EXPECT_EQ(e->message, c.message) << body;
+    EXPECT_EQ(e->to_json()["error"]["param"], c.param);
+  }
+}
+
+// Well-formed tools and tool_choice still parse, and reach the template in
+// the client's key order.
+TEST(OpenAiParse, WellFormedToolsAndToolChoiceAreAccepted) {
+  const std::string tools =
+      R"([{"type":"function","function":{"name":"get_weather","description":"Weather","strict":true,)"
+      R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},)"
+      R"({"type":"function","function":{"name":"now"}}])";
+  for (const char* choice : {R"("auto")", R"("none")", R"("required")", R"({"type":"function","function":{"name":"now"}})",
+                             "null"}) {
+    const std::string body = R"({"messages":[{"role":"user","content":"x"}],"tools":)" + tools +
+                             R"(,"parallel_tool_calls":false,"tool_choice":)" + choice + "}";
+    CompletionRequest r;
+    auto e = parse(body, Endpoint::kChat, r);
+    ASSERT_FALSE(e.has_value()) << choice << " -> " << e->message;
+    ASSERT_TRUE(r.tools.is_array());
+    ASSERT_EQ(r.tools.size(), 2u);
+    EXPECT_EQ(r.tools[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(r.tools[0]["function"].begin().key(), "name");  // document order kept
+    EXPECT_EQ(r.tools[1]["function"]["name"], "now");
+  }
+  // "tools": [] and "tool_choice": "none"/"auto" without tools are fine.
+  CompletionRequest r;
+  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[],"tool_choice":"none"})", Endpoint::kChat, r));
+  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})", Endpoint::kChat, r));
+}
+
+// response_format, user, logprobs/top_logprobs, echo and messages[].name
+// were ignored whatever their type.
+TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
+  const BadCase cases[] = {
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":"json"})", Endpoint::kChat, "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{}})", Endpoint::kChat, "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})", Endpoint::kChat,
+       "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})", Endpoint::kChat,
+       "response_format.json_schema"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"schema":{}}}})",
+       Endpoint::kChat, "response_format.json_schema.name"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":[]}}})",
+       Endpoint::kChat, "response_format.json_schema.schema"},
+      {R"({"prompt":"x","response_format":{"type":5}})", Endpoint::kCompletion, "response_format.type"},
+      {R"({"messages":[{"role":"user","content":"x"}],"user":42})", Endpoint::kChat, "user"},
+      {R"({"messages":[{"role":"user","content":"x","name":1}]})", Endpoint::kChat, "messages[0].name"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", Endpoint::kChat, "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":21})", Endpoint::kChat, "top_logprobs"},
+      {R"({"prompt":"x","logprobs":true})", Endpoint::kCompletion, "logprobs"},
+      {R"({"prompt":"x","logprobs":6})", Endpoint::kCompletion, "logprobs"},
+      {R"({"prompt":"x","echo":"no"})", Endpoint::kCompletion, "echo"},
+      {R"({"prompt":"x","n":"2"})", Endpoint::kCompletion, "n"},
+      {R"({"prompt":"x","n":1.5})", Endpoint::kCompletion, "n"},
+      {R"({"prompt":"x","stop":{"a":1}})", Endpoint::kCompletion, "stop"},
+      {R"({"prompt":"x","stop":[null]})", Endpoint::kCompletion, "stop[0]"},
+      {R"({"prompt":"x","logit_bias":{"5":true}})", Endpoint::kCompletion, "logit_bias.5"},
+      {R"({"prompt":"x","logit_bias":{"-1":1}})", Endpoint::kCompletion, "logit_bias"},
+  };
+  for (const auto& c : cases) {
+    CompletionRequest r;
+    auto e = parse(c.body, c.ep, r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, 400) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body << " -> " << e->message;
+    EXPECT_NE(e->message.find(c.param), std::string::npos) << e->message;
+  }
+  // The well-formed variants pass.
+  CompletionRequest r;
+  for (const char* body :
+       {R"({"messages":[{"role":"user","content":"x","name":"bob"}],"response_format":{"type":"json_object"},"user":"u","logprobs":false,"top_logprobs":0})",
+        R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"},"strict":true}}})",
+        R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"}})"}) {
+    auto e = parse(body, Endpoint::kChat, r);
+    EXPECT_FALSE(e.has_value()) << body << " -> " << e->message;
+  }
+  auto e = parse(R"({"prompt":"x","logprobs":0,"echo":false,"n":2.0})", Endpoint::kCompletion, r);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_EQ(r.n, 2);
+}
+
 // An integral float out of range is an out-of-range value, not a wrong type.
 TEST(OpenAiParse, IntegralFloatOutOfRangeIsInvalidValue) {
   CompletionRequest r;

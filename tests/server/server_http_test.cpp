@@ -385,6 +385,29 @@ TEST_F(ServerHttp, ContextLengthExceededNamesPromptOrMessages) {
   EXPECT_EQ(j["error"]["param"], "messages");
 }
 
+// "tools":[5] used to reach the chat template; it is a 400 in OpenAI's error
+// shape naming the entry, and a well-formed tool list is still served.
+TEST_F(ServerHttp, MalformedToolsAre400InOpenAiShape) {
+  json chat{{"model", "stories"},
+            {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})},
+            {"max_tokens", 2},
+            {"tools", json::array({5})}};
+  auto [st, j] = post("/v1/chat/completions", chat.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "tools[0]");
+  EXPECT_EQ(j["error"]["code"], "invalid_type");
+  EXPECT_EQ(j["error"]["message"], "Invalid type for 'tools[0]': expected an object, but got integer.");
+  chat["tools"] = json::array({json{{"type", "function"}, {"function", json{{"description", "no name"}}}}});
+  std::tie(st, j) = post("/v1/chat/completions", chat.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "tools[0].function.name");
+  chat["tools"] = json::array({json{{"type", "function"}, {"function", json{{"name", "now"}}}}});
+  std::tie(st, j) = post("/v1/chat/completions", chat.dump());
+  EXPECT_EQ(st, 200) << j.dump();
+  EXPECT_EQ(j["object"], "chat.completion");
+}
+
 class ServerHttpWithKey : public ServerHttp {
  protected:
   void customize(ServerOptions& so) override { so.api_key = "s3cret"; }
