@@ -3,11 +3,18 @@
 //   bonsai serve [-m [ID=]FILE ...] [--pool-size N] [--models-max K]
 //                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
+//                [--q2-layout g64|g128-d-first|g128-qs-first]
 //
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
 // (--config) may hold the same keys (see src/server/config.h); flags given
 // on the command line win. With no model at all, the built-in default model
 // is served. SIGINT/SIGTERM shut down gracefully.
+//
+// The type-42 (Q2_0) layout of the models given with -m or in the config is
+// --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout, else
+// detected per file (as run/info/validate/logits). Models loaded later with
+// POST /admin/models/load and a new path are detected unless the body gives
+// "q2_layout". An unknown layout name exits with code 2.
 #include <CLI/CLI.hpp>
 
 #include <malloc.h>
@@ -19,14 +26,18 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "apps/bonsai/cli_common.h"  // open_options_from_cli
 #include "apps/bonsai/commands.h"
+#include "core/ggml_types.h"      // parse_q2_layout, q2_layout_name
 #include "core/thread_pool.h"     // set_global_thread_count
 #include "engine/engine_pool.h"   // default_cpu_pool_size
 #include "engine/model_pool.h"    // ModelPool, gguf_model_loader
+#include "model/model.h"          // Model::file (the Q2_0 layout used)
 #include "server/config.h"        // ServeConfig, load_serve_toml
 #include "server/server.h"        // Server
 #include "apps/bonsai/synth.h"    // synth::ensure_default_model
@@ -46,6 +57,7 @@ struct ServeFlags {
   std::string api_key;
   std::string config;
   double timeout = 0;
+  std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -77,6 +89,23 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--port")) cfg.port = f.port;
   if (given("--api-key")) cfg.api_key = f.api_key;
   if (given("--timeout")) cfg.timeout_s = f.timeout;
+  // Q2_0 layout: the flag or env (shared with the other commands), else the
+  // config file's; a bad name anywhere is exit 2, as in validate and logits.
+  const auto open_options = open_options_from_cli(f.q2_layout);
+  if (!open_options) {
+    std::cerr << "bonsai serve: " << open_options.error().message << "\n";
+    return 2;
+  }
+  std::optional<core::Q2Layout> q2_layout = open_options->q2_layout;
+  if (!cfg.q2_layout.empty()) {
+    const auto from_config = core::parse_q2_layout(cfg.q2_layout);
+    if (!from_config) {
+      std::cerr << "bonsai serve: " << f.config << ": key 'q2-layout': unknown Q2_0 layout '" << cfg.q2_layout
+                << "' (expected g64, g128-d-first or g128-qs-first)\n";
+      return 2;
+    }
+    if (!q2_layout) q2_layout = from_config;
+  }
 
   if (cfg.models.empty()) {
     auto p = synth::ensure_default_model();
@@ -130,6 +159,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   for (const auto& m : cfg.models) {
     engine::ModelSpec spec = base;
     spec.path = m.path;
+    spec.q2_layout = q2_layout;  // these models only: admin loads of new files detect theirs
     pool->loader_register(m.id, spec);
   }
   std::vector<std::string> preload = cfg.preload;
@@ -143,7 +173,10 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     }
     std::cerr << "bonsai serve: loaded '" << id << "' from " << (*m)->spec.path << ": "
               << ((*m)->pool ? (*m)->pool->size() : 0) << " replicas, context " << (*m)->n_ctx << ", ~"
-              << ((*m)->mem_bytes >> 20) << " MiB\n";
+              << ((*m)->mem_bytes >> 20) << " MiB";
+    if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
+      std::cerr << ", Q2_0 layout " << core::q2_layout_name(*layout) << ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
+    std::cerr << "\n";
     pool->release(*m);
   }
 
@@ -202,6 +235,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin");
   cmd->add_option("--config", f->config, "TOML file with the same keys and [router] preload = [...]");
   cmd->add_option("--timeout", f->timeout, "Per-request timeout in seconds (default 600)");
+  cmd->add_option("--q2-layout", f->q2_layout,
+                  "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
+                  "(env BONSAI_Q2_LAYOUT; default: detected)");
   cmd->callback([cmd, f] { set_exit_code(serve_main(cmd, *f)); });
 }
 

@@ -49,8 +49,9 @@ int64_t effective_ctx(int64_t requested, int64_t n_ctx_train) {
 }  // namespace
 
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
-                                               uint64_t seed, int64_t max_seq_len, int requested_size) {
-  auto model = model::Model::load(path);
+                                               uint64_t seed, int64_t max_seq_len, int requested_size,
+                                               const gguf::OpenOptions& options) {
+  auto model = model::Model::load(path, options);
   if (!model) return std::unexpected(model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) return std::unexpected(tok.error());
@@ -84,8 +85,9 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   return out;
 }
 
-core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size) {
-  auto file = gguf::File::open(path);
+core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
+                                              const gguf::OpenOptions& options) {
+  auto file = gguf::File::open(path, options);
   if (!file) return std::unexpected(file.error());
   auto cfg = model::ModelConfig::from_gguf(**file);
   if (!cfg) return std::unexpected(cfg.error());

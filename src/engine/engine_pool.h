@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/error.h"  // core::Expected
+#include "gguf/gguf.h"   // OpenOptions
 
 namespace bonsai::model {
 class Model;  // model/model.h
@@ -329,12 +330,16 @@ struct BuiltPool {
 // `seed`, so replicas are interchangeable. `max_seq_len` <= 0: the model's
 // context_length capped at kDefaultMaxSeqLen. Errors: the model's, the
 // tokenizer's and InferenceEngine::create's (each names the file).
+// `options` go to Model::load (a forced Q2_0 layout).
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
-                                               uint64_t seed, int64_t max_seq_len, int requested_size);
+                                               uint64_t seed, int64_t max_seq_len, int requested_size,
+                                               const gguf::OpenOptions& options = {});
 
 // Bytes one model needs when built as above: the file size (the mapping)
 // plus `pool_size` KV caches of `max_seq_len` positions (F16, K and V, every
-// layer), read from the GGUF header without building the model.
-core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size);
+// layer), read from the GGUF header without building the model. `options`
+// go to gguf::File::open (a forced Q2_0 layout).
+core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
+                                              const gguf::OpenOptions& options = {});
 
 }  // namespace bonsai::engine

@@ -491,7 +491,10 @@ void ModelPool::close_all() {
 
 ModelPool::Loader gguf_model_loader() {
   return [](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
-    auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size);
+    gguf::OpenOptions open;
+    open.q2_layout = spec.q2_layout;
+    auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size,
+                                      open);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;
@@ -509,7 +512,11 @@ ModelPool::Loader gguf_model_loader() {
 }
 
 ModelPool::Estimator gguf_model_estimator() {
-  return [](const ModelSpec& spec) { return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size); };
+  return [](const ModelSpec& spec) {
+    gguf::OpenOptions open;
+    open.q2_layout = spec.q2_layout;
+    return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open);
+  };
 }
 
 }  // namespace bonsai::engine

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/error.h"       // core::Expected
+#include "core/ggml_types.h"  // Q2Layout
 #include "engine/engine_pool.h"   // EnginePool, ComputeTier
 #include "engine/rate_tracker.h"  // RequestRateAggregator
 #include "engine/sampling.h"      // SamplingParams
@@ -50,6 +51,9 @@ struct ModelSpec {
   int pool_size = 0;         // replicas; <= 0: default_cpu_pool_size()
   int ctx_size = 0;          // context per replica in tokens; <= 0: min(model's context_length, 4096)
   SamplingParams defaults;   // sampling used where a request does not say
+  // Forced layout of type-42 (Q2_0) tensors (gguf::OpenOptions::q2_layout,
+  // `bonsai serve --q2-layout`); nullopt: the reader detects it.
+  std::optional<core::Q2Layout> q2_layout;
 };
 
 // A resident model: weights (one shared mapping), tokenizer and the replica
@@ -243,8 +247,8 @@ class ModelPool {
 };
 
 // The loader and estimator for real GGUF models: build_pool_from_gguf with
-// the spec's pool size, context and default sampling (seed = defaults.seed),
-// and estimate_model_bytes. Defined in model_pool.cpp.
+// the spec's pool size, context, default sampling (seed = defaults.seed) and
+// Q2_0 layout, and estimate_model_bytes. Defined in model_pool.cpp.
 ModelPool::Loader gguf_model_loader();
 ModelPool::Estimator gguf_model_estimator();
 

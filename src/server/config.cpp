@@ -8,6 +8,8 @@
 
 #include <toml++/toml.h>
 
+#include "core/ggml_types.h"  // parse_q2_layout
+
 namespace bonsai::server {
 namespace {
 
@@ -108,10 +110,10 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
         }
         config.preload_set = true;
       }
-    } else if (key == "host" || key == "api-key") {
+    } else if (key == "host" || key == "api-key" || key == "q2-layout") {
       auto s = get_string(node, where);
       if (!s) return std::unexpected(s.error());
-      (key == "host" ? config.host : config.api_key) = *s;
+      (key == "host" ? config.host : key == "api-key" ? config.api_key : config.q2_layout) = *s;
     } else if (key == "timeout") {
       if (!node.is_number())
         return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
@@ -138,7 +140,7 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
     } else {
       return core::fail(core::Errc::kInvalidArgument,
                         where + ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
-                                "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor)");
+                                "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout)");
     }
   }
   return {};
@@ -162,6 +164,9 @@ core::Expected<void> validate_serve_config(const ServeConfig& c) {
     return core::fail(core::Errc::kInvalidArgument, "pool-size, models-max, ctx-size, threads and queue-factor must be >= 0");
   if (!(c.timeout_s > 0)) return core::fail(core::Errc::kInvalidArgument, "timeout must be > 0 seconds");
   if (c.max_body_bytes == 0) return core::fail(core::Errc::kInvalidArgument, "max-body must be > 0 bytes");
+  if (!c.q2_layout.empty() && !core::parse_q2_layout(c.q2_layout))
+    return core::fail(core::Errc::kInvalidArgument, "q2-layout: unknown Q2_0 layout '" + c.q2_layout +
+                                                        "' (expected g64, g128-d-first or g128-qs-first)");
   for (size_t i = 0; i < c.models.size(); ++i)
     for (size_t j = i + 1; j < c.models.size(); ++j)
       if (c.models[i].id == c.models[j].id)

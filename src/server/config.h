@@ -8,6 +8,7 @@
 //   ctx-size = 2048      threads = 4           host = "127.0.0.1"   port = 8080
 //   api-key = "..."      timeout = 600         # seconds per request
 //   max-body = 4194304   # bytes               queue-factor = 4     # waiting per replica
+//   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
 //   [models]             # another way to name models: id = "path"
 //   tiny = "/path/qwen3-tiny-q1_0.gguf"
 //   [router]
@@ -45,6 +46,10 @@ struct ServeConfig {
   double timeout_s = 600;            // per request (waiting + generating)
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
   int queue_factor = 4;              // requests waiting per replica before 503
+  // Q2_0 layout name for every model (g64, g128-d-first, g128-qs-first);
+  // empty: detected. Checked by validate_serve_config, not while parsing, so
+  // `bonsai serve` can report a bad name with the same exit code as the flag.
+  std::string q2_layout;
 };
 
 // Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").
@@ -61,7 +66,8 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
 core::Expected<void> load_serve_toml(const std::string& path, ServeConfig& config);
 
 // Checks ranges (port 0..65535 where 0 = any free port, sizes >= 0, preload
-// ids that name a model). Errors: kInvalidArgument naming the key.
+// ids that name a model, a known q2-layout name). Errors: kInvalidArgument
+// naming the key.
 core::Expected<void> validate_serve_config(const ServeConfig& config);
 
 }  // namespace bonsai::server

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ggml_types.h"            // parse_q2_layout (admin load)
 #include "engine/inference_engine.h"  // InferenceEngine, GenerateRequest, TokenEvent
 #include "engine/rate_tracker.h"      // RequestRateTracker
 #include "server/openai.h"            // request parsing, response builders, ApiError
@@ -808,7 +809,7 @@ struct Server::Impl {
     if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
     const std::string id = body["id"].get<std::string>();
     // With a path: the server's defaults for that file; without: the id's
-    // registration. Either way pool_size / ctx_size in the body override.
+    // registration. Either way pool_size / ctx_size / q2_layout in the body override.
     engine::ModelSpec spec = opt.default_spec;
     auto path = body.find("path");
     if (path != body.end()) {
@@ -829,6 +830,18 @@ struct Server::Impl {
                                                std::to_string(max) + "].",
                                            f, "invalid_value"));
       (std::string(f) == "pool_size" ? spec.pool_size : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
+    }
+    // q2_layout: force the type-42 layout (as `bonsai serve --q2-layout`);
+    // absent or null keeps the registration's (a new path: detected).
+    if (auto it = body.find("q2_layout"); it != body.end() && !it->is_null()) {
+      if (!it->is_string())
+        return send_error(res, bad_request("Invalid type for 'q2_layout': expected a string.", "q2_layout", "invalid_type"));
+      const std::string name = it->get<std::string>();
+      spec.q2_layout = core::parse_q2_layout(name);
+      if (!spec.q2_layout)
+        return send_error(res, bad_request("Invalid 'q2_layout': unknown Q2_0 layout '" + name +
+                                               "' (expected g64, g128-d-first or g128-qs-first).",
+                                           "q2_layout", "invalid_value"));
     }
     std::error_code ec;
     if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))

@@ -1,0 +1,300 @@
+// `bonsai serve` end to end for the type-42 (Q2_0) layout: runs the built
+// binary (apps/bonsai/cmd_serve.cpp) over the three `paired` fixtures, which
+// hold the same weights in the g64, g128-d-first and g128-qs-first layouts
+// (../shared/fixtures/README.md). serve used to ignore --q2-layout and
+// BONSAI_Q2_LAYOUT, which run/info/validate/logits honour.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/test_util.h"
+#include "server/config.h"  // apply_serve_toml, validate_serve_config
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kG64 = bonsai::test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g64.gguf");
+const std::string kDFirst = bonsai::test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-d-first.gguf");
+const std::string kQsFirst = bonsai::test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-qs-first.gguf");
+
+std::string bonsai_bin() { return (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string(); }
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A scratch directory per test process.
+fs::path scratch() {
+  const fs::path dir = fs::temp_directory_path() / ("bonsai_serve_cli_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+// `bonsai serve ARGS` as a child process with `env` added ("K=V" entries);
+// stdout and stderr go to files. Stops it (SIGTERM) when destroyed.
+class ServeProcess {
+ public:
+  ServeProcess(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+    const fs::path dir = scratch();
+    static int n = 0;
+    out_ = dir / ("out" + std::to_string(n));
+    err_ = dir / ("err" + std::to_string(n++));
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::unsetenv("BONSAI_Q2_LAYOUT");
+      for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+      if (!std::freopen(out_.c_str(), "w", stdout) || !std::freopen(err_.c_str(), "w", stderr)) ::_exit(126);
+      std::vector<std::string> argv_s = {bonsai_bin(), "serve"};
+      argv_s.insert(argv_s.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : argv_s) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  ServeProcess(const ServeProcess&) = delete;
+  ServeProcess& operator=(const ServeProcess&) = delete;
+
+  // Waits (up to 60 s) until it prints its URL (returns the port) or exits
+  // (returns 0; exit_code() then holds its status).
+  int wait_listening() {
+    const std::regex url(R"(listening on http://127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < 600; ++i) {
+      std::smatch m;
+      const std::string out = slurp(out_);
+      if (std::regex_search(out, m, url)) return std::stoi(m[1]);
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        return 0;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return 0;
+  }
+  // Waits for the process to end without signalling it (a start-up error).
+  int wait_exit() {
+    if (!exited_) {
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+      exited_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    return exit_code_;
+  }
+  // SIGTERM, then its exit code (0 = graceful shutdown).
+  int stop() {
+    if (!exited_) ::kill(pid_, SIGTERM);
+    return wait_exit();
+  }
+  std::string err() const { return slurp(err_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int exit_code_ = -1;
+  fs::path out_, err_;
+};
+
+// Common flags: any free port, one replica, one thread, a small context.
+std::vector<std::string> serve_args(std::vector<std::string> extra) {
+  std::vector<std::string> a = {"--port", "0", "-t", "1", "--pool-size", "1", "-c", "128"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// The start-up error of `bonsai serve ARGS` (it must exit): {code, stderr}.
+std::pair<int, std::string> startup_error(const std::vector<std::string>& args,
+                                          const std::vector<std::string>& env = {}) {
+  ServeProcess p(serve_args(args), env);
+  const int port = p.wait_listening();
+  if (port != 0) return {-100, "unexpectedly started on port " + std::to_string(port) + ": " + p.err()};
+  return {p.wait_exit(), p.err()};
+}
+
+// The start-up line of `bonsai serve ARGS` that names model `id`, after a
+// clean start and SIGTERM (empty, with a failure, otherwise).
+std::string loaded_line(const std::string& id, const std::vector<std::string>& args,
+                        const std::vector<std::string>& env = {}) {
+  ServeProcess p(serve_args(args), env);
+  const int port = p.wait_listening();
+  EXPECT_NE(port, 0) << p.err();
+  EXPECT_EQ(p.stop(), 0) << p.err();
+  std::istringstream lines(p.err());
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("bonsai serve: loaded '" + id + "'", 0) == 0) return line;
+  ADD_FAILURE() << "no 'loaded' line for " << id << " in:\n" << p.err();
+  return {};
+}
+
+fs::path write_toml(const std::string& name, const std::string& text) {
+  const fs::path p = scratch() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+TEST(ServeCli, Q2LayoutFlagEnvAndConfigReachTheLoader) {
+  BONSAI_REQUIRE_FILE(kDFirst);
+  const std::string m = "d=" + kDFirst;
+  // Detected without any override.
+  EXPECT_NE(loaded_line("d", {"-m", m}).find("Q2_0 layout g128-d-first (detected)"), std::string::npos);
+  // The flag forces it (same block size, other byte order: loads, as told).
+  EXPECT_NE(loaded_line("d", {"-m", m, "--q2-layout", "g128-qs-first"}).find("Q2_0 layout g128-qs-first (forced)"),
+            std::string::npos);
+  // So does the env var, and the config file's q2-layout.
+  EXPECT_NE(loaded_line("d", {"-m", m}, {"BONSAI_Q2_LAYOUT=g128-qs-first"}).find("Q2_0 layout g128-qs-first (forced)"),
+            std::string::npos);
+  const fs::path toml = write_toml("qs.toml", "q2-layout = \"g128-qs-first\"\n");
+  EXPECT_NE(loaded_line("d", {"-m", m, "--config", toml.string()}).find("Q2_0 layout g128-qs-first (forced)"),
+            std::string::npos);
+  // Precedence: flag over env over config.
+  EXPECT_NE(loaded_line("d", {"-m", m, "--q2-layout", "g128-d-first"}, {"BONSAI_Q2_LAYOUT=g128-qs-first"})
+                .find("Q2_0 layout g128-d-first (forced)"),
+            std::string::npos);
+  EXPECT_NE(loaded_line("d", {"-m", m, "--config", toml.string()}, {"BONSAI_Q2_LAYOUT=g128-d-first"})
+                .find("Q2_0 layout g128-d-first (forced)"),
+            std::string::npos);
+
+  // g64 blocks do not fit this file's tensors: the load is refused (exit 1),
+  // whichever way g64 was asked for.
+  const fs::path g64_toml = write_toml("g64.toml", "q2-layout = \"g64\"\n");
+  for (const auto& [args, env] :
+       std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+           {{"-m", m, "--q2-layout", "g64"}, {}},
+           {{"-m", m}, {"BONSAI_Q2_LAYOUT=g64"}},
+           {{"-m", m, "--config", g64_toml.string()}, {}}}) {
+    const auto [code, err] = startup_error(args, env);
+    EXPECT_EQ(code, 1) << err;
+    EXPECT_NE(err.find("bonsai serve: cannot load model 'd': " + kDFirst + ": offset "), std::string::npos) << err;
+  }
+}
+
+TEST(ServeCli, UnknownQ2LayoutIsExitCode2) {
+  BONSAI_REQUIRE_FILE(kDFirst);
+  const std::string m = "d=" + kDFirst;
+  const auto [flag_code, flag_err] = startup_error({"-m", m, "--q2-layout", "g32"});
+  EXPECT_EQ(flag_code, 2) << flag_err;
+  EXPECT_EQ(flag_err,
+            "bonsai serve: unknown Q2_0 layout 'g32' (expected g64, g128-d-first or g128-qs-first)\n");
+  const auto [env_code, env_err] = startup_error({"-m", m}, {"BONSAI_Q2_LAYOUT=G64"});
+  EXPECT_EQ(env_code, 2) << env_err;
+  EXPECT_NE(env_err.find("unknown Q2_0 layout 'G64'"), std::string::npos) << env_err;
+  const fs::path toml = write_toml("bad.toml", "q2_layout = \"g96\"\n");
+  const auto [cfg_code, cfg_err] = startup_error({"-m", m, "--config", toml.string()});
+  EXPECT_EQ(cfg_code, 2) << cfg_err;
+  EXPECT_NE(cfg_err.find(toml.string() + ": key 'q2-layout': unknown Q2_0 layout 'g96'"), std::string::npos) << cfg_err;
+}
+
+// The TOML key itself (library level): parsed as a string, refused by
+// validate_serve_config when the name is unknown.
+TEST(ServeCli, ConfigQ2LayoutKey) {
+  bonsai::server::ServeConfig cfg;
+  ASSERT_TRUE(bonsai::server::apply_serve_toml("q2-layout = \"g128-qs-first\"\n", "t.toml", cfg));
+  EXPECT_EQ(cfg.q2_layout, "g128-qs-first");
+  EXPECT_TRUE(bonsai::server::validate_serve_config(cfg));
+  auto wrong_type = bonsai::server::apply_serve_toml("q2-layout = 64\n", "t.toml", cfg);
+  ASSERT_FALSE(wrong_type);
+  EXPECT_EQ(wrong_type.error().message, "t.toml: key 'q2-layout': expected a string");
+  cfg.q2_layout = "g32";
+  auto bad = bonsai::server::validate_serve_config(cfg);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "q2-layout: unknown Q2_0 layout 'g32' (expected g64, g128-d-first or g128-qs-first)");
+}
+
+// POST /admin/models/load takes "q2_layout": a bad value is a 400 naming the
+// parameter; a good one reaches the loader, so the g128 files loaded with
+// their layout generate exactly what the g64 file does (the three hold the
+// same weights, and the kernels make paired g64/g128 bit-identical).
+TEST(ServeCli, AdminLoadTakesQ2Layout) {
+  BONSAI_REQUIRE_FILE(kG64);
+  BONSAI_REQUIRE_FILE(kDFirst);
+  BONSAI_REQUIRE_FILE(kQsFirst);
+  ServeProcess p(serve_args({"-m", "g64=" + kG64, "--models-max", "4"}));
+  const int port = p.wait_listening();
+  ASSERT_NE(port, 0) << p.err();
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto post = [&](const std::string& path, const json& body) -> std::pair<int, json> {
+    auto r = cli.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return {-1, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  };
+  auto wait_state = [&](const std::string& id) {
+    std::string last;
+    for (int i = 0; i < 300; ++i) {
+      auto r = cli.Get("/admin/models");
+      last = r ? std::to_string(r->status) + " " + r->body : "no response";
+      if (r && r->status == 200) {
+        const json list = json::parse(r->body);
+        for (const auto& m : list.at("data"))
+          if (m.at("id") == id && m.at("state") != "loading") return m.at("state").get<std::string>();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "timeout; last /admin/models: " + last;
+  };
+  auto complete = [&](const std::string& model) {
+    auto [st, j] = post("/v1/completions", json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 6},
+                                                 {"temperature", 0}});
+    EXPECT_EQ(st, 200) << j.dump();
+    return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].get<std::string>() : std::string("<error>");
+  };
+
+  const std::string reference = complete("g64");
+  ASSERT_NE(reference, "<error>");
+
+  for (const auto& [bad, type] : std::vector<std::pair<json, std::string>>{
+           {"g32", "invalid_value"}, {"G128-D-FIRST", "invalid_value"}, {7, "invalid_type"}, {json::array(), "invalid_type"}}) {
+    auto [st, j] = post("/admin/models/load", json{{"id", "x"}, {"path", kDFirst}, {"q2_layout", bad}});
+    EXPECT_EQ(st, 400) << j.dump();
+    EXPECT_EQ(j["error"]["param"], "q2_layout") << j.dump();
+    EXPECT_EQ(j["error"]["code"], type) << j.dump();
+    if (type == "invalid_value") {
+      EXPECT_EQ(j["error"]["message"], "Invalid 'q2_layout': unknown Q2_0 layout '" + bad.get<std::string>() +
+                                           "' (expected g64, g128-d-first or g128-qs-first).");
+    }
+  }
+  // g64 forced on a g128 file: refused while reading its header.
+  {
+    auto [st, j] = post("/admin/models/load", json{{"id", "x"}, {"path", kDFirst}, {"q2_layout", "g64"}});
+    EXPECT_EQ(st, 400) << j.dump();
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(kDFirst + ": offset "), std::string::npos) << j.dump();
+  }
+  for (const auto& [id, path, layout] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"d", kDFirst, "g128-d-first"}, {"qs", kQsFirst, "g128-qs-first"}}) {
+    auto [st, j] = post("/admin/models/load",
+                        json{{"id", id}, {"path", path}, {"q2_layout", layout}, {"pool_size", 1}, {"ctx_size", 128}});
+    ASSERT_EQ(st, 202) << j.dump();
+    ASSERT_EQ(wait_state(id), "loaded");
+    EXPECT_EQ(complete(id), reference) << id;
+  }
+  EXPECT_EQ(p.stop(), 0) << p.err();
+}
+
+}  // namespace
