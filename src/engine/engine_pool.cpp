@@ -3,6 +3,7 @@
 #include "engine/engine_pool.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <thread>
 
 #include "engine/inference_engine.h"  // InferenceEngine, EngineOptions
@@ -85,18 +86,52 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   return out;
 }
 
-core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
-                                              const gguf::OpenOptions& options) {
+namespace {
+
+uint64_t mul_sat(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+}  // namespace
+
+uint64_t ModelFootprint::total_bytes() const {
+  uint64_t r = 0;
+  return __builtin_add_overflow(mapped_bytes, kv_bytes, &r) ? UINT64_MAX : r;
+}
+
+core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
+                                               const gguf::OpenOptions& options) {
   auto file = gguf::File::open(path, options);
   if (!file) return std::unexpected(file.error());
   auto cfg = model::ModelConfig::from_gguf(**file);
   if (!cfg) return std::unexpected(cfg.error());
-  const int64_t n_ctx = effective_ctx(max_seq_len, cfg->n_ctx_train);
-  const int replicas = resolve_pool_size(pool_size, ComputeTier::kCpu);
-  // F16 K and V for every layer and position: n_layer * n_ctx * (k_dim + v_dim) * 2 bytes.
-  const uint64_t kv_one = static_cast<uint64_t>(cfg->n_layer) * static_cast<uint64_t>(n_ctx) *
-                          static_cast<uint64_t>(cfg->k_dim() + cfg->v_dim()) * 2u;
-  return static_cast<uint64_t>((*file)->mapping()->size()) + kv_one * static_cast<uint64_t>(replicas);
+  ModelFootprint f;
+  f.mapped_bytes = static_cast<uint64_t>((*file)->mapping()->size());
+  f.n_ctx = effective_ctx(max_seq_len, cfg->n_ctx_train);
+  f.replicas = resolve_pool_size(pool_size, ComputeTier::kCpu);
+  f.kv_elem_bytes = 2;  // build_pool_from_gguf keeps EngineOptions::kv_f32 = false: F16 caches
+  f.kv_bytes_per_position = static_cast<uint64_t>(cfg->n_layer) *
+                            static_cast<uint64_t>(cfg->k_dim() + cfg->v_dim()) * f.kv_elem_bytes;
+  f.kv_bytes = mul_sat(mul_sat(f.kv_bytes_per_position, static_cast<uint64_t>(std::max<int64_t>(f.n_ctx, 0))),
+                       static_cast<uint64_t>(f.replicas));
+  f.n_ctx_train = cfg->n_ctx_train;
+  f.rope_scaling_factor = cfg->rope_scaling == model::RopeScaling::kNone ? 1.0f : cfg->rope_scaling_factor;
+  f.max_ctx = f.n_ctx_train;
+  if (f.n_ctx_train > 0 && cfg->rope_scaling != model::RopeScaling::kNone) {
+    const int64_t orig = cfg->rope_orig_ctx > 0 ? cfg->rope_orig_ctx : f.n_ctx_train;
+    const double scaled = static_cast<double>(orig) * static_cast<double>(cfg->rope_scaling_factor);
+    if (scaled > static_cast<double>(f.max_ctx))
+      f.max_ctx = scaled >= 9.0e18 ? INT64_MAX : static_cast<int64_t>(scaled);
+  }
+  return f;
+}
+
+core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
+                                              const gguf::OpenOptions& options) {
+  auto f = model_footprint(path, max_seq_len, pool_size, options);
+  if (!f) return std::unexpected(f.error());
+  return f->total_bytes();
 }
 
 }  // namespace bonsai::engine

@@ -335,10 +335,38 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
                                                uint64_t seed, int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options = {});
 
-// Bytes one model needs when built as above: the file size (the mapping)
-// plus `pool_size` KV caches of `max_seq_len` positions (F16, K and V, every
-// layer), read from the GGUF header without building the model. `options`
-// go to gguf::File::open (a forced Q2_0 layout).
+// What one model built by build_pool_from_gguf(path, .., max_seq_len,
+// pool_size) will need, read from the GGUF header alone (no weights read, no
+// cache allocated), so a caller can refuse a load before allocating.
+struct ModelFootprint {
+  uint64_t mapped_bytes = 0;          // the file size (one shared mapping)
+  int64_t n_ctx = 0;                  // KV positions per replica (max_seq_len <= 0: the default)
+  int replicas = 0;                   // resolve_pool_size(pool_size, kCpu)
+  uint64_t kv_elem_bytes = 0;         // 2: the caches are F16 (model::KvType::kF16, EngineOptions default)
+  // n_layer x (n_head_kv x head_dim_k + n_head_kv x head_dim_v) x kv_elem_bytes:
+  // K and V of one position in every layer (model::KvCache's layout).
+  uint64_t kv_bytes_per_position = 0;
+  uint64_t kv_bytes = 0;              // kv_bytes_per_position x n_ctx x replicas (saturating)
+  int64_t n_ctx_train = 0;            // <arch>.context_length (0: the file does not say)
+  // The longest context the model supports: n_ctx_train, or with RoPE
+  // scaling (linear / YaRN) max(n_ctx_train, original_context_length x
+  // factor), as llama.cpp extends it (n_ctx_orig_yarn x rope_freq_scale^-1).
+  // 0 when the file gives no context_length.
+  int64_t max_ctx = 0;
+  float rope_scaling_factor = 1.0f;   // 1 without RoPE scaling
+
+  uint64_t total_bytes() const;       // mapped_bytes + kv_bytes (saturating)
+};
+
+// The footprint of `path` built with `max_seq_len` positions and `pool_size`
+// replicas. Errors: gguf::File::open's and ModelConfig::from_gguf's (each
+// names the file). `options` go to gguf::File::open (a forced Q2_0 layout).
+core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
+                                               const gguf::OpenOptions& options = {});
+
+// Bytes one model needs when built as above: model_footprint(...).total_bytes(),
+// i.e. the file size (the mapping) plus `pool_size` KV caches of
+// `max_seq_len` positions (F16, K and V, every layer).
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
                                               const gguf::OpenOptions& options = {});
 

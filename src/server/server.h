@@ -3,7 +3,9 @@
 // Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
 // GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and the
 // admin routes GET /admin/models, POST /admin/models/load (202, background
-// load), POST /admin/models/unload.
+// load; 400 before anything is allocated when ctx_size exceeds the model's
+// context or the KV caches it implies exceed the memory limit, see
+// ServerOptions::admin_mem_limit_bytes), POST /admin/models/unload.
 //
 // One request: parse + validate (400) -> ModelPool::acquire (404 unknown,
 // 503 loading) -> tokenize (chat template) -> context check (400
@@ -37,7 +39,16 @@ struct ServerOptions {
   int http_threads = 0;              // connection threads; 0: 64
   std::string default_model;         // used when a request names no model
   engine::ModelSpec default_spec;    // pool size / context / sampling for admin loads
+  // POST /admin/models/load when the ModelPool has no memory budget: the
+  // most KV-cache bytes (all replicas) one load may allocate. 0: the
+  // machine's MemAvailable (/proc/meminfo) at the time of the request. With
+  // a budget, the model's whole estimate (mapping + KV caches) must fit it.
+  uint64_t admin_mem_limit_bytes = 0;
 };
+
+// MemAvailable from /proc/meminfo in bytes (the kernel's estimate of memory
+// available to new allocations without swapping); 0 if it cannot be read.
+uint64_t available_memory_bytes();
 
 class Server {
  public:

@@ -3,9 +3,11 @@
 // direct engine (RNG progression included), and concurrent leases with
 // different prompts each producing exactly what that prompt produces alone.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +15,8 @@
 #include "common/test_util.h"
 #include "engine/engine_pool.h"
 #include "engine/inference_engine.h"
+#include "gguf/gguf.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,6 +60,98 @@ TEST(EnginePoolReal, ReplicasBorrowOneMappingAndTokenizer) {
   auto est = estimate_model_bytes(kStories, 256, 3);
   ASSERT_TRUE(est.has_value()) << est.error().message;
   EXPECT_EQ(*est, built->mapped_bytes + built->kv_bytes);
+}
+
+// model_footprint: the KV bytes it predicts are the bytes the built replicas
+// allocate, per position n_layer x (K + V dims) x 2 (F16); max_ctx is the
+// training context (no RoPE scaling in stories260K).
+TEST(EnginePoolReal, FootprintMatchesWhatIsBuilt) {
+  BONSAI_REQUIRE_FILE(kStories);
+  auto built = build_pool_from_gguf(kStories, sampled_params(4), 1, 200, 2);
+  ASSERT_TRUE(built.has_value()) << built.error().message;
+  auto fp = model_footprint(kStories, 200, 2);
+  ASSERT_TRUE(fp.has_value()) << fp.error().message;
+  const model::ModelConfig& c = built->model->config();
+  EXPECT_EQ(fp->kv_elem_bytes, 2u);
+  EXPECT_EQ(fp->kv_bytes_per_position, static_cast<uint64_t>(c.n_layer * (c.k_dim() + c.v_dim()) * 2));
+  EXPECT_EQ(fp->n_ctx, 200);
+  EXPECT_EQ(fp->replicas, 2);
+  EXPECT_EQ(fp->kv_bytes, built->kv_bytes);
+  EXPECT_EQ(fp->mapped_bytes, built->mapped_bytes);
+  EXPECT_EQ(fp->total_bytes(), built->kv_bytes + built->mapped_bytes);
+  EXPECT_EQ(fp->n_ctx_train, c.n_ctx_train);
+  EXPECT_EQ(fp->max_ctx, c.n_ctx_train);
+  EXPECT_FLOAT_EQ(fp->rope_scaling_factor, 1.0f);
+  // Default context: min(context_length, 4096).
+  auto def = model_footprint(kStories, 0, 1);
+  ASSERT_TRUE(def.has_value());
+  EXPECT_EQ(def->n_ctx, std::min<int64_t>(c.n_ctx_train, kDefaultMaxSeqLen));
+}
+
+// A header-only qwen3 GGUF (metadata + token_embd) with context_length 128
+// and the given RoPE scaling keys.
+std::string write_header_model(const std::string& name, const std::function<void(gguf::Writer&)>& keys) {
+  gguf::Writer w;
+  w.set_string("general.architecture", "qwen3");
+  w.set_u32("qwen3.block_count", 3);
+  w.set_u32("qwen3.context_length", 128);
+  w.set_u32("qwen3.embedding_length", 32);
+  w.set_u32("qwen3.feed_forward_length", 64);
+  w.set_u32("qwen3.attention.head_count", 4);
+  w.set_u32("qwen3.attention.head_count_kv", 2);
+  w.set_u32("qwen3.attention.key_length", 8);
+  w.set_u32("qwen3.attention.value_length", 8);
+  w.set_f32("qwen3.rope.freq_base", 10000.0f);
+  w.set_f32("qwen3.attention.layer_norm_rms_epsilon", 1e-6f);
+  keys(w);
+  EXPECT_TRUE(w.add_tensor("token_embd.weight", core::GgmlType::F32, {32, 16}, std::vector<uint8_t>(32 * 16 * 4)));
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("bonsai_footprint_" + std::to_string(::getpid()) + "_" + name + ".gguf"))
+                               .string();
+  auto r = w.write(path);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
+  return path;
+}
+
+// With RoPE scaling the supported context is original_context_length (or
+// context_length) x factor, never less than context_length.
+TEST(ModelFootprint, MaxContextFollowsRopeScaling) {
+  struct Case {
+    const char* name;
+    std::function<void(gguf::Writer&)> keys;
+    int64_t max_ctx;
+    float factor;
+  };
+  const Case cases[] = {
+      {"none", [](gguf::Writer&) {}, 128, 1.0f},
+      {"yarn", [](gguf::Writer& w) {
+         w.set_string("qwen3.rope.scaling.type", "yarn");
+         w.set_f32("qwen3.rope.scaling.factor", 4.0f);
+         w.set_u32("qwen3.rope.scaling.original_context_length", 64);
+       }, 256, 4.0f},
+      {"linear_no_orig", [](gguf::Writer& w) {
+         w.set_string("qwen3.rope.scaling.type", "linear");
+         w.set_f32("qwen3.rope.scaling.factor", 2.0f);
+       }, 256, 2.0f},
+      {"yarn_below_train", [](gguf::Writer& w) {
+         w.set_string("qwen3.rope.scaling.type", "yarn");
+         w.set_f32("qwen3.rope.scaling.factor", 1.5f);
+         w.set_u32("qwen3.rope.scaling.original_context_length", 32);
+       }, 128, 1.5f},
+  };
+  for (const auto& c : cases) {
+    const std::string path = write_header_model(c.name, c.keys);
+    auto fp = model_footprint(path, 100, 3);
+    ASSERT_TRUE(fp.has_value()) << c.name << ": " << fp.error().message;
+    EXPECT_EQ(fp->max_ctx, c.max_ctx) << c.name;
+    EXPECT_FLOAT_EQ(fp->rope_scaling_factor, c.factor) << c.name;
+    EXPECT_EQ(fp->n_ctx_train, 128) << c.name;
+    // 3 layers x (2 x 8 + 2 x 8) x 2 bytes = 192 bytes per position.
+    EXPECT_EQ(fp->kv_bytes_per_position, 192u) << c.name;
+    EXPECT_EQ(fp->kv_bytes, 192u * 100u * 3u) << c.name;
+    EXPECT_EQ(fp->mapped_bytes, std::filesystem::file_size(path)) << c.name;
+    std::filesystem::remove(path);
+  }
 }
 
 TEST(EnginePoolReal, OneReplicaPoolIsByteIdenticalToDirectEngine) {

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -21,6 +22,9 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "engine/engine_pool.h"  // model_footprint
+#include "gguf/gguf.h"           // File (KV layout check)
+#include "model/config.h"        // ModelConfig
 
 namespace bonsai::server {
 namespace {
@@ -32,11 +36,12 @@ class ServerHttp : public ::testing::Test {
  protected:
   virtual void customize(ServerOptions&) {}
   virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
+  virtual uint64_t budget_mb() const { return 0; }  // the ModelPool's --mem-budget
 
   void SetUp() override {
     stories_ = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
     BONSAI_REQUIRE_FILE(stories_);
-    pool_ = std::make_shared<engine::ModelPool>(2, 0, loader(), engine::gguf_model_estimator());
+    pool_ = std::make_shared<engine::ModelPool>(2, budget_mb(), loader(), engine::gguf_model_estimator());
     spec_.path = stories_;
     spec_.pool_size = 1;
     spec_.ctx_size = 256;
@@ -235,6 +240,134 @@ TEST_F(ServerHttp, AdminLoadOfARegisteredIdAppliesItsOverrides) {
   auto [st2, j2] = post("/admin/models/load", json{{"id", "other"}, {"path", stories_}, {"pool_size", 100000}}.dump());
   EXPECT_EQ(st2, 400) << j2.dump();
   EXPECT_EQ(j2["error"]["param"], "pool_size");
+}
+
+// Admin loads: ctx_size above the model's context (training context x RoPE
+// scaling; stories260K has none) is a 400 naming both numbers, before any
+// allocation; the model's own maximum and 0 (its default) are accepted.
+TEST_F(ServerHttp, AdminLoadRefusesContextBeyondTheModel) {
+  auto fp = engine::model_footprint(stories_, 0, 1);
+  ASSERT_TRUE(fp.has_value()) << fp.error().message;
+  ASSERT_GT(fp->n_ctx_train, 0);
+  EXPECT_EQ(fp->max_ctx, fp->n_ctx_train);  // no rope.scaling keys in this file
+  const int64_t over = fp->max_ctx + 1;
+  auto [st, j] = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", over}}.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "ctx_size");
+  EXPECT_EQ(j["error"]["code"], "invalid_value");
+  EXPECT_EQ(j["error"]["message"], "Invalid 'ctx_size': " + std::to_string(over) +
+                                       " tokens is more than model 'big' supports: at most " +
+                                       std::to_string(fp->max_ctx) + " (training context " +
+                                       std::to_string(fp->n_ctx_train) + " x RoPE scaling factor 1).");
+  EXPECT_TRUE(pool_->list().size() == 1 && pool_->list()[0].id == "stories") << "the refused load left a trace";
+  for (int64_t bad : {int64_t{-1}, int64_t{2'000'000}}) {
+    std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", bad}}.dump());
+    EXPECT_EQ(st, 400) << bad << ": " << j.dump();
+    EXPECT_EQ(j["error"]["param"], "ctx_size");
+  }
+  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", fp->max_ctx}}.dump());
+  ASSERT_EQ(st, 202) << j.dump();
+  pool_->wait_background();
+  auto lm = pool_->peek("big");
+  ASSERT_NE(lm, nullptr);
+  EXPECT_EQ(lm->n_ctx, fp->max_ctx);
+  ASSERT_EQ(post("/admin/models/unload", json{{"id", "big"}}.dump()).first, 200);
+  // 0 = the model's default context, min(context_length, 4096).
+  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 0}}.dump());
+  ASSERT_EQ(st, 202) << j.dump();
+  pool_->wait_background();
+  lm = pool_->peek("big");
+  ASSERT_NE(lm, nullptr);
+  EXPECT_EQ(lm->n_ctx, std::min<int64_t>(fp->n_ctx_train, 4096));
+}
+
+// Without a pool budget, the KV caches one admin load implies must fit the
+// configured limit (here: exactly 256 positions x 2 replicas of stories260K).
+class ServerHttpMemLimit : public ServerHttp {
+ protected:
+  void customize(ServerOptions& so) override {
+    auto fp = engine::model_footprint(stories_, 256, 2);
+    ASSERT_TRUE(fp.has_value()) << fp.error().message;
+    per_position_ = fp->kv_bytes_per_position;
+    so.admin_mem_limit_bytes = fp->kv_bytes;
+  }
+  uint64_t per_position_ = 0;
+};
+
+TEST_F(ServerHttpMemLimit, AdminLoadRefusesKvCachesAboveTheLimit) {
+  // The KV layout: n_layer x (K + V dims) x 2 bytes (F16) per position.
+  auto file = gguf::File::open(stories_);
+  ASSERT_TRUE(file.has_value());
+  auto cfg = model::ModelConfig::from_gguf(**file);
+  ASSERT_TRUE(cfg.has_value());
+  ASSERT_EQ(per_position_, static_cast<uint64_t>(cfg->n_layer * 2 * cfg->n_head_kv * cfg->head_dim_k * 2));
+  // 256 positions x 3 replicas: 1.5x the limit.
+  auto [st, j] = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", 3}}.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "ctx_size");
+  EXPECT_EQ(j["error"]["code"], "insufficient_memory");
+  const std::string msg = j["error"]["message"];
+  EXPECT_NE(msg.find("(" + std::to_string(per_position_) + " bytes per position x 256 positions x 3 replicas)"),
+            std::string::npos)
+      << msg;
+  // The largest context that fits 3 replicas: floor(512 / 3) = 170 positions.
+  EXPECT_NE(msg.find("At most ctx_size 170 fits with 3 replica(s)."), std::string::npos) << msg;
+  EXPECT_EQ(pool_->list().size(), 1u);
+  // Only pool_size in the body (ctx from the registration): pool_size is named.
+  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"pool_size", 3}, {"ctx_size", nullptr}}.dump());
+  // The server default context is the registration's 256 (spec_).
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "pool_size");
+  // Exactly the limit fits.
+  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", 2}}.dump());
+  EXPECT_EQ(st, 202) << j.dump();
+  pool_->wait_background();
+  auto lm = pool_->peek("big");
+  ASSERT_NE(lm, nullptr);
+  EXPECT_EQ(lm->pool->size(), 2);
+  EXPECT_EQ(lm->mem_bytes - std::filesystem::file_size(stories_), 2u * 256u * per_position_);
+}
+
+// With a pool budget, mapping + KV caches must fit it: a 400 naming the
+// sizes (ModelPool's own refusal came only as a 503 "retry later").
+class ServerHttpBudget : public ServerHttp {
+ protected:
+  uint64_t budget_mb() const override { return 2; }
+};
+
+TEST_F(ServerHttpBudget, AdminLoadRefusesAModelAboveTheBudget) {
+  auto fp = engine::model_footprint(stories_, 256, 1);
+  ASSERT_TRUE(fp.has_value());
+  const uint64_t budget = 2ull << 20;
+  ASSERT_LT(fp->total_bytes(), budget);  // the fixture's own model fits
+  // Enough replicas of 256 positions to pass the budget.
+  const uint64_t per_replica = fp->kv_bytes_per_position * 256;
+  const int replicas = static_cast<int>((budget - fp->mapped_bytes) / per_replica) + 1;
+  ASSERT_LE(replicas, 256);
+  auto [st, j] = post("/admin/models/load",
+                      json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", replicas}}.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["code"], "insufficient_memory");
+  EXPECT_EQ(j["error"]["param"], "ctx_size");
+  const std::string msg = j["error"]["message"];
+  EXPECT_NE(msg.find("more than the memory budget (--mem-budget) of 2.0 MiB."), std::string::npos) << msg;
+  const uint64_t fit = (budget - fp->mapped_bytes) / (fp->kv_bytes_per_position * replicas);
+  EXPECT_NE(msg.find("At most ctx_size " + std::to_string(fit) + " fits with " + std::to_string(replicas) +
+                     " replica(s)."),
+            std::string::npos)
+      << msg;
+  // One replica fewer fits (after evicting the idle 'stories').
+  std::tie(st, j) = post("/admin/models/load",
+                         json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", replicas - 1}}.dump());
+  EXPECT_EQ(st, 202) << j.dump();
+}
+
+TEST(AvailableMemory, ReadsMemAvailable) {
+  const uint64_t avail = available_memory_bytes();
+  const uint64_t total = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_GT(avail, 0u);
+  EXPECT_LE(avail, total);
+  EXPECT_EQ(avail % 1024, 0u);  // /proc/meminfo counts kB
 }
 
 // A registered model whose file fails to load is a 500 naming the cause,
