@@ -2,14 +2,18 @@
 // (interactive multi-turn chat in the terminal). Flags follow llama.cpp's
 // llama-cli names (-m, -p, -n, --temp, --top-k, --top-p, --min-p,
 // --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
-// --seed, -c, -t).
+// --seed, -c, -t, and run's -f/--file prompt file).
 #include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -250,13 +254,55 @@ nlohmann::ordered_json timings_json(const engine::GenerationResult& r) {
 struct RunOptions {
   GenOptions gen;
   std::string prompt;
+  std::string prompt_file;  // -f: the prompt is this file's bytes, as they are
   std::string system;
   bool chat = false;
   bool no_think = false;
   bool json = false;
+  bool prompt_given = false;  // -p was on the command line (even as -p '')
+  bool file_given = false;    // -f was (even as -f '', which then fails to read)
 };
 
-int run_main(const RunOptions& o) {
+// The whole file at `path`, byte for byte (no newline trimming, no encoding
+// check: the tokenizer takes the bytes as -p would). Error message:
+// "<path>: cannot read prompt file: <strerror(errno)>".
+core::Expected<std::string> read_prompt_file(const std::string& path) {
+  auto fail = [&path](int err) {
+    return core::fail(core::Errc::kIo, path + ": cannot read prompt file: " + std::strerror(err));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(errno);
+  std::string text;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;  // e.g. EISDIR for a directory
+      ::close(fd);
+      return fail(err);
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+int run_main(RunOptions o) {
+  // Usage errors (exit 2) before the model is loaded.
+  if (o.file_given) {
+    if (o.prompt_given) {
+      std::cerr << "bonsai run: -p/--prompt and -f/--file cannot be used together\n";
+      return 2;
+    }
+    auto text = read_prompt_file(o.prompt_file);
+    if (!text) {
+      std::cerr << "bonsai run: " << text.error().message << "\n";
+      return 2;
+    }
+    o.prompt = std::move(*text);
+  }
   auto s = open_session("run", o.gen);
   if (!s) return 1;
   const tokenizer::Tokenizer& tok = *s->tok;
@@ -380,7 +426,10 @@ void register_run(CLI::App& app) {
   auto run_opts = std::make_shared<RunOptions>();
   auto* run = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
   add_gen_flags(run, run_opts->gen);
-  run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
+  auto* prompt_opt =
+      run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
+  auto* file_opt = run->add_option("-f,--file", run_opts->prompt_file,
+                                   "Read the prompt from this file (its bytes as they are; not with -p)");
   run->add_flag("--chat", run_opts->chat,
                 "Wrap the prompt in the model's chat template (as a user message)");
   run->add_option("--system", run_opts->system, "System message (with --chat)");
@@ -388,7 +437,11 @@ void register_run(CLI::App& app) {
   run->add_flag(
       "--json", run_opts->json,
       "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
-  run->callback([run_opts] { set_exit_code(run_main(*run_opts)); });
+  run->callback([run_opts, prompt_opt, file_opt] {
+    run_opts->prompt_given = prompt_opt->count() > 0;
+    run_opts->file_given = file_opt->count() > 0;
+    set_exit_code(run_main(*run_opts));
+  });
 
   auto chat_opts = std::make_shared<ChatCliOptions>();
   chat_opts->gen.n_predict = 1024;  // answers (with reasoning) run longer than one-shot runs

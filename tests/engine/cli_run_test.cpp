@@ -126,6 +126,62 @@ TEST(CliRun, NoModelUsesTheBuiltInDefault) {
   fs::remove_all(cache);
 }
 
+// A string as one single-quoted sh word (any bytes but NUL).
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// `run -f FILE` (llama.cpp's prompt file): the file's bytes are the prompt,
+// exactly as -p with the same bytes (trailing newlines, CR, tabs, quotes and
+// UTF-8 kept).
+TEST(CliRun, PromptFileIsTheBytesAsIs) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const fs::path dir = fs::temp_directory_path() / ("bonsai_cli_prompt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string text = "Once upon a time\r\n\tthe cat said \"hi\", it's caf\xc3\xa9\n\n";
+  std::ofstream(dir / "p.txt", std::ios::binary) << text;
+  std::ofstream(dir / "trimmed.txt", std::ios::binary) << "Once upon a time";
+  const std::string gen = " -n 8 --temp 0 --json";
+  const CliResult from_file = bonsai("run -m '" + kStories + "' -f '" + (dir / "p.txt").string() + "'" + gen);
+  ASSERT_EQ(from_file.rc, 0) << from_file.err;
+  const CliResult from_flag = bonsai("run -m '" + kStories + "' -p " + sh_quote(text) + gen);
+  ASSERT_EQ(from_flag.rc, 0) << from_flag.err;
+  const auto jf = nlohmann::json::parse(from_file.out), jp = nlohmann::json::parse(from_flag.out);
+  EXPECT_EQ(jf.at("prompt_tokens"), jp.at("prompt_tokens"));
+  EXPECT_EQ(jf.at("tokens"), jp.at("tokens"));
+  // The long form, on a file without the trailing bytes: other tokens, the
+  // same as -p with those bytes, so nothing was trimmed or added above.
+  const CliResult trimmed =
+      bonsai("run -m '" + kStories + "' --file '" + (dir / "trimmed.txt").string() + "'" + gen);
+  ASSERT_EQ(trimmed.rc, 0) << trimmed.err;
+  const auto jt = nlohmann::json::parse(trimmed.out);
+  EXPECT_EQ(jt.at("prompt_tokens"),
+            nlohmann::json::parse(bonsai("run -m '" + kStories + "' -p 'Once upon a time'" + gen).out)
+                .at("prompt_tokens"));
+  EXPECT_LT(jt.at("prompt_tokens").size(), jf.at("prompt_tokens").size());
+  fs::remove_all(dir);
+}
+
+TEST(CliRun, PromptFileErrorsAreExitCode2) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const CliResult missing = bonsai("run -m '" + kStories + "' -f /nonexistent/prompt.txt");
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_EQ(missing.err, "bonsai run: /nonexistent/prompt.txt: cannot read prompt file: No such file or directory\n");
+  EXPECT_EQ(missing.out, "");
+  const std::string dir = fs::temp_directory_path().string();
+  const CliResult is_dir = bonsai("run -m '" + kStories + "' -f '" + dir + "'");
+  EXPECT_EQ(is_dir.rc, 2);
+  EXPECT_EQ(is_dir.err, "bonsai run: " + dir + ": cannot read prompt file: Is a directory\n");
+  // -p and -f together, even -p '': a usage error, before anything is loaded.
+  for (const std::string p : {"-p hi", "-p ''", "--prompt x"}) {
+    const CliResult both = bonsai("run -m /nonexistent/model.gguf " + p + " -f '" + kStories + "'");
+    EXPECT_EQ(both.rc, 2) << p;
+    EXPECT_EQ(both.err, "bonsai run: -p/--prompt and -f/--file cannot be used together\n") << p;
+  }
+}
+
 TEST(CliChat, KeepsTheConversationUntilExit) {
   BONSAI_REQUIRE_FILE(kStories);
   const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0",
