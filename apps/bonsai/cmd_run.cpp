@@ -380,6 +380,9 @@ int chat_main(const ChatCliOptions& o) {
     std::fputs("> ", stdout);
     std::fflush(stdout);
     if (!std::getline(std::cin, line)) break;
+    // CRLF input (a file written on Windows, piped in): the '\r' is not part
+    // of the message, nor of a command such as "/exit".
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       msgs.resize(n_fixed);

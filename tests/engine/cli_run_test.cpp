@@ -195,4 +195,26 @@ TEST(CliChat, KeepsTheConversationUntilExit) {
   EXPECT_EQ(eof.rc, 0) << eof.err;
 }
 
+// Input with CRLF line endings (piped from a Windows file) is read as the
+// same lines without the '\r': "/exit\r" and "/reset\r" are commands, an
+// "\r" line is empty, and the messages are the same text, so the whole
+// session prints exactly what the LF input prints.
+TEST(CliChat, CrlfInputIsReadAsLf) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string lf = "Once upon a time\n\n/reset\nThe cat sat\nand then\n/exit\nnot read\n";
+  std::string crlf;
+  for (char c : lf) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  const std::string args = "chat -m '" + kStories + "' -n 8 --temp 0 -t 1";
+  const CliResult a = bonsai(args, lf), b = bonsai(args, crlf);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(b.out, a.out);
+  EXPECT_EQ(b.out.find('\r'), std::string::npos) << b.out;
+  EXPECT_NE(b.err.find("(conversation cleared)"), std::string::npos) << b.err;
+  // Prompts: one per line read up to /exit (6); "not read" never is.
+  size_t prompts = 0;
+  for (size_t p = b.out.find("> "); p != std::string::npos; p = b.out.find("> ", p + 2)) ++prompts;
+  EXPECT_EQ(prompts, 6u) << b.out;
+}
+
 }  // namespace
