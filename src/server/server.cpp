@@ -13,6 +13,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -20,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ggml_types.h"            // parse_q2_layout (admin load)
@@ -75,6 +77,38 @@ Clock::time_point deadline_after(Clock::time_point t, double seconds) {
   return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
+// Calls fn(fd, peer_host, peer_port) for each connected TCP socket of this
+// process whose local port is `local_port` (the server side of every
+// connection to the listener), until fn returns false. Hosts are numeric,
+// as getnameinfo(NI_NUMERICHOST) writes them (httplib's remote_addr too).
+template <class Fn>
+void for_each_connection(int local_port, Fn fn) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return;
+  while (const dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd < 0) continue;
+    sockaddr_storage self{};
+    socklen_t len = sizeof self;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &len) != 0) continue;
+    if (self.ss_family != AF_INET && self.ss_family != AF_INET6) continue;
+    const int port = self.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port)
+                                                : ntohs(reinterpret_cast<sockaddr_in*>(&self)->sin_port);
+    if (port != local_port) continue;
+    sockaddr_storage peer{};
+    len = sizeof peer;
+    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;  // the listener
+    char host[NI_MAXHOST];
+    char serv[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+      continue;
+    if (!fn(static_cast<int>(fd), std::string(host), std::atoi(serv))) break;
+  }
+  closedir(dir);
+}
+
 // The server-side socket of the connection that sent `req`, or -1.
 // httplib 0.11 gives handlers no access to it (later versions added
 // Request::is_connection_closed for this), so it is found by its addresses:
@@ -82,33 +116,12 @@ Clock::time_point deadline_after(Clock::time_point t, double seconds) {
 // and whose local port is `local_port`. A TCP connection's address pair is
 // unique, and the connection (so the fd) stays open while its handler runs.
 int find_client_socket(const httplib::Request& req, int local_port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
   int found = -1;
-  const std::string want_port = std::to_string(req.remote_port);
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd < 0) continue;
-    sockaddr_storage peer{};
-    socklen_t len = sizeof peer;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
-    char host[NI_MAXHOST];
-    char serv[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof host, serv, sizeof serv,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
-        req.remote_addr != host || want_port != serv)
-      continue;
-    sockaddr_storage self{};
-    len = sizeof self;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &len) != 0) continue;
-    const int port = self.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port)
-                                                : ntohs(reinterpret_cast<sockaddr_in*>(&self)->sin_port);
-    if (port != local_port) continue;
-    found = static_cast<int>(fd);
-    break;
-  }
-  closedir(dir);
+  for_each_connection(local_port, [&](int fd, const std::string& host, int port) {
+    if (host != req.remote_addr || port != req.remote_port) return true;
+    found = fd;
+    return false;
+  });
   return found;
 }
 
@@ -222,6 +235,12 @@ struct Server::Impl {
   std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
   std::mutex scrape_mu;               // one /metrics refresh + exposition at a time
   int bound_port = -1;                // set by Server::bind()
+  // Connections with a request being handled or answered, by peer (host,
+  // port): counted from pre-routing until httplib's logger, which runs after
+  // the response (a stream's last chunk included) is written. The others are
+  // idle keep-alive connections, which stop() closes.
+  std::mutex conn_mu;
+  std::map<std::pair<std::string, int>, int> busy_peers;  // guarded by conn_mu
 
   Impl(std::shared_ptr<engine::ModelPool> m, ServerOptions o) : models(std::move(m)), opt(std::move(o)) {
     declare_metrics();
@@ -301,6 +320,10 @@ struct Server::Impl {
     http.set_keep_alive_timeout(5);
 
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      {
+        std::lock_guard lock(conn_mu);
+        ++busy_peers[{req.remote_addr, req.remote_port}];
+      }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0;
       if (protected_route && !authorized(req)) {
         ApiError e;
@@ -356,6 +379,10 @@ struct Server::Impl {
 
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(res.status)}});
+      std::lock_guard lock(conn_mu);
+      // Absent for a request refused before routing (an unreadable request line).
+      if (auto it = busy_peers.find({req.remote_addr, req.remote_port}); it != busy_peers.end() && --it->second <= 0)
+        busy_peers.erase(it);
     });
 
     post_json("/v1/chat/completions", [this](const httplib::Request& req, const std::string& body,
@@ -708,6 +735,29 @@ struct Server::Impl {
     });
   }
 
+  // Shuts down the reading side of every connection with no request in
+  // flight (stop(), after the listener is closed). httplib 0.11 waits for an
+  // idle keep-alive connection's next request for the whole keep-alive
+  // timeout (5 s) without looking at the listener, and run() joins every
+  // connection thread, so one idle client (any HTTP client that pools
+  // connections) held shutdown for 5 s. After SHUT_RD the waiting thread
+  // reads end-of-file at once and closes the connection (the peer gets a
+  // FIN, as for any keep-alive timeout). Connections with a request in
+  // flight are left alone: their generation is cancelled by `stopping`, and
+  // they finish writing their answer (the shutdown error) and then close,
+  // since httplib does not wait for another request once the listener is
+  // closed. Returns the number of connections shut down.
+  int close_idle_connections() {
+    if (bound_port < 0) return 0;
+    int closed = 0;
+    std::lock_guard lock(conn_mu);
+    for_each_connection(bound_port, [&](int fd, const std::string& host, int port) {
+      if (!busy_peers.contains({host, port}) && ::shutdown(fd, SHUT_RD) == 0) ++closed;
+      return true;
+    });
+    return closed;
+  }
+
   // ---- models, health, metrics, admin -------------------------------------
 
   // Models a request may name: registered ones (loadable on demand) and
@@ -994,6 +1044,7 @@ void Server::stop() {
   impl_->stopping = true;
   impl_->models->close_all();
   impl_->http.stop();
+  impl_->close_idle_connections();
 }
 
 MetricsRegistry& Server::metrics() { return impl_->metrics; }

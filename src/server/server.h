@@ -16,8 +16,8 @@
 //
 // A streaming client that disconnects is noticed before the next decode step
 // (the token callback checks the socket) and its generation stops, freeing
-// the engine. stop() cancels in-flight generations, closes the pools and
-// stops the listener.
+// the engine. stop() cancels in-flight generations, closes the pools, stops
+// the listener and closes idle keep-alive connections.
 #pragma once
 
 #include <memory>
@@ -65,7 +65,11 @@ class Server {
   void run();
   // Graceful shutdown, callable from any thread (e.g. a signal thread):
   // stops accepting, cancels in-flight generations at their next decode
-  // step, closes every engine pool, and makes run() return.
+  // step (their clients get the "shutting_down" error), closes every engine
+  // pool and every idle keep-alive connection, and makes run() return once
+  // the requests in flight have answered (within a decode step; with none,
+  // at once rather than after httplib's 5 s keep-alive wait). Idempotent.
+  // For a second signal forcing exit, see ShutdownSignals (shutdown.h).
   void stop();
 
   MetricsRegistry& metrics();

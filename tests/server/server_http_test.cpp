@@ -541,6 +541,101 @@ TEST_F(ServerHttp, MalformedToolsAre400InOpenAiShape) {
   EXPECT_EQ(j["object"], "chat.completion");
 }
 
+// A connected TCP socket to the server on 127.0.0.1:port, receive timeout `recv_s`.
+int connect_local(int port, int recv_s) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{.tv_sec = recv_s, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Reads one HTTP/1.1 response with a Content-Length body from `fd`; "" on error.
+std::string read_response(int fd) {
+  std::string resp;
+  char buf[4096];
+  while (true) {
+    const size_t head_end = resp.find("\r\n\r\n");
+    if (head_end != std::string::npos) {
+      const size_t cl = resp.find("Content-Length: ");
+      if (cl == std::string::npos || cl > head_end) return "";
+      const size_t len = std::stoul(resp.substr(cl + 16));
+      if (resp.size() >= head_end + 4 + len) return resp;
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return "";
+    resp.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// Regression: an idle keep-alive connection (a client that pools its
+// connections, after one request) held a graceful shutdown for httplib's
+// 5 s keep-alive timeout. stop() now closes idle connections: run() returns
+// at once and the client sees the connection end (end-of-file).
+TEST_F(ServerHttp, StopWithIdleKeepAliveConnectionsIsPrompt) {
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    const int fd = connect_local(port_, 10);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  // Two connections answer one request each and stay open (HTTP/1.1
+  // keep-alive); the third never sends anything.
+  for (int i = 0; i < 2; ++i) {
+    const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(::send(fds[i], req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    const std::string resp = read_response(fds[i]);
+    ASSERT_EQ(resp.rfind("HTTP/1.1 200", 0), 0u) << resp;
+    EXPECT_NE(resp.find("Keep-Alive: timeout=5"), std::string::npos) << resp;  // still kept alive in service
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the threads are back waiting for a request
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->stop();
+  thread_.join();
+  const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("stop_ms", static_cast<int>(stop_s * 1000));
+  EXPECT_LT(stop_s, 1.0) << "run() returned " << stop_s << " s after stop() (httplib's keep-alive wait is 5 s)";
+  for (int fd : fds) {
+    char c = 0;
+    EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the server did not close an idle connection";
+    ::close(fd);
+  }
+}
+
+// stop() closes only idle connections: a request already being received
+// (headers read, body still arriving) is answered, with the shutdown error.
+TEST_F(ServerHttp, StopLeavesARequestInFlightToBeAnswered) {
+  const int fd = connect_local(port_, 10);
+  ASSERT_GE(fd, 0);
+  const std::string body = completion_body("Once upon a time", 4).dump();
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  const std::string first = head + body.substr(0, body.size() / 2);
+  ASSERT_EQ(::send(fd, first.data(), first.size(), 0), static_cast<ssize_t>(first.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the handler is reading the body
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->stop();
+  const std::string rest = body.substr(body.size() / 2);
+  ASSERT_EQ(::send(fd, rest.data(), rest.size(), 0), static_cast<ssize_t>(rest.size()));
+  const std::string resp = read_response(fd);
+  ASSERT_EQ(resp.rfind("HTTP/1.1 503", 0), 0u) << resp;
+  const json j = json::parse(resp.substr(resp.find("\r\n\r\n") + 4), nullptr, false);
+  EXPECT_EQ(j["error"]["code"], "shutting_down") << resp;
+  thread_.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  char c = 0;
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0);  // then the connection is closed
+  ::close(fd);
+}
+
 class ServerHttpWithKey : public ServerHttp {
  protected:
   void customize(ServerOptions& so) override { so.api_key = "s3cret"; }
