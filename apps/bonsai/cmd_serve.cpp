@@ -8,7 +8,8 @@
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
 // (--config) may hold the same keys (see src/server/config.h); flags given
 // on the command line win. With no model at all, the built-in default model
-// is served. SIGINT/SIGTERM shut down gracefully.
+// is served. SIGINT/SIGTERM shut down gracefully; a second one exits at once
+// (status 130/143).
 //
 // The type-42 (Q2_0) layout of the models given with -m or in the config is
 // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout, else
@@ -18,7 +19,6 @@
 #include <CLI/CLI.hpp>
 
 #include <malloc.h>
-#include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -40,6 +40,7 @@
 #include "model/model.h"          // Model::file (the Q2_0 layout used)
 #include "server/config.h"        // ServeConfig, load_serve_toml
 #include "server/server.h"        // Server
+#include "server/shutdown.h"      // ShutdownSignals
 #include "apps/bonsai/synth.h"    // synth::ensure_default_model
 
 namespace bonsai::app {
@@ -139,14 +140,10 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (cfg.threads > 0 && !core::set_global_thread_count(cfg.threads))
     std::cerr << "bonsai serve: warning: -t ignored (the thread pool already started)\n";
 
-  // Signals: blocked in every thread (threads started from here inherit the
-  // mask) and taken synchronously by one waiter thread, which stops the server.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGUSR1);  // internal: wakes the waiter when run() returns on its own
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // Signals: SIGINT/SIGTERM blocked in every thread (threads started from
+  // here inherit the mask) and watched by server::ShutdownSignals below: the
+  // first one stops the server gracefully, a second one exits at once.
+  server::ShutdownSignals::block();
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the process
 
   const size_t capacity = cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max)
@@ -205,15 +202,14 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
               cfg.models.front().id.c_str());
   std::fflush(stdout);
 
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (sig != SIGUSR1) std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down\n";
+  // (Alive until after wait_background(), so a second signal still forces
+  // the exit while background loads finish.)
+  server::ShutdownSignals signals([&](int sig) {
+    std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+              << ", shutting down (again to exit at once)\n";
     srv.stop();
   });
   srv.run();
-  pthread_kill(waiter.native_handle(), SIGUSR1);
-  waiter.join();
   pool->wait_background();
   std::cerr << "bonsai serve: stopped\n";
   return 0;
