@@ -309,18 +309,22 @@ struct RowsCtx {
   float* y;
 };
 
-// Rows per chunk of a product over `total_rows` rows split across `pool`:
-// one contiguous chunk per thread (a multiple of 64 rows), but at least
-// enough rows that a chunk streams >= ~64 KiB of weights. Every chunk start
-// is a cold weight stream (the prefetchers need a few KiB to ramp up), so
-// fewer, longer streams measured best: Q1_0 GEMV at 2 threads moved 6-15%
-// more bytes per second than with four chunks per thread on 1024..151936 rows
-// (bench/results/kernels-2026-11-29-grouped*.txt). Threads that are busy
+// Smallest chunk (rows) of a product over `total_rows` rows split across
+// `pool`; the pool makes chunks of at least this and about four per thread.
+// Always enough rows that a chunk streams >= ~64 KiB of weights.
+// GEMV and small batches (memory-bound): one contiguous chunk per thread (a
+// multiple of 64 rows). Every chunk start is a cold weight stream (the
+// prefetchers need a few KiB to ramp up), so fewer, longer streams measured
+// best: Q1_0 GEMV at 2 threads moved 6-15% more bytes per second than with
+// four chunks per thread on 1024..151936 rows. Threads that are busy
 // elsewhere (concurrent callers) leave their chunk to the ones that are not.
+// Larger batches (compute-bound) keep the pool's finer split for balance
+// (one chunk per thread measured ~5% slower prefill).
 int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const core::ThreadPool& pool) {
   const size_t rb = std::max<size_t>(1, row_bytes(w.format, w.cols));
   const int64_t min_rows =
       static_cast<int64_t>((size_t{64} << 10) / (rb * static_cast<size_t>(std::max<int64_t>(1, n))));
+  if (n >= detail::kAmxMinCols) return std::max<int64_t>(4, min_rows);
   const int64_t per_thread = (total_rows + pool.size() - 1) / pool.size();
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
 }
