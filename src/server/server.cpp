@@ -921,9 +921,21 @@ struct Server::Impl {
     core::Expected<void> r = models->load_in_background(id, spec);
     if (!r) {
       ApiError e = from_core_error(r.error());
-      if (r.error().code == core::Errc::kInvalidArgument) {
-        e.status = 409;
-        e.code = "conflict";
+      switch (r.error().code) {
+        case core::Errc::kInvalidArgument:  // the id is loading or loaded
+          e.status = 409;
+          e.code = "conflict";
+          break;
+        case core::Errc::kFormat:       // not a GGUF file, truncated, tensor past the end...
+        case core::Errc::kUnsupported:  // an architecture or tensor type this runtime does not run
+        case core::Errc::kIo:           // unreadable
+        case core::Errc::kNotFound:     // a required key or tensor is missing (not a 404 route)
+          e.status = 400;
+          e.param = "path";
+          e.code = "invalid_value";
+          break;
+        default:
+          break;
       }
       return send_error(res, e);
     }

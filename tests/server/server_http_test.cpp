@@ -202,6 +202,47 @@ TEST_F(ServerHttp, RefusedAdminLoadDoesNotRepointAServedModel) {
   std::remove(garbage.c_str());
 }
 
+// Regression: an admin load of a file that is not a loadable model (not
+// GGUF, an unsupported architecture, truncated tensor data) answered 400
+// with "param": null and "code": null (a missing key was even a 404); the
+// error must name the field at fault, 'path', as every other admin error does.
+TEST_F(ServerHttp, AdminLoadOfABadFileNamesThePath) {
+  std::string bytes;
+  {
+    std::FILE* f = std::fopen(stories_.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+    std::fclose(f);
+  }
+  const size_t arch = bytes.find("llama", bytes.find("general.architecture"));
+  ASSERT_NE(arch, std::string::npos);
+  std::string other_arch = bytes;
+  other_arch.replace(arch, 5, "llamb");
+  const std::string dir = ::testing::TempDir();
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {dir + "/bonsai_http_not_gguf.gguf", "not a gguf file at all"},
+      {dir + "/bonsai_http_arch.gguf", other_arch},
+      {dir + "/bonsai_http_truncated.gguf", bytes.substr(0, bytes.size() - 1000)},
+  };
+  for (const auto& [path, content] : files) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(content.data(), 1, content.size(), f);
+    std::fclose(f);
+    auto [st, j] = post("/admin/models/load", json{{"id", "bad"}, {"path", path}}.dump());
+    EXPECT_EQ(st, 400) << path << ": " << j.dump();
+    ASSERT_TRUE(j.contains("error")) << j.dump();
+    EXPECT_EQ(j["error"]["param"], "path") << j.dump();
+    EXPECT_EQ(j["error"]["code"], "invalid_value") << j.dump();
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(path), std::string::npos) << j.dump();
+    std::remove(path.c_str());
+  }
+  // The served model is untouched.
+  auto [st, got] = post("/v1/completions", completion_body("Once upon a time", 2).dump());
+  EXPECT_EQ(st, 200) << got.dump();
+}
+
 // Splits an SSE body into its JSON payloads; checks the framing
 // ("data: ...\n\n" events, the last one "data: [DONE]").
 std::vector<json> sse_payloads(const std::string& body) {
