@@ -31,7 +31,15 @@ int main(int argc, char** argv) {
   // request, std::system_error from the OS) still ends with a message and
   // exit 1 instead of std::terminate's abort.
   try {
-    CLI11_PARSE(app, argc, argv);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      // --help / --version print and exit 0. A usage error CLI11 finds (an
+      // unknown option, a value that does not convert, an option given
+      // twice, no command) exits 2, as the commands' own usage errors
+      // (`run -p X -f FILE`) do, not with CLI11's 101..117 codes.
+      return app.exit(e) == 0 ? 0 : 2;
+    }
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "bonsai: out of memory\n");
     return 1;

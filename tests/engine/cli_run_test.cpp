@@ -182,6 +182,25 @@ TEST(CliRun, PromptFileErrorsAreExitCode2) {
   }
 }
 
+// Usage errors found by the option parser exit 2, like the commands' own
+// (-p with -f): they used to exit with CLI11's codes (109 for an unknown
+// option, 104 for a value that does not convert, 114 for `-f a -f b`, 106
+// for no command). --help and --version still exit 0.
+TEST(CliRun, ParserUsageErrorsAreExitCode2) {
+  for (const std::string args : {"run --no-such-flag", "run -n abc -p hi", "run -f a.txt -f b.txt", "run -p a -p b",
+                                 "", "no-such-command", "serve --port x", "info"}) {
+    const CliResult r = bonsai(args);
+    EXPECT_EQ(r.rc, 2) << "bonsai " << args << ": " << r.err;
+    EXPECT_FALSE(r.err.empty()) << "bonsai " << args;
+    EXPECT_EQ(r.out, "") << "bonsai " << args;
+  }
+  for (const std::string args : {"--help", "run --help", "--version"}) {
+    const CliResult r = bonsai(args);
+    EXPECT_EQ(r.rc, 0) << "bonsai " << args << ": " << r.err;
+    EXPECT_FALSE(r.out.empty()) << "bonsai " << args;
+  }
+}
+
 TEST(CliChat, KeepsTheConversationUntilExit) {
   BONSAI_REQUIRE_FILE(kStories);
   const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0",
