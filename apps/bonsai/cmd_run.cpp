@@ -321,7 +321,10 @@ int run_main(RunOptions o) {
     }
     ids = tok.encode_chat(*rendered);
   } else {
-    ids = tok.encode_prompt(o.prompt);
+    // Control tokens' text ("<|im_start|>") is parsed as those tokens, as
+    // llama.cpp's CLI and our /v1/completions do (a prompt file holding a
+    // rendered ChatML conversation must reach the model as ChatML).
+    ids = tok.encode_prompt(o.prompt, /*parse_special=*/true);
   }
   if (ids.empty()) {  // empty prompt on a vocabulary without add_bos: BOS alone
     if (tok.bos_id() == tokenizer::kNoToken) {

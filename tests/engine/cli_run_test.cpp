@@ -201,6 +201,35 @@ TEST(CliRun, ParserUsageErrorsAreExitCode2) {
   }
 }
 
+// Regression: `run -p/-f` tokenized control tokens' text ("<|im_start|>")
+// as plain characters, unlike llama.cpp (whose tokenization of the fixture
+// prompts is the golden, special tokens parsed) and unlike our own
+// /v1/completions; a prompt file with a rendered ChatML conversation reached
+// the model as "<", "|", "im", ... Every golden prompt's ids must match.
+TEST(CliRun, PromptTokensMatchLlamaCppWithSpecialTokens) {
+  const std::string model = bonsai::test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  const std::string golden = bonsai::test::shared_path("fixtures/golden/qwen3-tiny-q1_0.json");
+  BONSAI_REQUIRE_FILE(model);
+  BONSAI_REQUIRE_FILE(golden);
+  std::ifstream gf(golden);
+  const auto g = nlohmann::json::parse(gf);
+  const fs::path file = fs::temp_directory_path() / ("bonsai_cli_special_" + std::to_string(::getpid()) + ".txt");
+  size_t with_special = 0;
+  for (const auto& p : g.at("prompts")) {
+    const std::string text = p.at("text").get<std::string>();
+    std::ofstream(file, std::ios::binary) << text;
+    const CliResult r = bonsai("run -m '" + model + "' -f '" + file.string() + "' -n 1 --temp 0 --json");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out).at("prompt_tokens"), p.at("prompt_ids")) << text;
+    if (text.find("<|im_start|>") != std::string::npos) ++with_special;
+  }
+  fs::remove(file);
+  EXPECT_GE(with_special, 1u);  // the check above covered special tokens
+  const CliResult r = bonsai("run -m '" + model + "' -p '<|im_start|>user' -n 1 --temp 0 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("prompt_tokens"), nlohmann::json::parse("[151644, 872]"));
+}
+
 TEST(CliChat, KeepsTheConversationUntilExit) {
   BONSAI_REQUIRE_FILE(kStories);
   const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0",
