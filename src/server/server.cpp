@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -230,6 +231,8 @@ struct Server::Impl {
   httplib::Server http;
   MetricsRegistry metrics;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> run_entered{false};   // run() called (set before it checks `stopping`)
+  std::atomic<bool> run_returned{false};  // run() returned
   int64_t started_unix = unix_now();
   std::mutex wait_mu;                 // guards waiting
   std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
@@ -1049,12 +1052,27 @@ core::Expected<int> Server::bind() {
   return port;
 }
 
-void Server::run() { impl_->http.listen_after_bind(); }
+// httplib 0.11's stop() does nothing until listen_after_bind() has marked
+// the listener running, so a stop() that came first (SIGTERM while `bonsai
+// serve` was still starting) was lost and run() then served forever. run()
+// announces itself before it checks `stopping` and stop() sets `stopping`
+// before it checks run_entered (both sequentially consistent), so either
+// run() sees the stop and returns at once, or stop() sees run() starting
+// and waits (at most ~5 s) until httplib is listening to stop it.
+void Server::run() {
+  impl_->run_entered = true;
+  if (!impl_->stopping) impl_->http.listen_after_bind();
+  impl_->run_returned = true;
+}
 
 void Server::stop() {
   if (!impl_) return;
   impl_->stopping = true;
   impl_->models->close_all();
+  if (impl_->run_entered) {
+    for (int i = 0; i < 5000 && !impl_->http.is_running() && !impl_->run_returned; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   impl_->http.stop();
   impl_->close_idle_connections();
 }

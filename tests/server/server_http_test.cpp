@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <memory>
 #include <string>
@@ -809,6 +810,38 @@ TEST_P(ServerHttpHugeTimeout, RequestsDoNotTimeOutAtOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Timeouts, ServerHttpHugeTimeout,
                          ::testing::Values(std::numeric_limits<double>::infinity(), 1e10, 1e300));
+
+// Regression: stop() before run() had started listening was lost (httplib
+// 0.11's stop() only shuts a listener that is already running), so run()
+// then served forever: `bonsai serve` blocks SIGINT/SIGTERM while it
+// preloads models and watches them only after bind(), so a signal sent
+// during start-up ran the graceful stop() racing srv.run(). run() must
+// return promptly whether stop() came before it or while it was starting.
+TEST(ServerStop, StopBeforeOrWhileRunStartsMakesRunReturn) {
+  using namespace std::chrono_literals;
+  auto pool = std::make_shared<engine::ModelPool>(1, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+  for (int i = 0; i < 50; ++i) {
+    ServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    Server srv(pool, so);
+    ASSERT_TRUE(srv.bind().has_value());
+    const bool stop_first = i == 0;
+    if (stop_first) srv.stop();
+    std::promise<void> done;
+    auto returned = done.get_future();
+    std::thread runner([&] {
+      srv.run();
+      done.set_value();
+    });
+    if (!stop_first) srv.stop();  // races run()'s start
+    const bool ok = returned.wait_for(5s) == std::future_status::ready;
+    EXPECT_TRUE(ok) << "run() still serving 5 s after stop() (iteration " << i << ")";
+    if (!ok) srv.stop();  // listening now: this one takes effect
+    runner.join();
+    if (!ok) break;
+  }
+}
 
 }  // namespace
 }  // namespace bonsai::server
