@@ -122,6 +122,8 @@ class Parser {
   core::Expected<void> read_tensor_info(uint64_t index);
   core::Expected<void> layout_tensors();
   core::Expected<core::Q2Layout> detect_q2_layout(uint64_t data_size);
+  // After layout_tensors with a forced layout: the data must fit it.
+  core::Expected<void> check_forced_q2_layout();
 
   File& f_;
   const OpenOptions& opt_;
@@ -505,7 +507,68 @@ core::Expected<void> Parser::layout_tensors() {
                      ", +" + std::to_string(a.n_bytes) + ")");
     }
   }
+  if (has_q2 && opt_.q2_layout) return check_forced_q2_layout();
   return {};
+}
+
+core::Expected<void> Parser::check_forced_q2_layout() {
+  // A layout forced with --q2-layout is the caller's call for files the
+  // detector cannot decide, but not against clear evidence: a wrong one runs
+  // and produces NaN / garbage logits (e.g. g128-qs-first forced on a
+  // g128-d-first file). Refused here, with the layout that does fit:
+  //  * g128 forced where every type-42 tensor ends exactly on 64-weight
+  //    (18-byte) block geometry and not on 128-weight geometry;
+  //  * one g128 byte order forced where the sampled data (the detector's
+  //    rule: a finite scale with |d| <= 1e3 and no 2-bit code 3) has
+  //    violations under it and none under the other order.
+  // (g64 forced on a g128 file already fails the bounds checks above.)
+  using core::Q2Layout;
+  const Q2Layout layout = *f_.q2_layout_;
+  if (layout == Q2Layout::kG64) return {};
+  const std::string forced = std::string(core::q2_layout_name(layout));
+  const std::string hint = "; drop --q2-layout / BONSAI_Q2_LAYOUT to detect the layout";
+  const uint64_t data_size = f_.data_offset_ <= size_ ? size_ - f_.data_offset_ : 0;
+  const Fit g64 = geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG64), f_.alignment_, data_size);
+  const Fit g128 = geometry_fit(f_.tensors_, core::q2_block_geometry(layout), f_.alignment_, data_size);
+  if (g64.tight && !g128.tight) {
+    return core::fail(core::Errc::kFormat,
+                      path_ + ": the forced Q2_0 layout " + forced +
+                          " does not fit the file: its type-42 tensors end exactly on 64-weight (g64) "
+                          "blocks, not on 128-weight blocks" + hint);
+  }
+  constexpr uint64_t kSample = 4096;
+  uint64_t bad_d_first = 0, bad_qs_first = 0, checked = 0;
+  auto bad_block = [](const uint8_t* qs, const uint8_t* d) {
+    uint16_t h;
+    std::memcpy(&h, d, 2);
+    const float v = core::fp16_to_fp32(h);
+    if (!std::isfinite(v) || std::fabs(v) > 1e3f) return true;
+    for (int i = 0; i < 32; ++i)
+      if ((qs[i] & (qs[i] >> 1) & 0x55) != 0) return true;  // a 2-bit field equal to 3
+    return false;
+  };
+  for (const TensorInfo& t : f_.tensors_) {
+    if (t.type_id != static_cast<uint32_t>(core::GgmlType::Q2_0)) continue;
+    const uint64_t n_blocks = t.n_bytes / 34;  // in bounds: checked by layout_tensors
+    const uint64_t step = std::max<uint64_t>(1, n_blocks / kSample);
+    for (uint64_t b = 0; b < n_blocks; b += step) {
+      const uint8_t* blk = t.data + b * 34;
+      bad_d_first += bad_block(blk + 2, blk) ? 1 : 0;
+      bad_qs_first += bad_block(blk, blk + 32) ? 1 : 0;
+      ++checked;
+    }
+  }
+  const bool d_first = layout == Q2Layout::kG128DFirst;
+  const uint64_t bad_forced = d_first ? bad_d_first : bad_qs_first;
+  const uint64_t bad_other = d_first ? bad_qs_first : bad_d_first;
+  if (bad_forced == 0 || bad_other != 0) return {};
+  return core::fail(core::Errc::kFormat,
+                    path_ + ": the forced Q2_0 layout " + forced + " does not fit the data: " +
+                        std::to_string(bad_forced) + " of " + std::to_string(checked) +
+                        " sampled blocks have a 2-bit code 3 or a non-finite or implausible (|d| > 1e3) "
+                        "scale under it and none under " +
+                        std::string(core::q2_layout_name(d_first ? Q2Layout::kG128QsFirst : Q2Layout::kG128DFirst)) +
+                        hint);
 }
 
 core::Expected<void> Parser::run() {

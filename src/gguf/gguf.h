@@ -87,6 +87,11 @@ struct TensorInfo {
 struct OpenOptions {
   // Force the layout of type-42 (Q2_0) tensors instead of detecting it
   // (`--q2-layout`, env BONSAI_Q2_LAYOUT is read by the CLI, not here).
+  // Honoured where the file is ambiguous; refused (kFormat, naming the
+  // layout that fits) where the file clearly contradicts it: g64 whose
+  // blocks run past the data, g128 on tensors that end exactly on g64
+  // blocks, or a g128 byte order whose sampled blocks break the detector's
+  // rule (see File::q2_layout) while the other order's do not.
   std::optional<core::Q2Layout> q2_layout;
 };
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/q2_fixture_util.h"
 #include "common/test_util.h"
 #include "gguf/gguf.h"
 
@@ -132,14 +133,27 @@ TEST(CliInfo, EverySharedFileMatchesTheReader) {
 TEST(CliInfo, LayoutOverrideAndErrors) {
   const auto d_first = test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-d-first.gguf");
   BONSAI_REQUIRE_FILE(d_first);
-  auto forced = run("info -m '" + d_first + "' --json --q2-layout g128-qs-first");
+  // A file valid under both g128 byte orders: detection refuses it; the flag
+  // and the env var force an order.
+  const auto amb = (std::filesystem::temp_directory_path() / "bonsai_cli_ambiguous_g128.gguf").string();
+  ASSERT_EQ(test::write_ambiguous_g128_copy(d_first, amb), "");
+  auto refused = run("info -m '" + amb + "'", true);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.out.find("byte order is ambiguous"), std::string::npos) << refused.out;
+  auto forced = run("info -m '" + amb + "' --json --q2-layout g128-qs-first");
   ASSERT_EQ(forced.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(forced.out)["q2_layout"], "g128-qs-first");
-  auto detected = run("info -m '" + d_first + "' --json");
-  EXPECT_EQ(nlohmann::json::parse(detected.out)["q2_layout"], "g128-d-first");
-  auto env = run("info -m '" + d_first + "' --json", false, "BONSAI_Q2_LAYOUT=g128-qs-first");
+  auto env = run("info -m '" + amb + "' --json", false, "BONSAI_Q2_LAYOUT=g128-qs-first");
   ASSERT_EQ(env.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(env.out)["q2_layout"], "g128-qs-first");
+  std::filesystem::remove(amb);
+  auto detected = run("info -m '" + d_first + "' --json");
+  EXPECT_EQ(nlohmann::json::parse(detected.out)["q2_layout"], "g128-d-first");
+  // The other byte order forced on the real d-first file: refused (exit 1).
+  auto wrong = run("info -m '" + d_first + "' --q2-layout g128-qs-first", true);
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_NE(wrong.out.find("the forced Q2_0 layout g128-qs-first does not fit the data"), std::string::npos)
+      << wrong.out;
   auto env_g64 =
       run("info -m '" + d_first + "'", true, "BONSAI_Q2_LAYOUT=g64");  // g64 on a g128 file
   EXPECT_EQ(env_g64.exit_code, 1);

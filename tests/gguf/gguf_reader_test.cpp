@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/q2_fixture_util.h"
 #include "common/test_util.h"
 #include "gguf/gguf.h"
 
@@ -251,19 +252,54 @@ TEST(GgufQ2Layout, DetectsEachPairedFixture) {
 
 TEST(GgufQ2Layout, OverrideIsHonouredOrRefused) {
   const auto d_first = shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-d-first.gguf");
+  const auto g64_file = shared_path("fixtures/qwen3-tiny-q2_0-paired-g64.gguf");
   BONSAI_REQUIRE_FILE(d_first);
-  // Forcing the other g128 byte order is allowed (same geometry): the caller asked for it.
+  BONSAI_REQUIRE_FILE(g64_file);
   OpenOptions opt;
+  // The right layout forced: honoured.
+  opt.q2_layout = core::Q2Layout::kG128DFirst;
+  auto ok = File::open(d_first, opt);
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(*(*ok)->q2_layout(), core::Q2Layout::kG128DFirst);
+  // The other byte order against clear evidence in the data (violations under
+  // it, none under d-first): refused, naming the order that fits. (It used to
+  // load and give NaN logits.)
   opt.q2_layout = core::Q2Layout::kG128QsFirst;
   auto f = File::open(d_first, opt);
-  ASSERT_TRUE(f) << f.error().message;
-  EXPECT_EQ(*(*f)->q2_layout(), core::Q2Layout::kG128QsFirst);
+  ASSERT_FALSE(f);
+  EXPECT_EQ(f.error().code, core::Errc::kFormat);
+  EXPECT_NE(f.error().message.find(d_first + ": the forced Q2_0 layout g128-qs-first does not fit the data"),
+            std::string::npos)
+      << f.error().message;
+  EXPECT_NE(f.error().message.find("none under g128-d-first"), std::string::npos) << f.error().message;
   // Forcing g64 on a g128 file makes the tensors overlap / run past the end: refused.
   opt.q2_layout = core::Q2Layout::kG64;
   auto g = File::open(d_first, opt);
   ASSERT_FALSE(g);
   EXPECT_EQ(g.error().code, core::Errc::kFormat);
   EXPECT_NE(g.error().message.find(d_first + ": offset "), std::string::npos) << g.error().message;
+  // Forcing g128 on a file whose tensors end exactly on g64 blocks: refused.
+  opt.q2_layout = core::Q2Layout::kG128DFirst;
+  auto h = File::open(g64_file, opt);
+  ASSERT_FALSE(h);
+  EXPECT_NE(h.error().message.find("end exactly on 64-weight (g64) blocks"), std::string::npos)
+      << h.error().message;
+  // A file valid under both g128 byte orders: detection refuses it, and
+  // either forced order is honoured (what the override is for).
+  const auto amb = (std::filesystem::temp_directory_path() /
+                    ("bonsai_q2_ambiguous_" + std::to_string(::getpid()) + ".gguf")).string();
+  ASSERT_EQ(test::write_ambiguous_g128_copy(d_first, amb), "");
+  auto detected = File::open(amb);
+  ASSERT_FALSE(detected);
+  EXPECT_NE(detected.error().message.find("byte order is ambiguous"), std::string::npos)
+      << detected.error().message;
+  for (auto l : {core::Q2Layout::kG128DFirst, core::Q2Layout::kG128QsFirst}) {
+    opt.q2_layout = l;
+    auto forced = File::open(amb, opt);
+    ASSERT_TRUE(forced) << forced.error().message;
+    EXPECT_EQ(*(*forced)->q2_layout(), l);
+  }
+  std::filesystem::remove(amb);
 }
 
 // Writer::write removed its output path on a write error whatever it was:

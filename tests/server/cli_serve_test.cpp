@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/q2_fixture_util.h"
 #include "common/test_util.h"
 #include "server/config.h"  // apply_serve_toml, validate_serve_config
 
@@ -164,20 +165,39 @@ TEST(ServeCli, Q2LayoutFlagEnvAndConfigReachTheLoader) {
   const std::string m = "d=" + kDFirst;
   // Detected without any override.
   EXPECT_NE(loaded_line("d", {"-m", m}).find("Q2_0 layout g128-d-first (detected)"), std::string::npos);
-  // The flag forces it (same block size, other byte order: loads, as told).
-  EXPECT_NE(loaded_line("d", {"-m", m, "--q2-layout", "g128-qs-first"}).find("Q2_0 layout g128-qs-first (forced)"),
+  // The right order forced: loads, marked forced.
+  EXPECT_NE(loaded_line("d", {"-m", m, "--q2-layout", "g128-d-first"}).find("Q2_0 layout g128-d-first (forced)"),
             std::string::npos);
-  // So does the env var, and the config file's q2-layout.
-  EXPECT_NE(loaded_line("d", {"-m", m}, {"BONSAI_Q2_LAYOUT=g128-qs-first"}).find("Q2_0 layout g128-qs-first (forced)"),
+  // The other order against the data's evidence: refused at start-up (it
+  // used to load and answer with NaN logits).
+  {
+    const auto [code, err] = startup_error({"-m", m, "--q2-layout", "g128-qs-first"});
+    EXPECT_EQ(code, 1) << err;
+    EXPECT_NE(err.find("the forced Q2_0 layout g128-qs-first does not fit the data"), std::string::npos) << err;
+  }
+  // A file valid under both byte orders (what the override is for): detection
+  // refuses it, and the flag, the env var and the config file's q2-layout
+  // each force an order.
+  const std::string amb = (scratch() / "ambiguous-g128.gguf").string();
+  ASSERT_EQ(bonsai::test::write_ambiguous_g128_copy(kDFirst, amb), "");
+  const std::string a = "a=" + amb;
+  {
+    const auto [code, err] = startup_error({"-m", a});
+    EXPECT_EQ(code, 1) << err;
+    EXPECT_NE(err.find("byte order is ambiguous"), std::string::npos) << err;
+  }
+  EXPECT_NE(loaded_line("a", {"-m", a, "--q2-layout", "g128-qs-first"}).find("Q2_0 layout g128-qs-first (forced)"),
+            std::string::npos);
+  EXPECT_NE(loaded_line("a", {"-m", a}, {"BONSAI_Q2_LAYOUT=g128-qs-first"}).find("Q2_0 layout g128-qs-first (forced)"),
             std::string::npos);
   const fs::path toml = write_toml("qs.toml", "q2-layout = \"g128-qs-first\"\n");
-  EXPECT_NE(loaded_line("d", {"-m", m, "--config", toml.string()}).find("Q2_0 layout g128-qs-first (forced)"),
+  EXPECT_NE(loaded_line("a", {"-m", a, "--config", toml.string()}).find("Q2_0 layout g128-qs-first (forced)"),
             std::string::npos);
   // Precedence: flag over env over config.
-  EXPECT_NE(loaded_line("d", {"-m", m, "--q2-layout", "g128-d-first"}, {"BONSAI_Q2_LAYOUT=g128-qs-first"})
+  EXPECT_NE(loaded_line("a", {"-m", a, "--q2-layout", "g128-d-first"}, {"BONSAI_Q2_LAYOUT=g128-qs-first"})
                 .find("Q2_0 layout g128-d-first (forced)"),
             std::string::npos);
-  EXPECT_NE(loaded_line("d", {"-m", m, "--config", toml.string()}, {"BONSAI_Q2_LAYOUT=g128-d-first"})
+  EXPECT_NE(loaded_line("a", {"-m", a, "--config", toml.string()}, {"BONSAI_Q2_LAYOUT=g128-d-first"})
                 .find("Q2_0 layout g128-d-first (forced)"),
             std::string::npos);
 
