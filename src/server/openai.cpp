@@ -433,22 +433,36 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
 
   if (auto e = check_response_format(body)) return e;
   if (auto e = check_optional_string(body, "user", "")) return e;
-  // Accepted for compatibility, not computed (responses carry "logprobs": null);
-  // still, a value of the wrong type is the client's bug and says so.
+  // Log probabilities and echo are not computed. Asking for them is refused
+  // (400, code "unsupported_value") rather than answered with
+  // "logprobs": null, which breaks clients that then read
+  // choice.logprobs.content; the values that ask for nothing (chat
+  // "logprobs": false, "top_logprobs": 0, "echo": false) are accepted, and a
+  // value of the wrong type is the client's bug and says so.
+  auto unsupported = [](const char* field) {
+    return bad_request(std::string("'") + field + "' is not supported by this server (log probabilities are not "
+                                                  "computed); omit it or leave it at its default.",
+                       field, "unsupported_value");
+  };
   if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
-    if (endpoint == Endpoint::kChat && !it->is_boolean()) return wrong_type("logprobs", "a boolean", *it);
-    if (endpoint == Endpoint::kCompletion) {
+    if (endpoint == Endpoint::kChat) {
+      if (!it->is_boolean()) return wrong_type("logprobs", "a boolean", *it);
+      if (it->get<bool>()) return unsupported("logprobs");
+    } else {
       std::optional<int64_t> lp;
       if (auto e = get_int(body, "logprobs", 0, 5, lp)) return e;
+      if (lp) return unsupported("logprobs");  // even 0 asks for the sampled token's logprob
     }
   }
   {
     std::optional<int64_t> tl;
     if (auto e = get_int(body, "top_logprobs", 0, 20, tl)) return e;
+    if (tl && *tl > 0) return unsupported("top_logprobs");
   }
   if (endpoint == Endpoint::kCompletion) {
     bool echo = false;
     if (auto e = get_bool(body, "echo", echo)) return e;
+    if (echo) return unsupported("echo");
   }
 
   std::optional<int64_t> iv;

@@ -247,9 +247,48 @@ TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
     auto e = parse(body, Endpoint::kChat, r);
     EXPECT_FALSE(e.has_value()) << body << " -> " << e->message;
   }
-  auto e = parse(R"({"prompt":"x","logprobs":0,"echo":false,"n":2.0})", Endpoint::kCompletion, r);
+  auto e = parse(R"({"prompt":"x","logprobs":null,"echo":false,"n":2.0})", Endpoint::kCompletion, r);
   ASSERT_FALSE(e.has_value()) << e->message;
   EXPECT_EQ(r.n, 2);
+}
+
+// Log probabilities and echo are not computed: asking for them is a 400 with
+// code unsupported_value naming the field (it used to be accepted and
+// answered with "logprobs": null, which breaks clients reading
+// choice.logprobs.content).
+TEST(OpenAiParse, LogprobsAndEchoRequestsAreRefusedAsUnsupported) {
+  struct Case {
+    const char* body;
+    Endpoint ep;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})", Endpoint::kChat, "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChat, "top_logprobs"},
+      {R"({"prompt":"x","logprobs":0})", Endpoint::kCompletion, "logprobs"},
+      {R"({"prompt":"x","logprobs":5})", Endpoint::kCompletion, "logprobs"},
+      {R"({"prompt":"x","echo":true})", Endpoint::kCompletion, "echo"},
+  };
+  for (const auto& c : cases) {
+    CompletionRequest r;
+    auto e = parse(c.body, c.ep, r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->status, 400) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body;
+    EXPECT_EQ(e->code, "unsupported_value") << c.body;
+    EXPECT_NE(e->message.find(std::string("'") + c.param + "' is not supported"), std::string::npos) << e->message;
+  }
+  // Out-of-range values are still invalid values, not "unsupported".
+  CompletionRequest r;
+  auto e = parse(R"({"prompt":"x","logprobs":6})", Endpoint::kCompletion, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, "invalid_value");
+  // Values that ask for nothing pass.
+  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0})",
+                     Endpoint::kChat, r)
+                   .has_value());
+  EXPECT_FALSE(parse(R"({"prompt":"x","logprobs":null,"echo":false})", Endpoint::kCompletion, r).has_value());
 }
 
 // An integral float out of range is an out-of-range value, not a wrong type.
