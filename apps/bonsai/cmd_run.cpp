@@ -263,9 +263,15 @@ struct RunOptions {
   bool file_given = false;    // -f was (even as -f '', which then fails to read)
 };
 
+// Largest prompt file read (bytes): far above any context window (a 1M-token
+// context is ~4 MiB of text), so only endless inputs (/dev/zero, a pipe
+// that never closes) hit it instead of exhausting memory.
+constexpr size_t kMaxPromptFileBytes = size_t{256} << 20;
+
 // The whole file at `path`, byte for byte (no newline trimming, no encoding
-// check: the tokenizer takes the bytes as -p would). Error message:
-// "<path>: cannot read prompt file: <strerror(errno)>".
+// check: the tokenizer takes the bytes as -p would). Error messages:
+// "<path>: cannot read prompt file: <strerror(errno)>", or
+// "<path>: prompt file is larger than 268435456 bytes".
 core::Expected<std::string> read_prompt_file(const std::string& path) {
   auto fail = [&path](int err) {
     return core::fail(core::Errc::kIo, path + ": cannot read prompt file: " + std::strerror(err));
@@ -282,6 +288,11 @@ core::Expected<std::string> read_prompt_file(const std::string& path) {
       const int err = errno;  // e.g. EISDIR for a directory
       ::close(fd);
       return fail(err);
+    }
+    if (text.size() + static_cast<size_t>(n) > kMaxPromptFileBytes) {
+      ::close(fd);
+      return core::fail(core::Errc::kInvalidArgument,
+                        path + ": prompt file is larger than " + std::to_string(kMaxPromptFileBytes) + " bytes");
     }
     text.append(buf, static_cast<size_t>(n));
   }

@@ -174,6 +174,10 @@ TEST(CliRun, PromptFileErrorsAreExitCode2) {
   const CliResult is_dir = bonsai("run -m '" + kStories + "' -f '" + dir + "'");
   EXPECT_EQ(is_dir.rc, 2);
   EXPECT_EQ(is_dir.err, "bonsai run: " + dir + ": cannot read prompt file: Is a directory\n");
+  // An endless input stops at 256 MiB instead of exhausting memory.
+  const CliResult endless = bonsai("run -m '" + kStories + "' -f /dev/zero");
+  EXPECT_EQ(endless.rc, 2);
+  EXPECT_EQ(endless.err, "bonsai run: /dev/zero: prompt file is larger than 268435456 bytes\n");
   // -p and -f together, even -p '': a usage error, before anything is loaded.
   for (const std::string p : {"-p hi", "-p ''", "--prompt x"}) {
     const CliResult both = bonsai("run -m /nonexistent/model.gguf " + p + " -f '" + kStories + "'");
