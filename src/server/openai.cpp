@@ -200,9 +200,19 @@ std::optional<ApiError> parse_tools(const json& body) {
       auto name = fn->find("name");
       if (name == fn->end() || name->is_null()) return missing(fw + ".name");
       if (!name->is_string()) return wrong_type(fw + ".name", "a string", *name);
-      if (name->get_ref<const std::string&>().empty())
+      const std::string& nm = name->get_ref<const std::string&>();
+      if (nm.empty())
         return bad_request("Invalid '" + fw + ".name': empty string. Expected a string with minimum length 1.",
                            fw + ".name", "empty_string");
+      // OpenAI's rule for function names: a-z, A-Z, 0-9, '_' and '-', at most 64 characters.
+      const bool name_ok = nm.size() <= 64 && std::all_of(nm.begin(), nm.end(), [](char ch) {
+                             return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                                    ch == '_' || ch == '-';
+                           });
+      if (!name_ok)
+        return bad_request("Invalid '" + fw + ".name': string does not match pattern. Expected a string that "
+                                                "matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
+                           fw + ".name", "invalid_value");
       if (auto e = check_optional_string(*fn, "description", fw)) return e;
       if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object())
         return wrong_type(fw + ".parameters", "an object (a JSON Schema)", *p);

@@ -219,6 +219,7 @@ std::string size_text(uint64_t bytes) {
 // caches; 1'000'000 replicas would exhaust memory long before the budget
 // check could help when no budget is set).
 constexpr int64_t kMaxAdminPoolSize = 256;
+constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
 
 // Why a generation was cut short (kCancelled from the engine).
 enum class CutReason { kNone, kClientGone, kTimeout, kShutdown };
@@ -872,6 +873,10 @@ struct Server::Impl {
     auto id = body.find("id");
     if (id == body.end() || !id->is_string() || id->get<std::string>().empty())
       return bad_request("Missing required parameter: 'id' (a non-empty string).", "id", "missing_required_parameter");
+    // Ids end up in /v1/models, /metrics labels and logs: keep them bounded.
+    if (id->get_ref<const std::string&>().size() > kMaxModelIdBytes)
+      return bad_request("Invalid 'id': longer than " + std::to_string(kMaxModelIdBytes) + " bytes.", "id",
+                         "invalid_value");
     return std::nullopt;
   }
 

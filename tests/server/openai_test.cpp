@@ -137,6 +137,14 @@ TEST(OpenAiParse, MalformedToolsAndToolChoiceAre400NamingTheField) {
        "Invalid type for 'tools[0].function.name': expected a string, but got integer."},
       {R"("tools":[{"type":"function","function":{"name":""}}])", "tools[0].function.name", "empty_string",
        "Invalid 'tools[0].function.name': empty string. Expected a string with minimum length 1."},
+      {R"("tools":[{"type":"function","function":{"name":"get weather"}}])", "tools[0].function.name",
+       "invalid_value",
+       "Invalid 'tools[0].function.name': string does not match pattern. Expected a string that matches the "
+       "pattern '^[a-zA-Z0-9_-]{1,64}$'."},
+      {R"("tools":[{"type":"function","function":{"name":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}])",
+       "tools[0].function.name", "invalid_value",
+       "Invalid 'tools[0].function.name': string does not match pattern. Expected a string that matches the "
+       "pattern '^[a-zA-Z0-9_-]{1,64}$'."},
       {R"("tools":[{"type":"function","function":{"name":"f","description":["d"]}}])",
        "tools[0].function.description", "invalid_type",
        "Invalid type for 'tools[0].function.description': expected a string, but got array."},

@@ -244,6 +244,17 @@ TEST_F(ServerHttp, AdminLoadOfABadFileNamesThePath) {
   EXPECT_EQ(st, 200) << got.dump();
 }
 
+// Model ids show up in /v1/models, /metrics labels and logs: an admin load
+// with an id over 256 bytes is a 400 naming 'id' (10,000-character ids were
+// accepted).
+TEST_F(ServerHttp, AdminLoadRefusesOverlongIds) {
+  auto [st, j] = post("/admin/models/load", json{{"id", std::string(257, 'x')}, {"path", stories_}}.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["param"], "id") << j.dump();
+  EXPECT_EQ(j["error"]["code"], "invalid_value") << j.dump();
+  EXPECT_EQ(j["error"]["message"], "Invalid 'id': longer than 256 bytes.") << j.dump();
+}
+
 // Splits an SSE body into its JSON payloads; checks the framing
 // ("data: ...\n\n" events, the last one "data: [DONE]").
 std::vector<json> sse_payloads(const std::string& body) {
