@@ -379,6 +379,43 @@ Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits ge
 
 }  // namespace
 
+// Votes on the byte order of 128-weight (34-byte) Q2_0 blocks, over up to
+// 4096 evenly spaced blocks per type-42 tensor: a block is invalid under an
+// order when its fp16 scale is not finite or |d| > 1e3, or one of its 2-bit
+// codes is 3 (valid ternary data uses 0..2 only). `data` is the start of the
+// tensor data section; every tensor must lie inside it (checked by the
+// caller).
+struct G128Votes {
+  uint64_t bad_d_first = 0, bad_qs_first = 0, checked = 0;
+};
+
+G128Votes sample_g128_orders(const std::vector<TensorInfo>& tensors, const uint8_t* data) {
+  constexpr uint64_t kSample = 4096;
+  auto bad_block = [](const uint8_t* qs, const uint8_t* d) {
+    uint16_t h;
+    std::memcpy(&h, d, 2);
+    const float s = core::fp16_to_fp32(h);
+    if (!std::isfinite(s) || std::fabs(s) > 1e3f) return true;
+    for (int i = 0; i < 32; ++i)
+      if ((qs[i] & (qs[i] >> 1) & 0x55) != 0) return true;  // a 2-bit field equal to 3
+    return false;
+  };
+  G128Votes v;
+  for (const TensorInfo& t : tensors) {
+    if (t.type_id != static_cast<uint32_t>(core::GgmlType::Q2_0)) continue;
+    const uint64_t n_blocks = static_cast<uint64_t>(t.n_elements()) / 128;
+    const uint8_t* base = data + t.offset;
+    const uint64_t step = std::max<uint64_t>(1, n_blocks / kSample);
+    for (uint64_t b = 0; b < n_blocks; b += step) {
+      const uint8_t* blk = base + b * 34;
+      v.bad_d_first += bad_block(blk + 2, blk) ? 1 : 0;
+      v.bad_qs_first += bad_block(blk, blk + 32) ? 1 : 0;
+      ++v.checked;
+    }
+  }
+  return v;
+}
+
 core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
   using core::Q2Layout;
   const auto alignment = f_.alignment_;
@@ -406,35 +443,9 @@ core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
   }
   if (!use_g128) return Q2Layout::kG64;
 
-  // g128: byte order from the data. Valid ternary codes are 0..2 (3 never
-  // occurs) and the fp16 scale is finite and of plausible size. Count blocks
-  // that violate this under each order, over up to kSample blocks per tensor.
-  constexpr uint64_t kSample = 4096;
-  uint64_t bad_d_first = 0, bad_qs_first = 0, checked = 0;
-  auto bad_block = [](const uint8_t* qs, const uint8_t* d) {
-    uint16_t h;
-    std::memcpy(&h, d, 2);
-    const float s = core::fp16_to_fp32(h);
-    if (!std::isfinite(s) || std::fabs(s) > 1e3f) return true;
-    for (int i = 0; i < 32; ++i) {
-      const uint8_t b = qs[i];
-      // a 2-bit field equal to 3 has both bits set
-      if ((b & (b >> 1) & 0x55) != 0) return true;
-    }
-    return false;
-  };
-  for (const TensorInfo& t : f_.tensors_) {
-    if (t.type_id != static_cast<uint32_t>(core::GgmlType::Q2_0)) continue;
-    const uint64_t n_blocks = static_cast<uint64_t>(t.n_elements()) / 128;
-    const uint8_t* base = p_ + f_.data_offset_ + t.offset;  // in bounds: geometry_fit checked it
-    const uint64_t step = std::max<uint64_t>(1, n_blocks / kSample);
-    for (uint64_t b = 0; b < n_blocks; b += step) {
-      const uint8_t* blk = base + b * 34;
-      bad_d_first += bad_block(blk + 2, blk) ? 1 : 0;
-      bad_qs_first += bad_block(blk, blk + 32) ? 1 : 0;
-      ++checked;
-    }
-  }
+  // g128: byte order from the data (in bounds: geometry_fit checked it).
+  const G128Votes v = sample_g128_orders(f_.tensors_, p_ + f_.data_offset_);
+  const uint64_t bad_d_first = v.bad_d_first, bad_qs_first = v.bad_qs_first, checked = v.checked;
   if (bad_d_first == 0 && bad_qs_first > 0) return Q2Layout::kG128DFirst;
   if (bad_qs_first == 0 && bad_d_first > 0) return Q2Layout::kG128QsFirst;
   return core::fail(
@@ -536,28 +547,8 @@ core::Expected<void> Parser::check_forced_q2_layout() {
                           " does not fit the file: its type-42 tensors end exactly on 64-weight (g64) "
                           "blocks, not on 128-weight blocks" + hint);
   }
-  constexpr uint64_t kSample = 4096;
-  uint64_t bad_d_first = 0, bad_qs_first = 0, checked = 0;
-  auto bad_block = [](const uint8_t* qs, const uint8_t* d) {
-    uint16_t h;
-    std::memcpy(&h, d, 2);
-    const float v = core::fp16_to_fp32(h);
-    if (!std::isfinite(v) || std::fabs(v) > 1e3f) return true;
-    for (int i = 0; i < 32; ++i)
-      if ((qs[i] & (qs[i] >> 1) & 0x55) != 0) return true;  // a 2-bit field equal to 3
-    return false;
-  };
-  for (const TensorInfo& t : f_.tensors_) {
-    if (t.type_id != static_cast<uint32_t>(core::GgmlType::Q2_0)) continue;
-    const uint64_t n_blocks = t.n_bytes / 34;  // in bounds: checked by layout_tensors
-    const uint64_t step = std::max<uint64_t>(1, n_blocks / kSample);
-    for (uint64_t b = 0; b < n_blocks; b += step) {
-      const uint8_t* blk = t.data + b * 34;
-      bad_d_first += bad_block(blk + 2, blk) ? 1 : 0;
-      bad_qs_first += bad_block(blk, blk + 32) ? 1 : 0;
-      ++checked;
-    }
-  }
+  const G128Votes v = sample_g128_orders(f_.tensors_, p_ + f_.data_offset_);  // in bounds: checked above
+  const uint64_t bad_d_first = v.bad_d_first, bad_qs_first = v.bad_qs_first, checked = v.checked;
   const bool d_first = layout == Q2Layout::kG128DFirst;
   const uint64_t bad_forced = d_first ? bad_d_first : bad_qs_first;
   const uint64_t bad_other = d_first ? bad_qs_first : bad_d_first;
