@@ -222,9 +222,9 @@ void register_info(CLI::App& app) {
       "env BONSAI_Q2_LAYOUT)");
   cmd->callback([opt] {
     auto open_opt = open_options_from_cli(opt->q2_layout);
-    if (!open_opt) {
+    if (!open_opt) {  // unknown layout name: a usage error
       std::cerr << "bonsai info: " << open_opt.error().message << "\n";
-      set_exit_code(1);
+      set_exit_code(2);
       return;
     }
     auto f = gguf::File::open(opt->model, *open_opt);

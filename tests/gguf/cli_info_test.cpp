@@ -163,7 +163,7 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   ASSERT_EQ(flag_wins.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(flag_wins.out)["q2_layout"], "g128-d-first");
   auto bad_layout = run("info -m '" + d_first + "' --q2-layout g32", true);
-  EXPECT_NE(bad_layout.exit_code, 0);
+  EXPECT_EQ(bad_layout.exit_code, 2);  // a usage error
   EXPECT_NE(bad_layout.out.find("unknown Q2_0 layout 'g32'"), std::string::npos);
   auto missing = run("info -m /nonexistent/file.gguf", true);
   EXPECT_EQ(missing.exit_code, 1);

@@ -322,7 +322,7 @@ TEST(CliRun, Q2LayoutOverrideReachesTheModel) {
   ::unsetenv("BONSAI_Q2_LAYOUT");
   EXPECT_EQ(env.exit_code, 1) << env.out;
   const auto bad = run_cmd(args + " --q2-layout g32");
-  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;  // a usage error, as in validate / logits / serve
   EXPECT_NE(bad.out.find("unknown Q2_0 layout 'g32'"), std::string::npos) << bad.out;
 }
 
