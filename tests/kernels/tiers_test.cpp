@@ -292,7 +292,10 @@ PairedMatrices paired_matrices(int64_t rows, int64_t cols, uint32_t seed) {
     std::memcpy(dd, b0, 2);
     std::memcpy(qd + 32, b0, 2);
     for (int i = 0; i < 32; ++i) {
-      uint8_t& src = (i < 16 ? b0 : b1)[2 + i % 16];
+      // (Not `(i < 16 ? b0 : b1)[...]`: GCC 12 with -fsanitize=address,undefined
+      // miscompiles that lvalue here and the g64 twin came out wrong.)
+      uint8_t* half = i < 16 ? b0 : b1;
+      uint8_t& src = half[2 + i % 16];
       dd[2 + i] = src;
       qd[i] = src;
       uint8_t fixed = src;
