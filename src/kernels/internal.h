@@ -117,6 +117,11 @@ const TierOps* tier_ops(Tier t);
 // `enabled` is ANDed with CPUID; returns the previous setting.
 bool set_avx512_gfni(bool enabled);
 
+// Test hook: makes the AVX2 tier use PMADDUBSW/PMADDWD instead of AVX-VNNI's
+// VPDPBUSD on a CPU that has it (`enabled` is ANDed with CPUID); returns the
+// previous setting.
+bool set_avx2_vnni(bool enabled);
+
 // Test hook: disables the AVX-512 tier's AMX GEMM path; returns the previous setting.
 bool set_avx512_amx(bool enabled);
 

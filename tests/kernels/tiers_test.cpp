@@ -40,12 +40,14 @@ using testing::kAllFormats;
 
 // A tier under test, with a label. The AVX-512 tier is run three ways: as
 // it runs in production (GFNI weight expansion, AMX GEMM for n >= 6 where the
-// CPU has them), without AMX (VNNI GEMM), and without AMX and GFNI.
+// CPU has them), without AMX (VNNI GEMM), and without AMX and GFNI. The AVX2
+// tier runs with AVX-VNNI (where the CPU has it) and without.
 struct Variant {
   Tier tier;
   bool gfni;
   bool amx;
   std::string label;
+  bool vnni = true;
 };
 
 std::vector<Variant> variants() {
@@ -57,18 +59,22 @@ std::vector<Variant> variants() {
       v.push_back({t, true, false, "avx512-noamx"});
       v.push_back({t, false, false, "avx512-noamx-nogfni"});
     }
+    if (t == Tier::kAvx2 && core::cpu_features().avx_vnni) v.push_back({t, true, true, "avx2-novnni", false});
   }
   return v;
 }
 
 struct GfniScope {
   explicit GfniScope(const Variant& v)
-      : prev(detail::set_avx512_gfni(v.gfni)), prev_amx(detail::set_avx512_amx(v.amx)) {}
+      : prev(detail::set_avx512_gfni(v.gfni)),
+        prev_amx(detail::set_avx512_amx(v.amx)),
+        prev_vnni(detail::set_avx2_vnni(v.vnni)) {}
   ~GfniScope() {
     detail::set_avx512_gfni(prev);
     detail::set_avx512_amx(prev_amx);
+    detail::set_avx2_vnni(prev_vnni);
   }
-  bool prev, prev_amx;
+  bool prev, prev_amx, prev_vnni;
 };
 
 std::vector<float> random_batch(int64_t n, int64_t cols, uint32_t seed) {
