@@ -204,11 +204,11 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
 
   // (Alive until after wait_background(), so a second signal still forces
   // the exit while background loads finish.)
-  server::ShutdownSignals signals([&](int sig) {
-    std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
-              << ", shutting down (again to exit at once)\n";
-    srv.stop();
-  });
+  server::ShutdownSignals signals([&](int) { srv.stop(); }, {},
+                                  [](int sig) {
+                                    std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+                                              << ", shutting down (again to exit at once)\n";
+                                  });
   srv.run();
   pool->wait_background();
   std::cerr << "bonsai serve: stopped\n";

@@ -41,8 +41,9 @@ void ShutdownSignals::force_exit(int sig) {
   std::_Exit(128 + sig);
 }
 
-ShutdownSignals::ShutdownSignals(std::function<void(int)> graceful, std::function<void(int)> force)
-    : graceful_(std::move(graceful)), force_(std::move(force)) {
+ShutdownSignals::ShutdownSignals(std::function<void(int)> graceful, std::function<void(int)> force,
+                                 std::function<void(int)> announce)
+    : graceful_(std::move(graceful)), force_(std::move(force)), announce_(std::move(announce)) {
   if (!force_) force_ = [](int sig) { force_exit(sig); };
   const sigset_t s = shutdown_set();
   signal_fd_ = ::signalfd(-1, &s, SFD_CLOEXEC);
@@ -75,11 +76,16 @@ void ShutdownSignals::watch() {
     signalfd_siginfo info{};
     if (::read(signal_fd_, &info, sizeof info) != static_cast<ssize_t>(sizeof info)) continue;
     const int sig = static_cast<int>(info.ssi_signo);
-    if (received_.fetch_add(1) == 0) {
+    if (received_.load() == 0) {
+      // The announcement first, on this thread: a second signal is read only
+      // after it, so its force message cannot overtake it.
+      if (announce_) announce_(sig);
+      received_.store(1);
       // Graceful, off this thread: the watcher must stay ready for a second
       // signal while the drain (which may block) runs.
       if (graceful_) graceful_thread_ = std::thread(graceful_, sig);
     } else {
+      received_.fetch_add(1);
       force_(sig);
     }
   }

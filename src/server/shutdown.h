@@ -10,7 +10,8 @@
 //
 //   server::ShutdownSignals::block();      // first, before any thread starts
 //   ... build the pools, the Server, bind ...
-//   server::ShutdownSignals signals([&](int sig) { log(sig); srv.stop(); });
+//   server::ShutdownSignals signals([&](int) { srv.stop(); }, {},
+//                                   [](int sig) { log(sig); });
 //   srv.run();                             // returns after the first signal
 //   pool->wait_background();               // a second signal still forces exit
 //   // ~ShutdownSignals: stops watching
@@ -39,9 +40,16 @@ class ShutdownSignals {
   // default, force_exit, writes "bonsai serve: second SIGINT during
   // shutdown, exiting now" to stderr and calls std::_Exit(128 + sig): no
   // destructors, no atexit handlers, in-flight work is abandoned.
+  // `announce(sig)`, if given, runs on the watcher thread at the first
+  // signal, before `graceful` starts and before a second signal is read:
+  // what it writes (the "shutting down" log line) always precedes the
+  // force message of a second signal. Keep it short; it must not block.
+  // (A log line written by `graceful` itself races a quick second signal:
+  // the forced exit could come first.)
   // If signalfd/eventfd cannot be created, nothing is watched and
   // watching() is false (the signals stay blocked: the caller decides).
-  explicit ShutdownSignals(std::function<void(int sig)> graceful, std::function<void(int sig)> force = {});
+  explicit ShutdownSignals(std::function<void(int sig)> graceful, std::function<void(int sig)> force = {},
+                           std::function<void(int sig)> announce = {});
   // Stops watching (a signal arriving later stays pending, blocked), then
   // joins the graceful thread if one was started.
   ~ShutdownSignals();
@@ -60,6 +68,7 @@ class ShutdownSignals {
 
   std::function<void(int)> graceful_;
   std::function<void(int)> force_;
+  std::function<void(int)> announce_;
   int signal_fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<int> received_{0};

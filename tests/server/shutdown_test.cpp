@@ -46,10 +46,8 @@ bool wait_for(Pred pred, double timeout_s = 10.0) {
 // with 128 + the signal number and says so on stderr.
 void second_signal_child(int first, int second) {
   ShutdownSignals::block();
-  ShutdownSignals signals([](int sig) {
-    std::fprintf(stderr, "graceful shutdown started by signal %d\n", sig);
-    std::this_thread::sleep_for(std::chrono::seconds(30));  // a drain that hangs
-  });
+  ShutdownSignals signals([](int) { std::this_thread::sleep_for(std::chrono::seconds(30)); },  // a drain that hangs
+                          {}, [](int sig) { std::fprintf(stderr, "graceful shutdown started by signal %d\n", sig); });
   if (!signals.watching()) std::_Exit(10);
   ::kill(::getpid(), first);
   if (!wait_for([&] { return signals.received() == 1; })) std::_Exit(11);
