@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the GGUF reader's libFuzzer target (tests/gguf/gguf_fuzz.cpp) under
-# ASan + UBSan into its own build dir and runs it for a bounded time.
+# Builds the libFuzzer targets (tests/gguf/gguf_fuzz.cpp: the GGUF reader;
+# tests/server/http_fuzz.cpp: OpenAI request parsing + chat rendering) under
+# ASan + UBSan into their own build dir and runs each for a bounded time.
 # Exits non-zero if the fuzzer finds a crash, leak, over-read or UB.
 #
 #   scripts/fuzz.sh [SECONDS]      (default 60; env FUZZ_SECONDS also works)
@@ -24,21 +25,33 @@ if [ -z "$FUZZER_LIB" ]; then
   exit 1
 fi
 
-mkdir -p "$OUT/obj" "$OUT/corpus" "$OUT/artifacts"
+mkdir -p "$OUT/obj" "$OUT/corpus" "$OUT/http-corpus" "$OUT/artifacts"
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 FLAGS=(-std=c++23 -O1 -g -Isrc "${SAN[@]}")
-SRCS=(src/gguf/gguf.cpp src/core/ggml_types.cpp src/core/mapped_file.cpp src/core/error.cpp tests/gguf/gguf_fuzz.cpp)
-objs=()
-for s in "${SRCS[@]}"; do
-  o="$OUT/obj/$(echo "$s" | tr '/' '_').o"
-  if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ src/gguf/gguf.h -nt "$o" ]; then
-    "$CXX" "${FLAGS[@]}" -fsanitize-coverage=trace-pc,trace-cmp -c "$s" -o "$o"
-    objcopy --redefine-sym __sanitizer_cov_trace_pc=bonsai_fuzz_trace_pc "$o"
-  fi
-  objs+=("$o")
-done
 "$CXX" "${FLAGS[@]}" -c tests/gguf/fuzz_coverage.cpp -o "$OUT/obj/fuzz_coverage.o"
-"$CXX" "${SAN[@]}" "${objs[@]}" "$OUT/obj/fuzz_coverage.o" "$FUZZER_LIB" -lpthread -o "$OUT/gguf_fuzz"
+
+# build_target NAME HEADER SOURCES...: compiles the sources with coverage
+# (rebuilding an object when its source or HEADER is newer) and links NAME.
+build_target() {
+  local name="$1" header="$2"
+  shift 2
+  local objs=() s o
+  for s in "$@"; do
+    o="$OUT/obj/$(echo "$s" | tr '/' '_').o"
+    if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ "$header" -nt "$o" ]; then
+      "$CXX" "${FLAGS[@]}" -fsanitize-coverage=trace-pc,trace-cmp -c "$s" -o "$o"
+      objcopy --redefine-sym __sanitizer_cov_trace_pc=bonsai_fuzz_trace_pc "$o"
+    fi
+    objs+=("$o")
+  done
+  "$CXX" "${SAN[@]}" "${objs[@]}" "$OUT/obj/fuzz_coverage.o" "$FUZZER_LIB" -lpthread -o "$OUT/$name"
+}
+
+build_target gguf_fuzz src/gguf/gguf.h \
+  src/gguf/gguf.cpp src/core/ggml_types.cpp src/core/mapped_file.cpp src/core/error.cpp tests/gguf/gguf_fuzz.cpp
+# The HTTP request path: OpenAI request parsing/validation and chat rendering.
+build_target http_fuzz src/server/openai.h \
+  src/server/openai.cpp src/tokenizer/chat_template.cpp src/core/error.cpp tests/server/http_fuzz.cpp
 
 # Seeds: the first 4 KiB of every shared .gguf (header + part of the
 # metadata), plus the tiny generated files the hostile test writes.
@@ -50,16 +63,25 @@ done
 # (F32 [8] and a g128 d-first Q2_0 [128,2]), 324 bytes.
 printf '\x47\x47\x55\x46\x03\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x14\x00\x00\x00\x00\x00\x00\x00\x67\x65\x6e\x65\x72\x61\x6c\x2e\x61\x72\x63\x68\x69\x74\x65\x63\x74\x75\x72\x65\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00\x71\x77\x65\x6e\x33\x05\x00\x00\x00\x00\x00\x00\x00\x61\x2e\x61\x72\x72\x09\x00\x00\x00\x08\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x78\x02\x00\x00\x00\x00\x00\x00\x00\x79\x7a\x02\x00\x00\x00\x00\x00\x00\x00\x74\x30\x01\x00\x00\x00\x08\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x74\x31\x02\x00\x00\x00\x80\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x2a\x00\x00\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x40\x40\x00\x00\x80\x40\x00\x00\xa0\x40\x00\x00\xc0\x40\x00\x00\xe0\x40\x00\x3c\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x3c\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00' > "$OUT/corpus/seed-small.gguf"
 
-echo "fuzz: running $OUT/gguf_fuzz for ${SECONDS_TO_RUN}s"
-set +e
-"$OUT/gguf_fuzz" -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -use_value_profile=1 -timeout=10 \
-  -rss_limit_mb=2048 -artifact_prefix="$OUT/artifacts/" -print_final_stats=1 \
-  "$OUT/corpus" > "$OUT/fuzz.log" 2>&1
-rc=$?
-set -e
-tail -n 12 "$OUT/fuzz.log"
-if [ $rc -ne 0 ]; then
-  echo "fuzz: FAILED (exit $rc); crashing input in $OUT/artifacts/, log $OUT/fuzz.log" >&2
-  exit 1
-fi
-echo "fuzz: no crash in ${SECONDS_TO_RUN}s"
+cp tests/server/fuzz_corpus/* "$OUT/http-corpus/"
+
+# run_target NAME SECONDS CORPUS MAX_LEN: runs one fuzzer; fails the script on a finding.
+run_target() {
+  local name="$1" secs="$2" corpus="$3" max_len="$4" rc
+  echo "fuzz: running $OUT/$name for ${secs}s"
+  set +e
+  "$OUT/$name" -max_total_time="$secs" -max_len="$max_len" -use_value_profile=1 -timeout=10 \
+    -rss_limit_mb=2048 -artifact_prefix="$OUT/artifacts/$name-" -print_final_stats=1 \
+    "$corpus" > "$OUT/$name.log" 2>&1
+  rc=$?
+  set -e
+  tail -n 12 "$OUT/$name.log"
+  if [ $rc -ne 0 ]; then
+    echo "fuzz: $name FAILED (exit $rc); crashing input in $OUT/artifacts/, log $OUT/$name.log" >&2
+    exit 1
+  fi
+  echo "fuzz: $name: no crash in ${secs}s"
+}
+
+run_target gguf_fuzz "$SECONDS_TO_RUN" "$OUT/corpus" 16384
+run_target http_fuzz "$SECONDS_TO_RUN" "$OUT/http-corpus" 8192
