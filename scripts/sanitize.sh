@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the test suite under sanitizers (CI runs it after scripts/test.sh):
+#   asan  the whole suite under AddressSanitizer + UBSan (build-asan)
+#   tsan  the concurrency tests (thread pool, engine/model pools, scheduler,
+#         server) under ThreadSanitizer (build-tsan)
+#
+#   scripts/sanitize.sh [asan|tsan|all]     (default all)
+#   env ASAN_BUILD_DIR / TSAN_BUILD_DIR override the build folders.
+# Needs what scripts/setup.sh installs. Exits non-zero on any failure or report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHAT="${1:-all}"
+JOBS="$(nproc)"
+
+# Every sanitizer report fails the test that triggered it.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+
+run_asan() {
+  local dir="${ASAN_BUILD_DIR:-build-asan}"
+  echo "sanitize: ASan+UBSan build in $dir"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBONSAI_SANITIZE=ON \
+    -DBONSAI_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 1200
+}
+
+# The tests whose subject is concurrency. TSan needs every thread it watches
+# instrumented, so the whole tree is built with it, but only these run.
+TSAN_TESTS='core_test|engine_pool_test|model_pool_test|engine_pool_real_test|engine_sched|server_'
+
+run_tsan() {
+  local dir="${TSAN_BUILD_DIR:-build-tsan}"
+  echo "sanitize: TSan build in $dir"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBONSAI_TSAN=ON \
+    -DBONSAI_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 1200 -R "$TSAN_TESTS"
+}
+
+case "$WHAT" in
+  asan) run_asan ;;
+  tsan) run_tsan ;;
+  all) run_asan; run_tsan ;;
+  *) echo "usage: scripts/sanitize.sh [asan|tsan|all]" >&2; exit 2 ;;
+esac
+echo "sanitize: $WHAT passed"
