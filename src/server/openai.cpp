@@ -473,6 +473,21 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     bool echo = false;
     if (auto e = get_bool(body, "echo", echo)) return e;
     if (echo) return unsupported("echo");
+    // Legacy completions fields that change what is generated: refused, not
+    // silently ignored. `suffix` (insertion) asks for nothing only when
+    // empty; `best_of` only at 1 (it must also be >= n, as OpenAI checks).
+    auto not_done = [](const char* field, const char* what) {
+      return bad_request(std::string("'") + field + "' is not supported by this server (" + what +
+                             "); omit it or leave it at its default.",
+                         field, "unsupported_value");
+    };
+    if (auto e = check_optional_string(body, "suffix", "")) return e;
+    if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty()) {
+      return not_done("suffix", "no insertion / fill-in-the-middle");
+    }
+    std::optional<int64_t> best_of;
+    if (auto e = get_int(body, "best_of", 1, 20, best_of)) return e;
+    if (best_of && *best_of > 1) return not_done("best_of", "candidates are not generated and ranked server-side");
   }
 
   std::optional<int64_t> iv;

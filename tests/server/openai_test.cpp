@@ -277,6 +277,8 @@ TEST(OpenAiParse, LogprobsAndEchoRequestsAreRefusedAsUnsupported) {
       {R"({"prompt":"x","logprobs":0})", Endpoint::kCompletion, "logprobs"},
       {R"({"prompt":"x","logprobs":5})", Endpoint::kCompletion, "logprobs"},
       {R"({"prompt":"x","echo":true})", Endpoint::kCompletion, "echo"},
+      {R"({"prompt":"x","suffix":"tail"})", Endpoint::kCompletion, "suffix"},
+      {R"({"prompt":"x","best_of":3})", Endpoint::kCompletion, "best_of"},
   };
   for (const auto& c : cases) {
     CompletionRequest r;
@@ -297,6 +299,16 @@ TEST(OpenAiParse, LogprobsAndEchoRequestsAreRefusedAsUnsupported) {
                      Endpoint::kChat, r)
                    .has_value());
   EXPECT_FALSE(parse(R"({"prompt":"x","logprobs":null,"echo":false})", Endpoint::kCompletion, r).has_value());
+  EXPECT_FALSE(parse(R"({"prompt":"x","suffix":"","best_of":1})", Endpoint::kCompletion, r).has_value());
+  EXPECT_FALSE(parse(R"({"prompt":"x","suffix":null})", Endpoint::kCompletion, r).has_value());
+  // A wrong type or range is invalid, not unsupported.
+  e = parse(R"({"prompt":"x","best_of":0})", Endpoint::kCompletion, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "best_of");
+  EXPECT_EQ(e->code, "invalid_value");
+  e = parse(R"({"prompt":"x","suffix":5})", Endpoint::kCompletion, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "suffix");
 }
 
 // An integral float out of range is an out-of-range value, not a wrong type.
