@@ -31,6 +31,7 @@
 #include "gguf/gguf.h"                // OpenOptions
 #include "engine/rate_tracker.h"      // RequestRateTracker
 #include "server/openai.h"            // request parsing, response builders, ApiError
+#include "server/web_ui.h"            // GET /: the embedded web chat page
 #include "tokenizer/tokenizer.h"      // Tokenizer::encode_chat / encode_prompt
 
 namespace bonsai::server {
@@ -400,6 +401,14 @@ struct Server::Impl {
       handle_model(req.matches[1].str(), res);
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
+    // The web chat page (web_ui.h): public like /health; the API calls it
+    // makes carry the key the user enters in its settings.
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      const std::string_view page = web_ui_html();
+      res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+    });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       std::string text;
       {

@@ -729,6 +729,31 @@ TEST_F(ServerHttpWithKey, HealthDoesNotRevealModelPaths) {
   EXPECT_NE(a->body.find(stories_), std::string::npos) << a->body;
 }
 
+// GET / serves the embedded web chat page without the key (its API calls
+// carry the key the user types in): the whole file, as HTML, with the
+// elements the browser test drives, and nothing fetched from elsewhere.
+TEST_F(ServerHttpWithKey, WebChatPageIsServedOfflineAtRoot) {
+  auto c = client();
+  auto r = c.Get("/");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_EQ(r->body.rfind("<!doctype html>", 0), 0u);
+  EXPECT_NE(r->body.find("</html>"), std::string::npos);
+  for (const char* id : {"id=\"model\"", "id=\"input\"", "id=\"send\"", "id=\"stop\"", "id=\"new-chat\"",
+                         "/v1/chat/completions", "/v1/models", "reasoning_content", "localStorage"}) {
+    EXPECT_NE(r->body.find(id), std::string::npos) << id;
+  }
+  // Offline: no external scripts, styles or fonts.
+  for (const char* ext : {"<script src", "<link ", "@import", "url(http"}) {
+    EXPECT_EQ(r->body.find(ext), std::string::npos) << ext;
+  }
+  // Other unknown paths are still 404.
+  auto n = c.Get("/index.php");
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->status, 404);
+}
+
 // A model whose advertised context is larger than its engines' (a stand-in
 // for any engine error after the stream has started): the engine fails the
 // request, and the stream ends with the error event — no usage chunk and no
