@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# Test-only packages: headless Chromium for the web chat page's browser test.
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "test: installing chromium (browser test of the web chat page)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
 BUILD_DIR="${BUILD_DIR:-build}"
 ./scripts/fuzz.sh "${FUZZ_SECONDS:-60}"  # GGUF reader under libFuzzer+ASan/UBSan; fails on any crash
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
