@@ -5,13 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Test-only packages: headless Chromium for the web chat page's browser test.
-if ! command -v chromium >/dev/null 2>&1; then
+# Test-only packages: headless Chromium for the web chat page's browser test,
+# iproute2's `ss` (the listen-backlog test).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v ss >/dev/null 2>&1; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  echo "test: installing chromium (browser test of the web chat page)"
+  echo "test: installing chromium iproute2 (test-only)"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium iproute2 >/dev/null
 fi
 BUILD_DIR="${BUILD_DIR:-build}"
 ./scripts/fuzz.sh "${FUZZ_SECONDS:-60}"  # GGUF reader under libFuzzer+ASan/UBSan; fails on any crash

@@ -39,6 +39,9 @@ namespace bonsai::server {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+// Pending connections the kernel queues before accept (listen(2) backlog).
+constexpr int kListenBacklog = 1024;
+
 namespace {
 
 // Metric family names (the exposition lists them with HELP and TYPE).
@@ -240,6 +243,7 @@ struct Server::Impl {
   std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
   std::mutex scrape_mu;               // one /metrics refresh + exposition at a time
   int bound_port = -1;                // set by Server::bind()
+  int listen_fd = -1;                 // the listening socket (set_socket_options), for its backlog
   // Connections with a request being handled or answered, by peer (host,
   // port): counted from pre-routing until httplib's logger, which runs after
   // the response (a stream's last chunk included) is written. The others are
@@ -316,9 +320,10 @@ struct Server::Impl {
     };
     // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second
     // server bind the same port and silently share its connections.
-    http.set_socket_options([](int sock) {
+    http.set_socket_options([this](int sock) {
       int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      listen_fd = sock;  // bind() widens its backlog once httplib listens
     });
     http.set_payload_max_length(opt.max_body_bytes);
     http.set_tcp_nodelay(true);
@@ -1062,6 +1067,11 @@ core::Expected<int> Server::bind() {
     return core::fail(core::Errc::kIo, "cannot listen on " + o.host + ":" + std::to_string(port) +
                                            " (address in use, or not a local address)");
   }
+  // httplib 0.11 listens with a backlog of 5 (compiled into the library):
+  // bursts of connections then waited a 1 s SYN retry. Linux lets listen(2)
+  // be called again on a listening socket to change its backlog (capped by
+  // net.core.somaxconn).
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, kListenBacklog);
   impl_->bound_port = port;
   return port;
 }

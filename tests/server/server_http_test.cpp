@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <future>
 #include <limits>
@@ -149,6 +150,25 @@ TEST_F(ServerHttp, PostWithoutContentLengthIsAnEmptyBodyAtOnce) {
     EXPECT_NE(resp.find("invalid_json"), std::string::npos) << resp;
     EXPECT_LT(s, 2.0) << path << " took " << s << " s";
   }
+}
+
+// The listening socket's backlog is at least 512 (httplib's own is 5: a burst
+// of connections waited a 1 s SYN retry). `ss` shows a listener's backlog
+// as its Send-Q.
+TEST_F(ServerHttp, ListenBacklogIsAtLeast512) {
+  const std::string cmd = "ss -ltnH 'sport = :" + std::to_string(port_) + "' 2>/dev/null";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[512] = {};
+  const bool got = std::fgets(line, sizeof line, p) != nullptr;
+  ::pclose(p);
+  if (!got) GTEST_SKIP() << "'ss' (iproute2) printed nothing";
+  // State Recv-Q Send-Q Local:Port Peer:Port
+  char state[32] = {};
+  long recv_q = -1, send_q = -1;
+  ASSERT_EQ(std::sscanf(line, "%31s %ld %ld", state, &recv_q, &send_q), 3) << line;
+  EXPECT_STREQ(state, "LISTEN");
+  EXPECT_GE(send_q, 512) << line;
 }
 
 // The configured limit still holds, with every content type.
