@@ -2,28 +2,24 @@
 // (src/kernels/CMakeLists.txt) and only called when kernels.cpp's CPUID check
 // passes. Intrinsics and internal-linkage helpers only (see internal.h).
 //
-// Quantized weights follow internal.h's scheme (exact int32 sums per
-// 32-value activation sub-block, fp32 scaling). Activations are rearranged
-// per weight block so that weights expand with broadcasts, uniform shifts
-// and ANDs only:
-//   * Q1_0: the 16 sign bytes are broadcast to both 128-bit halves; vector
-//     k (0..3) byte p holds element 8*(p%16) + 2k + p/16, whose sign is bit
-//     2k + p/16 of byte p%16. (bits & pattern) min 1 gives 0/1 weights;
-//     pmaddubsw sums bit*q pairs, the four vectors' int16 sums are added
-//     (|sum| <= 1016) and pmaddwd widens to int32 lanes; each lane lies in
-//     one sub-block. isum = 2 * sum(bit*q) - sum(q).
-//   * Q2_0 g64: codes broadcast to both halves; vector k (0..1) byte p holds
-//     element 4*(p%16) + 2k + p/16 (code = bits of byte p%16 shifted by
-//     2*(2k + p/16), a per-64-bit-lane shift).
-//   * Q2_0 g128 (both byte orders): each 64-weight half (16 code bytes,
-//     the block's d) runs as a g64 block, codes remapped 3 -> 1 (value 0),
-//     so results are bit-identical to the equivalent g64 matrix.
-//   Weight bytes are codes c in 0..3 (u8) and isum = sum(c*q) - sum(q).
+// Quantized weights (Q1_0, Q2_0 layouts) follow internal.h's canonical
+// order exactly, bit-identical to the reference tier, with the "pair
+// layout": two consecutive weight units (Q1_0 blocks, Q2_0 g64 blocks or
+// g128 halves) per 256-bit vector Q (unit b in the low 128 bits, b+1 in the
+// high), and the activations laid out so that plane m of Q (bit m of each
+// packed byte for Q1_0, code m for Q2_0: one AND + MIN or one shift + AND)
+// meets the matching quants. Dword lane L of a pair is then exactly one
+// canonical chunk (32 weights of Q1_0, 16 of Q2_0), chunk 8p + L of the
+// row, and pairs alternate between two fp32 accumulators (canonical lanes
+// 0-7 and 8-15). The g128 layouts run per 64-weight half with codes
+// remapped 3 -> 1 (value 0), so they equal their g64 twin bit for bit.
+// GEMV runs two rows at a time; batches one row x up to four columns, rows
+// blocked by 32 against column tiles of 64 (same operations per column, so
+// batch invariant).
 // On CPUs with AVX-VNNI (Alder Lake and later client parts without AVX-512)
-// the same products use VPDPBUSD instead of PMADDUBSW + PMADDWD (the code in
-// avx2_rows.inc is compiled twice; same integer sums, so the results are
-// bit-identical). Measured here with BONSAI_KERNEL=avx2: Q1_0 GEMV +4-7%,
-// Q2_0 +13%.
+// the integer sums use VPDPBUSD instead of PMADDUBSW + PMADDWD (the code in
+// avx2_rows.inc is compiled twice; same integer sums, bit-identical
+// results). Q8_0 weights: natural order, the canonical Q8_0 order.
 #include "kernels/internal.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -80,21 +76,21 @@ template <int F>
 struct Geo;
 template <>
 struct Geo<kFamQ1> {
-  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0, kVecs = 4;
+  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0, kPlanes = 8;
 };
 template <>
 struct Geo<kFamG64> {
-  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0, kVecs = 2;
+  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0, kPlanes = 4;
 };
 // The g128 layouts iterate over 64-weight halves ("units" of 17 bytes on
 // average); qs_at / d_at locate a unit's codes and scale.
 template <>
 struct Geo<kFamG128D> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0, kVecs = 2;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0, kPlanes = 4;
 };
 template <>
 struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32, kVecs = 2;
+  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32, kPlanes = 4;
 };
 
 inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
@@ -119,42 +115,45 @@ inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
 }
 
 struct Consts {
-  __m256i pat[4];   // Q1: bit 2k + p/16 at byte p
-  __m256i sh[2];    // G64: per-64-bit-lane shifts 2*(2k + half)
-  __m256i one8, three8, one16, remap;
+  __m256i bit[8];  // Q1: 1 << m in every byte
+  __m256i one8, three8, one16, odd;
 };
 
 Consts make_consts() {
   Consts c;
-  for (int k = 0; k < 4; ++k) {
-    alignas(32) uint8_t p[32];
-    for (int i = 0; i < 32; ++i) p[i] = static_cast<uint8_t>(1u << (2 * k + i / 16));
-    c.pat[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-  }
-  for (int k = 0; k < 2; ++k) {
-    c.sh[k] = _mm256_setr_epi64x(4 * k, 4 * k, 4 * k + 2, 4 * k + 2);
-  }
+  for (int m = 0; m < 8; ++m) c.bit[m] = _mm256_set1_epi8(static_cast<char>(1u << m));
   c.one8 = _mm256_set1_epi8(1);
   c.three8 = _mm256_set1_epi8(3);
   c.one16 = _mm256_set1_epi16(1);
-  c.remap = _mm256_setr_epi8(0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1,
-                             0, 1, 2, 1);
+  c.odd = _mm256_set1_epi8(static_cast<char>(0xAA));
   return c;
 }
 
-// Expands one unit's packed weights (qs: its 16 code/sign bytes) into kVecs
-// u8 vectors (0/1 for Q1, codes for Q2; g128 codes remapped 3 -> 1).
+// Loads the packed bytes of a pair of units (b, b+1) of a row into Q (unit
+// b in the low 128 bits, b+1 in the high; `half`: only unit b exists, the
+// high half is zero) and their scales into the lanes (0-3: b, 4-7: b+1; 0
+// for a missing unit). g128 codes are remapped 3 -> 1 (value 0).
 template <int F>
-inline void expand(const uint8_t* qs, const Consts& c, __m256i* wv) {
+inline void pload(const uint8_t* row, int64_t b, bool half, const Consts& c, __m256i& q, __m256& dw) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b)));
+  const __m128i hi = half ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b + 1)));
+  q = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+  if constexpr (is_g128(F)) {
+    // Clear bit 1 of every 2-bit field whose bit 0 is set (3 -> 1).
+    q = _mm256_andnot_si256(_mm256_and_si256(_mm256_slli_epi16(q, 1), c.odd), q);
+  }
+  const float d0 = lut_fp16(d_at<F>(row, b)), d1 = half ? 0.0f : lut_fp16(d_at<F>(row, b + 1));
+  dw = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d0)), _mm_set1_ps(d1), 1);
+}
+
+// Weight bytes of plane m of Q: Q1_0 bit m (0/1), Q2_0 code m (0..3).
+template <int F>
+inline __m256i pplane(__m256i q, int m, const Consts& c) {
   if constexpr (F == kFamQ1) {
-    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-    for (int k = 0; k < 4; ++k) wv[k] = _mm256_min_epu8(_mm256_and_si256(bq, c.pat[k]), c.one8);
+    return _mm256_min_epu8(_mm256_and_si256(q, c.bit[m]), c.one8);
   } else {
-    const __m256i bq = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-    for (int k = 0; k < 2; ++k) wv[k] = _mm256_and_si256(_mm256_srlv_epi64(bq, c.sh[k]), c.three8);
-    if constexpr (is_g128(F)) {
-      for (int k = 0; k < 2; ++k) wv[k] = _mm256_shuffle_epi8(c.remap, wv[k]);
-    }
+    // 16-bit shifts: the low two bits of each byte come from that byte (2m <= 6).
+    return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * m)), c.three8);
   }
 }
 
@@ -276,23 +275,6 @@ void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
   }
 }
 
-// Element held at byte p (0..E-1) of a block's rearranged activations.
-inline int perm_index(int fam, int p) {
-  const int k = p / 32, pp = p % 32;
-  switch (fam) {
-    case kFamQ1: return 8 * (pp % 16) + 2 * k + pp / 16;
-    default: return 4 * (pp % 16) + 2 * k + pp / 16;  // g64 (and g128 halves)
-  }
-}
-
-// Activation sub-block (of 32, within the block) of int32 lane l (0..7).
-inline int lane_sub(int fam, int l) {
-  switch (fam) {
-    case kFamQ1: return l % 4;
-    default: return (l % 4) / 2;  // g64 (and g128 halves)
-  }
-}
-
 void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
@@ -304,30 +286,35 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
     case Format::kQ2_0G128Qs: fam = kFamG64; break;
     default: break;
   }
+  // Pair layout (see "Pair layout" above): per column, np pairs of
+  // X[planes][32] (byte 16h + i of plane m: element 8i + m (Q1_0) or
+  // 4i + m (Q2_0) of unit 2p + h), then per chunk its negated quant sum and
+  // its activation scale. A missing second unit of a last pair is zero.
+  const bool q1 = fam == kFamQ1;
+  const int E = q1 ? 128 : 64, W = q1 ? 32 : 16, P = q1 ? 8 : 4;
+  const int64_t units = cols / E, np = (units + 1) / 2;
+  const int64_t xs = np * P * 32, ls = np * 8, chunks = cols / W;
   for (int64_t j = 0; j < n; ++j) {
     int8_t* q = a.q + j * cols;
     float* d = a.d + j * (cols / 32);
     quantize_act(x + j * cols, cols, q, d);
     if (fam == kFamQ8) continue;
-    const int E = fam == kFamG64 ? 64 : 128;
-    int8_t* qp = a.qp + j * cols;
-    int32_t* neg = a.lane_neg + j * (cols / 4);
-    float* ld = a.lane_d + j * (cols / 4);
-    int idx[128];
-    for (int p = 0; p < E; ++p) idx[p] = perm_index(fam, p);
-    for (int64_t b = 0; b < cols / E; ++b) {
-      const int8_t* src = q + b * E;
-      int8_t* dst = qp + b * E;
-      for (int p = 0; p < E; ++p) dst[p] = src[idx[p]];
-      // lane_neg / lane_d use 8 lanes per block (indices b*8 + l).
-      for (int l = 0; l < 8; ++l) {
-        int s = 0;
-        for (int k = 0; k < E / 32; ++k) {
-          for (int t = 0; t < 4; ++t) s += dst[32 * k + 4 * l + t];
-        }
-        neg[b * 8 + l] = -s;
-        ld[b * 8 + l] = d[b * (E / 32) + lane_sub(fam, l)];
-      }
+    int8_t* xp = a.qp + j * xs;
+    int32_t* neg = a.lane_neg + j * ls;
+    float* dl = a.lane_d + j * ls;
+    std::memset(xp, 0, static_cast<size_t>(xs));
+    for (int64_t u = 0; u < units; ++u) {
+      int8_t* xu = xp + (u / 2) * (P * 32) + (u % 2) * 16;
+      const int8_t* qu = q + u * E;
+      for (int m = 0; m < P; ++m)
+        for (int i = 0; i < 16; ++i) xu[m * 32 + i] = qu[q1 ? 8 * i + m : 4 * i + m];
+    }
+    for (int64_t ch = 0; ch < ls; ++ch) {
+      int32_t sum = 0;
+      if (ch < chunks)
+        for (int e = 0; e < W; ++e) sum += q[ch * W + e];
+      neg[ch] = -sum;
+      dl[ch] = ch < chunks ? d[ch * W / 32] : 0.0f;
     }
   }
 }

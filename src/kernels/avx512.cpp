@@ -3,39 +3,29 @@
 // kernels.cpp's CPUID check passes. This file uses intrinsics and its own
 // internal-linkage helpers only (see internal.h for why).
 //
-// Quantized weights (see internal.h for the arithmetic, which is exactly the
-// reference's up to fp32 summation order):
-//   Activations are quantized to Q8_0 (bit-identical to the reference) and
-//   then rearranged per weight block so that a block's packed weights can be
-//   expanded to one byte per weight with a broadcast and one GF2P8AFFINEQB
-//   (or a bit test) per 64 weights -- no byte shuffles of the weights:
-//   * Q1_0: the 16 sign bytes are broadcast to all four 128-bit lanes; byte
-//     p of the first half-vector X0 holds element 8*(p%16) + p/16 and byte p
-//     of X1 element 8*(p%16) + 4 + p/16, so "bit p/16 (resp. p/16+4) of byte
-//     p%16" is that element's sign bit. The weight byte is 2*bit, and the
-//     int32 accumulator starts at -(sum of the lane's quants), giving
-//     sum_j (2*bit_j - 1) * q_j exactly.
-//   * Q2_0 g64: the 16 code bytes are broadcast; byte p holds element
-//     4*(p%16) + p/16, whose code is bits 2*(p/16)..+1 of byte p%16. The
-//     weight byte is the code c (0..3) and the accumulator starts at -sum q,
-//     giving sum (c - 1) q (g64: code 3 -> +2, as the reference).
-//   * Q2_0 g128 (both byte orders): each 64-weight half (16 code bytes, the
-//     block's d) runs exactly as a g64 block, codes remapped 3 -> 1 (value
-//     0) by a 16-byte table shuffle, so results are bit-identical to the
-//     equivalent g64 matrix (blocks paired with equal d).
-//   In every layout each 32-bit lane (4 bytes, and for two half-vectors the
-//   same lane of both) lies in one 32-value activation sub-block, so the
-//   int32 lane sums are scaled by a per-lane activation scale vector and the
-//   weight block's fp16 scale, accumulating in fp32.
-// With GFNI and AVX512_VBMI (Ice Lake and later) GEMV and small batches take
-// the grouped path instead (see "Grouped layout" below): four weight units
-// per vector, so the fp32 scaling runs once per four units; GEMV runs four
-// rows at a time, small batches one row x up to four columns. Without them
-// the per-block scheme above runs (GEMV four rows at a time, small batches
-// two rows x up to four columns). Both prefetch the weight stream in
-// software (L2 4 KiB, L1 1 KiB ahead). Batches of n >= kAmxMinCols go to the
-// AMX tiles (amx.cpp) when the CPU and OS allow.
-// Float weights (F32/F16/BF16) use FMA on fp32 directly.
+// Quantized weights (Q1_0, Q2_0 layouts) follow internal.h's canonical
+// order exactly (bit-identical to the reference tier): activations are
+// quantized to Q8_0 (bit-identical to the reference) and laid out in the
+// "grouped" layout below, so that one dword lane of a 512-bit accumulator
+// is one canonical chunk (32 weights for Q1_0, 16 for Q2_0) and lane L of
+// group g is chunk 16 g + L: lane index = chunk mod 16 by construction. Per
+// group, row and column: VPDPBUSD into int32 lanes (exact), then one
+// VCVTDQ2PS, VMULPS (activation scale) and VFMADD (weight scale) on 16
+// lanes, and reduce16 at the end: the canonical operations in order. GEMV,
+// small batches and large batches differ only in how many rows and columns
+// share one pass (register blocking, cache blocking), never in the
+// operations on a column, so results are batch invariant.
+// Weight expansion uses GF2P8AFFINEQB and the group gather VPERMT2B where
+// the CPU has GFNI / AVX512_VBMI (Ice Lake and later); without them (e.g.
+// Skylake-SP / Cascade Lake, or the test hook set_avx512_gfni(false)) the
+// same layout is built from bit tests / shifts and four 16-byte loads, with
+// identical integer results. The weight stream is prefetched in software
+// (L2 4 KiB, L1 1 KiB ahead). Batches of n >= kAmxMinCols go to the AMX
+// tiles (amx.cpp) when the CPU and OS allow; that path follows the same
+// canonical order.
+// Q8_0 weights: natural activation order, 256-bit VNNI, the canonical Q8_0
+// order (acc0/acc1 are lanes 0-7 / 8-15). Float weights (F32/F16/BF16) use
+// FMA on fp32 directly (same code for every n).
 #include "kernels/internal.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__)
@@ -56,6 +46,7 @@ bool g_has_gfni = false;   // CPUID says GFNI
 bool g_has_vbmi = false;   // CPUID says AVX512_VBMI (vpermb, for activation prep)
 bool g_use_gfni = true;    // test hook (set_avx512_gfni)
 bool g_use_amx = true;     // test hook (set_avx512_amx)
+constexpr bool kAmxEnabled = false;  // see prepare_setup
 // Software prefetch of the streamed weights, two levels: into L2 4 KiB
 // ahead and into L1 1 KiB ahead of the bytes being read (the grouped path
 // prefetches two lines per level per 72-byte group, so no line is skipped).
@@ -77,9 +68,10 @@ void init_tables() {
   g_has_vbmi = __builtin_cpu_supports("avx512vbmi");
 }
 
-// The grouped GEMV / small-batch path (needs GFNI and AVX512_VBMI; the test
-// hook set_avx512_gfni(false) turns it off with the rest of the GFNI use).
-bool use_grouped() { return g_has_gfni && g_has_vbmi && g_use_gfni; }
+// GF2P8AFFINEQB weight expansion / VPERMB-VPERMT2B gathers (the test hook
+// set_avx512_gfni(false) turns both off, giving the Cascade Lake code).
+bool use_gfni() { return g_has_gfni && g_use_gfni; }
+bool use_vbmi() { return g_has_vbmi && g_use_gfni; }
 
 void init_once() {
   static const bool done = (init_tables(), true);
@@ -95,204 +87,11 @@ inline float lut_fp16(const uint8_t* p) {
 // Weight format families by activation layout.
 enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3, kFamQ8 = 4 };
 
-// Geometry of one weight block ("unit") per family.
-template <int F>
-struct Geo;
-template <>
-struct Geo<kFamQ1> {
-  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0;
-};
-template <>
-struct Geo<kFamG64> {
-  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0;
-};
-// The g128 layouts iterate over 64-weight halves as units; kBytes is the
-// whole block's size (see qs_at / d_at).
-template <>
-struct Geo<kFamG128D> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0;
-};
-template <>
-struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32;
-};
-
 inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
 
-// Packed weights of unit b (a block; a 64-weight half for g128) of a row.
-template <int F>
-inline const uint8_t* qs_at(const uint8_t* row, int64_t b) {
-  if constexpr (is_g128(F)) {
-    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kQs + (b & 1) * 16;
-  } else {
-    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kQs;
-  }
-}
-// fp16 scale of unit b of a row.
-template <int F>
-inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
-  if constexpr (is_g128(F)) {
-    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kD;
-  } else {
-    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kD;
-  }
-}
-
-// Constants for weight expansion.
-struct Consts {
-  __m512i gf0, gf1;      // GF2P8AFFINE matrices for half-vectors X0 / X1
-  __m512i pat0, pat1;    // bit-test patterns (non-GFNI Q1 path)
-  __m512i sh0, sh1;      // per-16-bit-word right shifts (non-GFNI Q2 paths)
-  __m512i two, three, remap;
-};
-
-template <int F>
-Consts make_consts() {
-  Consts c;
-  alignas(64) uint64_t g0[8], g1[8];
-  alignas(64) uint8_t p0[64], p1[64];
-  alignas(64) uint16_t s0[32], s1[32];
-  for (int q = 0; q < 8; ++q) {
-    if constexpr (F == kFamQ1) {
-      const int l = q / 2;  // 16-byte group
-      g0[q] = static_cast<uint64_t>(1u << l) << 48;        // out bit 1 = src bit l
-      g1[q] = static_cast<uint64_t>(1u << (l + 4)) << 48;  // out bit 1 = src bit l+4
-    } else {  // Q2 (g128 units are 64-weight halves, laid out as g64)
-      const int l = q / 2;  // 16-byte group
-      g0[q] = (static_cast<uint64_t>(1u << (2 * l)) << 56) | (static_cast<uint64_t>(1u << (2 * l + 1)) << 48);
-      g1[q] = g0[q];
-    }
-  }
-  for (int p = 0; p < 64; ++p) {
-    p0[p] = static_cast<uint8_t>(1u << (p / 16));
-    p1[p] = static_cast<uint8_t>(1u << (p / 16 + 4));
-  }
-  for (int k = 0; k < 32; ++k) {
-    const int p = 2 * k;  // byte index of the word
-    const int l = p / 16;
-    s0[k] = static_cast<uint16_t>(2 * l);
-    s1[k] = s0[k];
-  }
-  c.gf0 = _mm512_load_si512(g0);
-  c.gf1 = _mm512_load_si512(g1);
-  c.pat0 = _mm512_load_si512(p0);
-  c.pat1 = _mm512_load_si512(p1);
-  c.sh0 = _mm512_load_si512(s0);
-  c.sh1 = _mm512_load_si512(s1);
-  c.two = _mm512_set1_epi8(2);
-  c.three = _mm512_set1_epi8(3);
-  c.remap = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1, 0, 1, 2, 1));
-  return c;
-}
-
-// Expands the packed weights of one unit (qs: its 16 sign/code bytes) into
-// u8 weight bytes w0 (and w1 for Q1_0's 128-weight blocks) matching the
-// activation layout described above.
-template <int F, bool kGf>
-inline void expand(const uint8_t* qs, const Consts& c, __m512i& w0, __m512i& w1) {
-  if constexpr (F == kFamQ1) {
-    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-    if constexpr (kGf) {
-      w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
-      w1 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf1, 0);
-    } else {
-      w0 = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bq, c.pat0), c.two);
-      w1 = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bq, c.pat1), c.two);
-    }
-  } else {
-    const __m512i bq = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-    if constexpr (kGf) {
-      w0 = _mm512_gf2p8affine_epi64_epi8(bq, c.gf0, 0);
-    } else {
-      w0 = _mm512_and_si512(_mm512_srlv_epi16(bq, c.sh0), c.three);
-    }
-    if constexpr (is_g128(F)) w0 = _mm512_shuffle_epi8(c.remap, w0);  // code 3 -> 1 (value 0)
-    w1 = w0;
-  }
-}
-
-// Integer lane sums of one block against column j's prepared activations.
-template <int F>
-inline __m512i block_dot(__m512i w0, __m512i w1, const int8_t* xq, const int32_t* neg) {
-  __m512i acc = _mm512_dpbusd_epi32(_mm512_load_si512(neg), w0, _mm512_load_si512(xq));
-  if constexpr (Geo<F>::kElems == 128) acc = _mm512_dpbusd_epi32(acc, w1, _mm512_load_si512(xq + 64));
-  return acc;
-}
-
-// R rows x C columns over all blocks of the rows. y is [n][rows].
-template <int F, bool kGf, int R, int C>
-void micro(const uint8_t* row0, size_t stride, int64_t nb, const QuantAct& a, int64_t j0, float* y,
-           int64_t y_ld, int64_t r, const Consts& c) {
-  constexpr int E = Geo<F>::kElems;
-  const int64_t cols = a.cols;
-  __m512 out[R][C];
-  for (int i = 0; i < R; ++i)
-    for (int k = 0; k < C; ++k) out[i][k] = _mm512_setzero_ps();
-  const int8_t* xq[C];
-  const int32_t* ng[C];
-  const float* ld[C];
-  for (int k = 0; k < C; ++k) {
-    xq[k] = a.qp + (j0 + k) * cols;
-    ng[k] = a.lane_neg + (j0 + k) * (cols / 4);
-    ld[k] = a.lane_d + (j0 + k) * (cols / 4);
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* rowi = row0 + static_cast<size_t>(i) * stride;
-      const uint8_t* dp = d_at<F>(rowi, b);
-      _mm_prefetch(reinterpret_cast<const char*>(dp + kPrefetchL2Bytes), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(dp + kPrefetchL1Bytes), _MM_HINT_T0);
-      __m512i w0, w1;
-      expand<F, kGf>(qs_at<F>(rowi, b), c, w0, w1);
-      const __m512 dw = _mm512_set1_ps(lut_fp16(dp));
-      for (int k = 0; k < C; ++k) {
-        const __m512i acc = block_dot<F>(w0, w1, xq[k] + b * E, ng[k] + b * 16);
-        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_load_ps(ld[k] + b * 16));
-        out[i][k] = _mm512_fmadd_ps(t, dw, out[i][k]);
-      }
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = _mm512_reduce_add_ps(out[i][k]);
-}
-
-template <int F, bool kGf>
-void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
-  static const Consts c = make_consts<F>();
-  const int64_t nb = w.cols / Geo<F>::kElems;
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const size_t st = w.row_stride;
-  int64_t r = r0;
-  if (n == 1) {
-    // Four rows at a time share the activation loads and give the core four
-    // independent accumulation chains (measured faster than 2 or 8).
-    for (; r + 4 <= r1; r += 4) micro<F, kGf, 4, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
-    for (; r + 2 <= r1; r += 2) micro<F, kGf, 2, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
-    for (; r < r1; ++r) micro<F, kGf, 1, 1>(base + r * st, st, nb, a, 0, y, w.rows, r, c);
-    return;
-  }
-  // Small batches (AMX takes n >= kAmxMinCols where available): two rows x
-  // up to four columns per pass, so each expanded weight block feeds 4-8
-  // dot products.
-  for (; r + 2 <= r1; r += 2) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) micro<F, kGf, 2, 4>(base + r * st, st, nb, a, j, y, w.rows, r, c);
-    if (j + 2 <= n) {
-      micro<F, kGf, 2, 2>(base + r * st, st, nb, a, j, y, w.rows, r, c);
-      j += 2;
-    }
-    if (j < n) micro<F, kGf, 2, 1>(base + r * st, st, nb, a, j, y, w.rows, r, c);
-  }
-  for (; r < r1; ++r) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) micro<F, kGf, 1, 4>(base + r * st, st, nb, a, j, y, w.rows, r, c);
-    for (; j < n; ++j) micro<F, kGf, 1, 1>(base + r * st, st, nb, a, j, y, w.rows, r, c);
-  }
-}
-
-// ---- Grouped layout (GFNI + VBMI): four weight units per vector -------------------------
+// ---- Grouped layout: four weight units per vector ------------------------------------------
 //
-// The GEMV / small-batch path on CPUs with GFNI and AVX512_VBMI. Four
+// Every quantized product of Q1_0 / Q2_0 weights (GEMV, any batch). Four
 // consecutive units of a row (Q1_0 blocks, Q2_0 g64 blocks, or g128
 // 64-weight halves) form a group; one VPERMT2B gathers their 4 x 16 packed
 // bytes into Q (unit u in 128-bit lane u, its packed bytes in order) and one
@@ -389,7 +188,8 @@ GConsts make_gconsts() {
 
 // Loads the packed bytes (Q) and the per-lane fp16 scales (dw) of the group
 // at p; nu < 4 for a last partial group (masked loads, nothing past it read).
-template <int F, bool kTail>
+// kVbmi: one VPERMT2B gathers Q; else four 16-byte loads into the lanes.
+template <int F, bool kTail, bool kVbmi>
 inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512& dw) {
   __m512i l0, l1;
   if constexpr (!kTail) {
@@ -406,12 +206,52 @@ inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512
     l0 = _mm512_maskz_loadu_epi8(span >= 64 ? ~__mmask64{0} : (__mmask64{1} << span) - 1, p);
     l1 = _mm512_setzero_si512();
   }
-  q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
+  if constexpr (kVbmi) {
+    q = _mm512_permutex2var_epi8(l0, c.qidx, l1);
+  } else {
+    q = _mm512_setzero_si512();
+    for (int u = 0; u < 4; ++u) {
+      if (kTail && u >= nu) break;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + gq_offset<F>(u, 0)));
+      switch (u) {  // (the lane index must be a constant)
+        case 0: q = _mm512_inserti32x4(q, v, 0); break;
+        case 1: q = _mm512_inserti32x4(q, v, 1); break;
+        case 2: q = _mm512_inserti32x4(q, v, 2); break;
+        default: q = _mm512_inserti32x4(q, v, 3); break;
+      }
+    }
+  }
   if constexpr (is_g128(F)) {
     // code 3 -> 1 in every 2-bit field: clear bit 1 where bit 0 is set.
     q = _mm512_ternarylogic_epi64(q, _mm512_slli_epi16(q, 1), c.odd, 0x70);  // q & ~(shl(q) & 0xAA)
   }
   dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(l0, c.didx, l1)));
+}
+
+// Weight bytes of plane m of Q (see "Grouped layout"): Q1_0 2 * bit m,
+// Q2_0 code m. kGf: one GF2P8AFFINEQB; else a bit test or a shift and mask
+// (the same bytes).
+template <int F, bool kGf>
+inline __m512i gplane(__m512i q, int m, const GConsts& c) {
+  if constexpr (kGf) {
+    return _mm512_gf2p8affine_epi64_epi8(q, c.plane[m], 0);
+  } else if constexpr (F == kFamQ1) {
+    return _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(q, _mm512_set1_epi8(static_cast<char>(1u << m))),
+                                 _mm512_set1_epi8(2));
+  } else {
+    // 16-bit shifts: the low two bits of each byte come from that byte (2m <= 6).
+    return _mm512_and_si512(_mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * m)), _mm512_set1_epi8(3));
+  }
+}
+
+// The canonical 16-lane reduction (internal.h): (i, i+8), (i, i+4),
+// (i, i+2), (0, 1), written out (not _mm512_reduce_add_ps, whose order is
+// the compiler's).
+inline float reduce16(__m512 v) {
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  const __m128 a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2)));
 }
 
 // Prepared grouped activations of column j: X planes, lane negsums, lane scales.
@@ -424,8 +264,9 @@ struct GCol {
 // Per-column strides of the grouped layout (see prepare_cols_grouped).
 inline int64_t g_groups(int64_t cols, int elems) { return (cols / elems + 3) / 4; }
 
-// R rows x C columns over all groups of the rows. y is [n][rows].
-template <int F, int R, int C>
+// R rows x C columns over all groups of the rows. y is [n][rows]. Every
+// (row, column) pair gets exactly the canonical operations, whatever R, C.
+template <int F, bool kGf, bool kVbmi, int R, int C>
 void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a, int64_t j0, float* y,
             int64_t y_ld, int64_t r, const GConsts& c) {
   constexpr int P = GGeo<F>::kPlanes, GB = GGeo<F>::kGroupBytes;
@@ -447,7 +288,7 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
         _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL1Bytes), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL1Bytes + 64), _MM_HINT_T0);
       }
-      gload<F, decltype(tail)::value>(p, static_cast<int>(units - 4 * g), c, q[i], dw[i]);
+      gload<F, decltype(tail)::value, kVbmi>(p, static_cast<int>(units - 4 * g), c, q[i], dw[i]);
     }
     __m512i acc[R][C];
     for (int k = 0; k < C; ++k) {
@@ -456,12 +297,13 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
     }
     for (int m = 0; m < P; ++m) {
       __m512i wv[R];
-      for (int i = 0; i < R; ++i) wv[i] = _mm512_gf2p8affine_epi64_epi8(q[i], c.plane[m], 0);
+      for (int i = 0; i < R; ++i) wv[i] = gplane<F, kGf>(q[i], m, c);
       for (int k = 0; k < C; ++k) {
         const __m512i xv = _mm512_load_si512(col[k].x + g * (P * 64) + m * 64);
         for (int i = 0; i < R; ++i) acc[i][k] = _mm512_dpbusd_epi32(acc[i][k], wv[i], xv);
       }
     }
+    // Canonical: lane = fma(fl(isum * dx), dw, lane).
     for (int k = 0; k < C; ++k) {
       const __m512 dl = _mm512_load_ps(col[k].dl + g * 16);
       for (int i = 0; i < R; ++i)
@@ -471,34 +313,64 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
   for (int64_t g = 0; g < full; ++g) body(g, std::false_type{});
   if (full < ng) body(full, std::true_type{});
   for (int i = 0; i < R; ++i)
-    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = _mm512_reduce_add_ps(out[i][k]);
+    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = reduce16(out[i][k]);
 }
 
-template <int F>
+// Rows this pass covers before moving to the next tile of columns (cache
+// blocking for batches): kRowBlock rows of weights (<= 64 KiB at 6144
+// columns of Q2_0) stay in L2 while every column tile streams over them,
+// and a tile of kColTile columns' activations (<= ~0.5 MiB) stays in L2
+// while the rows stream.
+constexpr int64_t kRowBlock = 32;
+constexpr int64_t kColTile = 64;
+
+// Columns [j0, j1) of rows [r, r + R) in register blocks of 4, then 2, 1.
+template <int F, bool kGf, bool kVbmi, int R>
+void gcols(const uint8_t* row0, size_t st, int64_t units, const QuantAct& a, int64_t j0, int64_t j1, float* y,
+           int64_t y_ld, int64_t r, const GConsts& c) {
+  int64_t j = j0;
+  for (; j + 4 <= j1; j += 4) gmicro<F, kGf, kVbmi, R, 4>(row0, st, units, a, j, y, y_ld, r, c);
+  if (j + 2 <= j1) {
+    gmicro<F, kGf, kVbmi, R, 2>(row0, st, units, a, j, y, y_ld, r, c);
+    j += 2;
+  }
+  if (j < j1) gmicro<F, kGf, kVbmi, R, 1>(row0, st, units, a, j, y, y_ld, r, c);
+}
+
+template <int F, bool kGf, bool kVbmi>
 void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   static const GConsts c = make_gconsts<F>();
   const int64_t units = w.cols / GGeo<F>::kElems;
   const auto* base = static_cast<const uint8_t*>(w.data);
   const size_t st = w.row_stride;
-  int64_t r = r0;
   if (n == 1) {
     // Four rows at a time: four independent VPDPBUSD chains per plane and
     // the activation loads shared (measured faster than one or two rows).
-    for (; r + 4 <= r1; r += 4) gmicro<F, 4, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
-    for (; r + 2 <= r1; r += 2) gmicro<F, 2, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
-    if (r < r1) gmicro<F, 1, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) gmicro<F, kGf, kVbmi, 4, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
+    for (; r + 2 <= r1; r += 2) gmicro<F, kGf, kVbmi, 2, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
+    if (r < r1) gmicro<F, kGf, kVbmi, 1, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
     return;
   }
-  // Small batches: each expanded plane feeds up to four columns.
-  for (; r < r1; ++r) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) gmicro<F, 1, 4>(base + r * st, st, units, a, j, y, w.rows, r, c);
-    if (j + 2 <= n) {
-      gmicro<F, 1, 2>(base + r * st, st, units, a, j, y, w.rows, r, c);
-      j += 2;
+  // Batches: two rows x four columns per register block (each expanded
+  // plane feeds four VPDPBUSDs per row, each activation load two), rows in
+  // blocks of kRowBlock, columns in tiles of kColTile.
+  for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+    const int64_t re = rb + kRowBlock < r1 ? rb + kRowBlock : r1;
+    for (int64_t jt = 0; jt < n; jt += kColTile) {
+      const int64_t je = jt + kColTile < n ? jt + kColTile : n;
+      int64_t r = rb;
+      for (; r + 2 <= re; r += 2) gcols<F, kGf, kVbmi, 2>(base + r * st, st, units, a, jt, je, y, w.rows, r, c);
+      if (r < re) gcols<F, kGf, kVbmi, 1>(base + r * st, st, units, a, jt, je, y, w.rows, r, c);
     }
-    if (j < n) gmicro<F, 1, 1>(base + r * st, st, units, a, j, y, w.rows, r, c);
   }
+}
+
+template <int F>
+void rows_grouped_dispatch(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
+  if (use_gfni() && use_vbmi()) return rows_grouped<F, true, true>(w, a, n, y, r0, r1);
+  if (use_gfni()) return rows_grouped<F, true, false>(w, a, n, y, r0, r1);
+  return rows_grouped<F, false, false>(w, a, n, y, r0, r1);
 }
 
 // ---- Q8_0 weights: natural activation order, 256-bit VNNI ------------------------------
@@ -608,23 +480,6 @@ void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
   }
 }
 
-// Element index held at byte p (0..127) of a block's rearranged activations.
-inline int perm_index(int fam, int p) {
-  const int h = p / 64, pp = p % 64;
-  switch (fam) {
-    case kFamQ1: return 8 * (pp % 16) + 4 * h + pp / 16;
-    default: return 4 * (p % 16) + p / 16;  // 64-element blocks (g64, g128 halves)
-  }
-}
-
-// Activation sub-block (of 32) of dword lane l of a block.
-inline int lane_sub(int fam, int l) {
-  switch (fam) {
-    case kFamQ1: return l % 4;
-    default: return (l % 4) / 2;  // g64, g128 halves
-  }
-}
-
 int family_of(Format f) {
   switch (f) {
     case Format::kQ1_0: return kFamQ1;
@@ -673,7 +528,12 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
     std::memset(dl + lanes, 0, static_cast<size_t>(ls - lanes) * sizeof(float));
     for (int64_t u = 0; u < units; ++u) {
       int8_t* xg = x + (u / 4) * (P * 64) + (u % 4) * 16;
-      if (q1) {
+      if (!use_vbmi()) {
+        // Same bytes, one at a time: plane m, packed byte i of unit u.
+        const int8_t* qu = q + u * E;
+        for (int m = 0; m < P; ++m)
+          for (int i = 0; i < 16; ++i) xg[m * 64 + i] = qu[q1 ? 8 * i + m : 4 * i + m];
+      } else if (q1) {
         const __m512i s0 = _mm512_loadu_si512(q + u * 128), s1 = _mm512_loadu_si512(q + u * 128 + 64);
         const __m512i a0 = _mm512_permutex2var_epi8(s0, i0, s1), a1 = _mm512_permutex2var_epi8(s0, i1, s1);
         alignas(64) int8_t b0[64], b1[64];
@@ -708,7 +568,11 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
 void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
-  if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
+  // The AMX path (amx.cpp) reads its tile sums out per weight block, not in
+  // the canonical per-chunk order, so it would break batch invariance (a
+  // column's result would change with n >= kAmxMinCols); it stays off
+  // until its read-out follows internal.h's order. kAmxEnabled gates it.
+  if (kAmxEnabled && n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
 }
 
 void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a) {
@@ -720,49 +584,7 @@ void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a)
   }
   const int fam = family_of(f);
   if (fam == kFamQ8) return;
-  if (use_grouped()) {
-    prepare_cols_grouped(fam, j0, j1, a);
-    return;
-  }
-  const int E = fam == kFamG64 ? 64 : 128;
-  // Byte permutation of a block (E elements) and per-lane sub-block index.
-  alignas(64) uint8_t idx[128];
-  alignas(64) int32_t lsub[16];
-  for (int p = 0; p < E; ++p) idx[p] = static_cast<uint8_t>(perm_index(fam, p));
-  for (int l = 0; l < 16; ++l) lsub[l] = lane_sub(fam, l);
-  const __m512i ones = _mm512_set1_epi8(1);
-  const __m512i lsubv = _mm512_load_si512(lsub);
-  for (int64_t j = j0; j < j1; ++j) {
-    const int8_t* q = a.q + j * cols;
-    const float* d = a.d + j * (cols / 32);
-    int8_t* qp = a.qp + j * cols;
-    int32_t* neg = a.lane_neg + j * (cols / 4);
-    float* ld = a.lane_d + j * (cols / 4);
-    for (int64_t b = 0; b < cols / E; ++b) {
-      const int8_t* src = q + b * E;
-      int8_t* dst = qp + b * E;
-      __m512i x0, x1 = _mm512_setzero_si512();
-      if (g_has_vbmi && g_use_gfni) {
-        // Two-source byte permutes over the block's (up to) 128 bytes.
-        const __m512i s0 = _mm512_loadu_si512(src);
-        const __m512i s1 = E == 128 ? _mm512_loadu_si512(src + 64) : s0;
-        x0 = _mm512_permutex2var_epi8(s0, _mm512_load_si512(idx), s1);
-        if (E == 128) x1 = _mm512_permutex2var_epi8(s0, _mm512_load_si512(idx + 64), s1);
-      } else {
-        for (int p = 0; p < E; ++p) dst[p] = src[idx[p]];
-        x0 = _mm512_loadu_si512(dst);
-        if (E == 128) x1 = _mm512_loadu_si512(dst + 64);
-      }
-      _mm512_storeu_si512(dst, x0);
-      if (E == 128) _mm512_storeu_si512(dst + 64, x1);
-      // Lane sums of the quants (both halves share lanes), negated.
-      const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, x0), ones, x1);
-      _mm512_storeu_si512(neg + b * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
-      // Lane scales: d[b * E/32 + lane_sub(l)].
-      const __m512 dv = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (E / 32)) - 1), d + b * (E / 32));
-      _mm512_storeu_ps(ld + b * 16, _mm512_permutexvar_ps(lsubv, dv));
-    }
-  }
+  prepare_cols_grouped(fam, j0, j1, a);
 }
 
 void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
@@ -777,32 +599,15 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     amx_rows(w, *a, n, y, r0, r1);
     return;
   }
-  const bool gf = g_has_gfni && g_use_gfni;
-  if (use_grouped()) {
-    switch (w.format) {
-      case Format::kQ1_0: return rows_grouped<kFamQ1>(w, *a, n, y, r0, r1);
-      case Format::kQ2_0: return rows_grouped<kFamG64>(w, *a, n, y, r0, r1);
-      case Format::kQ2_0G128D: return rows_grouped<kFamG128D>(w, *a, n, y, r0, r1);
-      case Format::kQ2_0G128Qs: return rows_grouped<kFamG128Qs>(w, *a, n, y, r0, r1);
-      default: break;
-    }
-  }
   switch (w.format) {
     case Format::kF32: return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
     case Format::kF16: return rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);
     case Format::kBF16: return rows_float<2, load16_bf16, scalar_bf16>(w, x, n, y, r0, r1);
     case Format::kQ8_0: return rows_q8(w, *a, n, y, r0, r1);
-    case Format::kQ1_0:
-      return gf ? rows_fam<kFamQ1, true>(w, *a, n, y, r0, r1) : rows_fam<kFamQ1, false>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0:
-      return gf ? rows_fam<kFamG64, true>(w, *a, n, y, r0, r1)
-                        : rows_fam<kFamG64, false>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128D:
-      return gf ? rows_fam<kFamG128D, true>(w, *a, n, y, r0, r1)
-                        : rows_fam<kFamG128D, false>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128Qs:
-      return gf ? rows_fam<kFamG128Qs, true>(w, *a, n, y, r0, r1)
-                        : rows_fam<kFamG128Qs, false>(w, *a, n, y, r0, r1);
+    case Format::kQ1_0: return rows_grouped_dispatch<kFamQ1>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0: return rows_grouped_dispatch<kFamG64>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128D: return rows_grouped_dispatch<kFamG128D>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128Qs: return rows_grouped_dispatch<kFamG128Qs>(w, *a, n, y, r0, r1);
   }
 }
 

@@ -4,14 +4,36 @@
 // Matrix products on quantized weights (Q8_0, Q1_0, Q2_0 layouts) quantize
 // the activations once per call to Q8_0-style blocks (32 values, d =
 // amax/127 rounded to fp16, q = round-to-nearest-even(x / d) as ggml's
-// quantize_row_q8_0 does), take exact int32 dot products per 32-value
-// sub-block, and scale in fp32: y = sum_b dw_b * sum_k dx_k * isum_bk. Every
-// tier produces bit-identical quants and integer sums; only the order of the
-// fp32 scaling adds differs. The g128 Q2_0 layouts are scaled per 64-weight
-// half (b above ranges over halves, both with the block's d), in every tier
-// exactly as the tier's g64 path, so a g128 matrix and its g64 twin (pairs
-// of blocks sharing d) give bit-identical products. Float weight formats
-// (F32, F16, BF16) take the float activations directly.
+// quantize_row_q8_0 does) and then follow one canonical order, the same in
+// every tier and every path (GEMV, small batches, large GEMM, AMX, any row
+// split), so that a column's result never depends on the batch it is in
+// (DESIGN.md "Numerics", batch invariance):
+//
+// Canonical order. A weight row is cut into chunks of W consecutive weights
+// (chunk_elems: W = 32 for Q1_0, 16 for the Q2_0 layouts, 4 for Q8_0); a
+// chunk lies in one weight block and one 32-value activation sub-block. For
+// row r and activation column j:
+//   isum_c = sum_{e in chunk c} w_e * q_e            exact int32
+//   Q1_0 / Q2_0:  lane[c mod 16] = fma(fl(float(isum_c) * dx_c), dw_c, lane)
+//   Q8_0:         lane[c mod 16] = fma(float(isum_c), fl(dw_c * dx_c), lane)
+// over c = 0, 1, ... in order, lanes starting at +0, then
+//   y = reduce_lanes16(lane): pairs (i, i+8), then (i, i+4), (i, i+2), (0, 1).
+// dx_c is the chunk's activation sub-block scale, dw_c its weight block's
+// fp16 scale (w_e the small-int weight: +-1, code - 1, or the Q8_0 quant).
+// Each step is one IEEE-754 fp32 operation (round to nearest), so every
+// tier that does these operations -- a 16-lane vector accumulator, two
+// 8-lane ones, AMX tile sums read out per chunk -- is bit-identical to the
+// scalar reference (reference.cpp), whatever the number of columns or rows
+// it computes at once. The lane of a chunk depends only on its position in
+// the row, never on the tile or thread that computes it. Kernel files are
+// compiled with -ffp-contract=off so that no mul + add pair is fused behind
+// the code's back.
+// The g128 Q2_0 layouts use the same chunks (16 weights, the block's d) as
+// g64, so a g128 matrix and its g64 twin (pairs of blocks sharing d) give
+// bit-identical products.
+// Float weight formats (F32, F16, BF16) take the float activations directly;
+// each tier computes a column with the same code whatever n is (batch
+// invariant within the tier), tiers differ in fp32 order.
 #pragma once
 
 #include <cstddef>
@@ -149,6 +171,11 @@ int8_t round_to_i8(float v);
 // Reference Q8_0 activation quantizer for one vector of `cols` values:
 // q[cols], d[cols/32]. The SIMD tiers must reproduce it bit for bit.
 void quantize_act_ref(const float* x, int64_t cols, int8_t* q, float* d);
+
+// The canonical reduction of 16 fp32 lanes (see "Canonical order").
+float reduce_lanes16(const float* acc);
+// Weights per canonical chunk of a quantized format (32, 16 or 4).
+int64_t chunk_elems(Format f);
 
 // Reference row products, shared as fallbacks by the SIMD tiers.
 void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,

@@ -43,13 +43,6 @@ void prepare_ref(Format /*f*/, const float* x, int64_t n, int64_t cols, QuantAct
 
 namespace {
 
-// Integer dot of one 32-value sub-block: weights given as small ints.
-inline int32_t isum32(const int8_t* w, const int8_t* q) {
-  int32_t s = 0;
-  for (int i = 0; i < 32; ++i) s += static_cast<int32_t>(w[i]) * q[i];
-  return s;
-}
-
 // Decodes block `b` of a quantized row into integer weights wi[] (block_elems
 // values) and returns its scale.
 inline float decode_block_int(Format f, const uint8_t* row, int64_t b, int8_t* wi) {
@@ -134,6 +127,25 @@ void f32_to_f16_ref(const float* src, uint16_t* dst, int64_t n) {
 
 }  // namespace
 
+float reduce_lanes16(const float* acc) {
+  float a8[8], a4[4];
+  for (int i = 0; i < 8; ++i) a8[i] = acc[i] + acc[i + 8];
+  for (int i = 0; i < 4; ++i) a4[i] = a8[i] + a8[i + 4];
+  const float a20 = a4[0] + a4[2], a21 = a4[1] + a4[3];
+  return a20 + a21;
+}
+
+int64_t chunk_elems(Format f) {
+  switch (f) {
+    case Format::kQ8_0: return 4;
+    case Format::kQ1_0: return 32;
+    case Format::kQ2_0:
+    case Format::kQ2_0G128D:
+    case Format::kQ2_0G128Qs: return 16;
+    default: return 1;
+  }
+}
+
 void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,
               int64_t r0, int64_t r1) {
   const Format f = w.format;
@@ -150,33 +162,38 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
     }
     return;
   }
+  // The canonical lane order (internal.h, "Canonical order"): chunk c of
+  // W consecutive weights adds its exact integer sum into fp32 lane
+  // c mod 16; the 16 lanes are summed by reduce_lanes16.
   const int64_t be = block_elems(f);
+  const int64_t W = chunk_elems(f);
+  const int64_t chunks_per_block = be / W;
   const int64_t nb = cols / be;
-  const int64_t nsub = be / kQ8_0Elems;
-  // Sub-blocks summed before each multiply by the weight scale: a whole
-  // block, except that the g128 Q2_0 layouts are summed per 64-weight half
-  // (two sub-blocks), exactly as two consecutive g64 blocks with the same d,
-  // so that a g128 matrix gives bit-identical results to its g64 twin.
-  const int64_t group = (f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs) ? 2 : nsub;
   int8_t wi[128];
   for (int64_t r = r0; r < r1; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
     for (int64_t j = 0; j < n; ++j) {
       const int8_t* qj = a->q + j * cols;
       const float* dj = a->d + j * (cols / kQ8_0Elems);
-      float acc = 0.0f;
+      float acc[16] = {};
       for (int64_t b = 0; b < nb; ++b) {
         const float dw = decode_block_int(f, row, b, wi);
-        for (int64_t k0 = 0; k0 < nsub; k0 += group) {
-          float bs = 0.0f;
-          for (int64_t k = k0; k < k0 + group; ++k) {
-            const int64_t s = b * nsub + k;
-            bs += dj[s] * static_cast<float>(isum32(wi + k * 32, qj + s * 32));
+        for (int64_t k = 0; k < chunks_per_block; ++k) {
+          const int64_t c = b * chunks_per_block + k;  // chunk index in the row
+          int32_t isum = 0;
+          for (int64_t e = 0; e < W; ++e) isum += static_cast<int32_t>(wi[k * W + e]) * qj[c * W + e];
+          const float dx = dj[c * W / kQ8_0Elems];
+          float& lane = acc[c % 16];
+          if (f == Format::kQ8_0) {
+            const float scale = dw * dx;  // fl(dw * dx)
+            lane = std::fma(static_cast<float>(isum), scale, lane);
+          } else {
+            const float t = static_cast<float>(isum) * dx;  // fl(isum * dx)
+            lane = std::fma(t, dw, lane);
           }
-          acc += dw * bs;
         }
       }
-      y[j * w.rows + r] = acc;
+      y[j * w.rows + r] = reduce_lanes16(acc);
     }
   }
 }
