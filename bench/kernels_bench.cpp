@@ -19,8 +19,13 @@
 //   cols/s       activation columns (vectors) multiplied per second
 //   read_GB/s    (bandwidth benchmark) bytes read per second (mean); the
 //                best iteration (read_GB/s_best) is what bw_ratio divides by
-// After the run a summary prints, per shape and thread count, the GEMV
-// bandwidth ratio and the GEMM(n=64)/GEMV columns-per-second ratio.
+//   Int8Peak     a register-only VPDPBUSD loop (12 independent zmm chains per
+//                thread) on the same threads: the int8 dot peak, MAC/s
+// After the run a summary prints, per shape, thread count and N (medians of
+// the repetitions): time, weight GB/s, columns/s and the ratios to the
+// product's roofline: bw = cols/s / (N x the column rate the read bandwidth
+// allows), peak = cols/s / (the column rate the int8 peak allows, rows x
+// cols MACs per column), roof = cols/s / min(both) (the issue 8 target).
 //
 // Usage: bonsai_bench_kernels [--arena_mb=N] [--huge_pages=0|1] [google-benchmark flags]
 // The kernel tier is the best supported one unless BONSAI_KERNEL is set.
@@ -108,7 +113,7 @@ struct Result {
   double gbps = 0;
   double il_ratio = 0;  // GEMV rate / interleaved read rate
 };
-std::map<std::tuple<std::string, int64_t, int64_t, int, int64_t>, Result> g_results;
+std::map<std::tuple<std::string, int64_t, int64_t, int, int64_t>, std::vector<Result>> g_results;
 
 // Sums n bytes (a multiple of 256) as fast as this core can stream them:
 // AVX-512 loads with 4 accumulators and a software prefetch 4 KiB ahead
@@ -196,6 +201,56 @@ void BM_ReadBandwidth(benchmark::State& state) {
   g_bw[threads] = std::max(g_bw[threads], best);
 }
 
+// Int8 dot peak (MAC/s) per thread count, best repetition.
+std::map<int, double> g_peak;
+
+// 12 independent VPDPBUSD chains on registers only: 64 MACs per instruction.
+__attribute__((target("avx512f,avx512vnni"))) uint64_t vnni_loop(int64_t iters) {
+  __m512i a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+  const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-5);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], u, v);
+    __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]));
+    __asm__ volatile("" : "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
+  }
+  alignas(64) uint32_t out[16];
+  __m512i s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, a[i]);
+  _mm512_store_si512(out, s);
+  return out[0];
+}
+
+void BM_Int8Peak(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  ThreadPool& tp = pool(threads);
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    state.SkipWithError("no AVX512-VNNI");
+    return;
+  }
+  constexpr int64_t kIters = 2'000'000;
+  double best = 0, macs = 0, secs = 0;
+  for (auto _ : state) {
+    std::vector<uint64_t> sink(static_cast<size_t>(threads));
+    const auto t0 = std::chrono::steady_clock::now();
+    tp.parallel_for(
+        threads, [&](int64_t b, int64_t e) {
+          for (int64_t t = b; t < e; ++t) sink[static_cast<size_t>(t)] = vnni_loop(kIters);
+        },
+        1);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(sink.data());
+    state.SetIterationTime(sec);
+    const double m = static_cast<double>(threads) * kIters * 12 * 64;
+    macs += m;
+    secs += sec;
+    best = std::max(best, m / sec);
+  }
+  state.counters["GMAC/s"] = macs / secs / 1e9;
+  state.counters["GMAC/s_best"] = best / 1e9;
+  g_peak[threads] = std::max(g_peak[threads], best);
+}
+
 // range: format (0 = Q1_0, 1 = Q2_0), rows, cols, threads, n (1 = gemv)
 void BM_Matmul(benchmark::State& state) {
   const kn::Format f = state.range(0) == 0 ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
@@ -244,11 +299,23 @@ void BM_Matmul(benchmark::State& state) {
     il_ratio = gbps / (il_read / il_secs / 1e9);
     state.counters["bw_ratio_il"] = il_ratio;
   }
-  auto& r = g_results[{std::string(kn::format_name(f)), rows, cols, threads, n}];
-  if (cps > r.cols_per_s) r = Result{cps, gbps, il_ratio};
+  g_results[{std::string(kn::format_name(f)), rows, cols, threads, n}].push_back(Result{cps, gbps, il_ratio});
 }
 
-const int64_t kShapes[][2] = {{2048, 2048}, {1024, 2048}, {6144, 2048}, {2048, 6144}, {151936, 2048}};
+// Bonsai-1.7B (n_embd 2048, n_ff 6144, q 2048, kv 1024, vocab 151936) and
+// Bonsai-8B (n_embd 4096, n_ff 12288, q 4096, kv 1024) matrix shapes.
+const int64_t kShapes[][2] = {{2048, 2048}, {1024, 2048}, {6144, 2048}, {2048, 6144}, {151936, 2048},
+                              {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288}};
+const int64_t kNs[] = {1, 2, 4, 8, 16, 32, 64, 512};
+
+// Which (shape, n) pairs run: the vocabulary projection only as a decode
+// product (n <= 32; prompts project only their last position), the 8B
+// shapes up to n = 64 (time).
+bool runs(const int64_t* s, int64_t n) {
+  if (s[0] == 151936) return n <= 32;
+  if (s[1] == 4096 || s[1] == 12288) return n <= 64;
+  return true;
+}
 
 void register_bandwidth() {
   for (int t : {1, 2}) {
@@ -257,16 +324,22 @@ void register_bandwidth() {
         ->ArgName("threads")
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("Int8Peak", BM_Int8Peak)
+        ->Arg(t)
+        ->ArgName("threads")
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   }
 }
 
-// Bandwidth first and again last (the summary uses the best of both, so a
-// busy moment on a shared machine does not inflate bw_ratio).
+// Bandwidth and peak first and again last (the summary uses the best of
+// both, so a busy moment on a shared machine does not inflate the ratios).
 void register_all() {
   register_bandwidth();
   for (int fmt : {0, 1}) {
     for (const auto& s : kShapes) {
-      for (int64_t n : {1, 64}) {
+      for (int64_t n : kNs) {
+        if (!runs(s, n)) continue;
         for (int t : {1, 2}) {
           const std::string name = std::string(fmt == 0 ? "Q1_0" : "Q2_0") + (n == 1 ? "/gemv" : "/gemm");
           benchmark::RegisterBenchmark(name.c_str(), BM_Matmul)
@@ -281,23 +354,39 @@ void register_all() {
   register_bandwidth();
 }
 
+Result median(std::vector<Result> v) {
+  std::sort(v.begin(), v.end(), [](const Result& a, const Result& b) { return a.cols_per_s < b.cols_per_s; });
+  return v[v.size() / 2];
+}
+
 void print_summary() {
-  std::printf("\nSummary (tier %s; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s)\n",
-              std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2]);
-  std::printf("%-6s %14s %3s %10s %9s %12s %12s %14s %10s\n", "format", "rows x cols", "thr", "gemv GB/s",
-              "bw_ratio", "bw_ratio_il", "gemv cols/s", "gemm64 cols/s", "gemm/gemv");
+  std::printf("\nSummary (tier %s; medians of repetitions; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s;"
+              " int8 VPDPBUSD peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s)\n",
+              std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2], g_peak[1] / 1e9,
+              g_peak[2] / 1e9);
+  std::printf("bw = cols/s / (N x bandwidth column rate); peak = cols/s / int8-peak column rate; "
+              "roof = cols/s / min(N x bandwidth rate, peak rate)\n");
+  std::printf("%-6s %14s %3s %4s %11s %9s %12s %7s %7s %7s\n", "format", "rows x cols", "thr", "N", "time us",
+              "GB/s", "cols/s", "bw", "peak", "roof");
   for (const char* fname : {"Q1_0", "Q2_0"}) {
+    const kn::Format f = std::string(fname) == "Q1_0" ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
     for (const auto& s : kShapes) {
       for (int t : {1, 2}) {
-        const auto gv = g_results.find({fname, s[0], s[1], t, 1});
-        const auto gm = g_results.find({fname, s[0], s[1], t, 64});
-        if (gv == g_results.end()) continue;
-        const double gemm_cps = gm == g_results.end() ? 0.0 : gm->second.cols_per_s;
-        char shape[32];
-        std::snprintf(shape, sizeof(shape), "%ldx%ld", static_cast<long>(s[0]), static_cast<long>(s[1]));
-        std::printf("%-6s %14s %3d %10.2f %8.1f%% %11.1f%% %12.0f %14.0f %9.2fx\n", fname, shape, t,
-                    gv->second.gbps, 100.0 * gv->second.gbps / g_bw[t], 100.0 * gv->second.il_ratio,
-                    gv->second.cols_per_s, gemm_cps, gemm_cps / gv->second.cols_per_s);
+        for (int64_t n : kNs) {
+          const auto it = g_results.find({fname, s[0], s[1], t, n});
+          if (it == g_results.end() || it->second.empty()) continue;
+          const Result r = median(it->second);
+          const double mat = static_cast<double>(kn::row_bytes(f, s[1])) * static_cast<double>(s[0]);
+          const double bw_rate = static_cast<double>(n) * g_bw[t] * 1e9 / mat;          // cols/s
+          const double peak_rate = g_peak[t] > 0 ? g_peak[t] / (static_cast<double>(s[0]) * s[1]) : 0;
+          const double roof = peak_rate > 0 ? std::min(bw_rate, peak_rate) : bw_rate;
+          char shape[32];
+          std::snprintf(shape, sizeof(shape), "%ldx%ld", static_cast<long>(s[0]), static_cast<long>(s[1]));
+          std::printf("%-6s %14s %3d %4ld %11.1f %9.2f %12.0f %6.1f%% %6.1f%% %6.1f%%\n", fname, shape, t,
+                      static_cast<long>(n), 1e6 * static_cast<double>(n) / r.cols_per_s, r.gbps, r.cols_per_s,
+                      100.0 * r.cols_per_s / bw_rate, peak_rate > 0 ? 100.0 * r.cols_per_s / peak_rate : 0.0,
+                      100.0 * r.cols_per_s / roof);
+        }
       }
     }
   }

@@ -2,7 +2,8 @@
 // Straightforward vectorisation of the reference scheme (internal.h) with
 // activations in natural order: weight bits/codes are expanded to bytes with
 // vtst / shifts, the signed int8 products are summed exactly in int16/int32
-// per 32-value sub-block, and scaled in fp32. Built only on arm64; elsewhere
+// per 16-element piece, and scaled in fp32 in internal.h's canonical order
+// (bit-identical to the reference; not tuned for speed). Built only on arm64; elsewhere
 // this file defines an absent tier.
 #include "kernels/internal.h"
 
@@ -10,6 +11,7 @@
 
 #include <arm_neon.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -72,47 +74,57 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     default: break;
   }
   const int64_t nb = cols / be;
-  const int nsub = static_cast<int>(be / 32);
-  // Sub-blocks summed per multiply by the weight scale: the whole block,
-  // except per 64-weight half for the g128 Q2_0 layouts, exactly as two g64
-  // blocks with the same d (bit-identical to the equivalent g64 matrix).
-  const int group = (f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs) ? 2 : nsub;
+  // internal.h's canonical order: chunk c (W weights) adds into lane c % 16,
+  // scalar fp32 operations (vfmas_f32-style std::fma), reduce_lanes16 last;
+  // bit-identical to the reference. W = 32 (Q1_0), 16 (Q2_0), 4 (Q8_0).
+  const int W = static_cast<int>(chunk_elems(f));
+  const int per_block = static_cast<int>(be) / W;
   for (int64_t r = r0; r < r1; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
     for (int64_t j = 0; j < n; ++j) {
       const int8_t* q = a->q + j * cols;
       const float* dx = a->d + j * (cols / 32);
-      float32x4_t acc = vdupq_n_f32(0.0f);
+      float acc[16] = {};
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = row + b * bb;
         const uint8_t* qs = blk + qs_off;
-        float32x4_t bsum = vdupq_n_f32(0.0f);
-        for (int s = 0; s < nsub; ++s) {
-          int32x4_t isum = vdupq_n_s32(0);
-          for (int h = 0; h < 2; ++h) {
-            const int c = 2 * s + h;  // 16-element chunk within the block
-            int8x16_t wv;
-            if (f == Format::kQ1_0) {
-              wv = q1_weights16(qs, c);
-            } else if (f == Format::kQ8_0) {
-              wv = vld1q_s8(reinterpret_cast<const int8_t*>(qs) + 16 * c);
-              isum = vpadalq_s16(vpadalq_s16(isum, vmull_s8(vget_low_s8(wv), vld1_s8(q + b * be + 16 * c))),
-                                 vmull_s8(vget_high_s8(wv), vld1_s8(q + b * be + 16 * c + 8)));
-              continue;
-            } else {
-              wv = q2_weights16(qs, c, f != Format::kQ2_0);
-            }
-            isum = dot16(wv, vld1q_s8(q + b * be + 16 * c), isum);
+        const float dw = half_at(blk + d_off);
+        // Exact int32 sums of the block's 16-element pieces.
+        int32_t piece[8];
+        for (int c = 0; c < static_cast<int>(be) / 16; ++c) {
+          int8x16_t wv;
+          if (f == Format::kQ1_0) {
+            wv = q1_weights16(qs, c);
+          } else if (f == Format::kQ8_0) {
+            wv = vld1q_s8(reinterpret_cast<const int8_t*>(qs) + 16 * c);
+          } else {
+            wv = q2_weights16(qs, c, f != Format::kQ2_0);
           }
-          const float sub = static_cast<float>(vaddvq_s32(isum)) * dx[b * nsub + s];
-          bsum = vsetq_lane_f32(vgetq_lane_f32(bsum, 0) + sub, bsum, 0);
-          if ((s + 1) % group == 0) {
-            acc = vmlaq_n_f32(acc, bsum, half_at(blk + d_off));
-            bsum = vdupq_n_f32(0.0f);
+          piece[c] = vaddvq_s32(dot16(wv, vld1q_s8(q + b * be + 16 * c), vdupq_n_s32(0)));
+        }
+        for (int k = 0; k < per_block; ++k) {
+          const int64_t ch = b * per_block + k;  // chunk index in the row
+          int32_t isum = 0;
+          if (W == 32) {
+            isum = piece[2 * k] + piece[2 * k + 1];
+          } else if (W == 16) {
+            isum = piece[k];
+          } else {  // Q8_0: 4-element chunks
+            const int8_t* wq = reinterpret_cast<const int8_t*>(qs) + 4 * k;
+            for (int e = 0; e < 4; ++e) isum += static_cast<int32_t>(wq[e]) * q[b * be + 4 * k + e];
+          }
+          const float dxc = dx[ch * W / 32];
+          float& lane = acc[ch % 16];
+          if (f == Format::kQ8_0) {
+            const float scale = dw * dxc;
+            lane = std::fma(static_cast<float>(isum), scale, lane);
+          } else {
+            const float t = static_cast<float>(isum) * dxc;
+            lane = std::fma(t, dw, lane);
           }
         }
       }
-      y[j * w.rows + r] = vaddvq_f32(acc);
+      y[j * w.rows + r] = reduce_lanes16(acc);
     }
   }
 }
