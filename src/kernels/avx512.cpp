@@ -46,7 +46,6 @@ bool g_has_gfni = false;   // CPUID says GFNI
 bool g_has_vbmi = false;   // CPUID says AVX512_VBMI (vpermb, for activation prep)
 bool g_use_gfni = true;    // test hook (set_avx512_gfni)
 bool g_use_amx = true;     // test hook (set_avx512_amx)
-constexpr bool kAmxEnabled = false;  // see prepare_setup
 // Software prefetch of the streamed weights, two levels: into L2 4 KiB
 // ahead and into L1 1 KiB ahead of the bytes being read (the grouped path
 // prefetches two lines per level per 72-byte group, so no line is skipped).
@@ -568,11 +567,7 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
 void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
-  // The AMX path (amx.cpp) reads its tile sums out per weight block, not in
-  // the canonical per-chunk order, so it would break batch invariance (a
-  // column's result would change with n >= kAmxMinCols); it stays off
-  // until its read-out follows internal.h's order. kAmxEnabled gates it.
-  if (kAmxEnabled && n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
+  if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
 }
 
 void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a) {

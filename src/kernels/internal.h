@@ -83,10 +83,10 @@ struct QuantAct {
   int32_t* sub_sum = nullptr;   // [n][cols/32] sum of each sub-block's quants
   // AMX GEMM layout (amx.cpp), valid when amx_ready; groups of 16 columns:
   int64_t amx_groups = 0;
-  int8_t* amx_b = nullptr;       // [groups][cols/32] B tiles of 8 x 64 bytes
-  float* amx_negh = nullptr;     // [groups][cols/32][16] -(sum over a weight block's
-                                 //   sub-blocks k of dx_k * sum of quants); first
-                                 //   cols/block_elems entries per group used
+  int8_t* amx_b = nullptr;       // [groups][cols/32] B tiles of 8 x 64 bytes (natural
+                                 //   element order within each 32-value sub-block)
+  int32_t* amx_tsum = nullptr;   // [groups][cols/16][16] sum of the quants of each
+                                 //   16-value piece, per column of the group
   float* amx_dx = nullptr;       // [groups][cols/32][16] activation scales
   bool amx_ready = false;
 
@@ -98,8 +98,8 @@ struct QuantAct {
 
  private:
   AVec<int8_t> q_buf_, qp_buf_, amx_b_buf_;
-  AVec<float> d_buf_, lane_d_buf_, amx_dx_buf_, amx_negh_buf_;
-  AVec<int32_t> lane_neg_buf_, sub_sum_buf_;
+  AVec<float> d_buf_, lane_d_buf_, amx_dx_buf_;
+  AVec<int32_t> lane_neg_buf_, sub_sum_buf_, amx_tsum_buf_;
 };
 
 // Function table of one tier. All pointers are non-null.

@@ -461,10 +461,10 @@ void QuantAct::resize_amx(int64_t groups) {
   amx_groups = groups;
   const size_t s = static_cast<size_t>(groups * (cols / 32));
   if (amx_b_buf_.size() < s * 512) amx_b_buf_.resize(s * 512);
-  if (amx_negh_buf_.size() < s * 16) amx_negh_buf_.resize(s * 16);
+  if (amx_tsum_buf_.size() < s * 32) amx_tsum_buf_.resize(s * 32);
   if (amx_dx_buf_.size() < s * 16) amx_dx_buf_.resize(s * 16);
   amx_b = amx_b_buf_.data();
-  amx_negh = amx_negh_buf_.data();
+  amx_tsum = amx_tsum_buf_.data();
   amx_dx = amx_dx_buf_.data();
 }
 
