@@ -14,6 +14,7 @@
 
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "model/attention.h"  // attention
 #include "model/model_internal.h"
 
 namespace bonsai::model {
@@ -252,6 +253,16 @@ void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, c
   }
 }
 
+// Writes n floats as one cache row of type t (f16: round to nearest even;
+// q8_0: ggml's quantize_row_q8_0; f32: as is).
+void store_kv_row(KvType t, const float* src, uint8_t* dst, int64_t n) {
+  switch (t) {
+    case KvType::kF16: kernels::f32_to_f16_row(src, reinterpret_cast<uint16_t*>(dst), n); break;
+    case KvType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
+    case KvType::kQ8_0: kernels::quantize_row_q8_0(src, dst, n); break;
+  }
+}
+
 template <class T>
 void grow(std::vector<T>& v, int64_t n) {
   if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
@@ -430,7 +441,7 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
 
   // ---- Scratch: activations are row-major [n tokens][dim]. ----
   const int64_t E = c.n_embd, hd_k = c.head_dim_k, hd_v = c.head_dim_v;
-  const int64_t n_head = c.n_head, n_head_kv = c.n_head_kv, group = n_head / n_head_kv;
+  const int64_t n_head = c.n_head, n_head_kv = c.n_head_kv;
   grow(ws.x_, n * E);
   grow(ws.xb_, n * E);
   grow(ws.q_, n * c.q_dim());
@@ -501,71 +512,15 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
           apply_rope(c.rope_type, cs, c.n_rot, ki + h * hd_k);
           uint8_t* kdst = kv.k_row(l, h, tok[i].pos);
           uint8_t* vdst = kv.v_row(l, h, tok[i].pos);
-          if (kv.type() == KvType::kF16) {
-            kernels::f32_to_f16_row(ki + h * hd_k, reinterpret_cast<uint16_t*>(kdst), hd_k);
-            kernels::f32_to_f16_row(vi + h * hd_v, reinterpret_cast<uint16_t*>(vdst), hd_v);
-          } else {
-            std::memcpy(kdst, ki + h * hd_k, static_cast<size_t>(hd_k) * sizeof(float));
-            std::memcpy(vdst, vi + h * hd_v, static_cast<size_t>(hd_v) * sizeof(float));
-          }
+          store_kv_row(kv.type_k(), ki + h * hd_k, kdst, hd_k);
+          store_kv_row(kv.type_v(), vi + h * hd_v, vdst, hd_v);
         }
       }
     }, kTokChunk);
 
-    // Causal grouped-query attention. Query head h reads KV head
-    // h / (n_head / n_head_kv):
-    //   s_t = (q_h . k_t) / sqrt(head_dim)      for cache positions t = 0..pos
-    //   p   = softmax(s)                        (fp32, max-subtracted)
-    //   att_h = sum_t p_t v_t
-    // One task per (token, KV head) computes all query heads of that group,
-    // so each cached K/V row is read from memory once per group, not per head.
-    pool.parallel_for(n * n_head_kv, [&](int64_t b, int64_t e) {
-      thread_local std::vector<float> scores;  // [group][n_pos]
-      for (int64_t task = b; task < e; ++task) {
-        const int64_t i = task / n_head_kv, kvh = task % n_head_kv;
-        const KvCache& kv = *caches[tok[i].seq];
-        const int64_t n_pos = tok[i].pos + 1;
-        const bool f16 = kv.type() == KvType::kF16;
-        // One head's rows are contiguous: row t at base + t * head_dim elements.
-        const uint8_t* kbase = kv.k_row(l, kvh, 0);
-        const uint8_t* vbase = kv.v_row(l, kvh, 0);
-        const float* q0 = q + i * c.q_dim() + kvh * group * hd_k;        // group's first query head
-        float* out0 = att + i * c.attn_out_dim() + kvh * group * hd_v;   // and its output
-        grow(scores, group * n_pos);
-        // scores[g][t] = k_t . q_g for the group's query heads: one small
-        // matrix product over the cached K rows (an F16 or F32 matrix n_pos x hd).
-        const kernels::MatrixView k_mat{kbase, f16 ? kernels::Format::kF16 : kernels::Format::kF32, n_pos, hd_k,
-                                        static_cast<size_t>(hd_k) * kv.elem_size()};
-        if (group == 1) {
-          kernels::gemv(k_mat, q0, scores.data(), nullptr);
-        } else {
-          kernels::gemm(k_mat, q0, group, scores.data(), nullptr);
-        }
-        for (int64_t g = 0; g < group; ++g) {
-          float* sg = scores.data() + g * n_pos;
-          for (int64_t t = 0; t < n_pos; ++t) sg[t] *= kq_scale;
-          const float max_s = *std::max_element(sg, sg + n_pos);
-          double sum = 0.0;
-          for (int64_t t = 0; t < n_pos; ++t) {
-            sg[t] = std::exp(sg[t] - max_s);
-            sum += sg[t];
-          }
-          const float inv_sum = static_cast<float>(1.0 / sum);
-          for (int64_t t = 0; t < n_pos; ++t) sg[t] *= inv_sum;
-        }
-        std::fill(out0, out0 + group * hd_v, 0.0f);
-        for (int64_t t = 0; t < n_pos; ++t) {
-          for (int64_t g = 0; g < group; ++g) {
-            const float p = scores[g * n_pos + t];
-            if (f16) {
-              kernels::axpy_f16(p, reinterpret_cast<const uint16_t*>(vbase) + t * hd_v, out0 + g * hd_v, hd_v);
-            } else {
-              kernels::axpy_f32(p, reinterpret_cast<const float*>(vbase) + t * hd_v, out0 + g * hd_v, hd_v);
-            }
-          }
-        }
-      }
-    });
+    // att = causal grouped-query attention of q over the cached k, v
+    // (attention.h: tiled online softmax, batch invariant).
+    attention(c, l, tok, caches, q, att, kq_scale, pool);
 
     // x = x + Wo att
     matmul(L.wo, att, n, proj, pool);

@@ -1,0 +1,269 @@
+// Tiled causal GQA attention with an online softmax; see attention.h.
+//
+// One task = (tile of up to kQueryTile consecutive tokens of one sequence) x
+// (one KV head). The task walks the key blocks 0, 32, 64, ... up to its last
+// query's position; each block of K and V rows is converted once to fp32
+// scratch (exact for f16 and q8_0: fp16 -> fp32 is exact and d * q fits in
+// fp32's 24-bit mantissa) and then applied to every query of the tile and
+// every query head of the group. Per (query head, block) the state update is
+//   m' = max(m, max_t s_t),  c = exp(m - m'),  p_t = exp(s_t - m')
+//   l' = l c + sum_t p_t,    acc' = acc c + sum_t p_t v_t      (t ascending)
+// and at the end out = acc * (1 / l). Only keys t <= pos enter; rows past a
+// query's position are never read for it.
+#include "model/attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"  // active_tier, dequantize_row
+
+namespace bonsai::model {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One (query head, key block) step of the online softmax.
+//   q: [hd_k] query, k: [nk][hd_k] and v: [nk][hd_v] fp32 rows of the block,
+//   1 <= nk <= kKeyBlock; state: [2 + hd_v] = m, l, acc (updated).
+using BlockFn = void (*)(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
+                         int64_t hd_v, float scale, float* state);
+
+// Portable reference of the step (std::exp, plain loops).
+void block_scalar(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
+                  int64_t hd_v, float scale, float* state) {
+  float s[kKeyBlock];
+  float mb = kNegInf;
+  for (int64_t t = 0; t < nk; ++t) {
+    const float* kt = k + t * hd_k;
+    float d = 0.0f;
+    for (int64_t i = 0; i < hd_k; ++i) d += q[i] * kt[i];
+    s[t] = d * scale;
+    mb = std::max(mb, s[t]);
+  }
+  const float m_new = std::max(state[0], mb);
+  const float corr = std::exp(state[0] - m_new);  // 0 on the first block (m = -inf)
+  float l = 0.0f;
+  for (int64_t t = 0; t < nk; ++t) {
+    s[t] = std::exp(s[t] - m_new);
+    l += s[t];
+  }
+  state[0] = m_new;
+  state[1] = state[1] * corr + l;
+  float* acc = state + 2;
+  for (int64_t i = 0; i < hd_v; ++i) acc[i] *= corr;
+  for (int64_t t = 0; t < nk; ++t) {
+    const float* vt = v + t * hd_v;
+    for (int64_t i = 0; i < hd_v; ++i) acc[i] += s[t] * vt[i];
+  }
+}
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics (set1, reduce_*) start from _mm512_undefined_ps,
+// which -Wuninitialized flags when compiled under a target attribute.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define BONSAI_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+
+// e^x for x <= 0 (Cephes expf: x = n ln2 + r, degree-6 polynomial in r,
+// result scaled by 2^n; relative error ~2 ulp). x < -87 (incl. -inf) -> 0.
+BONSAI_AVX512 inline __m512 exp_neg_ps512(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f);
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
+// score of one key: sum over 16-wide chunks c of q_c * k_c (fma chain in
+// chunk order), then the fixed reduction tree of _mm512_reduce_add_ps.
+BONSAI_AVX512 inline float dot_chain(const float* q, const float* kt, int64_t nc) {
+  __m512 d = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kt));
+  for (int64_t c = 1; c < nc; ++c) d = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(kt + 16 * c), d);
+  return _mm512_reduce_add_ps(d);
+}
+
+// acc[0..16*NC) = acc * corr + sum_t p_t v_t[0..16*NC), t ascending.
+template <int NC>
+BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, int64_t hd_v, __m512 corr,
+                                    float* acc) {
+  __m512 a[NC];
+  for (int j = 0; j < NC; ++j) a[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * j), corr);
+  for (int64_t t = 0; t < nk; ++t) {
+    const __m512 pt = _mm512_set1_ps(p[t]);
+    const float* vt = v + t * hd_v;
+    for (int j = 0; j < NC; ++j) a[j] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * j), a[j]);
+  }
+  for (int j = 0; j < NC; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+
+// The step with AVX-512; head dims multiples of 16.
+BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
+                                int64_t hd_v, float scale, float* state) {
+  static_assert(kKeyBlock == 32);
+  alignas(64) float s[kKeyBlock];
+  const int64_t nc = hd_k / 16;
+  int64_t t = 0;
+  for (; t + 4 <= nk; t += 4) {  // four independent chains for ILP; same per-key arithmetic
+    const float* kt = k + t * hd_k;
+    s[t] = dot_chain(q, kt, nc) * scale;
+    s[t + 1] = dot_chain(q, kt + hd_k, nc) * scale;
+    s[t + 2] = dot_chain(q, kt + 2 * hd_k, nc) * scale;
+    s[t + 3] = dot_chain(q, kt + 3 * hd_k, nc) * scale;
+  }
+  for (; t < nk; ++t) s[t] = dot_chain(q, k + t * hd_k, nc) * scale;
+  for (; t < kKeyBlock; ++t) s[t] = kNegInf;
+  __m512 s0 = _mm512_load_ps(s), s1 = _mm512_load_ps(s + 16);
+  const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+  const float m_new = std::max(state[0], mb);
+  const __m512 mv = _mm512_set1_ps(m_new);
+  const __m512 corr = exp_neg_ps512(_mm512_set1_ps(state[0] - m_new));  // 0 on the first block
+  s0 = exp_neg_ps512(_mm512_sub_ps(s0, mv));  // masked keys: exp(-inf) = 0
+  s1 = exp_neg_ps512(_mm512_sub_ps(s1, mv));
+  _mm512_store_ps(s, s0);
+  _mm512_store_ps(s + 16, s1);
+  state[0] = m_new;
+  state[1] = state[1] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  float* acc = state + 2;
+  int64_t j = 0;
+  const int64_t ncv = hd_v / 16;
+  for (; j + 8 <= ncv; j += 8) pv_chunks<8>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
+  if (j + 4 <= ncv) pv_chunks<4>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j), j += 4;
+  if (j + 2 <= ncv) pv_chunks<2>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j), j += 2;
+  if (j < ncv) pv_chunks<1>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
+}
+#pragma GCC diagnostic pop
+#endif
+
+bool use_avx512(int64_t hd_k, int64_t hd_v) {
+#if defined(__x86_64__)
+  return kernels::active_tier() == kernels::Tier::kAvx512 && hd_k % 16 == 0 && hd_v % 16 == 0;
+#else
+  (void)hd_k, (void)hd_v;
+  return false;
+#endif
+}
+
+BlockFn pick_block_fn(int64_t hd_k, int64_t hd_v) {
+#if defined(__x86_64__)
+  if (use_avx512(hd_k, hd_v)) return block_avx512;
+#endif
+  return block_scalar;
+}
+
+kernels::Format row_format(KvType t) {
+  switch (t) {
+    case KvType::kF16: return kernels::Format::kF16;
+    case KvType::kF32: return kernels::Format::kF32;
+    case KvType::kQ8_0: return kernels::Format::kQ8_0;
+  }
+  return kernels::Format::kF32;
+}
+
+// A run of consecutive tokens of one sequence: tok[first .. first+count).
+struct Tile {
+  int64_t first = 0;
+  int64_t count = 0;
+  int64_t last_pos = 0;  // position of its last token (cost ~ last_pos)
+};
+
+// Per-thread scratch, grown on demand.
+struct Scratch {
+  std::vector<float> k, v, state;
+};
+
+}  // namespace
+
+const char* attention_kernel_name(int64_t head_dim_k, int64_t head_dim_v) {
+  return use_avx512(head_dim_k, head_dim_v) ? "avx512" : "scalar";
+}
+
+void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok,
+               std::span<KvCache* const> caches, const float* q, float* out, float scale,
+               core::ThreadPool& pool) {
+  const int64_t n = static_cast<int64_t>(tok.size());
+  const int64_t hd_k = c.head_dim_k, hd_v = c.head_dim_v;
+  const int64_t n_head_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
+  const int64_t q_stride = c.n_head * hd_k, o_stride = c.n_head * hd_v;
+  const int64_t st_len = 2 + hd_v;
+  const BlockFn block = pick_block_fn(hd_k, hd_v);
+
+  // Tiles: maximal runs of adjacent tokens of one sequence (their positions
+  // are consecutive, forward() checked), cut every kQueryTile tokens; the
+  // longest-context tiles first so the pool's tail is short.
+  thread_local std::vector<Tile> tiles_tls;
+  std::vector<Tile>& tiles = tiles_tls;  // the caller's, also inside the workers' lambda
+  tiles.clear();
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i + 1;
+    while (j < n && j - i < kQueryTile && tok[j].seq == tok[i].seq) ++j;
+    tiles.push_back({i, j - i, tok[j - 1].pos});
+    i = j;
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& a, const Tile& b) { return a.last_pos > b.last_pos; });
+
+  pool.parallel_for(static_cast<int64_t>(tiles.size()) * n_head_kv, [&](int64_t b, int64_t e) {
+    thread_local Scratch sc;
+    if (sc.k.size() < static_cast<size_t>(kKeyBlock * hd_k)) sc.k.resize(kKeyBlock * hd_k);
+    if (sc.v.size() < static_cast<size_t>(kKeyBlock * hd_v)) sc.v.resize(kKeyBlock * hd_v);
+    if (sc.state.size() < static_cast<size_t>(kQueryTile * group * st_len)) {
+      sc.state.resize(kQueryTile * group * st_len);
+    }
+    for (int64_t task = b; task < e; ++task) {
+      const Tile& tl = tiles[static_cast<size_t>(task / n_head_kv)];
+      const int64_t kvh = task % n_head_kv;
+      const KvCache& kv = *caches[tok[tl.first].seq];
+      const kernels::Format kf = row_format(kv.type_k()), vf = row_format(kv.type_v());
+      const int64_t p_first = tok[tl.first].pos;
+      for (int64_t s = 0; s < tl.count * group; ++s) {
+        float* st = sc.state.data() + s * st_len;
+        st[0] = kNegInf;
+        std::fill(st + 1, st + st_len, 0.0f);
+      }
+      for (int64_t kb = 0; kb <= tl.last_pos; kb += kKeyBlock) {
+        const int64_t nk_all = std::min(kKeyBlock, tl.last_pos + 1 - kb);
+        // One head's rows are contiguous, so the block is one row of nk_all * hd values.
+        kernels::dequantize_row(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
+        kernels::dequantize_row(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
+        for (int64_t qi = 0; qi < tl.count; ++qi) {
+          const int64_t pos = p_first + qi;
+          if (pos < kb) continue;
+          const int64_t nk = std::min(kKeyBlock, pos + 1 - kb);
+          const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
+          for (int64_t g = 0; g < group; ++g) {
+            block(qrow + g * hd_k, sc.k.data(), sc.v.data(), nk, hd_k, hd_v, scale,
+                  sc.state.data() + (qi * group + g) * st_len);
+          }
+        }
+      }
+      for (int64_t qi = 0; qi < tl.count; ++qi) {
+        float* orow = out + (tl.first + qi) * o_stride + kvh * group * hd_v;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* st = sc.state.data() + (qi * group + g) * st_len;
+          const float inv_l = 1.0f / st[1];
+          for (int64_t i = 0; i < hd_v; ++i) orow[g * hd_v + i] = st[2 + i] * inv_l;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace bonsai::model
