@@ -1,0 +1,911 @@
+// JSON Schema → GBNF. See json_schema.h. Written from the JSON Schema 2020-12
+// specification; the whitespace / number bounds follow llama.cpp's choices.
+#include "engine/json_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+namespace bonsai::engine {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct SchemaError {
+  std::string message;
+};
+
+[[noreturn]] void fail(const std::string& msg) { throw SchemaError{"json_schema: " + msg}; }
+
+std::string at_path(const std::string& path) { return path.empty() ? "/" : path; }
+
+const std::set<std::string> kKeywords = {
+    "type",      "properties", "required",         "additionalProperties", "items",
+    "minItems",  "maxItems",   "enum",             "const",                "anyOf",
+    "oneOf",     "allOf",      "$ref",             "$defs",                "definitions",
+    "minimum",   "maximum",    "exclusiveMinimum", "exclusiveMaximum",     "minLength",
+    "maxLength", "format",     "pattern"};
+const std::set<std::string> kAnnotations = {"title",   "description", "examples",   "default",
+                                            "$schema", "$id",         "$comment",   "deprecated",
+                                            "readOnly", "writeOnly"};
+
+// The shared primitive rules (emitted only when used).
+const std::map<std::string, std::string> kPrimitives = {
+    {"ws", "( \" \" | \"\\n\" [ \\t]{0,20} )?"},
+    {"value", "object | array | string | number | boolean | null"},
+    {"object",
+     "\"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\""},
+    {"array", "\"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\""},
+    {"string", "\"\\\"\" char* \"\\\"\""},
+    {"char", "[^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )"},
+    {"strchar", "[^\"\\\\\\x7F\\x00-\\x1F]"},
+    {"integral", "\"0\" | [1-9] [0-9]{0,15}"},
+    {"number", "\"-\"? integral ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,16} )?"},
+    {"integer", "\"-\"? integral"},
+    {"boolean", "\"true\" | \"false\""},
+    {"null", "\"null\""},
+};
+// Which primitives each primitive uses.
+const std::map<std::string, std::vector<std::string>> kPrimitiveDeps = {
+    {"value", {"object", "array", "string", "number", "boolean", "null"}},
+    {"object", {"ws", "string", "value"}},
+    {"array", {"ws", "value"}},
+    {"string", {"char"}},
+    {"number", {"integral"}},
+    {"integer", {"integral"}},
+};
+
+// A GBNF string literal for raw UTF-8 `s`.
+std::string lit(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char* hex = "0123456789ABCDEF";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string cp_escape(uint32_t cp) {
+  char buf[16];
+  if (cp < 0x10000) {
+    std::snprintf(buf, sizeof buf, "\\u%04X", cp);
+  } else {
+    std::snprintf(buf, sizeof buf, "\\U%08X", cp);
+  }
+  return buf;
+}
+
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+Ranges normalize(Ranges r) {
+  std::sort(r.begin(), r.end());
+  Ranges out;
+  for (auto x : r) {
+    if (!out.empty() && x.first <= out.back().second + 1) {
+      out.back().second = std::max(out.back().second, x.second);
+    } else {
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+Ranges complement(const Ranges& r) {
+  Ranges out;
+  uint32_t next = 0;
+  for (auto [lo, hi] : normalize(r)) {
+    if (lo > next) out.emplace_back(next, lo - 1);
+    next = std::max(next, hi + 1);
+  }
+  if (next <= 0x10FFFF) out.emplace_back(next, 0x10FFFF);
+  return out;
+}
+// Characters a pattern/format string may contain unescaped in JSON.
+Ranges intersect_strchar(const Ranges& r) {
+  const Ranges allowed = complement({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0x7F, 0x7F}});
+  Ranges out;
+  for (auto a : normalize(r)) {
+    for (auto b : allowed) {
+      uint32_t lo = std::max(a.first, b.first), hi = std::min(a.second, b.second);
+      if (lo <= hi) out.emplace_back(lo, hi);
+    }
+  }
+  return normalize(out);
+}
+std::string class_text(const Ranges& r) {
+  std::string out = "[";
+  for (auto [lo, hi] : r) {
+    out += cp_escape(lo);
+    if (hi != lo) out += "-" + cp_escape(hi);
+  }
+  return out + "]";
+}
+
+// ---- integer ranges ----------------------------------------------------------
+
+std::string digit_class(int lo, int hi) {
+  if (lo == hi) return "\"" + std::to_string(lo) + "\"";
+  return "[" + std::to_string(lo) + "-" + std::to_string(hi) + "]";
+}
+
+// Equal-length digit strings lo <= hi (leading zeros allowed inside).
+std::string same_len(const std::string& lo, const std::string& hi) {
+  const size_t n = lo.size();
+  if (n == 1) return digit_class(lo[0] - '0', hi[0] - '0');
+  if (lo[0] == hi[0]) return "\"" + std::string(1, lo[0]) + "\" " + same_len(lo.substr(1), hi.substr(1));
+  const std::string rl = lo.substr(1), rh = hi.substr(1);
+  const bool lo_zero = rl.find_first_not_of('0') == std::string::npos;
+  const bool hi_nine = rh.find_first_not_of('9') == std::string::npos;
+  std::vector<std::string> alts;
+  if (!lo_zero) alts.push_back("\"" + std::string(1, lo[0]) + "\" " + same_len(rl, std::string(n - 1, '9')));
+  int s = lo[0] - '0' + (lo_zero ? 0 : 1), e = hi[0] - '0' - (hi_nine ? 0 : 1);
+  if (s <= e) alts.push_back(digit_class(s, e) + " [0-9]{" + std::to_string(n - 1) + "}");
+  if (!hi_nine) alts.push_back("\"" + std::string(1, hi[0]) + "\" " + same_len(std::string(n - 1, '0'), rh));
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
+  return out + " )";
+}
+
+constexpr int kMaxDigits = 16;
+uint64_t pow10(int n) {
+  uint64_t v = 1;
+  while (n-- > 0) v *= 10;
+  return v;
+}
+int ndigits(uint64_t v) { return v < 10 ? 1 : 1 + ndigits(v / 10); }
+
+// Non-negative integers in [a, b] without leading zeros; b empty = unbounded
+// (up to 16 digits).
+std::string uint_range(uint64_t a, std::optional<uint64_t> b) {
+  std::vector<std::string> alts;
+  const int la = ndigits(a);
+  const int lb = b ? ndigits(*b) : kMaxDigits;
+  for (int len = la; len <= lb; ++len) {
+    uint64_t lo = std::max<uint64_t>(a, len == 1 ? 0 : pow10(len - 1));
+    uint64_t hi = (b && len == lb) ? *b : pow10(len) - 1;
+    if (!b && len > la) {
+      // Every number of length la+1 .. 16: one alternative.
+      alts.push_back("[1-9] [0-9]{" + std::to_string(len - 1) + "," + std::to_string(kMaxDigits - 1) + "}");
+      break;
+    }
+    if (lo > hi) continue;
+    alts.push_back(same_len(std::to_string(lo), std::to_string(hi)));
+  }
+  if (alts.empty()) fail("empty integer range");
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
+  return out + " )";
+}
+
+constexpr int64_t kMaxMagnitude = 9999999999999999;  // 16 digits
+
+// Integers in [lo, hi] (either side optional).
+std::string int_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
+  if (lo && hi && *lo > *hi) fail("integer range is empty (minimum > maximum)");
+  std::vector<std::string> alts;
+  if (!hi || *hi >= 0) {
+    uint64_t a = lo ? static_cast<uint64_t>(std::max<int64_t>(*lo, 0)) : 0;
+    alts.push_back(uint_range(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
+  }
+  if (!lo || *lo < 0) {
+    uint64_t a = (hi && *hi < 0) ? static_cast<uint64_t>(-*hi) : 1;
+    std::optional<uint64_t> b;
+    if (lo) b = static_cast<uint64_t>(-*lo);
+    alts.push_back("\"-\" " + uint_range(a, b));
+  }
+  return alts.size() == 1 ? alts[0] : "( " + alts[0] + " | " + alts[1] + " )";
+}
+
+// ---- regex (JSON Schema `pattern`) -------------------------------------------
+
+class RegexToGbnf {
+ public:
+  RegexToGbnf(std::string_view re, std::string path) : re_(re), path_(std::move(path)) {}
+
+  std::string run() {
+    bool anchored_start = false, anchored_end = false;
+    if (!re_.empty() && re_[0] == '^') {
+      anchored_start = true;
+      pos_ = 1;
+    }
+    size_t backslashes = 0;  // an odd count before the final '$' escapes it
+    while (re_.size() >= backslashes + 2 && re_[re_.size() - 2 - backslashes] == '\\') ++backslashes;
+    if (re_.size() > pos_ && re_.back() == '$' && backslashes % 2 == 0) {
+      anchored_end = true;
+      re_.remove_suffix(1);
+    }
+    std::string body = alternation();
+    if (pos_ < re_.size()) err("unexpected ')'");
+    std::string out = "\"\\\"\" ";
+    if (!anchored_start) out += "strchar* ";
+    out += body;
+    if (!anchored_end) out += " strchar*";
+    return out + " \"\\\"\"";
+  }
+
+ private:
+  [[noreturn]] void err(const std::string& what) const {
+    fail("unsupported pattern at " + at_path(path_) + ": " + what + " (at offset " +
+         std::to_string(pos_) + ")");
+  }
+
+  uint32_t next_cp() {
+    auto b = static_cast<unsigned char>(re_[pos_]);
+    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (len == 0 || pos_ + len > re_.size()) err("invalid UTF-8");
+    uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
+    for (int i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<unsigned char>(re_[pos_ + i]) & 0x3F);
+    pos_ += len;
+    return cp;
+  }
+
+  static std::string literal_cp(uint32_t cp) {
+    // The JSON encoding of this one character.
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8 += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      utf8 += static_cast<char>(0xC0 | (cp >> 6));
+      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      utf8 += static_cast<char>(0xE0 | (cp >> 12));
+      utf8 += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      utf8 += static_cast<char>(0xF0 | (cp >> 18));
+      utf8 += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      utf8 += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    std::string enc = Json(utf8).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return lit(enc.substr(1, enc.size() - 2));
+  }
+
+  static std::string class_expr(const Ranges& r, bool with_ws_escapes) {
+    Ranges plain = intersect_strchar(r);
+    std::vector<std::string> alts;
+    if (!plain.empty()) alts.push_back(class_text(plain));
+    // Characters that must be escaped in JSON: \t \n \r " \ .
+    auto has = [&](uint32_t c) {
+      for (auto [lo, hi] : r) if (c >= lo && c <= hi) return true;
+      return false;
+    };
+    if (with_ws_escapes) {
+      if (has('\t')) alts.push_back("\"\\\\t\"");
+      if (has('\n')) alts.push_back("\"\\\\n\"");
+      if (has('\r')) alts.push_back("\"\\\\r\"");
+    }
+    if (has('"')) alts.push_back("\"\\\\\\\"\"");
+    if (has('\\')) alts.push_back("\"\\\\\\\\\"");
+    if (alts.empty()) return "";
+    if (alts.size() == 1) return alts[0];
+    std::string out = "(";
+    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
+    return out + " )";
+  }
+
+  // \d \w \s and negations; returns false if `c` is not a class escape.
+  static bool escape_class(char c, Ranges& out) {
+    Ranges base;
+    switch (c) {
+      case 'd': case 'D': base = {{'0', '9'}}; break;
+      case 'w': case 'W': base = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; break;
+      case 's': case 'S': base = {{'\t', '\n'}, {'\r', '\r'}, {' ', ' '}}; break;
+      default: return false;
+    }
+    out = (c >= 'A' && c <= 'Z') ? complement(base) : base;
+    return true;
+  }
+
+  uint32_t escaped_cp(char c) {
+    switch (c) {
+      case 'n': return '\n';
+      case 't': return '\t';
+      case 'r': return '\r';
+      case 'f': return '\f';
+      case 'v': return '\v';
+      default: break;
+    }
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) {
+      err(std::string("escape '\\") + c + "' (backreferences, \\b, \\p, \\u are not supported)");
+    }
+    return static_cast<unsigned char>(c);
+  }
+
+  std::string alternation() {
+    std::vector<std::string> alts{sequence()};
+    while (pos_ < re_.size() && re_[pos_] == '|') {
+      ++pos_;
+      alts.push_back(sequence());
+    }
+    if (alts.size() == 1) return alts[0];
+    std::string out = "(";
+    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
+    return out + " )";
+  }
+
+  std::string sequence() {
+    std::string out;
+    while (pos_ < re_.size() && re_[pos_] != '|' && re_[pos_] != ')') {
+      std::string atom = this->atom();
+      atom = quantified(atom);
+      out += (out.empty() ? "" : " ") + atom;
+    }
+    return out.empty() ? "\"\"" : "( " + out + " )";
+  }
+
+  std::string atom() {
+    char c = re_[pos_];
+    if (c == '(') {
+      ++pos_;
+      if (re_.substr(pos_, 2) == "?:") {
+        pos_ += 2;
+      } else if (re_.substr(pos_, 2) == "?<" && re_.substr(pos_, 3) != "?<=" &&
+                 re_.substr(pos_, 3) != "?<!") {
+        size_t close = re_.find('>', pos_);
+        if (close == std::string_view::npos) err("unterminated group name");
+        pos_ = close + 1;
+      } else if (pos_ < re_.size() && re_[pos_] == '?') {
+        err("lookaround / group flags '(?" + std::string(1, re_.size() > pos_ + 1 ? re_[pos_ + 1] : ' ') + "'");
+      }
+      std::string inner = alternation();
+      if (pos_ >= re_.size() || re_[pos_] != ')') err("missing ')'");
+      ++pos_;
+      return "( " + inner + " )";
+    }
+    if (c == '[') return char_class();
+    if (c == '.') {
+      ++pos_;
+      return "strchar";
+    }
+    if (c == '^' || c == '$') err("anchor inside the pattern");
+    if (c == '*' || c == '+' || c == '?' || c == '{') err("quantifier without a preceding atom");
+    if (c == '\\') {
+      ++pos_;
+      if (pos_ >= re_.size()) err("trailing '\\'");
+      char e = re_[pos_++];
+      Ranges r;
+      if (escape_class(e, r)) return class_expr(r, true);
+      return literal_cp(escaped_cp(e));
+    }
+    return literal_cp(next_cp());
+  }
+
+  std::string char_class() {
+    ++pos_;  // '['
+    bool negated = pos_ < re_.size() && re_[pos_] == '^';
+    if (negated) ++pos_;
+    Ranges r;
+    bool first = true;
+    while (pos_ < re_.size() && (re_[pos_] != ']' || first)) {
+      first = false;
+      uint32_t lo;
+      if (re_[pos_] == '\\') {
+        ++pos_;
+        if (pos_ >= re_.size()) err("trailing '\\' in class");
+        char e = re_[pos_++];
+        Ranges sub;
+        if (escape_class(e, sub)) {
+          r.insert(r.end(), sub.begin(), sub.end());
+          continue;
+        }
+        lo = escaped_cp(e);
+      } else {
+        lo = next_cp();
+      }
+      uint32_t hi = lo;
+      if (pos_ + 1 < re_.size() && re_[pos_] == '-' && re_[pos_ + 1] != ']') {
+        ++pos_;
+        if (re_[pos_] == '\\') {
+          ++pos_;
+          hi = escaped_cp(re_[pos_++]);
+        } else {
+          hi = next_cp();
+        }
+        if (hi < lo) err("reversed range in class");
+      }
+      r.emplace_back(lo, hi);
+    }
+    if (pos_ >= re_.size()) err("missing ']'");
+    ++pos_;
+    if (negated) r = complement(r);
+    std::string e = class_expr(r, true);
+    if (e.empty()) err("character class matches no JSON string character");
+    return e;
+  }
+
+  uint32_t number() {
+    size_t start = pos_;
+    uint32_t v = 0;
+    while (pos_ < re_.size() && re_[pos_] >= '0' && re_[pos_] <= '9') {
+      v = v * 10 + static_cast<uint32_t>(re_[pos_++] - '0');
+      if (v > 10000) err("repetition count above 10000");
+    }
+    if (start == pos_) err("expected a number in {m,n}");
+    return v;
+  }
+
+  std::string quantified(std::string atom) {
+    if (pos_ >= re_.size()) return atom;
+    char q = re_[pos_];
+    std::string suffix;
+    if (q == '*' || q == '+' || q == '?') {
+      ++pos_;
+      suffix = std::string(1, q);
+    } else if (q == '{') {
+      ++pos_;
+      uint32_t m = number();
+      std::string s = "{" + std::to_string(m);
+      if (pos_ < re_.size() && re_[pos_] == ',') {
+        ++pos_;
+        s += ",";
+        if (pos_ < re_.size() && re_[pos_] != '}') s += std::to_string(number());
+      }
+      if (pos_ >= re_.size() || re_[pos_] != '}') err("missing '}'");
+      ++pos_;
+      suffix = s + "}";
+    } else {
+      return atom;
+    }
+    if (pos_ < re_.size() && re_[pos_] == '?') ++pos_;  // lazy: same language
+    if (pos_ < re_.size() && re_[pos_] == '+') err("possessive quantifier");
+    return "( " + atom + " )" + suffix;
+  }
+
+  std::string_view re_;
+  std::string path_;
+  size_t pos_ = 0;
+};
+
+// ---- the converter -------------------------------------------------------------
+
+class Converter {
+ public:
+  explicit Converter(const Json& doc) : doc_(doc) {}
+
+  std::string run() {
+    std::string root = gen(doc_, "");
+    std::string out = "root ::= " + root + "\n";
+    for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+    std::set<std::string> emitted;
+    std::vector<std::string> todo(used_.begin(), used_.end());
+    while (!todo.empty()) {
+      std::string p = todo.back();
+      todo.pop_back();
+      if (!emitted.insert(p).second) continue;
+      out += p + " ::= " + kPrimitives.at(p) + "\n";
+      if (auto it = kPrimitiveDeps.find(p); it != kPrimitiveDeps.end()) {
+        todo.insert(todo.end(), it->second.begin(), it->second.end());
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::string use(const std::string& prim) {
+    used_.insert(prim);
+    return prim;
+  }
+
+  std::string add_rule(const std::string& hint, const std::string& body) {
+    std::string name = new_name(hint);
+    rules_.emplace_back(name, body);
+    return name;
+  }
+  std::string new_name(const std::string& hint) {
+    std::string clean;
+    for (char c : hint) clean += (std::isalnum(static_cast<unsigned char>(c)) ? c : '-');
+    if (clean.empty()) clean = "s";
+    if (clean.size() > 40) clean.resize(40);
+    return "s" + std::to_string(counter_++) + "-" + clean;
+  }
+
+  const Json& resolve(const std::string& ref, const std::string& path) {
+    if (ref.empty() || ref[0] != '#') {
+      fail("$ref '" + ref + "' at " + at_path(path) + ": only references into the same document (#...) are supported");
+    }
+    try {
+      if (ref == "#") return doc_;
+      return doc_.at(Json::json_pointer(ref.substr(1)));
+    } catch (const std::exception&) {
+      fail("$ref '" + ref + "' at " + at_path(path) + " does not resolve");
+    }
+  }
+
+  static std::optional<double> num(const Json& s, const char* key, const std::string& path) {
+    if (!s.contains(key)) return std::nullopt;
+    if (!s[key].is_number()) fail(std::string("'") + key + "' at " + at_path(path) + " must be a number (draft-4 boolean form is unsupported)");
+    return s[key].get<double>();
+  }
+  static std::optional<uint32_t> count(const Json& s, const char* key, const std::string& path) {
+    if (!s.contains(key)) return std::nullopt;
+    if (!s[key].is_number_unsigned() && !(s[key].is_number_integer() && s[key].get<int64_t>() >= 0)) {
+      fail(std::string("'") + key + "' at " + at_path(path) + " must be a non-negative integer");
+    }
+    uint64_t v = s[key].get<uint64_t>();
+    if (v > 10000) fail(std::string("'") + key + "' at " + at_path(path) + " above 10000 is unsupported");
+    return static_cast<uint32_t>(v);
+  }
+
+  std::string gen(const Json& s, const std::string& path) {
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return use("value");
+      fail("schema 'false' at " + at_path(path) + " can never match");
+    }
+    if (!s.is_object()) fail("schema at " + at_path(path) + " must be an object or boolean");
+    for (const auto& [k, v] : s.items()) {
+      if (!kKeywords.count(k) && !kAnnotations.count(k)) {
+        fail("unsupported keyword '" + k + "' at " + at_path(path));
+      }
+    }
+    auto only = [&](std::initializer_list<const char*> allowed, const char* what) {
+      for (const auto& [k, v] : s.items()) {
+        if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+        if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) == allowed.end()) {
+          fail("unsupported keyword '" + k + "' next to '" + what + "' at " + at_path(path));
+        }
+      }
+    };
+    if (s.contains("$ref")) {
+      only({"$ref"}, "$ref");
+      const std::string ref = s["$ref"].get<std::string>();
+      if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
+      std::string name = new_name("ref-" + ref.substr(ref.rfind('/') == std::string::npos ? 0 : ref.rfind('/') + 1));
+      refs_[ref] = name;
+      size_t slot = rules_.size();
+      rules_.emplace_back(name, "");
+      std::string body = gen(resolve(ref, path), ref.substr(1));
+      rules_[slot].second = body;
+      return name;
+    }
+    if (s.contains("const")) {
+      only({"const", "type"}, "const");
+      return lit(s["const"].dump());
+    }
+    if (s.contains("enum")) {
+      only({"enum", "type"}, "enum");
+      if (!s["enum"].is_array() || s["enum"].empty()) fail("'enum' at " + at_path(path) + " must be a non-empty array");
+      std::string out = "(";
+      bool first = true;
+      for (const auto& v : s["enum"]) {
+        out += (first ? " " : " | ") + lit(v.dump());
+        first = false;
+      }
+      return out + " )";
+    }
+    for (const char* comb : {"anyOf", "oneOf"}) {
+      if (!s.contains(comb)) continue;
+      only({comb}, comb);
+      const auto& arr = s[comb];
+      if (!arr.is_array() || arr.empty()) fail(std::string("'") + comb + "' at " + at_path(path) + " must be a non-empty array");
+      std::string out = "(";
+      for (size_t i = 0; i < arr.size(); ++i) {
+        out += (i ? " | " : " ") + gen(arr[i], path + "/" + comb + "/" + std::to_string(i));
+      }
+      return out + " )";
+    }
+    if (s.contains("allOf")) return gen(merge_all_of(s, path), path);
+
+    if (s.contains("type") && s["type"].is_array()) {
+      if (s["type"].empty()) fail("'type' at " + at_path(path) + " is an empty array");
+      std::string out = "(";
+      for (size_t i = 0; i < s["type"].size(); ++i) {
+        Json sub = s;
+        sub["type"] = s["type"][i];
+        out += (i ? " | " : " ") + gen(sub, path);
+      }
+      return out + " )";
+    }
+    std::string type;
+    if (s.contains("type")) {
+      if (!s["type"].is_string()) fail("'type' at " + at_path(path) + " must be a string or array");
+      type = s["type"].get<std::string>();
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+      type = "object";
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      type = "array";
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format")) {
+      type = "string";
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum")) {
+      type = "number";
+    } else {
+      return use("value");
+    }
+    if (type == "object") return gen_object(s, path);
+    if (type == "array") return gen_array(s, path);
+    if (type == "string") return gen_string(s, path);
+    if (type == "integer") return gen_integer(s, path);
+    if (type == "number") return gen_number(s, path);
+    if (type == "boolean") {
+      only({"type"}, "boolean");
+      return use("boolean");
+    }
+    if (type == "null") {
+      only({"type"}, "null");
+      return use("null");
+    }
+    fail("unknown type '" + type + "' at " + at_path(path));
+  }
+
+  Json merge_all_of(const Json& s, const std::string& path) {
+    Json merged = Json::object();
+    merged["type"] = "object";
+    Json props = Json::object();
+    std::vector<std::string> required;
+    std::optional<Json> additional;
+    std::vector<std::pair<Json, std::string>> parts;
+    Json self = s;
+    self.erase("allOf");
+    parts.emplace_back(self, path);
+    const auto& arr = s["allOf"];
+    if (!arr.is_array() || arr.empty()) fail("'allOf' at " + at_path(path) + " must be a non-empty array");
+    for (size_t i = 0; i < arr.size(); ++i) parts.emplace_back(arr[i], path + "/allOf/" + std::to_string(i));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      Json part = parts[i].first;
+      std::string ppath = parts[i].second;
+      while (part.is_object() && part.contains("$ref")) {
+        std::string ref = part["$ref"].get<std::string>();
+        part = resolve(ref, ppath);
+        ppath = ref.substr(1);
+      }
+      if (!part.is_object()) fail("allOf member at " + at_path(ppath) + " must be an object schema");
+      if (part.contains("allOf") && i > 0) {
+        for (size_t j = 0; j < part["allOf"].size(); ++j) parts.emplace_back(part["allOf"][j], ppath + "/allOf/" + std::to_string(j));
+        part.erase("allOf");
+      }
+      for (const auto& [k, v] : part.items()) {
+        if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+        if (k == "type") {
+          if (v != "object") fail("allOf at " + at_path(path) + " merges only object schemas (member at " + at_path(ppath) + " has type " + v.dump() + ")");
+        } else if (k == "properties") {
+          for (const auto& [pk, pv] : v.items()) {
+            if (props.contains(pk)) fail("allOf at " + at_path(path) + ": property '" + pk + "' defined twice (intersection unsupported)");
+            props[pk] = pv;
+          }
+        } else if (k == "required") {
+          for (const auto& r : v) required.push_back(r.get<std::string>());
+        } else if (k == "additionalProperties") {
+          additional = v;
+        } else {
+          fail("unsupported keyword '" + k + "' in allOf member at " + at_path(ppath) + " (only object schemas are merged)");
+        }
+      }
+    }
+    merged["properties"] = props;
+    merged["required"] = required;
+    if (additional) merged["additionalProperties"] = *additional;
+    return merged;
+  }
+
+  std::string gen_object(const Json& s, const std::string& path) {
+    for (const auto& [k, v] : s.items()) {
+      if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+      if (k != "type" && k != "properties" && k != "required" && k != "additionalProperties") {
+        fail("unsupported keyword '" + k + "' for type object at " + at_path(path));
+      }
+    }
+    std::vector<std::pair<std::string, std::string>> props;  // key, value expr
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) fail("'required' at " + at_path(path) + " must be an array");
+      for (const auto& r : s["required"]) required.insert(r.get<std::string>());
+    }
+    std::vector<bool> is_req;
+    if (s.contains("properties")) {
+      if (!s["properties"].is_object()) fail("'properties' at " + at_path(path) + " must be an object");
+      for (const auto& [k, v] : s["properties"].items()) {
+        props.emplace_back(k, gen(v, path + "/properties/" + k));
+        is_req.push_back(required.count(k) > 0);
+      }
+    }
+    for (const auto& r : required) {
+      if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; })) {
+        props.emplace_back(r, use("value"));
+        is_req.push_back(true);
+      }
+    }
+    std::string extra;  // key-value rule for additional properties, if allowed
+    if (s.contains("additionalProperties")) {
+      const auto& ap = s["additionalProperties"];
+      if (!(ap.is_boolean() && !ap.get<bool>())) {
+        std::string val = gen(ap, path + "/additionalProperties");
+        extra = add_rule("extra-kv", use("string") + " ws \":\" ws " + val);
+      }
+    }
+    use("ws");
+    std::vector<std::string> kv;
+    for (const auto& [k, v] : props) kv.push_back(lit(Json(k).dump()) + " ws \":\" ws " + v + " ws");
+    const size_t n = props.size();
+    // after[k]: something already emitted; first[k]: nothing emitted yet.
+    std::vector<std::string> after(n + 1), first(n + 1);
+    after[n] = extra.empty() ? "" : "( \",\" ws " + extra + " ws )*";
+    first[n] = extra.empty() ? "" : "( " + extra + " ws ( \",\" ws " + extra + " ws )* )?";
+    for (size_t k = n; k-- > 0;) {
+      std::string a = is_req[k] ? "\",\" ws " + kv[k] + " " + after[k + 1]
+                                : "( \",\" ws " + kv[k] + " )? " + after[k + 1];
+      after[k] = add_rule("after", a.empty() ? "\"\"" : a);
+      std::string f = is_req[k] ? kv[k] + " " + after[k + 1]
+                                : "( " + kv[k] + " " + after[k + 1] + " )" + (first[k + 1].empty() ? "?" : " | " + first[k + 1]);
+      first[k] = add_rule("first", f);
+    }
+    return add_rule("obj" + path, "\"{\" ws " + (first[0].empty() ? std::string() : first[0] + " ") + "\"}\"");
+  }
+
+  std::string gen_array(const Json& s, const std::string& path) {
+    for (const auto& [k, v] : s.items()) {
+      if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+      if (k != "type" && k != "items" && k != "minItems" && k != "maxItems") {
+        fail("unsupported keyword '" + k + "' for type array at " + at_path(path));
+      }
+    }
+    std::string item = s.contains("items") ? gen(s["items"], path + "/items") : use("value");
+    uint32_t min = count(s, "minItems", path).value_or(0);
+    std::optional<uint32_t> max = count(s, "maxItems", path);
+    if (max && *max < min) fail("maxItems < minItems at " + at_path(path));
+    use("ws");
+    std::string body;
+    if (max && *max == 0) {
+      body = "\"[\" ws \"]\"";
+    } else {
+      std::string rest = "( \",\" ws " + item + " ws ){" + std::to_string(min == 0 ? 0 : min - 1) + "," +
+                         (max ? std::to_string(*max - 1) : std::string()) + "}";
+      std::string list = item + " ws " + rest;
+      body = "\"[\" ws " + (min == 0 ? "( " + list + " )?" : list) + " \"]\"";
+    }
+    return add_rule("arr" + path, body);
+  }
+
+  std::string gen_string(const Json& s, const std::string& path) {
+    for (const auto& [k, v] : s.items()) {
+      if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+      if (k != "type" && k != "minLength" && k != "maxLength" && k != "format" && k != "pattern") {
+        fail("unsupported keyword '" + k + "' for type string at " + at_path(path));
+      }
+    }
+    const bool has_len = s.contains("minLength") || s.contains("maxLength");
+    if (s.contains("pattern")) {
+      if (has_len || s.contains("format")) fail("'pattern' combined with minLength/maxLength/format at " + at_path(path) + " is unsupported");
+      use("strchar");
+      return add_rule("pattern", RegexToGbnf(s["pattern"].get<std::string>(), path + "/pattern").run());
+    }
+    if (s.contains("format")) {
+      if (has_len) fail("'format' combined with minLength/maxLength at " + at_path(path) + " is unsupported");
+      return gen_format(s["format"].get<std::string>(), path);
+    }
+    if (!has_len) return use("string");
+    uint32_t min = count(s, "minLength", path).value_or(0);
+    std::optional<uint32_t> max = count(s, "maxLength", path);
+    if (max && *max < min) fail("maxLength < minLength at " + at_path(path));
+    use("char");
+    return add_rule("str", "\"\\\"\" char{" + std::to_string(min) + "," + (max ? std::to_string(*max) : "") + "} \"\\\"\"");
+  }
+
+  std::string gen_format(const std::string& f, const std::string& path) {
+    const std::string date = "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )";
+    const std::string time =
+        "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
+        "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
+    std::string body;
+    if (f == "date") body = date;
+    else if (f == "time") body = time;
+    else if (f == "date-time") body = date + " \"T\" " + time;
+    else if (f == "uuid")
+      body = "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}";
+    else if (f == "email")
+      body = "[a-zA-Z0-9._%+-]{1,64} \"@\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,62} ( \".\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,62} ){0,3} \".\" [a-zA-Z]{2,24}";
+    else fail("unsupported format '" + f + "' at " + at_path(path));
+    return add_rule(f, "\"\\\"\" " + body + " \"\\\"\"");
+  }
+
+  std::optional<int64_t> int_bound(const Json& s, const std::string& path, bool lower) {
+    std::optional<double> inc = num(s, lower ? "minimum" : "maximum", path);
+    std::optional<double> exc = num(s, lower ? "exclusiveMinimum" : "exclusiveMaximum", path);
+    std::optional<int64_t> b;
+    auto clamp = [](double v) { return static_cast<int64_t>(std::clamp(v, -double(kMaxMagnitude), double(kMaxMagnitude))); };
+    if (inc) b = clamp(lower ? std::ceil(*inc) : std::floor(*inc));
+    if (exc) {
+      int64_t e = clamp(lower ? std::floor(*exc) + 1 : std::ceil(*exc) - 1);
+      b = b ? (lower ? std::max(*b, e) : std::min(*b, e)) : e;
+    }
+    return b;
+  }
+
+  std::string gen_integer(const Json& s, const std::string& path) {
+    for (const auto& [k, v] : s.items()) {
+      if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+      if (k != "type" && k != "minimum" && k != "maximum" && k != "exclusiveMinimum" && k != "exclusiveMaximum") {
+        fail("unsupported keyword '" + k + "' for type integer at " + at_path(path));
+      }
+    }
+    auto lo = int_bound(s, path, true), hi = int_bound(s, path, false);
+    if (!lo && !hi) return use("integer");
+    return add_rule("int", int_range(lo, hi));
+  }
+
+  std::string gen_number(const Json& s, const std::string& path) {
+    for (const auto& [k, v] : s.items()) {
+      if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
+      if (k != "type" && k != "minimum" && k != "maximum") {
+        fail("unsupported keyword '" + k + "' for type number at " + at_path(path) +
+             (k.rfind("exclusive", 0) == 0 ? " (exclusive bounds are supported on integers only)" : ""));
+      }
+    }
+    auto mn = num(s, "minimum", path), mx = num(s, "maximum", path);
+    if (!mn && !mx) return use("number");
+    for (auto v : {mn, mx}) {
+      if (v && (*v != std::floor(*v) || std::fabs(*v) > double(kMaxMagnitude))) {
+        fail("number bound " + std::to_string(*v) + " at " + at_path(path) + " is unsupported (only integral bounds up to 16 digits)");
+      }
+    }
+    std::optional<int64_t> lo, hi;
+    if (mn) lo = static_cast<int64_t>(*mn);
+    if (mx) hi = static_cast<int64_t>(*mx);
+    if (lo && hi && *lo > *hi) fail("minimum > maximum at " + at_path(path));
+    const std::string frac = "( \".\" [0-9]{1,16} )?", zero = "( \".\" \"0\"{1,16} )?";
+    // Magnitudes [a, b] (b empty = unbounded): int part in [a, b-1] with any
+    // fraction, or exactly b with a zero fraction.
+    auto mag = [&](uint64_t a, std::optional<uint64_t> b) {
+      if (!b) return uint_range(a, std::nullopt) + " " + frac;
+      std::string out = "( ";
+      if (*b > a) out += uint_range(a, *b - 1) + " " + frac + " | ";
+      return out + "\"" + std::to_string(*b) + "\" " + zero + " )";
+    };
+    std::vector<std::string> alts;
+    if (!hi || *hi >= 0) {
+      uint64_t a = lo ? static_cast<uint64_t>(std::max<int64_t>(*lo, 0)) : 0;
+      alts.push_back(mag(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
+    }
+    if (!lo || *lo < 0) {
+      uint64_t a = (hi && *hi < 0) ? static_cast<uint64_t>(-*hi) : 0;
+      alts.push_back("\"-\" " + mag(a, lo ? std::optional<uint64_t>(static_cast<uint64_t>(-*lo)) : std::nullopt));
+    }
+    return add_rule("num", alts.size() == 1 ? alts[0] : alts[0] + " | " + alts[1]);
+  }
+
+  const Json& doc_;
+  std::vector<std::pair<std::string, std::string>> rules_;
+  std::map<std::string, std::string> refs_;
+  std::set<std::string> used_;
+  int counter_ = 0;
+};
+
+}  // namespace
+
+core::Expected<std::string> json_schema_doc_to_gbnf(const nlohmann::ordered_json& schema) {
+  try {
+    return Converter(schema).run();
+  } catch (const SchemaError& e) {
+    return core::fail(core::Errc::kInvalidArgument, e.message);
+  } catch (const std::exception& e) {
+    return core::fail(core::Errc::kInvalidArgument, std::string("json_schema: malformed schema: ") + e.what());
+  }
+}
+
+core::Expected<std::string> json_schema_to_gbnf(std::string_view schema_json) {
+  Json doc = Json::parse(schema_json, nullptr, false);
+  if (doc.is_discarded()) return core::fail(core::Errc::kInvalidArgument, "json_schema: not valid JSON");
+  return json_schema_doc_to_gbnf(doc);
+}
+
+std::string json_object_gbnf() {
+  std::string out = "root ::= object\n";
+  for (const char* p : {"ws", "value", "object", "array", "string", "char", "integral", "number", "boolean", "null"}) {
+    out += std::string(p) + " ::= " + kPrimitives.at(p) + "\n";
+  }
+  return out;
+}
+
+}  // namespace bonsai::engine

@@ -1,0 +1,48 @@
+// Constrained decoding, part 2: JSON Schema (2020-12 subset) → GBNF text for
+// engine::Grammar::parse.
+//
+// Supported: type (string or array of types), properties / required /
+// additionalProperties (false, true or a schema; ABSENT = false, as
+// llama.cpp's converter, which keeps grammars small), items / minItems /
+// maxItems, enum, const, anyOf / oneOf (oneOf's exclusivity is not enforced),
+// allOf of object schemas (properties merged, required unioned), $ref into
+// the same document ("#", "#/$defs/x", "#/definitions/x", any JSON pointer;
+// recursion allowed), integer minimum / maximum / exclusiveMinimum /
+// exclusiveMaximum (exact digit ranges), number minimum / maximum with
+// integral values (exact; no exponent then), string minLength / maxLength,
+// format (date, time, date-time, uuid, email — email is best-effort ASCII
+// local@domain.tld), pattern (regex with literals, classes, \d \w \s and
+// their negations, '.', groups, (?:...), alternation, * + ? {m} {m,} {m,n};
+// a missing ^ or $ means any string characters may come before / after).
+// Annotations (title, description, examples, default, $schema, $id,
+// $comment, deprecated, readOnly, writeOnly) are ignored. Anything else is an
+// error naming the keyword and the JSON pointer of the schema
+// ("json_schema: unsupported keyword 'patternProperties' at /properties/x").
+//
+// Output shape: properties appear in the order listed in `properties`, each
+// optional one may be left out; extra properties (when allowed) come after
+// them and may repeat a declared name. Whitespace between tokens: nothing, one
+// space, or a newline followed by up to 20 spaces/tabs (llama.cpp's bound).
+// Numbers: at most 16 integral digits and 16 fraction digits; free strings
+// use any JSON string character including escapes; pattern/format strings
+// contain no escapes or control characters.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"  // core::Expected
+
+namespace bonsai::engine {
+
+// Converts a schema given as JSON text. kInvalidArgument on bad JSON, an
+// unsatisfiable or malformed schema, or an unsupported keyword / construct.
+core::Expected<std::string> json_schema_to_gbnf(std::string_view schema_json);
+// Same, from a parsed document (ordered_json keeps the property order).
+core::Expected<std::string> json_schema_doc_to_gbnf(const nlohmann::ordered_json& schema);
+
+// Grammar for OpenAI's response_format {type: "json_object"}: any JSON object.
+std::string json_object_gbnf();
+
+}  // namespace bonsai::engine
