@@ -11,9 +11,14 @@
 // Arithmetic of the quantized products (every tier, see internal.h): the
 // activations are quantized to Q8_0 blocks of 32 (d = amax/127 rounded to
 // fp16, q = round-to-nearest-even(x/d), as llama.cpp's quantize_row_q8_0),
-// each 32-value sub-block's integer dot product is exact in int32, and the
-// scaling is fp32: y = sum_b dw_b * sum_k dx_k * isum_bk. Tiers differ from
-// the reference only in the order of the fp32 operations.
+// the integer dot product of each chunk of 32 (Q1_0), 16 (Q2_0) or 4 (Q8_0)
+// weights is exact in int32, and the fp32 scaling follows one canonical
+// order (chunk c -> accumulator lane c mod 16, then a fixed 16-lane tree).
+// Every tier and path (GEMV, small batches, large GEMM, AMX, any thread
+// split) reproduces it exactly, so results are bit-identical to the
+// reference tier and batch invariant: a column's result does not depend on
+// n, on the other columns or on the thread count. Float weight formats are
+// batch invariant within a tier (tiers differ in fp32 order).
 // Tiers (kernels/*.cpp, each compiled with its own ISA flags): reference
 // (scalar), avx2 (AVX2+FMA+F16C), avx512 (F/BW/VL/DQ + VNNI; GFNI and VBMI
 // when present; AMX-INT8 tiles for batches of >= 6 columns when the CPU and
@@ -103,7 +108,8 @@ struct MatrixView {
 void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool);
 
 // Y[j][r] = sum_c W[r][c] * X[j][c] for j in [0, n). X: [n][cols] row-major,
-// Y: [n][rows] row-major. Equal to n gemv calls (within float tolerance).
+// Y: [n][rows] row-major. Column j is bit-identical to gemv of X[j] (batch
+// invariance, any n and pool).
 void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool);
 
 // Several matrices applied to the same activations in one threaded pass:
