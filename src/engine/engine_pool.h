@@ -234,6 +234,55 @@ class BasicEnginePool {
     return Lease(state_, std::move(engine));
   }
 
+  // acquire(), but pops the idle engine with the highest score(engine)
+  // instead of the most recent one (ties: the most recently returned). The
+  // scheduler's prompt cache scores by the cached prefix length. `score` is
+  // called under the idle mutex (one pop, no waiting): keep it cheap and
+  // non-blocking; it must not call back into the pool.
+  std::expected<Lease, PoolError> acquire_best(Clock::time_point deadline,
+                                               const std::function<int64_t(const Engine&)>& score) {
+    State& s = *state_;
+    if (s.is_poisoned()) return std::unexpected(PoolError::kPoisoned);
+    switch (s.sem.acquire_until(deadline)) {
+      case detail::ClosableSemaphore::Result::kClosed:
+        return std::unexpected(PoolError::kClosed);
+      case detail::ClosableSemaphore::Result::kTimeout:
+        return std::unexpected(PoolError::kTimeout);
+      case detail::ClosableSemaphore::Result::kAcquired:
+        break;
+    }
+    std::unique_ptr<Engine> engine;
+    bool poisoned = false;
+    {
+      std::lock_guard lock(s.idle_mu);
+      poisoned = s.poisoned;
+      if (!poisoned && !s.idle.empty()) {
+        size_t best = s.idle.size() - 1;
+        int64_t best_score = score(*s.idle[best]);
+        for (size_t i = best; i-- > 0;) {
+          const int64_t sc = score(*s.idle[i]);
+          if (sc > best_score) {
+            best = i;
+            best_score = sc;
+          }
+        }
+        engine = std::move(s.idle[best]);
+        s.idle.erase(s.idle.begin() + static_cast<std::ptrdiff_t>(best));
+      }
+    }
+    if (!engine) {
+      s.sem.release();
+      return std::unexpected(poisoned ? PoolError::kPoisoned : PoolError::kEmpty);
+    }
+    return Lease(state_, std::move(engine));
+  }
+
+  // Visits every idle engine under the idle mutex (read-only; metrics).
+  void for_each_idle(const std::function<void(const Engine&)>& fn) const {
+    std::lock_guard lock(state_->idle_mu);
+    for (const auto& e : state_->idle) fn(*e);
+  }
+
   // acquire() with a relative timeout.
   std::expected<Lease, PoolError> acquire_for(Clock::duration timeout) {
     return acquire(Clock::now() + timeout);

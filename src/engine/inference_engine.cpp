@@ -3,6 +3,7 @@
 #include "engine/inference_engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -43,6 +44,25 @@ struct InferenceEngine::Impl {
   EngineStats stats;
   std::shared_ptr<RequestRateAggregator> metrics;
   int64_t n_vocab = 0;
+
+  // The stepwise generation in progress (start .. finish).
+  struct Seq {
+    bool active = false;
+    bool done = false;
+    std::vector<int32_t> prompt;            // copy of the request's prompt
+    std::optional<SamplingParams> restore_params;
+    std::optional<Rng::State> restore_rng;
+    StreamCallback on_token;
+    const std::atomic<bool>* cancel = nullptr;
+    RequestRateTracker own_tracker;
+    RequestRateTracker* tracker = nullptr;  // own_tracker or the request's
+    TextEmitter emitter;
+    GenerationResult res;
+    int32_t n_sampled = 0;
+    int32_t last = -1;
+    Clock::time_point t_start{}, t_prefilled{};
+    bool prefilled = false;
+  } seq;
 
   core::ThreadPool& compute_pool() const { return pool != nullptr ? *pool : core::global_pool(); }
 };
@@ -189,9 +209,10 @@ core::Expected<std::vector<GenerationResult>> InferenceEngine::batch_generate(
   return out;
 }
 
-core::Expected<GenerationResult> InferenceEngine::generate_request(const GenerateRequest& req) {
+core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const StartOptions& opt) {
   Impl& m = *impl_;
   const Clock::time_point t_start = Clock::now();
+  if (m.seq.active) return core::fail(core::Errc::kInvalidArgument, "generate: a generation is in progress");
   if (req.prompt.empty())
     return core::fail(core::Errc::kInvalidArgument, "generate: the prompt is empty");
   if (static_cast<int64_t>(req.prompt.size()) > m.cache.n_ctx()) {
@@ -199,107 +220,248 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
                       "generate: the prompt has " + std::to_string(req.prompt.size()) +
                           " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
   }
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= m.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "prefill: token " + std::to_string(req.prompt[i]) + " at index " + std::to_string(i) +
+                            " is outside the vocabulary [0, " + std::to_string(m.n_vocab) + ")");
+    }
+  }
   if (req.params) {
     if (auto ok = req.params->validate(); !ok) return std::unexpected(ok.error());
   }
-
-  // Swap params / seed for this call; the guard restores them on every exit.
-  struct Restore {
-    Sampler& s;
-    std::optional<SamplingParams> params;
-    std::optional<Rng::State> rng;
-    ~Restore() {
-      if (params) s.set_params(std::move(*params));
-      if (rng) s.rng().set_state(*rng);
-    }
-  } restore{m.sampler, std::nullopt, std::nullopt};
+  Impl::Seq& q = m.seq;
+  q = Impl::Seq();
+  q.active = true;
+  q.t_start = t_start;
+  // Swap params / seed for this call; finish() restores them.
   if (req.params) {
-    restore.params = m.sampler.params();
+    q.restore_params = m.sampler.params();
     m.sampler.set_params(*req.params);
   }
   if (req.seed) {
-    if (!restore.params) restore.params = m.sampler.params();  // reseed writes params().seed
-    restore.rng = m.sampler.rng().state();
+    if (!q.restore_params) q.restore_params = m.sampler.params();  // reseed writes params().seed
+    q.restore_rng = m.sampler.rng().state();
     m.sampler.reseed(*req.seed);
   }
-  const SamplingParams& params = m.sampler.params();
+  q.prompt.assign(req.prompt.begin(), req.prompt.end());
+  q.on_token = req.on_token;
+  q.cancel = req.cancel;
+  q.own_tracker = RequestRateTracker(t_start);
+  q.tracker = req.tracker != nullptr ? req.tracker : &q.own_tracker;
+  q.emitter = TextEmitter(m.sampler.params().stop);
+  q.res.prompt_tokens = static_cast<int32_t>(q.prompt.size());
+  q.res.finish_reason = FinishReason::kLength;
 
-  RequestRateTracker own_tracker(t_start);
-  RequestRateTracker& tracker = req.tracker != nullptr ? *req.tracker : own_tracker;
-
-  reset();
-  auto first = prefill_from_pos(req.prompt, 0);
-  if (!first) return std::unexpected(first.error());
-  const Clock::time_point t_prefilled = Clock::now();
-
-  GenerationResult res;
-  res.prompt_tokens = static_cast<int32_t>(req.prompt.size());
-  res.finish_reason = FinishReason::kLength;
-  TextEmitter emitter(params.stop);
-  std::span<const float> logits = *first;
-  const int64_t n_ctx = m.cache.n_ctx();
-  int32_t n_sampled = 0;
-  int32_t last = -1;
-
-  auto emit = [&](int32_t token, int32_t index, const std::string& text) {
-    if (!req.on_token) return true;
-    return req.on_token(TokenEvent{token, index, text});
-  };
-
-  while (params.max_tokens < 0 || n_sampled < params.max_tokens) {
-    if (req.cancel != nullptr && req.cancel->load(std::memory_order_relaxed)) {
-      res.finish_reason = FinishReason::kCancelled;
-      break;
-    }
-    if (n_sampled > 0) {
-      if (static_cast<int64_t>(m.history.size()) >= n_ctx) break;  // context full: length
-      auto next = decode_step(last);
-      if (!next) return std::unexpected(next.error());
-      logits = *next;
-    }
-    const int32_t tok = sample(logits);
-    tracker.on_token();
-    const int32_t index = n_sampled++;
-    last = tok;
-    if (!params.ignore_eos && m.tok->is_eog(tok)) {
-      res.finish_reason = FinishReason::kStop;
-      emit(tok, index, std::string());
-      break;
-    }
-    res.tokens.push_back(tok);
-    const std::string piece = emitter.push(m.tok->token_to_bytes(tok));
-    if (emitter.stopped()) {
-      res.finish_reason = FinishReason::kStop;
-      emit(tok, index, piece);
-      break;
-    }
-    if (!emit(tok, index, piece)) {
-      res.finish_reason = FinishReason::kCancelled;
-      break;
-    }
+  const auto n_prompt = static_cast<int64_t>(q.prompt.size());
+  int64_t keep = 0;
+  if (opt.reuse_prefix) {
+    keep = cached_prefix(q.prompt);
+    const bool have_logits = static_cast<int64_t>(opt.prompt_logits.size()) == m.n_vocab;
+    // The last prompt token is recomputed for its logits unless they were given.
+    if (keep >= n_prompt && !have_logits) keep = n_prompt - 1;
   }
-  if (const std::string rest = emitter.finish(); !rest.empty()) emit(-1, n_sampled, rest);
+  m.cache.truncate(keep);
+  m.history.resize(static_cast<size_t>(keep));
+  q.res.cached_tokens = static_cast<int32_t>(keep);
+  if (keep == n_prompt) {
+    q.prefilled = true;
+    q.t_prefilled = Clock::now();
+    accept_logits(opt.prompt_logits);
+  }
+  return {};
+}
 
+bool InferenceEngine::active() const { return impl_->seq.active; }
+bool InferenceEngine::finished() const { return impl_->seq.active && impl_->seq.done; }
+
+int64_t InferenceEngine::pending_prompt() const {
+  const Impl::Seq& q = impl_->seq;
+  if (!q.active) return 0;
+  return std::max<int64_t>(0, static_cast<int64_t>(q.prompt.size()) - static_cast<int64_t>(impl_->history.size()));
+}
+
+int64_t InferenceEngine::next_pos() const { return static_cast<int64_t>(impl_->history.size()); }
+
+std::span<const int32_t> InferenceEngine::next_input(int64_t max_prompt) const {
+  const Impl::Seq& q = impl_->seq;
+  if (!q.active || q.done) return {};
+  if (const int64_t pending = pending_prompt(); pending > 0) {
+    const size_t at = impl_->history.size();
+    return std::span<const int32_t>(q.prompt).subspan(at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
+  }
+  return std::span<const int32_t>(&q.last, 1);
+}
+
+bool InferenceEngine::inputs_done(int64_t n) {
+  Impl& m = *impl_;
+  const std::span<const int32_t> in = next_input(n);
+  m.history.insert(m.history.end(), in.begin(), in.begin() + n);
+  if (m.seq.prefilled) return true;  // a decode token
+  if (pending_prompt() > 0) return false;
+  m.seq.prefilled = true;
+  m.seq.t_prefilled = Clock::now();
+  return true;
+}
+
+bool InferenceEngine::poll_cancel() {
+  Impl::Seq& q = impl_->seq;
+  if (!q.active || q.done) return q.done;
+  if (q.cancel != nullptr && q.cancel->load(std::memory_order_relaxed)) {
+    stop_now(FinishReason::kCancelled);
+    return true;
+  }
+  return false;
+}
+
+void InferenceEngine::stop_now(FinishReason reason, bool timed_out) {
+  Impl::Seq& q = impl_->seq;
+  if (!q.active || q.done) return;
+  q.done = true;
+  q.res.finish_reason = reason;
+  q.res.timed_out = timed_out;
+}
+
+void InferenceEngine::accept_logits(std::span<const float> logits) {
+  Impl& m = *impl_;
+  Impl::Seq& q = m.seq;
+  if (!q.active || q.done) return;
+  const SamplingParams& params = m.sampler.params();
+  auto emit = [&](int32_t token, int32_t index, const std::string& text) {
+    if (!q.on_token) return true;
+    return q.on_token(TokenEvent{token, index, text});
+  };
+  // The checks generate_request's loop makes before each sample / decode.
+  auto may_continue = [&] {
+    if (params.max_tokens >= 0 && q.n_sampled >= params.max_tokens) {
+      q.done = true;  // finish_reason stays kLength
+      return false;
+    }
+    if (q.cancel != nullptr && q.cancel->load(std::memory_order_relaxed)) {
+      stop_now(FinishReason::kCancelled);
+      return false;
+    }
+    return true;
+  };
+  if (!may_continue()) return;
+  const int32_t tok = m.sampler.sample(logits, m.history);
+  q.tracker->on_token();
+  const int32_t index = q.n_sampled++;
+  q.last = tok;
+  if (!params.ignore_eos && m.tok->is_eog(tok)) {
+    q.res.finish_reason = FinishReason::kStop;
+    q.done = true;
+    emit(tok, index, std::string());
+    return;
+  }
+  q.res.tokens.push_back(tok);
+  const std::string piece = q.emitter.push(m.tok->token_to_bytes(tok));
+  if (q.emitter.stopped()) {
+    q.res.finish_reason = FinishReason::kStop;
+    q.done = true;
+    emit(tok, index, piece);
+    return;
+  }
+  if (!emit(tok, index, piece)) {
+    stop_now(FinishReason::kCancelled);
+    return;
+  }
+  if (!may_continue()) return;
+  if (static_cast<int64_t>(m.history.size()) >= m.cache.n_ctx()) q.done = true;  // context full: length
+}
+
+GenerationResult InferenceEngine::finish() {
+  Impl& m = *impl_;
+  Impl::Seq& q = m.seq;
+  GenerationResult res = std::move(q.res);
+  if (!q.active) return res;
+  if (const std::string rest = q.emitter.finish(); !rest.empty() && q.on_token)
+    q.on_token(TokenEvent{-1, q.n_sampled, rest});
   const Clock::time_point t_end = Clock::now();
-  tracker.on_finish(t_end);
-  res.text = emitter.released();
-  res.completion_tokens = n_sampled;
-  res.prompt_ms = ms_since(t_start, t_prefilled);
-  res.gen_ms = ms_since(t_prefilled, t_end);
-  res.rate = tracker.summary();
+  if (!q.prefilled) q.t_prefilled = t_end;
+  q.tracker->on_finish(t_end);
+  res.text = q.emitter.released();
+  res.completion_tokens = q.n_sampled;
+  res.prompt_ms = ms_since(q.t_start, q.t_prefilled);
+  res.gen_ms = ms_since(q.t_prefilled, t_end);
+  res.rate = q.tracker->summary();
 
   EngineStats& st = m.stats;
   ++st.requests;
   st.prompt_tokens += static_cast<uint64_t>(res.prompt_tokens);
-  st.generated_tokens += static_cast<uint64_t>(n_sampled);
+  st.generated_tokens += static_cast<uint64_t>(q.n_sampled);
   st.prompt_ms += res.prompt_ms;
   st.gen_ms += res.gen_ms;
   st.last_prompt_tokens = static_cast<uint64_t>(res.prompt_tokens);
-  st.last_generated_tokens = static_cast<uint64_t>(n_sampled);
+  st.last_generated_tokens = static_cast<uint64_t>(q.n_sampled);
   st.last_prompt_ms = res.prompt_ms;
   st.last_gen_ms = res.gen_ms;
   if (m.metrics) m.metrics->record(res.rate);
+  abandon();
   return res;
+}
+
+void InferenceEngine::abandon() {
+  Impl& m = *impl_;
+  Impl::Seq& q = m.seq;
+  if (q.restore_params) m.sampler.set_params(std::move(*q.restore_params));
+  if (q.restore_rng) m.sampler.rng().set_state(*q.restore_rng);
+  q = Impl::Seq();
+}
+
+int64_t InferenceEngine::cached_prefix(std::span<const int32_t> tokens) const {
+  const auto& h = impl_->history;
+  const size_t n = std::min(h.size(), tokens.size());
+  size_t i = 0;
+  while (i < n && h[i] == tokens[i]) ++i;
+  return static_cast<int64_t>(i);
+}
+
+core::Expected<void> InferenceEngine::copy_prefix_from(const InferenceEngine& src, int64_t n) {
+  Impl& m = *impl_;
+  const Impl& s = *src.impl_;
+  if (s.model != m.model || n < 0 || n > static_cast<int64_t>(s.history.size()) || n > m.cache.n_ctx() ||
+      s.cache.type_k() != m.cache.type_k() || s.cache.type_v() != m.cache.type_v() ||
+      s.cache.n_ctx() != m.cache.n_ctx()) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "copy_prefix_from: " + std::to_string(n) + " positions do not fit (another model, cache "
+                      "type or size, or more than the source holds)");
+  }
+  const model::ModelConfig& cfg = m.model->config();
+  // Layout per layer and KV head: positions contiguous (model/kv_cache.h).
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
+      std::memcpy(m.cache.k_row(l, h, 0), s.cache.k_row(l, h, 0), m.cache.k_row_bytes() * static_cast<size_t>(n));
+      std::memcpy(m.cache.v_row(l, h, 0), s.cache.v_row(l, h, 0), m.cache.v_row_bytes() * static_cast<size_t>(n));
+    }
+  }
+  m.cache.set_size(n);
+  m.history.assign(s.history.begin(), s.history.begin() + n);
+  return {};
+}
+
+model::KvCache& InferenceEngine::kv_cache() { return impl_->cache; }
+const std::vector<int32_t>& InferenceEngine::history() const { return impl_->history; }
+
+core::Expected<GenerationResult> InferenceEngine::generate_request(const GenerateRequest& req) {
+  Impl& m = *impl_;
+  if (auto ok = start(req); !ok) return std::unexpected(ok.error());
+  // One sequence, prompt in chunks of kPrefillChunk, then one token per step.
+  while (!finished()) {
+    if (poll_cancel()) break;
+    const std::span<const int32_t> in = next_input(kPrefillChunk);
+    const int64_t pos = next_pos();
+    const model::Batch batch = model::Batch::for_sequence(in, static_cast<int32_t>(pos));
+    model::KvCache* caches[] = {&m.cache};
+    auto ok = m.model->forward(batch, caches, m.ws, m.logits, m.compute_pool());
+    if (!ok) {
+      m.cache.truncate(pos);
+      abandon();
+      return std::unexpected(ok.error());
+    }
+    if (inputs_done(static_cast<int64_t>(in.size()))) accept_logits(m.logits);
+  }
+  return finish();
 }
 
 // ---- State ----------------------------------------------------------------------------

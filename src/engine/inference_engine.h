@@ -44,6 +44,7 @@ class ThreadPool;
 }
 namespace bonsai::model {
 class Model;
+class KvCache;
 }
 namespace bonsai::tokenizer {
 class Tokenizer;
@@ -102,6 +103,8 @@ struct GenerationResult {
   double prompt_ms = 0;           // prefill time
   double gen_ms = 0;              // decode + sampling time
   RequestRateSummary rate;        // TTFT / ITL / tokens/s of this call
+  int32_t cached_tokens = 0;      // prompt tokens reused from the cache (not recomputed)
+  bool timed_out = false;         // ended by a deadline (finish_reason kLength; see Scheduler)
 };
 
 // The general form every generate* maps onto (the server uses it directly).
@@ -112,6 +115,19 @@ struct GenerateRequest {
   StreamCallback on_token;               // optional
   const std::atomic<bool>* cancel = nullptr;  // optional; checked before each decode step
   RequestRateTracker* tracker = nullptr;      // optional; on_token is called per sampled token
+};
+
+// How start() sets up a stepwise generation (the scheduler's use).
+struct StartOptions {
+  // Reuse the longest prefix of the prompt the cache already holds (the
+  // prompt cache): only the rest is computed. false: the cache is cleared
+  // first, as every generate* does.
+  bool reuse_prefix = false;
+  // Logits [n_vocab] of the prompt's last token, computed earlier (a sibling
+  // choice of the same prompt). When set and the cache holds the whole
+  // prompt, nothing is recomputed: the first token is sampled from these.
+  // Borrowed for the start() call only (copied).
+  std::span<const float> prompt_logits;
 };
 
 class InferenceEngine {
@@ -168,6 +184,59 @@ class InferenceEngine {
   void reset();
   // Position of the next token (= tokens in the cache).
   int64_t position() const;
+
+  // ---- Stepwise generation (what the scheduler drives) ------------------
+  // One generation at a time per replica, in four moves that a scheduler
+  // interleaves with other replicas' so they share one Model::forward:
+  //   start(req)           params / seed swapped in as generate_request does;
+  //   next_input(max)      the tokens to run next: up to `max` pending prompt
+  //                        tokens, or the last sampled token (decode);
+  //   inputs_done(n)       after a forward that ran them: n tokens are in the cache;
+  //   accept_logits(row)   when the last input ran was the prompt's last token
+  //                        or a decode token: samples, emits, maybe finishes;
+  //   finish()             the result; params / RNG restored.
+  // generate_request is exactly this loop with one sequence, so a one-replica
+  // scheduler is byte-identical to calling the engine. Not thread-safe (one
+  // driver at a time). Errors of start: those of generate_request.
+  core::Expected<void> start(const GenerateRequest& request, const StartOptions& options = {});
+  bool active() const;    // between start() and finish()
+  bool finished() const;  // active and done: call finish()
+  // Tokens to run next (empty when finished): pending prompt tokens, at most
+  // `max_prompt` (>= 1), or the one sampled token to decode. The first goes
+  // at position next_pos(). Valid until the next call on this engine.
+  std::span<const int32_t> next_input(int64_t max_prompt) const;
+  int64_t next_pos() const;
+  // Prompt tokens not yet in the cache (0 once decoding).
+  int64_t pending_prompt() const;
+  // Records that the first `n` tokens of next_input ran (the cache holds
+  // them). Returns true when logits of the last one are wanted (the prompt
+  // is complete, or it was a decode token): pass them to accept_logits.
+  bool inputs_done(int64_t n);
+  // Samples one token from `logits` ([n_vocab]), streams it, and decides
+  // whether generation goes on (max_tokens, EOS, stop strings, context,
+  // the cancel flag, the callback's answer).
+  void accept_logits(std::span<const float> logits);
+  // Ends the generation now: kCancelled, or kLength with timed_out set
+  // (a deadline). No effect when already finished.
+  void stop_now(FinishReason reason, bool timed_out = false);
+  // Checks the request's cancel flag; true (and finished as kCancelled) if set.
+  bool poll_cancel();
+  // The result of the finished (or stopped) generation; params and RNG are
+  // restored, stats and metrics recorded. The engine is inactive after.
+  GenerationResult finish();
+  // Drops the generation without a result (an error elsewhere): params and
+  // RNG restored, no stats recorded. The cache keeps what it holds.
+  void abandon();
+  // Length of the longest common prefix of `tokens` and the cache's tokens
+  // (what start() with reuse_prefix could skip, before its cap).
+  int64_t cached_prefix(std::span<const int32_t> tokens) const;
+  // Copies positions [0, n) of `src`'s cache and token history into this
+  // replica's (same model, n <= src.position(), n <= max_seq_len()); the
+  // rest of this cache is dropped. For n > 1 choices: one prefill, forked.
+  core::Expected<void> copy_prefix_from(const InferenceEngine& src, int64_t n);
+  // This replica's KV cache (the scheduler passes it to Model::forward).
+  model::KvCache& kv_cache();
+  const std::vector<int32_t>& history() const;  // tokens in the cache, by position
 
   // ---- State and introspection ------------------------------------------
   const SamplingParams& params() const;

@@ -3,4 +3,5 @@
 target_sources(bonsai_engine PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/engine_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_pool.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/scheduler.cpp
 )

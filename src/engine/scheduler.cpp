@@ -1,0 +1,414 @@
+// Scheduler: the per-model step loop. See scheduler.h.
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "core/thread_pool.h"  // ThreadPool, global_pool
+#include "model/model.h"       // Model, Batch, KvCache, Workspace
+
+namespace bonsai::engine {
+
+// ---- JobHandle ------------------------------------------------------------------
+
+void JobHandle::cancel() {
+  cancel_.store(true, std::memory_order_relaxed);
+  if (wake_) wake_();
+}
+
+bool JobHandle::wait(std::vector<JobEvent>& out, Clock::time_point until) {
+  std::unique_lock lock(mu_);
+  cv_.wait_until(lock, until, [&] { return !events_.empty(); });
+  if (events_.empty()) return false;
+  for (auto& e : events_) out.push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
+bool JobHandle::ended() const {
+  std::lock_guard lock(mu_);
+  return ended_;
+}
+
+void JobHandle::push(JobEvent e) {
+  {
+    std::lock_guard lock(mu_);
+    if (e.kind == JobEvent::Kind::kFailed) ended_ = true;
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler state ----------------------------------------------------------------
+
+struct Scheduler::Job {
+  CompletionJob req;
+  std::shared_ptr<JobHandle> handle;
+  int next_choice = 0;  // choices admitted so far
+  int live = 0;         // choices running
+  int done = 0;         // choices finished
+  bool failed = false;
+  std::vector<float> prompt_logits;        // [n_vocab] once choice 0's prompt ran (n > 1)
+  InferenceEngine* source = nullptr;       // choice 0's engine while it runs (holds the prompt's KV)
+};
+
+struct Scheduler::Live {
+  std::shared_ptr<Job> job;
+  int choice = 0;
+  std::optional<EngineLease> lease;
+  RequestRateTracker tracker;
+  int64_t fed = 0;        // tokens put in this step's batch
+  bool wants_row = false;
+};
+
+struct Scheduler::Scratch {
+  model::Workspace ws;
+  model::Batch batch;
+  std::vector<model::KvCache*> caches;  // [live sequence] -> its replica's cache (seq id = index)
+  std::vector<size_t> order;             // live sequences in batch-filling order
+};
+
+Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
+                     SchedulerOptions options)
+    : pool_(std::move(pool)), model_(std::move(model)), n_ctx_(n_ctx), opt_(std::move(options)),
+      scratch_(std::make_unique<Scratch>()) {
+  if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::wake() {
+  {
+    std::lock_guard lock(mu_);
+    kick_ = true;
+  }
+  cv_.notify_all();
+}
+
+core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit(CompletionJob req, size_t max_queue) {
+  if (req.prompt.empty()) return core::fail(core::Errc::kInvalidArgument, "submit: the prompt is empty");
+  if (req.n < 1) return core::fail(core::Errc::kInvalidArgument, "submit: n must be >= 1");
+  if (auto ok = req.params.validate(); !ok) return std::unexpected(ok.error());
+  auto job = std::make_shared<Job>();
+  job->req = std::move(req);
+  job->handle = std::make_shared<JobHandle>();
+  job->handle->wake_ = [this] { wake(); };
+  std::shared_ptr<JobHandle> h = job->handle;
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return core::fail(core::Errc::kCancelled, "submit: the scheduler has stopped");
+    if (max_queue > 0 && static_cast<size_t>(n_waiting_.load()) >= max_queue)
+      return core::fail(core::Errc::kResourceExhausted,
+                        std::to_string(n_waiting_.load()) + " requests are already waiting");
+    incoming_.push_back(std::move(job));
+    n_waiting_.fetch_add(1);
+    kick_ = true;
+  }
+  cv_.notify_all();
+  return h;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.running = n_running_.load();
+  s.waiting = n_waiting_.load();
+  s.steps = steps_.load();
+  s.step_tokens = step_tokens_.load();
+  s.prompt_tokens = prompt_tokens_.load();
+  s.cached_tokens = cached_tokens_.load();
+  s.cache_hits = cache_hits_.load();
+  s.sequences = sequences_.load();
+  s.kv_used = kv_used_.load();
+  s.kv_capacity = static_cast<int64_t>(pool_->size()) * n_ctx_;
+  return s;
+}
+
+// ---- The loop ---------------------------------------------------------------------------
+
+void Scheduler::fail_job(Job& job, core::Error error) {
+  if (job.failed) return;
+  job.failed = true;
+  job.handle->push(JobEvent{.kind = JobEvent::Kind::kFailed, .error = std::move(error)});
+}
+
+void Scheduler::sweep_queue(Clock::time_point now) {
+  for (auto& j : queue_) {
+    Job& job = *j;
+    if (job.failed) continue;
+    if (job.next_choice == 0) {
+      if (job.handle->cancelled()) {
+        fail_job(job, core::Error{core::Errc::kCancelled, "cancelled while queued"});
+      } else if (now >= job.req.deadline) {
+        fail_job(job, core::Error{core::Errc::kTimeout, "the request timed out while queued"});
+      }
+    } else if (job.handle->cancelled()) {
+      job.req.n = job.next_choice;  // the choices not started never will; running ones stop as cancelled
+    }
+  }
+}
+
+bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) {
+  Job& job = *jp;
+  const int choice = job.next_choice;
+  auto live = std::make_unique<Live>();
+  live->job = jp;
+  live->choice = choice;
+  live->tracker = RequestRateTracker(job.req.submitted);
+  live->tracker.on_start();
+  InferenceEngine& e = lease.engine();
+  const auto n_prompt = static_cast<int64_t>(job.req.prompt.size());
+  StartOptions so;
+  so.reuse_prefix = opt_.prompt_cache || choice > 0;
+  if (choice > 0 && !job.prompt_logits.empty()) {
+    // A sibling of choice 0: its slot gets the prompt's KV (unless it holds
+    // it already) and samples from the prompt logits: no prompt recomputed.
+    if (e.cached_prefix(job.req.prompt) < n_prompt && job.source != nullptr &&
+        job.source->cached_prefix(job.req.prompt) >= n_prompt) {
+      if (auto ok = e.copy_prefix_from(*job.source, n_prompt); !ok) e.reset();
+    }
+    so.prompt_logits = job.prompt_logits;
+  }
+  GenerateRequest gr;
+  gr.prompt = job.req.prompt;
+  gr.params = job.req.params;
+  gr.seed = job.req.seed + static_cast<uint64_t>(choice);
+  gr.cancel = &job.handle->cancel_;
+  gr.tracker = &live->tracker;
+  JobHandle* h = job.handle.get();
+  gr.on_token = [h, choice](const TokenEvent& ev) {
+    if (!ev.text.empty())
+      h->push(JobEvent{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text)});
+    return true;
+  };
+  if (auto ok = e.start(gr, so); !ok) {
+    fail_job(job, ok.error());
+    return false;
+  }
+  const auto cached = static_cast<int64_t>(e.history().size());
+  cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
+  if (cached > 0) cache_hits_.fetch_add(1);
+  sequences_.fetch_add(1);
+  if (choice == 0) job.source = &e;
+  ++job.next_choice;
+  ++job.live;
+  n_running_.fetch_add(1);
+  live->lease.emplace(std::move(lease));
+  live_.push_back(std::move(live));
+  return true;
+}
+
+void Scheduler::admit(Clock::time_point now) {
+  (void)now;
+  for (size_t qi = 0; qi < queue_.size(); ++qi) {
+    const std::shared_ptr<Job>& jp = queue_[qi];
+    Job& job = *jp;
+    while (!job.failed && job.next_choice < job.req.n) {
+      // Siblings wait for choice 0's prompt logits (one prefill per job).
+      if (job.next_choice > 0 && job.prompt_logits.empty()) break;
+      const std::span<const int32_t> prompt = job.req.prompt;
+      auto lease = opt_.prompt_cache || job.next_choice > 0
+                       ? pool_->acquire_best(Clock::now(), [prompt, this](const InferenceEngine& e) {
+                           // As llama.cpp's slot_prompt_similarity (0.5): a slot whose
+                           // cache is at least half this prompt's prefix is reused, the
+                           // longest prefix first; otherwise the slot holding the least
+                           // (empty first), so other conversations' caches stay warm.
+                           const int64_t lcp = e.cached_prefix(prompt);
+                           const auto held = static_cast<int64_t>(e.history().size());
+                           if (held > 0 && 2 * lcp >= held) return (lcp + 1) * (n_ctx_ + 1);
+                           return -held;
+                         })
+                       : pool_->acquire(Clock::now());
+      if (!lease) {
+        if (lease.error() == PoolError::kTimeout) return;  // no free slot: the rest waits
+        // Closed (unloading / shutting down) or broken: nothing queued can start.
+        for (auto& q : queue_)
+          if (q->next_choice == 0)
+            fail_job(*q, core::Error{core::Errc::kResourceExhausted,
+                                     std::string("the model's engine pool is ") + pool_error_name(lease.error())});
+        return;
+      }
+      start_choice(jp, std::move(*lease));
+    }
+  }
+}
+
+void Scheduler::finish_live(size_t i) {
+  std::unique_ptr<Live> live = std::move(live_[i]);
+  live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
+  Job& job = *live->job;
+  InferenceEngine& e = live->lease->engine();
+  if (job.source == &e) job.source = nullptr;
+  GenerationResult res = e.finish();
+  live->lease.reset();  // the engine back, then the permit
+  n_running_.fetch_sub(1);
+  --job.live;
+  ++job.done;
+  if (!job.failed) job.handle->push(JobEvent{.kind = JobEvent::Kind::kDone, .choice = live->choice, .result = std::move(res)});
+  if (job.done >= job.req.n || (job.failed && job.live == 0)) {
+    std::lock_guard lock(job.handle->mu_);
+    job.handle->ended_ = true;
+  }
+}
+
+void Scheduler::step() {
+  const Clock::time_point now = Clock::now();
+  // Cancelled or past the deadline: they stop before this step's forward.
+  for (auto& l : live_) {
+    InferenceEngine& e = l->lease->engine();
+    if (e.finished()) continue;
+    if (l->job->failed) {
+      e.stop_now(FinishReason::kCancelled);
+    } else if (!e.poll_cancel() && now >= l->job->req.deadline) {
+      e.stop_now(FinishReason::kLength, /*timed_out=*/true);
+    }
+  }
+  for (size_t i = live_.size(); i-- > 0;)
+    if (live_[i]->lease->engine().finished()) finish_live(i);
+  if (live_.empty()) return;
+
+  // The batch: every decode token, then prompt chunks (oldest first) in the budget left.
+  Scratch& sc = *scratch_;
+  sc.batch.clear();
+  sc.caches.clear();
+  // Prompt tokens get what the decode tokens leave of batch_size, at least
+  // one per step (so prompts progress even when batch_size <= running streams).
+  int64_t decoders = 0;
+  for (auto& l : live_) {
+    l->fed = 0;
+    l->wants_row = false;
+    if (l->lease->engine().pending_prompt() == 0) ++decoders;
+  }
+  int64_t budget = std::max<int64_t>(1, opt_.batch_size - decoders);
+  // Shortest pending prompt first (then oldest): a short request arriving
+  // during a long prompt gets its first token within a few steps.
+  for (auto& l : live_) sc.caches.push_back(&l->lease->engine().kv_cache());
+  sc.order.resize(live_.size());
+  for (size_t i = 0; i < live_.size(); ++i) sc.order[i] = i;
+  std::stable_sort(sc.order.begin(), sc.order.end(), [&](size_t a, size_t b) {
+    return live_[a]->lease->engine().pending_prompt() < live_[b]->lease->engine().pending_prompt();
+  });
+  int64_t prompt_fed = 0;
+  for (const size_t si : sc.order) {
+    Live& l = *live_[si];
+    InferenceEngine& e = l.lease->engine();
+    const bool prefill = e.pending_prompt() > 0;
+    if (prefill && budget <= 0) continue;
+    const std::span<const int32_t> in = e.next_input(prefill ? budget : 1);
+    if (in.empty()) continue;
+    const int64_t pos = e.next_pos();
+    const bool last_of_prompt = !prefill || static_cast<int64_t>(in.size()) == e.pending_prompt();
+    for (size_t k = 0; k < in.size(); ++k)
+      sc.batch.add(in[k], static_cast<int32_t>(pos + static_cast<int64_t>(k)), static_cast<int32_t>(si),
+                   last_of_prompt && k + 1 == in.size());
+    l.fed = static_cast<int64_t>(in.size());
+    l.wants_row = last_of_prompt;
+    if (prefill) {
+      budget -= l.fed;
+      prompt_fed += l.fed;
+    }
+  }
+  if (sc.batch.empty()) return;
+  const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
+  const size_t rows = sc.batch.n_wanted();
+  if (logits_.size() < rows * n_vocab) logits_.resize(rows * n_vocab);
+  core::ThreadPool& tp = opt_.pool != nullptr ? *opt_.pool : core::global_pool();
+  auto ok = model_->forward(sc.batch, sc.caches, sc.ws, logits_, tp);
+  steps_.fetch_add(1);
+  step_tokens_.fetch_add(sc.batch.size());
+  prompt_tokens_.fetch_add(static_cast<uint64_t>(prompt_fed));
+  if (opt_.on_step) opt_.on_step(static_cast<int64_t>(sc.batch.size()), static_cast<int64_t>(live_.size()));
+  if (!ok) {
+    // Nothing was written (forward checks first): every sequence in the step fails.
+    for (auto& l : live_) {
+      if (l->fed == 0) continue;
+      fail_job(*l->job, ok.error());
+      l->lease->engine().stop_now(FinishReason::kCancelled);
+    }
+  } else {
+    size_t row = 0;  // logits rows come in batch order, i.e. sc.order
+    for (const size_t si : sc.order) {
+      auto& l = live_[si];
+      if (l->fed == 0) continue;
+      InferenceEngine& e = l->lease->engine();
+      const bool wanted = e.inputs_done(l->fed);
+      if (!wanted) continue;
+      const std::span<const float> lg(logits_.data() + row * n_vocab, n_vocab);
+      ++row;
+      Job& job = *l->job;
+      if (l->choice == 0 && job.req.n > 1 && job.prompt_logits.empty() &&
+          e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
+        job.prompt_logits.assign(lg.begin(), lg.end());
+      e.accept_logits(lg);
+    }
+  }
+  int64_t used = 0;
+  for (size_t i = live_.size(); i-- > 0;) {
+    InferenceEngine& e = live_[i]->lease->engine();
+    if (e.finished()) {
+      finish_live(i);
+    } else {
+      used += e.next_pos();
+    }
+  }
+  kv_used_.store(used);
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      // Idle: sleep until a submission, a cancel, or the earliest queued deadline.
+      // With queued jobs but no free slot held by us, poll briefly (another
+      // holder of the pool's leases may return one at any time).
+      if (live_.empty() && !stop_) {
+        Clock::time_point until = Clock::time_point::max();
+        for (const auto& j : queue_) until = std::min(until, j->req.deadline);
+        if (!queue_.empty()) until = std::min(until, Clock::now() + std::chrono::milliseconds(2));
+        if (until == Clock::time_point::max()) {
+          cv_.wait(lock, [&] { return stop_ || kick_; });
+        } else {
+          cv_.wait_until(lock, until, [&] { return stop_ || kick_; });
+        }
+      }
+      kick_ = false;
+      if (stop_) break;
+      for (auto& j : incoming_) queue_.push_back(std::move(j));
+      incoming_.clear();
+    }
+    const Clock::time_point now = Clock::now();
+    sweep_queue(now);
+    admit(now);
+    std::erase_if(queue_, [](const std::shared_ptr<Job>& j) { return j->failed || j->next_choice >= j->req.n; });
+    {
+      std::lock_guard lock(mu_);
+      n_waiting_.store(static_cast<int64_t>(queue_.size() + incoming_.size()));
+    }
+    step();
+  }
+  // Stopped: everything still queued or running ends.
+  std::vector<std::shared_ptr<Job>> rest;
+  {
+    std::lock_guard lock(mu_);
+    rest = std::move(incoming_);
+  }
+  for (auto& j : rest) queue_.push_back(std::move(j));
+  for (auto& j : queue_) fail_job(*j, core::Error{core::Errc::kCancelled, "the scheduler stopped"});
+  for (auto& l : live_) fail_job(*l->job, core::Error{core::Errc::kCancelled, "the scheduler stopped"});
+  for (size_t i = live_.size(); i-- > 0;) {
+    live_[i]->lease->engine().stop_now(FinishReason::kCancelled);
+    finish_live(i);
+  }
+  queue_.clear();
+  n_waiting_.store(0);
+}
+
+}  // namespace bonsai::engine

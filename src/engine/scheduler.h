@@ -1,0 +1,200 @@
+// Scheduler: continuous batching of one model's requests behind its
+// EnginePool (../shared/DESIGN.md, "Scheduler").
+//
+// One step-loop thread per loaded model. HTTP (or any) threads submit a
+// CompletionJob and read its events from a JobHandle; they never run the
+// model. Each step:
+//   1. queued jobs that were cancelled leave the queue; jobs still queued at
+//      their deadline fail with kTimeout (the server's 503 + Retry-After);
+//   2. queued jobs are admitted in arrival order while the EnginePool has a
+//      free replica (EnginePool::acquire_best, without waiting): a replica
+//      is one sequence slot (KV cache, sampler + RNG, text emitter). With the
+//      prompt cache on, the idle slot holding the longest prefix of the
+//      prompt is chosen and only the rest is computed;
+//   3. live sequences whose cancel flag is set stop (kCancelled); those past
+//      their deadline stop with kLength and timed_out (what was produced is
+//      the answer);
+//   4. one model::Batch gathers the next token of every decoding sequence
+//      plus chunks of pending prompts, at most `batch_size` tokens in all
+//      (decode tokens always go; prompt chunks share what is left, oldest
+//      first), and Model::forward runs once;
+//   5. each sequence whose prompt completed or that decoded samples from its
+//      own logits row with its own sampler and RNG (InferenceEngine's
+//      stepwise API); finished ones return their lease (engine, then permit).
+// A job with n > 1 choices computes its prompt once: choice 0 prefills;
+// the other choices start when its prompt logits exist, in slots that get a
+// copy of the prompt's KV (or already hold it), sampling from those logits.
+// Choice i samples with seed + i.
+//
+// Cancellation: JobHandle::cancel() wakes the loop; the job stops within one
+// step whether queued, prefilling or decoding.
+//
+// Concurrency: mu_ guards incoming_ and stop_; the queue, the live
+// sequences and the logits/workspace buffers belong to the loop thread. Stats
+// are atomics. A JobHandle has its own mutex for its event list.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"               // core::Error, Expected
+#include "engine/engine_pool.h"       // EnginePool, EngineLease
+#include "engine/inference_engine.h"  // GenerationResult
+#include "engine/sampling.h"          // SamplingParams
+
+namespace bonsai::core {
+class ThreadPool;
+}
+namespace bonsai::model {
+class Model;
+}
+
+namespace bonsai::engine {
+
+// Construction options of a Scheduler.
+struct SchedulerOptions {
+  // Most tokens in one forward step (llama.cpp's -b / --batch-size): every
+  // decoding sequence's token plus prompt chunks. A long prompt advances by
+  // at most this many tokens per step, so running streams keep their pace.
+  // >= 1; values < 1 are treated as kPrefillChunk.
+  int64_t batch_size = kPrefillChunk;
+  // Reuse cached prompt prefixes across requests (llama.cpp's cache_prompt).
+  bool prompt_cache = true;
+  // Compute threads of the forward passes; nullptr: core::global_pool().
+  // Borrowed: must outlive the scheduler.
+  core::ThreadPool* pool = nullptr;
+  // Called on the loop thread after every forward step with the number of
+  // tokens and of sequences in it (metrics). Must be thread-safe and fast.
+  std::function<void(int64_t tokens, int64_t sequences)> on_step;
+};
+
+// What one submitted request asks for.
+struct CompletionJob {
+  std::vector<int32_t> prompt;  // token ids (BOS included when wanted); non-empty
+  SamplingParams params;        // validated by the caller (submit re-checks)
+  uint64_t seed = kDefaultSeed; // choice i samples with seed + i
+  int n = 1;                    // choices, >= 1
+  // Still queued at the deadline: kFailed with kTimeout. Running past it:
+  // the choice ends with finish_reason kLength and timed_out = true.
+  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point submitted = Clock::now();  // TTFT / queue time are measured from here
+};
+
+// One event of a job. Per choice, kText events come in order and a kDone
+// ends the choice; kFailed ends the whole job (no more events follow).
+struct JobEvent {
+  enum class Kind { kText, kDone, kFailed };
+  Kind kind = Kind::kText;
+  int choice = 0;
+  std::string text;         // kText: released text (never empty)
+  GenerationResult result;  // kDone
+  // kFailed: kTimeout (still queued at the deadline), kCancelled (cancelled,
+  // or the scheduler stopped), kResourceExhausted (the engine pool closed:
+  // the model is unloading or the server shutting down), or an engine error.
+  core::Error error;
+};
+
+// The link between a submitter and its job. Thread-safe; shared by the
+// submitting thread and the scheduler loop (shared_ptr).
+class JobHandle {
+ public:
+  // The job stops within one step (queued: it leaves the queue and gets a
+  // kFailed kCancelled; running: its choices end with kCancelled).
+  void cancel();
+  bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+  // Waits until at least one event is there or `until` passes; appends the
+  // events to `out` (in order). Returns false when none came.
+  bool wait(std::vector<JobEvent>& out, Clock::time_point until);
+  // True once the job ended (every choice done, or failed); events may still be unread.
+  bool ended() const;
+
+ private:
+  friend class Scheduler;
+  void push(JobEvent e);
+  std::atomic<bool> cancel_{false};
+  std::function<void()> wake_;  // set by submit before the handle is shared
+  mutable std::mutex mu_;       // guards events_, ended_
+  std::condition_variable cv_;
+  std::vector<JobEvent> events_;
+  bool ended_ = false;
+};
+
+// Counters and gauges of one scheduler (a snapshot; each field is read atomically).
+struct SchedulerStats {
+  int64_t running = 0;          // sequences live now
+  int64_t waiting = 0;          // jobs queued (not yet fully admitted)
+  uint64_t steps = 0;           // forward steps run
+  uint64_t step_tokens = 0;     // tokens over all steps
+  uint64_t prompt_tokens = 0;   // prompt tokens computed (not cached)
+  uint64_t cached_tokens = 0;   // prompt tokens reused from the cache (or a sibling's KV)
+  uint64_t cache_hits = 0;      // sequences that reused >= 1 cached token
+  uint64_t sequences = 0;       // sequences started
+  int64_t kv_used = 0;          // KV positions held by live sequences
+  int64_t kv_capacity = 0;      // positions of all replicas
+};
+
+class Scheduler {
+ public:
+  // Starts the loop thread over `pool` (shared with the caller; the
+  // scheduler leases its replicas, which must all run `model`).
+  Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
+            SchedulerOptions options = {});
+  // Stops the loop: queued and running jobs end with kFailed kCancelled.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues `job`. Errors: kInvalidArgument (empty prompt, n < 1, invalid
+  // params), kResourceExhausted when `max_queue` (> 0) jobs are queued
+  // already, kCancelled after the scheduler stopped.
+  core::Expected<std::shared_ptr<JobHandle>> submit(CompletionJob job, size_t max_queue = 0);
+
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Job;
+  struct Live;
+  void loop();
+  void wake();
+  // The loop's parts (loop thread only).
+  void sweep_queue(Clock::time_point now);
+  void admit(Clock::time_point now);
+  bool start_choice(const std::shared_ptr<Job>& job, EngineLease lease);
+  void finish_live(size_t i);
+  void fail_job(Job& job, core::Error error);
+  void step();
+
+  std::shared_ptr<EnginePool> pool_;
+  std::shared_ptr<const model::Model> model_;
+  const int64_t n_ctx_;
+  SchedulerOptions opt_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Job>> incoming_;  // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
+  bool kick_ = false;                           // guarded by mu_: a wake-up came
+
+  // Loop thread only.
+  std::vector<std::shared_ptr<Job>> queue_;
+  std::vector<std::unique_ptr<Live>> live_;
+  std::vector<float> logits_;
+  struct Scratch;
+  std::unique_ptr<Scratch> scratch_;
+
+  std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0};
+  std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0},
+      sequences_{0};
+  std::thread thread_;  // last: starts after everything above exists
+};
+
+}  // namespace bonsai::engine
