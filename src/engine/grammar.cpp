@@ -596,6 +596,18 @@ StepResult Matcher::advance_cp(const MatchState& in, uint32_t cp, MatchState& ou
   return StepResult::kOk;
 }
 
+uint64_t Matcher::signature(const MatchState& in, uint32_t cp) const {
+  const auto& elems = grammar_->elems();
+  const auto& sets = grammar_->charsets();
+  uint64_t sig = 0;
+  unsigned k = 0;
+  for (size_t i = 0; i < in.stacks.size(); i += in.stacks[i] + 1, ++k) {
+    const uint32_t len = in.stacks[i];
+    if (len != 0 && sets[elems[in.stacks[i + len]].arg].contains(cp)) sig |= uint64_t{1} << std::min(k, 63u);
+  }
+  return sig;
+}
+
 bool Matcher::viable(const MatchState& in, uint32_t lo, uint32_t hi) const {
   const auto& elems = grammar_->elems();
   const auto& sets = grammar_->charsets();

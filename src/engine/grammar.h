@@ -15,6 +15,7 @@
 // Everything here is written from the format description; no code is copied.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -76,6 +77,7 @@ struct GrammarLimits {
   uint32_t max_depth = 1024;    // frames in one stack (nesting)
   uint32_t max_states = 4096;   // interned states in one MatcherCache before it is reset
   uint32_t max_masks = 128;     // cached token masks in one MatcherCache
+  size_t max_cache_bytes = size_t{24} << 20;  // transition tables of one MatcherCache before reset
 };
 
 // Matcher state: the set of parse stacks plus a partially read UTF-8
@@ -109,14 +111,19 @@ class Matcher {
   StepResult step(const MatchState& in, uint8_t byte, MatchState& out) const;
   // True when the input so far is a complete sentence of the grammar.
   static bool can_end(const MatchState& s);
+  // Consumes one whole code point (ignores in's partial character; out's is
+  // cleared). Same results as step().
+  StepResult advance_cp(const MatchState& in, uint32_t cp, MatchState& out) const;
+  // True when some stack's next character set meets [lo, hi].
+  bool viable(const MatchState& in, uint32_t lo, uint32_t hi) const;
+  // Bit i set when stack i (in order) can take `cp`; stacks past 64 set bit 63.
+  uint64_t signature(const MatchState& in, uint32_t cp) const;
 
   const Grammar& grammar() const { return *grammar_; }
   const std::shared_ptr<const Grammar>& grammar_ptr() const { return grammar_; }
   const GrammarLimits& limits() const { return limits_; }
 
  private:
-  StepResult advance_cp(const MatchState& in, uint32_t cp, MatchState& out) const;
-  bool viable(const MatchState& in, uint32_t lo, uint32_t hi) const;
   StepResult expand(std::vector<uint32_t>& stack, std::vector<std::vector<uint32_t>>& out,
                     uint32_t depth_guard) const;
   std::shared_ptr<const Grammar> grammar_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <map>
 #include <unordered_map>
 
 namespace bonsai::engine {
@@ -98,11 +99,28 @@ bool TokenTrie::is_eos(int32_t id) const {
 
 // ---- MatcherCache --------------------------------------------------------------
 
+namespace {
+// Encoded cursor: v >= 0 is a whole-character state id; v <= kPartialBase is
+// partial-character state (kPartialBase - v). Both index lazily filled rows.
+constexpr int32_t kPartialBase = -16;
+inline bool is_partial(int32_t v) { return v <= kPartialBase; }
+inline int32_t partial_index(int32_t v) { return kPartialBase - v; }
+inline int32_t encode_partial(int32_t p) { return kPartialBase - p; }
+
+struct Partial {
+  int32_t whole;  // whole-character state the character started from
+  uint32_t acc;
+  uint8_t need;
+  uint8_t len;
+};
+}  // namespace
+
 class MatcherCache {
  public:
   MatcherCache(std::shared_ptr<const Grammar> g, GrammarLimits limits)
       : matcher(std::move(g), limits), limits_(limits) {}
 
+  // Interns a state with no partial character.
   int32_t intern(const MatchState& s) {
     auto [it, inserted] = ids_.try_emplace(s, static_cast<int32_t>(states.size()));
     if (inserted) {
@@ -111,40 +129,141 @@ class MatcherCache {
     }
     return it->second;
   }
+  int32_t intern_partial(int32_t whole, uint32_t acc, uint8_t need, uint8_t len) {
+    const uint64_t key = (static_cast<uint64_t>(whole) << 32) | (uint64_t{need} << 30) |
+                         (uint64_t{len} << 27) | acc;
+    auto [it, inserted] = partial_ids_.try_emplace(key, static_cast<int32_t>(partials.size()));
+    if (inserted) {
+      partials.push_back({whole, acc, need, len});
+      ptrans.resize(ptrans.size() + 64, kUnknown);
+    }
+    return encode_partial(it->second);
+  }
+  // The cursor for a MatchState (interning as needed).
+  int32_t cursor_of(const MatchState& st) {
+    MatchState whole = st;
+    whole.utf8_acc = 0;
+    whole.utf8_need = 0;
+    whole.utf8_len = 0;
+    int32_t w = intern(whole);
+    return st.utf8_need == 0 ? w : intern_partial(w, st.utf8_acc, st.utf8_need, st.utf8_len);
+  }
+  MatchState state_of(int32_t cur) const {
+    if (!is_partial(cur)) return states[static_cast<size_t>(cur)];
+    const Partial& p = partials[static_cast<size_t>(partial_index(cur))];
+    MatchState m = states[static_cast<size_t>(p.whole)];
+    m.utf8_acc = p.acc;
+    m.utf8_need = p.need;
+    m.utf8_len = p.len;
+    return m;
+  }
 
-  // Transition on one byte: a state id, kDeadId or kOverflowId.
-  int32_t next(int32_t s, uint8_t b) {
-    int32_t& slot = trans[static_cast<size_t>(s) * 256 + b];
-    if (slot != kUnknown) return slot;
-    MatchState out;
-    StepResult r = matcher.step(states[static_cast<size_t>(s)], b, out);
-    int32_t v = r == StepResult::kOk ? intern(out)
-                : r == StepResult::kDead ? kDeadId
-                                         : kOverflowId;
-    trans[static_cast<size_t>(s) * 256 + b] = v;  // `slot` may dangle after intern()
+  // One byte from cursor `cur`: the next cursor, kDeadId or kOverflowId.
+  int32_t next(int32_t cur, uint8_t b) {
+    int32_t* slot;
+    if (!is_partial(cur)) {
+      slot = &trans[static_cast<size_t>(cur) * 256 + b];
+    } else {
+      if ((b & 0xC0) != 0x80) return kDeadId;
+      slot = &ptrans[static_cast<size_t>(partial_index(cur)) * 64 + (b & 0x3F)];
+    }
+    if (*slot != kUnknown) return *slot;
+    const int32_t v = compute(cur, b);
+    // Re-index: interning may have grown the tables.
+    if (!is_partial(cur)) {
+      trans[static_cast<size_t>(cur) * 256 + b] = v;
+    } else {
+      ptrans[static_cast<size_t>(partial_index(cur)) * 64 + (b & 0x3F)] = v;
+    }
     return v;
   }
 
-  // Drops everything once the soft cap is passed (between walks only, so ids
-  // held by a running walk stay valid).
+  // Uncached transition. Partial characters never copy stacks; a completed
+  // non-ASCII character is resolved through (state, which stacks take it), so
+  // the thousands of CJK code points in a vocabulary cost one advance each
+  // distinct signature instead of one per code point.
+  int32_t compute(int32_t cur, uint8_t b) {
+    static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (!is_partial(cur)) {
+      if (b < 0x80) return whole_advance(cur, b);
+      uint8_t len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+      if (len == 0) return kDeadId;
+      uint32_t acc = b & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+      return partial_or_dead(cur, acc, static_cast<uint8_t>(len - 1), len);
+    }
+    const Partial p = partials[static_cast<size_t>(partial_index(cur))];
+    const uint32_t acc = (p.acc << 6) | (b & 0x3F);
+    const auto need = static_cast<uint8_t>(p.need - 1);
+    if (need > 0) return partial_or_dead(p.whole, acc, need, p.len);
+    if (acc < kMinForLen[p.len] || acc > 0x10FFFF || (acc >= 0xD800 && acc <= 0xDFFF)) return kDeadId;
+    return whole_advance(p.whole, acc);
+  }
+
+  int32_t partial_or_dead(int32_t whole, uint32_t acc, uint8_t need, uint8_t len) {
+    static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
+    uint32_t lo = acc << (6 * need);
+    uint32_t hi = lo | ((1u << (6 * need)) - 1);
+    lo = std::max(lo, kMinForLen[len]);
+    hi = std::min(hi, 0x10FFFFu);
+    if (lo > hi || !matcher.viable(states[static_cast<size_t>(whole)], lo, hi)) return kDeadId;
+    return intern_partial(whole, acc, need, len);
+  }
+
+  int32_t whole_advance(int32_t whole, uint32_t cp) {
+    const MatchState& st = states[static_cast<size_t>(whole)];
+    const uint64_t sig = matcher.signature(st, cp);
+    if (sig == 0) return kDeadId;
+    // The signature is exact only with at most 63 stacks (bit 63 is shared).
+    size_t count = 0;
+    for (size_t i = 0; i < st.stacks.size() && count < 64; i += st.stacks[i] + 1) ++count;
+    const bool cacheable = count < 64;
+    if (cacheable) {
+      if (auto it = by_sig_.find({whole, sig}); it != by_sig_.end()) return it->second;
+    }
+    MatchState out;
+    StepResult r = matcher.advance_cp(st, cp, out);
+    int32_t v = r == StepResult::kOk ? intern(out) : r == StepResult::kDead ? kDeadId : kOverflowId;
+    if (cacheable) by_sig_.emplace(std::pair<int32_t, uint64_t>{whole, sig}, v);
+    return v;
+  }
+
+  size_t bytes_used() const {
+    return trans.size() * 4 + ptrans.size() * 4 + states.size() * 64 + partials.size() * 32;
+  }
+
+  // Drops everything once the soft caps are passed (between walks only, so
+  // cursors held by a running walk stay valid).
   void reset_if_full() {
-    if (states.size() < limits_.max_states) return;
+    if (states.size() < limits_.max_states && bytes_used() < limits_.max_cache_bytes) return;
     states.clear();
     ids_.clear();
     trans.clear();
+    partials.clear();
+    partial_ids_.clear();
+    ptrans.clear();
+    by_sig_.clear();
     masks.clear();
     ++generation;
   }
 
   Matcher matcher;
   uint64_t generation = 1;
-  std::vector<MatchState> states;
-  std::vector<int32_t> trans;  // [states.size() * 256]
-  std::unordered_map<int32_t, std::vector<uint32_t>> masks;  // state id -> bitmask
+  std::vector<MatchState> states;  // whole-character states (utf8_need == 0)
+  std::vector<int32_t> trans;      // [states.size() * 256]
+  std::vector<Partial> partials;
+  std::vector<int32_t> ptrans;     // [partials.size() * 64], by continuation byte & 0x3F
+  std::unordered_map<int32_t, std::vector<uint32_t>> masks;  // cursor -> bitmask
   GrammarLimits limits_;
 
  private:
   std::unordered_map<MatchState, int32_t, StateHash> ids_;
+  std::unordered_map<uint64_t, int32_t> partial_ids_;
+  struct PairHash {
+    size_t operator()(const std::pair<int32_t, uint64_t>& p) const {
+      return std::hash<uint64_t>()(p.second * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(p.first));
+    }
+  };
+  std::unordered_map<std::pair<int32_t, uint64_t>, int32_t, PairHash> by_sig_;  // (state, stacks taking cp) -> next
 };
 
 // ---- GrammarState --------------------------------------------------------------
@@ -174,9 +293,10 @@ GrammarState GrammarState::clone() const {
   return g;
 }
 
+// The encoded cursor of state_ in the cache (re-interned after a reset).
 int32_t GrammarState::state_id() {
-  if (id_ < 0 || generation_ != cache_->generation) {
-    id_ = cache_->intern(state_);
+  if (id_ == -1 || generation_ != cache_->generation) {
+    id_ = cache_->cursor_of(state_);
     generation_ = cache_->generation;
   }
   return id_;
@@ -189,26 +309,26 @@ core::Expected<void> GrammarState::accept_bytes(std::string_view bytes) {
     return core::fail(core::Errc::kInvalidArgument, "grammar: input after end of generation");
   }
   cache_->reset_if_full();
-  int32_t s = state_id();
+  int32_t c = state_id();
   for (size_t i = 0; i < bytes.size(); ++i) {
-    int32_t n = cache_->next(s, static_cast<uint8_t>(bytes[i]));
-    if (n == kDeadId) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "grammar: byte " + std::to_string(i) + " (0x" +
-                            std::string(1, "0123456789abcdef"[(uint8_t(bytes[i]) >> 4)]) +
-                            std::string(1, "0123456789abcdef"[uint8_t(bytes[i]) & 15]) +
-                            ") of the input is not allowed by the grammar here");
-    }
+    int32_t n = cache_->next(c, static_cast<uint8_t>(bytes[i]));
     if (n == kOverflowId) {
       return core::fail(core::Errc::kResourceExhausted,
                         "grammar: parse-stack limit exceeded (" +
                             std::to_string(cache_->limits_.max_stacks) + " stacks or depth " +
                             std::to_string(cache_->limits_.max_depth) + ")");
     }
-    s = n;
+    if (n == kDeadId) {
+      static const char* hex = "0123456789abcdef";
+      const auto b = static_cast<uint8_t>(bytes[i]);
+      return core::fail(core::Errc::kInvalidArgument,
+                        "grammar: byte " + std::to_string(i) + " (0x" + hex[b >> 4] + hex[b & 15] +
+                            ") of the input is not allowed by the grammar here");
+    }
+    c = n;
   }
-  state_ = cache_->states[static_cast<size_t>(s)];
-  id_ = s;
+  state_ = cache_->state_of(c);
+  id_ = c;
   return {};
 }
 
@@ -243,10 +363,10 @@ bool GrammarState::accepts_token(const TokenTrie& trie, int32_t id) {
   if (trie.is_eos(id)) return can_end();
   if (trie.is_excluded(id)) return false;
   cache_->reset_if_full();
-  int32_t s = state_id();
-  for (char c : trie.token_bytes(id)) {
-    s = cache_->next(s, static_cast<uint8_t>(c));
-    if (s < 0) return false;
+  int32_t c = state_id();
+  for (char ch : trie.token_bytes(id)) {
+    c = cache_->next(c, static_cast<uint8_t>(ch));
+    if (c < 0 && !is_partial(c)) return false;
   }
   return true;
 }
@@ -258,13 +378,13 @@ void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask
     return;
   }
   cache_->reset_if_full();
+  MatcherCache& c = *cache_;
   const int32_t root = state_id();
-  if (auto it = cache_->masks.find(root); it != cache_->masks.end() && it->second.size() == words) {
+  if (auto it = c.masks.find(root); it != c.masks.end() && it->second.size() == words) {
     bitmask = it->second;
     return;
   }
   bitmask.assign(words, 0);
-  MatcherCache& c = *cache_;
   std::vector<int32_t> at(static_cast<size_t>(trie.max_depth_) + 1);
   at[0] = root;
   const uint32_t n = static_cast<uint32_t>(trie.byte_.size());
@@ -276,9 +396,17 @@ void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask
   bool overflow = false;
   for (uint32_t i = 0; i < n;) {
     const int32_t parent = at[depth[i] - 1];
-    int32_t s = c.trans[static_cast<size_t>(parent) * 256 + bytes[i]];
-    if (s == kUnknown) s = c.next(parent, bytes[i]);
-    if (s < 0) {
+    const uint8_t b = bytes[i];
+    int32_t s;
+    if (!is_partial(parent)) {
+      s = c.trans[static_cast<size_t>(parent) * 256 + b];
+    } else if ((b & 0xC0) == 0x80) {
+      s = c.ptrans[static_cast<size_t>(partial_index(parent)) * 64 + (b & 0x3F)];
+    } else {
+      s = kDeadId;
+    }
+    if (s == kUnknown) s = c.next(parent, b);
+    if (s < 0 && !is_partial(s)) {
       overflow |= s == kOverflowId;
       i = end[i];
       continue;

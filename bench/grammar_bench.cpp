@@ -1,0 +1,184 @@
+// Grammar mask benchmark: time to compute the allowed-token mask per decode
+// step on the real Qwen3 vocabulary (151,936 tokens, from the tokenizer in
+// ../shared/fixtures/qwen3-tiny-q1_0.gguf), while generating JSON against a
+// few schemas. Two drivers per schema:
+//   forced: a valid instance, tokenized by the Qwen3 tokenizer, fed token by
+//           token (the mask is computed before each token, as a sampler would);
+//   random: a random allowed token each step (seeded), up to 512 tokens — the
+//           shape of output from random weights.
+// Every run starts from a fresh GrammarState (cold per-sequence cache), so the
+// figures include the lazy DFA being built. Prints p50 / p99 / max per schema.
+// Run: build-gram/bench/bonsai_bench_grammar [runs]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/grammar.h"
+#include "engine/json_schema.h"
+#include "engine/token_mask.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using namespace bonsai;
+using Clock = std::chrono::steady_clock;
+
+struct Schema {
+  const char* name;
+  std::string gbnf_or_schema;  // JSON schema text, or "" for json_object mode
+  const char* instance;
+};
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 5;
+  const char* env = std::getenv("BONSAI_SHARED");
+  const std::string dir = (env != nullptr && *env != '\0') ? env : BONSAI_SHARED_DIR;
+  auto file = gguf::File::open(dir + "/fixtures/qwen3-tiny-q1_0.gguf");
+  if (!file) {
+    std::fprintf(stderr, "%s\n", file.error().message.c_str());
+    return 1;
+  }
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  if (!tok) {
+    std::fprintf(stderr, "%s\n", tok.error().message.c_str());
+    return 1;
+  }
+  const auto& t = **tok;
+  std::vector<std::string> bytes(static_cast<size_t>(t.n_vocab()));
+  std::vector<int32_t> eos, special;
+  for (int32_t id = 0; id < t.n_vocab(); ++id) {
+    bytes[static_cast<size_t>(id)] = t.token_to_bytes(id);
+    if (t.is_eog(id)) {
+      eos.push_back(id);
+    } else if (t.token_type(id) == tokenizer::TokenType::kUserDefined ||
+               t.token_type(id) == tokenizer::TokenType::kControl) {
+      special.push_back(id);
+    }
+  }
+  auto t0 = Clock::now();
+  auto trie = engine::TokenTrie::build(bytes, eos, special);
+  const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (!trie) return 1;
+  std::printf("vocab %d tokens (Qwen3 tokenizer from fixtures/qwen3-tiny-q1_0.gguf), trie %zu nodes, "
+              "built in %.1f ms; eos ids:", t.n_vocab(), trie->node_count(), build_ms);
+  for (int32_t e : eos) std::printf(" %d", e);
+  std::printf("\n\n");
+
+  const std::vector<Schema> schemas = {
+      {"person", R"({"type":"object","properties":{
+          "name":{"type":"string","maxLength":40},"age":{"type":"integer","minimum":0,"maximum":150},
+          "email":{"type":"string","format":"email"},
+          "tags":{"type":"array","items":{"type":"string","maxLength":16},"maxItems":5},
+          "address":{"type":"object","properties":{"street":{"type":"string","maxLength":64},
+             "city":{"type":"string","maxLength":32},"zip":{"type":"string","pattern":"^[0-9]{5}$"}},
+             "required":["street","city","zip"]}},
+          "required":["name","age","address"]})",
+       R"({"name": "Ada Lovelace", "age": 36, "email": "ada@example.org", "tags": ["math", "poetry"], "address": {"street": "12 St James's Square", "city": "London", "zip": "10001"}})"},
+      {"order", R"({"type":"object","properties":{
+          "status":{"enum":["pending","shipped","delivered"]},
+          "items":{"type":"array","minItems":1,"maxItems":4,"items":{"type":"object","properties":{
+             "id":{"type":"integer","minimum":1},"price":{"type":"number","minimum":0,"maximum":10000},
+             "gift":{"type":"boolean"},"note":{"anyOf":[{"type":"string","maxLength":30},{"type":"null"}]}},
+             "required":["id","price","gift","note"]}},
+          "created":{"type":"string","format":"date-time"}},"required":["status","items","created"]})",
+       R"({"status": "shipped", "items": [{"id": 17, "price": 19.99, "gift": false, "note": null}, {"id": 4, "price": 250, "gift": true, "note": "wrap it nicely please"}], "created": "2026-12-01T10:30:00Z"})"},
+      {"json_object", "",
+       R"({"query": "weather in Paris", "results": [{"t": 12.5, "desc": "light rain, 80% humidity"}, {"t": 14, "desc": "cloudy"}], "ok": true})"},
+  };
+
+  std::vector<double> all;
+  std::vector<double> all_accept;
+  for (const auto& sc : schemas) {
+    std::string gbnf;
+    if (sc.gbnf_or_schema.empty()) {
+      gbnf = engine::json_object_gbnf();
+    } else {
+      auto g = engine::json_schema_to_gbnf(sc.gbnf_or_schema);
+      if (!g) {
+        std::fprintf(stderr, "%s: %s\n", sc.name, g.error().message.c_str());
+        return 1;
+      }
+      gbnf = *g;
+    }
+    auto grammar = engine::Grammar::parse(gbnf);
+    if (!grammar) {
+      std::fprintf(stderr, "%s: %s\n", sc.name, grammar.error().message.c_str());
+      return 1;
+    }
+    auto ids = t.encode(sc.instance);
+    for (const char* mode : {"forced", "random"}) {
+      std::vector<double> ms, acc_us;
+      size_t tokens = 0, allowed_sum = 0;
+      int finished = 0;
+      for (int r = 0; r < runs; ++r) {
+        auto st = engine::GrammarState::create(*grammar);
+        if (!st) return 1;
+        std::mt19937 rng(static_cast<uint32_t>(r + 1));
+        std::vector<uint32_t> mask;
+        for (size_t step = 0; step < 512; ++step) {
+          auto a = Clock::now();
+          st->allowed(*trie, mask);
+          ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+          int32_t next;
+          if (mode[0] == 'f') {
+            if (step == ids.size()) {
+              next = eos[0];
+            } else {
+              next = ids[step];
+            }
+            if (!((mask[static_cast<uint32_t>(next) >> 5] >> (next & 31)) & 1)) {
+              std::fprintf(stderr, "%s: forced token %d at step %zu not allowed\n", sc.name, next, step);
+              return 1;
+            }
+          } else {
+            std::vector<int32_t> ok;
+            for (int32_t id = 0; id < t.n_vocab(); ++id) {
+              if ((mask[static_cast<uint32_t>(id) >> 5] >> (id & 31)) & 1) ok.push_back(id);
+            }
+            if (ok.empty()) break;
+            allowed_sum += ok.size();
+            // Prefer EOS when allowed so runs terminate like a model would.
+            next = st->can_end() ? eos[0] : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+          }
+          auto b = Clock::now();
+          bool fast = st->accepts_token(*trie, next);
+          acc_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - b).count());
+          if (!fast || !st->accept_token(*trie, next)) {
+            std::fprintf(stderr, "%s: accept failed\n", sc.name);
+            return 1;
+          }
+          ++tokens;
+          if (st->finished()) {
+            ++finished;
+            break;
+          }
+        }
+      }
+      all.insert(all.end(), ms.begin(), ms.end());
+      all_accept.insert(all_accept.end(), acc_us.begin(), acc_us.end());
+      std::printf("%-12s %-6s steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
+                  "accepts_token us p50 %.2f   finished %d/%d%s\n",
+                  sc.name, mode, ms.size(), pct(ms, 0.5), pct(ms, 0.9), pct(ms, 0.99),
+                  pct(ms, 1.0), pct(acc_us, 0.5), finished, runs,
+                  mode[0] == 'r' ? (" (mean allowed " + std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")").c_str() : "");
+    }
+  }
+  std::printf("\nALL          steps %5zu  mask ms: p50 %.3f  p99 %.3f  max %.3f   accepts_token us p50 %.2f p99 %.2f\n",
+              all.size(), pct(all, 0.5), pct(all, 0.99), pct(all, 1.0), pct(all_accept, 0.5), pct(all_accept, 0.99));
+  return 0;
+}
