@@ -76,7 +76,7 @@ struct GrammarLimits {
   uint32_t max_stacks = 2048;   // parse stacks alive at once (ambiguity)
   uint32_t max_depth = 1024;    // frames in one stack (nesting)
   uint32_t max_states = 4096;   // interned states in one MatcherCache before it is reset
-  uint32_t max_masks = 128;     // cached token masks in one MatcherCache
+  uint32_t max_masks = 128;     // cached token masks in one MatcherCache (0: none)
   size_t max_cache_bytes = size_t{24} << 20;  // transition tables of one MatcherCache before reset
 };
 

@@ -427,6 +427,7 @@ void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask
       bitmask[static_cast<uint32_t>(id) >> 5] |= 1u << (static_cast<uint32_t>(id) & 31);
     }
   }
+  if (c.limits_.max_masks == 0) return;
   if (c.masks.size() >= c.limits_.max_masks) c.masks.clear();
   c.masks.emplace(root, bitmask);
 }
