@@ -3,12 +3,15 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "engine/grammar.h"
 #include "engine/json_schema.h"
 #include "engine/token_mask.h"
+#include "gguf/gguf.h"            // fixture loading for the Qwen3 vocabulary test
+#include "tokenizer/tokenizer.h"  // Tokenizer::token_to_bytes
 
 namespace bonsai::engine {
 namespace {
@@ -262,6 +265,119 @@ TEST(TokenMask, TrieBuildValidatesIds) {
   auto t2 = TokenTrie::build(bytes, ok);
   ASSERT_TRUE(t2);
   EXPECT_EQ(t2->node_count(), 1u);  // only "a"; "b" is EOS and never walked
+}
+
+}  // namespace
+}  // namespace bonsai::engine
+
+namespace bonsai::engine {
+namespace {
+
+TEST(GrammarParse, GarbageNeverCrashes) {
+  std::mt19937 rng(123);
+  const std::string alphabet = "root::=|()[]^-*+?{},.\"\\#\n abcxu019\xC3\xA9";
+  int ok = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = i % 2 ? "root ::= " : "";
+    const int n = static_cast<int>(rng() % 40);
+    for (int k = 0; k < n; ++k) s += alphabet[rng() % alphabet.size()];
+    auto g = Grammar::parse(s);
+    if (g) {
+      ++ok;
+      auto st = GrammarState::create(*g);
+      if (st) (void)st->accept_bytes("abc");
+    } else {
+      EXPECT_EQ(g.error().message.rfind("grammar: ", 0), 0u) << g.error().message;
+    }
+  }
+  EXPECT_GT(ok, 10);
+}
+
+// Distinct sequences share the Grammar and the TokenTrie and run on their
+// own threads (TSan covers this in scripts/sanitize.sh).
+TEST(TokenMask, ConcurrentSequencesShareGrammarAndTrie) {
+  SmallVocab v = make_vocab();
+  auto g = compile(json_object_gbnf());
+  std::vector<std::vector<uint32_t>> first(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto st = GrammarState::create(g);
+      std::vector<uint32_t> mask;
+      for (const char* tok : {"{\"", "ab", "\":", " ", "1", "}"}) {
+        st->allowed(v.trie, mask);
+        if (first[static_cast<size_t>(t)].empty()) first[static_cast<size_t>(t)] = mask;
+        (void)st->accept_bytes(tok);
+      }
+      EXPECT_TRUE(st->can_end());
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 1; t < 4; ++t) EXPECT_EQ(first[static_cast<size_t>(t)], first[0]);
+}
+
+}  // namespace
+}  // namespace bonsai::engine
+
+namespace bonsai::engine {
+namespace {
+
+// The trie mask on the real 151,936-token Qwen3 vocabulary equals brute force
+// (every token's bytes fed to a clone) at several states, including one in the
+// middle of a multi-byte character.
+TEST(TokenMask, QwenVocabMaskEqualsBruteForce) {
+  auto file = gguf::File::open(std::string(BONSAI_SHARED_DIR) + "/fixtures/qwen3-tiny-q1_0.gguf");
+  if (!file) GTEST_SKIP() << "fixture missing: " << file.error().message;
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  ASSERT_TRUE(tok);
+  const auto& t = **tok;
+  std::vector<std::string> bytes(static_cast<size_t>(t.n_vocab()));
+  std::vector<int32_t> eos, special;
+  for (int32_t id = 0; id < t.n_vocab(); ++id) {
+    bytes[static_cast<size_t>(id)] = t.token_to_bytes(id);
+    if (t.is_eog(id)) {
+      eos.push_back(id);
+    } else if (t.token_type(id) == tokenizer::TokenType::kUserDefined) {
+      special.push_back(id);
+    }
+  }
+  auto trie = TokenTrie::build(bytes, eos, special);
+  ASSERT_TRUE(trie);
+  ASSERT_EQ(trie->n_vocab(), 151936);
+  auto gbnf = json_schema_to_gbnf(
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"integer","minimum":-5,"maximum":300}},"required":["name","n"]})");
+  ASSERT_TRUE(gbnf);
+  auto g = compile(*gbnf);
+  auto st = GrammarState::create(g);
+  ASSERT_TRUE(st);
+  // Prefixes: start, inside the key, in the string (mid-character after the
+  // first byte of 你), after the string, in the number, complete.
+  const std::vector<std::string> chunks = {"", "{\"na", "me\": \"a", "\xE4", "\xBD\xA0\"", ", \"n\": 2", "9}"};
+  int checked = 0;
+  for (const auto& c : chunks) {
+    ASSERT_TRUE(st->accept_bytes(c)) << c;
+    std::vector<uint32_t> mask;
+    st->allowed(*trie, mask);
+    size_t allowed = 0;
+    for (int32_t id = 0; id < trie->n_vocab(); ++id) {
+      bool expect;
+      if (trie->is_eos(id)) {
+        expect = st->can_end();
+      } else if (trie->is_excluded(id)) {
+        expect = false;
+      } else {
+        GrammarState cl = st->clone();
+        expect = cl.accept_bytes(bytes[static_cast<size_t>(id)]).has_value();
+      }
+      const bool got = (mask[static_cast<uint32_t>(id) >> 5] >> (id & 31)) & 1;
+      ASSERT_EQ(got, expect) << "token " << id << " after chunk '" << c << "'";
+      allowed += got;
+    }
+    EXPECT_GT(allowed, 0u);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 7);
+  EXPECT_TRUE(st->can_end());
 }
 
 }  // namespace
