@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -129,9 +130,13 @@ std::string class_text(const Ranges& r) {
   std::string out = "[";
   for (auto [lo, hi] : r) {
     out += cp_escape(lo);
-    if (hi != lo) out += "-" + cp_escape(hi);
+    if (hi != lo) {
+      out += '-';
+      out += cp_escape(hi);
+    }
   }
-  return out + "]";
+  out += ']';
+  return out;
 }
 
 // ---- integer ranges ----------------------------------------------------------
@@ -722,7 +727,9 @@ class Converter {
       const auto& ap = s["additionalProperties"];
       if (!(ap.is_boolean() && !ap.get<bool>())) {
         std::string val = gen(ap, path + "/additionalProperties");
-        extra = add_rule("extra-kv", use("string") + " ws \":\" ws " + val);
+        std::vector<std::string> names;
+        for (const auto& pr : props) names.push_back(pr.first);
+        extra = add_rule("extra-kv", extra_key(names) + " ws \":\" ws " + val);
       }
     }
     use("ws");
@@ -742,6 +749,69 @@ class Converter {
       first[k] = add_rule("first", f);
     }
     return add_rule("obj" + path, "\"{\" ws " + (first[0].empty() ? std::string() : first[0] + " ") + "\"}\"");
+  }
+
+  // An additional property name: a JSON string of unescaped characters that
+  // differs from every declared name (a trie over the names' code points:
+  // leave it at any node by a character no name continues with, or end at a
+  // node that is not a whole name). Names needing escapes can never be
+  // produced unescaped, so they need no exclusion.
+  std::string extra_key(const std::vector<std::string>& names) {
+    use("strchar");
+    struct Node {
+      std::map<uint32_t, size_t> kids;
+      bool terminal = false;
+    };
+    std::vector<Node> trie(1);
+    const Ranges plain = intersect_strchar({{0, 0x10FFFF}});
+    auto in_plain = [&](uint32_t c) {
+      for (auto [lo, hi] : plain) if (c >= lo && c <= hi) return true;
+      return false;
+    };
+    for (const auto& name : names) {
+      std::vector<uint32_t> cps;
+      bool ok = true;
+      for (size_t i = 0; i < name.size() && ok;) {
+        auto b = static_cast<unsigned char>(name[i]);
+        int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        if (len == 0 || i + static_cast<size_t>(len) > name.size()) {
+          ok = false;
+          break;
+        }
+        uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
+        for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(name[i + static_cast<size_t>(k)]) & 0x3F);
+        i += static_cast<size_t>(len);
+        ok = in_plain(cp);
+        cps.push_back(cp);
+      }
+      if (!ok) continue;
+      size_t at = 0;
+      for (uint32_t cp : cps) {
+        auto it = trie[at].kids.find(cp);
+        if (it == trie[at].kids.end()) {
+          trie.push_back({});
+          it = trie[at].kids.emplace(cp, trie.size() - 1).first;
+        }
+        at = it->second;
+      }
+      trie[at].terminal = true;
+    }
+    if (trie.size() == 1 && !trie[0].terminal) return "\"\\\"\" strchar* \"\\\"\"";
+    std::function<std::string(size_t)> rule = [&](size_t n) -> std::string {
+      std::vector<std::string> alts;
+      if (!trie[n].terminal) alts.push_back("\"\\\"\"");
+      Ranges taken;
+      for (const auto& [cp, child] : trie[n].kids) {
+        taken.emplace_back(cp, cp);
+        alts.push_back(class_text({{cp, cp}}) + " " + rule(child));
+      }
+      Ranges other = intersect_strchar(complement(taken));
+      if (!other.empty()) alts.push_back(class_text(other) + " strchar* \"\\\"\"");
+      std::string body;
+      for (size_t i = 0; i < alts.size(); ++i) body += (i ? " | " : "") + alts[i];
+      return add_rule("key", body);
+    };
+    return "\"\\\"\" " + rule(0);
   }
 
   std::string gen_array(const Json& s, const std::string& path) {

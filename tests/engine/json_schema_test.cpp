@@ -73,7 +73,10 @@ TEST(JsonSchema, Objects) {
       {R"({"type":"object","properties":{"a":{"type":"integer"}}})", {"{}", R"({"a":1})"}, {R"({"b":1})"}},
       {R"({"type":"object","additionalProperties":{"type":"integer"}})", {"{}", R"({"x":1,"y":2})"}, {R"({"x":"1"})"}},
       {R"({"type":"object","properties":{"a":{"type":"boolean"}},"additionalProperties":true})",
-       {R"({"a":true,"zz":[1]})", R"({"q":null})", "{}"}, {R"({"a":true,})", R"({"a":true "b":1})"}},
+       {R"({"a":true,"zz":[1]})", R"({"q":null})", "{}", R"({"aa":1})", R"({"":1})", R"({"b":1})"},
+       {R"({"a":true,})", R"({"a":true "b":1})", R"({"a":1})", R"({"a":true,"a":false})", R"({"\u0061":1})"}},
+      {R"({"type":"object","properties":{"ab":{"type":"null"},"ac":{"type":"null"}},"additionalProperties":{"type":"integer"}})",
+       {R"({"a":1})", R"({"abc":2})", R"({"ab":null,"ad":3})", R"({"b":4})"}, {R"({"ab":1})", R"({"ac":5})", R"({"x":null})"}},
       {R"({"type":"object","properties":{"a":{"type":"boolean"}},"additionalProperties":false})", {R"({"a":true})"}, {R"({"a":true,"b":1})"}},
       {R"({"type":"object","properties":{"k\"ey":{"type":"null"}},"required":["k\"ey"]})", {R"({"k\"ey":null})"}, {R"({"key":null})"}},
   });
