@@ -21,7 +21,8 @@
 //
 // Output shape: properties appear in the order listed in `properties`, each
 // optional one may be left out; extra properties (when allowed) come after
-// them and may repeat a declared name. Whitespace between tokens: nothing, one
+// them, with names of unescaped characters that differ from every declared
+// name. Whitespace between tokens: nothing, one
 // space, or a newline followed by up to 20 spaces/tabs (llama.cpp's bound).
 // Numbers: at most 16 integral digits and 16 fraction digits; free strings
 // use any JSON string character including escapes; pattern/format strings
