@@ -6,7 +6,8 @@
 //   text:   one line per position: "<pos> <token>: [id, logit] [id, logit] ..."
 //   --json: {"tokens":[...],"top":[[[id,logit],...], ...]}  (one list per position)
 // -p tokenizes like llama.cpp (BOS when the GGUF says add_bos_token;
-// --special: special-token text is recognised). Exit 1 on any error.
+// --special: special-token text is recognised). Usage errors (BONSAI_KERNEL,
+// --q2-layout, -p/--ids) exit 2, other errors 1.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -83,16 +84,11 @@ int run_logits(const LogitsOptions& o) {
     std::cerr << "bonsai logits: --top-k must be >= 1\n";
     return 2;
   }
-  if (auto t = kernels::init_tier_from_env(); !t) {
-    std::cerr << "bonsai logits: " << t.error().message << "\n";
-    return 1;
-  }
-  const auto open_options = open_options_from_cli(o.q2_layout);
-  if (!open_options) {
-    std::cerr << "bonsai logits: " << open_options.error().message << "\n";
-    return 2;
-  }
-  auto model = model::Model::load(o.model_path, *open_options);
+  // BONSAI_KERNEL, --q2-layout, -t (this command's own pool): usage errors.
+  const auto rt = init_runtime_or_report("logits", RuntimeFlags{.threads = o.threads, .size_global_pool = false,
+                                                                .q2_layout = o.q2_layout});
+  if (!rt) return kExitUsage;
+  auto model = load_model(o.model_path, *rt);
   if (!model) {
     std::cerr << "bonsai logits: " << model.error().message << "\n";
     return 1;
@@ -141,8 +137,7 @@ int run_logits(const LogitsOptions& o) {
     std::cerr << "bonsai logits: " << cache.error().message << "\n";
     return 1;
   }
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  core::ThreadPool pool(threads);
+  core::ThreadPool pool(rt->threads);
   model::Workspace ws;
   const size_t slice_max = static_cast<size_t>(kSliceTokens);
   std::vector<float> logits(std::min(tokens.size(), slice_max) * static_cast<size_t>(n_vocab));
@@ -206,7 +201,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("--ids", o->ids, "Comma-separated token ids instead of -p");
   cmd->add_option("--top-k", o->top_k, "Pairs per position")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print {\"tokens\":[...],\"top\":[[[id,logit],...],...]}");
-  cmd->add_option("-t,--threads", o->threads, "Compute threads (default, 0 or -1: all cores)")
+  cmd->add_option("-t,--threads", o->threads, "Compute threads (default, 0 or -1: physical cores)")
       ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
   cmd->add_option("--q2-layout", o->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");

@@ -300,19 +300,16 @@ core::Expected<std::string> read_prompt_file(const std::string& path) {
   return text;
 }
 
-// An unknown --q2-layout / BONSAI_Q2_LAYOUT name is a usage error (exit 2,
-// as in validate, logits and serve), reported before anything is loaded.
-bool q2_layout_usage_ok(const char* cmd, const GenOptions& g) {
-  if (auto oo = open_options_from_cli(g.q2_layout); !oo) {
-    std::cerr << "bonsai " << cmd << ": " << oo.error().message << "\n";
-    return false;
-  }
-  return true;
+// The CLI's runtime initialisation (cli_common.h: BONSAI_KERNEL, -t,
+// --q2-layout / BONSAI_Q2_LAYOUT): a bad value is a usage error (exit 2, as
+// in every command), reported before anything is loaded.
+bool runtime_usage_ok(const char* cmd, const GenOptions& g) {
+  return init_runtime_or_report(cmd, RuntimeFlags{.threads = g.threads, .q2_layout = g.q2_layout}).has_value();
 }
 
 int run_main(RunOptions o) {
   // Usage errors (exit 2) before the model is loaded.
-  if (!q2_layout_usage_ok("run", o.gen)) return 2;
+  if (!runtime_usage_ok("run", o.gen)) return 2;
   if (o.file_given) {
     if (o.prompt_given) {
       std::cerr << "bonsai run: -p/--prompt and -f/--file cannot be used together\n";
@@ -385,7 +382,7 @@ struct ChatCliOptions {
 };
 
 int chat_main(const ChatCliOptions& o) {
-  if (!q2_layout_usage_ok("chat", o.gen)) return 2;
+  if (!runtime_usage_ok("chat", o.gen)) return 2;
   auto s = open_session("chat", o.gen);
   if (!s) return 1;
   const tokenizer::Tokenizer& tok = *s->tok;

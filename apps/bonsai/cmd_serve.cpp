@@ -92,12 +92,10 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--timeout")) cfg.timeout_s = f.timeout;
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
-  const auto open_options = open_options_from_cli(f.q2_layout);
-  if (!open_options) {
-    std::cerr << "bonsai serve: " << open_options.error().message << "\n";
-    return 2;
-  }
-  std::optional<core::Q2Layout> q2_layout = open_options->q2_layout;
+  // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
+  const auto rt = init_runtime_or_report("serve", RuntimeFlags{.size_global_pool = false, .q2_layout = f.q2_layout});
+  if (!rt) return kExitUsage;
+  std::optional<core::Q2Layout> q2_layout = rt->open_options.q2_layout;
   if (!cfg.q2_layout.empty()) {
     const auto from_config = core::parse_q2_layout(cfg.q2_layout);
     if (!from_config) {
@@ -162,19 +160,40 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   std::vector<std::string> preload = cfg.preload;
   if (!cfg.preload_set)
     for (size_t i = 0; i < cfg.models.size() && i < capacity; ++i) preload.push_back(cfg.models[i].id);
+  // Preloads; "loaded" is reported only once all are done, and only for the
+  // models still resident then: with a memory budget (or --models-max) a
+  // later preload can evict an earlier one, which then loads on first use.
+  // (Only weak references are kept, so an evicted model's memory is freed
+  // before the next one loads.)
+  struct Preloaded {
+    std::string id;
+    std::weak_ptr<engine::LoadedModel> model;
+    std::string line;  // the "loaded" line to print if it is still resident
+  };
+  std::vector<Preloaded> preloaded;
   for (const auto& id : preload) {
     auto m = pool->acquire(id);
     if (!m) {
       std::cerr << "bonsai serve: cannot load model '" << id << "': " << m.error().message << "\n";
       return 1;
     }
-    std::cerr << "bonsai serve: loaded '" << id << "' from " << (*m)->spec.path << ": "
-              << ((*m)->pool ? (*m)->pool->size() : 0) << " replicas, context " << (*m)->n_ctx << ", ~"
-              << ((*m)->mem_bytes >> 20) << " MiB";
+    std::string line = "bonsai serve: loaded '" + id + "' from " + (*m)->spec.path + ": " +
+                       std::to_string((*m)->pool ? (*m)->pool->size() : 0) + " replicas, context " +
+                       std::to_string((*m)->n_ctx) + ", ~" + std::to_string((*m)->mem_bytes >> 20) + " MiB";
     if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
-      std::cerr << ", Q2_0 layout " << core::q2_layout_name(*layout) << ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
-    std::cerr << "\n";
+      line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
+              ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
+    preloaded.push_back({id, *m, std::move(line)});
     pool->release(*m);
+  }
+  for (const auto& p : preloaded) {
+    const auto resident = pool->peek(p.id);
+    if (resident != nullptr && resident == p.model.lock()) {
+      std::cerr << p.line << "\n";
+    } else {
+      std::cerr << "bonsai serve: '" << p.id << "' was evicted at start-up to make room for a later model (--mem-budget "
+                << cfg.mem_budget_mb << " MiB, --models-max " << capacity << "); it loads on first use\n";
+    }
   }
 
   server::ServerOptions so;

@@ -16,6 +16,7 @@ void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp  bonsai tokenize -m 
 void register_logits(CLI::App& app);    // cmd_logits.cpp    bonsai logits -m FILE ...
 void register_run(CLI::App& app);       // cmd_run.cpp       bonsai run / bonsai chat
 void register_serve(CLI::App& app);     // cmd_serve.cpp     bonsai serve
+void register_bench(CLI::App& app);     // cmd_bench.cpp     bonsai bench -m FILE -p 512 -n 128 ...
 
 // Exit code of the command that ran (0 by default).
 void set_exit_code(int code);

@@ -2,8 +2,11 @@
 // 1-bit / ternary GGUF) models. Subcommands live in cmd_*.cpp.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "apps/bonsai/commands.h"
 
@@ -26,13 +29,23 @@ int main(int argc, char** argv) {
   bonsai::app::register_synth(app);
   bonsai::app::register_tokenize(app);
   bonsai::app::register_logits(app);
+  bonsai::app::register_bench(app);
+  // llama-bench spells its prompt+generation test `-pg PP,TG`; CLI11 takes
+  // only one letter after a single dash, so after `bench` that word is
+  // passed on as bench's `--pg`.
+  std::vector<char*> args(argv, argv + argc);
+  char pg_long[] = "--pg";
+  for (int i = 1, in_bench = 0; i < argc; ++i) {
+    if (!in_bench && std::strcmp(argv[i], "bench") == 0) in_bench = 1;
+    else if (in_bench && std::strcmp(argv[i], "-pg") == 0) args[static_cast<size_t>(i)] = pg_long;
+  }
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge
   // request, std::system_error from the OS) still ends with a message and
   // exit 1 instead of std::terminate's abort.
   try {
     try {
-      app.parse(argc, argv);
+      app.parse(argc, args.data());
     } catch (const CLI::ParseError& e) {
       // --help / --version print and exit 0. A usage error CLI11 finds (an
       // unknown option, a value that does not convert, an option given

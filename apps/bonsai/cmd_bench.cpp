@@ -1,0 +1,646 @@
+// `bonsai bench`: prompt-processing and generation speed, with llama-bench's
+// flags and table (llama.cpp tools/llama-bench), plus two columns it lacks:
+//
+//   bonsai bench [-m FILE[,FILE...]] [-p 512[,N...]] [-n 128[,N...]]
+//                [-pg PP,TG ...] [-d 0[,N...]] [-t T[,T...]] [-r 5]
+//                [-o md|csv|json|jsonl] [--no-warmup] [--q2-layout L]
+//
+// Tests (each repeated -r times after one untimed warm-up, for every model,
+// depth and thread count):
+//   ppN         N random tokens as one prompt (logits of the last only)
+//   tgN         N tokens decoded one at a time (logits every step)
+//   ppN+tgM     (-pg N,M) both, timed together
+//   ... @ dD    (-d D) the KV cache first holds D tokens (filled once per
+//               model and depth, untimed), as llama-bench's -d
+// t/s = tokens / seconds per repetition; the table gives mean ± sample sd.
+//
+// The extra columns (ratios measured in the same run, same thread count):
+//   bw roofline  tg only: t/s / (read bandwidth / bytes read per token). The
+//                bytes are every matrix a token streams (the layers and the
+//                output head) plus the KV cache read at the test's mean
+//                position (depth + (N+1)/2 positions, K and V, every layer).
+//   int8 peak    pp only: (2 x matrix weights each token passes through x
+//                t/s) / the int8 dot peak. The output head counts once per
+//                prompt (only the last token's logits are computed).
+// See roofline.h for how bandwidth and peak are measured.
+//
+// Progress goes to stderr when it is a terminal. Usage errors (bad flag
+// value, BONSAI_KERNEL, --q2-layout) exit 2; a model that fails to load or
+// run exits 1.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
+#include "apps/bonsai/commands.h"
+#include "apps/bonsai/roofline.h"    // measure_read_bandwidth, measure_int8_peak
+#include "apps/bonsai/synth.h"       // synth::ensure_default_model
+#include "core/ggml_types.h"         // ggml_type_name
+#include "core/thread_pool.h"        // ThreadPool
+#include "model/model.h"             // Model, KvCache, Workspace, Batch
+
+namespace bonsai::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchFlags {
+  std::vector<std::string> models;
+  std::vector<std::string> n_prompt{"512"};
+  std::vector<std::string> n_gen{"128"};
+  std::vector<std::string> pg;  // "PP,TG" each
+  std::vector<std::string> depth{"0"};
+  std::vector<std::string> threads;
+  int reps = 5;
+  std::string output = "md";
+  bool no_warmup = false;
+  std::string q2_layout;
+  int bw_mib = 1024;
+};
+
+// One test of the plan: tokens of prompt, of generation, KV depth before it.
+struct TestSpec {
+  int n_prompt = 0;
+  int n_gen = 0;
+  int n_depth = 0;
+  std::string name() const {
+    std::string s;
+    if (n_prompt > 0) s += "pp" + std::to_string(n_prompt);
+    if (n_prompt > 0 && n_gen > 0) s += "+";
+    if (n_gen > 0) s += "tg" + std::to_string(n_gen);
+    if (n_depth > 0) s += " @ d" + std::to_string(n_depth);
+    return s;
+  }
+};
+
+// What a model streams and computes per token, from its weight views.
+struct ModelStats {
+  std::string filename;
+  std::string type;           // "qwen3 1.7B Q1_0" (llama-bench's model_type)
+  uint64_t size_bytes = 0;    // every tensor's bytes (llama-bench's model_size)
+  uint64_t n_params = 0;      // every tensor's elements (model_n_params)
+  uint64_t matrix_bytes = 0;  // layer matrices + output head: bytes a decode step streams
+  uint64_t layer_weights = 0; // weights of the layer matrices (multiply-adds per token)
+  uint64_t head_weights = 0;  // weights of the output head
+  uint64_t kv_bytes_per_pos = 0;  // K + V bytes per cached position, all layers (F16)
+};
+
+uint64_t view_bytes(const kernels::MatrixView& v) { return static_cast<uint64_t>(v.rows) * v.row_stride; }
+uint64_t view_weights(const kernels::MatrixView& v) { return static_cast<uint64_t>(v.rows * v.cols); }
+
+ModelStats model_stats(const model::Model& m, const std::string& path) {
+  ModelStats s;
+  s.filename = path;
+  for (const auto& t : m.file().tensors()) {
+    s.size_bytes += t.n_bytes;
+    s.n_params += static_cast<uint64_t>(t.n_elements());
+  }
+  for (const auto& l : m.weights().layers) {
+    for (const auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      s.matrix_bytes += view_bytes(*v);
+      s.layer_weights += view_weights(*v);
+    }
+  }
+  s.matrix_bytes += view_bytes(m.weights().output);
+  s.head_weights = view_weights(m.weights().output);
+  const auto& c = m.config();
+  s.kv_bytes_per_pos = static_cast<uint64_t>(c.n_layer * c.n_head_kv * (c.head_dim_k + c.head_dim_v)) * 2;
+  // model_type as llama.cpp prints it: architecture, size label, weight type.
+  std::string label;
+  if (auto l = m.file().get<std::string>("general.size_label"); l && !l->empty()) {
+    label = *l;
+  } else {
+    char buf[32];
+    const double p = static_cast<double>(s.n_params);
+    if (p >= 1e9) {
+      std::snprintf(buf, sizeof buf, "%.1fB", p / 1e9);
+    } else {
+      std::snprintf(buf, sizeof buf, p >= 1e6 ? "%.0fM" : "%.0fK", p >= 1e6 ? p / 1e6 : p / 1e3);
+    }
+    label = buf;
+  }
+  std::string type = "?";
+  if (const auto* t = m.file().find_tensor("blk.0.attn_q.weight")) type = core::ggml_type_name(t->type_id);
+  s.type = c.arch_name + " " + label + " " + type;
+  return s;
+}
+
+// Hardware ceilings per thread count.
+struct Ceilings {
+  double read_gbs = 0;
+  Int8Peak peak;
+};
+
+// One finished test row.
+struct Row {
+  const ModelStats* model = nullptr;
+  std::string backend;
+  int threads = 0;
+  TestSpec test;
+  std::vector<double> samples_ns;
+  std::string test_time;
+  Ceilings ceil;
+
+  std::vector<double> samples_ts() const {
+    std::vector<double> ts;
+    const double n = test.n_prompt + test.n_gen;
+    for (double ns : samples_ns) ts.push_back(n * 1e9 / ns);
+    return ts;
+  }
+  static double mean(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0 : s / static_cast<double>(v.size());
+  }
+  static double stdev(const std::vector<double>& v) {
+    if (v.size() < 2) return 0;
+    const double m = mean(v);
+    double s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return std::sqrt(s / static_cast<double>(v.size() - 1));
+  }
+  double avg_ts() const { return mean(samples_ts()); }
+  double stddev_ts() const { return stdev(samples_ts()); }
+  // Bytes read per generated token at the test's mean position.
+  double bytes_per_token() const {
+    const double mean_ctx = test.n_depth + (test.n_gen + 1) / 2.0;
+    return static_cast<double>(model->matrix_bytes) + mean_ctx * static_cast<double>(model->kv_bytes_per_pos);
+  }
+  // tg only: t/s over the read-bandwidth roofline; nullopt otherwise.
+  std::optional<double> bw_ratio() const {
+    if (test.n_prompt != 0 || test.n_gen == 0 || ceil.read_gbs <= 0) return std::nullopt;
+    return avg_ts() / (ceil.read_gbs * 1e9 / bytes_per_token());
+  }
+  // Integer ops per prompt token (2 per multiply-add; the head once per prompt).
+  double ops_per_token() const {
+    if (test.n_prompt == 0) return 0;
+    return 2.0 * (static_cast<double>(model->layer_weights) +
+                  static_cast<double>(model->head_weights) / test.n_prompt);
+  }
+  // pp only: op rate over the int8 dot peak; nullopt otherwise.
+  std::optional<double> peak_ratio() const {
+    if (test.n_prompt == 0 || test.n_gen != 0 || ceil.peak.gops <= 0) return std::nullopt;
+    return avg_ts() * ops_per_token() / (ceil.peak.gops * 1e9);
+  }
+};
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        auto v = line.substr(colon + 1);
+        v.erase(0, v.find_first_not_of(" \t"));
+        return v;
+      }
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string iso_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string format_size(uint64_t b) {
+  char buf[32];
+  if (b >= (uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1u << 30));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1u << 20));
+  }
+  return buf;
+}
+
+std::string format_params(uint64_t n) {
+  char buf[32];
+  const double p = static_cast<double>(n);
+  if (p >= 1e9) {
+    std::snprintf(buf, sizeof buf, "%.2f B", p / 1e9);
+  } else if (p >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2f M", p / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f K", p / 1e3);
+  }
+  return buf;
+}
+
+std::string format_ratio(std::optional<double> r) {
+  if (!r) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", *r * 100.0);
+  return buf;
+}
+
+// ---- Output -----------------------------------------------------------------------
+
+nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
+  auto opt = [](std::optional<double> v) -> nlohmann::ordered_json {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  const auto ts = r.samples_ts();
+  std::vector<int64_t> ns;
+  for (double x : r.samples_ns) ns.push_back(static_cast<int64_t>(x));
+  nlohmann::ordered_json j;
+  // llama-bench's field names for what is the same.
+  j["cpu_info"] = cpu;
+  j["backends"] = r.backend;
+  j["model_filename"] = r.model->filename;
+  j["model_type"] = r.model->type;
+  j["model_size"] = r.model->size_bytes;
+  j["model_n_params"] = r.model->n_params;
+  j["n_ubatch"] = model::Model::kMaxUbatch;
+  j["n_threads"] = r.threads;
+  j["type_k"] = "f16";
+  j["type_v"] = "f16";
+  j["n_prompt"] = r.test.n_prompt;
+  j["n_gen"] = r.test.n_gen;
+  j["n_depth"] = r.test.n_depth;
+  j["test"] = r.test.name();
+  j["test_time"] = r.test_time;
+  j["avg_ns"] = static_cast<int64_t>(Row::mean(r.samples_ns));
+  j["stddev_ns"] = static_cast<int64_t>(Row::stdev(r.samples_ns));
+  j["avg_ts"] = r.avg_ts();
+  j["stddev_ts"] = r.stddev_ts();
+  j["samples_ns"] = ns;
+  j["samples_ts"] = ts;
+  // Ours: the ceilings and the ratios to them.
+  j["read_bw_gbs"] = r.ceil.read_gbs;
+  j["bytes_per_token"] = r.test.n_gen > 0 ? nlohmann::ordered_json(r.bytes_per_token()) : nullptr;
+  j["bw_ratio"] = opt(r.bw_ratio());
+  j["int8_peak_gops"] = r.ceil.peak.gops;
+  j["int8_peak_isa"] = r.ceil.peak.isa;
+  j["ops_per_token"] = r.test.n_prompt > 0 ? nlohmann::ordered_json(r.ops_per_token()) : nullptr;
+  j["int8_peak_ratio"] = opt(r.peak_ratio());
+  return j;
+}
+
+// Streams rows in one format as they finish (as llama-bench does).
+class Printer {
+ public:
+  Printer(std::string format, std::string cpu) : format_(std::move(format)), cpu_(std::move(cpu)) {}
+
+  void row(const Row& r) {
+    if (format_ == "md") {
+      if (n_ == 0) {
+        std::printf("| %-30s | %10s | %10s | %-12s | %7s | %15s | %20s | %11s | %9s |\n", "model", "size", "params",
+                    "backend", "threads", "test", "t/s", "bw roofline", "int8 peak");
+        std::printf("| %s | %s: | %s: | %s | %s: | %s: | %s: | %s: | %s: |\n", std::string(30, '-').c_str(),
+                    std::string(9, '-').c_str(), std::string(9, '-').c_str(), std::string(12, '-').c_str(),
+                    std::string(6, '-').c_str(), std::string(14, '-').c_str(), std::string(19, '-').c_str(),
+                    std::string(10, '-').c_str(), std::string(8, '-').c_str());
+      }
+      char ts[64];
+      std::snprintf(ts, sizeof ts, "%.2f ± %.2f", r.avg_ts(), r.stddev_ts());
+      std::printf("| %-30s | %10s | %10s | %-12s | %7d | %15s | %20s | %11s | %9s |\n", r.model->type.c_str(),
+                  format_size(r.model->size_bytes).c_str(), format_params(r.model->n_params).c_str(),
+                  r.backend.c_str(), r.threads, r.test.name().c_str(), ts, format_ratio(r.bw_ratio()).c_str(),
+                  format_ratio(r.peak_ratio()).c_str());
+    } else if (format_ == "csv") {
+      const auto j = row_json(r, cpu_);
+      if (n_ == 0) {
+        std::string header;
+        for (auto it = j.begin(); it != j.end(); ++it) header += (header.empty() ? "" : ",") + it.key();
+        std::printf("%s\n", header.c_str());
+      }
+      std::string line;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        std::string v = it->is_string() ? it->get<std::string>() : it->is_null() ? "" : it->dump();
+        std::string q = "\"";
+        for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+        line += (line.empty() ? "" : ",") + q + "\"";
+      }
+      std::printf("%s\n", line.c_str());
+    } else if (format_ == "json") {
+      std::printf("%s%s", n_ == 0 ? "[\n  " : ",\n  ", row_json(r, cpu_).dump().c_str());
+    } else {  // jsonl
+      std::printf("%s\n", row_json(r, cpu_).dump().c_str());
+    }
+    std::fflush(stdout);
+    ++n_;
+  }
+
+  // Closes the output; for md, a footer with the ceilings the ratios used.
+  void end(const std::map<int, Ceilings>& ceilings, const std::vector<std::unique_ptr<ModelStats>>& models) {
+    if (format_ == "json") std::printf(n_ == 0 ? "[]\n" : "\n]\n");
+    if (format_ == "md" && n_ > 0) {
+      std::printf("\n");
+      for (const auto& [t, c] : ceilings) {
+        std::printf("%d thread%s: read bandwidth %.2f GB/s, int8 dot peak %.1f GOPS (%s)\n", t, t == 1 ? "" : "s",
+                    c.read_gbs, c.peak.gops, c.peak.isa.c_str());
+      }
+      for (const auto& m : models) {
+        std::printf("%s: %.1f MB of matrices streamed per token, KV %llu B per position (f16)\n", m->type.c_str(),
+                    static_cast<double>(m->matrix_bytes) / 1e6,
+                    static_cast<unsigned long long>(m->kv_bytes_per_pos));
+      }
+      std::printf("cpu: %s\n", cpu_.c_str());
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  std::string format_;
+  std::string cpu_;
+  int n_ = 0;
+};
+
+// ---- Flag parsing -------------------------------------------------------------------
+
+// "512,1024" items (already split on ','): non-negative ints (>= `min`).
+core::Expected<std::vector<int>> parse_int_list(const char* flag, const std::vector<std::string>& items, int min) {
+  std::vector<int> out;
+  for (const auto& s : items) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || end == s.c_str() || *end != '\0' || errno == ERANGE || v < min || v > (1 << 24)) {
+      return core::fail(core::Errc::kInvalidArgument, std::string(flag) + ": '" + s + "' is not an integer >= " +
+                                                          std::to_string(min));
+    }
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+// Deterministic token ids in [0, n_vocab) (llama-bench feeds random tokens).
+class TokenSource {
+ public:
+  explicit TokenSource(int64_t n_vocab) : n_vocab_(n_vocab) {}
+  int32_t next() {
+    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((state_ >> 33) % static_cast<uint64_t>(n_vocab_));
+  }
+  std::vector<int32_t> take(int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& t : v) t = next();
+    return v;
+  }
+
+ private:
+  int64_t n_vocab_;
+  uint64_t state_ = 0x853c49e6748fea9bull;
+};
+
+// Runs tests on one model with one KV cache (filled to the depth once).
+class Runner {
+ public:
+  Runner(const model::Model& m, model::KvCache& cache) : m_(m), cache_(cache), tokens_(m.config().n_vocab) {
+    logits_.resize(static_cast<size_t>(m.config().n_vocab));
+  }
+
+  // Prompt of n tokens at the cache's current end.
+  core::Expected<void> prompt(int n, core::ThreadPool& pool) {
+    if (n <= 0) return {};
+    const auto ids = tokens_.take(n);
+    const auto b = model::Batch::for_sequence(ids, static_cast<int32_t>(cache_.size()));
+    model::KvCache* caches[] = {&cache_};
+    return m_.forward(b, caches, ws_, logits_, pool);
+  }
+  // n decode steps, one token each.
+  core::Expected<void> generate(int n, core::ThreadPool& pool) {
+    model::KvCache* caches[] = {&cache_};
+    for (int i = 0; i < n; ++i) {
+      const int32_t id = tokens_.next();
+      const auto b = model::Batch::for_sequence(std::span<const int32_t>(&id, 1), static_cast<int32_t>(cache_.size()));
+      if (auto r = m_.forward(b, caches, ws_, logits_, pool); !r) return r;
+    }
+    return {};
+  }
+  // Fills the cache to `depth` positions (in ubatch slices, reporting each).
+  core::Expected<void> fill(int depth, core::ThreadPool& pool, Progress& progress) {
+    cache_.clear();
+    while (cache_.size() < depth) {
+      const int n = static_cast<int>(std::min<int64_t>(model::Model::kMaxUbatch, depth - cache_.size()));
+      if (auto r = prompt(n, pool); !r) return r;
+      progress.update(static_cast<uint64_t>(cache_.size()));
+    }
+    return {};
+  }
+
+ private:
+  const model::Model& m_;
+  model::KvCache& cache_;
+  model::Workspace ws_;
+  std::vector<float> logits_;  // [n_vocab]: one wanted row per forward
+  TokenSource tokens_;
+};
+
+int bench_main(const BenchFlags& f) {
+  // ---- Usage checks (exit 2) before anything runs.
+  auto usage = [](const std::string& msg) {
+    std::cerr << "bonsai bench: " << msg << "\n";
+    return kExitUsage;
+  };
+  if (f.output != "md" && f.output != "csv" && f.output != "json" && f.output != "jsonl") {
+    return usage("-o: unknown output format '" + f.output + "' (expected md, csv, json or jsonl)");
+  }
+  if (f.reps < 1) return usage("-r: repetitions must be >= 1");
+  if (f.bw_mib < 1) return usage("--bw-mib must be >= 1");
+  auto n_prompt = parse_int_list("-p", f.n_prompt, 0);
+  if (!n_prompt) return usage(n_prompt.error().message);
+  auto n_gen = parse_int_list("-n", f.n_gen, 0);
+  if (!n_gen) return usage(n_gen.error().message);
+  auto depths = parse_int_list("-d", f.depth, 0);
+  if (!depths) return usage(depths.error().message);
+  auto thread_list = parse_int_list("-t", f.threads, 1);
+  if (!thread_list) return usage(thread_list.error().message);
+  std::vector<std::pair<int, int>> pgs;
+  for (const auto& s : f.pg) {
+    const auto comma = s.find(',');
+    auto parts = comma == std::string::npos
+                     ? core::Expected<std::vector<int>>(core::fail(core::Errc::kInvalidArgument, ""))
+                     : parse_int_list("-pg", {s.substr(0, comma), s.substr(comma + 1)}, 1);
+    if (!parts) return usage("-pg: '" + s + "' is not PP,TG (two integers >= 1)");
+    pgs.emplace_back((*parts)[0], (*parts)[1]);
+  }
+  for (int v : *thread_list) {
+    if (v > core::ThreadPool::kMaxThreads) {
+      return usage("-t: " + std::to_string(v) + " is more than " + std::to_string(core::ThreadPool::kMaxThreads));
+    }
+  }
+  // Runtime: BONSAI_KERNEL, --q2-layout (usage errors). The bench sizes its
+  // own pools per -t value, not the global one.
+  RuntimeFlags rf;
+  rf.size_global_pool = false;
+  rf.q2_layout = f.q2_layout;
+  auto rt = init_runtime_or_report("bench", rf);
+  if (!rt) return kExitUsage;
+  if (thread_list->empty()) thread_list->push_back(rt->threads);
+
+  std::vector<TestSpec> plan;  // per depth, in llama-bench's order: pp, tg, pg
+  for (int d : *depths) {
+    for (int p : *n_prompt)
+      if (p > 0) plan.push_back({p, 0, d});
+    for (int n : *n_gen)
+      if (n > 0) plan.push_back({0, n, d});
+    for (auto [p, n] : pgs) plan.push_back({p, n, d});
+  }
+  if (plan.empty()) return usage("nothing to run: every -p and -n is 0 and no -pg was given");
+
+  std::vector<std::string> paths;
+  for (const auto& m : f.models) {
+    if (!m.empty()) paths.push_back(m);
+  }
+  if (paths.empty()) {
+    auto p = synth::ensure_default_model();
+    if (!p) {
+      std::cerr << "bonsai bench: cannot prepare the built-in default model: " << p.error().message << "\n";
+      return 1;
+    }
+    paths.push_back(*p);
+  }
+
+  // ---- Pools and the hardware ceilings for each thread count.
+  std::map<int, std::unique_ptr<core::ThreadPool>> pools;
+  std::map<int, Ceilings> ceilings;
+  for (int t : *thread_list) {
+    if (pools.count(t)) continue;
+    pools[t] = std::make_unique<core::ThreadPool>(t);
+    Progress p("bench: measuring read bandwidth and int8 peak, " + std::to_string(t) + " thread(s)", 0,
+               Progress::Unit::kItems, rt->progress);
+    p.tick_in_background();
+    Ceilings c;
+    c.read_gbs = measure_read_bandwidth(*pools[t], static_cast<size_t>(f.bw_mib) << 20);
+    c.peak = measure_int8_peak(*pools[t], rt->tier);
+    ceilings[t] = c;
+  }
+  const int fill_threads = std::max_element(pools.begin(), pools.end(), [](const auto& a, const auto& b) {
+                             return a.first < b.first;
+                           })->first;
+
+  const std::string cpu = cpu_model_name();
+  const std::string backend = "CPU/" + std::string(kernels::tier_name(rt->tier));
+  Printer printer(f.output, cpu);
+  std::vector<std::unique_ptr<ModelStats>> stats;
+  const uint64_t runs_per_test = static_cast<uint64_t>(f.reps) + (f.no_warmup ? 0 : 1);
+  const uint64_t total_runs = paths.size() * thread_list->size() * plan.size() * runs_per_test;
+  uint64_t runs_done = 0;
+
+  for (const auto& path : paths) {
+    auto loaded = load_model(path, *rt);
+    if (!loaded) {
+      std::cerr << "bonsai bench: cannot load model: " << loaded.error().message << "\n";
+      return 1;
+    }
+    const model::Model& m = **loaded;
+    stats.push_back(std::make_unique<ModelStats>(model_stats(m, path)));
+    const ModelStats& ms = *stats.back();
+    int max_ctx = 0;
+    for (const auto& t : plan) max_ctx = std::max(max_ctx, t.n_depth + t.n_prompt + t.n_gen + 1);
+    auto cache = model::KvCache::create(m.config(), max_ctx);
+    if (!cache) {
+      std::cerr << "bonsai bench: " << path << ": " << cache.error().message << "\n";
+      return 1;
+    }
+    Runner runner(m, *cache);
+    int filled_depth = -1;  // the depth the cache's first positions hold now
+    for (size_t ti = 0; ti < plan.size(); ++ti) {
+      const TestSpec& test = plan[ti];
+      if (test.n_depth != filled_depth) {
+        if (test.n_depth > 0) {
+          Progress p("bench: " + ms.type + ": filling the KV cache to depth " + std::to_string(test.n_depth), 
+                     static_cast<uint64_t>(test.n_depth), Progress::Unit::kItems, rt->progress);
+          if (auto r = runner.fill(test.n_depth, *pools[fill_threads], p); !r) {
+            p.finish();
+            std::cerr << "bonsai bench: " << path << ": " << r.error().message << "\n";
+            return 1;
+          }
+        }
+        filled_depth = test.n_depth;
+      }
+      for (int t : *thread_list) {
+        core::ThreadPool& pool = *pools[t];
+        Row row;
+        row.model = &ms;
+        row.backend = backend;
+        row.threads = t;
+        row.test = test;
+        row.test_time = iso_now();
+        row.ceil = ceilings[t];
+        Progress p("", total_runs, Progress::Unit::kItems, rt->progress);
+        auto one = [&](int n_prompt, int n_gen) -> core::Expected<void> {
+          cache->truncate(test.n_depth);
+          if (auto r = runner.prompt(n_prompt, pool); !r) return r;
+          return runner.generate(n_gen, pool);
+        };
+        for (uint64_t rep = 0; rep < runs_per_test; ++rep) {
+          const bool warmup = !f.no_warmup && rep == 0;
+          p.set_label("bench: " + ms.type + ", " + std::to_string(t) + " thread(s), " + test.name() + ", " +
+                      (warmup ? std::string("warm-up") : "rep " + std::to_string(rep + (f.no_warmup ? 1 : 0)) + "/" +
+                                                             std::to_string(f.reps)));
+          p.update(runs_done);
+          // llama-bench's warm-up: the prompt once, one generated token.
+          const auto t0 = Clock::now();
+          auto r = warmup ? one(test.n_prompt, test.n_gen > 0 ? 1 : 0) : one(test.n_prompt, test.n_gen);
+          const auto t1 = Clock::now();
+          if (!r) {
+            p.finish();
+            std::cerr << "bonsai bench: " << path << ": " << test.name() << ": " << r.error().message << "\n";
+            return 1;
+          }
+          if (!warmup) row.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+          p.update(++runs_done);
+        }
+        p.finish();
+        printer.row(row);
+      }
+    }
+  }
+  printer.end(ceilings, stats);
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto f = std::make_shared<BenchFlags>();
+  auto* cmd = app.add_subcommand("bench", "Measure prompt and generation speed (llama-bench's flags and table)");
+  cmd->add_option("-m,--model", f->models, "GGUF model file(s), comma-separated or repeated (default: the built-in tiny model)")
+      ->delimiter(',');
+  cmd->add_option("-p,--n-prompt", f->n_prompt, "Prompt tokens per pp test, comma list (0: no pp test)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", f->n_gen, "Generated tokens per tg test, comma list (0: no tg test)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--pg", f->pg, "Prompt + generation test PP,TG (repeatable; also -pg, as llama-bench)");
+  cmd->add_option("-d,--n-depth", f->depth, "KV cache depth before each test, comma list")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", f->threads, "Thread counts, comma list (default: the physical cores)")
+      ->delimiter(',');
+  cmd->add_option("-r,--repetitions", f->reps, "Timed repetitions of each test")->capture_default_str();
+  cmd->add_option("-o,--output", f->output, "Output format: md, csv, json or jsonl")->capture_default_str();
+  cmd->add_flag("--no-warmup", f->no_warmup, "Skip the untimed warm-up run of each test");
+  cmd->add_option("--q2-layout", f->q2_layout,
+                  "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
+  cmd->add_option("--bw-mib", f->bw_mib, "Buffer streamed by the read-bandwidth measurement, MiB")
+      ->capture_default_str();
+  cmd->callback([f] { set_exit_code(bench_main(*f)); });
+}
+
+}  // namespace bonsai::app

@@ -1,0 +1,274 @@
+#include "apps/bonsai/roofline.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/cpu_features.h"  // cpu_features
+#include "core/thread_pool.h"   // ThreadPool
+
+namespace bonsai::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Where the streaming sums go, so the compiler cannot drop the loads.
+std::atomic<uint64_t> g_sink{0};
+
+// ---- Read bandwidth --------------------------------------------------------------
+
+constexpr size_t kPiece = size_t{1} << 20;  // bytes per parallel_for index
+
+// Each reader sums 256 bytes per iteration with four independent
+// accumulators and a software prefetch 4 KiB ahead, so neither the add chain
+// nor the hardware prefetcher's page-boundary stop limits the rate.
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t n) {
+  __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 256 <= n; i += 256) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + 4096), _MM_HINT_T0);
+    a = _mm512_add_epi64(a, _mm512_load_si512(p + i));
+    b = _mm512_add_epi64(b, _mm512_load_si512(p + i + 64));
+    c = _mm512_add_epi64(c, _mm512_load_si512(p + i + 128));
+    d = _mm512_add_epi64(d, _mm512_load_si512(p + i + 192));
+  }
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
+  uint64_t s = 0;
+  for (uint64_t v : lanes) s += v;
+  return s;
+}
+
+__attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 256 <= n; i += 256) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + i + 4096), _MM_HINT_T0);
+    const auto* q = reinterpret_cast<const __m256i*>(p + i);
+    a = _mm256_add_epi64(a, _mm256_add_epi64(_mm256_load_si256(q + 0), _mm256_load_si256(q + 1)));
+    b = _mm256_add_epi64(b, _mm256_add_epi64(_mm256_load_si256(q + 2), _mm256_load_si256(q + 3)));
+    c = _mm256_add_epi64(c, _mm256_add_epi64(_mm256_load_si256(q + 4), _mm256_load_si256(q + 5)));
+    d = _mm256_add_epi64(d, _mm256_add_epi64(_mm256_load_si256(q + 6), _mm256_load_si256(q + 7)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+uint64_t read_generic(const uint8_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    uint64_t w[4];
+    std::memcpy(w, p + i, 32);
+    a += w[0];
+    b += w[1];
+    c += w[2];
+    d += w[3];
+  }
+  return a + b + c + d;
+}
+
+using ReadFn = uint64_t (*)(const uint8_t*, size_t);
+
+ReadFn pick_reader() {
+#if defined(__x86_64__)
+  const auto& f = core::cpu_features();
+  if (f.avx512f) return read_avx512;
+  if (f.avx2) return read_avx2;
+#endif
+  return read_generic;
+}
+
+// ---- int8 dot peak ---------------------------------------------------------------
+
+// One call: `iters` iterations of 12 independent multiply-accumulates into
+// 12 accumulators held in registers. Returns a value that depends on every
+// accumulator. kOpsPerIter = 12 instructions x lanes x 2 ops.
+#if defined(__x86_64__)
+constexpr double kOpsZmmIter = 12.0 * 64 * 2;
+constexpr double kOpsYmmIter = 12.0 * 32 * 2;
+
+#define BONSAI_REPEAT12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t dot_avx512_vnni(int64_t iters) {
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  asm volatile("" : "+v"(a), "+v"(b));  // not constants the compiler could fold
+#define DECL(i) __m512i c##i = _mm512_setzero_si512();
+  BONSAI_REPEAT12(DECL)
+#undef DECL
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) c##i = _mm512_dpbusd_epi32(c##i, a, b);
+    BONSAI_REPEAT12(STEP)
+#undef STEP
+  }
+  __m512i s = _mm512_setzero_si512();
+#define SUM(i) s = _mm512_add_epi32(s, c##i);
+  BONSAI_REPEAT12(SUM)
+#undef SUM
+  alignas(64) uint32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  return lanes[0] + lanes[15];
+}
+
+__attribute__((target("avx512f,avx512bw"))) uint64_t dot_avx512bw(int64_t iters) {
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2), ones = _mm512_set1_epi16(1);
+  asm volatile("" : "+v"(a), "+v"(b), "+v"(ones));
+#define DECL(i) __m512i c##i = _mm512_setzero_si512();
+  BONSAI_REPEAT12(DECL)
+#undef DECL
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) c##i = _mm512_add_epi32(c##i, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), ones));
+    BONSAI_REPEAT12(STEP)
+#undef STEP
+  }
+  __m512i s = _mm512_setzero_si512();
+#define SUM(i) s = _mm512_add_epi32(s, c##i);
+  BONSAI_REPEAT12(SUM)
+#undef SUM
+  alignas(64) uint32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  return lanes[0] + lanes[15];
+}
+
+__attribute__((target("avx2,avxvnni"))) uint64_t dot_avx_vnni(int64_t iters) {
+  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+  asm volatile("" : "+x"(a), "+x"(b));
+#define DECL(i) __m256i c##i = _mm256_setzero_si256();
+  BONSAI_REPEAT12(DECL)
+#undef DECL
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) c##i = _mm256_dpbusd_avx_epi32(c##i, a, b);
+    BONSAI_REPEAT12(STEP)
+#undef STEP
+  }
+  __m256i s = _mm256_setzero_si256();
+#define SUM(i) s = _mm256_add_epi32(s, c##i);
+  BONSAI_REPEAT12(SUM)
+#undef SUM
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[7];
+}
+
+__attribute__((target("avx2"))) uint64_t dot_avx2(int64_t iters) {
+  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  asm volatile("" : "+x"(a), "+x"(b), "+x"(ones));
+#define DECL(i) __m256i c##i = _mm256_setzero_si256();
+  BONSAI_REPEAT12(DECL)
+#undef DECL
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+    BONSAI_REPEAT12(STEP)
+#undef STEP
+  }
+  __m256i s = _mm256_setzero_si256();
+#define SUM(i) s = _mm256_add_epi32(s, c##i);
+  BONSAI_REPEAT12(SUM)
+#undef SUM
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[7];
+}
+#undef BONSAI_REPEAT12
+#endif
+
+}  // namespace
+
+double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int reps) {
+  const size_t n_pieces = std::max<size_t>(1, (buffer_bytes + kPiece - 1) / kPiece);
+  const size_t bytes = n_pieces * kPiece;
+  constexpr size_t kHuge = size_t{2} << 20;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+  if (buf == nullptr) return 0;
+  // Huge pages as the model mappings ask for: 4 KiB pages would cost a TLB
+  // miss per page and stop the prefetchers at each boundary.
+  madvise(buf, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+  // First touch on the threads that read it (NUMA locality), non-zero data
+  // (untouched or zero pages could all map the one shared zero page).
+  pool.parallel_for(static_cast<int64_t>(n_pieces), [buf](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) std::memset(buf + static_cast<size_t>(i) * kPiece, 0x5a, kPiece);
+  });
+  const ReadFn read = pick_reader();
+  double best = 0;
+  for (int r = 0; r <= std::max(1, reps); ++r) {
+    std::atomic<uint64_t> sum{0};
+    const auto t0 = Clock::now();
+    pool.parallel_for(static_cast<int64_t>(n_pieces), [&](int64_t b, int64_t e) {
+      const size_t off = static_cast<size_t>(b) * kPiece;
+      sum.fetch_add(read(buf + off, static_cast<size_t>(e - b) * kPiece), std::memory_order_relaxed);
+    });
+    const double secs = seconds_since(t0);
+    g_sink.fetch_add(sum.load(), std::memory_order_relaxed);
+    if (r > 0 && secs > 0) best = std::max(best, static_cast<double>(bytes) / secs / 1e9);  // r 0: warm-up
+  }
+  std::free(buf);
+  return best;
+}
+
+Int8Peak measure_int8_peak(core::ThreadPool& pool, kernels::Tier tier) {
+  Int8Peak out;
+  out.isa = "none";
+#if defined(__x86_64__)
+  const auto& f = core::cpu_features();
+  if (tier == kernels::Tier::kReference || tier == kernels::Tier::kNeon) tier = kernels::best_tier();
+  uint64_t (*loop)(int64_t) = nullptr;
+  double ops_per_iter = 0;
+  if (tier == kernels::Tier::kAvx512 && f.avx512f && f.avx512bw) {
+    if (f.avx512vnni) {
+      loop = dot_avx512_vnni, ops_per_iter = kOpsZmmIter, out.isa = "avx512-vnni";
+    } else {
+      loop = dot_avx512bw, ops_per_iter = kOpsZmmIter, out.isa = "avx512bw";
+    }
+  } else if (f.avx2) {
+    if (f.avx_vnni) {
+      loop = dot_avx_vnni, ops_per_iter = kOpsYmmIter, out.isa = "avx-vnni";
+    } else {
+      loop = dot_avx2, ops_per_iter = kOpsYmmIter, out.isa = "avx2";
+    }
+  }
+  if (loop == nullptr) return out;
+  // Calibrate on this thread: iterations for ~25 ms per piece.
+  int64_t iters = 1 << 14;
+  for (;;) {
+    const auto t0 = Clock::now();
+    g_sink.fetch_add(loop(iters), std::memory_order_relaxed);
+    const double secs = seconds_since(t0);
+    if (secs > 0.005 || iters > (int64_t{1} << 34)) {
+      iters = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * 0.025 / std::max(secs, 1e-9)));
+      break;
+    }
+    iters *= 4;
+  }
+  const int64_t pieces = static_cast<int64_t>(pool.size()) * 4;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(pieces, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) g_sink.fetch_add(loop(iters), std::memory_order_relaxed);
+    });
+    const double secs = seconds_since(t0);
+    if (secs > 0) {
+      out.gops = std::max(out.gops, static_cast<double>(pieces) * static_cast<double>(iters) * ops_per_iter / secs / 1e9);
+    }
+  }
+#else
+  (void)pool;
+  (void)tier;
+#endif
+  return out;
+}
+
+}  // namespace bonsai::app

@@ -1,0 +1,44 @@
+// The two hardware ceilings `bonsai bench` divides its speeds by, measured in
+// the same run on the same threads as the model:
+//  - read bandwidth: a multi-threaded streaming read of a large buffer (the
+//    bound of decode, which streams every weight once per token);
+//  - int8 dot peak: a register-only loop of the int8 multiply-accumulate
+//    instruction the kernels use (VPDPBUSD on AVX-512 VNNI or AVX-VNNI,
+//    VPMADDUBSW + VPMADDWD + VPADDD on AVX2 / AVX-512 without VNNI): the
+//    bound of prompt processing, which is compute-bound.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/kernels.h"  // kernels::Tier
+
+namespace bonsai::core {
+class ThreadPool;
+}
+
+namespace bonsai::app {
+
+// Bytes read per second (decimal GB/s = 1e9 B/s) by every thread of `pool`
+// streaming disjoint slices of one `buffer_bytes` buffer (allocated, backed by
+// transparent huge pages where the kernel allows, and written once here),
+// best of `reps` passes after one warm-up pass. Uses AVX-512 or AVX2 loads
+// with prefetch where the CPU has them (the kernels' own loads), else a
+// portable 64-bit loop. buffer_bytes is rounded up to a multiple of 1 MiB;
+// it should be several times the last-level cache (the default 1 GiB is).
+// Returns 0 if the buffer cannot be allocated.
+double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int reps = 5);
+
+// Result of measure_int8_peak.
+struct Int8Peak {
+  double gops = 0;   // 1e9 integer ops per second; one 8-bit multiply-add = 2 ops
+  std::string isa;   // what ran: "avx512-vnni", "avx-vnni", "avx512bw", "avx2", or "none"
+};
+
+// Integer-op rate of a register-only loop (12 independent accumulators, no
+// memory traffic) of the int8 dot instruction of `tier` (the reference tier
+// measures the best tier this CPU supports), on every thread of `pool`, best
+// of 3 passes of about 0.1 s each. On a CPU without x86 SIMD: gops 0, isa "none".
+Int8Peak measure_int8_peak(core::ThreadPool& pool, kernels::Tier tier);
+
+}  // namespace bonsai::app
