@@ -74,8 +74,10 @@ int main(int argc, char** argv) {
   auto trie = engine::TokenTrie::build(bytes, eos, special);
   const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!trie) return 1;
-  std::printf("vocab %d tokens (Qwen3 tokenizer from fixtures/qwen3-tiny-q1_0.gguf), trie %zu nodes, "
-              "built in %.1f ms; eos ids:", t.n_vocab(), trie->node_count(), build_ms);
+  std::printf(
+      "vocab %d tokens (Qwen3 tokenizer from fixtures/qwen3-tiny-q1_0.gguf), trie %zu nodes, "
+      "built in %.1f ms; eos ids:",
+      t.n_vocab(), trie->node_count(), build_ms);
   for (int32_t e : eos) std::printf(" %d", e);
   std::printf("\n\n");
 
@@ -121,7 +123,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", sc.name, grammar.error().message.c_str());
       return 1;
     }
-    std::printf("%-12s schema -> GBNF -> compiled grammar: %.3f ms (%zu rules, %zu GBNF bytes)\n", sc.name,
+    std::printf("%-12s schema -> GBNF -> compiled grammar: %.3f ms (%zu rules, %zu GBNF bytes)\n",
+                sc.name,
                 std::chrono::duration<double, std::milli>(Clock::now() - compile_start).count(),
                 (*grammar)->rule_count(), gbnf.size());
     auto ids = t.encode(sc.instance);
@@ -139,9 +142,10 @@ int main(int argc, char** argv) {
         warm.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
         if (step < ids.size() && !st->accept_token(*trie, ids[step])) return 1;
       }
-      std::printf("%-12s walk   steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
-                  "(warm DFA, no mask cache: the trie walk alone)\n",
-                  sc.name, warm.size(), pct(warm, 0.5), pct(warm, 0.9), pct(warm, 0.99), pct(warm, 1.0));
+      std::printf(
+          "%-12s walk   steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
+          "(warm DFA, no mask cache: the trie walk alone)\n",
+          sc.name, warm.size(), pct(warm, 0.5), pct(warm, 0.9), pct(warm, 0.99), pct(warm, 1.0));
     }
     for (const char* mode : {"forced", "random"}) {
       std::vector<double> ms, acc_us;
@@ -164,7 +168,8 @@ int main(int argc, char** argv) {
               next = ids[step];
             }
             if (!((mask[static_cast<uint32_t>(next) >> 5] >> (next & 31)) & 1)) {
-              std::fprintf(stderr, "%s: forced token %d at step %zu not allowed\n", sc.name, next, step);
+              std::fprintf(stderr, "%s: forced token %d at step %zu not allowed\n", sc.name, next,
+                           step);
               return 1;
             }
           } else {
@@ -175,7 +180,8 @@ int main(int argc, char** argv) {
             if (ok.empty()) break;
             allowed_sum += ok.size();
             // Prefer EOS when allowed so runs terminate like a model would.
-            next = st->can_end() ? eos[0] : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+            next = st->can_end() ? eos[0]
+                                 : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
           }
           auto b = Clock::now();
           bool fast = st->accepts_token(*trie, next);
@@ -193,14 +199,21 @@ int main(int argc, char** argv) {
       }
       all.insert(all.end(), ms.begin(), ms.end());
       all_accept.insert(all_accept.end(), acc_us.begin(), acc_us.end());
-      std::printf("%-12s %-6s steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
-                  "accepts_token us p50 %.2f   finished %d/%d%s\n",
-                  sc.name, mode, ms.size(), pct(ms, 0.5), pct(ms, 0.9), pct(ms, 0.99),
-                  pct(ms, 1.0), pct(acc_us, 0.5), finished, runs,
-                  mode[0] == 'r' ? (" (mean allowed " + std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")").c_str() : "");
+      std::printf(
+          "%-12s %-6s steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
+          "accepts_token us p50 %.2f   finished %d/%d%s\n",
+          sc.name, mode, ms.size(), pct(ms, 0.5), pct(ms, 0.9), pct(ms, 0.99), pct(ms, 1.0),
+          pct(acc_us, 0.5), finished, runs,
+          mode[0] == 'r' ? (" (mean allowed " +
+                            std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")")
+                               .c_str()
+                         : "");
     }
   }
-  std::printf("\nALL          steps %5zu  mask ms: p50 %.3f  p99 %.3f  max %.3f   accepts_token us p50 %.2f p99 %.2f\n",
-              all.size(), pct(all, 0.5), pct(all, 0.99), pct(all, 1.0), pct(all_accept, 0.5), pct(all_accept, 0.99));
+  std::printf(
+      "\nALL          steps %5zu  mask ms: p50 %.3f  p99 %.3f  max %.3f   accepts_token us p50 "
+      "%.2f p99 %.2f\n",
+      all.size(), pct(all, 0.5), pct(all, 0.99), pct(all, 1.0), pct(all_accept, 0.5),
+      pct(all_accept, 0.99));
   return 0;
 }

@@ -180,14 +180,29 @@ class GrammarCompiler {
     if (pos_ >= src_.size()) fail_here("unexpected end of grammar after '\\'");
     char c = src_[pos_++];
     switch (c) {
-      case 'n': return '\n';
-      case 'r': return '\r';
-      case 't': return '\t';
-      case '0': return 0;
-      case 'x': return parse_hex(2);
-      case 'u': return parse_hex(4);
-      case 'U': return parse_hex(8);
-      case '\\': case '"': case '[': case ']': case '-': case '^': case '/': case '.': case '\'':
+      case 'n':
+        return '\n';
+      case 'r':
+        return '\r';
+      case 't':
+        return '\t';
+      case '0':
+        return 0;
+      case 'x':
+        return parse_hex(2);
+      case 'u':
+        return parse_hex(4);
+      case 'U':
+        return parse_hex(8);
+      case '\\':
+      case '"':
+      case '[':
+      case ']':
+      case '-':
+      case '^':
+      case '/':
+      case '.':
+      case '\'':
         return static_cast<unsigned char>(c);
       default:
         fail_at(pos_ - 2, std::string("unknown escape '\\") + c + "'");
@@ -444,8 +459,10 @@ class GrammarCompiler {
           auto it = std::find(path.begin(), path.end(), s);
           for (; it != path.end(); ++it) cycle += display(*it) + " -> ";
           cycle += display(s);
-          throw ParseError{"grammar: left recursion (a rule can reach itself without "
-                           "consuming input): " + cycle};
+          throw ParseError{
+              "grammar: left recursion (a rule can reach itself without "
+              "consuming input): " +
+              cycle};
         }
         if (color[s] == 0) dfs(s);
       }
@@ -603,7 +620,8 @@ uint64_t Matcher::signature(const MatchState& in, uint32_t cp) const {
   unsigned k = 0;
   for (size_t i = 0; i < in.stacks.size(); i += in.stacks[i] + 1, ++k) {
     const uint32_t len = in.stacks[i];
-    if (len != 0 && sets[elems[in.stacks[i + len]].arg].contains(cp)) sig |= uint64_t{1} << std::min(k, 63u);
+    if (len != 0 && sets[elems[in.stacks[i + len]].arg].contains(cp))
+      sig |= uint64_t{1} << std::min(k, 63u);
   }
   return sig;
 }

@@ -5,9 +5,9 @@
 //   a b | c                       sequences and alternatives
 //   ( ... )                       groups
 //   x* x+ x? x{m} x{m,} x{m,n} x{,n}   repetition
-//   "lit\n\x41\u00e9"             string literals (escapes \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH)
-//   [a-z0-9_] [^"\\]              character classes (ranges, negation), `.` = any code point
-//   # comment                     to end of line
+//   "lit\n\x41\u00e9"             string literals (escapes \n \r \t \\ \" \[ \] \xHH \uHHHH
+//   \UHHHHHHHH) [a-z0-9_] [^"\\]              character classes (ranges, negation), `.` = any code
+//   point # comment                     to end of line
 // A rule's alternatives continue on the next line only after `|` or inside
 // parentheses (as llama.cpp). The grammar works over Unicode code points; the
 // matcher consumes UTF-8 bytes and may stop in the middle of a character.
@@ -73,10 +73,10 @@ class Grammar {
 
 // Limits that turn a blow-up into an error instead of running out of memory.
 struct GrammarLimits {
-  uint32_t max_stacks = 2048;   // parse stacks alive at once (ambiguity)
-  uint32_t max_depth = 1024;    // frames in one stack (nesting)
-  uint32_t max_states = 4096;   // interned states in one MatcherCache before it is reset
-  uint32_t max_masks = 128;     // cached token masks in one MatcherCache (0: none)
+  uint32_t max_stacks = 2048;  // parse stacks alive at once (ambiguity)
+  uint32_t max_depth = 1024;   // frames in one stack (nesting)
+  uint32_t max_states = 4096;  // interned states in one MatcherCache before it is reset
+  uint32_t max_masks = 128;    // cached token masks in one MatcherCache (0: none)
   size_t max_cache_bytes = size_t{24} << 20;  // transition tables of one MatcherCache before reset
 };
 
@@ -87,9 +87,9 @@ struct MatchState {
   // Grammar::elems() of a kChar element still to be matched, top = last.
   // Sorted and de-duplicated, so equal sets compare equal.
   std::vector<uint32_t> stacks;
-  uint32_t utf8_acc = 0;   // bits of the partial character read so far
-  uint8_t utf8_need = 0;   // continuation bytes still expected (0 = none)
-  uint8_t utf8_len = 0;    // total length of the partial character
+  uint32_t utf8_acc = 0;  // bits of the partial character read so far
+  uint8_t utf8_need = 0;  // continuation bytes still expected (0 = none)
+  uint8_t utf8_len = 0;   // total length of the partial character
   bool operator==(const MatchState&) const = default;
 };
 

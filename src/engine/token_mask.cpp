@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 #include <map>
+#include <numeric>
 #include <unordered_map>
 
 namespace bonsai::engine {
@@ -130,8 +130,8 @@ class MatcherCache {
     return it->second;
   }
   int32_t intern_partial(int32_t whole, uint32_t acc, uint8_t need, uint8_t len) {
-    const uint64_t key = (static_cast<uint64_t>(whole) << 32) | (uint64_t{need} << 30) |
-                         (uint64_t{len} << 27) | acc;
+    const uint64_t key =
+        (static_cast<uint64_t>(whole) << 32) | (uint64_t{need} << 30) | (uint64_t{len} << 27) | acc;
     auto [it, inserted] = partial_ids_.try_emplace(key, static_cast<int32_t>(partials.size()));
     if (inserted) {
       partials.push_back({whole, acc, need, len});
@@ -186,7 +186,10 @@ class MatcherCache {
     static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
     if (!is_partial(cur)) {
       if (b < 0x80) return whole_advance(cur, b);
-      uint8_t len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+      uint8_t len = b >= 0xC2 && b <= 0xDF   ? 2
+                    : b >= 0xE0 && b <= 0xEF ? 3
+                    : b >= 0xF0 && b <= 0xF4 ? 4
+                                             : 0;
       if (len == 0) return kDeadId;
       uint32_t acc = b & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
       return partial_or_dead(cur, acc, static_cast<uint8_t>(len - 1), len);
@@ -195,7 +198,8 @@ class MatcherCache {
     const uint32_t acc = (p.acc << 6) | (b & 0x3F);
     const auto need = static_cast<uint8_t>(p.need - 1);
     if (need > 0) return partial_or_dead(p.whole, acc, need, p.len);
-    if (acc < kMinForLen[p.len] || acc > 0x10FFFF || (acc >= 0xD800 && acc <= 0xDFFF)) return kDeadId;
+    if (acc < kMinForLen[p.len] || acc > 0x10FFFF || (acc >= 0xD800 && acc <= 0xDFFF))
+      return kDeadId;
     return whole_advance(p.whole, acc);
   }
 
@@ -251,7 +255,7 @@ class MatcherCache {
   std::vector<MatchState> states;  // whole-character states (utf8_need == 0)
   std::vector<int32_t> trans;      // [states.size() * 256]
   std::vector<Partial> partials;
-  std::vector<int32_t> ptrans;     // [partials.size() * 64], by continuation byte & 0x3F
+  std::vector<int32_t> ptrans;  // [partials.size() * 64], by continuation byte & 0x3F
   std::unordered_map<int32_t, std::vector<uint32_t>> masks;  // cursor -> bitmask
   GrammarLimits limits_;
 
@@ -260,10 +264,12 @@ class MatcherCache {
   std::unordered_map<uint64_t, int32_t> partial_ids_;
   struct PairHash {
     size_t operator()(const std::pair<int32_t, uint64_t>& p) const {
-      return std::hash<uint64_t>()(p.second * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(p.first));
+      return std::hash<uint64_t>()(p.second * 0x9E3779B97F4A7C15ull ^
+                                   static_cast<uint64_t>(p.first));
     }
   };
-  std::unordered_map<std::pair<int32_t, uint64_t>, int32_t, PairHash> by_sig_;  // (state, stacks taking cp) -> next
+  std::unordered_map<std::pair<int32_t, uint64_t>, int32_t, PairHash>
+      by_sig_;  // (state, stacks taking cp) -> next
 };
 
 // ---- GrammarState --------------------------------------------------------------
@@ -339,9 +345,9 @@ core::Expected<void> GrammarState::accept_token(const TokenTrie& trie, int32_t i
   }
   if (trie.is_eos(id)) {
     if (!can_end()) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "grammar: end of generation (token " + std::to_string(id) +
-                            ") before the grammar is complete");
+      return core::fail(core::Errc::kInvalidArgument, "grammar: end of generation (token " +
+                                                          std::to_string(id) +
+                                                          ") before the grammar is complete");
     }
     finished_ = true;
     return {};
@@ -419,8 +425,9 @@ void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask
     ++i;
   }
   if (overflow) {
-    overflow_note_ = "grammar: some tokens were disallowed because they exceed the parse-stack "
-                     "limits";
+    overflow_note_ =
+        "grammar: some tokens were disallowed because they exceed the parse-stack "
+        "limits";
   }
   if (Matcher::can_end(state_)) {
     for (int32_t id : trie.eos_ids()) {

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.h"     // core::Expected
+#include "core/error.h"      // core::Expected
 #include "engine/grammar.h"  // Grammar, Matcher, MatchState
 
 namespace bonsai::engine {

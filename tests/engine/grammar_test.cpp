@@ -1,13 +1,14 @@
 // GBNF parsing, matching (incl. split UTF-8) and token masks vs brute force.
+#include "engine/grammar.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "engine/grammar.h"
 #include "engine/json_schema.h"
 #include "engine/token_mask.h"
 #include "gguf/gguf.h"            // fixture loading for the Qwen3 vocabulary test
@@ -36,21 +37,29 @@ std::string parse_error(const std::string& text) {
 }
 
 TEST(GrammarParse, ErrorsNameLineColAndExpectation) {
-  EXPECT_EQ(parse_error("root ::= \"abc"), "grammar: line 1 col 14: unterminated string literal, expected '\"'");
-  EXPECT_EQ(parse_error("root := \"a\""), "grammar: line 1 col 6: expected '::=' after rule name 'root'");
+  EXPECT_EQ(parse_error("root ::= \"abc"),
+            "grammar: line 1 col 14: unterminated string literal, expected '\"'");
+  EXPECT_EQ(parse_error("root := \"a\""),
+            "grammar: line 1 col 6: expected '::=' after rule name 'root'");
   EXPECT_EQ(parse_error("root ::= foo\n"), "grammar: line 1 col 10: undefined rule 'foo'");
   EXPECT_EQ(parse_error("a ::= \"x\"\n"), "grammar: no 'root' rule");
-  EXPECT_EQ(parse_error("root ::= [a-z\n"), "grammar: line 1 col 10: unterminated character class, expected ']'");
-  EXPECT_EQ(parse_error("root ::= ( \"a\" \n"), "grammar: line 1 col 10: unclosed '(': expected ')'");
-  EXPECT_EQ(parse_error("root ::= \"a\"{3,1}"), "grammar: line 1 col 18: repetition {m,n} with n < m");
-  EXPECT_EQ(parse_error("root ::= * \"a\""), "grammar: line 1 col 10: '*' without a preceding symbol");
-  EXPECT_EQ(parse_error("root ::= \"a\"\nroot ::= \"b\""), "grammar: line 2 col 1: rule 'root' is defined twice");
+  EXPECT_EQ(parse_error("root ::= [a-z\n"),
+            "grammar: line 1 col 10: unterminated character class, expected ']'");
+  EXPECT_EQ(parse_error("root ::= ( \"a\" \n"),
+            "grammar: line 1 col 10: unclosed '(': expected ')'");
+  EXPECT_EQ(parse_error("root ::= \"a\"{3,1}"),
+            "grammar: line 1 col 18: repetition {m,n} with n < m");
+  EXPECT_EQ(parse_error("root ::= * \"a\""),
+            "grammar: line 1 col 10: '*' without a preceding symbol");
+  EXPECT_EQ(parse_error("root ::= \"a\"\nroot ::= \"b\""),
+            "grammar: line 2 col 1: rule 'root' is defined twice");
   EXPECT_EQ(parse_error("root ::= \"\\q\""), "grammar: line 1 col 11: unknown escape '\\q'");
   EXPECT_EQ(parse_error("root ::= [z-a]"), "grammar: line 1 col 14: character range is reversed");
   EXPECT_EQ(parse_error("root ::= a\na ::= a \"x\" | \"y\""),
             "grammar: left recursion (a rule can reach itself without consuming input): a -> a");
   EXPECT_EQ(parse_error("root ::= b \"x\"\nb ::= c | \"q\"\nc ::= \"\"? root"),
-            "grammar: left recursion (a rule can reach itself without consuming input): root -> b -> c -> root");
+            "grammar: left recursion (a rule can reach itself without consuming input): root -> b "
+            "-> c -> root");
 }
 
 TEST(GrammarMatch, LiteralsClassesRepetition) {
@@ -63,8 +72,8 @@ name ::= [A-Z] [a-z]{1,3}
   EXPECT_TRUE(matches(g, "hi Bob"));
   EXPECT_TRUE(matches(g, "hello Anna!"));
   EXPECT_TRUE(matches(g, "hi Ab?"));
-  EXPECT_FALSE(matches(g, "hi B"));       // {1,3}: at least one
-  EXPECT_FALSE(matches(g, "hi Bobby"));   // at most 3
+  EXPECT_FALSE(matches(g, "hi B"));      // {1,3}: at least one
+  EXPECT_FALSE(matches(g, "hi Bobby"));  // at most 3
   EXPECT_FALSE(matches(g, "hey Bob"));
   EXPECT_FALSE(matches(g, "hi bob"));
   auto rep = compile("root ::= \"ab\"{2} \"c\"+ [^x]* \"x\"{,2}");
@@ -97,13 +106,14 @@ TEST(GrammarMatch, PrefixesAreViableAndCanEndOnlyWhenComplete) {
 
 TEST(GrammarMatch, NestedJsonFromGenericGrammar) {
   auto g = compile(json_object_gbnf());
-  EXPECT_TRUE(matches(g, R"({"a": [1, 2.5, -3e+2, {"b": null}], "c": {"d": [true, false, "x\"y\u00e9"]}})"));
+  EXPECT_TRUE(matches(
+      g, R"({"a": [1, 2.5, -3e+2, {"b": null}], "c": {"d": [true, false, "x\"y\u00e9"]}})"));
   EXPECT_TRUE(matches(g, "{}"));
   EXPECT_TRUE(matches(g, "{\n  \"k\": \"\xE4\xBD\xA0\xE5\xA5\xBD\"\n}"));
   EXPECT_FALSE(matches(g, R"({"a": [1, 2,]})"));
   EXPECT_FALSE(matches(g, R"({"a": 01})"));
-  EXPECT_FALSE(matches(g, R"([1])"));            // must be an object
-  EXPECT_FALSE(matches(g, R"({"a": "x)"));       // incomplete
+  EXPECT_FALSE(matches(g, R"([1])"));             // must be an object
+  EXPECT_FALSE(matches(g, R"({"a": "x)"));        // incomplete
   EXPECT_FALSE(matches(g, "{\"a\": \"\x01\"}"));  // raw control char in a string
 }
 
@@ -122,15 +132,17 @@ TEST(GrammarMatch, Utf8SplitAcrossChunksAndInvalidUtf8) {
     }
   }
   auto st = GrammarState::create(g);
-  EXPECT_FALSE(st->accept_bytes("\xC3"  "A"));    // missing continuation
-  EXPECT_FALSE(st->accept_bytes("\xC1\x81"));     // overlong lead
-  EXPECT_FALSE(st->accept_bytes("\xC2\xA0"));     // U+00A0 is not in [à-ÿ]
-  EXPECT_FALSE(st->accept_bytes("\xC4"));         // lead byte already impossible (U+0100..)
+  EXPECT_FALSE(
+      st->accept_bytes("\xC3"
+                       "A"));                  // missing continuation
+  EXPECT_FALSE(st->accept_bytes("\xC1\x81"));  // overlong lead
+  EXPECT_FALSE(st->accept_bytes("\xC2\xA0"));  // U+00A0 is not in [à-ÿ]
+  EXPECT_FALSE(st->accept_bytes("\xC4"));      // lead byte already impossible (U+0100..)
   auto any = compile("root ::= .*");
   auto a = GrammarState::create(any);
-  EXPECT_FALSE(a->accept_bytes("\xED\xA0\x80"));  // surrogate
+  EXPECT_FALSE(a->accept_bytes("\xED\xA0\x80"));      // surrogate
   EXPECT_FALSE(a->accept_bytes("\xF4\x90\x80\x80"));  // > U+10FFFF
-  EXPECT_FALSE(a->accept_bytes("\xE0\x80\x80"));  // overlong
+  EXPECT_FALSE(a->accept_bytes("\xE0\x80\x80"));      // overlong
   EXPECT_TRUE(a->accept_bytes("\xF4\x8F\xBF\xBF"));
 }
 
@@ -145,7 +157,8 @@ TEST(GrammarMatch, StackLimitsAreErrorsNotOom) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, core::Errc::kResourceExhausted);
   // Ambiguity blow-up past max_stacks.
-  auto amb = compile("root ::= x*\nx ::= \"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\" y\ny ::= \"a\" | \"a\" \"a\"");
+  auto amb = compile(
+      "root ::= x*\nx ::= \"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\" y\ny ::= \"a\" | \"a\" \"a\"");
   lim = {};
   lim.max_stacks = 8;
   auto s2 = GrammarState::create(amb, lim);
@@ -166,10 +179,13 @@ struct SmallVocab {
 
 SmallVocab make_vocab() {
   SmallVocab v;
-  v.bytes = {"", "<|special|>", "{", "}", "\"", "\":", "\",", "a", "ab", "abc", "b", " ", "  ", "\n",
-             "1", "12", "0", "-", ".", "e", "true", "false", "null", "[", "]", ",", ":", "{\"", "\"}",
-             "\xC3", "\xA9", "\xC3\xA9", "\xE4\xBD", "\xA0", "\xE4\xBD\xA0", "\xF0\x9F", "\x98\x80",
-             "\\", "\\n", "\\u00", "e9", "x\"", "ab", "9", "\xFF", "\xC3\xA9\"", "\"a", "1}"};
+  v.bytes = {"",         "<|special|>", "{",    "}",          "\"",       "\":",  "\",",
+             "a",        "ab",          "abc",  "b",          " ",        "  ",   "\n",
+             "1",        "12",          "0",    "-",          ".",        "e",    "true",
+             "false",    "null",        "[",    "]",          ",",        ":",    "{\"",
+             "\"}",      "\xC3",        "\xA9", "\xC3\xA9",   "\xE4\xBD", "\xA0", "\xE4\xBD\xA0",
+             "\xF0\x9F", "\x98\x80",    "\\",   "\\n",        "\\u00",    "e9",   "x\"",
+             "ab",       "9",           "\xFF", "\xC3\xA9\"", "\"a",      "1}"};
   auto t = TokenTrie::build(v.bytes, v.eos, v.special);
   EXPECT_TRUE(t);
   v.trie = std::move(*t);
@@ -198,7 +214,9 @@ TEST(TokenMask, TrieMaskEqualsBruteForceAlongRandomWalks) {
   auto schema = json_schema_to_gbnf(
       R"({"type":"object","properties":{"a":{"type":"string","maxLength":6},"b":{"type":"array","items":{"type":"integer"},"maxItems":3},"c":{"type":"boolean"}},"required":["a"]})");
   ASSERT_TRUE(schema) << schema.error().message;
-  for (const std::string& text : {json_object_gbnf(), *schema, std::string("root ::= [\\u00e0-\\u00ff]* \"\xE4\xBD\xA0\"? \"x\"?")}) {
+  for (const std::string& text :
+       {json_object_gbnf(), *schema,
+        std::string("root ::= [\\u00e0-\\u00ff]* \"\xE4\xBD\xA0\"? \"x\"?")}) {
     auto g = compile(text);
     std::mt19937 rng(7);
     int states_checked = 0;
@@ -249,7 +267,8 @@ TEST(TokenMask, EosOnlyWhenCanEndAndSpecialNever) {
   EXPECT_EQ(logits[0], 1.0f);  // EOS allowed now
   EXPECT_TRUE(std::isinf(logits[1]));
   EXPECT_TRUE(std::isinf(logits[8]));  // "ab" again: no
-  for (size_t i = 2; i < v.bytes.size(); ++i) EXPECT_TRUE(std::isinf(logits[i])) << i;  // no "c" token
+  for (size_t i = 2; i < v.bytes.size(); ++i)
+    EXPECT_TRUE(std::isinf(logits[i])) << i;  // no "c" token
   ASSERT_TRUE(st->accept_token(v.trie, 0));
   EXPECT_TRUE(st->finished());
   EXPECT_FALSE(st->accept_token(v.trie, 7));
@@ -352,7 +371,8 @@ TEST(TokenMask, QwenVocabMaskEqualsBruteForce) {
   ASSERT_TRUE(st);
   // Prefixes: start, inside the key, in the string (mid-character after the
   // first byte of 你), after the string, in the number, complete.
-  const std::vector<std::string> chunks = {"", "{\"na", "me\": \"a", "\xE4", "\xBD\xA0\"", ", \"n\": 2", "9}"};
+  const std::vector<std::string> chunks = {"",           "{\"na",      "me\": \"a", "\xE4",
+                                           "\xBD\xA0\"", ", \"n\": 2", "9}"};
   int checked = 0;
   for (const auto& c : chunks) {
     ASSERT_TRUE(st->accept_bytes(c)) << c;
