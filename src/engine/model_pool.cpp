@@ -506,6 +506,10 @@ ModelPool::Loader gguf_model_loader() {
     m->pool->set_metrics_all([rates = m->rates](InferenceEngine& e) { e.set_metrics(rates); });
     m->tier = built->tier;
     m->n_ctx = static_cast<int>(built->n_ctx);
+    SchedulerOptions so;
+    so.batch_size = spec.batch_size > 0 ? spec.batch_size : kPrefillChunk;
+    so.prompt_cache = spec.prompt_cache;
+    m->scheduler = std::make_shared<Scheduler>(m->pool, m->model, built->n_ctx, so);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes;
     return m;
   };

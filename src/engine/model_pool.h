@@ -34,6 +34,7 @@
 #include "core/ggml_types.h"  // Q2Layout
 #include "engine/engine_pool.h"   // EnginePool, ComputeTier
 #include "engine/rate_tracker.h"  // RequestRateAggregator
+#include "engine/scheduler.h"     // Scheduler
 #include "engine/sampling.h"      // SamplingParams
 
 namespace bonsai::model {
@@ -51,6 +52,8 @@ struct ModelSpec {
   int pool_size = 0;         // replicas; <= 0: default_cpu_pool_size()
   int ctx_size = 0;          // context per replica in tokens; <= 0: min(model's context_length, 4096)
   SamplingParams defaults;   // sampling used where a request does not say
+  int batch_size = 0;        // tokens per scheduler step (-b); <= 0: kPrefillChunk (512)
+  bool prompt_cache = true;  // reuse cached prompt prefixes across requests
   // Forced layout of type-42 (Q2_0) tensors (gguf::OpenOptions::q2_layout,
   // `bonsai serve --q2-layout`); nullopt: the reader detects it.
   std::optional<core::Q2Layout> q2_layout;
@@ -65,6 +68,9 @@ struct LoadedModel {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
   std::shared_ptr<EnginePool> pool;   // may be null in tests
+  // The step loop over `pool`'s replicas (continuous batching; requests go
+  // through it, not through pool leases). May be null in tests.
+  std::shared_ptr<Scheduler> scheduler;
   // Every replica records its finished generations here (set_metrics_all);
   // thread-safe. May be null in tests.
   std::shared_ptr<RequestRateAggregator> rates;

@@ -129,6 +129,7 @@ SchedulerStats Scheduler::stats() const {
   s.sequences = sequences_.load();
   s.kv_used = kv_used_.load();
   s.kv_capacity = static_cast<int64_t>(pool_->size()) * n_ctx_;
+  for (const auto& c : step_hist_) s.step_hist.push_back(c.load());
   return s;
 }
 
@@ -325,6 +326,11 @@ void Scheduler::step() {
   steps_.fetch_add(1);
   step_tokens_.fetch_add(sc.batch.size());
   prompt_tokens_.fetch_add(static_cast<uint64_t>(prompt_fed));
+  {
+    size_t b = 0;
+    while (b + 1 < kNumStepBuckets && static_cast<int64_t>(sc.batch.size()) > kStepBuckets[b]) ++b;
+    step_hist_[b].fetch_add(1);
+  }
   if (opt_.on_step) opt_.on_step(static_cast<int64_t>(sc.batch.size()), static_cast<int64_t>(live_.size()));
   if (!ok) {
     // Nothing was written (forward checks first): every sequence in the step fails.

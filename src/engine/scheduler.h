@@ -139,7 +139,13 @@ struct SchedulerStats {
   uint64_t sequences = 0;       // sequences started
   int64_t kv_used = 0;          // KV positions held by live sequences
   int64_t kv_capacity = 0;      // positions of all replicas
+  // Tokens per forward step: step_hist[b] counts steps with
+  // kStepBuckets[b-1] < tokens <= kStepBuckets[b] (the last entry: above all).
+  std::vector<uint64_t> step_hist;
 };
+// Upper bounds of SchedulerStats::step_hist (tokens per step).
+inline constexpr int64_t kStepBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048};
+inline constexpr size_t kNumStepBuckets = sizeof(kStepBuckets) / sizeof(kStepBuckets[0]) + 1;
 
 class Scheduler {
  public:
@@ -194,6 +200,7 @@ class Scheduler {
   std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0};
   std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0},
       sequences_{0};
+  std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};
   std::thread thread_;  // last: starts after everything above exists
 };
 

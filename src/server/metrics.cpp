@@ -95,6 +95,22 @@ void MetricsRegistry::clear(const std::string& name) {
   it->second.label_sets.clear();
 }
 
+void MetricsRegistry::set_histogram(const std::string& name, const Labels& labels,
+                                    const std::vector<uint64_t>& counts, double sum) {
+  std::lock_guard lock(mu_);
+  auto it = families_.find(name);
+  if (it == families_.end() || it->second.type != MetricType::kHistogram) return;
+  Family& f = it->second;
+  if (counts.size() != f.buckets.size() + 1) return;
+  std::string key = render_labels(labels);
+  Histogram& h = f.histograms[key];
+  f.label_sets.try_emplace(key, labels);
+  h.counts = counts;
+  h.sum = sum;
+  h.count = 0;
+  for (uint64_t c : counts) h.count += c;
+}
+
 void MetricsRegistry::observe(const std::string& name, const Labels& labels, double v) {
   std::lock_guard lock(mu_);
   auto it = families_.find(name);

@@ -35,6 +35,11 @@ class MetricsRegistry {
   void set(const std::string& name, const Labels& labels, double v);
   // Drops every sample of a gauge family (before re-setting per-model gauges).
   void clear(const std::string& name);
+  // Replaces a histogram sample wholesale (one kept elsewhere, e.g. by the
+  // scheduler): `counts` per bucket, not cumulative, the last one +Inf
+  // (size = buckets + 1; other sizes are ignored), with their sum and count.
+  void set_histogram(const std::string& name, const Labels& labels, const std::vector<uint64_t>& counts,
+                     double sum);
   // Records one observation in a histogram.
   void observe(const std::string& name, const Labels& labels, double v);
 

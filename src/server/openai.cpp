@@ -561,9 +561,11 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
 }
 
 json Usage::to_json() const {
-  return json{{"prompt_tokens", prompt_tokens},
-              {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}};
+  json j{{"prompt_tokens", prompt_tokens},
+         {"completion_tokens", completion_tokens},
+         {"total_tokens", prompt_tokens + completion_tokens}};
+  if (cached_tokens >= 0) j["prompt_tokens_details"] = json{{"cached_tokens", cached_tokens}};
+  return j;
 }
 
 std::string new_response_id(Endpoint endpoint) {

@@ -91,6 +91,9 @@ std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // Prompt tokens reused from the prompt cache (OpenAI
+  // usage.prompt_tokens_details.cached_tokens); < 0: the field is omitted.
+  int64_t cached_tokens = -1;
   nlohmann::json to_json() const;
 };
 

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -27,7 +28,8 @@
 
 #include "core/ggml_types.h"            // parse_q2_layout (admin load)
 #include "engine/engine_pool.h"       // model_footprint
-#include "engine/inference_engine.h"  // InferenceEngine, GenerateRequest, TokenEvent
+#include "engine/inference_engine.h"  // GenerationResult, finish_reason_name
+#include "engine/scheduler.h"         // Scheduler, CompletionJob, JobHandle
 #include "gguf/gguf.h"                // OpenOptions
 #include "engine/rate_tracker.h"      // RequestRateTracker
 #include "server/openai.h"            // request parsing, response builders, ApiError
@@ -63,13 +65,22 @@ constexpr const char* kBudgetBytes = "bonsai_memory_budget_bytes";
 constexpr const char* kEngineItlP50 = "bonsai_engine_itl_p50_seconds";
 constexpr const char* kEngineItlP95 = "bonsai_engine_itl_p95_seconds";
 constexpr const char* kEngineTps = "bonsai_engine_tokens_per_second";
+// Scheduler (continuous batching) series, per model; the vllm: names are what
+// scale-out routers (Gateway API Inference Extension) read unconfigured.
+constexpr const char* kRunning = "bonsai_requests_running";
+constexpr const char* kKvUsage = "bonsai_kv_cache_usage_ratio";
+constexpr const char* kStepTokens = "bonsai_batch_tokens_per_step";
+constexpr const char* kCacheHits = "bonsai_prompt_cache_hits_total";
+constexpr const char* kCachedTokens = "bonsai_prompt_cache_tokens_total";
+constexpr const char* kComputedPrompt = "bonsai_prompt_tokens_computed_total";
+constexpr const char* kVllmRunning = "vllm:num_requests_running";
+constexpr const char* kVllmWaiting = "vllm:num_requests_waiting";
+constexpr const char* kVllmKvUsage = "vllm:kv_cache_usage_perc";
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // `t` + `seconds`, saturated: a huge or infinite timeout (--timeout inf,
 // 1e10: "no timeout") means 10^9 s (~31 years). Converting it unclamped to
@@ -179,26 +190,29 @@ ApiError from_core_error(const core::Error& e, int default_status = 400) {
 }
 
 // One admitted request: what the handler prepared and the stream provider
-// (which runs after the handler returns) still needs. Dropping it returns
-// the engine to the pool first, then releases the model.
+// (which runs after the handler returns) still needs. Dropping it cancels
+// the job if it is still running (its slot comes back within a step), then
+// releases the model.
 struct Job {
   std::shared_ptr<engine::ModelPool> pool;
   std::shared_ptr<engine::LoadedModel> model;
-  std::optional<engine::EngineLease> lease;
+  std::shared_ptr<engine::JobHandle> handle;  // set once submitted to the model's scheduler
   std::vector<int32_t> prompt;
   engine::SamplingParams params;
-  std::optional<uint64_t> seed;
+  uint64_t seed = 0;
   int n = 1;
   bool include_usage = false;
   ResponseMeta meta;
   Clock::time_point admitted;
   Clock::time_point deadline;
+  int client_fd = -1;  // the connection's socket (disconnect checks), -1 unknown
 
   Job() = default;
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
   ~Job() {
-    lease.reset();
+    if (handle) handle->cancel();
+    handle.reset();
     if (model) pool->release(model);
   }
 };
@@ -226,7 +240,17 @@ constexpr int64_t kMaxAdminPoolSize = 256;
 constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
 
 // Why a generation was cut short (kCancelled from the engine).
-enum class CutReason { kNone, kClientGone, kTimeout, kShutdown };
+enum class CutReason { kNone, kClientGone, kShutdown };
+
+// A fresh random seed for a request that names none (and no --seed default):
+// two users at temperature > 0 get different text, and a restart does not replay it.
+uint64_t fresh_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+                             static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
+  std::lock_guard lock(mu);
+  return rng();
+}
 
 }  // namespace
 
@@ -239,8 +263,6 @@ struct Server::Impl {
   std::atomic<bool> run_entered{false};   // run() called (set before it checks `stopping`)
   std::atomic<bool> run_returned{false};  // run() returned
   int64_t started_unix = unix_now();
-  std::mutex wait_mu;                 // guards waiting
-  std::map<std::string, int> waiting;  // per model: requests blocked in EnginePool::acquire
   std::mutex scrape_mu;               // one /metrics refresh + exposition at a time
   int bound_port = -1;                // set by Server::bind()
   int listen_fd = -1;                 // the listening socket (set_socket_options), for its backlog
@@ -271,7 +293,7 @@ struct Server::Impl {
                     MetricType::kCounter);
     metrics.declare(kPoolSize, "Engine replicas of each loaded model.", MetricType::kGauge);
     metrics.declare(kPoolBusy, "Engine replicas leased right now, per model.", MetricType::kGauge);
-    metrics.declare(kWaiting, "Requests waiting for an engine replica, per model.", MetricType::kGauge);
+    metrics.declare(kWaiting, "Requests queued for a sequence slot, per model.", MetricType::kGauge);
     metrics.declare(kModelsLoaded, "Models loaded and ready.", MetricType::kGauge);
     metrics.declare(kModelBytes, "Estimated bytes of each resident model (mapping + KV caches).",
                     MetricType::kGauge);
@@ -284,6 +306,19 @@ struct Server::Impl {
                     MetricType::kGauge);
     metrics.declare(kEngineTps, "Mean decode tokens/s per request over recent requests, per model.",
                     MetricType::kGauge);
+    metrics.declare(kRunning, "Sequences in the model's step loop right now.", MetricType::kGauge);
+    metrics.declare(kKvUsage, "KV-cache positions held by running sequences / all positions (0..1).",
+                    MetricType::kGauge);
+    std::vector<double> step_buckets;
+    for (int64_t b : engine::kStepBuckets) step_buckets.push_back(static_cast<double>(b));
+    metrics.declare(kStepTokens, "Tokens per forward step of the scheduler (batch size).", MetricType::kHistogram,
+                    step_buckets);
+    metrics.declare(kCacheHits, "Sequences that reused a cached prompt prefix.", MetricType::kCounter);
+    metrics.declare(kCachedTokens, "Prompt tokens reused from the prompt cache.", MetricType::kCounter);
+    metrics.declare(kComputedPrompt, "Prompt tokens computed by forward steps (not cached).", MetricType::kCounter);
+    metrics.declare(kVllmRunning, "Requests running (vLLM-compatible name).", MetricType::kGauge);
+    metrics.declare(kVllmWaiting, "Requests waiting (vLLM-compatible name).", MetricType::kGauge);
+    metrics.declare(kVllmKvUsage, "KV-cache usage, 1 = full (vLLM-compatible name).", MetricType::kGauge);
   }
 
   // ---- plumbing ---------------------------------------------------------
@@ -586,95 +621,128 @@ struct Server::Impl {
     p.logit_bias = cr.logit_bias;
     if (auto v = p.validate(); !v) return send_error(res, bad_request(v.error().message));
     job->params = std::move(p);
-    job->seed = cr.seed;
+    job->seed = cr.seed ? *cr.seed : opt.default_seed ? *opt.default_seed : fresh_seed();
     job->n = cr.n;
     job->include_usage = cr.include_usage;
     job->meta = ResponseMeta{new_response_id(endpoint), unix_now(), model_id, endpoint};
 
-    // Bounded admission, then an engine replica before the deadline.
-    engine::EnginePool& pool = *lm.pool;
-    {
-      std::lock_guard lock(wait_mu);
-      int& w = waiting[model_id];
-      if (w >= opt.queue_factor * pool.size() && pool.available() == 0) {
+    // Bounded admission: the model's scheduler queues the job (503 +
+    // Retry-After when queue_factor x pool size jobs already wait).
+    if (!lm.scheduler) return send_error(res, overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
+    engine::CompletionJob cj;
+    cj.prompt = job->prompt;
+    cj.params = job->params;
+    cj.seed = job->seed;
+    cj.n = job->n;
+    cj.deadline = job->deadline;
+    cj.submitted = admitted;
+    auto handle = lm.scheduler->submit(std::move(cj), static_cast<size_t>(std::max(1, opt.queue_factor)) *
+                                                         static_cast<size_t>(lm.pool->size()));
+    if (!handle) {
+      if (handle.error().code == core::Errc::kResourceExhausted) {
         metrics.inc(kRejected, {{"model", model_id}});
-        return send_error(res, overloaded("Model '" + model_id + "' is overloaded: " + std::to_string(w) +
-                                              " requests are already waiting. Retry later.",
+        return send_error(res, overloaded("Model '" + model_id + "' is overloaded: " + handle.error().message +
+                                              ". Retry later.",
                                           "overloaded", 1));
       }
-      ++w;
+      return send_error(res, from_core_error(handle.error(), 500));
     }
-    auto lease = pool.acquire(job->deadline);
-    {
-      std::lock_guard lock(wait_mu);
-      --waiting[model_id];
-    }
-    metrics.observe(kQueueWait, {{"model", model_id}}, seconds_since(admitted));
-    if (!lease) {
-      const engine::PoolError pe = lease.error();
-      return send_error(res, overloaded(std::string("No engine replica of '") + model_id +
-                                            "' became free: " + engine::pool_error_name(pe) + ".",
-                                        pe == engine::PoolError::kTimeout ? "timeout" : "overloaded", 1));
-    }
-    job->lease.emplace(std::move(*lease));
+    job->handle = std::move(*handle);
+    job->client_fd = find_client_socket(req, bound_port);
     metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
 
     if (cr.stream) return start_stream(res, job);
-    run_blocking(req, res, *job);
+    run_blocking(res, *job);
   }
 
-  // Runs choice `index` of `job` on its leased engine. `on_piece` gets each
-  // released piece of text (possibly empty, once per token) and returns false
-  // when the client is gone.
-  core::Expected<engine::GenerationResult> run_choice(Job& job, int index,
-                                                      const std::function<bool(std::string_view)>& on_piece,
-                                                      CutReason& cut) {
-    engine::RequestRateTracker tracker(index == 0 ? job.admitted : Clock::now());
-    tracker.on_start();
-    engine::GenerateRequest gr;
-    gr.prompt = job.prompt;
-    gr.params = job.params;
-    if (job.seed) gr.seed = *job.seed + static_cast<uint64_t>(index);
-    gr.cancel = &stopping;
-    gr.tracker = &tracker;
-    gr.on_token = [&](const engine::TokenEvent& ev) {
-      if (ev.token < 0) {  // the final flush: its text still goes out
-        if (!ev.text.empty()) on_piece(ev.text);
-        return true;
+  // What one job's events came to, choice by choice.
+  struct Progress {
+    std::vector<std::optional<engine::GenerationResult>> done;  // per choice
+    int n_done = 0;
+    std::optional<core::Error> failed;
+    CutReason cut = CutReason::kNone;
+    bool started = false;  // a choice produced an event (it left the queue)
+  };
+
+  // Pumps `job`'s events until every choice is done, the job failed, or
+  // `on_text` (per released piece: choice, text) returns false (the client is
+  // gone). Between events it checks the client's socket, shutdown and the
+  // deadline every 20 ms and cancels the job when needed: it stops within
+  // one scheduler step.
+  void pump(Job& job, Progress& pr, const std::function<bool(int, std::string_view)>& on_text) {
+    pr.done.assign(static_cast<size_t>(job.n), std::nullopt);
+    std::vector<engine::JobEvent> evs;
+    bool cancelled = false;
+    while (pr.n_done < job.n && !pr.failed) {
+      evs.clear();
+      job.handle->wait(evs, Clock::now() + std::chrono::milliseconds(20));
+      for (auto& e : evs) {
+        pr.started = true;
+        switch (e.kind) {
+          case engine::JobEvent::Kind::kText:
+            if (!cancelled && !on_text(e.choice, e.text)) {
+              pr.cut = CutReason::kClientGone;
+              cancelled = true;
+              job.handle->cancel();
+            }
+            break;
+          case engine::JobEvent::Kind::kDone:
+            if (!pr.done[static_cast<size_t>(e.choice)]) ++pr.n_done;
+            pr.done[static_cast<size_t>(e.choice)] = std::move(e.result);
+            break;
+          case engine::JobEvent::Kind::kFailed:
+            pr.failed = e.error;
+            break;
+        }
       }
+      if (cancelled) continue;
       if (stopping) {
-        cut = CutReason::kShutdown;
-        return false;
-      }
-      if (!on_piece(ev.text)) {
-        cut = CutReason::kClientGone;
-        return false;
-      }
-      if (Clock::now() > job.deadline) {
-        cut = CutReason::kTimeout;
-        return false;
-      }
-      return true;
-    };
-    auto r = job.lease->engine().generate_request(gr);
-    tracker.on_finish();
-    if (r) {
-      const std::string& model = job.meta.model;
-      metrics.inc(kCompletionTokens, {{"model", model}}, r->completion_tokens);
-      auto s = tracker.summary();
-      if (index == 0 && s.tokens > 0) metrics.observe(kTtft, {{"model", model}}, s.ttft_ms / 1000.0);
-      for (double gap : s.itl_ms) metrics.observe(kItl, {{"model", model}}, gap / 1000.0);
-      if (r->finish_reason == engine::FinishReason::kCancelled) {
-        if (cut == CutReason::kNone) cut = stopping ? CutReason::kShutdown : CutReason::kTimeout;
-        const char* why = cut == CutReason::kClientGone ? "client_gone" : cut == CutReason::kTimeout ? "timeout" : "shutdown";
-        metrics.inc(kCancelled, {{"reason", why}});
+        pr.cut = CutReason::kShutdown;
+        cancelled = true;
+        job.handle->cancel();
+      } else if (peer_closed(job.client_fd)) {
+        pr.cut = CutReason::kClientGone;
+        cancelled = true;
+        job.handle->cancel();
       }
     }
-    return r;
+    // Metrics of what ran.
+    const std::string& model = job.meta.model;
+    for (size_t i = 0; i < pr.done.size(); ++i) {
+      if (!pr.done[i]) continue;
+      const engine::GenerationResult& r = *pr.done[i];
+      metrics.inc(kCompletionTokens, {{"model", model}}, r.completion_tokens);
+      if (i == 0 && r.rate.tokens > 0) metrics.observe(kTtft, {{"model", model}}, r.rate.ttft_ms / 1000.0);
+      if (i == 0) metrics.observe(kQueueWait, {{"model", model}}, r.rate.queue_ms / 1000.0);
+      for (double gap : r.rate.itl_ms) metrics.observe(kItl, {{"model", model}}, gap / 1000.0);
+      if (r.timed_out) metrics.inc(kCancelled, {{"reason", "timeout"}});
+    }
+    if (pr.failed && pr.failed->code == core::Errc::kCancelled && pr.cut == CutReason::kNone)
+      pr.cut = stopping ? CutReason::kShutdown : CutReason::kClientGone;
+    bool any_cancelled = pr.failed && pr.failed->code == core::Errc::kCancelled;
+    for (const auto& d : pr.done) any_cancelled = any_cancelled || (d && d->finish_reason == engine::FinishReason::kCancelled);
+    if (any_cancelled) {
+      if (pr.cut == CutReason::kNone) pr.cut = stopping ? CutReason::kShutdown : CutReason::kClientGone;
+      metrics.inc(kCancelled, {{"reason", pr.cut == CutReason::kClientGone ? "client_gone" : "shutdown"}});
+    }
+  }
+
+  // The error for a job that failed before it produced an answer.
+  ApiError failure_error(const core::Error& e, CutReason cut) const {
+    switch (e.code) {
+      case core::Errc::kTimeout:
+        return overloaded("The request timed out waiting for an engine replica.", "timeout", 1);
+      case core::Errc::kCancelled:
+        return cut_error(cut);
+      case core::Errc::kResourceExhausted:
+        return stopping ? overloaded("The server is shutting down.", "shutting_down", 5)
+                        : overloaded("No engine replica became free: " + e.message + ".", "overloaded", 1);
+      default:
+        return from_core_error(e, 500);
+    }
   }
 
   static ApiError cut_error(CutReason cut) {
-    if (cut == CutReason::kTimeout) return overloaded("The request timed out while generating.", "timeout", 1);
     if (cut == CutReason::kClientGone) {
       ApiError e;  // nobody reads it; the status labels the request in /metrics (nginx's 499)
       e.status = 499;
@@ -685,22 +753,26 @@ struct Server::Impl {
     return overloaded("The server is shutting down.", "shutting_down", 5);
   }
 
-  // A non-streamed answer. Like a stream, it stops within one decode step
-  // when the client hangs up (checked on the connection's socket per token);
-  // it used to run to max_tokens for nobody, holding its replica.
-  void run_blocking(const httplib::Request& req, httplib::Response& res, Job& job) {
+  // finish_reason of a choice: a timed-out one is "length" (the answer so far).
+  static std::string finish_name(const engine::GenerationResult& r) {
+    return engine::finish_reason_name(r.finish_reason);
+  }
+
+  // A non-streamed answer. It stops within one scheduler step when the
+  // client hangs up (the socket is checked while the job runs).
+  void run_blocking(httplib::Response& res, Job& job) {
+    Progress pr;
+    pump(job, pr, [](int, std::string_view) { return true; });
+    if (pr.failed) return send_error(res, failure_error(*pr.failed, pr.cut));
     std::vector<Choice> choices;
     Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
-    const int fd = find_client_socket(req, bound_port);
-    for (int i = 0; i < job.n; ++i) {
-      CutReason cut = CutReason::kNone;
-      auto r = run_choice(job, i, [fd](std::string_view) { return !peer_closed(fd); }, cut);
-      if (!r) return send_error(res, from_core_error(r.error(), 500));
-      if (r->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(cut));
-      usage.completion_tokens += r->completion_tokens;
-      choices.push_back(Choice{std::move(r->text), engine::finish_reason_name(r->finish_reason)});
+    usage.cached_tokens = pr.done.empty() || !pr.done.front() ? 0 : pr.done.front()->cached_tokens;
+    for (auto& d : pr.done) {
+      if (!d || d->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(pr.cut));
+      usage.completion_tokens += d->completion_tokens;
+      choices.push_back(Choice{std::move(d->text), finish_name(*d)});
     }
-    job.lease.reset();  // the engine goes back before the body is sent
+    job.handle.reset();
     send_json(res, 200, build_response(job.meta, choices, usage));
   }
 
@@ -717,33 +789,41 @@ struct Server::Impl {
         return write(sse_event(c));
       };
       bool alive = true;
-      Usage usage{static_cast<int64_t>(job->prompt.size()), 0};
-      for (int i = 0; i < job->n && alive; ++i) {
-        if (job->meta.endpoint == Endpoint::kChat) alive = chunk(build_role_chunk(job->meta, i));
-        if (!alive) break;
-        CutReason cut = CutReason::kNone;
-        auto on_piece = [&](std::string_view text) {
+      std::vector<bool> role_sent(static_cast<size_t>(job->n), false);
+      auto ensure_role = [&](int i) {
+        if (job->meta.endpoint != Endpoint::kChat || role_sent[static_cast<size_t>(i)]) return true;
+        role_sent[static_cast<size_t>(i)] = true;
+        return chunk(build_role_chunk(job->meta, i));
+      };
+      if (job->n == 1) alive = ensure_role(0);
+      Progress pr;
+      std::vector<bool> finished(static_cast<size_t>(job->n), false);
+      if (alive) {
+        pump(*job, pr, [&](int i, std::string_view text) {
           if (!alive || !sink.is_writable()) return alive = false;
-          if (!text.empty()) alive = chunk(build_content_chunk(job->meta, i, text));
+          alive = ensure_role(i) && chunk(build_content_chunk(job->meta, i, text));
           return alive;
-        };
-        auto r = run_choice(*job, i, on_piece, cut);
-        if (!r) {
-          // The stream ends with the error event, as for timeouts and
-          // shutdown: no usage chunk and no [DONE] after it.
-          write(sse_event(from_core_error(r.error(), 500).to_json()));
-          alive = false;
-          break;
-        }
-        if (r->finish_reason == engine::FinishReason::kCancelled) {
-          if (cut != CutReason::kClientGone && alive) write(sse_event(cut_error(cut).to_json()));
-          alive = false;
-          break;
-        }
-        usage.completion_tokens += r->completion_tokens;
-        alive = chunk(build_finish_chunk(job->meta, i, engine::finish_reason_name(r->finish_reason)));
+        });
       }
-      job->lease.reset();  // free the replica before the last bytes go out
+      if (alive && pr.failed) {
+        // The stream ends with the error event: no usage chunk and no [DONE] after it.
+        if (pr.cut != CutReason::kClientGone) write(sse_event(failure_error(*pr.failed, pr.cut).to_json()));
+        alive = false;
+      }
+      Usage usage{static_cast<int64_t>(job->prompt.size()), 0};
+      usage.cached_tokens = 0;
+      for (int i = 0; i < job->n && alive; ++i) {
+        const auto& d = pr.done[static_cast<size_t>(i)];
+        if (!d || d->finish_reason == engine::FinishReason::kCancelled) {
+          if (pr.cut != CutReason::kClientGone) write(sse_event(cut_error(pr.cut).to_json()));
+          alive = false;
+          break;
+        }
+        usage.completion_tokens += d->completion_tokens;
+        if (i == 0) usage.cached_tokens = d->cached_tokens;
+        alive = ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish_name(*d)));
+      }
+      job->handle.reset();
       if (alive) {
         if (job->include_usage) alive = write(sse_event(build_usage_chunk(job->meta, usage)));
         if (alive) write(std::string(kSseDone));
@@ -844,7 +924,8 @@ struct Server::Impl {
 
   void refresh_gauges() {
     auto rows = models->list();
-    for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps})
+    for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps,
+                          kRunning, kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage})
       metrics.clear(g);
     size_t loaded = 0;
     for (const auto& m : rows) {
@@ -859,10 +940,21 @@ struct Server::Impl {
         metrics.set(kEngineItlP95, {{"model", m.id}}, st.itl_p95_ms / 1000.0);
         metrics.set(kEngineTps, {{"model", m.id}}, st.tokens_per_s_mean);
       }
-    }
-    {
-      std::lock_guard lock(wait_mu);
-      for (const auto& [id, w] : waiting) metrics.set(kWaiting, {{"model", id}}, w);
+      if (auto lm = models->peek(m.id); lm && lm->scheduler) {
+        const engine::SchedulerStats ss = lm->scheduler->stats();
+        const Labels l{{"model", m.id}};
+        const double kv = ss.kv_capacity > 0 ? static_cast<double>(ss.kv_used) / static_cast<double>(ss.kv_capacity) : 0;
+        metrics.set(kRunning, l, static_cast<double>(ss.running));
+        metrics.set(kWaiting, l, static_cast<double>(ss.waiting));
+        metrics.set(kKvUsage, l, kv);
+        metrics.set(kVllmRunning, {{"model_name", m.id}}, static_cast<double>(ss.running));
+        metrics.set(kVllmWaiting, {{"model_name", m.id}}, static_cast<double>(ss.waiting));
+        metrics.set(kVllmKvUsage, {{"model_name", m.id}}, kv);
+        metrics.set(kCacheHits, l, static_cast<double>(ss.cache_hits));
+        metrics.set(kCachedTokens, l, static_cast<double>(ss.cached_tokens));
+        metrics.set(kComputedPrompt, l, static_cast<double>(ss.prompt_tokens));
+        metrics.set_histogram(kStepTokens, l, ss.step_hist, static_cast<double>(ss.step_tokens));
+      }
     }
     metrics.set(kModelsLoaded, {}, static_cast<double>(loaded));
     metrics.set(kMemoryBytes, {}, static_cast<double>(models->current_mem_bytes()));

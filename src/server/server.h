@@ -9,18 +9,25 @@
 //
 // One request: parse + validate (400) -> ModelPool::acquire (404 unknown,
 // 503 loading) -> tokenize (chat template) -> context check (400
-// context_length_exceeded) -> bounded admission (503 + Retry-After when
-// queue_factor x pool size requests already wait) -> EnginePool::acquire with
-// the request deadline (503 + Retry-After) -> generate, streamed as SSE or
-// returned as one body -> lease dropped (engine back, then permit).
+// context_length_exceeded) -> the model's engine::Scheduler: submit (503 +
+// Retry-After when queue_factor x pool size jobs already wait); the step
+// loop runs it batched with the model's other requests, and this thread only
+// streams its events (SSE) or collects them into one body. A request still
+// queued at its deadline is a 503 "timeout"; one that reaches the deadline
+// while generating returns what it produced with finish_reason "length".
+// A request without `seed` gets ServerOptions::default_seed or a fresh
+// random one; usage.prompt_tokens_details.cached_tokens says how much of the
+// prompt came from the prompt cache.
 //
-// A streaming client that disconnects is noticed before the next decode step
-// (the token callback checks the socket) and its generation stops, freeing
-// the engine. stop() cancels in-flight generations, closes the pools, stops
-// the listener and closes idle keep-alive connections.
+// A client that disconnects (the socket is checked every 20 ms while its
+// job runs), a shutdown, or a dropped job cancels it: it stops within one
+// scheduler step whether queued, prefilling or decoding. stop() cancels
+// in-flight generations, closes the pools, stops the listener and closes
+// idle keep-alive connections.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -39,6 +46,9 @@ struct ServerOptions {
   int http_threads = 0;              // connection threads; 0: 64
   std::string default_model;         // used when a request names no model
   engine::ModelSpec default_spec;    // pool size / context / sampling for admin loads
+  // Seed of requests that give none (`serve --seed`, reproducible
+  // deployments); unset: a fresh random seed per request.
+  std::optional<uint64_t> default_seed;
   // POST /admin/models/load when the ModelPool has no memory budget: the
   // most KV-cache bytes (all replicas) one load may allocate. 0: the
   // machine's MemAvailable (/proc/meminfo) at the time of the request. With

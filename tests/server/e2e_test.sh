@@ -215,7 +215,10 @@ check "no replica busy afterwards" 0 "$(metric 'bonsai_pool_busy{model="stories"
 
 # ---- /metrics ----
 curl -s "$URL/metrics" >"$WORK/metrics.txt"
-if promtool check metrics <"$WORK/metrics.txt" >"$WORK/promtool.out" 2>&1; then ok "promtool check metrics"; else bad "promtool check metrics: $(cat "$WORK/promtool.out")"; fi
+# The vllm:* series (vLLM's names, which routers read) contain ':', which
+# promtool's linter reserves for recording rules: checked apart.
+grep -q '^vllm:num_requests_running{' "$WORK/metrics.txt" && ok "vllm:num_requests_running exposed" || bad "no vllm:num_requests_running"
+if grep -v -E '^(# (HELP|TYPE) )?vllm:' "$WORK/metrics.txt" | promtool check metrics >"$WORK/promtool.out" 2>&1; then ok "promtool check metrics"; else bad "promtool check metrics: $(cat "$WORK/promtool.out")"; fi
 for m in bonsai_http_requests_total bonsai_prompt_tokens_total bonsai_completion_tokens_total \
   bonsai_time_to_first_token_seconds_bucket bonsai_inter_token_latency_seconds_bucket bonsai_queue_wait_seconds_bucket \
   bonsai_pool_size bonsai_pool_busy bonsai_models_loaded bonsai_memory_bytes bonsai_model_bytes; do
@@ -267,14 +270,16 @@ check "/health says why" unavailable "$(jget "$WORK/body" j.status)"
 metric() { curl -s "$URL/metrics" | awk -v k="$1" 'index($0, k " ") == 1 {print $2; f=1} END {if (!f) print 0}'; }
 check "a short request loads the model on demand" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once","max_tokens":1}')"
 check "/health after the on-demand load: 200" 200 "$(curl -s -o "$WORK/body" -w '%{http_code}' "$URL/health")"
-check "timeout: a long request gets 503" 503 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true}')"
-check "timeout: code" timeout "$(jget "$WORK/body" j.error.code)"
+# A request that times out while generating answers with what it produced,
+# finish_reason "length" (only one still queued at its deadline gets 503).
+check "timeout: a long request gets 200 with what was produced" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true}')"
+check "timeout: finish_reason" length "$(jget "$WORK/body" 'j.choices[0].finish_reason')"
 spent="$(metric 'bonsai_completion_tokens_total{model="stories"}')"
 spent=$((spent - 1))
 [ "$spent" -lt 1900 ] && ok "timeout: the generation stopped after $spent of 1900 tokens" || bad "timeout: ran $spent tokens"
 check "timeout counted" 1 "$(metric 'bonsai_generations_cancelled_total{reason="timeout"}')"
-check "timeout while streaming: 200 then an error event" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true,"stream":true}')"
-grep -q '"code":"timeout"' "$WORK/body" && ok "timeout: the stream carries the error object" || bad "timeout: no error event in the stream"
+check "timeout while streaming: 200" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true,"stream":true}')"
+grep -q '"finish_reason":"length"' "$WORK/body" && grep -q 'data: \[DONE\]' "$WORK/body" && ok "timeout: the stream ends with finish_reason length and [DONE]" || bad "timeout: the stream did not end with length: $(tail -c 300 "$WORK/body")"
 stop_server
 
 # ---- a model that cannot fit the memory budget even alone is refused clearly ----
