@@ -4,6 +4,7 @@
 //                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
 //                [--q2-layout g64|g128-d-first|g128-qs-first]
+//                [-s SEED] [-b BATCH] [--no-cache-prompt]
 //
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
 // (--config) may hold the same keys (see src/server/config.h); flags given
@@ -59,6 +60,9 @@ struct ServeFlags {
   std::string config;
   double timeout = 0;
   std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
+  uint64_t seed = 0;      // -s/--seed: default seed of requests without one (given: reproducible)
+  int batch_size = 0;     // -b/--batch-size: tokens per scheduler step (0: 512)
+  bool no_cache_prompt = false;  // --no-cache-prompt: no prompt-prefix reuse across requests
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -151,6 +155,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   engine::ModelSpec base;
   base.pool_size = cfg.pool_size;
   base.ctx_size = cfg.ctx_size;
+  base.batch_size = f.batch_size;
+  base.prompt_cache = !f.no_cache_prompt;
   for (const auto& m : cfg.models) {
     engine::ModelSpec spec = base;
     spec.path = m.path;
@@ -205,6 +211,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.queue_factor = cfg.queue_factor;
   so.default_model = cfg.models.front().id;
   so.default_spec = base;
+  if (given("--seed")) so.default_seed = f.seed;
   server::Server srv(pool, so);
   auto port = srv.bind();
   if (!port) {
@@ -253,6 +260,13 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
                   "(env BONSAI_Q2_LAYOUT; default: detected)");
+  cmd->add_option("-s,--seed", f->seed,
+                  "Seed of requests that give none (default: a fresh random seed per request)");
+  cmd->add_option("-b,--batch-size", f->batch_size,
+                  "Most tokens per scheduler step: running streams' tokens plus prompt chunks (default 512)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--no-cache-prompt", f->no_cache_prompt,
+                "Do not reuse cached prompt prefixes across requests (the prompt cache is on by default)");
   cmd->callback([cmd, f] { set_exit_code(serve_main(cmd, *f)); });
 }
 
