@@ -1,11 +1,13 @@
 // `bonsai synth -o FILE --preset tiny|1.7b|4b|8b [--type q1_0|q2_0|f16] [--seed N]`:
 // writes a Qwen3-architecture GGUF with deterministic random weights (see
 // synth.h). Prints a one-line summary; errors print the message and exit 1.
+// On a terminal, a progress line on stderr while the tensors are written.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
 #include <string>
 
+#include "apps/bonsai/cli_common.h"  // init_runtime, Progress
 #include "apps/bonsai/commands.h"
 #include "apps/bonsai/synth.h"
 
@@ -39,14 +41,27 @@ void register_synth(CLI::App& app) {
       set_exit_code(1);
       return;
     }
-    synth::Options o{*preset, *type, opt->seed};
+    // BONSAI_KERNEL is checked as in every command (usage error, exit 2).
+    const auto rt = init_runtime_or_report("synth", RuntimeFlags{.size_global_pool = false});
+    if (!rt) {
+      set_exit_code(kExitUsage);
+      return;
+    }
+    synth::Options o{*preset, *type, opt->seed, {}};
+    Progress progress("synth: writing " + opt->out, 0, Progress::Unit::kBytes, rt->progress);
+    o.on_progress = [&progress](uint64_t done, uint64_t total) {
+      progress.set_total(total);
+      progress.update(done);
+    };
     auto w = synth::build(o);
     if (!w) {
       std::cerr << "bonsai synth: " << w.error().message << "\n";
       set_exit_code(1);
       return;
     }
-    if (auto r = w->write(opt->out); !r) {
+    auto written = w->write(opt->out);
+    progress.finish();
+    if (auto& r = written; !r) {
       std::cerr << "bonsai synth: " << r.error().message << "\n";
       set_exit_code(1);
       return;

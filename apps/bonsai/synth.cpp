@@ -576,14 +576,32 @@ core::Expected<gguf::Writer> build(const Options& o) {
   w.set_bool("tokenizer.ggml.add_bos_token", false);
   w.set_string("tokenizer.chat_template", std::string(kChatTemplate));
 
-  for (TensorSpec& spec : tensor_list(p, quiet)) {
+  // Progress: bytes generated so far over the sum of every tensor's bytes.
+  struct Counter {
+    uint64_t done = 0;
+    uint64_t total = 0;
+    std::function<void(uint64_t, uint64_t)> report;
+  };
+  auto counter = std::make_shared<Counter>();
+  counter->report = o.on_progress;
+  auto specs = tensor_list(p, quiet);
+  for (const TensorSpec& spec : specs) {
+    const core::GgmlType t = spec.kind == Kind::kNorm ? core::GgmlType::F32 : ggml_type(o.type);
+    const auto traits = core::ggml_type_traits(static_cast<uint32_t>(t));
+    int64_t n = 1;
+    for (int64_t d : spec.ne) n *= d;
+    if (traits) counter->total += static_cast<uint64_t>(n) / traits->block_size * traits->type_size;
+  }
+  for (TensorSpec& spec : specs) {
     const core::GgmlType t = spec.kind == Kind::kNorm ? core::GgmlType::F32 : ggml_type(o.type);
     auto shared = std::make_shared<TensorSpec>(spec);
     const WeightType wt = o.type;
     const uint64_t seed = o.seed;
-    auto r = w.add_tensor_generated(
-        spec.name, t, spec.ne,
-        [shared, wt, seed](std::span<uint8_t> out) { generate(*shared, wt, seed, out); });
+    auto r = w.add_tensor_generated(spec.name, t, spec.ne, [shared, wt, seed, counter](std::span<uint8_t> out) {
+      generate(*shared, wt, seed, out);
+      counter->done += out.size();
+      if (counter->report) counter->report(counter->done, counter->total);
+    });
     if (!r) return std::unexpected(r.error());
   }
   return w;

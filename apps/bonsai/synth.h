@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,6 +51,10 @@ struct Options {
   Preset preset;
   WeightType type = WeightType::kQ1_0;
   uint64_t seed = 1;
+  // Called after each tensor's data is generated (on the writing thread),
+  // with the tensor bytes generated so far and the total of all tensors;
+  // for a progress display. Empty: not called.
+  std::function<void(uint64_t done_bytes, uint64_t total_bytes)> on_progress;
 };
 
 // The tokenizer synth writes: tokens, token types (llama.cpp's values: 1

@@ -67,3 +67,41 @@ TEST(CliRuntime, ReferenceKernelRunsAndReproducesTheGreedyOracle) {
 }
 
 }  // namespace
+
+namespace {
+
+// Progress lines (synth, model load) go to stderr only when forced here
+// (BONSAI_PROGRESS=1 stands in for a terminal) and never to stdout.
+TEST(CliProgress, SynthAndModelLoadShowProgressOnlyWhenEnabled) {
+  const auto out = std::filesystem::temp_directory_path() / ("bonsai_progress_" + std::to_string(::getpid()) + ".gguf");
+  const std::string synth = "synth --preset tiny -o '" + out.string() + "'";
+  const auto shown = run_bonsai(synth, "BONSAI_PROGRESS=1 ");
+  ASSERT_EQ(shown.rc, 0) << shown.err;
+  EXPECT_EQ(shown.err.rfind("\r\033[Ksynth: writing " + out.string() + " [", 0), 0u) << shown.err;
+  EXPECT_NE(shown.err.find(" MiB / "), std::string::npos) << shown.err;
+  EXPECT_EQ(shown.out.rfind("wrote " + out.string(), 0), 0u) << shown.out;
+  const auto quiet = run_bonsai(synth, "BONSAI_PROGRESS=0 ");
+  ASSERT_EQ(quiet.rc, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+  const auto piped = run_bonsai(synth);  // stderr is a file: not a terminal
+  ASSERT_EQ(piped.rc, 0) << piped.err;
+  EXPECT_EQ(piped.err, "");
+
+  const std::string logits = "logits -m '" + out.string() + "' --ids 1,2 --top-k 1 --json";
+  const auto load = run_bonsai(logits, "BONSAI_PROGRESS=1 ");
+  ASSERT_EQ(load.rc, 0) << load.err;
+  EXPECT_EQ(load.err.rfind("\r\033[Kloading " + out.string() + " ...", 0), 0u) << load.err;
+  EXPECT_EQ(nlohmann::json::parse(load.out).at("tokens"), nlohmann::json::array({1, 2})) << load.out;
+  const auto load_quiet = run_bonsai(logits);
+  ASSERT_EQ(load_quiet.rc, 0) << load_quiet.err;
+  EXPECT_EQ(load_quiet.err, "");
+  std::filesystem::remove(out);
+}
+
+TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
+  const auto r = run_bonsai("synth --preset tiny -o /nonexistent/x.gguf", "BONSAI_KERNEL=bogus ");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.err, "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512 or neon)\n");
+}
+
+}  // namespace
