@@ -105,3 +105,42 @@ TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
 }
 
 }  // namespace
+
+namespace {
+
+// `bonsai serve ARGS` until it listens (at most 60 s), then SIGTERM; its stderr.
+std::string serve_startup_stderr(const std::string& args) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("bonsai_apps_serve_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string bin = (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string();
+  const std::string out = (dir / "out").string(), err = (dir / "err").string();
+  const std::string script = "'" + bin + "' serve " + args + " </dev/null >'" + out + "' 2>'" + err +
+                             "' & pid=$!; for i in $(seq 600); do grep -q listening '" + out +
+                             "' && break; sleep 0.1; done; kill -TERM $pid; wait $pid";
+  const int status = std::system(script.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::string text = bonsai::test::slurp_file(err);
+  fs::remove_all(dir);
+  return text;
+}
+
+// Issue 10: with a memory budget that holds one of two preloaded models, the
+// second preload evicts the first; start-up said "loaded" for both.
+TEST(CliServe, StartupReportsOnlyModelsStillResidentUnderTheBudget) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string two = "-m a='" + kStories + "' -m b='" + kStories + "' --port 0 -c 4096 --pool-size 1 --models-max 2";
+  const std::string both = serve_startup_stderr(two);
+  EXPECT_NE(both.find("bonsai serve: loaded 'a' from "), std::string::npos) << both;
+  EXPECT_NE(both.find("bonsai serve: loaded 'b' from "), std::string::npos) << both;
+  // Each is ~3 MiB (the mapping and a 4096-position KV cache): 4 MiB holds one.
+  const std::string one = serve_startup_stderr(two + " --mem-budget 4");
+  EXPECT_EQ(one.find("loaded 'a'"), std::string::npos) << one;
+  EXPECT_NE(one.find("bonsai serve: 'a' was evicted at start-up to make room for a later model (--mem-budget 4 MiB, "
+                     "--models-max 2); it loads on first use\n"),
+            std::string::npos)
+      << one;
+  EXPECT_NE(one.find("bonsai serve: loaded 'b' from "), std::string::npos) << one;
+}
+
+}  // namespace
