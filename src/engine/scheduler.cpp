@@ -14,7 +14,9 @@ namespace bonsai::engine {
 
 void JobHandle::cancel() {
   cancel_.store(true, std::memory_order_relaxed);
-  if (wake_) wake_();
+  if (!waker_) return;
+  std::lock_guard lock(waker_->mu);
+  if (waker_->owner != nullptr) waker_->owner->wake();
 }
 
 bool JobHandle::wait(std::vector<JobEvent>& out, Clock::time_point until) {
@@ -72,12 +74,17 @@ struct Scheduler::Scratch {
 Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
                      SchedulerOptions options)
     : pool_(std::move(pool)), model_(std::move(model)), n_ctx_(n_ctx), opt_(std::move(options)),
-      scratch_(std::make_unique<Scratch>()) {
+      waker_(std::make_shared<JobHandle::Waker>()), scratch_(std::make_unique<Scratch>()) {
   if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
+  waker_->owner = this;
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(waker_->mu);
+    waker_->owner = nullptr;
+  }
   {
     std::lock_guard lock(mu_);
     stop_ = true;
@@ -101,7 +108,7 @@ core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit(CompletionJob req, 
   auto job = std::make_shared<Job>();
   job->req = std::move(req);
   job->handle = std::make_shared<JobHandle>();
-  job->handle->wake_ = [this] { wake(); };
+  job->handle->waker_ = waker_;
   std::shared_ptr<JobHandle> h = job->handle;
   {
     std::lock_guard lock(mu_);

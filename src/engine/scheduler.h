@@ -102,6 +102,8 @@ struct JobEvent {
   core::Error error;
 };
 
+class Scheduler;
+
 // The link between a submitter and its job. Thread-safe; shared by the
 // submitting thread and the scheduler loop (shared_ptr).
 class JobHandle {
@@ -119,8 +121,14 @@ class JobHandle {
  private:
   friend class Scheduler;
   void push(JobEvent e);
+  // Wakes the scheduler's loop; outlives it (the scheduler detaches itself
+  // in its destructor, so cancel() after that is only a flag).
+  struct Waker {
+    std::mutex mu;
+    Scheduler* owner = nullptr;  // guarded by mu
+  };
   std::atomic<bool> cancel_{false};
-  std::function<void()> wake_;  // set by submit before the handle is shared
+  std::shared_ptr<Waker> waker_;  // set by submit before the handle is shared
   mutable std::mutex mu_;       // guards events_, ended_
   std::condition_variable cv_;
   std::vector<JobEvent> events_;
@@ -167,6 +175,7 @@ class Scheduler {
   const SchedulerOptions& options() const { return opt_; }
 
  private:
+  friend class JobHandle;  // cancel() wakes the loop
   struct Job;
   struct Live;
   void loop();
@@ -183,6 +192,7 @@ class Scheduler {
   std::shared_ptr<const model::Model> model_;
   const int64_t n_ctx_;
   SchedulerOptions opt_;
+  std::shared_ptr<JobHandle::Waker> waker_;  // shared with every handle
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""serve_bench: aggregate decode tok/s, TTFT and inter-token latency (p50/p99)
+of `bonsai serve` for 1, 2, 4, 8, 16 concurrent streaming clients.
+
+Starts `bonsai serve` on a free port over MODEL (default: the 1.7B shape made
+once with `bonsai synth --preset 1.7b -o /tmp/b17.gguf` and reused), with
+--pool-size = the largest client count so every client has a sequence slot,
+runs each concurrency level (each client streams one /v1/completions answer
+of --max-tokens tokens, ignore_eos, temperature 0, distinct prompts so the
+prompt cache does not help), and prints one row per level plus a JSON file.
+
+  bench/serve_bench.py --bonsai build/apps/bonsai/bonsai [--model F] [--clients 1,2,4,8,16]
+                       [--max-tokens 64] [--threads T] [--batch-size 512] [--out bench/results/x.json]
+
+Aggregate decode tok/s = all tokens after each client's first one / (last
+token time - earliest first-token time), i.e. the steady decode rate.
+"""
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def pct(xs, p):
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def stream_one(url, prompt, max_tokens, out):
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    times = []
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(ev["error"])
+            ch = ev.get("choices") or []
+            if ch and ch[0].get("text"):
+                times.append(time.monotonic())
+    out.append({"t0": t0, "times": times})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bonsai", default="build/apps/bonsai/bonsai")
+    ap.add_argument("--model", default="/tmp/b17.gguf")
+    ap.add_argument("--clients", default="1,2,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--ctx-size", type=int, default=512)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.clients.split(",")]
+    if not os.path.exists(a.model):
+        subprocess.run([a.bonsai, "synth", "--preset", "1.7b", "-o", a.model], check=True)
+    port = free_port()
+    cmd = [a.bonsai, "serve", "-m", "m=" + a.model, "--port", str(port), "--pool-size", str(max(levels)),
+           "-c", str(a.ctx_size), "-b", str(a.batch_size), "--timeout", "3600"]
+    if a.threads > 0:
+        cmd += ["-t", str(a.threads)]
+    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = "http://127.0.0.1:%d" % port
+    try:
+        for _ in range(1200):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                break
+            except Exception:
+                if srv.poll() is not None:
+                    sys.exit("bonsai serve exited: " + srv.stdout.read())
+                time.sleep(0.5)
+        stream_one(url, "Warm up.", 4, [])
+        rows = []
+        words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+                 "kilo", "lima", "mike", "november", "oscar", "papa"]
+        for n in levels:
+            out = []
+            ths = [threading.Thread(target=stream_one,
+                                    args=(url, "Story %d about %s: once upon a time" % (n, words[i % 16]), a.max_tokens, out))
+                   for i in range(n)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            ttft = [(o["times"][0] - o["t0"]) * 1000 for o in out if o["times"]]
+            itl = [(b - c) * 1000 for o in out for c, b in zip(o["times"], o["times"][1:])]
+            first = min(o["times"][0] for o in out if o["times"])
+            last = max(o["times"][-1] for o in out if o["times"])
+            decode_tokens = sum(max(0, len(o["times"]) - 1) for o in out)
+            agg = decode_tokens / (last - first) if last > first else 0.0
+            row = {"clients": n, "aggregate_decode_tok_s": round(agg, 2), "ttft_p50_ms": round(pct(ttft, 50), 1),
+                   "ttft_p99_ms": round(pct(ttft, 99), 1), "itl_p50_ms": round(pct(itl, 50), 1),
+                   "itl_p99_ms": round(pct(itl, 99), 1), "tokens": sum(len(o["times"]) for o in out)}
+            rows.append(row)
+            print("clients %2d  aggregate %7.2f tok/s  TTFT p50 %8.1f p99 %8.1f ms  ITL p50 %7.1f p99 %7.1f ms" %
+                  (n, agg, row["ttft_p50_ms"], row["ttft_p99_ms"], row["itl_p50_ms"], row["itl_p99_ms"]), flush=True)
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        steps = [l for l in metrics.splitlines() if l.startswith("bonsai_batch_tokens_per_step_")]
+        result = {"cpu": cpu_model(), "cores": os.cpu_count(), "model": a.model, "flags": cmd[2:], "rows": rows,
+                  "step_histogram": steps}
+        if a.out:
+            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1)
+    finally:
+        srv.terminate()
+        try:
+            srv.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
+if __name__ == "__main__":
+    main()
