@@ -192,9 +192,10 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   gr.cancel = &job.handle->cancel_;
   gr.tracker = &live->tracker;
   JobHandle* h = job.handle.get();
-  gr.on_token = [h, choice](const TokenEvent& ev) {
+  gr.on_token = [this, h, choice](const TokenEvent& ev) {
     if (!ev.text.empty())
-      h->push(JobEvent{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text)});
+      h->push(JobEvent{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text),
+                       .step = steps_.load(std::memory_order_relaxed)});
     return true;
   };
   if (auto ok = e.start(gr, so); !ok) {

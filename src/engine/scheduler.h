@@ -95,6 +95,7 @@ struct JobEvent {
   Kind kind = Kind::kText;
   int choice = 0;
   std::string text;         // kText: released text (never empty)
+  uint64_t step = 0;        // kText: the scheduler step (1-based, SchedulerStats::steps) that sampled it
   GenerationResult result;  // kDone
   // kFailed: kTimeout (still queued at the deadline), kCancelled (cancelled,
   // or the scheduler stopped), kResourceExhausted (the engine pool closed:
