@@ -9,7 +9,8 @@
 //                 the data section, as stored in the tensor info),
 //    "q2_layout": "g64"|"g128-d-first"|"g128-qs-first"  (files with type-42 tensors only)}
 // The Q2_0 layout is detected unless --q2-layout or env BONSAI_Q2_LAYOUT forces it.
-// Errors (unreadable/invalid file, bad layout name) print the message and exit 1.
+// Errors print the message; a bad layout name or BONSAI_KERNEL exits 2, an
+// unreadable/invalid file 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdlib>
@@ -221,13 +222,13 @@ void register_info(CLI::App& app) {
       "Layout of type-42 (Q2_0) tensors: g64|g128-d-first|g128-qs-first (default: detect; "
       "env BONSAI_Q2_LAYOUT)");
   cmd->callback([opt] {
-    auto open_opt = open_options_from_cli(opt->q2_layout);
-    if (!open_opt) {  // unknown layout name: a usage error
-      std::cerr << "bonsai info: " << open_opt.error().message << "\n";
-      set_exit_code(2);
+    // BONSAI_KERNEL, --q2-layout: usage errors (exit 2), as in every command.
+    const auto rt = init_runtime_or_report("info", RuntimeFlags{.size_global_pool = false, .q2_layout = opt->q2_layout});
+    if (!rt) {
+      set_exit_code(kExitUsage);
       return;
     }
-    auto f = gguf::File::open(opt->model, *open_opt);
+    auto f = gguf::File::open(opt->model, rt->open_options);
     if (!f) {
       std::cerr << "bonsai info: " << f.error().message << "\n";
       set_exit_code(1);

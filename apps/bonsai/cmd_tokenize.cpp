@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/bonsai/cli_common.h"  // init_runtime_or_report
 #include "apps/bonsai/commands.h"
 #include "gguf/gguf.h"            // gguf::File
 #include "tokenizer/tokenizer.h"  // Tokenizer
@@ -27,6 +28,8 @@ struct TokenizeOptions {
 };
 
 int run_tokenize(const TokenizeOptions& o) {
+  // BONSAI_KERNEL: a usage error (exit 2), as in every command.
+  if (!init_runtime_or_report("tokenize", RuntimeFlags{.size_global_pool = false})) return kExitUsage;
   auto file = gguf::File::open(o.model_path);
   if (!file) {
     std::cerr << "bonsai tokenize: " << file.error().message << "\n";

@@ -29,12 +29,10 @@ struct ValidateOptions {
 const char* arch_label(model::Arch a) { return a == model::Arch::kQwen3 ? "qwen3" : "llama"; }
 
 int run_validate(const ValidateOptions& o) {
-  auto open_options = open_options_from_cli(o.q2_layout);
-  if (!open_options) {
-    std::cerr << "bonsai validate: " << open_options.error().message << "\n";
-    return 2;
-  }
-  auto file = gguf::File::open(o.model_path, *open_options);
+  // BONSAI_KERNEL, --q2-layout: usage errors (exit 2), as in every command.
+  const auto rt = init_runtime_or_report("validate", RuntimeFlags{.size_global_pool = false, .q2_layout = o.q2_layout});
+  if (!rt) return kExitUsage;
+  auto file = gguf::File::open(o.model_path, rt->open_options);
   if (!file) {
     std::cerr << o.model_path << ": INVALID\n  " << file.error().message << "\n";
     return 1;

@@ -18,7 +18,7 @@ using bonsai::test::run_bonsai;
 const std::string kStories = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
 const std::string kOracle = bonsai::test::shared_path("models/stories260K/expected_greedy_from_bos.json");
 
-TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommandThatComputes) {
+TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommand) {
   BONSAI_REQUIRE_FILE(kStories);
   const std::string m = " -m '" + kStories + "'";
   const std::vector<std::pair<std::string, std::string>> commands = {
@@ -27,6 +27,9 @@ TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommandThatComputes) {
       {"bench", "bench" + m + " -p 8 -n 0 -r 1"},
       {"serve", "serve" + m + " --port 0"},
       {"logits", "logits" + m + " --ids 1,2"},
+      {"info", "info" + m},
+      {"validate", "validate" + m},
+      {"tokenize", "tokenize" + m + " -p Hi"},
   };
   for (const auto& [name, args] : commands) {
     const auto r = run_bonsai(args, "BONSAI_KERNEL=bogus ");
