@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/fp16.h"  // fp16_to_fp32
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"  // active_tier, dequantize_row
 
@@ -149,8 +150,53 @@ BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, 
   if (j + 2 <= ncv) pv_chunks<2>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j), j += 2;
   if (j < ncv) pv_chunks<1>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
 }
+// Row conversion to fp32 scratch (exact; kernels::dequantize_row is scalar
+// for F16 and was most of the cost at long context).
+BONSAI_AVX512 void f16_to_f32_avx512(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = core::fp16_to_fp32(src[i]);
+}
+
+// ggml block_q8_0 rows (fp16 d, int8 qs[32]) -> d * q (exact in fp32).
+BONSAI_AVX512 void q8_0_to_f32_avx512(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+    uint16_t dh;
+    std::memcpy(&dh, src, 2);
+    const __m512 d = _mm512_set1_ps(core::fp16_to_fp32(dh));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18));
+    _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0))));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1))));
+  }
+}
 #pragma GCC diagnostic pop
+
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = core::fp16_to_fp32(src[i]);
+}
 #endif
+
+// n values of consecutive cache rows of type f -> fp32 (exact).
+void load_rows(kernels::Format f, const uint8_t* src, float* dst, int64_t n) {
+#if defined(__x86_64__)
+  const kernels::Tier tier = kernels::active_tier();
+  if (tier == kernels::Tier::kAvx512 && f == kernels::Format::kF16) {
+    return f16_to_f32_avx512(reinterpret_cast<const uint16_t*>(src), dst, n);
+  }
+  if (tier == kernels::Tier::kAvx512 && f == kernels::Format::kQ8_0) return q8_0_to_f32_avx512(src, dst, n);
+  if (tier == kernels::Tier::kAvx2 && f == kernels::Format::kF16) {
+    return f16_to_f32_f16c(reinterpret_cast<const uint16_t*>(src), dst, n);
+  }
+#endif
+  kernels::dequantize_row(f, src, dst, n);
+}
 
 bool use_avx512(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
@@ -241,8 +287,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
       for (int64_t kb = 0; kb <= tl.last_pos; kb += kKeyBlock) {
         const int64_t nk_all = std::min(kKeyBlock, tl.last_pos + 1 - kb);
         // One head's rows are contiguous, so the block is one row of nk_all * hd values.
-        kernels::dequantize_row(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
-        kernels::dequantize_row(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
+        load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
+        load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
         for (int64_t qi = 0; qi < tl.count; ++qi) {
           const int64_t pos = p_first + qi;
           if (pos < kb) continue;
