@@ -28,6 +28,7 @@
 #include "core/ggml_types.h"          // parse_q2_layout
 #include "core/thread_pool.h"         // set_global_thread_count
 #include "engine/inference_engine.h"  // InferenceEngine
+#include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
 #include "model/model.h"              // Model::load
 #include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate
 
@@ -94,6 +95,8 @@ struct GenOptions {
   bool ignore_eos = false;
   std::vector<std::string> stop;
   std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT (as info/validate/logits)
+  std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
+  std::string cache_type_v = "f16";  // -ctv
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
@@ -123,6 +126,14 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--stop", o.stop, "Stop string (repeatable); not printed");
   cmd->add_option("--q2-layout", o.q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
+  const auto kv_type_ok = [](const std::string& s) {
+    const auto t = model::parse_kv_type(s);
+    return t ? std::string() : t.error().message;
+  };
+  cmd->add_option("--cache-type-k", o.cache_type_k, "KV cache type for K: f16, f32, q8_0")
+      ->check(kv_type_ok)->capture_default_str();
+  cmd->add_option("--cache-type-v", o.cache_type_v, "KV cache type for V: f16, f32, q8_0")
+      ->check(kv_type_ok)->capture_default_str();
 }
 
 engine::SamplingParams to_params(const GenOptions& o) {
@@ -193,6 +204,8 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   engine::EngineOptions eo;
   eo.max_seq_len = o.ctx;
   eo.params = params;
+  eo.kv_type_k = model::parse_kv_type(o.cache_type_k).value_or(model::KvType::kF16);  // checked by the parser
+  eo.kv_type_v = model::parse_kv_type(o.cache_type_v).value_or(model::KvType::kF16);
   auto eng = engine::InferenceEngine::create(*model, *tok, eo);
   if (!eng) {
     std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";

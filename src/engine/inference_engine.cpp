@@ -86,7 +86,8 @@ core::Expected<InferenceEngine> InferenceEngine::create(
   if (n_ctx == 0)
     n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kDefaultMaxSeqLen, kDefaultMaxSeqLen);
   auto cache = model::KvCache::create(cfg, n_ctx,
-                                      options.kv_f32 ? model::KvType::kF32 : model::KvType::kF16);
+                                      options.kv_f32 ? model::KvType::kF32 : options.kv_type_k,
+                                      options.kv_f32 ? model::KvType::kF32 : options.kv_type_v);
   if (!cache) return std::unexpected(cache.error());
 
   auto impl = std::make_unique<Impl>();

@@ -45,6 +45,7 @@ class ThreadPool;
 namespace bonsai::model {
 class Model;
 class KvCache;
+enum class KvType : uint8_t;  // model/kv_cache.h
 }
 namespace bonsai::tokenizer {
 class Tokenizer;
@@ -73,6 +74,9 @@ struct EngineOptions {
   SamplingParams params;
   // KV-cache element type: false = F16 (default, as llama.cpp), true = F32.
   bool kv_f32 = false;
+  // -ctk / -ctv: K and V cache types (model::KvType; {} is kF16). kv_f32 overrides both.
+  model::KvType kv_type_k{};
+  model::KvType kv_type_v{};
 };
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
 // Prompt tokens per forward() call in prefill (llama.cpp's default n_ubatch).
