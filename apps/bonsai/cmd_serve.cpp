@@ -5,6 +5,7 @@
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
 //                [--q2-layout g64|g128-d-first|g128-qs-first]
 //                [-s SEED] [-b BATCH] [--no-cache-prompt]
+//                [--reasoning-format deepseek|none]
 //
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
 // (--config) may hold the same keys (see src/server/config.h); flags given
@@ -63,6 +64,7 @@ struct ServeFlags {
   uint64_t seed = 0;      // -s/--seed: default seed of requests without one (given: reproducible)
   int batch_size = 0;     // -b/--batch-size: tokens per scheduler step (0: 512)
   bool no_cache_prompt = false;  // --no-cache-prompt: no prompt-prefix reuse across requests
+  std::string reasoning_format = "deepseek";  // --reasoning-format: deepseek (reasoning_content) | none
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -212,6 +214,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.default_model = cfg.models.front().id;
   so.default_spec = base;
   if (given("--seed")) so.default_seed = f.seed;
+  so.parse_reasoning = f.reasoning_format == "deepseek";
   server::Server srv(pool, so);
   auto port = srv.bind();
   if (!port) {
@@ -267,6 +270,10 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--no-cache-prompt", f->no_cache_prompt,
                 "Do not reuse cached prompt prefixes across requests (the prompt cache is on by default)");
+  cmd->add_option("--reasoning-format", f->reasoning_format,
+                  "Chat answers' <think>...</think>: 'deepseek' returns it as reasoning_content (default), "
+                  "'none' leaves it in content (llama-server's flag)")
+      ->check(CLI::IsMember({"deepseek", "none"}));
   cmd->callback([cmd, f] { set_exit_code(serve_main(cmd, *f)); });
 }
 

@@ -349,6 +349,7 @@ std::optional<ApiError> parse_messages(const json& body, CompletionRequest& out)
     out.messages.push_back(std::move(msg));
   }
   if (auto e = parse_tools(body)) return e;
+  if (auto c = body.find("tool_choice"); c != body.end() && c->is_string() && *c == "none") out.tool_choice_none = true;
   if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     if (auto e = get_bool(*k, "enable_thinking", out.enable_thinking)) {
@@ -578,6 +579,11 @@ std::string new_response_id(Endpoint endpoint) {
   return id;
 }
 
+std::string new_tool_call_id() {
+  std::string id = new_response_id(Endpoint::kCompletion);  // "cmpl-" + 24 hex digits
+  return "call_" + id.substr(5);
+}
+
 namespace {
 
 json envelope(const ResponseMeta& meta, bool chunk) {
@@ -603,7 +609,21 @@ json build_response(const ResponseMeta& meta, const std::vector<Choice>& choices
     json c;
     c["index"] = i;
     if (meta.endpoint == Endpoint::kChat) {
-      c["message"] = json{{"role", "assistant"}, {"content", choices[i].text}};
+      const Choice& ch = choices[i];
+      json msg{{"role", "assistant"}};
+      // OpenAI: content is null for a message that only calls tools.
+      msg["content"] = ch.text.empty() && !ch.tool_calls.empty() ? json(nullptr) : json(ch.text);
+      if (!ch.reasoning.empty()) msg["reasoning_content"] = ch.reasoning;
+      if (!ch.tool_calls.empty()) {
+        json calls = json::array();
+        for (const auto& tc : ch.tool_calls) {
+          calls.push_back({{"id", new_tool_call_id()},
+                           {"type", "function"},
+                           {"function", {{"name", tc.name}, {"arguments", tc.arguments}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+      }
+      c["message"] = std::move(msg);
     } else {
       c["text"] = choices[i].text;
     }
@@ -644,6 +664,19 @@ json build_role_chunk(const ResponseMeta& meta, int index) {
 json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text) {
   if (meta.endpoint == Endpoint::kChat) return chunk_with(meta, index, json{{"content", text}}, nullptr);
   return chunk_with(meta, index, json(text), nullptr);
+}
+
+json build_reasoning_chunk(const ResponseMeta& meta, int index, std::string_view text) {
+  return chunk_with(meta, index, json{{"reasoning_content", text}}, nullptr);
+}
+
+json build_tool_call_chunk(const ResponseMeta& meta, int index, int call_index, const engine::ParsedToolCall& call,
+                           const std::string& call_id) {
+  json tc{{"index", call_index},
+          {"id", call_id},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+  return chunk_with(meta, index, json{{"tool_calls", json::array({std::move(tc)})}}, nullptr);
 }
 
 json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/chat_output.h"      // ParsedToolCall
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
 
 namespace bonsai::server {
@@ -48,6 +49,7 @@ struct CompletionRequest {
   std::string model;                               // may be empty: the server's default model
   std::vector<tokenizer::ChatMessage> messages;    // chat
   nlohmann::ordered_json tools = nullptr;          // chat: OpenAI `tools` (array) or null
+  bool tool_choice_none = false;                   // chat: tool_choice "none" (tool calls stay text)
   bool enable_thinking = true;                     // chat_template_kwargs.enable_thinking
   std::string prompt;                              // completions, text form
   std::vector<int32_t> prompt_ids;                 // completions, token-id form (non-empty: used)
@@ -99,8 +101,10 @@ struct Usage {
 
 // One finished choice.
 struct Choice {
-  std::string text;
-  std::string finish_reason;  // "stop" | "length"
+  std::string text;           // chat: message.content (null when empty and there are tool calls); completions: text
+  std::string finish_reason;  // "stop" | "length" | "tool_calls"
+  std::string reasoning;      // chat: message.reasoning_content (left out when empty)
+  std::vector<engine::ParsedToolCall> tool_calls;  // chat: message.tool_calls (left out when empty)
 };
 
 // Identity shared by a response and all its chunks.
@@ -113,9 +117,20 @@ struct ResponseMeta {
 
 // A new response id: prefix + 24 random hex digits (not from the sampling RNG).
 std::string new_response_id(Endpoint endpoint);
+// A new tool call id: "call_" + 24 random hex digits.
+std::string new_tool_call_id();
 
 // The non-streamed body: chat.completion or text_completion.
 nlohmann::json build_response(const ResponseMeta& meta, const std::vector<Choice>& choices, const Usage& usage);
+
+// Chat stream deltas of the assistant message's other parts (OpenAI
+// "chat.completion.chunk"): {"reasoning_content": text} (llama-server /
+// vLLM's name), and one tool call complete in one chunk:
+// {"tool_calls": [{"index": k, "id", "type": "function", "function":
+// {"name", "arguments"}}]} (k counts the choice's calls from 0).
+nlohmann::json build_reasoning_chunk(const ResponseMeta& meta, int index, std::string_view text);
+nlohmann::json build_tool_call_chunk(const ResponseMeta& meta, int index, int call_index,
+                                     const engine::ParsedToolCall& call, const std::string& call_id);
 
 // Streaming chunks (chat.completion.chunk, or text_completion for /v1/completions).
 // First chunk of a chat choice: delta {"role":"assistant","content":""}.

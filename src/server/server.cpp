@@ -31,6 +31,7 @@
 #include "engine/inference_engine.h"  // GenerationResult, finish_reason_name
 #include "engine/scheduler.h"         // Scheduler, CompletionJob, JobHandle
 #include "gguf/gguf.h"                // OpenOptions
+#include "engine/chat_output.h"       // reasoning / tool-call split of chat answers
 #include "engine/rate_tracker.h"      // RequestRateTracker
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/web_ui.h"            // GET /: the embedded web chat page
@@ -202,6 +203,8 @@ struct Job {
   uint64_t seed = 0;
   int n = 1;
   bool include_usage = false;
+  // Chat: how the generated text splits into reasoning / content / tool calls.
+  engine::ChatOutputParser::Options output;
   ResponseMeta meta;
   Clock::time_point admitted;
   Clock::time_point deadline;
@@ -624,6 +627,9 @@ struct Server::Impl {
     job->seed = cr.seed ? *cr.seed : opt.default_seed ? *opt.default_seed : fresh_seed();
     job->n = cr.n;
     job->include_usage = cr.include_usage;
+    job->output.parse_reasoning = endpoint == Endpoint::kChat && opt.parse_reasoning;
+    job->output.parse_tool_calls = endpoint == Endpoint::kChat && cr.tools.is_array() && !cr.tools.empty() &&
+                                   !cr.tool_choice_none;
     job->meta = ResponseMeta{new_response_id(endpoint), unix_now(), model_id, endpoint};
 
     // Bounded admission: the model's scheduler queues the job (503 +
@@ -770,7 +776,17 @@ struct Server::Impl {
     for (auto& d : pr.done) {
       if (!d || d->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(pr.cut));
       usage.completion_tokens += d->completion_tokens;
-      choices.push_back(Choice{std::move(d->text), finish_name(*d)});
+      Choice ch{std::move(d->text), finish_name(*d), {}, {}};
+      if (job.meta.endpoint == Endpoint::kChat) {
+        engine::ChatOutputParser parser(job.output);
+        engine::ChatOutputDelta all = parser.feed(ch.text);
+        const engine::ChatOutputDelta rest = parser.finish();
+        ch.text = std::move(all.content) + rest.content;
+        ch.reasoning = std::move(all.reasoning) + rest.reasoning;
+        ch.tool_calls = parser.tool_calls();
+        if (!ch.tool_calls.empty() && ch.finish_reason == "stop") ch.finish_reason = "tool_calls";
+      }
+      choices.push_back(std::move(ch));
     }
     job.handle.reset();
     send_json(res, 200, build_response(job.meta, choices, usage));
@@ -798,11 +814,25 @@ struct Server::Impl {
       if (job->n == 1) alive = ensure_role(0);
       Progress pr;
       std::vector<bool> finished(static_cast<size_t>(job->n), false);
+      const bool chat = job->meta.endpoint == Endpoint::kChat;
+      std::vector<engine::ChatOutputParser> parsers(static_cast<size_t>(job->n), engine::ChatOutputParser(job->output));
+      std::vector<int> n_calls(static_cast<size_t>(job->n), 0);
+      // Writes one choice's parsed delta: reasoning, content, completed tool calls.
+      auto emit = [&](int i, const engine::ChatOutputDelta& d) {
+        if (!d.reasoning.empty()) alive = alive && chunk(build_reasoning_chunk(job->meta, i, d.reasoning));
+        if (!d.content.empty()) alive = alive && chunk(build_content_chunk(job->meta, i, d.content));
+        for (const auto& call : d.tool_calls) {
+          const int k = n_calls[static_cast<size_t>(i)]++;
+          alive = alive && chunk(build_tool_call_chunk(job->meta, i, k, call, new_tool_call_id()));
+        }
+        return alive;
+      };
       if (alive) {
         pump(*job, pr, [&](int i, std::string_view text) {
           if (!alive || !sink.is_writable()) return alive = false;
-          alive = ensure_role(i) && chunk(build_content_chunk(job->meta, i, text));
-          return alive;
+          if (!ensure_role(i)) return alive = false;
+          if (!chat) return alive = chunk(build_content_chunk(job->meta, i, text));
+          return emit(i, parsers[static_cast<size_t>(i)].feed(text));
         });
       }
       if (alive && pr.failed) {
@@ -821,7 +851,13 @@ struct Server::Impl {
         }
         usage.completion_tokens += d->completion_tokens;
         if (i == 0) usage.cached_tokens = d->cached_tokens;
-        alive = ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish_name(*d)));
+        std::string finish = finish_name(*d);
+        if (chat) {
+          auto& parser = parsers[static_cast<size_t>(i)];
+          alive = ensure_role(i) && emit(i, parser.finish());
+          if (!parser.tool_calls().empty() && finish == "stop") finish = "tool_calls";
+        }
+        alive = alive && ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish));
       }
       job->handle.reset();
       if (alive) {

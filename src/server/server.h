@@ -49,6 +49,10 @@ struct ServerOptions {
   // Seed of requests that give none (`serve --seed`, reproducible
   // deployments); unset: a fresh random seed per request.
   std::optional<uint64_t> default_seed;
+  // Chat answers: <think>...</think> returned as reasoning_content
+  // (llama-server's --reasoning-format deepseek, the default); false: the
+  // raw text stays in content (--reasoning-format none).
+  bool parse_reasoning = true;
   // POST /admin/models/load when the ModelPool has no memory budget: the
   // most KV-cache bytes (all replicas) one load may allocate. 0: the
   // machine's MemAvailable (/proc/meminfo) at the time of the request. With

@@ -408,6 +408,60 @@ TEST(OpenAiBuild, CompletionShapes) {
   EXPECT_EQ(build_finish_chunk(meta, 0, "length")["choices"][0]["finish_reason"], "length");
 }
 
+// Reasoning and tool calls in the chat shapes (OpenAI "chat.completion" /
+// "chat.completion.chunk"; reasoning_content as llama-server and vLLM name it).
+TEST(OpenAiBuild, ChatReasoningAndToolCallShapes) {
+  ResponseMeta meta{new_response_id(Endpoint::kChat), 1, "m", Endpoint::kChat};
+  Choice thought{"4", "stop", "2+2 is 4", {}};
+  Choice call{"", "tool_calls", "", {{"get_weather", "{\"city\":\"Paris\"}"}, {"ping", "{}"}}};
+  json r = build_response(meta, {thought, call}, Usage{3, 4});
+  const json& m0 = r["choices"][0]["message"];
+  EXPECT_EQ(m0["content"], "4");
+  EXPECT_EQ(m0["reasoning_content"], "2+2 is 4");
+  EXPECT_FALSE(m0.contains("tool_calls"));
+  const json& m1 = r["choices"][1]["message"];
+  EXPECT_TRUE(m1["content"].is_null());  // a message that only calls tools
+  EXPECT_FALSE(m1.contains("reasoning_content"));
+  ASSERT_EQ(m1["tool_calls"].size(), 2u);
+  EXPECT_EQ(m1["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m1["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(m1["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Paris\"}");  // a JSON string
+  const std::string id0 = m1["tool_calls"][0]["id"], id1 = m1["tool_calls"][1]["id"];
+  EXPECT_EQ(id0.rfind("call_", 0), 0u);
+  EXPECT_EQ(id0.size(), 5u + 24u);
+  EXPECT_NE(id0, id1);
+  EXPECT_EQ(r["choices"][1]["finish_reason"], "tool_calls");
+
+  json rc = build_reasoning_chunk(meta, 1, "hmm");
+  EXPECT_EQ(rc["object"], "chat.completion.chunk");
+  EXPECT_EQ(rc["choices"][0]["index"], 1);
+  EXPECT_EQ(rc["choices"][0]["delta"], json({{"reasoning_content", "hmm"}}));
+  EXPECT_TRUE(rc["choices"][0]["finish_reason"].is_null());
+  json tc = build_tool_call_chunk(meta, 0, 1, call.tool_calls[1], "call_x");
+  const json& d = tc["choices"][0]["delta"]["tool_calls"];
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]["index"], 1);
+  EXPECT_EQ(d[0]["id"], "call_x");
+  EXPECT_EQ(d[0]["type"], "function");
+  EXPECT_EQ(d[0]["function"]["name"], "ping");
+  EXPECT_EQ(d[0]["function"]["arguments"], "{}");
+}
+
+// tool_choice "none" keeps <tool_call> text as content; any other choice parses it.
+TEST(OpenAiParse, ToolChoiceNoneIsRecorded) {
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f"}}])";
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  CompletionRequest r;
+  ASSERT_FALSE(parse("{" + msgs + "," + tools + R"(,"tool_choice":"none"})", Endpoint::kChat, r).has_value());
+  EXPECT_TRUE(r.tool_choice_none);
+  CompletionRequest a;
+  ASSERT_FALSE(parse("{" + msgs + "," + tools + R"(,"tool_choice":"auto"})", Endpoint::kChat, a).has_value());
+  EXPECT_FALSE(a.tool_choice_none);
+  CompletionRequest b;
+  ASSERT_FALSE(parse("{" + msgs + "," + tools + "}", Endpoint::kChat, b).has_value());
+  EXPECT_FALSE(b.tool_choice_none);
+}
+
 TEST(Sse, FramingIsOneLinePerEvent) {
   std::string ev = sse_event(json{{"content", "a\nb"}});
   EXPECT_EQ(ev, "data: {\"content\":\"a\\nb\"}\n\n");
