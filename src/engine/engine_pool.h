@@ -206,33 +206,7 @@ class BasicEnginePool {
 
   // Waits until `deadline` for a permit, then pops an idle engine (the most
   // recently returned one: LIFO, so a warm replica is reused first).
-  std::expected<Lease, PoolError> acquire(Clock::time_point deadline) {
-    State& s = *state_;
-    if (s.is_poisoned()) return std::unexpected(PoolError::kPoisoned);
-    switch (s.sem.acquire_until(deadline)) {
-      case detail::ClosableSemaphore::Result::kClosed:
-        return std::unexpected(PoolError::kClosed);
-      case detail::ClosableSemaphore::Result::kTimeout:
-        return std::unexpected(PoolError::kTimeout);
-      case detail::ClosableSemaphore::Result::kAcquired:
-        break;
-    }
-    std::unique_ptr<Engine> engine;
-    bool poisoned = false;
-    {
-      std::lock_guard lock(s.idle_mu);
-      poisoned = s.poisoned;
-      if (!poisoned && !s.idle.empty()) {
-        engine = std::move(s.idle.back());
-        s.idle.pop_back();
-      }
-    }
-    if (!engine) {
-      s.sem.release();  // the permit is not used: give it back
-      return std::unexpected(poisoned ? PoolError::kPoisoned : PoolError::kEmpty);
-    }
-    return Lease(state_, std::move(engine));
-  }
+  std::expected<Lease, PoolError> acquire(Clock::time_point deadline) { return acquire_impl(deadline, nullptr); }
 
   // acquire(), but pops the idle engine with the highest score(engine)
   // instead of the most recent one (ties: the most recently returned). The
@@ -241,40 +215,7 @@ class BasicEnginePool {
   // non-blocking; it must not call back into the pool.
   std::expected<Lease, PoolError> acquire_best(Clock::time_point deadline,
                                                const std::function<int64_t(const Engine&)>& score) {
-    State& s = *state_;
-    if (s.is_poisoned()) return std::unexpected(PoolError::kPoisoned);
-    switch (s.sem.acquire_until(deadline)) {
-      case detail::ClosableSemaphore::Result::kClosed:
-        return std::unexpected(PoolError::kClosed);
-      case detail::ClosableSemaphore::Result::kTimeout:
-        return std::unexpected(PoolError::kTimeout);
-      case detail::ClosableSemaphore::Result::kAcquired:
-        break;
-    }
-    std::unique_ptr<Engine> engine;
-    bool poisoned = false;
-    {
-      std::lock_guard lock(s.idle_mu);
-      poisoned = s.poisoned;
-      if (!poisoned && !s.idle.empty()) {
-        size_t best = s.idle.size() - 1;
-        int64_t best_score = score(*s.idle[best]);
-        for (size_t i = best; i-- > 0;) {
-          const int64_t sc = score(*s.idle[i]);
-          if (sc > best_score) {
-            best = i;
-            best_score = sc;
-          }
-        }
-        engine = std::move(s.idle[best]);
-        s.idle.erase(s.idle.begin() + static_cast<std::ptrdiff_t>(best));
-      }
-    }
-    if (!engine) {
-      s.sem.release();
-      return std::unexpected(poisoned ? PoolError::kPoisoned : PoolError::kEmpty);
-    }
-    return Lease(state_, std::move(engine));
+    return acquire_impl(deadline, &score);
   }
 
   // Visits every idle engine under the idle mutex (read-only; metrics).
@@ -312,6 +253,49 @@ class BasicEnginePool {
 
  private:
   friend class BasicEngineLease<Engine>;
+
+  // acquire() / acquire_best(): a permit until `deadline`, then one idle
+  // engine: the most recently returned when `score` is null, else the one
+  // with the highest score (ties: the most recently returned).
+  std::expected<Lease, PoolError> acquire_impl(Clock::time_point deadline,
+                                               const std::function<int64_t(const Engine&)>* score) {
+    State& s = *state_;
+    if (s.is_poisoned()) return std::unexpected(PoolError::kPoisoned);
+    switch (s.sem.acquire_until(deadline)) {
+      case detail::ClosableSemaphore::Result::kClosed:
+        return std::unexpected(PoolError::kClosed);
+      case detail::ClosableSemaphore::Result::kTimeout:
+        return std::unexpected(PoolError::kTimeout);
+      case detail::ClosableSemaphore::Result::kAcquired:
+        break;
+    }
+    std::unique_ptr<Engine> engine;
+    bool poisoned = false;
+    {
+      std::lock_guard lock(s.idle_mu);
+      poisoned = s.poisoned;
+      if (!poisoned && !s.idle.empty()) {
+        size_t best = s.idle.size() - 1;
+        if (score != nullptr) {
+          int64_t best_score = (*score)(*s.idle[best]);
+          for (size_t i = best; i-- > 0;) {
+            const int64_t sc = (*score)(*s.idle[i]);
+            if (sc > best_score) {
+              best = i;
+              best_score = sc;
+            }
+          }
+        }
+        engine = std::move(s.idle[best]);
+        s.idle.erase(s.idle.begin() + static_cast<std::ptrdiff_t>(best));
+      }
+    }
+    if (!engine) {
+      s.sem.release();  // the permit is not used: give it back
+      return std::unexpected(poisoned ? PoolError::kPoisoned : PoolError::kEmpty);
+    }
+    return Lease(state_, std::move(engine));
+  }
 
   struct State {
     explicit State(int n) : size(n), sem(n) {}
