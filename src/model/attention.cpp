@@ -72,6 +72,7 @@ void block_scalar(const float* q, const float* k, const float* v, int64_t nk, in
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define BONSAI_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+#define BONSAI_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // e^x for x <= 0 (Cephes expf: x = n ln2 + r, degree-6 polynomial in r,
 // result scaled by 2^n; relative error ~2 ulp). x < -87 (incl. -inf) -> 0.
@@ -174,12 +175,140 @@ BONSAI_AVX512 void q8_0_to_f32_avx512(const uint8_t* src, float* dst, int64_t n)
 }
 #pragma GCC diagnostic pop
 
-__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
+BONSAI_AVX2 void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   }
   for (; i < n; ++i) dst[i] = core::fp16_to_fp32(src[i]);
+}
+
+// ggml block_q8_0 rows (fp16 d, int8 qs[32]) -> d * q (exact in fp32), AVX2.
+BONSAI_AVX2 void q8_0_to_f32_avx2(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+    uint16_t dh;
+    std::memcpy(&dh, src, 2);
+    const __m256 d = _mm256_set1_ps(core::fp16_to_fp32(dh));
+    for (int j = 0; j < 4; ++j) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 2 + 8 * j));
+      _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
+}
+
+// e^x for x <= 0, 8 lanes: the same Cephes expf as exp_neg_ps512 (x = n ln2 + r,
+// degree-6 polynomial in r), 2^n built in the exponent bits (n >= -126 after
+// the clamp, so the result is a normal number). x < -87 (incl. -inf) -> 0.
+BONSAI_AVX2 inline __m256 exp_neg_ps256(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// Partial score of one key: sum over 8-wide chunks c of q_c * k_c (fma chain
+// in chunk order), 8 lanes left to reduce.
+BONSAI_AVX2 inline __m256 dot8_chain(const float* q, const float* kt, int64_t nc) {
+  __m256 d = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kt));
+  for (int64_t c = 1; c < nc; ++c) d = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(kt + 8 * c), d);
+  return d;
+}
+
+// The lane reduction of every key, one fixed tree:
+//   ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+// hsum8 (one key) and hsum8x8 (eight keys at once, transposed with hadd)
+// compute exactly that tree, so a key's score does not depend on which of
+// the two reduced it (float + is commutative bit for bit).
+BONSAI_AVX2 inline float hsum8(__m256 d) {
+  const __m256 h = _mm256_hadd_ps(d, d);  // [0+1, 2+3, 0+1, 2+3 | 4+5, 6+7, ..]
+  const __m256 h2 = _mm256_hadd_ps(h, h);  // [(01)+(23) x4 | (45)+(67) x4]
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
+BONSAI_AVX2 inline __m256 hsum8x8(const __m256 d[8]) {
+  const __m256 h01 = _mm256_hadd_ps(d[0], d[1]), h23 = _mm256_hadd_ps(d[2], d[3]);
+  const __m256 h45 = _mm256_hadd_ps(d[4], d[5]), h67 = _mm256_hadd_ps(d[6], d[7]);
+  const __m256 a = _mm256_hadd_ps(h01, h23);  // [k0..k3 low-half sums | k0..k3 high-half sums]
+  const __m256 b = _mm256_hadd_ps(h45, h67);  // same for k4..k7
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// acc[0..8*NC) = acc * corr + sum_t p_t v_t[0..8*NC), t ascending.
+template <int NC>
+BONSAI_AVX2 inline void pv_chunks8(const float* p, int64_t nk, const float* v, int64_t hd_v, __m256 corr,
+                                   float* acc) {
+  __m256 a[NC];
+  for (int j = 0; j < NC; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * j), corr);
+  for (int64_t t = 0; t < nk; ++t) {
+    const __m256 pt = _mm256_broadcast_ss(p + t);
+    const float* vt = v + t * hd_v;
+    for (int j = 0; j < NC; ++j) a[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), a[j]);
+  }
+  for (int j = 0; j < NC; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+}
+
+// The step with AVX2 + FMA; head dims multiples of 8. Scores of keys 8b..8b+7
+// are reduced together when all eight are present, else one by one; both
+// give the same bits (see hsum8), so the result does not depend on nk's
+// alignment, i.e. on how far the query's position reaches into the block.
+BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
+                            int64_t hd_v, float scale, float* state) {
+  static_assert(kKeyBlock == 32);
+  alignas(32) float s[kKeyBlock];
+  const int64_t nc = hd_k / 8;
+  const __m256 sc = _mm256_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + 8 <= nk; t += 8) {
+    const float* kt = k + t * hd_k;
+    __m256 d[8];
+    for (int u = 0; u < 8; ++u) d[u] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kt + u * hd_k));
+    for (int64_t c = 1; c < nc; ++c) {
+      const __m256 qc = _mm256_loadu_ps(q + 8 * c);
+      for (int u = 0; u < 8; ++u) d[u] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kt + u * hd_k + 8 * c), d[u]);
+    }
+    _mm256_store_ps(s + t, _mm256_mul_ps(hsum8x8(d), sc));
+  }
+  for (; t < nk; ++t) {
+    // Same product as a lane of the 8-key path: (reduced dot) * scale, one rounding each.
+    const __m256 one = _mm256_set1_ps(hsum8(dot8_chain(q, k + t * hd_k, nc)));
+    s[t] = _mm_cvtss_f32(_mm256_castps256_ps128(_mm256_mul_ps(one, sc)));
+  }
+  for (; t < kKeyBlock; ++t) s[t] = kNegInf;
+  __m256 sv[4];
+  for (int i = 0; i < 4; ++i) sv[i] = _mm256_load_ps(s + 8 * i);
+  const __m256 mx = _mm256_max_ps(_mm256_max_ps(sv[0], sv[1]), _mm256_max_ps(sv[2], sv[3]));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float m_new = std::max(state[0], _mm_cvtss_f32(m4));
+  const __m256 mv = _mm256_set1_ps(m_new);
+  const __m256 corr = exp_neg_ps256(_mm256_set1_ps(state[0] - m_new));  // 0 on the first block
+  for (int i = 0; i < 4; ++i) {
+    sv[i] = exp_neg_ps256(_mm256_sub_ps(sv[i], mv));  // masked keys: exp(-inf) = 0
+    _mm256_store_ps(s + 8 * i, sv[i]);
+  }
+  const __m256 lsum = _mm256_add_ps(_mm256_add_ps(sv[0], sv[1]), _mm256_add_ps(sv[2], sv[3]));
+  const __m128 l_corr = _mm_mul_ss(_mm_set_ss(state[1]), _mm256_castps256_ps128(corr));
+  state[0] = m_new;
+  state[1] = _mm_cvtss_f32(_mm_add_ss(l_corr, _mm_set_ss(hsum8(lsum))));
+  float* acc = state + 2;
+  int64_t j = 0;
+  const int64_t ncv = hd_v / 8;
+  for (; j + 8 <= ncv; j += 8) pv_chunks8<8>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j);
+  if (j + 4 <= ncv) pv_chunks8<4>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j), j += 4;
+  if (j + 2 <= ncv) pv_chunks8<2>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j), j += 2;
+  if (j < ncv) pv_chunks8<1>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j);
 }
 #endif
 
@@ -194,6 +323,7 @@ void load_rows(kernels::Format f, const uint8_t* src, float* dst, int64_t n) {
   if (tier == kernels::Tier::kAvx2 && f == kernels::Format::kF16) {
     return f16_to_f32_f16c(reinterpret_cast<const uint16_t*>(src), dst, n);
   }
+  if (tier == kernels::Tier::kAvx2 && f == kernels::Format::kQ8_0) return q8_0_to_f32_avx2(src, dst, n);
 #endif
   kernels::dequantize_row(f, src, dst, n);
 }
@@ -207,9 +337,19 @@ bool use_avx512(int64_t hd_k, int64_t hd_v) {
 #endif
 }
 
+bool use_avx2(int64_t hd_k, int64_t hd_v) {
+#if defined(__x86_64__)
+  return kernels::active_tier() == kernels::Tier::kAvx2 && hd_k % 8 == 0 && hd_v % 8 == 0;
+#else
+  (void)hd_k, (void)hd_v;
+  return false;
+#endif
+}
+
 BlockFn pick_block_fn(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
   if (use_avx512(hd_k, hd_v)) return block_avx512;
+  if (use_avx2(hd_k, hd_v)) return block_avx2;
 #endif
   return block_scalar;
 }
@@ -238,7 +378,8 @@ struct Scratch {
 }  // namespace
 
 const char* attention_kernel_name(int64_t head_dim_k, int64_t head_dim_v) {
-  return use_avx512(head_dim_k, head_dim_v) ? "avx512" : "scalar";
+  if (use_avx512(head_dim_k, head_dim_v)) return "avx512";
+  return use_avx2(head_dim_k, head_dim_v) ? "avx2" : "scalar";
 }
 
 void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok,

@@ -42,8 +42,11 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
                core::ThreadPool& pool);
 
 // Which inner kernel attention() uses for these head dims under the active
-// kernels tier: "avx512" (head dims multiples of 16, AVX-512 tier) or
-// "scalar". For tests and logs.
+// kernels tier: "avx512" (head dims multiples of 16, AVX-512 tier), "avx2"
+// (head dims multiples of 8, AVX2 tier: AVX2 + FMA + F16C) or "scalar". Each
+// kernel has its own fp32 order (results differ between kernels, within the
+// bound model_attention_test states) and is batch invariant by itself.
+// For tests and logs.
 const char* attention_kernel_name(int64_t head_dim_k, int64_t head_dim_v);
 
 }  // namespace bonsai::model

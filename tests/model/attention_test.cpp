@@ -186,7 +186,7 @@ TEST_P(AttentionInvariance, DecodePrefillChunksAndMixesAreBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, AttentionInvariance,
-    ::testing::Combine(::testing::Values<int64_t>(8, 64, 128),
+    ::testing::Combine(::testing::Values<int64_t>(8, 40, 64, 128),
                        ::testing::Values(KvType::kF16, KvType::kF32, KvType::kQ8_0),
                        ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512)));
 
@@ -198,6 +198,16 @@ TEST(AttentionKernel, Avx512IsUsedWhereAvailable) {
   EXPECT_STREQ(attention_kernel_name(8, 8), "scalar");
   ASSERT_TRUE(kernels::set_active_tier(kernels::Tier::kReference).has_value());
   EXPECT_STREQ(attention_kernel_name(128, 128), "scalar");
+  ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
+}
+
+TEST(AttentionKernel, Avx2IsUsedWhereAvailable) {
+  if (!kernels::tier_supported(kernels::Tier::kAvx2)) GTEST_SKIP();
+  const kernels::Tier saved = kernels::active_tier();
+  ASSERT_TRUE(kernels::set_active_tier(kernels::Tier::kAvx2).has_value());
+  EXPECT_STREQ(attention_kernel_name(128, 128), "avx2");
+  EXPECT_STREQ(attention_kernel_name(8, 8), "avx2");
+  EXPECT_STREQ(attention_kernel_name(12, 12), "scalar");
   ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
 }
 
