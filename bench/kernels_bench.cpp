@@ -19,8 +19,10 @@
 //   cols/s       activation columns (vectors) multiplied per second
 //   read_GB/s    (bandwidth benchmark) bytes read per second (mean); the
 //                best iteration (read_GB/s_best) is what bw_ratio divides by
-//   Int8Peak     a register-only VPDPBUSD loop (12 independent zmm chains per
-//                thread) on the same threads: the int8 dot peak, MAC/s
+//   Int8Peak     a register-only loop of the tier's int8 dot instruction (12
+//                independent chains per thread; kernels/roofline.h: VPDPBUSD
+//                on VNNI CPUs, VPMADDUBSW + VPMADDWD on AVX2) on the same
+//                threads: the int8 dot peak, MAC/s
 // After the run a summary prints, per shape, thread count and N (medians of
 // the repetitions): time, weight GB/s, columns/s and the ratios to the
 // product's roofline: bw = cols/s / (N x the column rate the read bandwidth
@@ -51,6 +53,7 @@
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/roofline.h"  // measure_int8_peak
 
 namespace {
 
@@ -204,50 +207,31 @@ void BM_ReadBandwidth(benchmark::State& state) {
 // Int8 dot peak (MAC/s) per thread count, best repetition.
 std::map<int, double> g_peak;
 
-// 12 independent VPDPBUSD chains on registers only: 64 MACs per instruction.
-__attribute__((target("avx512f,avx512vnni"))) uint64_t vnni_loop(int64_t iters) {
-  __m512i a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
-  const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-5);
-  for (int64_t it = 0; it < iters; ++it) {
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], u, v);
-    __asm__ volatile("" : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]));
-    __asm__ volatile("" : "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]));
-  }
-  alignas(64) uint32_t out[16];
-  __m512i s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, a[i]);
-  _mm512_store_si512(out, s);
-  return out[0];
-}
+// The int8 dot peak of the active tier's instruction (kernels/roofline.h:
+// VPDPBUSD with AVX-512 VNNI or AVX-VNNI, VPMADDUBSW + VPMADDWD + VPADDD on
+// AVX2 without VNNI), register-only, on the same pool. One MAC = 2 ops.
+std::string g_peak_isa = "none";
 
 void BM_Int8Peak(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   ThreadPool& tp = pool(threads);
-  if (!__builtin_cpu_supports("avx512vnni")) {
-    state.SkipWithError("no AVX512-VNNI");
-    return;
-  }
-  constexpr int64_t kIters = 2'000'000;
-  double best = 0, macs = 0, secs = 0;
+  double best = 0, macs = 0;
   for (auto _ : state) {
-    std::vector<uint64_t> sink(static_cast<size_t>(threads));
     const auto t0 = std::chrono::steady_clock::now();
-    tp.parallel_for(
-        threads, [&](int64_t b, int64_t e) {
-          for (int64_t t = b; t < e; ++t) sink[static_cast<size_t>(t)] = vnni_loop(kIters);
-        },
-        1);
+    const kn::Int8Peak p = kn::measure_int8_peak(tp, kn::active_tier());
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    benchmark::DoNotOptimize(sink.data());
     state.SetIterationTime(sec);
-    const double m = static_cast<double>(threads) * kIters * 12 * 64;
-    macs += m;
-    secs += sec;
-    best = std::max(best, m / sec);
+    if (p.gops <= 0) {
+      state.SkipWithError("no int8 SIMD dot instruction on this CPU");
+      return;
+    }
+    g_peak_isa = p.isa;
+    macs += p.gops * 1e9 / 2;
+    best = std::max(best, p.gops * 1e9 / 2);
   }
-  state.counters["GMAC/s"] = macs / secs / 1e9;
+  state.counters["GMAC/s"] = macs / static_cast<double>(state.iterations()) / 1e9;
   state.counters["GMAC/s_best"] = best / 1e9;
+  state.SetLabel(g_peak_isa);
   g_peak[threads] = std::max(g_peak[threads], best);
 }
 
@@ -361,8 +345,8 @@ Result median(std::vector<Result> v) {
 
 void print_summary() {
   std::printf("\nSummary (tier %s; medians of repetitions; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s;"
-              " int8 VPDPBUSD peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s)\n",
-              std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2], g_peak[1] / 1e9,
+              " int8 %s peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s)\n",
+              std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2], g_peak_isa.c_str(), g_peak[1] / 1e9,
               g_peak[2] / 1e9);
   std::printf("bw = cols/s / (N x bandwidth column rate); peak = cols/s / int8-peak column rate; "
               "roof = cols/s / min(N x bandwidth rate, peak rate)\n");

@@ -22,7 +22,7 @@
 //   int8 peak    pp only: (2 x matrix weights each token passes through x
 //                t/s) / the int8 dot peak. The output head counts once per
 //                prompt (only the last token's logits are computed).
-// See roofline.h for how bandwidth and peak are measured.
+// See kernels/roofline.h for how bandwidth and peak are measured.
 //
 // Progress goes to stderr when it is a terminal. Usage errors (bad flag
 // value, BONSAI_KERNEL, --q2-layout) exit 2; a model that fails to load or
@@ -49,7 +49,7 @@
 
 #include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/roofline.h"    // measure_read_bandwidth, measure_int8_peak
+#include "kernels/roofline.h"       // measure_read_bandwidth, measure_int8_peak
 #include "apps/bonsai/synth.h"       // synth::ensure_default_model
 #include "core/ggml_types.h"         // ggml_type_name
 #include "core/thread_pool.h"        // ThreadPool
@@ -59,6 +59,9 @@ namespace bonsai::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using kernels::Int8Peak;
+using kernels::measure_int8_peak;
+using kernels::measure_read_bandwidth;
 
 struct BenchFlags {
   std::vector<std::string> models;

@@ -1,4 +1,4 @@
-#include "apps/bonsai/roofline.h"
+#include "kernels/roofline.h"
 
 #include <sys/mman.h>
 
@@ -16,7 +16,7 @@
 #include "core/cpu_features.h"  // cpu_features
 #include "core/thread_pool.h"   // ThreadPool
 
-namespace bonsai::app {
+namespace bonsai::kernels {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -219,15 +219,15 @@ double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int r
   return best;
 }
 
-Int8Peak measure_int8_peak(core::ThreadPool& pool, kernels::Tier tier) {
+Int8Peak measure_int8_peak(core::ThreadPool& pool, Tier tier) {
   Int8Peak out;
   out.isa = "none";
 #if defined(__x86_64__)
   const auto& f = core::cpu_features();
-  if (tier == kernels::Tier::kReference || tier == kernels::Tier::kNeon) tier = kernels::best_tier();
+  if (tier == Tier::kReference || tier == Tier::kNeon) tier = best_tier();
   uint64_t (*loop)(int64_t) = nullptr;
   double ops_per_iter = 0;
-  if (tier == kernels::Tier::kAvx512 && f.avx512f && f.avx512bw) {
+  if (tier == Tier::kAvx512 && f.avx512f && f.avx512bw) {
     if (f.avx512vnni) {
       loop = dot_avx512_vnni, ops_per_iter = kOpsZmmIter, out.isa = "avx512-vnni";
     } else {
@@ -271,4 +271,4 @@ Int8Peak measure_int8_peak(core::ThreadPool& pool, kernels::Tier tier) {
   return out;
 }
 
-}  // namespace bonsai::app
+}  // namespace bonsai::kernels

@@ -1,5 +1,6 @@
-// The two hardware ceilings `bonsai bench` divides its speeds by, measured in
-// the same run on the same threads as the model:
+// The two hardware ceilings the benchmarks divide their speeds by (`bonsai
+// bench`, bench/kernels_bench.cpp), measured in the same run on the same
+// threads as the work they rate:
 //  - read bandwidth: a multi-threaded streaming read of a large buffer (the
 //    bound of decode, which streams every weight once per token);
 //  - int8 dot peak: a register-only loop of the int8 multiply-accumulate
@@ -11,13 +12,13 @@
 #include <cstddef>
 #include <string>
 
-#include "kernels/kernels.h"  // kernels::Tier
+#include "kernels/kernels.h"  // Tier
 
 namespace bonsai::core {
 class ThreadPool;
 }
 
-namespace bonsai::app {
+namespace bonsai::kernels {
 
 // Bytes read per second (decimal GB/s = 1e9 B/s) by every thread of `pool`
 // streaming disjoint slices of one `buffer_bytes` buffer (allocated, backed by
@@ -39,6 +40,6 @@ struct Int8Peak {
 // memory traffic) of the int8 dot instruction of `tier` (the reference tier
 // measures the best tier this CPU supports), on every thread of `pool`, best
 // of 3 passes of about 0.1 s each. On a CPU without x86 SIMD: gops 0, isa "none".
-Int8Peak measure_int8_peak(core::ThreadPool& pool, kernels::Tier tier);
+Int8Peak measure_int8_peak(core::ThreadPool& pool, Tier tier);
 
-}  // namespace bonsai::app
+}  // namespace bonsai::kernels
