@@ -8,6 +8,7 @@
 
 #include "engine/inference_engine.h"  // InferenceEngine, EngineOptions
 #include "engine/sampling.h"          // SamplingParams
+#include "engine/vocab_trie.h"        // SharedTokenTrie
 #include "gguf/gguf.h"                // File (estimate)
 #include "model/config.h"             // ModelConfig (estimate)
 #include "model/model.h"              // Model::load
@@ -63,6 +64,7 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   opts.max_seq_len = effective_ctx(max_seq_len, (*model)->config().n_ctx_train);
   opts.params = params;
   opts.params.seed = seed;
+  opts.token_trie = std::make_shared<SharedTokenTrie>(*tok);  // one per model, built on first grammar use
 
   std::vector<InferenceEngine> engines;
   engines.reserve(size);

@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
 #include "core/thread_pool.h"     // ThreadPool, global_pool
 #include "engine/text_emitter.h"  // TextEmitter
+#include "engine/token_mask.h"    // GrammarState, TokenTrie
+#include "engine/vocab_trie.h"    // SharedTokenTrie
 #include "model/model.h"          // Model, KvCache, Workspace, Batch
 #include "tokenizer/tokenizer.h"  // Tokenizer
 
@@ -44,6 +47,9 @@ struct InferenceEngine::Impl {
   EngineStats stats;
   std::shared_ptr<RequestRateAggregator> metrics;
   int64_t n_vocab = 0;
+  std::shared_ptr<SharedTokenTrie> trie;  // the model's vocabulary trie (grammar requests)
+  std::vector<uint32_t> mask;             // grammar mask scratch: bit id = allowed
+  std::vector<float> masked;              // [n_vocab] logits with the grammar mask applied
 
   // The stepwise generation in progress (start .. finish).
   struct Seq {
@@ -62,7 +68,15 @@ struct InferenceEngine::Impl {
     int32_t last = -1;
     Clock::time_point t_start{}, t_prefilled{};
     bool prefilled = false;
+    // Constrained decoding (SamplingParams::grammar): this generation's
+    // matcher state and the model's trie (owned by `trie` above).
+    std::optional<GrammarState> grammar;
+    const TokenTrie* vocab = nullptr;
   } seq;
+
+  // Samples under the grammar: the mask applied to a copy of `logits`, then
+  // the sampler's chain. -1 when the grammar allows no token (a dead end).
+  int32_t sample_constrained(std::span<const float> logits);
 
   core::ThreadPool& compute_pool() const { return pool != nullptr ? *pool : core::global_pool(); }
 };
@@ -98,6 +112,8 @@ core::Expected<InferenceEngine> InferenceEngine::create(
   impl->sampler = Sampler(std::move(options.params));
   impl->n_vocab = cfg.n_vocab;
   impl->logits.assign(static_cast<size_t>(cfg.n_vocab), 0.0f);
+  impl->trie = options.token_trie ? std::move(options.token_trie)
+                                  : std::make_shared<SharedTokenTrie>(impl->tok);
   return InferenceEngine(std::move(impl));
 }
 
@@ -231,8 +247,21 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
   if (req.params) {
     if (auto ok = req.params->validate(); !ok) return std::unexpected(ok.error());
   }
+  // The grammar's matcher state: built first, so an error leaves nothing to undo.
+  std::optional<GrammarState> grammar;
+  const TokenTrie* vocab = nullptr;
+  if (const auto& g = req.params ? req.params->grammar : m.sampler.params().grammar; g) {
+    auto t = m.trie->get();
+    if (!t) return std::unexpected(t.error());
+    auto st = GrammarState::create(g);
+    if (!st) return std::unexpected(st.error());
+    vocab = *t;
+    grammar.emplace(std::move(*st));
+  }
   Impl::Seq& q = m.seq;
   q = Impl::Seq();
+  q.grammar = std::move(grammar);
+  q.vocab = vocab;
   q.active = true;
   q.t_start = t_start;
   // Swap params / seed for this call; finish() restores them.
@@ -345,11 +374,32 @@ void InferenceEngine::accept_logits(std::span<const float> logits) {
     return true;
   };
   if (!may_continue()) return;
-  const int32_t tok = m.sampler.sample(logits, m.history);
+  int32_t tok;
+  if (q.grammar) {
+    tok = m.sample_constrained(logits);
+    if (tok < 0) {
+      // Nothing may follow: a complete sentence is a stop, an incomplete one
+      // (a dead end, e.g. a stack limit) ends like a truncation.
+      q.res.finish_reason = q.grammar->can_end() ? FinishReason::kStop : FinishReason::kLength;
+      q.done = true;
+      return;
+    }
+  } else {
+    tok = m.sampler.sample(logits, m.history);
+  }
   q.tracker->on_token();
   const int32_t index = q.n_sampled++;
   q.last = tok;
-  if (!params.ignore_eos && m.tok->is_eog(tok)) {
+  if (q.grammar && !q.grammar->accept_token(*q.vocab, tok)) {
+    // sample_constrained only returns allowed tokens; a matcher that still
+    // refuses one (an internal limit) ends the answer as a dead end would.
+    q.res.finish_reason = FinishReason::kLength;
+    q.done = true;
+    emit(tok, index, std::string());
+    return;
+  }
+  const bool grammar_ended = q.grammar && q.grammar->finished();
+  if ((!params.ignore_eos || grammar_ended) && m.tok->is_eog(tok)) {
     q.res.finish_reason = FinishReason::kStop;
     q.done = true;
     emit(tok, index, std::string());
@@ -369,6 +419,40 @@ void InferenceEngine::accept_logits(std::span<const float> logits) {
   }
   if (!may_continue()) return;
   if (static_cast<int64_t>(m.history.size()) >= m.cache.n_ctx()) q.done = true;  // context full: length
+}
+
+int32_t InferenceEngine::Impl::sample_constrained(std::span<const float> in) {
+  GrammarState& g = *seq.grammar;
+  const TokenTrie& trie = *seq.vocab;
+  const SamplingParams& params = sampler.params();
+  // Greedy: the unconstrained arg-max, when the grammar allows it, is also
+  // the arg-max of the masked logits (masking only lowers logits to -inf,
+  // which the bias and penalties keep at -inf), and greedy draws no random
+  // number; so the full mask is needed only when it is refused.
+  if (params.temperature <= 0.0f) {
+    const int32_t t = sampler.sample(in, history);
+    if (g.accepts_token(trie, t)) return t;
+  }
+  g.allowed(trie, mask);
+  const size_t n = in.size();
+  const auto n_trie = static_cast<size_t>(trie.n_vocab());
+  auto ok = [&](size_t id) { return id < n_trie && ((mask[id >> 5] >> (id & 31)) & 1u) != 0; };
+  masked.resize(n);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int32_t best = -1;  // the allowed id with the largest raw logit (lowest id on ties)
+  for (size_t i = 0; i < n; ++i) {
+    if (ok(i)) {
+      masked[i] = in[i];
+      if (best < 0 || in[i] > in[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+    } else {
+      masked[i] = ninf;
+    }
+  }
+  if (best < 0) return -1;
+  const int32_t t = sampler.sample(masked, history);
+  // Rounding in the chain (every allowed logit -inf or NaN, or a cumulative
+  // sum short of 1) could land on a masked id: take the best allowed one.
+  return ok(static_cast<size_t>(t)) ? t : best;
 }
 
 GenerationResult InferenceEngine::finish() {

@@ -53,10 +53,14 @@ class Tokenizer;
 
 namespace bonsai::engine {
 
+class SharedTokenTrie;  // engine/vocab_trie.h
+
 // Why generation ended. Names are OpenAI's finish_reason strings.
 enum class FinishReason : uint8_t {
-  kStop,       // EOS/EOG token or a stop string
-  kLength,     // max_tokens reached, or the context (KV cache) is full
+  kStop,       // EOS/EOG token or a stop string (with a grammar: EOS where the grammar
+               // may end, even with ignore_eos; or a complete sentence nothing may follow)
+  kLength,     // max_tokens reached, the context (KV cache) is full, or a grammar
+               // allows no token although its sentence is incomplete (a dead end)
   kCancelled,  // the stream callback returned false, or the cancel flag was set
 };
 // "stop", "length", "cancelled".
@@ -77,6 +81,10 @@ struct EngineOptions {
   // -ctk / -ctv: K and V cache types (model::KvType; {} is kF16). kv_f32 overrides both.
   model::KvType kv_type_k{};
   model::KvType kv_type_v{};
+  // The model's vocabulary trie for grammar-constrained sampling
+  // (SamplingParams::grammar), shared by every replica of one model and built
+  // on the first request with a grammar. nullptr: this replica makes its own.
+  std::shared_ptr<SharedTokenTrie> token_trie;
 };
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
 // Prompt tokens per forward() call in prefill (llama.cpp's default n_ubatch).

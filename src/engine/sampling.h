@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -43,6 +44,8 @@
 #include "core/error.h"  // core::Expected
 
 namespace bonsai::engine {
+
+class Grammar;  // engine/grammar.h
 
 // Default seed of an engine that was given none (fixed, so runs repeat).
 inline constexpr uint64_t kDefaultSeed = 0x5EED;
@@ -67,6 +70,14 @@ struct SamplingParams {
   // penalties (stage 0). -100 / +100 effectively ban / force a token. Ids
   // outside the vocabulary are ignored; repeated ids add up.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Constrained decoding (llama.cpp's `grammar`, OpenAI's response_format /
+  // tool_choice, compiled by the caller with Grammar::parse): when set, every
+  // sampled token keeps the text a prefix of a sentence of the grammar, and
+  // EOS/EOG is allowed only where the sentence may end. The mask is applied by
+  // InferenceEngine before stage 0 (disallowed logits become -inf), per
+  // sequence; each generation gets its own matcher state. Immutable, shared
+  // by the requests (and n > 1 choices) that use it. nullptr: unconstrained.
+  std::shared_ptr<const Grammar> grammar;
 
   // Checks ranges (NaN, negative temperature is allowed = greedy, top_p in
   // (0,1], min_p in [0,1], repeat_penalty > 0, repeat_last_n >= -1, empty stop
