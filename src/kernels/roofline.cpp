@@ -95,9 +95,19 @@ ReadFn pick_reader() {
 
 // ---- int8 dot peak ---------------------------------------------------------------
 
-// One call: `iters` iterations of 12 independent multiply-accumulates into
-// 12 accumulators held in registers. Returns a value that depends on every
-// accumulator. kOpsPerIter = 12 instructions x lanes x 2 ops.
+// One call: `iters` iterations of 12 independent multiply-accumulate chains
+// held in registers. Returns a value that depends on every accumulator.
+// kOpsPerIter = 12 instructions x lanes x 2 ops.
+//
+// Each chain feeds its own accumulator back as an operand (the dot
+// instruction's accumulator, or the unsigned bytes of PMADDUBSW) and the
+// chains start from different values, so the compiler can neither hoist the
+// products out of the loop nor merge the 12 chains into one (both happened
+// to the earlier loops, whose operands were loop-invariant: the AVX2 loop
+// compiled to one VPADDD per iteration, the VNNI one to one VPDPBUSD). 12
+// chains cover the latency (VPDPBUSD 5 cycles; PMADDUBSW + PMADDWD + PADDD
+// 7-11) so the loop is bound by the multipliers' throughput, as the kernels
+// are at best.
 #if defined(__x86_64__)
 constexpr double kOpsZmmIter = 12.0 * 64 * 2;
 constexpr double kOpsYmmIter = 12.0 * 32 * 2;
@@ -107,11 +117,11 @@ constexpr double kOpsYmmIter = 12.0 * 32 * 2;
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t dot_avx512_vnni(int64_t iters) {
   __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
   asm volatile("" : "+v"(a), "+v"(b));  // not constants the compiler could fold
-#define DECL(i) __m512i c##i = _mm512_setzero_si512();
+#define DECL(i) __m512i c##i = _mm512_set1_epi32(i);
   BONSAI_REPEAT12(DECL)
 #undef DECL
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) c##i = _mm512_dpbusd_epi32(c##i, a, b);
+#define STEP(i) c##i = _mm512_dpbusd_epi32(c##i, _mm512_xor_si512(c##i, a), b);
     BONSAI_REPEAT12(STEP)
 #undef STEP
   }
@@ -125,13 +135,13 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t dot_avx512_vnni(
 }
 
 __attribute__((target("avx512f,avx512bw"))) uint64_t dot_avx512bw(int64_t iters) {
-  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2), ones = _mm512_set1_epi16(1);
-  asm volatile("" : "+v"(a), "+v"(b), "+v"(ones));
-#define DECL(i) __m512i c##i = _mm512_setzero_si512();
+  __m512i b = _mm512_set1_epi8(-2), ones = _mm512_set1_epi16(1);
+  asm volatile("" : "+v"(b), "+v"(ones));
+#define DECL(i) __m512i c##i = _mm512_set1_epi32(i + 1);
   BONSAI_REPEAT12(DECL)
 #undef DECL
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) c##i = _mm512_add_epi32(c##i, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), ones));
+#define STEP(i) c##i = _mm512_add_epi32(c##i, _mm512_madd_epi16(_mm512_maddubs_epi16(c##i, b), ones));
     BONSAI_REPEAT12(STEP)
 #undef STEP
   }
@@ -147,11 +157,11 @@ __attribute__((target("avx512f,avx512bw"))) uint64_t dot_avx512bw(int64_t iters)
 __attribute__((target("avx2,avxvnni"))) uint64_t dot_avx_vnni(int64_t iters) {
   __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
   asm volatile("" : "+x"(a), "+x"(b));
-#define DECL(i) __m256i c##i = _mm256_setzero_si256();
+#define DECL(i) __m256i c##i = _mm256_set1_epi32(i);
   BONSAI_REPEAT12(DECL)
 #undef DECL
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) c##i = _mm256_dpbusd_avx_epi32(c##i, a, b);
+#define STEP(i) c##i = _mm256_dpbusd_avx_epi32(c##i, _mm256_xor_si256(c##i, a), b);
     BONSAI_REPEAT12(STEP)
 #undef STEP
   }
@@ -165,13 +175,13 @@ __attribute__((target("avx2,avxvnni"))) uint64_t dot_avx_vnni(int64_t iters) {
 }
 
 __attribute__((target("avx2"))) uint64_t dot_avx2(int64_t iters) {
-  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
-  asm volatile("" : "+x"(a), "+x"(b), "+x"(ones));
-#define DECL(i) __m256i c##i = _mm256_setzero_si256();
+  __m256i b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  asm volatile("" : "+x"(b), "+x"(ones));
+#define DECL(i) __m256i c##i = _mm256_set1_epi32(i + 1);
   BONSAI_REPEAT12(DECL)
 #undef DECL
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+#define STEP(i) c##i = _mm256_add_epi32(c##i, _mm256_madd_epi16(_mm256_maddubs_epi16(c##i, b), ones));
     BONSAI_REPEAT12(STEP)
 #undef STEP
   }
