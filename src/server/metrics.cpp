@@ -6,6 +6,10 @@
 #include <cstdio>
 #include <limits>
 
+#include "engine/model_pool.h"  // ModelPool::list / peek (refresh_model_gauges)
+#include "engine/rate_tracker.h"  // RequestRateStats
+#include "engine/scheduler.h"     // SchedulerStats, kStepBuckets
+
 namespace bonsai::server {
 namespace {
 
@@ -167,6 +171,90 @@ uint64_t MetricsRegistry::histogram_count(const std::string& name, const Labels&
   if (it == families_.end()) return 0;
   auto h = it->second.histograms.find(render_labels(labels));
   return h == it->second.histograms.end() ? 0 : h->second.count;
+}
+
+using namespace metric;
+
+void declare_server_metrics(MetricsRegistry& m) {
+  const std::vector<double> latency = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                       0.25,  0.5,    1,     2.5,  5,     10,   30};
+  m.declare(kRequests, "HTTP requests by route and status code.", MetricType::kCounter);
+  m.declare(kPromptTokens, "Prompt tokens processed, by model.", MetricType::kCounter);
+  m.declare(kCompletionTokens, "Completion tokens generated, by model.", MetricType::kCounter);
+  m.declare(kTtft, "Time from admission to the first generated token.", MetricType::kHistogram, latency);
+  m.declare(kItl, "Time between consecutive generated tokens.", MetricType::kHistogram, latency);
+  m.declare(kQueueWait, "Time a request waited for an engine replica.", MetricType::kHistogram, latency);
+  m.declare(kRejected, "Requests refused with 503 because the model's wait queue was full.",
+            MetricType::kCounter);
+  m.declare(kCancelled, "Generations cut short, by reason (client_gone, timeout, shutdown).",
+            MetricType::kCounter);
+  m.declare(kPoolSize, "Engine replicas of each loaded model.", MetricType::kGauge);
+  m.declare(kPoolBusy, "Engine replicas leased right now, per model.", MetricType::kGauge);
+  m.declare(kWaiting, "Requests queued for a sequence slot, per model.", MetricType::kGauge);
+  m.declare(kModelsLoaded, "Models loaded and ready.", MetricType::kGauge);
+  m.declare(kModelBytes, "Estimated bytes of each resident model (mapping + KV caches).",
+            MetricType::kGauge);
+  m.declare(kMemoryBytes, "Estimated bytes of all resident models.", MetricType::kGauge);
+  m.declare(kBudgetBytes, "Memory budget for resident models in bytes (0 = unlimited).",
+            MetricType::kGauge);
+  m.declare(kEngineItlP50, "Median inter-token latency over the engine's recent requests, per model.",
+            MetricType::kGauge);
+  m.declare(kEngineItlP95, "95th percentile inter-token latency over recent requests, per model.",
+            MetricType::kGauge);
+  m.declare(kEngineTps, "Mean decode tokens/s per request over recent requests, per model.",
+            MetricType::kGauge);
+  m.declare(kRunning, "Sequences in the model's step loop right now.", MetricType::kGauge);
+  m.declare(kKvUsage, "KV-cache positions held by running sequences / all positions (0..1).",
+            MetricType::kGauge);
+  std::vector<double> step_buckets;
+  for (int64_t b : engine::kStepBuckets) step_buckets.push_back(static_cast<double>(b));
+  m.declare(kStepTokens, "Tokens per forward step of the scheduler (batch size).", MetricType::kHistogram,
+            step_buckets);
+  m.declare(kCacheHits, "Sequences that reused a cached prompt prefix.", MetricType::kCounter);
+  m.declare(kCachedTokens, "Prompt tokens reused from the prompt cache.", MetricType::kCounter);
+  m.declare(kComputedPrompt, "Prompt tokens computed by forward steps (not cached).", MetricType::kCounter);
+  m.declare(kVllmRunning, "Requests running (vLLM-compatible name).", MetricType::kGauge);
+  m.declare(kVllmWaiting, "Requests waiting (vLLM-compatible name).", MetricType::kGauge);
+  m.declare(kVllmKvUsage, "KV-cache usage, 1 = full (vLLM-compatible name).", MetricType::kGauge);
+}
+
+void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models) {
+  auto rows = models.list();
+  for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps,
+                        kRunning, kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage})
+    reg.clear(g);
+  size_t loaded = 0;
+  for (const auto& m : rows) {
+    if (m.state != engine::ModelState::kLoaded) continue;
+    ++loaded;
+    reg.set(kPoolSize, {{"model", m.id}}, m.pool_size);
+    reg.set(kPoolBusy, {{"model", m.id}}, m.busy);
+    reg.set(kModelBytes, {{"model", m.id}}, static_cast<double>(m.mem_bytes));
+    if (auto lm = models.peek(m.id); lm && lm->rates) {
+      const engine::RequestRateStats st = lm->rates->snapshot();
+      reg.set(kEngineItlP50, {{"model", m.id}}, st.itl_p50_ms / 1000.0);
+      reg.set(kEngineItlP95, {{"model", m.id}}, st.itl_p95_ms / 1000.0);
+      reg.set(kEngineTps, {{"model", m.id}}, st.tokens_per_s_mean);
+    }
+    if (auto lm = models.peek(m.id); lm && lm->scheduler) {
+      const engine::SchedulerStats ss = lm->scheduler->stats();
+      const Labels l{{"model", m.id}};
+      const double kv = ss.kv_capacity > 0 ? static_cast<double>(ss.kv_used) / static_cast<double>(ss.kv_capacity) : 0;
+      reg.set(kRunning, l, static_cast<double>(ss.running));
+      reg.set(kWaiting, l, static_cast<double>(ss.waiting));
+      reg.set(kKvUsage, l, kv);
+      reg.set(kVllmRunning, {{"model_name", m.id}}, static_cast<double>(ss.running));
+      reg.set(kVllmWaiting, {{"model_name", m.id}}, static_cast<double>(ss.waiting));
+      reg.set(kVllmKvUsage, {{"model_name", m.id}}, kv);
+      reg.set(kCacheHits, l, static_cast<double>(ss.cache_hits));
+      reg.set(kCachedTokens, l, static_cast<double>(ss.cached_tokens));
+      reg.set(kComputedPrompt, l, static_cast<double>(ss.prompt_tokens));
+      reg.set_histogram(kStepTokens, l, ss.step_hist, static_cast<double>(ss.step_tokens));
+    }
+  }
+  reg.set(kModelsLoaded, {}, static_cast<double>(loaded));
+  reg.set(kMemoryBytes, {}, static_cast<double>(models.current_mem_bytes()));
+  reg.set(kBudgetBytes, {}, static_cast<double>(models.mem_budget_bytes()));
 }
 
 }  // namespace bonsai::server

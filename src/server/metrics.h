@@ -5,6 +5,9 @@
 //
 // Thread-safe: one mutex (mu_) guards every family; it is held only while a
 // value is updated or the text is rendered.
+//
+// Below the registry: the server's metric families (names, help, types) and
+// the per-model gauges refreshed from the ModelPool before each scrape.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace bonsai::engine {
+class ModelPool;
+}
 
 namespace bonsai::server {
 
@@ -76,5 +83,49 @@ std::string escape_label_value(const std::string& v);
 
 // Prometheus's number formatting: integers without a fraction, +Inf, NaN.
 std::string format_metric_value(double v);
+
+// The server's metric families. Names follow Prometheus conventions
+// (bonsai_..._total counters, _seconds histograms); the vllm: names are what
+// scale-out routers (Gateway API Inference Extension) read unconfigured.
+namespace metric {
+inline constexpr const char* kRequests = "bonsai_http_requests_total";
+inline constexpr const char* kPromptTokens = "bonsai_prompt_tokens_total";
+inline constexpr const char* kCompletionTokens = "bonsai_completion_tokens_total";
+inline constexpr const char* kTtft = "bonsai_time_to_first_token_seconds";
+inline constexpr const char* kItl = "bonsai_inter_token_latency_seconds";
+inline constexpr const char* kQueueWait = "bonsai_queue_wait_seconds";
+inline constexpr const char* kRejected = "bonsai_admission_rejected_total";
+inline constexpr const char* kCancelled = "bonsai_generations_cancelled_total";
+inline constexpr const char* kPoolSize = "bonsai_pool_size";
+inline constexpr const char* kPoolBusy = "bonsai_pool_busy";
+inline constexpr const char* kWaiting = "bonsai_requests_waiting";
+inline constexpr const char* kModelsLoaded = "bonsai_models_loaded";
+inline constexpr const char* kModelBytes = "bonsai_model_bytes";
+inline constexpr const char* kMemoryBytes = "bonsai_memory_bytes";
+inline constexpr const char* kBudgetBytes = "bonsai_memory_budget_bytes";
+inline constexpr const char* kEngineItlP50 = "bonsai_engine_itl_p50_seconds";
+inline constexpr const char* kEngineItlP95 = "bonsai_engine_itl_p95_seconds";
+inline constexpr const char* kEngineTps = "bonsai_engine_tokens_per_second";
+// Scheduler (continuous batching) series, per model.
+inline constexpr const char* kRunning = "bonsai_requests_running";
+inline constexpr const char* kKvUsage = "bonsai_kv_cache_usage_ratio";
+inline constexpr const char* kStepTokens = "bonsai_batch_tokens_per_step";
+inline constexpr const char* kCacheHits = "bonsai_prompt_cache_hits_total";
+inline constexpr const char* kCachedTokens = "bonsai_prompt_cache_tokens_total";
+inline constexpr const char* kComputedPrompt = "bonsai_prompt_tokens_computed_total";
+inline constexpr const char* kVllmRunning = "vllm:num_requests_running";
+inline constexpr const char* kVllmWaiting = "vllm:num_requests_waiting";
+inline constexpr const char* kVllmKvUsage = "vllm:kv_cache_usage_perc";
+}  // namespace metric
+
+// Declares every family of namespace metric in `m` (HELP, TYPE, buckets).
+void declare_server_metrics(MetricsRegistry& m);
+
+// Sets the per-model gauges (pool size / busy, bytes, rates, scheduler
+// running / waiting / KV usage / cache counters / step histogram) and the
+// global ones (models loaded, memory, budget) from `models`, dropping the
+// series of models no longer loaded. Callers serialise it with the
+// exposition (a concurrent scrape could otherwise miss series).
+void refresh_model_gauges(MetricsRegistry& m, const engine::ModelPool& models);
 
 }  // namespace bonsai::server

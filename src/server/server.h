@@ -1,4 +1,5 @@
-// The OpenAI-compatible HTTP server behind `bonsai serve` (cpp-httplib).
+// The OpenAI-compatible HTTP server behind `bonsai serve` (transport:
+// transport.h; completion routes: server.cpp; the others: routes_admin.h).
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
 // GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and the
@@ -82,7 +83,7 @@ class Server {
   // step (their clients get the "shutting_down" error), closes every engine
   // pool and every idle keep-alive connection, and makes run() return once
   // the requests in flight have answered (within a decode step; with none,
-  // at once rather than after httplib's 5 s keep-alive wait). Idempotent.
+  // at once rather than after the 5 s keep-alive wait). Idempotent.
   // For a second signal forcing exit, see ShutdownSignals (shutdown.h).
   void stop();
 

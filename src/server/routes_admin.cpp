@@ -1,0 +1,344 @@
+// Model, health, metrics and admin routes. See routes_admin.h.
+#include "server/routes_admin.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/ggml_types.h"     // parse_q2_layout (admin load)
+#include "engine/engine_pool.h"  // model_footprint
+#include "gguf/gguf.h"           // OpenOptions
+#include "server/web_ui.h"       // GET /: the embedded web chat page
+
+namespace bonsai::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+// "1.5 GiB", "160.0 KiB": sizes in error messages, with enough precision for small models.
+std::string size_text(uint64_t bytes) {
+  const char* unit = "KiB";
+  double v = static_cast<double>(bytes) / 1024.0;
+  if (bytes >= (1ull << 30)) {
+    unit = "GiB";
+    v = static_cast<double>(bytes) / static_cast<double>(1ull << 30);
+  } else if (bytes >= (1ull << 20)) {
+    unit = "MiB";
+    v = static_cast<double>(bytes) / static_cast<double>(1ull << 20);
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, unit);
+  return buf;
+}
+
+// Largest pool_size an admin load accepts (each replica holds its own KV
+// caches; 1'000'000 replicas would exhaust memory long before the budget
+// check could help when no budget is set).
+constexpr int64_t kMaxAdminPoolSize = 256;
+constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
+
+// The handlers, shared by the registered routes (they hold it alive).
+struct AdminRoutes {
+  explicit AdminRoutes(ServerContext& c) : ctx_(c) {}
+
+  ServerContext& ctx_;
+  std::mutex scrape_mu_;  // one /metrics refresh + exposition at a time
+
+  void handle_metrics(HttpResponse& res) {
+    std::string text;
+    {
+      // refresh_model_gauges clears the per-model gauges and sets them
+      // again: a concurrent scrape exposing in between would miss those series.
+      std::lock_guard lock(scrape_mu_);
+      refresh_model_gauges(ctx_.metrics, *ctx_.models);
+      text = ctx_.metrics.expose();
+    }
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+  }
+
+  // Models a request may name: registered ones (loadable on demand) and
+  // resident ones; a failed load of an unregistered id is not one (it is
+  // listed, with its reason, by GET /admin/models only).
+  std::vector<std::string> all_model_ids() const {
+    std::set<std::string> ids;
+    for (const auto& id : ctx_.models->registered_ids()) ids.insert(id);
+    for (const auto& m : ctx_.models->list())
+      if (m.state != engine::ModelState::kFailed) ids.insert(m.id);
+    return {ids.begin(), ids.end()};
+  }
+
+  int64_t created_of(const std::string& id) const {
+    for (const auto& m : ctx_.models->list())
+      if (m.id == id && m.created_unix > 0) return static_cast<int64_t>(m.created_unix);
+    return ctx_.started_unix;
+  }
+
+  void handle_models(HttpResponse& res) {
+    json data = json::array();
+    for (const auto& id : all_model_ids()) data.push_back(model_object(id, created_of(id)));
+    send_json(res, 200, json{{"object", "list"}, {"data", data}});
+  }
+
+  void handle_model(const std::string& id, HttpResponse& res) {
+    auto ids = all_model_ids();
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+      ApiError e;
+      e.status = 404;
+      e.message = "The model '" + id + "' does not exist";
+      e.param = "model";
+      e.code = "model_not_found";
+      return send_error(res, e);
+    }
+    send_json(res, 200, model_object(id, created_of(id)));
+  }
+
+  // The model rows of /admin/models and /health. `with_files`: include each
+  // model's file path and failure reason (they name server paths and file
+  // contents; /health is not behind --api-key, so it omits them when a key is set).
+  json models_json(bool with_files = true) const {
+    json arr = json::array();
+    for (const auto& m : ctx_.models->list()) {
+      json j{{"id", m.id},         {"state", engine::model_state_name(m.state)},
+             {"in_flight", m.in_flight}, {"mem_bytes", m.mem_bytes}, {"pool_size", m.pool_size},
+             {"busy", m.busy}};
+      if (with_files) j["path"] = m.path;
+      if (with_files && m.state == engine::ModelState::kFailed) j["reason"] = m.reason;
+      arr.push_back(std::move(j));
+    }
+    return arr;
+  }
+
+  void handle_health(HttpResponse& res) {
+    const size_t loaded = ctx_.models->loaded_count();
+    json body{{"status", loaded > 0 && !ctx_.stopping ? "ok" : (ctx_.stopping ? "shutting_down" : "unavailable")},
+              {"models_loaded", loaded},
+              {"models", models_json(/*with_files=*/ctx_.opt.api_key.empty())}};
+    if (loaded == 0) {
+      for (const auto& m : ctx_.models->list())
+        if (m.state == engine::ModelState::kLoading) body["status"] = "loading";
+    }
+    send_json(res, loaded > 0 && !ctx_.stopping ? 200 : 503, body);
+  }
+
+  void handle_admin_list(HttpResponse& res) {
+    send_json(res, 200, json{{"object", "list"},
+                             {"data", models_json()},
+                             {"capacity", ctx_.models->capacity()},
+                             {"mem_budget_bytes", ctx_.models->mem_budget_bytes()},
+                             {"mem_bytes", ctx_.models->current_mem_bytes()}});
+  }
+
+  static std::optional<ApiError> parse_admin_body(const std::string& body_text, json& body) {
+    if (json_nesting_exceeds(body_text, kMaxJsonDepth))
+      return bad_request("The request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels.", {},
+                         "invalid_json");
+    body = json::parse(body_text, nullptr, false);
+    if (body.is_discarded() || !body.is_object())
+      return bad_request("The request body must be a JSON object.", {}, "invalid_json");
+    auto id = body.find("id");
+    if (id == body.end() || !id->is_string() || id->get<std::string>().empty())
+      return bad_request("Missing required parameter: 'id' (a non-empty string).", "id", "missing_required_parameter");
+    // Ids end up in /v1/models, /metrics labels and logs: keep them bounded.
+    if (id->get_ref<const std::string&>().size() > kMaxModelIdBytes)
+      return bad_request("Invalid 'id': longer than " + std::to_string(kMaxModelIdBytes) + " bytes.", "id",
+                         "invalid_value");
+    return std::nullopt;
+  }
+
+  void handle_admin_load(const std::string& body_text, HttpResponse& res) {
+    json body;
+    if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
+    const std::string id = body["id"].get<std::string>();
+    // With a path: the server's defaults for that file; without: the id's
+    // registration. Either way pool_size / ctx_size / q2_layout in the body override.
+    engine::ModelSpec spec = ctx_.opt.default_spec;
+    auto path = body.find("path");
+    if (path != body.end()) {
+      if (!path->is_string()) return send_error(res, bad_request("Invalid type for 'path': expected a string.", "path", "invalid_type"));
+      spec.path = path->get<std::string>();
+    } else if (auto reg = ctx_.models->registration(id)) {
+      spec = *reg;
+    } else {
+      return send_error(res, bad_request("Missing required parameter: 'path' (model '" + id + "' is not registered).",
+                                         "path", "missing_required_parameter"));
+    }
+    for (const char* f : {"pool_size", "ctx_size"}) {
+      const int64_t max = std::string(f) == "pool_size" ? kMaxAdminPoolSize : 1'000'000;
+      auto it = body.find(f);
+      if (it == body.end() || it->is_null()) continue;
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
+        return send_error(res, bad_request(std::string("Invalid '") + f + "': expected an integer in [0, " +
+                                               std::to_string(max) + "].",
+                                           f, "invalid_value"));
+      (std::string(f) == "pool_size" ? spec.pool_size : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
+    }
+    // q2_layout: force the type-42 layout (as `bonsai serve --q2-layout`);
+    // absent or null keeps the registration's (a new path: detected).
+    if (auto it = body.find("q2_layout"); it != body.end() && !it->is_null()) {
+      if (!it->is_string())
+        return send_error(res, bad_request("Invalid type for 'q2_layout': expected a string.", "q2_layout", "invalid_type"));
+      const std::string name = it->get<std::string>();
+      spec.q2_layout = core::parse_q2_layout(name);
+      if (!spec.q2_layout)
+        return send_error(res, bad_request("Invalid 'q2_layout': unknown Q2_0 layout '" + name +
+                                               "' (expected g64, g128-d-first or g128-qs-first).",
+                                           "q2_layout", "invalid_value"));
+    }
+    std::error_code ec;
+    if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))
+      return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
+    auto given = [&](const char* f) { return body.contains(f) && !body[f].is_null(); };
+    if (auto e = check_load_fits(id, spec, given("ctx_size"), given("pool_size"))) return send_error(res, *e);
+    // Registers and loads as one step: a refused or failed load leaves the
+    // id's previous registration (the file a served model reloads from) alone.
+    core::Expected<void> r = ctx_.models->load_in_background(id, spec);
+    if (!r) {
+      ApiError e = from_core_error(r.error());
+      switch (r.error().code) {
+        case core::Errc::kInvalidArgument:  // the id is loading or loaded
+          e.status = 409;
+          e.code = "conflict";
+          break;
+        case core::Errc::kFormat:       // not a GGUF file, truncated, tensor past the end...
+        case core::Errc::kUnsupported:  // an architecture or tensor type this runtime does not run
+        case core::Errc::kIo:           // unreadable
+        case core::Errc::kNotFound:     // a required key or tensor is missing (not a 404 route)
+          e.status = 400;
+          e.param = "path";
+          e.code = "invalid_value";
+          break;
+        default:
+          break;
+      }
+      return send_error(res, e);
+    }
+    send_json(res, 202, json{{"id", id}, {"state", "loading"}});
+  }
+
+  // Refuses an admin load before anything is allocated when its explicit
+  // ctx_size is beyond what the model supports (model_footprint's max_ctx:
+  // the training context x the RoPE scaling factor), or when the KV caches
+  // it implies (n_layer x 2 x n_head_kv x head_dim x ctx x 2 bytes (F16) x
+  // replicas) do not fit: with a pool budget, mapping + KV caches must fit
+  // the budget (ModelPool would otherwise refuse the model only later, as a
+  // 503 that retrying never cures); without one, the KV caches must fit
+  // ServerOptions::admin_mem_limit_bytes or else MemAvailable. The caches are allocated
+  // lazily (pages committed as the context fills), so an oversized one
+  // would not fail at load but kill the process later, mid-request.
+  // ctx_size 0 stays allowed: it means the model's default context
+  // (min(context_length, 4096)), as `bonsai serve -c 0` and llama.cpp's -c 0.
+  // A file whose header cannot be read is left to the loader's own error.
+  std::optional<ApiError> check_load_fits(const std::string& id, const engine::ModelSpec& spec, bool ctx_given,
+                                          bool pool_given) const {
+    gguf::OpenOptions open;
+    open.q2_layout = spec.q2_layout;
+    auto fp = engine::model_footprint(spec.path, spec.ctx_size, spec.pool_size, open);
+    if (!fp) return std::nullopt;
+    if (ctx_given && spec.ctx_size > 0 && fp->max_ctx > 0 && spec.ctx_size > fp->max_ctx) {
+      char factor[32];
+      std::snprintf(factor, sizeof factor, "%g", static_cast<double>(fp->rope_scaling_factor));
+      return bad_request("Invalid 'ctx_size': " + std::to_string(spec.ctx_size) + " tokens is more than model '" + id +
+                             "' supports: at most " + std::to_string(fp->max_ctx) + " (training context " +
+                             std::to_string(fp->n_ctx_train) + " x RoPE scaling factor " + factor + ").",
+                         "ctx_size", "invalid_value");
+    }
+    const uint64_t budget = ctx_.models->mem_budget_bytes();
+    const uint64_t limit = budget > 0 ? budget : ctx_.opt.admin_mem_limit_bytes > 0 ? ctx_.opt.admin_mem_limit_bytes
+                                                                                : available_memory_bytes();
+    if (limit == 0) return std::nullopt;  // /proc/meminfo unreadable: nothing to compare with
+    const uint64_t need = budget > 0 ? fp->total_bytes() : fp->kv_bytes;
+    if (need <= limit) return std::nullopt;
+    // The context per replica that would fit (0 if not even the mapping does).
+    const uint64_t room = budget > 0 ? (limit > fp->mapped_bytes ? limit - fp->mapped_bytes : 0) : limit;
+    const uint64_t per_ctx = fp->kv_bytes_per_position * static_cast<uint64_t>(fp->replicas);
+    const uint64_t fit_ctx = per_ctx > 0 ? room / per_ctx : 0;
+    std::string msg = "Model '" + id + "' with ctx_size " + std::to_string(fp->n_ctx) + " and " +
+                      std::to_string(fp->replicas) + " replica(s) needs " + size_text(fp->kv_bytes) +
+                      " of KV cache (" + std::to_string(fp->kv_bytes_per_position) + " bytes per position x " +
+                      std::to_string(fp->n_ctx) + " positions x " + std::to_string(fp->replicas) + " replicas)";
+    if (budget > 0) {
+      msg += " plus " + size_text(fp->mapped_bytes) + " of mapped weights = " + size_text(need) +
+             ", more than the memory budget (--mem-budget) of " + size_text(limit) + ".";
+    } else {
+      msg += ", more than the " + size_text(limit) +
+             (ctx_.opt.admin_mem_limit_bytes > 0 ? " allowed for one load." : " of memory available (MemAvailable).");
+    }
+    msg += fit_ctx > 0 ? " At most ctx_size " + std::to_string(fit_ctx) + " fits with " +
+                             std::to_string(fp->replicas) + " replica(s)."
+                       : " It does not fit at any ctx_size.";
+    return bad_request(std::move(msg), ctx_given ? "ctx_size" : pool_given ? "pool_size" : "", "insufficient_memory");
+  }
+
+  void handle_admin_unload(const std::string& body_text, HttpResponse& res) {
+    json body;
+    if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
+    const std::string id = body["id"].get<std::string>();
+    auto r = ctx_.models->unload(id);
+    if (!r) {
+      ApiError e = from_core_error(r.error());
+      if (r.error().code == core::Errc::kNotFound) e.code = "model_not_loaded";
+      if (r.error().code == core::Errc::kInvalidArgument) {
+        e.status = 409;
+        e.code = "conflict";
+      }
+      return send_error(res, e);
+    }
+    send_json(res, 200, json{{"id", id}, {"state", "unloaded"}});
+  }
+};
+
+}  // namespace
+
+void add_admin_routes(HttpTransport& http, ServerContext& ctx) {
+  auto r = std::make_shared<AdminRoutes>(ctx);
+  http.get("/v1/models", [r](const HttpRequest&, HttpResponse& res) { r->handle_models(res); });
+  http.get(R"(/v1/models/(.+))",
+           [r](const HttpRequest& req, HttpResponse& res) { r->handle_model(req.matches[1].str(), res); });
+  http.get("/health", [r](const HttpRequest&, HttpResponse& res) { r->handle_health(res); });
+  // The web chat page (web_ui.h): public like /health; the API calls it
+  // makes carry the key the user enters in its settings.
+  http.get("/", [](const HttpRequest&, HttpResponse& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Content-Type-Options", "nosniff");
+    const std::string_view page = web_ui_html();
+    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+  });
+  http.get("/metrics", [r](const HttpRequest&, HttpResponse& res) { r->handle_metrics(res); });
+  http.get("/admin/models", [r](const HttpRequest&, HttpResponse& res) { r->handle_admin_list(res); });
+  auto bad_body = [](const HttpRequest&, HttpResponse& res) {
+    send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
+  };
+  http.post_json(
+      "/admin/models/load",
+      [r](const HttpRequest&, const std::string& body, HttpResponse& res) { r->handle_admin_load(body, res); },
+      bad_body);
+  http.post_json(
+      "/admin/models/unload",
+      [r](const HttpRequest&, const std::string& body, HttpResponse& res) { r->handle_admin_unload(body, res); },
+      bad_body);
+}
+
+uint64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t bytes = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+      bytes = static_cast<uint64_t>(kib) * 1024u;
+      break;
+    }
+  }
+  std::fclose(f);
+  return bytes;
+}
+
+}  // namespace bonsai::server

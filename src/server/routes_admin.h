@@ -1,0 +1,24 @@
+// The server's model, health, metrics and admin routes (internal to
+// src/server):
+//   GET /v1/models, GET /v1/models/{id}   OpenAI model list / object
+//   GET /health                           200 when a model is loaded, else 503
+//                                         (status loading / unavailable / shutting_down)
+//   GET /                                 the embedded web chat page (web_ui.h)
+//   GET /metrics                          Prometheus text (metrics.h)
+//   GET /admin/models                     every model with state, memory, replicas
+//   POST /admin/models/load               202, background load; 400 before anything
+//                                         is allocated when ctx_size exceeds the model
+//                                         or the KV caches exceed the memory limit
+//   POST /admin/models/unload             200; 404 model_not_loaded; 409 while loading
+// Authorization of /v1 and /admin is checked before routing (server.cpp).
+#pragma once
+
+#include "server/routes_common.h"  // ServerContext
+#include "server/transport.h"      // HttpTransport
+
+namespace bonsai::server {
+
+// Registers the routes above on `http`. `ctx` must outlive `http`'s handlers.
+void add_admin_routes(HttpTransport& http, ServerContext& ctx);
+
+}  // namespace bonsai::server

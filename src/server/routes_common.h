@@ -1,0 +1,46 @@
+// What the server's route files share (internal to src/server): the state
+// every route reads (ServerContext) and the helpers that answer a request
+// with JSON or an OpenAI-shaped error.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "core/error.h"
+#include "engine/model_pool.h"  // ModelPool
+#include "server/metrics.h"     // MetricsRegistry
+#include "server/openai.h"      // ApiError
+#include "server/server.h"      // ServerOptions
+#include "server/transport.h"   // HttpResponse
+
+namespace bonsai::server {
+
+// Seconds since the Unix epoch (OpenAI `created` fields).
+int64_t unix_now();
+
+// The server's shared state, owned by Server and outliving every route
+// handler (handlers run until Server::stop() has returned).
+struct ServerContext {
+  ServerContext(std::shared_ptr<engine::ModelPool> m, ServerOptions o)
+      : models(std::move(m)), opt(std::move(o)) {}
+
+  std::shared_ptr<engine::ModelPool> models;
+  const ServerOptions opt;
+  MetricsRegistry metrics;             // thread-safe
+  std::atomic<bool> stopping{false};   // set once by Server::stop()
+  const int64_t started_unix = unix_now();  // `created` of models without their own
+};
+
+// Answers `res` with `status` and `body` (invalid UTF-8 replaced).
+void send_json(HttpResponse& res, int status, const nlohmann::json& body);
+// Answers `res` with the OpenAI error object of `e` (and Retry-After when set).
+void send_error(HttpResponse& res, const ApiError& e);
+// The API error of an engine / pool error: kInvalidArgument and
+// kOutOfRange 400, kNotFound 404, kResourceExhausted / kTimeout / kCancelled
+// 503 overloaded, anything else `default_status` (a server_error when >= 500).
+ApiError from_core_error(const core::Error& e, int default_status = 400);
+
+}  // namespace bonsai::server
