@@ -258,6 +258,13 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
     vocab = *t;
     grammar.emplace(std::move(*st));
   }
+  for (const auto& [id, bias] : (req.params ? *req.params : m.sampler.params()).logit_bias) {
+    if (id < 0 || id >= m.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, "logit_bias: token " + std::to_string(id) +
+                                                          " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
+    }
+  }
   Impl::Seq& q = m.seq;
   q = Impl::Seq();
   q.grammar = std::move(grammar);
@@ -285,11 +292,18 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
 
   const auto n_prompt = static_cast<int64_t>(q.prompt.size());
   int64_t keep = 0;
-  if (opt.reuse_prefix) {
+  const bool have_logits = static_cast<int64_t>(opt.prompt_logits.size()) == m.n_vocab;
+  // Prompt logprobs need every prompt position's logits: nothing is reused
+  // (unless the whole prompt's answer was given: a sibling choice).
+  const bool prompt_rows = m.sampler.params().prompt_logprobs >= 0 && !have_logits;
+  if (opt.reuse_prefix && !prompt_rows) {
     keep = cached_prefix(q.prompt);
-    const bool have_logits = static_cast<int64_t>(opt.prompt_logits.size()) == m.n_vocab;
     // The last prompt token is recomputed for its logits unless they were given.
     if (keep >= n_prompt && !have_logits) keep = n_prompt - 1;
+  }
+  if (prompt_rows) {
+    q.res.prompt_logprobs.reserve(q.prompt.size());
+    q.res.prompt_logprobs.push_back(TokenLogprob{.token = q.prompt[0]});  // logprob NaN: no context
   }
   m.cache.truncate(keep);
   m.history.resize(static_cast<size_t>(keep));
@@ -334,6 +348,27 @@ bool InferenceEngine::inputs_done(int64_t n) {
   return true;
 }
 
+bool InferenceEngine::wants_prompt_rows() const {
+  const Impl::Seq& q = impl_->seq;
+  return q.active && !q.done && !q.res.prompt_logprobs.empty() && pending_prompt() > 0;
+}
+
+void InferenceEngine::record_prompt_rows(std::span<const float> rows) {
+  Impl& m = *impl_;
+  Impl::Seq& q = m.seq;
+  if (!wants_prompt_rows()) return;
+  const auto nv = static_cast<size_t>(m.n_vocab);
+  const size_t k = rows.size() / nv;
+  const int32_t top_n = m.sampler.params().prompt_logprobs;
+  for (size_t j = 0; j < k; ++j) {
+    // Row j ran the token at position next_pos() + j and predicts the next one.
+    const size_t target = m.history.size() + j + 1;
+    if (target >= q.prompt.size()) break;  // the last prompt row predicts the first sampled token
+    if (q.res.prompt_logprobs.size() != target) continue;  // already recorded (never expected)
+    q.res.prompt_logprobs.push_back(token_logprob(rows.subspan(j * nv, nv), q.prompt[target], top_n));
+  }
+}
+
 bool InferenceEngine::poll_cancel() {
   Impl::Seq& q = impl_->seq;
   if (!q.active || q.done) return q.done;
@@ -357,9 +392,10 @@ void InferenceEngine::accept_logits(std::span<const float> logits) {
   Impl::Seq& q = m.seq;
   if (!q.active || q.done) return;
   const SamplingParams& params = m.sampler.params();
+  std::optional<TokenLogprob> lp;  // this token's, when params.logprobs >= 0
   auto emit = [&](int32_t token, int32_t index, const std::string& text) {
     if (!q.on_token) return true;
-    return q.on_token(TokenEvent{token, index, text});
+    return q.on_token(TokenEvent{token, index, text, lp ? &*lp : nullptr});
   };
   // The checks generate_request's loop makes before each sample / decode.
   auto may_continue = [&] {
@@ -398,14 +434,18 @@ void InferenceEngine::accept_logits(std::span<const float> logits) {
     emit(tok, index, std::string());
     return;
   }
+  // Log probabilities come from the raw logits (the sampler worked on a copy).
+  if (params.logprobs >= 0) lp = token_logprob(logits, tok, params.logprobs);
   const bool grammar_ended = q.grammar && q.grammar->finished();
   if ((!params.ignore_eos || grammar_ended) && m.tok->is_eog(tok)) {
     q.res.finish_reason = FinishReason::kStop;
     q.done = true;
+    lp.reset();  // a terminating EOS is not part of the answer (nor of res.logprobs)
     emit(tok, index, std::string());
     return;
   }
   q.res.tokens.push_back(tok);
+  if (lp) q.res.logprobs.push_back(*lp);
   const std::string piece = q.emitter.push(m.tok->token_to_bytes(tok));
   if (q.emitter.stopped()) {
     q.res.finish_reason = FinishReason::kStop;
@@ -525,6 +565,43 @@ core::Expected<void> InferenceEngine::copy_prefix_from(const InferenceEngine& sr
   return {};
 }
 
+core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_t> tokens) {
+  Impl& m = *impl_;
+  if (m.seq.active) return core::fail(core::Errc::kInvalidArgument, "embed: a generation is in progress");
+  if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "embed: no tokens");
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n > m.cache.n_ctx()) {
+    return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
+                                                   " tokens but the context holds " +
+                                                   std::to_string(m.cache.n_ctx()));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "embed: token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                            " is outside the vocabulary [0, " + std::to_string(m.n_vocab) + ")");
+    }
+  }
+  const int64_t dim = m.model->config().n_embd;
+  std::vector<float> hidden(static_cast<size_t>(n * dim));
+  reset();
+  model::KvCache* caches[] = {&m.cache};
+  for (int64_t off = 0; off < n; off += kPrefillChunk) {
+    const int64_t len = std::min(kPrefillChunk, n - off);
+    const auto chunk = tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(len));
+    const model::Batch batch = model::Batch::for_sequence(chunk, static_cast<int32_t>(off), 0, /*all_logits=*/true);
+    auto ok = m.model->forward_hidden(batch, caches, m.ws,
+                                      std::span<float>(hidden).subspan(static_cast<size_t>(off * dim)),
+                                      m.compute_pool());
+    if (!ok) {
+      reset();
+      return std::unexpected(ok.error());
+    }
+    m.history.insert(m.history.end(), chunk.begin(), chunk.end());
+  }
+  return mean_pool_l2(hidden, n, dim);
+}
+
 model::KvCache& InferenceEngine::kv_cache() { return impl_->cache; }
 const std::vector<int32_t>& InferenceEngine::history() const { return impl_->history; }
 
@@ -532,17 +609,26 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
   Impl& m = *impl_;
   if (auto ok = start(req); !ok) return std::unexpected(ok.error());
   // One sequence, prompt in chunks of kPrefillChunk, then one token per step.
+  std::vector<float> rows;  // prompt logprobs: every fed token's logits
   while (!finished()) {
     if (poll_cancel()) break;
-    const std::span<const int32_t> in = next_input(kPrefillChunk);
+    const bool all_rows = wants_prompt_rows();
+    const std::span<const int32_t> in = next_input(all_rows ? kPromptRowsChunk : kPrefillChunk);
     const int64_t pos = next_pos();
-    const model::Batch batch = model::Batch::for_sequence(in, static_cast<int32_t>(pos));
+    const model::Batch batch = model::Batch::for_sequence(in, static_cast<int32_t>(pos), 0, all_rows);
     model::KvCache* caches[] = {&m.cache};
-    auto ok = m.model->forward(batch, caches, m.ws, m.logits, m.compute_pool());
+    const size_t nv = static_cast<size_t>(m.n_vocab);
+    if (all_rows) rows.resize(in.size() * nv);
+    auto ok = m.model->forward(batch, caches, m.ws, all_rows ? std::span<float>(rows) : std::span<float>(m.logits),
+                               m.compute_pool());
     if (!ok) {
       m.cache.truncate(pos);
       abandon();
       return std::unexpected(ok.error());
+    }
+    if (all_rows) {
+      record_prompt_rows(rows);
+      std::copy(rows.end() - static_cast<std::ptrdiff_t>(nv), rows.end(), m.logits.begin());  // the last row
     }
     if (inputs_done(static_cast<int64_t>(in.size()))) accept_logits(m.logits);
   }

@@ -35,6 +35,7 @@
 
 #include "core/error.h"           // core::Expected
 #include "engine/engine_stats.h"  // EngineStats
+#include "engine/logprobs.h"      // TokenLogprob
 #include "engine/rate_tracker.h"  // RequestRateTracker, RequestRateAggregator
 #include "engine/sampling.h"      // SamplingParams, Sampler
 #include "kernels/kernels.h"      // kernels::Tier
@@ -89,6 +90,9 @@ struct EngineOptions {
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
 // Prompt tokens per forward() call in prefill (llama.cpp's default n_ubatch).
 inline constexpr int64_t kPrefillChunk = 512;
+// Prompt tokens per forward() while prompt logprobs are computed (every
+// token's logits row is kept: 64 x 151,936 floats = 39 MB).
+inline constexpr int64_t kPromptRowsChunk = 64;
 
 // One streamed event: called once per sampled token (EOS included), in order.
 struct TokenEvent {
@@ -96,6 +100,10 @@ struct TokenEvent {
   int32_t index = 0;      // 0-based index of the sampled token (count for the flush)
   std::string_view text;  // text released by this token (may be empty: held back
                           // by the UTF-8 / stop-string emitter); valid during the call
+  // The sampled token's log probability and top alternatives when
+  // SamplingParams::logprobs >= 0; nullptr otherwise, for a terminating
+  // EOS and for the flush event. Valid during the call.
+  const TokenLogprob* logprob = nullptr;
 };
 // Return false to cancel: generation stops before the next decode step and
 // the result's finish_reason is kCancelled. After the last token, if text
@@ -117,6 +125,14 @@ struct GenerationResult {
   RequestRateSummary rate;        // TTFT / ITL / tokens/s of this call
   int32_t cached_tokens = 0;      // prompt tokens reused from the cache (not recomputed)
   bool timed_out = false;         // ended by a deadline (finish_reason kLength; see Scheduler)
+  // SamplingParams::logprobs >= 0: one entry per element of `tokens` (same
+  // order; a terminating EOS has none). Empty otherwise.
+  std::vector<TokenLogprob> logprobs;
+  // SamplingParams::prompt_logprobs >= 0: one entry per prompt token; entry
+  // i is prompt[i]'s log probability given prompt[0..i) (entry 0: NaN, no
+  // context). Empty otherwise, and for a sibling choice started from another
+  // choice's prompt logits (StartOptions::prompt_logits).
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // The general form every generate* maps onto (the server uses it directly).
@@ -239,6 +255,17 @@ class InferenceEngine {
   // Drops the generation without a result (an error elsewhere): params and
   // RNG restored, no stats recorded. The cache keeps what it holds.
   void abandon();
+  // Prompt logprobs (SamplingParams::prompt_logprobs >= 0): true while
+  // prompt tokens are pending, so the driver asks forward() for the logits
+  // of EVERY token it feeds (not only the last) and passes them to
+  // record_prompt_rows before inputs_done. Drivers should then feed at most
+  // kPromptRowsChunk tokens per forward (rows x n_vocab floats).
+  bool wants_prompt_rows() const;
+  // `rows`: [k][n_vocab] logits of the first k tokens of next_input (k =
+  // rows.size() / n_vocab), computed by a forward that ran them; row j
+  // gives the log probability of the prompt token after token j. Call
+  // before inputs_done(k). No effect unless wants_prompt_rows().
+  void record_prompt_rows(std::span<const float> rows);
   // Length of the longest common prefix of `tokens` and the cache's tokens
   // (what start() with reuse_prefix could skip, before its cap).
   int64_t cached_prefix(std::span<const int32_t> tokens) const;
@@ -249,6 +276,17 @@ class InferenceEngine {
   // This replica's KV cache (the scheduler passes it to Model::forward).
   model::KvCache& kv_cache();
   const std::vector<int32_t>& history() const;  // tokens in the cache, by position
+
+  // ---- Embeddings -----------------------------------------------------------
+  // The embedding of `tokens` (/v1/embeddings): every token's final hidden
+  // state after the output norm (Model::forward_hidden), mean-pooled over the
+  // tokens and L2-normalised (mean_pool_l2): [n_embd] floats. Runs in
+  // kPrefillChunk slices on this replica's cache, which then holds `tokens`
+  // (a later start() may reuse them as a cached prefix). Not during a
+  // generation. Errors: kInvalidArgument (empty, ids outside the vocabulary,
+  // a generation in progress), kOutOfRange (longer than max_seq_len()), the
+  // model's forward errors.
+  core::Expected<std::vector<float>> embed(std::span<const int32_t> tokens);
 
   // ---- State and introspection ------------------------------------------
   const SamplingParams& params() const;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/logprobs.h"  // kMaxTopLogprobs
+
 namespace bonsai::engine {
 
 namespace {
@@ -55,11 +57,17 @@ core::Expected<void> SamplingParams::validate() const {
   if (!std::isfinite(frequency_penalty))
     return bad("sampling: frequency_penalty must be a finite number");
   for (size_t i = 0; i < logit_bias.size(); ++i) {
-    if (!std::isfinite(logit_bias[i].second)) {
+    if (!(logit_bias[i].second >= -100.0f && logit_bias[i].second <= 100.0f)) {
       return bad("sampling: logit_bias for token " + std::to_string(logit_bias[i].first) +
-                 " must be a finite number");
+                 " must be a number in [-100, 100], got " + num(logit_bias[i].second));
     }
   }
+  if (logprobs > kMaxTopLogprobs)
+    return bad("sampling: logprobs must be <= " + std::to_string(kMaxTopLogprobs) + " (top alternatives), got " +
+               std::to_string(logprobs));
+  if (prompt_logprobs > kMaxTopLogprobs)
+    return bad("sampling: prompt_logprobs must be <= " + std::to_string(kMaxTopLogprobs) + ", got " +
+               std::to_string(prompt_logprobs));
   for (size_t i = 0; i < stop.size(); ++i) {
     if (stop[i].empty()) return bad("sampling: stop[" + std::to_string(i) + "] is an empty string");
   }

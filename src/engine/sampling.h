@@ -66,9 +66,11 @@ struct SamplingParams {
   int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS or the context is full
   std::vector<std::string> stop;  // stop strings (UTF-8); the text never contains them
   bool ignore_eos = false;        // true: EOS/EOG tokens do not end generation
-  // OpenAI logit_bias: (token id, bias) pairs added to the logits before the
-  // penalties (stage 0). -100 / +100 effectively ban / force a token. Ids
-  // outside the vocabulary are ignored; repeated ids add up.
+  // OpenAI logit_bias: (token id, bias in [-100, 100]) pairs added to the
+  // logits before the penalties (stage 0). -100 / +100 effectively ban /
+  // force a token. Repeated ids add up. Ids outside the vocabulary are
+  // refused by InferenceEngine::start (kInvalidArgument naming the id); the
+  // chain itself skips them.
   std::vector<std::pair<int32_t, float>> logit_bias;
   // Constrained decoding (llama.cpp's `grammar`, OpenAI's response_format /
   // tool_choice, compiled by the caller with Grammar::parse): when set, every
@@ -78,10 +80,22 @@ struct SamplingParams {
   // sequence; each generation gets its own matcher state. Immutable, shared
   // by the requests (and n > 1 choices) that use it. nullptr: unconstrained.
   std::shared_ptr<const Grammar> grammar;
+  // Log probabilities (vLLM's SamplingParams names; engine/logprobs.h says
+  // what the values are: log-softmax of the RAW logits, before stage 0).
+  // < 0: off. k in [0, kMaxTopLogprobs]: every sampled token's log
+  // probability plus the k most likely tokens' (GenerationResult::logprobs,
+  // TokenEvent::logprob). Sampling is unaffected.
+  int32_t logprobs = -1;
+  // Same for every prompt token (echo): GenerationResult::prompt_logprobs.
+  // The whole prompt is then computed (no prompt-cache reuse) so that every
+  // position has logits; a sibling choice (n > 1) fed choice 0's prompt
+  // logits gets none (the prompt's values are the same for every choice).
+  int32_t prompt_logprobs = -1;
 
   // Checks ranges (NaN, negative temperature is allowed = greedy, top_p in
   // (0,1], min_p in [0,1], repeat_penalty > 0, repeat_last_n >= -1, empty stop
-  // strings). Errors: kInvalidArgument naming the field and the valid range.
+  // strings, logit_bias values in [-100, 100], logprobs / prompt_logprobs
+  // <= kMaxTopLogprobs). Errors: kInvalidArgument naming the field and the valid range.
   core::Expected<void> validate() const;
 };
 

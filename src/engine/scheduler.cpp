@@ -62,6 +62,8 @@ struct Scheduler::Live {
   RequestRateTracker tracker;
   int64_t fed = 0;        // tokens put in this step's batch
   bool wants_row = false;
+  bool all_rows = false;  // this step's tokens all want logits rows (prompt logprobs)
+  std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
 };
 
 struct Scheduler::Scratch {
@@ -192,10 +194,14 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   gr.cancel = &job.handle->cancel_;
   gr.tracker = &live->tracker;
   JobHandle* h = job.handle.get();
-  gr.on_token = [this, h, choice](const TokenEvent& ev) {
-    if (!ev.text.empty())
+  Live* owner = live.get();  // outlives the engine's generation (finish_live holds it through finish())
+  gr.on_token = [this, h, choice, owner](const TokenEvent& ev) {
+    if (ev.logprob != nullptr) owner->pending_lp.push_back(*ev.logprob);
+    if (!ev.text.empty()) {
       h->push(JobEvent{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text),
-                       .step = steps_.load(std::memory_order_relaxed)});
+                       .step = steps_.load(std::memory_order_relaxed), .logprobs = std::move(owner->pending_lp)});
+      owner->pending_lp.clear();
+    }
     return true;
   };
   if (auto ok = e.start(gr, so); !ok) {
@@ -294,6 +300,7 @@ void Scheduler::step() {
   for (auto& l : live_) {
     l->fed = 0;
     l->wants_row = false;
+    l->all_rows = false;
     if (l->lease->engine().pending_prompt() == 0) ++decoders;
   }
   int64_t budget = std::max<int64_t>(1, opt_.batch_size - decoders);
@@ -311,14 +318,18 @@ void Scheduler::step() {
     InferenceEngine& e = l.lease->engine();
     const bool prefill = e.pending_prompt() > 0;
     if (prefill && budget <= 0) continue;
-    const std::span<const int32_t> in = e.next_input(prefill ? budget : 1);
+    // Prompt logprobs: every prompt token's logits row, in smaller chunks.
+    const bool all_rows = prefill && e.wants_prompt_rows();
+    const std::span<const int32_t> in =
+        e.next_input(prefill ? (all_rows ? std::min(budget, kPromptRowsChunk) : budget) : 1);
     if (in.empty()) continue;
     const int64_t pos = e.next_pos();
     const bool last_of_prompt = !prefill || static_cast<int64_t>(in.size()) == e.pending_prompt();
     for (size_t k = 0; k < in.size(); ++k)
       sc.batch.add(in[k], static_cast<int32_t>(pos + static_cast<int64_t>(k)), static_cast<int32_t>(si),
-                   last_of_prompt && k + 1 == in.size());
+                   all_rows || (last_of_prompt && k + 1 == in.size()));
     l.fed = static_cast<int64_t>(in.size());
+    l.all_rows = all_rows;
     l.wants_row = last_of_prompt;
     if (prefill) {
       budget -= l.fed;
@@ -353,8 +364,16 @@ void Scheduler::step() {
       auto& l = live_[si];
       if (l->fed == 0) continue;
       InferenceEngine& e = l->lease->engine();
+      if (l->all_rows) {  // rows [row, row + fed) are this sequence's; the last one may be sampled from
+        e.record_prompt_rows(std::span<const float>(logits_.data() + row * n_vocab,
+                                                    static_cast<size_t>(l->fed) * n_vocab));
+        row += static_cast<size_t>(l->fed) - 1;
+      }
       const bool wanted = e.inputs_done(l->fed);
-      if (!wanted) continue;
+      if (!wanted) {
+        if (l->all_rows) ++row;
+        continue;
+      }
       const std::span<const float> lg(logits_.data() + row * n_vocab, n_vocab);
       ++row;
       Job& job = *l->job;

@@ -96,6 +96,11 @@ struct JobEvent {
   int choice = 0;
   std::string text;         // kText: released text (never empty)
   uint64_t step = 0;        // kText: the scheduler step (1-based, SchedulerStats::steps) that sampled it
+  // kText with SamplingParams::logprobs >= 0: the log probabilities of the
+  // tokens whose text this event releases (in order; a token whose text is
+  // held back comes with the event that releases it; tokens never released,
+  // e.g. a stop string's, are only in the kDone result's logprobs).
+  std::vector<TokenLogprob> logprobs;
   GenerationResult result;  // kDone
   // kFailed: kTimeout (still queued at the deadline), kCancelled (cancelled,
   // or the scheduler stopped), kResourceExhausted (the engine pool closed:

@@ -354,17 +354,30 @@ size_t Workspace::bytes() const {
 core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const> caches,
                                     Workspace& ws, std::span<float> logits,
                                     core::ThreadPool& pool) const {
+  return forward_impl(batch, caches, ws, logits, pool, /*hidden=*/false);
+}
+
+core::Expected<void> Model::forward_hidden(const Batch& batch, std::span<KvCache* const> caches,
+                                           Workspace& ws, std::span<float> hidden,
+                                           core::ThreadPool& pool) const {
+  return forward_impl(batch, caches, ws, hidden, pool, /*hidden=*/true);
+}
+
+core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* const> caches,
+                                         Workspace& ws, std::span<float> logits,
+                                         core::ThreadPool& pool, bool hidden) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   const int64_t n_wanted = static_cast<int64_t>(batch.n_wanted());
+  const int64_t row = hidden ? c.n_embd : c.n_vocab;  // floats per output row
 
   // ---- Validate everything before touching any state. ----
   if (n == 0) return core::fail(core::Errc::kInvalidArgument, "forward: empty batch");
-  if (static_cast<uint64_t>(logits.size()) < static_cast<uint64_t>(n_wanted) * c.n_vocab) {
+  if (static_cast<uint64_t>(logits.size()) < static_cast<uint64_t>(n_wanted) * row) {
     return core::fail(core::Errc::kInvalidArgument,
-                      "forward: logits span holds " + std::to_string(logits.size()) +
-                          " floats, need " + std::to_string(n_wanted) + " x " +
-                          std::to_string(c.n_vocab));
+                      std::string("forward: ") + (hidden ? "hidden" : "logits") + " span holds " +
+                          std::to_string(logits.size()) + " floats, need " + std::to_string(n_wanted) +
+                          " x " + std::to_string(row));
   }
   ws.seq_next_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
   for (int64_t i = 0; i < n; ++i) {
@@ -420,8 +433,8 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
   for (int64_t b0 = 0; b0 < n; b0 += kMaxUbatch) {
     const auto slice = all.subspan(static_cast<size_t>(b0),
                                    static_cast<size_t>(std::min(kMaxUbatch, n - b0)));
-    run_ubatch(slice, caches, ws, out_logits, pool);
-    for (const auto& t : slice) out_logits += t.logits ? c.n_vocab : 0;
+    run_ubatch(slice, caches, ws, out_logits, pool, hidden);
+    for (const auto& t : slice) out_logits += t.logits ? row : 0;
   }
 
   // Each sequence's cache now ends after its last token in this batch.
@@ -432,7 +445,7 @@ core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const
 }
 
 void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const> caches,
-                       Workspace& ws, float* logits, core::ThreadPool& pool) const {
+                       Workspace& ws, float* logits, core::ThreadPool& pool, bool hidden) const {
   const ModelConfig& c = config_;
   const Weights& W = weights_;
   const int64_t n = static_cast<int64_t>(tok.size());
@@ -545,14 +558,15 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
   // ---- Output: logits only for the tokens that want them ----
   // out_j = RMSNorm(x_i) * output_norm;  logits_j = W_out out_j  (W_out = token_embd when tied)
   if (n_wanted > 0) {
-    float* out = ws.out_.data();
+    // forward_hidden: the final-normed rows themselves are the output.
+    float* out = hidden ? logits : ws.out_.data();
     int64_t j = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (!tok[i].logits) continue;
       rms_norm(x + i * E, W.output_norm.data, out + j * E, E, c.rms_eps);
       ++j;
     }
-    matmul(W.output, out, n_wanted, logits, pool);
+    if (!hidden) matmul(W.output, out, n_wanted, logits, pool);
   }
 }
 

@@ -136,6 +136,15 @@ class Model {
                                Workspace& ws, std::span<float> logits,
                                core::ThreadPool& pool) const;
 
+  // forward() that writes, instead of logits, the final hidden state of
+  // each wanted token after the output norm (RMSNorm(x) * output_norm.weight,
+  // the vector the output matrix multiplies): `hidden` is
+  // [batch.n_wanted()][n_embd] floats, rows in batch order. Same checks,
+  // errors and cache updates as forward(); used for embeddings.
+  core::Expected<void> forward_hidden(const Batch& batch, std::span<KvCache* const> caches,
+                                      Workspace& ws, std::span<float> hidden,
+                                      core::ThreadPool& pool) const;
+
   // Batches longer than this are run in consecutive slices of at most this
   // many tokens (llama.cpp's n_ubatch default), bounding workspace memory;
   // the result is the same as one pass.
@@ -145,8 +154,12 @@ class Model {
   Model() = default;
   // The transformer on one validated slice of a batch; writes the slice's
   // wanted logits rows to `logits`.
+  // hidden: write the final-normed rows ([n_wanted][n_embd]) instead of logits.
   void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches,
-                  Workspace& ws, float* logits, core::ThreadPool& pool) const;
+                  Workspace& ws, float* logits, core::ThreadPool& pool, bool hidden = false) const;
+  core::Expected<void> forward_impl(const Batch& batch, std::span<KvCache* const> caches,
+                                    Workspace& ws, std::span<float> out, core::ThreadPool& pool,
+                                    bool hidden) const;
   std::shared_ptr<const gguf::File> file_;
   ModelConfig config_;
   Weights weights_;
