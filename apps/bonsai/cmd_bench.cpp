@@ -3,7 +3,7 @@
 //
 //   bonsai bench [-m FILE[,FILE...]] [-p 512[,N...]] [-n 128[,N...]]
 //                [-pg PP,TG ...] [-d 0[,N...]] [-t T[,T...]] [-r 5]
-//                [-o md|csv|json|jsonl] [--no-warmup] [--q2-layout L]
+//                [-o md|csv|json|jsonl] [-ctk T] [-ctv T] [--no-warmup] [--q2-layout L]
 //
 // Tests (each repeated -r times after one untimed warm-up, for every model,
 // depth and thread count):
@@ -12,6 +12,8 @@
 //   ppN+tgM     (-pg N,M) both, timed together
 //   ... @ dD    (-d D) the KV cache first holds D tokens (filled once per
 //               model and depth, untimed), as llama-bench's -d
+// KV cache types: -ctk / -ctv (--cache-type-k / --cache-type-v) f16 (default),
+// f32 or q8_0, one value each (llama-bench also takes comma lists).
 // t/s = tokens / seconds per repetition; the table gives mean ± sample sd.
 //
 // The extra columns (ratios measured in the same run, same thread count):
@@ -75,6 +77,8 @@ struct BenchFlags {
   bool no_warmup = false;
   std::string q2_layout;
   int bw_mib = 1024;
+  std::string cache_type_k = "f16";  // -ctk (model::parse_kv_type)
+  std::string cache_type_v = "f16";  // -ctv
 };
 
 // One test of the plan: tokens of prompt, of generation, KV depth before it.
@@ -101,14 +105,17 @@ struct ModelStats {
   uint64_t matrix_bytes = 0;  // layer matrices + output head: bytes a decode step streams
   uint64_t layer_weights = 0; // weights of the layer matrices (multiply-adds per token)
   uint64_t head_weights = 0;  // weights of the output head
-  uint64_t kv_bytes_per_pos = 0;  // K + V bytes per cached position, all layers (F16)
+  uint64_t kv_bytes_per_pos = 0;  // K + V bytes per cached position, all layers (-ctk / -ctv types)
+  model::KvType type_k = model::KvType::kF16, type_v = model::KvType::kF16;
 };
 
 uint64_t view_bytes(const kernels::MatrixView& v) { return static_cast<uint64_t>(v.rows) * v.row_stride; }
 uint64_t view_weights(const kernels::MatrixView& v) { return static_cast<uint64_t>(v.rows * v.cols); }
 
-ModelStats model_stats(const model::Model& m, const std::string& path) {
+ModelStats model_stats(const model::Model& m, const std::string& path, model::KvType type_k, model::KvType type_v) {
   ModelStats s;
+  s.type_k = type_k;
+  s.type_v = type_v;
   s.filename = path;
   for (const auto& t : m.file().tensors()) {
     s.size_bytes += t.n_bytes;
@@ -123,7 +130,7 @@ ModelStats model_stats(const model::Model& m, const std::string& path) {
   s.matrix_bytes += view_bytes(m.weights().output);
   s.head_weights = view_weights(m.weights().output);
   const auto& c = m.config();
-  s.kv_bytes_per_pos = static_cast<uint64_t>(c.n_layer * c.n_head_kv * (c.head_dim_k + c.head_dim_v)) * 2;
+  s.kv_bytes_per_pos = model::KvCache::bytes_per_position(c, type_k, type_v);
   // model_type as llama.cpp prints it: architecture, size label, weight type.
   std::string label;
   if (auto l = m.file().get<std::string>("general.size_label"); l && !l->empty()) {
@@ -277,8 +284,8 @@ nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
   j["model_n_params"] = r.model->n_params;
   j["n_ubatch"] = model::Model::kMaxUbatch;
   j["n_threads"] = r.threads;
-  j["type_k"] = "f16";
-  j["type_v"] = "f16";
+  j["type_k"] = model::kv_type_name(r.model->type_k);
+  j["type_v"] = model::kv_type_name(r.model->type_v);
   j["n_prompt"] = r.test.n_prompt;
   j["n_gen"] = r.test.n_gen;
   j["n_depth"] = r.test.n_depth;
@@ -356,9 +363,10 @@ class Printer {
                     c.read_gbs, c.peak.gops, c.peak.isa.c_str());
       }
       for (const auto& m : models) {
-        std::printf("%s: %.1f MB of matrices streamed per token, KV %llu B per position (f16)\n", m->type.c_str(),
-                    static_cast<double>(m->matrix_bytes) / 1e6,
-                    static_cast<unsigned long long>(m->kv_bytes_per_pos));
+        std::printf("%s: %.1f MB of matrices streamed per token, KV %llu B per position (K %s, V %s)\n",
+                    m->type.c_str(), static_cast<double>(m->matrix_bytes) / 1e6,
+                    static_cast<unsigned long long>(m->kv_bytes_per_pos), model::kv_type_name(m->type_k),
+                    model::kv_type_name(m->type_v));
       }
       std::printf("cpu: %s\n", cpu_.c_str());
     }
@@ -463,6 +471,10 @@ int bench_main(const BenchFlags& f) {
   }
   if (f.reps < 1) return usage("-r: repetitions must be >= 1");
   if (f.bw_mib < 1) return usage("--bw-mib must be >= 1");
+  const auto type_k = model::parse_kv_type(f.cache_type_k);
+  if (!type_k) return usage("-ctk: " + type_k.error().message);
+  const auto type_v = model::parse_kv_type(f.cache_type_v);
+  if (!type_v) return usage("-ctv: " + type_v.error().message);
   auto n_prompt = parse_int_list("-p", f.n_prompt, 0);
   if (!n_prompt) return usage(n_prompt.error().message);
   auto n_gen = parse_int_list("-n", f.n_gen, 0);
@@ -550,11 +562,11 @@ int bench_main(const BenchFlags& f) {
       return 1;
     }
     const model::Model& m = **loaded;
-    stats.push_back(std::make_unique<ModelStats>(model_stats(m, path)));
+    stats.push_back(std::make_unique<ModelStats>(model_stats(m, path, *type_k, *type_v)));
     const ModelStats& ms = *stats.back();
     int max_ctx = 0;
     for (const auto& t : plan) max_ctx = std::max(max_ctx, t.n_depth + t.n_prompt + t.n_gen + 1);
-    auto cache = model::KvCache::create(m.config(), max_ctx);
+    auto cache = model::KvCache::create(m.config(), max_ctx, *type_k, *type_v);
     if (!cache) {
       std::cerr << "bonsai bench: " << path << ": " << cache.error().message << "\n";
       return 1;
@@ -638,6 +650,10 @@ void register_bench(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("-r,--repetitions", f->reps, "Timed repetitions of each test")->capture_default_str();
   cmd->add_option("-o,--output", f->output, "Output format: md, csv, json or jsonl")->capture_default_str();
+  cmd->add_option("--cache-type-k", f->cache_type_k, "KV cache type for K: f16, f32, q8_0 (also -ctk, as llama-bench)")
+      ->capture_default_str();
+  cmd->add_option("--cache-type-v", f->cache_type_v, "KV cache type for V: f16, f32, q8_0 (also -ctv, as llama-bench)")
+      ->capture_default_str();
   cmd->add_flag("--no-warmup", f->no_warmup, "Skip the untimed warm-up run of each test");
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");

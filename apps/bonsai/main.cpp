@@ -30,14 +30,26 @@ int main(int argc, char** argv) {
   bonsai::app::register_tokenize(app);
   bonsai::app::register_logits(app);
   bonsai::app::register_bench(app);
-  // llama-bench spells its prompt+generation test `-pg PP,TG`; CLI11 takes
-  // only one letter after a single dash, so after `bench` that word is
-  // passed on as bench's `--pg`.
+  // llama.cpp's multi-letter single-dash flags, which CLI11 cannot register
+  // (it takes one letter after a single dash): after the command word they
+  // are passed on as their long names -- `-ctk` / `-ctv` as --cache-type-k /
+  // --cache-type-v in run, chat, serve and bench (llama-cli, llama-server and
+  // llama-bench all take them), and llama-bench's `-pg PP,TG` as bench's --pg.
+  // Only a whole argument is rewritten (a prompt that merely contains
+  // "-ctk" is untouched).
   std::vector<char*> args(argv, argv + argc);
-  char pg_long[] = "--pg";
-  for (int i = 1, in_bench = 0; i < argc; ++i) {
-    if (!in_bench && std::strcmp(argv[i], "bench") == 0) in_bench = 1;
-    else if (in_bench && std::strcmp(argv[i], "-pg") == 0) args[static_cast<size_t>(i)] = pg_long;
+  char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v";
+  const char* command = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (command == nullptr) {
+      for (const char* c : {"run", "chat", "serve", "bench"}) {
+        if (std::strcmp(argv[i], c) == 0) command = c;
+      }
+      continue;
+    }
+    if (std::strcmp(argv[i], "-ctk") == 0) args[static_cast<size_t>(i)] = ctk_long;
+    else if (std::strcmp(argv[i], "-ctv") == 0) args[static_cast<size_t>(i)] = ctv_long;
+    else if (std::strcmp(command, "bench") == 0 && std::strcmp(argv[i], "-pg") == 0) args[static_cast<size_t>(i)] = pg_long;
   }
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge

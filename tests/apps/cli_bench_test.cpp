@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -127,6 +128,45 @@ TEST(CliBench, JsonHasTheFieldsAndPositiveSpeedsAtEveryDepthAndThreadCount) {
   // Depth 8 reads 8 more cached positions per token.
   EXPECT_DOUBLE_EQ(tg_bytes["tg4 @ d8"] - tg_bytes["tg4"], 8 * kv_per_pos);
   fs::remove_all(cache);
+}
+
+// -ctk / -ctv (llama-bench's spelling, rewritten before parsing) choose the
+// KV cache types: reported as type_k / type_v, and the tg bytes per token
+// count the q8_0 rows (34 bytes per 32 values) instead of f16's 64.
+TEST(CliBench, CacheTypeFlagsSetTheKvTypesAndTheirBytes) {
+  const std::string tiny = bonsai::test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(tiny);
+  auto file = bonsai::gguf::File::open(tiny);
+  ASSERT_TRUE(file.has_value());
+  const uint64_t n_layer = *(*file)->get<uint64_t>("qwen3.block_count");
+  const uint64_t n_kv = *(*file)->get<uint64_t>("qwen3.attention.head_count_kv");
+  const uint64_t hd = *(*file)->get<uint64_t>("qwen3.attention.key_length");
+  ASSERT_EQ(hd % 32, 0u);
+  const std::string base = "bench -m '" + tiny + "' -p 8 -n 4 -d 6 -r 1 -t 1 --bw-mib 16 --no-warmup -o json ";
+  std::map<std::string, double> bpt;
+  for (const std::string kv : {"f16", "q8_0"}) {
+    const auto r = run_bonsai(base + "-ctk " + kv + " -ctv " + kv);
+    ASSERT_EQ(r.rc, 0) << kv << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j.size(), 2u);
+    for (const auto& row : j) {
+      EXPECT_EQ(row.at("type_k"), kv);
+      EXPECT_EQ(row.at("type_v"), kv);
+      EXPECT_GT(row.at("avg_ts").get<double>(), 0.0);
+    }
+    bpt[kv] = j[1].at("bytes_per_token").get<double>();  // tg4 @ d6
+  }
+  // Mean position 6 + 5/2 = 8.5; per position and layer and KV head, K and V rows.
+  const double rows = 8.5 * static_cast<double>(n_layer * n_kv * 2);
+  EXPECT_DOUBLE_EQ(bpt["f16"] - bpt["q8_0"], rows * static_cast<double>(hd * 2 - hd / 32 * 34));
+  // The long names work too; a bad type is a usage error naming the flag.
+  const auto longf = run_bonsai(base + "--cache-type-k q8_0");
+  ASSERT_EQ(longf.rc, 0) << longf.err;
+  EXPECT_EQ(nlohmann::json::parse(longf.out)[0].at("type_k"), "q8_0");
+  const auto bad = run_bonsai(base + "-ctv q4_0");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("-ctv: "), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("q4_0"), std::string::npos) << bad.err;
 }
 
 TEST(CliBench, CsvJsonlAndPromptPlusGeneration) {

@@ -41,6 +41,23 @@ TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommand) {
   }
 }
 
+// llama.cpp's -ctk / -ctv (multi-letter single-dash names CLI11 cannot
+// register; main() rewrites them to --cache-type-k / --cache-type-v).
+TEST(CliRuntime, LlamaCppShortCacheTypeFlagsInRun) {
+  const std::string tiny = bonsai::test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(tiny);
+  const std::string run = "run -m '" + tiny + "' -p Hi -n 3 --temp 0 ";
+  const auto q8 = run_bonsai(run + "-ctk q8_0 -ctv q8_0");
+  EXPECT_EQ(q8.rc, 0) << q8.err;
+  EXPECT_FALSE(q8.out.empty());
+  const auto bad = run_bonsai(run + "-ctk q4_0");
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_NE(bad.err.find("q4_0"), std::string::npos) << bad.err;
+  // Only whole arguments are rewritten: "-ctkx" stays an unknown option.
+  const auto other = run_bonsai(run + "-ctkx q8_0");
+  EXPECT_EQ(other.rc, 2) << other.err;
+}
+
 TEST(CliRuntime, UnsupportedKernelNamesTheVariable) {
 #if defined(__x86_64__)
   const auto r = run_bonsai("run -m '" + kStories + "' -p Hi -n 2", "BONSAI_KERNEL=neon ");
