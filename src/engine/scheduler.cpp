@@ -161,7 +161,20 @@ void Scheduler::sweep_queue(Clock::time_point now) {
         fail_job(job, core::Error{core::Errc::kTimeout, "the request timed out while queued"});
       }
     } else if (job.handle->cancelled()) {
-      job.req.n = job.next_choice;  // the choices not started never will; running ones stop as cancelled
+      // Some choices run (they stop as cancelled within a step); the ones not
+      // started never will: each ends now, as cancelled with nothing produced,
+      // so the submitter still gets one kDone per choice (it waits for n).
+      for (; job.next_choice < job.req.n; ++job.next_choice) {
+        GenerationResult r;
+        r.finish_reason = FinishReason::kCancelled;
+        r.prompt_tokens = static_cast<int32_t>(job.req.prompt.size());
+        job.handle->push(JobEvent{.kind = JobEvent::Kind::kDone, .choice = job.next_choice, .result = std::move(r)});
+        ++job.done;
+      }
+      if (job.live == 0) {
+        std::lock_guard lock(job.handle->mu_);
+        job.handle->ended_ = true;
+      }
     }
   }
 }

@@ -365,6 +365,33 @@ TEST_F(SchedulerTest, CancelWhileQueuedPrefillingOrDecodingFreesTheSlot) {
   EXPECT_TRUE(eventually([&] { return pool_->available() == 1; }));
 }
 
+// n > 1, cancelled while choice 0 runs and choice 1 still waits for a slot
+// (one replica): every choice ends, each with one kDone (the server's stream
+// waits for n of them; it used to get only the started ones and hang).
+TEST_F(SchedulerTest, CancelWithChoicesNotStartedEndsEveryChoice) {
+  build(1, 512);
+  SamplingParams p = greedy(400);
+  p.ignore_eos = true;
+  auto h = submit(tok_->encode_prompt("Once upon a time"), p, 1, /*n=*/3);
+  std::vector<JobEvent> evs;
+  ASSERT_TRUE(eventually([&] {
+    h->wait(evs, Clock::now() + 10ms);
+    return !evs.empty();
+  }));
+  for (const auto& e : evs) ASSERT_EQ(e.choice, 0) << "only one replica: choice 0 runs alone";
+  EXPECT_EQ(sched_->stats().waiting, 1) << "choices 1 and 2 wait for the slot";
+  h->cancel();
+  Outcome o = collect(*h, 60s);
+  ASSERT_TRUE(h->ended()) << "the job never ended";
+  ASSERT_FALSE(o.failed) << o.error.message;
+  ASSERT_EQ(o.results.size(), 3u);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(o.results[c].finish_reason, FinishReason::kCancelled) << "choice " << c;
+  EXPECT_LT(o.results[0].completion_tokens, 400);
+  EXPECT_EQ(o.results[1].completion_tokens, 0);
+  EXPECT_EQ(o.results[2].completion_tokens, 0);
+  EXPECT_TRUE(eventually([&] { return sched_->stats().waiting == 0 && pool_->available() == 1; }));
+}
+
 // Deadlines: a request still queued at its deadline fails with kTimeout; one
 // running at its deadline ends with what it produced (kLength, timed_out).
 TEST_F(SchedulerTest, DeadlineWhileRunningReturnsWhatWasProduced) {
