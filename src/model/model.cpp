@@ -501,10 +501,13 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
     }, kTokChunk);
 
-    // q = Wq xb,  k = Wk xb,  v = Wv xb
-    matmul(L.wq, xb, n, q, pool);
-    matmul(L.wk, xb, n, k, pool);
-    matmul(L.wv, xb, n, v, pool);
+    // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
+    // once, one pool dispatch); equal to three separate products bit for bit.
+    {
+      const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
+      float* const outs[] = {q, k, v};
+      kernels::gemm_multi(qkv, 3, xb, n, outs, &pool);
+    }
 
     // Per token: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm, k_h likewise, per
     // head), then RoPE on q and k, then store k and v in the sequence's cache
@@ -545,8 +548,11 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
     }, kTokChunk);
     // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
-    matmul(L.w_gate, xb, n, gate, pool);
-    matmul(L.w_up, xb, n, up, pool);
+    {
+      const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
+      float* const outs[] = {gate, up};
+      kernels::gemm_multi(gu, 2, xb, n, outs, &pool);
+    }
     pool.parallel_for(n * c.n_ff, [&](int64_t b, int64_t e) {
       for (int64_t j = b; j < e; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
     }, 4096);
