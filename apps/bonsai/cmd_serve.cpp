@@ -59,6 +59,7 @@ struct ServeFlags {
   int port = 0;
   std::string api_key;
   std::string config;
+  std::string cache_type_k, cache_type_v;  // -ctk / -ctv (empty: the config's, else f16)
   double timeout = 0;
   std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
   uint64_t seed = 0;      // -s/--seed: default seed of requests without one (given: reproducible)
@@ -96,6 +97,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--port")) cfg.port = f.port;
   if (given("--api-key")) cfg.api_key = f.api_key;
   if (given("--timeout")) cfg.timeout_s = f.timeout;
+  if (given("--cache-type-k")) cfg.cache_type_k = f.cache_type_k;
+  if (given("--cache-type-v")) cfg.cache_type_v = f.cache_type_v;
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
   // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
@@ -157,6 +160,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   engine::ModelSpec base;
   base.pool_size = cfg.pool_size;
   base.ctx_size = cfg.ctx_size;
+  base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
+  base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
   base.batch_size = f.batch_size;
   base.prompt_cache = !f.no_cache_prompt;
   for (const auto& m : cfg.models) {
@@ -260,6 +265,14 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin");
   cmd->add_option("--config", f->config, "TOML file with the same keys and [router] preload = [...]");
   cmd->add_option("--timeout", f->timeout, "Per-request timeout in seconds (default 600)");
+  const auto kv_type_ok = [](const std::string& s) {
+    const auto t = model::parse_kv_type(s);
+    return t ? std::string() : t.error().message;
+  };
+  cmd->add_option("--cache-type-k", f->cache_type_k, "KV cache type for K: f16 (default), f32, q8_0 (also -ctk)")
+      ->check(kv_type_ok);
+  cmd->add_option("--cache-type-v", f->cache_type_v, "KV cache type for V: f16 (default), f32, q8_0 (also -ctv)")
+      ->check(kv_type_ok);
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
                   "(env BONSAI_Q2_LAYOUT; default: detected)");

@@ -52,7 +52,8 @@ int64_t effective_ctx(int64_t requested, int64_t n_ctx_train) {
 
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
                                                uint64_t seed, int64_t max_seq_len, int requested_size,
-                                               const gguf::OpenOptions& options) {
+                                               const gguf::OpenOptions& options, model::KvType type_k,
+                                               model::KvType type_v) {
   auto model = model::Model::load(path, options);
   if (!model) return std::unexpected(model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
@@ -64,6 +65,8 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   opts.max_seq_len = effective_ctx(max_seq_len, (*model)->config().n_ctx_train);
   opts.params = params;
   opts.params.seed = seed;
+  opts.kv_type_k = type_k;
+  opts.kv_type_v = type_v;
   opts.token_trie = std::make_shared<SharedTokenTrie>(*tok);  // one per model, built on first grammar use
 
   std::vector<InferenceEngine> engines;
@@ -103,7 +106,8 @@ uint64_t ModelFootprint::total_bytes() const {
 }
 
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
-                                               const gguf::OpenOptions& options) {
+                                               const gguf::OpenOptions& options, model::KvType type_k,
+                                               model::KvType type_v) {
   auto file = gguf::File::open(path, options);
   if (!file) return std::unexpected(file.error());
   auto cfg = model::ModelConfig::from_gguf(**file);
@@ -112,9 +116,9 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
   f.mapped_bytes = static_cast<uint64_t>((*file)->mapping()->size());
   f.n_ctx = effective_ctx(max_seq_len, cfg->n_ctx_train);
   f.replicas = resolve_pool_size(pool_size, ComputeTier::kCpu);
-  f.kv_elem_bytes = 2;  // build_pool_from_gguf keeps EngineOptions::kv_f32 = false: F16 caches
-  f.kv_bytes_per_position = static_cast<uint64_t>(cfg->n_layer) *
-                            static_cast<uint64_t>(cfg->k_dim() + cfg->v_dim()) * f.kv_elem_bytes;
+  f.type_k = type_k;
+  f.type_v = type_v;
+  f.kv_bytes_per_position = model::KvCache::bytes_per_position(*cfg, type_k, type_v);
   f.kv_bytes = mul_sat(mul_sat(f.kv_bytes_per_position, static_cast<uint64_t>(std::max<int64_t>(f.n_ctx, 0))),
                        static_cast<uint64_t>(f.replicas));
   f.n_ctx_train = cfg->n_ctx_train;
@@ -130,8 +134,9 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 }
 
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
-                                              const gguf::OpenOptions& options) {
-  auto f = model_footprint(path, max_seq_len, pool_size, options);
+                                              const gguf::OpenOptions& options, model::KvType type_k,
+                                              model::KvType type_v) {
+  auto f = model_footprint(path, max_seq_len, pool_size, options, type_k, type_v);
   if (!f) return std::unexpected(f.error());
   return f->total_bytes();
 }

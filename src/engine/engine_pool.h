@@ -34,6 +34,7 @@
 
 #include "core/error.h"  // core::Expected
 #include "gguf/gguf.h"   // OpenOptions
+#include "model/kv_cache.h"  // KvType (-ctk / -ctv)
 
 namespace bonsai::model {
 class Model;  // model/model.h
@@ -363,10 +364,14 @@ struct BuiltPool {
 // `seed`, so replicas are interchangeable. `max_seq_len` <= 0: the model's
 // context_length capped at kDefaultMaxSeqLen. Errors: the model's, the
 // tokenizer's and InferenceEngine::create's (each names the file).
-// `options` go to Model::load (a forced Q2_0 layout).
+// `options` go to Model::load (a forced Q2_0 layout). type_k / type_v: every
+// replica's KV cache types (EngineOptions::kv_type_k / kv_type_v; q8_0 needs
+// head dims that are multiples of 32, else InferenceEngine::create's error).
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
                                                uint64_t seed, int64_t max_seq_len, int requested_size,
-                                               const gguf::OpenOptions& options = {});
+                                               const gguf::OpenOptions& options = {},
+                                               model::KvType type_k = model::KvType::kF16,
+                                               model::KvType type_v = model::KvType::kF16);
 
 // What one model built by build_pool_from_gguf(path, .., max_seq_len,
 // pool_size) will need, read from the GGUF header alone (no weights read, no
@@ -375,9 +380,10 @@ struct ModelFootprint {
   uint64_t mapped_bytes = 0;          // the file size (one shared mapping)
   int64_t n_ctx = 0;                  // KV positions per replica (max_seq_len <= 0: the default)
   int replicas = 0;                   // resolve_pool_size(pool_size, kCpu)
-  uint64_t kv_elem_bytes = 0;         // 2: the caches are F16 (model::KvType::kF16, EngineOptions default)
-  // n_layer x (n_head_kv x head_dim_k + n_head_kv x head_dim_v) x kv_elem_bytes:
-  // K and V of one position in every layer (model::KvCache's layout).
+  model::KvType type_k = model::KvType::kF16;  // the caches' K / V types (as given)
+  model::KvType type_v = model::KvType::kF16;
+  // model::KvCache::bytes_per_position(config, type_k, type_v): K and V of
+  // one position in every layer (f16 2 bytes per value, f32 4, q8_0 34 per 32).
   uint64_t kv_bytes_per_position = 0;
   uint64_t kv_bytes = 0;              // kv_bytes_per_position x n_ctx x replicas (saturating)
   int64_t n_ctx_train = 0;            // <arch>.context_length (0: the file does not say)
@@ -395,12 +401,16 @@ struct ModelFootprint {
 // replicas. Errors: gguf::File::open's and ModelConfig::from_gguf's (each
 // names the file). `options` go to gguf::File::open (a forced Q2_0 layout).
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
-                                               const gguf::OpenOptions& options = {});
+                                               const gguf::OpenOptions& options = {},
+                                               model::KvType type_k = model::KvType::kF16,
+                                               model::KvType type_v = model::KvType::kF16);
 
 // Bytes one model needs when built as above: model_footprint(...).total_bytes(),
 // i.e. the file size (the mapping) plus `pool_size` KV caches of
-// `max_seq_len` positions (F16, K and V, every layer).
+// `max_seq_len` positions (K and V of type_k / type_v, every layer).
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
-                                              const gguf::OpenOptions& options = {});
+                                              const gguf::OpenOptions& options = {},
+                                              model::KvType type_k = model::KvType::kF16,
+                                              model::KvType type_v = model::KvType::kF16);
 
 }  // namespace bonsai::engine

@@ -494,7 +494,7 @@ ModelPool::Loader gguf_model_loader() {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size,
-                                      open);
+                                      open, spec.kv_type_k, spec.kv_type_v);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;
@@ -519,7 +519,7 @@ ModelPool::Estimator gguf_model_estimator() {
   return [](const ModelSpec& spec) {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
-    return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open);
+    return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v);
   };
 }
 

@@ -57,6 +57,10 @@ struct ModelSpec {
   // Forced layout of type-42 (Q2_0) tensors (gguf::OpenOptions::q2_layout,
   // `bonsai serve --q2-layout`); nullopt: the reader detects it.
   std::optional<core::Q2Layout> q2_layout;
+  // KV cache types of every replica (`bonsai serve -ctk / -ctv`, config keys
+  // cache-type-k / cache-type-v, admin load fields cache_type_k / cache_type_v).
+  model::KvType kv_type_k = model::KvType::kF16;
+  model::KvType kv_type_v = model::KvType::kF16;
 };
 
 // A resident model: weights (one shared mapping), tokenizer and the replica

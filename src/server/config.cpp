@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "core/ggml_types.h"  // parse_q2_layout
+#include "model/kv_cache.h"    // parse_kv_type
 
 namespace bonsai::server {
 namespace {
@@ -110,10 +111,15 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
         }
         config.preload_set = true;
       }
-    } else if (key == "host" || key == "api-key" || key == "q2-layout") {
+    } else if (key == "host" || key == "api-key" || key == "q2-layout" || key == "cache-type-k" ||
+               key == "cache-type-v") {
       auto s = get_string(node, where);
       if (!s) return std::unexpected(s.error());
-      (key == "host" ? config.host : key == "api-key" ? config.api_key : config.q2_layout) = *s;
+      (key == "host"           ? config.host
+       : key == "api-key"      ? config.api_key
+       : key == "cache-type-k" ? config.cache_type_k
+       : key == "cache-type-v" ? config.cache_type_v
+                               : config.q2_layout) = *s;
     } else if (key == "timeout") {
       if (!node.is_number())
         return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
@@ -140,7 +146,8 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
     } else {
       return core::fail(core::Errc::kInvalidArgument,
                         where + ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
-                                "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout)");
+                                "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
+                                "cache-type-k, cache-type-v)");
     }
   }
   return {};
@@ -167,6 +174,9 @@ core::Expected<void> validate_serve_config(const ServeConfig& c) {
   if (!c.q2_layout.empty() && !core::parse_q2_layout(c.q2_layout))
     return core::fail(core::Errc::kInvalidArgument, "q2-layout: unknown Q2_0 layout '" + c.q2_layout +
                                                         "' (expected g64, g128-d-first or g128-qs-first)");
+  for (const auto& [key, value] : {std::pair{"cache-type-k", &c.cache_type_k}, std::pair{"cache-type-v", &c.cache_type_v}}) {
+    if (auto t = model::parse_kv_type(*value); !t) return core::fail(core::Errc::kInvalidArgument, std::string(key) + ": " + t.error().message);
+  }
   for (size_t i = 0; i < c.models.size(); ++i)
     for (size_t j = i + 1; j < c.models.size(); ++j)
       if (c.models[i].id == c.models[j].id)

@@ -50,6 +50,11 @@ struct ServeConfig {
   // empty: detected. Checked by validate_serve_config, not while parsing, so
   // `bonsai serve` can report a bad name with the same exit code as the flag.
   std::string q2_layout;
+  // KV cache types of every model's replicas (llama.cpp's names f16 | f32 |
+  // q8_0; keys cache-type-k / cache-type-v, `serve -ctk / -ctv`). Checked by
+  // validate_serve_config (model::parse_kv_type), as q2_layout.
+  std::string cache_type_k = "f16";
+  std::string cache_type_v = "f16";
 };
 
 // Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").

@@ -191,6 +191,17 @@ struct AdminRoutes {
                                                "' (expected g64, g128-d-first or g128-qs-first).",
                                            "q2_layout", "invalid_value"));
     }
+    // cache_type_k / cache_type_v: KV cache types (as `bonsai serve -ctk / -ctv`);
+    // absent or null keeps the registration's (a new path: the server's).
+    for (const char* f : {"cache_type_k", "cache_type_v"}) {
+      auto it = body.find(f);
+      if (it == body.end() || it->is_null()) continue;
+      if (!it->is_string())
+        return send_error(res, bad_request(std::string("Invalid type for '") + f + "': expected a string.", f, "invalid_type"));
+      const auto t = model::parse_kv_type(it->get<std::string>());
+      if (!t) return send_error(res, bad_request(std::string("Invalid '") + f + "': " + t.error().message + ".", f, "invalid_value"));
+      (std::string(f) == "cache_type_k" ? spec.kv_type_k : spec.kv_type_v) = *t;
+    }
     std::error_code ec;
     if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))
       return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
@@ -239,7 +250,7 @@ struct AdminRoutes {
                                           bool pool_given) const {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
-    auto fp = engine::model_footprint(spec.path, spec.ctx_size, spec.pool_size, open);
+    auto fp = engine::model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v);
     if (!fp) return std::nullopt;
     if (ctx_given && spec.ctx_size > 0 && fp->max_ctx > 0 && spec.ctx_size > fp->max_ctx) {
       char factor[32];

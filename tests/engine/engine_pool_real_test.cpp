@@ -72,7 +72,8 @@ TEST(EnginePoolReal, FootprintMatchesWhatIsBuilt) {
   auto fp = model_footprint(kStories, 200, 2);
   ASSERT_TRUE(fp.has_value()) << fp.error().message;
   const model::ModelConfig& c = built->model->config();
-  EXPECT_EQ(fp->kv_elem_bytes, 2u);
+  EXPECT_EQ(fp->type_k, model::KvType::kF16);
+  EXPECT_EQ(fp->type_v, model::KvType::kF16);
   EXPECT_EQ(fp->kv_bytes_per_position, static_cast<uint64_t>(c.n_layer * (c.k_dim() + c.v_dim()) * 2));
   EXPECT_EQ(fp->n_ctx, 200);
   EXPECT_EQ(fp->replicas, 2);
@@ -86,6 +87,27 @@ TEST(EnginePoolReal, FootprintMatchesWhatIsBuilt) {
   auto def = model_footprint(kStories, 0, 1);
   ASSERT_TRUE(def.has_value());
   EXPECT_EQ(def->n_ctx, std::min<int64_t>(c.n_ctx_train, kDefaultMaxSeqLen));
+}
+
+// The footprint follows the KV cache types (q8_0: 34 bytes per 32 values):
+// what it predicts is what build_pool_from_gguf allocates with those types.
+TEST(EnginePoolReal, FootprintCountsTheKvCacheTypes) {
+  const std::string tiny = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(tiny);
+  auto built = build_pool_from_gguf(tiny, sampled_params(4), 1, 96, 2, {}, model::KvType::kQ8_0, model::KvType::kF16);
+  ASSERT_TRUE(built.has_value()) << built.error().message;
+  auto fp = model_footprint(tiny, 96, 2, {}, model::KvType::kQ8_0, model::KvType::kF16);
+  ASSERT_TRUE(fp.has_value()) << fp.error().message;
+  const model::ModelConfig& c = built->model->config();
+  ASSERT_EQ(c.head_dim_k % 32, 0);
+  EXPECT_EQ(fp->type_k, model::KvType::kQ8_0);
+  EXPECT_EQ(fp->kv_bytes_per_position,
+            static_cast<uint64_t>(c.n_layer * c.n_head_kv * (c.head_dim_k / 32 * 34 + c.head_dim_v * 2)));
+  EXPECT_EQ(fp->kv_bytes, built->kv_bytes);
+  auto f16 = model_footprint(tiny, 96, 2);
+  ASSERT_TRUE(f16.has_value());
+  EXPECT_LT(fp->kv_bytes, f16->kv_bytes);
+  EXPECT_EQ(*estimate_model_bytes(tiny, 96, 2, {}, model::KvType::kQ8_0, model::KvType::kF16), fp->total_bytes());
 }
 
 // A header-only qwen3 GGUF (metadata + token_embd) with context_length 128

@@ -317,4 +317,67 @@ TEST(ServeCli, AdminLoadTakesQ2Layout) {
   EXPECT_EQ(p.stop(), 0) << p.err();
 }
 
+// KV cache types: config keys cache-type-k / cache-type-v (checked by
+// validate_serve_config), `serve -ctk / -ctv` (a bad value is exit 2), and
+// the admin load fields cache_type_k / cache_type_v (400 naming the field).
+TEST(ServeCli, ConfigCacheTypeKeys) {
+  bonsai::server::ServeConfig cfg;
+  EXPECT_EQ(cfg.cache_type_k, "f16");
+  ASSERT_TRUE(bonsai::server::apply_serve_toml("cache-type-k = \"q8_0\"\ncache_type_v = \"f32\"\n", "t.toml", cfg));
+  EXPECT_EQ(cfg.cache_type_k, "q8_0");
+  EXPECT_EQ(cfg.cache_type_v, "f32");
+  EXPECT_TRUE(bonsai::server::validate_serve_config(cfg));
+  cfg.cache_type_v = "q4_0";
+  auto bad = bonsai::server::validate_serve_config(cfg);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message, "cache-type-v: cache type 'q4_0' is not supported (f16, f32, q8_0)");
+}
+
+TEST(ServeCli, CacheTypeFlagsAndAdminLoadFields) {
+  BONSAI_REQUIRE_FILE(kG64);
+  const auto [code, err] = startup_error({"-m", "g64=" + kG64, "-ctk", "q4_0"});
+  EXPECT_EQ(code, 2) << err;
+  EXPECT_NE(err.find("q4_0"), std::string::npos) << err;
+
+  ServeProcess p(serve_args({"-m", "g64=" + kG64, "--models-max", "4", "-ctk", "q8_0", "-ctv", "q8_0"}));
+  const int port = p.wait_listening();
+  ASSERT_NE(port, 0) << p.err();
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  auto post = [&](const std::string& path, const json& body) -> std::pair<int, json> {
+    auto r = cli.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return {-1, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  };
+  auto complete = [&](const std::string& model) {
+    auto [st, j] = post("/v1/completions", json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 4},
+                                                 {"temperature", 0}});
+    EXPECT_EQ(st, 200) << j.dump();
+    return st;
+  };
+  EXPECT_EQ(complete("g64"), 200);  // served with q8_0 caches
+  for (const auto& [field, bad, type] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"cache_type_k", "q4_0", "invalid_value"}, {"cache_type_v", "F16", "invalid_value"},
+           {"cache_type_k", 8, "invalid_type"}}) {
+    auto [st, j] = post("/admin/models/load", json{{"id", "x"}, {"path", kG64}, {field, bad}});
+    EXPECT_EQ(st, 400) << j.dump();
+    EXPECT_EQ(j["error"]["param"], field) << j.dump();
+    EXPECT_EQ(j["error"]["code"], type) << j.dump();
+    if (type == "invalid_value") {
+      EXPECT_EQ(j["error"]["message"], "Invalid '" + field + "': cache type '" + bad.get<std::string>() +
+                                           "' is not supported (f16, f32, q8_0).");
+    }
+  }
+  auto [st, j] = post("/admin/models/load", json{{"id", "f"}, {"path", kG64}, {"cache_type_k", "f32"},
+                                                 {"cache_type_v", "f16"}, {"pool_size", 1}, {"ctx_size", 128}});
+  ASSERT_EQ(st, 202) << j.dump();
+  for (int i = 0; i < 300; ++i) {
+    auto [cst, cj] = post("/v1/completions", json{{"model", "f"}, {"prompt", "Hi"}, {"max_tokens", 2}});
+    if (cst == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(complete("f"), 200);
+  EXPECT_EQ(p.stop(), 0) << p.err();
+}
+
 }  // namespace
