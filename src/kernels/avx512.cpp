@@ -694,8 +694,10 @@ bool set_avx512_amx(bool enabled) {
   return prev;
 }
 
+// The hooks only flip flags: they run on CPUs without AVX-512 too (the tier
+// tests call them everywhere), so they must not touch init_once(), whose
+// table setup is AVX-512 code (it raised SIGILL on an AVX2-only Zen 3).
 bool set_avx512_gfni(bool enabled) {
-  init_once();
   const bool prev = g_use_gfni;
   g_use_gfni = enabled;
   return prev;

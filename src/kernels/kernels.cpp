@@ -320,12 +320,19 @@ struct RowsCtx {
 // elsewhere (concurrent callers) leave their chunk to the ones that are not.
 // Larger batches (compute-bound) keep the pool's finer split for balance
 // (one chunk per thread measured ~5% slower prefill).
+// The AVX2 tier without VNNI is compute-bound already at N = 1 (Zen 3, 2
+// cores: the int8 peak allows fewer columns/s than the read bandwidth), so
+// there balance wins over stream count: four chunks per thread (multiples of
+// 64 rows) measured 0-50% faster for N = 1, 2, 4 at 2 threads
+// (bench/results/kernels-2026-12-02-zen3-avx2.txt). Row splits never change
+// results (kernels_invariance_test).
 int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const core::ThreadPool& pool) {
   const size_t rb = std::max<size_t>(1, row_bytes(w.format, w.cols));
   const int64_t min_rows =
       static_cast<int64_t>((size_t{64} << 10) / (rb * static_cast<size_t>(std::max<int64_t>(1, n))));
   if (n >= detail::kAmxMinCols) return std::max<int64_t>(4, min_rows);
-  const int64_t per_thread = (total_rows + pool.size() - 1) / pool.size();
+  const int64_t split = active_tier() == Tier::kAvx2 ? 4 : 1;
+  const int64_t per_thread = (total_rows + pool.size() * split - 1) / (pool.size() * split);
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
 }
 
