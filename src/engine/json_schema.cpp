@@ -62,7 +62,7 @@ const std::map<std::string, std::string> kPrimitives = {
     {"char", "[^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )"},
     {"strchar", "[^\"\\\\\\x7F\\x00-\\x1F]"},
     {"integral", "\"0\" | [1-9] [0-9]{0,15}"},
-    {"number", "\"-\"? integral ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,16} )?"},
+    {"number", "\"-\"? integral ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?"},  // exponent <= 99: finite as a double
     {"integer", "\"-\"? integral"},
     {"boolean", "\"true\" | \"false\""},
     {"null", "\"null\""},
@@ -658,9 +658,28 @@ class Converter {
     if (s.contains("type") && s["type"].is_array()) {
       if (s["type"].empty()) fail("'type' at " + at_path(path) + " is an empty array");
       std::string out = "(";
+      // Type-specific keywords apply to instances of their type only (JSON
+      // Schema's rule), so {"type": ["string", "null"], "maxLength": 8} is a
+      // short string or null: each branch keeps its own type's keywords.
+      static const std::map<std::string, std::vector<std::string>> kTypeKeywords = {
+          {"string", {"minLength", "maxLength", "pattern", "format"}},
+          {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
+          {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
+          {"array", {"items", "minItems", "maxItems"}},
+          {"object", {"properties", "required", "additionalProperties"}},
+      };
       for (size_t i = 0; i < s["type"].size(); ++i) {
         Json sub = s;
         sub["type"] = s["type"][i];
+        const std::string t = s["type"][i].is_string() ? s["type"][i].get<std::string>() : std::string();
+        const auto mine = kTypeKeywords.find(t);
+        for (const auto& entry : kTypeKeywords) {
+          for (const auto& k : entry.second) {
+            const bool kept = mine != kTypeKeywords.end() &&
+                              std::find(mine->second.begin(), mine->second.end(), k) != mine->second.end();
+            if (!kept) sub.erase(k);
+          }
+        }
         out += (i ? " | " : " ") + gen(sub, path);
       }
       return out + " )";
@@ -938,9 +957,15 @@ class Converter {
   }
 
   std::string gen_format(const std::string& f, const std::string& path) {
+    // A real calendar date (RFC 3339 full-date, as validators check it): days
+    // 29-31 only in months that have them, Feb 29 only in leap years
+    // (YY % 4 == 0 for YY != 00; CC00 when CC % 4 == 0).
     const std::string date =
-        "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" "
-        "[01] )";
+        "( [0-9]{4} \"-\" ( ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"
+        " | ( \"0\" [13-9] | \"1\" [0-2] ) \"-\" ( \"29\" | \"30\" )"
+        " | ( \"0\" [13578] | \"1\" [02] ) \"-31\" )"
+        " | ( [0-9]{2} ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"0\" [048] | [2468] [048] | [13579] [26] ) \"00\" )"
+        " \"-02-29\" )";
     const std::string time =
         "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
         "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
@@ -956,9 +981,11 @@ class Converter {
           "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
           "[0-9a-fA-F]{12}";
     else if (f == "email")
+      // Dot-separated atoms (no leading, trailing or double dot) @ labels that
+      // neither start nor end with '-' (the shape validators check), bounded.
       body =
-          "[a-zA-Z0-9._%+-]{1,64} \"@\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,62} ( \".\" [a-zA-Z0-9] "
-          "[a-zA-Z0-9-]{0,62} ){0,3} \".\" [a-zA-Z]{2,24}";
+          "[a-zA-Z0-9_%+-]{1,32} ( \".\" [a-zA-Z0-9_%+-]{1,32} ){0,3} \"@\""
+          " ( [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,61} [a-zA-Z0-9] )? \".\" ){1,4} [a-zA-Z]{2,24}";
     else
       fail("unsupported format '" + f + "' at " + at_path(path));
     return add_rule(f, "\"\\\"\" " + body + " \"\\\"\"");

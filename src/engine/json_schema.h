@@ -10,8 +10,8 @@
 // recursion allowed), integer minimum / maximum / exclusiveMinimum /
 // exclusiveMaximum (exact digit ranges), number minimum / maximum with
 // integral values (exact; no exponent then), string minLength / maxLength,
-// format (date, time, date-time, uuid, email — email is best-effort ASCII
-// local@domain.tld), pattern (regex with literals, classes, \d \w \s and
+// format (date, time, date-time, uuid, email — dates are real calendar
+// dates, leap years included; email is bounded ASCII dot-atoms@labels.tld), pattern (regex with literals, classes, \d \w \s and
 // their negations, '.', groups, (?:...), alternation, * + ? {m} {m,} {m,n};
 // a missing ^ or $ means any string characters may come before / after).
 // Annotations (title, description, examples, default, $schema, $id,
@@ -24,7 +24,8 @@
 // them, with names of unescaped characters that differ from every declared
 // name. Whitespace between tokens: nothing, one
 // space, or a newline followed by up to 20 spaces/tabs (llama.cpp's bound).
-// Numbers: at most 16 integral digits and 16 fraction digits; free strings
+// Numbers: at most 16 integral digits, 16 fraction digits and a 2-digit
+// exponent (so every number is a finite double); free strings
 // use any JSON string character including escapes; pattern/format strings
 // contain no escapes or control characters.
 #pragma once

@@ -1,6 +1,8 @@
 // OpenAI request parsing/validation and response builders. See openai.h.
 #include "server/openai.h"
 
+#include "server/structured_output.h"  // build_output_grammar
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -262,7 +264,7 @@ std::optional<ApiError> parse_tools(const json& body) {
 // OpenAI `response_format` (both endpoints accept it here): {"type": "text"},
 // {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name":
 // string, "description"?: string, "schema"?: object, "strict"?: boolean}}.
-// Only the shape is checked: generation is not constrained by it.
+// The shape is checked here; build_output_grammar (structured_output.h) turns it into the grammar.
 std::optional<ApiError> check_response_format(const json& body) {
   auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -557,6 +559,19 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       return bad_request("Invalid 'stop': at most " + std::to_string(kMaxStop) + " stop sequences are allowed.",
                          "stop", "invalid_value");
     std::erase_if(out.stop, [](const std::string& s) { return s.empty(); });
+  }
+  // Structured outputs (structured_output.h): compiled here so a bad schema
+  // or grammar is this request's 400. Read in document order (property order).
+  const bool constrained = body.contains("response_format") || body.contains("grammar") ||
+                           body.contains("json_schema") || (endpoint == Endpoint::kChat && body.contains("tools"));
+  if (constrained) {
+    auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+    OutputGrammar og;
+    if (!ordered.is_discarded()) {
+      if (auto e = build_output_grammar(ordered, endpoint, og)) return e;
+    }
+    out.grammar = std::move(og.grammar);
+    out.forced_tool_call = og.forced_tool_call;
   }
   return std::nullopt;
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +20,10 @@
 
 #include "engine/chat_output.h"      // ParsedToolCall
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
+
+namespace bonsai::engine {
+class Grammar;  // engine/grammar.h
+}
 
 namespace bonsai::server {
 
@@ -68,6 +73,11 @@ struct CompletionRequest {
   int n = 1;                                       // [1, kMaxChoices]
   bool stream = false;
   bool include_usage = false;                      // stream_options.include_usage
+  // Structured outputs (response_format json / grammar / json_schema /
+  // tool_choice required or named), compiled (server/structured_output.h).
+  // nullptr: unconstrained.
+  std::shared_ptr<const engine::Grammar> grammar;
+  bool forced_tool_call = false;                   // the grammar makes the answer tool calls
 };
 
 inline constexpr int kMaxChoices = 16;

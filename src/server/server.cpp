@@ -304,6 +304,7 @@ struct Server::Impl {
                                            "logit_bias", "invalid_value"));
     }
     p.logit_bias = cr.logit_bias;
+    p.grammar = cr.grammar;  // structured outputs (server/structured_output.h)
     if (auto v = p.validate(); !v) return send_error(res, bad_request(v.error().message));
     job->params = std::move(p);
     job->seed = cr.seed ? *cr.seed : ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();

@@ -70,13 +70,19 @@ const char* kPersonSchema = R"({
 struct Loaded {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tok;
+  std::shared_ptr<SharedTokenTrie> trie;  // one per model, as build_pool_from_gguf gives its replicas
 };
 
+// Loads each file once per test process (the vocabulary trie is built once too).
 Loaded load(const std::string& path) {
+  static std::map<std::string, Loaded> cache;
+  if (auto it = cache.find(path); it != cache.end()) return it->second;
   auto b = build_pool_from_gguf(path, SamplingParams{}, kDefaultSeed, 1024, 1);
   EXPECT_TRUE(b.has_value()) << (b ? "" : b.error().message);
   if (!b) return {};
-  return {b->model, b->tokenizer};
+  Loaded m{b->model, b->tokenizer, std::make_shared<SharedTokenTrie>(b->tokenizer)};
+  cache.emplace(path, m);
+  return m;
 }
 
 SamplingParams params(float temperature, int max_tokens, std::shared_ptr<const Grammar> g) {
@@ -91,7 +97,7 @@ GenerationResult run_alone(const Loaded& m, const std::vector<int32_t>& prompt, 
                            uint64_t seed, std::shared_ptr<SharedTokenTrie> trie = nullptr) {
   EngineOptions eo;
   eo.max_seq_len = 1024;
-  eo.token_trie = std::move(trie);
+  eo.token_trie = trie ? std::move(trie) : m.trie;
   auto e = InferenceEngine::create(m.model, m.tok, eo);
   EXPECT_TRUE(e.has_value());
   GenerateRequest gr;
@@ -118,7 +124,7 @@ class GrammarDecode : public ::testing::TestWithParam<std::string> {
 TEST_P(GrammarDecode, SchemaAnswersAreCompleteValidJsonAtTemperatureZeroAndOne) {
   auto g = compile_schema(kPersonSchema);
   ASSERT_NE(g, nullptr);
-  auto trie = std::make_shared<SharedTokenTrie>(m_.tok);  // shared by every run below, as a pool's replicas do
+  auto trie = std::make_shared<SharedTokenTrie>(m_.tok);  // a fresh one: built on first use, then shared
   for (float temp : {0.0f, 1.0f}) {
     for (uint64_t seed : {1u, 2u, 3u}) {
       const GenerationResult r = run_alone(m_, prompt_, params(temp, 400, g), seed, trie);
@@ -248,7 +254,7 @@ TEST(GrammarScheduler, ConstrainedRowsInOneStepMatchTheirAloneAnswers) {
   BONSAI_REQUIRE_FILE(kQwen);
   auto b = build_pool_from_gguf(kQwen, SamplingParams{}, kDefaultSeed, 1024, 4);
   ASSERT_TRUE(b.has_value()) << b.error().message;
-  const Loaded m{b->model, b->tokenizer};
+  const Loaded m{b->model, b->tokenizer, std::make_shared<SharedTokenTrie>(b->tokenizer)};  // one trie for the alone runs
   auto pool = std::make_shared<EnginePool>(std::move(b->pool));
   Scheduler sched(pool, m.model, b->n_ctx);
 

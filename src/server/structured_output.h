@@ -1,0 +1,79 @@
+// Structured outputs: the request fields that constrain what the model may
+// write, turned into one compiled grammar (engine::Grammar) for
+// SamplingParams::grammar.
+//
+// Fields (both routes unless noted):
+//   response_format  OpenAI: {"type": "json_object"} (any JSON object) or
+//                    {"type": "json_schema", "json_schema": {"name", "schema",
+//                    "strict"}} (an instance of `schema`; no schema: any JSON
+//                    object). "text": unconstrained. `strict` is accepted and
+//                    changes nothing: the schema is always enforced.
+//   grammar          llama.cpp's GBNF text (llama-server's `grammar` field).
+//   json_schema      llama.cpp's field: a JSON Schema object (as
+//                    response_format's schema).
+//   tool_choice      chat, with `tools`: "required" (the answer is one or more
+//                    calls of the given tools) or {"type": "function",
+//                    "function": {"name"}} (calls of that tool), written in
+//                    Qwen3's format, one block per call:
+//                      <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
+//                    ARGS valid against the tool's `parameters` (no
+//                    parameters: {}); blocks separated by "\n".
+//                    parallel_tool_calls false: exactly one block (default
+//                    true: one to kMaxParallelToolCalls). "auto" (the default with tools) with
+//                    a content constraint: either tool calls or the
+//                    constrained content; "auto" alone and "none": no grammar.
+// At most one of response_format (json), grammar and json_schema may be given
+// (400 naming the second). A forced tool call ignores the content constraint
+// (the answer is a call, not content).
+//
+// Errors are 400 invalid_request_error whose `param` names the field
+// ("response_format.json_schema.schema", "json_schema", "grammar",
+// "tools[1].function.parameters") and whose message carries the converter's
+// or compiler's reason (an unsupported keyword is named with its JSON
+// pointer, a GBNF error with line:col). Never aborts on input.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "server/openai.h"  // ApiError, Endpoint
+
+namespace bonsai::engine {
+class Grammar;  // engine/grammar.h
+}
+
+namespace bonsai::server {
+
+// Most calls in one answer with parallel_tool_calls (a bound, so a model that
+// keeps calling still ends; llama.cpp leaves it unbounded).
+inline constexpr int kMaxParallelToolCalls = 8;
+
+// What constrains one request's answer.
+struct OutputGrammar {
+  std::shared_ptr<const engine::Grammar> grammar;  // nullptr: unconstrained
+  std::string gbnf;                                // the grammar's text (empty when none)
+  std::string source;    // the field it came from ("response_format", "grammar", "json_schema", "tool_choice")
+  bool forced_tool_call = false;  // tool_choice required / named: the answer is tool calls
+};
+
+// Reads the fields above from `body` (the request, parsed in document order
+// so the schema's property order is the answer's). Shapes are assumed checked
+// already (parse_completion_request's checks run first); what is checked here
+// is what the grammar needs. Endpoint kCompletion ignores tools/tool_choice.
+std::optional<ApiError> build_output_grammar(const nlohmann::ordered_json& body, Endpoint endpoint,
+                                             OutputGrammar& out);
+
+// The GBNF of tool calls in Qwen3's format for `tools` (OpenAI's array, checked),
+// restricted to the function named `only` when set; `parallel`: one to
+// kMaxParallelToolCalls calls, else exactly one. Errors name the tool's parameters field.
+std::optional<ApiError> tool_call_gbnf(const nlohmann::ordered_json& tools, const std::optional<std::string>& only,
+                                       bool parallel, std::string& out);
+
+// Renames every rule of GBNF text `gbnf` to `prefix` + name (references too;
+// string literals, character classes and comments untouched), so two
+// grammars can live in one text. `root` becomes prefix + "root".
+std::string prefix_gbnf_rules(const std::string& gbnf, const std::string& prefix);
+
+}  // namespace bonsai::server
