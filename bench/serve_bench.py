@@ -14,6 +14,15 @@ prompt cache does not help), and prints one row per level plus a JSON file.
 
 Aggregate decode tok/s = all tokens after each client's first one / (last
 token time - earliest first-token time), i.e. the steady decode rate.
+
+Issue 9's criterion, checked in the same run: the kernel bench
+(bonsai_bench_kernels, --kernels-bench) times the 1.7B forward's products for
+N = 1..16 columns (per layer q, o: 2048x2048; k, v: 1024x2048; gate, up:
+6144x2048; down: 2048x6144; x 28 layers, plus the 151936x2048 output), and
+for every N measured:
+  aggregate(N) >= 0.8 x N x aggregate(1) x T(1) / T(N)
+where T(N) is the summed time of the N-column products (T(1) = the GEMVs):
+the scheduler must deliver 80% of what batching the products allows.
 """
 import argparse
 import json
@@ -57,6 +66,32 @@ def pct(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+# The 1.7B shape's matrix products per token: (rows, cols, count per forward).
+PRODUCTS = [(2048, 2048, 2 * 28), (1024, 2048, 2 * 28), (6144, 2048, 2 * 28), (2048, 6144, 28), (151936, 2048, 1)]
+
+
+def product_times(kbench, levels, threads, fmt):
+    """Summed time (us) of one forward's products for each N, from bonsai_bench_kernels."""
+    ns = "|".join(str(n) for n in levels)
+    shapes = "|".join("rows:%d/cols:%d" % (r, c) for r, c, _ in PRODUCTS)
+    filt = "^%s/gem[vm]/fmt:%d/(%s)/threads:%d/n:(%s)$" % ("Q1_0" if fmt == 0 else "Q2_0", fmt, shapes, threads, ns)
+    out = subprocess.run([kbench, "--benchmark_filter=" + filt, "--benchmark_format=json",
+                          "--benchmark_repetitions=3", "--benchmark_report_aggregates_only=true"],
+                         check=True, capture_output=True, text=True).stdout
+    rep = json.loads(out[out.index("{"):])
+    t = {}
+    for b in rep["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        parts = dict(kv.split(":") for kv in b["run_name"].split("/")[2:])
+        t[(int(parts["rows"]), int(parts["cols"]), int(parts["n"]))] = b["real_time"]  # us (kernels_bench's unit)
+    totals = {}
+    for n in levels:
+        if all((r, c, n) in t for r, c, _ in PRODUCTS):
+            totals[n] = sum(k * t[(r, c, n)] for r, c, k in PRODUCTS)
+    return totals
+
+
 def stream_one(url, prompt, max_tokens, out):
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "ignore_eos": True, "stream": True}).encode()
@@ -87,6 +122,9 @@ def main():
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--ctx-size", type=int, default=512)
     ap.add_argument("--out", default="")
+    ap.add_argument("--kernels-bench", default="build/bench/bonsai_bench_kernels",
+                    help="bonsai_bench_kernels binary for the N-column product times ('' to skip)")
+    ap.add_argument("--kv-budget-tokens", type=int, default=0, help="serve --kv-budget-tokens (0: default)")
     a = ap.parse_args()
     levels = [int(x) for x in a.clients.split(",")]
     if not os.path.exists(a.model):
@@ -96,6 +134,8 @@ def main():
            "-c", str(a.ctx_size), "-b", str(a.batch_size), "--timeout", "3600"]
     if a.threads > 0:
         cmd += ["-t", str(a.threads)]
+    if a.kv_budget_tokens > 0:
+        cmd += ["--kv-budget-tokens", str(a.kv_budget_tokens)]
     srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = "http://127.0.0.1:%d" % port
     try:
@@ -132,10 +172,28 @@ def main():
             rows.append(row)
             print("clients %2d  aggregate %7.2f tok/s  TTFT p50 %8.1f p99 %8.1f ms  ITL p50 %7.1f p99 %7.1f ms" %
                   (n, agg, row["ttft_p50_ms"], row["ttft_p99_ms"], row["itl_p50_ms"], row["itl_p99_ms"]), flush=True)
+        # The criterion against the kernels' batching gain, measured now (server idle).
+        crit = []
+        if a.kernels_bench:
+            totals = product_times(a.kernels_bench, levels, a.threads if a.threads > 0 else min(2, os.cpu_count()), 0)
+            single = next((r["aggregate_decode_tok_s"] for r in rows if r["clients"] == 1), 0.0)
+            print("kernel products per forward (Q1_0, 1.7B shapes): " +
+                  ", ".join("N=%d %.1f ms" % (n, totals[n] / 1000) for n in sorted(totals)))
+            for r in rows:
+                n = r["clients"]
+                if n not in totals or 1 not in totals or single <= 0:
+                    continue
+                gain = totals[1] / totals[n]  # GEMV time / N-column product time
+                need = 0.8 * n * single * gain
+                ok = r["aggregate_decode_tok_s"] >= need
+                crit.append({"clients": n, "gemv_over_product": round(gain, 4), "required_tok_s": round(need, 2),
+                             "aggregate_decode_tok_s": r["aggregate_decode_tok_s"], "met": ok})
+                print("criterion N=%2d: aggregate %7.2f >= 0.8 x %d x %.2f x %.3f = %7.2f tok/s: %s" %
+                      (n, r["aggregate_decode_tok_s"], n, single, gain, need, "met" if ok else "NOT met"), flush=True)
         metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
         steps = [l for l in metrics.splitlines() if l.startswith("bonsai_batch_tokens_per_step_")]
         result = {"cpu": cpu_model(), "cores": os.cpu_count(), "model": a.model, "flags": cmd[2:], "rows": rows,
-                  "step_histogram": steps}
+                  "criterion": crit, "step_histogram": steps}
         if a.out:
             os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
             with open(a.out, "w") as f:

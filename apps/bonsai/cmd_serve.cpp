@@ -54,6 +54,7 @@ struct ServeFlags {
   int models_max = 0;
   uint64_t mem_budget = 0;
   int ctx = 0;
+  int64_t kv_budget_tokens = 0;  // --kv-budget-tokens: KV positions per model (0: pool-size x ctx-size)
   int threads = 0;
   std::string host;
   int port = 0;
@@ -92,6 +93,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--models-max")) cfg.models_max = f.models_max;
   if (given("--mem-budget")) cfg.mem_budget_mb = f.mem_budget;
   if (given("--ctx-size")) cfg.ctx_size = f.ctx;
+  if (given("--kv-budget-tokens")) cfg.kv_budget_tokens = f.kv_budget_tokens;
   if (given("--threads")) cfg.threads = f.threads;
   if (given("--host")) cfg.host = f.host;
   if (given("--port")) cfg.port = f.port;
@@ -162,6 +164,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   base.ctx_size = cfg.ctx_size;
   base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
   base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
+  base.kv_budget_tokens = cfg.kv_budget_tokens;
   base.batch_size = f.batch_size;
   base.prompt_cache = !f.no_cache_prompt;
   for (const auto& m : cfg.models) {
@@ -278,6 +281,10 @@ void register_serve(CLI::App& app) {
                   "(env BONSAI_Q2_LAYOUT; default: detected)");
   cmd->add_option("-s,--seed", f->seed,
                   "Seed of requests that give none (default: a fresh random seed per request)");
+  cmd->add_option("--kv-budget-tokens", f->kv_budget_tokens,
+                  "KV cache budget per model in tokens, shared by all its sequences in blocks as they grow "
+                  "(default: pool-size x ctx-size; at least ctx-size)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("-b,--batch-size", f->batch_size,
                   "Most tokens per scheduler step: running streams' tokens plus prompt chunks (default 512)")
       ->check(CLI::Range(0, 1 << 20));

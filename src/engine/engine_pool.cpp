@@ -50,10 +50,20 @@ int64_t effective_ctx(int64_t requested, int64_t n_ctx_train) {
 
 }  // namespace
 
+int64_t kv_block_size_for(int64_t n_ctx) {
+  return std::clamp<int64_t>((n_ctx + 31) / 32 * 32, 32, model::kKvBlockSize);
+}
+
+int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_tokens) {
+  const int64_t bs = kv_block_size_for(n_ctx);
+  if (kv_budget_tokens > 0) return (kv_budget_tokens + bs - 1) / bs * bs;
+  return static_cast<int64_t>(std::max(replicas, 1)) * ((std::max<int64_t>(n_ctx, 1) + bs - 1) / bs) * bs;
+}
+
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
                                                uint64_t seed, int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options, model::KvType type_k,
-                                               model::KvType type_v) {
+                                               model::KvType type_v, int64_t kv_budget_tokens) {
   auto model = model::Model::load(path, options);
   if (!model) return std::unexpected(model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
@@ -69,15 +79,25 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   opts.kv_type_v = type_v;
   opts.token_trie = std::make_shared<SharedTokenTrie>(*tok);  // one per model, built on first grammar use
 
+  // One KV block pool for every replica: the model's KV budget.
+  const int64_t bs = kv_block_size_for(opts.max_seq_len);
+  const int64_t budget = kv_budget_positions(opts.max_seq_len, size, kv_budget_tokens);
+  if (budget < opts.max_seq_len) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      path + ": the KV budget of " + std::to_string(kv_budget_tokens) +
+                          " tokens is smaller than one sequence's context of " + std::to_string(opts.max_seq_len));
+  }
+  auto kv_pool = model::KvPool::create((*model)->config(), budget, opts.kv_type_k, opts.kv_type_v, bs);
+  if (!kv_pool) return core::fail(kv_pool.error().code, path + ": " + kv_pool.error().message);
+  opts.kv_pool = *kv_pool;
+
   std::vector<InferenceEngine> engines;
   engines.reserve(size);
-  uint64_t kv_bytes = 0;
   for (int i = 0; i < size; ++i) {
     auto e = InferenceEngine::create(*model, *tok, opts);
     if (!e) {
       return core::fail(e.error().code, path + ": replica " + std::to_string(i) + ": " + e.error().message);
     }
-    kv_bytes += e->kv_cache_bytes();
     engines.push_back(std::move(*e));
   }
   BuiltPool out{.pool = EnginePool(std::move(engines))};
@@ -87,7 +107,8 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   out.tokenizer = *tok;
   out.n_ctx = opts.max_seq_len;
   out.mapped_bytes = (*model)->file().mapping()->size();
-  out.kv_bytes = kv_bytes;
+  out.kv_pool = *kv_pool;
+  out.kv_bytes = (*kv_pool)->capacity_bytes();
   return out;
 }
 
@@ -107,7 +128,7 @@ uint64_t ModelFootprint::total_bytes() const {
 
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
                                                const gguf::OpenOptions& options, model::KvType type_k,
-                                               model::KvType type_v) {
+                                               model::KvType type_v, int64_t kv_budget_tokens) {
   auto file = gguf::File::open(path, options);
   if (!file) return std::unexpected(file.error());
   auto cfg = model::ModelConfig::from_gguf(**file);
@@ -119,8 +140,9 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
   f.type_k = type_k;
   f.type_v = type_v;
   f.kv_bytes_per_position = model::KvCache::bytes_per_position(*cfg, type_k, type_v);
-  f.kv_bytes = mul_sat(mul_sat(f.kv_bytes_per_position, static_cast<uint64_t>(std::max<int64_t>(f.n_ctx, 0))),
-                       static_cast<uint64_t>(f.replicas));
+  f.kv_block_size = kv_block_size_for(f.n_ctx);
+  f.kv_budget_tokens = kv_budget_positions(f.n_ctx, f.replicas, kv_budget_tokens);
+  f.kv_bytes = mul_sat(f.kv_bytes_per_position, static_cast<uint64_t>(f.kv_budget_tokens));
   f.n_ctx_train = cfg->n_ctx_train;
   f.rope_scaling_factor = cfg->rope_scaling == model::RopeScaling::kNone ? 1.0f : cfg->rope_scaling_factor;
   f.max_ctx = f.n_ctx_train;
@@ -135,8 +157,8 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
                                               const gguf::OpenOptions& options, model::KvType type_k,
-                                              model::KvType type_v) {
-  auto f = model_footprint(path, max_seq_len, pool_size, options, type_k, type_v);
+                                              model::KvType type_v, int64_t kv_budget_tokens) {
+  auto f = model_footprint(path, max_seq_len, pool_size, options, type_k, type_v, kv_budget_tokens);
   if (!f) return std::unexpected(f.error());
   return f->total_bytes();
 }

@@ -37,7 +37,8 @@
 #include "model/kv_cache.h"  // KvType (-ctk / -ctv)
 
 namespace bonsai::model {
-class Model;  // model/model.h
+class Model;   // model/model.h
+class KvPool;  // model/kv_cache.h
 }
 namespace bonsai::tokenizer {
 class Tokenizer;  // tokenizer/tokenizer.h
@@ -354,8 +355,21 @@ struct BuiltPool {
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;  // shared by the replicas
   int64_t n_ctx = 0;                                      // KV positions per replica
   uint64_t mapped_bytes = 0;                              // size of the GGUF mapping
-  uint64_t kv_bytes = 0;                                  // KV caches of all replicas
+  // The model's KV block pool, shared by every replica (model::KvPool): one
+  // budget of kv_budget_positions(n_ctx, size, kv_budget_tokens) positions.
+  std::shared_ptr<model::KvPool> kv_pool;
+  uint64_t kv_bytes = 0;                                  // the KV pool's capacity in bytes
 };
+
+// Positions per KV block for replicas of n_ctx positions: n_ctx rounded up to
+// the attention's 32-key block, at most model::kKvBlockSize (256).
+int64_t kv_block_size_for(int64_t n_ctx);
+// The KV budget of one model in positions (all sequences together), a whole
+// number of blocks of kv_block_size_for(n_ctx): kv_budget_tokens rounded up
+// when > 0, else what `replicas` full contexts take (replicas x
+// ceil(n_ctx / block) blocks: every slot can reach n_ctx at once, as before
+// paging).
+int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_tokens);
 
 // Maps `path` once (Model::load), builds the tokenizer from it, and creates
 // resolve_pool_size(requested_size, tier) replicas that all borrow the same
@@ -367,11 +381,15 @@ struct BuiltPool {
 // `options` go to Model::load (a forced Q2_0 layout). type_k / type_v: every
 // replica's KV cache types (EngineOptions::kv_type_k / kv_type_v; q8_0 needs
 // head dims that are multiples of 32, else InferenceEngine::create's error).
+// `kv_budget_tokens`: the model's KV budget in positions (<= 0: the
+// default of kv_budget_positions); every replica's cache takes its blocks
+// from the one pool. kInvalidArgument when the budget is below one context.
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
                                                uint64_t seed, int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
-                                               model::KvType type_v = model::KvType::kF16);
+                                               model::KvType type_v = model::KvType::kF16,
+                                               int64_t kv_budget_tokens = 0);
 
 // What one model built by build_pool_from_gguf(path, .., max_seq_len,
 // pool_size) will need, read from the GGUF header alone (no weights read, no
@@ -385,7 +403,9 @@ struct ModelFootprint {
   // model::KvCache::bytes_per_position(config, type_k, type_v): K and V of
   // one position in every layer (f16 2 bytes per value, f32 4, q8_0 34 per 32).
   uint64_t kv_bytes_per_position = 0;
-  uint64_t kv_bytes = 0;              // kv_bytes_per_position x n_ctx x replicas (saturating)
+  int64_t kv_block_size = 0;          // positions per KV block (kv_block_size_for(n_ctx))
+  int64_t kv_budget_tokens = 0;       // KV positions of the model's pool (kv_budget_positions)
+  uint64_t kv_bytes = 0;              // kv_bytes_per_position x kv_budget_tokens (saturating)
   int64_t n_ctx_train = 0;            // <arch>.context_length (0: the file does not say)
   // The longest context the model supports: n_ctx_train, or with RoPE
   // scaling (linear / YaRN) max(n_ctx_train, original_context_length x
@@ -403,7 +423,8 @@ struct ModelFootprint {
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
                                                const gguf::OpenOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
-                                               model::KvType type_v = model::KvType::kF16);
+                                               model::KvType type_v = model::KvType::kF16,
+                                               int64_t kv_budget_tokens = 0);
 
 // Bytes one model needs when built as above: model_footprint(...).total_bytes(),
 // i.e. the file size (the mapping) plus `pool_size` KV caches of
@@ -411,6 +432,7 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
                                               const gguf::OpenOptions& options = {},
                                               model::KvType type_k = model::KvType::kF16,
-                                              model::KvType type_v = model::KvType::kF16);
+                                              model::KvType type_v = model::KvType::kF16,
+                                              int64_t kv_budget_tokens = 0);
 
 }  // namespace bonsai::engine

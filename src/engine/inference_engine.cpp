@@ -72,13 +72,23 @@ struct InferenceEngine::Impl {
     // matcher state and the model's trie (owned by `trie` above).
     std::optional<GrammarState> grammar;
     const TokenTrie* vocab = nullptr;
+    bool keep_tail = false;           // StartOptions::keep_tail
+    std::vector<int32_t> replay;      // after suspend(): the tokens to recompute (positions 0..)
   } seq;
+  int32_t tail = -1;  // a finished generation's last sampled token, not yet in the cache (keep_tail)
 
   // Samples under the grammar: the mask applied to a copy of `logits`, then
   // the sampler's chain. -1 when the grammar allows no token (a dead end).
   int32_t sample_constrained(std::span<const float> logits);
 
   core::ThreadPool& compute_pool() const { return pool != nullptr ? *pool : core::global_pool(); }
+  // Takes the cache back from the pool's prompt cache (it was parked while
+  // idle and may have lost trailing blocks to eviction): the history follows.
+  void claim() {
+    if (!cache.paged()) return;
+    cache.unpark();
+    if (static_cast<int64_t>(history.size()) > cache.size()) history.resize(static_cast<size_t>(cache.size()));
+  }
 };
 
 core::Expected<InferenceEngine> InferenceEngine::create(
@@ -99,9 +109,15 @@ core::Expected<InferenceEngine> InferenceEngine::create(
   int64_t n_ctx = options.max_seq_len;
   if (n_ctx == 0)
     n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kDefaultMaxSeqLen, kDefaultMaxSeqLen);
-  auto cache = model::KvCache::create(cfg, n_ctx,
-                                      options.kv_f32 ? model::KvType::kF32 : options.kv_type_k,
-                                      options.kv_f32 ? model::KvType::kF32 : options.kv_type_v);
+  const model::KvType tk = options.kv_f32 ? model::KvType::kF32 : options.kv_type_k;
+  const model::KvType tv = options.kv_f32 ? model::KvType::kF32 : options.kv_type_v;
+  if (options.kv_pool != nullptr &&
+      (!options.kv_pool->matches(cfg) || options.kv_pool->type_k() != tk || options.kv_pool->type_v() != tv)) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "InferenceEngine: the KV pool was made for another model or cache type");
+  }
+  auto cache = options.kv_pool != nullptr ? model::KvCache::create(options.kv_pool, n_ctx)
+                                          : model::KvCache::create(cfg, n_ctx, tk, tv);
   if (!cache) return std::unexpected(cache.error());
 
   auto impl = std::make_unique<Impl>();
@@ -128,6 +144,8 @@ core::Expected<std::span<const float>> InferenceEngine::prefill_from_pos(
     std::span<const int32_t> tokens, int64_t pos) {
   Impl& m = *impl_;
   if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "prefill: no tokens");
+  if (m.tail >= 0) tail_done(false);
+  m.claim();
   const auto held = static_cast<int64_t>(m.history.size());
   if (pos < 0 || pos > held) {
     return core::fail(core::Errc::kInvalidArgument, "prefill: position " + std::to_string(pos) +
@@ -176,6 +194,8 @@ int32_t InferenceEngine::sample(std::span<const float> logits) {
 }
 
 void InferenceEngine::reset() {
+  if (impl_->tail >= 0) tail_done(false);
+  impl_->claim();
   impl_->cache.clear();
   impl_->history.clear();
 }
@@ -265,6 +285,8 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
                                                           std::to_string(m.n_vocab) + ")");
     }
   }
+  if (m.tail >= 0) tail_done(false);
+  m.claim();
   Impl::Seq& q = m.seq;
   q = Impl::Seq();
   q.grammar = std::move(grammar);
@@ -282,6 +304,7 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
     m.sampler.reseed(*req.seed);
   }
   q.prompt.assign(req.prompt.begin(), req.prompt.end());
+  q.keep_tail = opt.keep_tail;
   q.on_token = req.on_token;
   q.cancel = req.cancel;
   q.own_tracker = RequestRateTracker(t_start);
@@ -322,7 +345,8 @@ bool InferenceEngine::finished() const { return impl_->seq.active && impl_->seq.
 int64_t InferenceEngine::pending_prompt() const {
   const Impl::Seq& q = impl_->seq;
   if (!q.active) return 0;
-  return std::max<int64_t>(0, static_cast<int64_t>(q.prompt.size()) - static_cast<int64_t>(impl_->history.size()));
+  const auto& src = q.replay.empty() ? q.prompt : q.replay;
+  return std::max<int64_t>(0, static_cast<int64_t>(src.size()) - static_cast<int64_t>(impl_->history.size()));
 }
 
 int64_t InferenceEngine::next_pos() const { return static_cast<int64_t>(impl_->history.size()); }
@@ -332,15 +356,28 @@ std::span<const int32_t> InferenceEngine::next_input(int64_t max_prompt) const {
   if (!q.active || q.done) return {};
   if (const int64_t pending = pending_prompt(); pending > 0) {
     const size_t at = impl_->history.size();
-    return std::span<const int32_t>(q.prompt).subspan(at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
+    const auto& src = q.replay.empty() ? q.prompt : q.replay;
+    return std::span<const int32_t>(src).subspan(at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
   }
   return std::span<const int32_t>(&q.last, 1);
+}
+
+bool InferenceEngine::logits_wanted(int64_t n) const {
+  const Impl::Seq& q = impl_->seq;
+  if (!q.active || q.done) return false;
+  if (!q.replay.empty()) return false;  // recomputing KV after suspend(): no sampling
+  if (q.prefilled) return true;        // a decode token
+  return n >= pending_prompt();
 }
 
 bool InferenceEngine::inputs_done(int64_t n) {
   Impl& m = *impl_;
   const std::span<const int32_t> in = next_input(n);
   m.history.insert(m.history.end(), in.begin(), in.begin() + n);
+  if (!m.seq.replay.empty()) {
+    if (m.history.size() >= m.seq.replay.size()) m.seq.replay.clear();  // caught up: decoding resumes
+    return false;
+  }
   if (m.seq.prefilled) return true;  // a decode token
   if (pending_prompt() > 0) return false;
   m.seq.prefilled = true;
@@ -350,7 +387,7 @@ bool InferenceEngine::inputs_done(int64_t n) {
 
 bool InferenceEngine::wants_prompt_rows() const {
   const Impl::Seq& q = impl_->seq;
-  return q.active && !q.done && !q.res.prompt_logprobs.empty() && pending_prompt() > 0;
+  return q.active && !q.done && q.replay.empty() && !q.res.prompt_logprobs.empty() && pending_prompt() > 0;
 }
 
 void InferenceEngine::record_prompt_rows(std::span<const float> rows) {
@@ -367,6 +404,34 @@ void InferenceEngine::record_prompt_rows(std::span<const float> rows) {
     if (q.res.prompt_logprobs.size() != target) continue;  // already recorded (never expected)
     q.res.prompt_logprobs.push_back(token_logprob(rows.subspan(j * nv, nv), q.prompt[target], top_n));
   }
+}
+
+void InferenceEngine::suspend() {
+  Impl& m = *impl_;
+  Impl::Seq& q = m.seq;
+  if (!q.active || q.done) return;
+  // Prefilled: recompute prompt + generated tokens (not the last sampled one,
+  // which is the next decode input). Still in the prompt: start it over.
+  if (q.prefilled && q.replay.empty()) q.replay = m.history;
+  m.history.clear();
+  m.cache.clear();
+}
+
+bool InferenceEngine::replaying() const { return !impl_->seq.replay.empty(); }
+
+std::span<const int32_t> InferenceEngine::tail_input() const {
+  const Impl& m = *impl_;
+  if (m.tail < 0) return {};
+  return std::span<const int32_t>(&m.tail, 1);
+}
+
+void InferenceEngine::tail_done(bool ran) {
+  Impl& m = *impl_;
+  if (m.tail < 0) return;
+  if (ran) m.history.push_back(m.tail);
+  m.tail = -1;
+  if (m.cache.size() < static_cast<int64_t>(m.history.size())) m.history.resize(static_cast<size_t>(m.cache.size()));
+  m.cache.park();
 }
 
 bool InferenceEngine::poll_cancel() {
@@ -522,7 +587,17 @@ GenerationResult InferenceEngine::finish() {
   st.last_prompt_ms = res.prompt_ms;
   st.last_gen_ms = res.gen_ms;
   if (m.metrics) m.metrics->record(res.rate);
+  // The last sampled token never ran; with keep_tail it is kept for one more
+  // forward (tail_input) so the cache holds prompt + the whole answer.
+  const bool tail = q.keep_tail && q.last >= 0 && res.finish_reason != FinishReason::kCancelled &&
+                    q.replay.empty() && static_cast<int64_t>(m.history.size()) < m.cache.n_ctx() &&
+                    m.cache.size() == static_cast<int64_t>(m.history.size());
+  const int32_t last = q.last;
   abandon();
+  if (tail) {
+    m.tail = last;
+    m.cache.unpark();  // pinned until tail_done()
+  }
   return res;
 }
 
@@ -532,6 +607,9 @@ void InferenceEngine::abandon() {
   if (q.restore_params) m.sampler.set_params(std::move(*q.restore_params));
   if (q.restore_rng) m.sampler.rng().set_state(*q.restore_rng);
   q = Impl::Seq();
+  // Idle now: the cache's blocks stay as a prompt cache the pool may evict.
+  if (m.cache.size() < static_cast<int64_t>(m.history.size())) m.history.resize(static_cast<size_t>(m.cache.size()));
+  m.cache.park();
 }
 
 int64_t InferenceEngine::cached_prefix(std::span<const int32_t> tokens) const {
@@ -545,22 +623,18 @@ int64_t InferenceEngine::cached_prefix(std::span<const int32_t> tokens) const {
 core::Expected<void> InferenceEngine::copy_prefix_from(const InferenceEngine& src, int64_t n) {
   Impl& m = *impl_;
   const Impl& s = *src.impl_;
-  if (s.model != m.model || n < 0 || n > static_cast<int64_t>(s.history.size()) || n > m.cache.n_ctx() ||
-      s.cache.type_k() != m.cache.type_k() || s.cache.type_v() != m.cache.type_v() ||
-      s.cache.n_ctx() != m.cache.n_ctx()) {
+  if (s.model != m.model || n < 0 || n > static_cast<int64_t>(s.history.size()) || n > s.cache.size() ||
+      n > m.cache.n_ctx() || !m.cache.matches_cache(s.cache)) {
     return core::fail(core::Errc::kInvalidArgument,
                       "copy_prefix_from: " + std::to_string(n) + " positions do not fit (another model, cache "
                       "type or size, or more than the source holds)");
   }
-  const model::ModelConfig& cfg = m.model->config();
-  // Layout per layer and KV head: positions contiguous (model/kv_cache.h).
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
-      std::memcpy(m.cache.k_row(l, h, 0), s.cache.k_row(l, h, 0), m.cache.k_row_bytes() * static_cast<size_t>(n));
-      std::memcpy(m.cache.v_row(l, h, 0), s.cache.v_row(l, h, 0), m.cache.v_row_bytes() * static_cast<size_t>(n));
-    }
+  m.claim();
+  // Same pool: the blocks are shared (copy-on-write); otherwise rows are copied.
+  if (auto ok = m.cache.copy_prefix_from(s.cache, n); !ok) {
+    m.history.resize(static_cast<size_t>(m.cache.size()));
+    return ok;
   }
-  m.cache.set_size(n);
   m.history.assign(s.history.begin(), s.history.begin() + n);
   return {};
 }
@@ -603,6 +677,7 @@ core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_
 }
 
 model::KvCache& InferenceEngine::kv_cache() { return impl_->cache; }
+int64_t InferenceEngine::kv_cache_blocks() const { return impl_->cache.blocks(); }
 const std::vector<int32_t>& InferenceEngine::history() const { return impl_->history; }
 
 core::Expected<GenerationResult> InferenceEngine::generate_request(const GenerateRequest& req) {

@@ -46,6 +46,7 @@ class ThreadPool;
 namespace bonsai::model {
 class Model;
 class KvCache;
+class KvPool;
 enum class KvType : uint8_t;  // model/kv_cache.h
 }
 namespace bonsai::tokenizer {
@@ -86,6 +87,12 @@ struct EngineOptions {
   // (SamplingParams::grammar), shared by every replica of one model and built
   // on the first request with a grammar. nullptr: this replica makes its own.
   std::shared_ptr<SharedTokenTrie> token_trie;
+  // The model's shared KV block pool (one budget for every replica; see
+  // model::KvPool). nullptr: the replica gets a standalone cache of
+  // max_seq_len positions. Set: its types must be the K/V types above and
+  // the cache grows block by block up to max_seq_len positions; a forward
+  // that finds the pool full fails with kResourceExhausted.
+  std::shared_ptr<model::KvPool> kv_pool;
 };
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
 // Prompt tokens per forward() call in prefill (llama.cpp's default n_ubatch).
@@ -156,6 +163,11 @@ struct StartOptions {
   // prompt, nothing is recomputed: the first token is sampled from these.
   // Borrowed for the start() call only (copied).
   std::span<const float> prompt_logits;
+  // After finish(), keep the last sampled token (never run: generation
+  // stopped after sampling it) as tail_input(), so a driver can run it into
+  // the cache and the next request reuses prompt + the whole answer. Not
+  // after a cancellation.
+  bool keep_tail = false;
 };
 
 class InferenceEngine {
@@ -240,6 +252,19 @@ class InferenceEngine {
   // them). Returns true when logits of the last one are wanted (the prompt
   // is complete, or it was a decode token): pass them to accept_logits.
   bool inputs_done(int64_t n);
+  // What inputs_done(n) will return for the first n tokens of next_input
+  // (so a driver can mark the batch row that needs logits beforehand).
+  bool logits_wanted(int64_t n) const;
+  // Preemption by recompute: gives back every KV position (the cache is
+  // cleared; a paged cache's blocks return to the pool) but keeps the
+  // generation: sampler, RNG, emitter and tokens so far. The following
+  // next_input calls replay the tokens that were in the cache (prompt and
+  // generated ones, as prompt-like chunks whose logits are not wanted), then
+  // decoding goes on from the last sampled token. By batch invariance the
+  // recomputed KV is bit-identical, so the continuation is exactly what it
+  // would have been. No effect when not active or finished.
+  void suspend();
+  bool replaying() const;  // replay after suspend() not complete yet
   // Samples one token from `logits` ([n_vocab]), streams it, and decides
   // whether generation goes on (max_tokens, EOS, stop strings, context,
   // the cancel flag, the callback's answer).
@@ -253,7 +278,8 @@ class InferenceEngine {
   // restored, stats and metrics recorded. The engine is inactive after.
   GenerationResult finish();
   // Drops the generation without a result (an error elsewhere): params and
-  // RNG restored, no stats recorded. The cache keeps what it holds.
+  // RNG restored, no stats recorded. The cache keeps what it holds (parked
+  // in its KV pool: evictable while the replica is idle).
   void abandon();
   // Prompt logprobs (SamplingParams::prompt_logprobs >= 0): true while
   // prompt tokens are pending, so the driver asks forward() for the logits
@@ -266,15 +292,24 @@ class InferenceEngine {
   // gives the log probability of the prompt token after token j. Call
   // before inputs_done(k). No effect unless wants_prompt_rows().
   void record_prompt_rows(std::span<const float> rows);
+  // After finish() of a generation started with keep_tail: the one token to
+  // run at position next_pos() (logits not wanted), else empty. Then
+  // tail_done(ran): with ran, the history records it (the cache holds it);
+  // either way the cache is parked. start() drops a tail not run.
+  std::span<const int32_t> tail_input() const;
+  void tail_done(bool ran);
   // Length of the longest common prefix of `tokens` and the cache's tokens
   // (what start() with reuse_prefix could skip, before its cap).
   int64_t cached_prefix(std::span<const int32_t> tokens) const;
-  // Copies positions [0, n) of `src`'s cache and token history into this
+  // Makes positions [0, n) of `src`'s cache and token history this
   // replica's (same model, n <= src.position(), n <= max_seq_len()); the
-  // rest of this cache is dropped. For n > 1 choices: one prefill, forked.
+  // rest of this cache is dropped. Replicas of one KV pool share the blocks
+  // (copy-on-write of a shared partial block on the next write); otherwise
+  // rows are copied. For n > 1 choices: one prefill, forked.
   core::Expected<void> copy_prefix_from(const InferenceEngine& src, int64_t n);
   // This replica's KV cache (the scheduler passes it to Model::forward).
   model::KvCache& kv_cache();
+  int64_t kv_cache_blocks() const;  // KV blocks the cache holds now (model::KvCache::blocks)
   const std::vector<int32_t>& history() const;  // tokens in the cache, by position
 
   // ---- Embeddings -----------------------------------------------------------

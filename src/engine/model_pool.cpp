@@ -2,6 +2,7 @@
 #include "engine/model_pool.h"
 
 #include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
+#include "model/kv_cache.h"           // KvPool (list: KV usage)
 
 #include <algorithm>
 #include <atomic>
@@ -280,6 +281,14 @@ std::vector<ModelInfo> ModelPool::list() const {
         info.pool_size = e.model->pool->size();
         info.busy = std::max(0, info.pool_size - e.model->pool->available());
       }
+      if (e.model->kv_pool) {
+        const model::KvPool& kp = *e.model->kv_pool;
+        const model::KvPool::Usage u = kp.usage();
+        info.kv_capacity_bytes = kp.capacity_bytes();
+        info.kv_used_bytes = static_cast<uint64_t>(u.used) * kp.block_bytes();
+        info.kv_cached_bytes = static_cast<uint64_t>(u.cached) * kp.block_bytes();
+        info.kv_block_tokens = kp.block_size();
+      }
     }
     rows.emplace_back(e.last_used, std::move(info));
   }
@@ -494,7 +503,7 @@ ModelPool::Loader gguf_model_loader() {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size,
-                                      open, spec.kv_type_k, spec.kv_type_v);
+                                      open, spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;
@@ -506,9 +515,11 @@ ModelPool::Loader gguf_model_loader() {
     m->pool->set_metrics_all([rates = m->rates](InferenceEngine& e) { e.set_metrics(rates); });
     m->tier = built->tier;
     m->n_ctx = static_cast<int>(built->n_ctx);
+    m->kv_pool = built->kv_pool;
     SchedulerOptions so;
     so.batch_size = spec.batch_size > 0 ? spec.batch_size : kPrefillChunk;
     so.prompt_cache = spec.prompt_cache;
+    so.kv_pool = built->kv_pool;
     m->scheduler = std::make_shared<Scheduler>(m->pool, m->model, built->n_ctx, so);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes;
     return m;
@@ -519,7 +530,8 @@ ModelPool::Estimator gguf_model_estimator() {
   return [](const ModelSpec& spec) {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
-    return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v);
+    return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
+                                spec.kv_budget_tokens);
   };
 }
 

@@ -54,6 +54,10 @@ struct ModelSpec {
   SamplingParams defaults;   // sampling used where a request does not say
   int batch_size = 0;        // tokens per scheduler step (-b); <= 0: kPrefillChunk (512)
   bool prompt_cache = true;  // reuse cached prompt prefixes across requests
+  // The model's KV budget in tokens (positions of all sequences together,
+  // `bonsai serve --kv-budget-tokens`); <= 0: pool_size x ctx_size (every
+  // slot can hold a full context). Must be >= ctx_size.
+  int64_t kv_budget_tokens = 0;
   // Forced layout of type-42 (Q2_0) tensors (gguf::OpenOptions::q2_layout,
   // `bonsai serve --q2-layout`); nullopt: the reader detects it.
   std::optional<core::Q2Layout> q2_layout;
@@ -80,7 +84,10 @@ struct LoadedModel {
   std::shared_ptr<RequestRateAggregator> rates;
   ComputeTier tier = ComputeTier::kCpu;
   int n_ctx = 0;                       // context each replica was built with (tokens)
-  uint64_t mem_bytes = 0;              // mapped bytes + KV caches of all replicas
+  // The KV block pool every replica's cache draws from (one budget per
+  // model; usage() for /admin/models and the KV gauges). May be null in tests.
+  std::shared_ptr<model::KvPool> kv_pool;
+  uint64_t mem_bytes = 0;              // mapped bytes + the KV pool's capacity
   uint64_t created_unix = 0;           // seconds since the epoch (OpenAI `created`)
 };
 
@@ -99,6 +106,13 @@ struct ModelInfo {
   int pool_size = 0;        // replicas (0 until loaded)
   int busy = 0;             // replicas leased right now
   uint64_t created_unix = 0;
+  // The model's KV pool (0 when not loaded): its capacity (the budget), the
+  // bytes of blocks held by sequences (running ones and cached prefixes),
+  // and of those the bytes held only as prompt cache (evictable).
+  uint64_t kv_capacity_bytes = 0;
+  uint64_t kv_used_bytes = 0;
+  uint64_t kv_cached_bytes = 0;
+  int64_t kv_block_tokens = 0;  // positions per block
 };
 
 class ModelPool {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/thread_pool.h"  // ThreadPool, global_pool
+#include "model/kv_cache.h"    // KvPool
 #include "model/model.h"       // Model, Batch, KvCache, Workspace
 
 namespace bonsai::engine {
@@ -64,6 +65,7 @@ struct Scheduler::Live {
   bool wants_row = false;
   bool all_rows = false;  // this step's tokens all want logits rows (prompt logprobs)
   std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
+  bool suspended = false;  // preempted for lack of KV: waits to resume (replays its tokens)
 };
 
 struct Scheduler::Scratch {
@@ -137,7 +139,10 @@ SchedulerStats Scheduler::stats() const {
   s.cache_hits = cache_hits_.load();
   s.sequences = sequences_.load();
   s.kv_used = kv_used_.load();
-  s.kv_capacity = static_cast<int64_t>(pool_->size()) * n_ctx_;
+  s.kv_cached = kv_cached_.load();
+  s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size()
+                               : static_cast<int64_t>(pool_->size()) * n_ctx_;
+  s.preemptions = preemptions_.load();
   for (const auto& c : step_hist_) s.step_hist.push_back(c.load());
   return s;
 }
@@ -191,6 +196,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   const auto n_prompt = static_cast<int64_t>(job.req.prompt.size());
   StartOptions so;
   so.reuse_prefix = opt_.prompt_cache || choice > 0;
+  so.keep_tail = opt_.prompt_cache;
   if (choice > 0 && !job.prompt_logits.empty()) {
     // A sibling of choice 0: its slot gets the prompt's KV (unless it holds
     // it already) and samples from the prompt logits: no prompt recomputed.
@@ -242,6 +248,15 @@ void Scheduler::admit(Clock::time_point now) {
     while (!job.failed && job.next_choice < job.req.n) {
       // Siblings wait for choice 0's prompt logits (one prefill per job).
       if (job.next_choice > 0 && job.prompt_logits.empty()) break;
+      if (opt_.kv_pool && !live_.empty()) {
+        // KV room: preempted sequences resume first; a new prompt needs its
+        // blocks (a sibling shares the prompt's: one block for its copy-on-write).
+        for (const auto& l : live_)
+          if (l->suspended) return;
+        const int64_t positions = std::min<int64_t>(static_cast<int64_t>(job.req.prompt.size()) + 1, n_ctx_);
+        const int64_t need = job.next_choice > 0 ? 1 : opt_.kv_pool->blocks_for(positions);
+        if (kv_available() < need) return;  // the queue waits (FIFO)
+      }
       const std::span<const int32_t> prompt = job.req.prompt;
       auto lease = opt_.prompt_cache || job.next_choice > 0
                        ? pool_->acquire_best(Clock::now(), [prompt, this](const InferenceEngine& e) {
@@ -276,6 +291,9 @@ void Scheduler::finish_live(size_t i) {
   InferenceEngine& e = live->lease->engine();
   if (job.source == &e) job.source = nullptr;
   GenerationResult res = e.finish();
+  if (!e.tail_input().empty()) {
+    tails_.push_back(std::move(*live->lease));  // runs its last token next step, then returns
+  }
   live->lease.reset();  // the engine back, then the permit
   n_running_.fetch_sub(1);
   --job.live;
@@ -285,6 +303,99 @@ void Scheduler::finish_live(size_t i) {
     std::lock_guard lock(job.handle->mu_);
     job.handle->ended_ = true;
   }
+}
+
+// ---- KV budget -------------------------------------------------------------------------
+
+int64_t Scheduler::kv_available() const {
+  // Free or evictable blocks, less what admitted prompts (and replays) will
+  // still take to reach their first sampled token.
+  const model::KvPool& kp = *opt_.kv_pool;
+  int64_t owed = 0;
+  for (const auto& l : live_) {
+    if (l->suspended) continue;
+    const InferenceEngine& e = l->lease->engine();
+    const int64_t pending = e.pending_prompt();
+    if (pending == 0) continue;
+    const int64_t target = std::min<int64_t>(e.next_pos() + pending + 1, n_ctx_);
+    owed += std::max<int64_t>(0, kp.blocks_for(target) - e.kv_cache_blocks());
+  }
+  return kp.available_blocks() - owed;
+}
+
+void Scheduler::preempt(size_t i) {
+  Live& l = *live_[i];
+  l.lease->engine().suspend();
+  l.suspended = true;
+  preemptions_.fetch_add(1);
+}
+
+void Scheduler::resume_preempted() {
+  bool running = false;
+  for (const auto& l : live_) running = running || !l->suspended;
+  for (auto& l : live_) {
+    if (!l->suspended) continue;
+    const InferenceEngine& e = l->lease->engine();
+    const int64_t target = std::min<int64_t>(e.next_pos() + e.pending_prompt() + 1, n_ctx_);
+    // Oldest first; with nothing running it always fits (budget >= one context).
+    if (running && kv_available() < opt_.kv_pool->blocks_for(target)) return;
+    l->suspended = false;
+    running = true;
+  }
+}
+
+void Scheduler::reserve_next_tokens() {
+  // Oldest first: each running sequence gets the block of its next position;
+  // when the pool is full the youngest running sequence holding blocks is
+  // preempted (it may be this one).
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Live& l = *live_[i];
+    InferenceEngine& e = l.lease->engine();
+    if (l.suspended || e.finished()) continue;
+    const int64_t pos = e.next_pos();
+    for (;;) {
+      if (pos >= n_ctx_ || e.kv_cache().prepare(pos, pos + 1)) break;
+      size_t victim = live_.size();
+      for (size_t j = live_.size(); j-- > i + 1;) {
+        const InferenceEngine& v = live_[j]->lease->engine();
+        if (!live_[j]->suspended && !v.finished() && v.kv_cache_blocks() > 0) {
+          victim = j;
+          break;
+        }
+      }
+      if (victim == live_.size() && !tails_.empty()) {
+        // Finished slots waiting to run their last token pin blocks: they
+        // give up that token (it is only a cache refinement) and park.
+        for (auto& t : tails_) t.engine().tail_done(false);
+        tails_.clear();
+        continue;
+      }
+      if (victim == live_.size()) {
+        bool older = false;
+        for (size_t j = 0; j < i; ++j)
+          older = older || (!live_[j]->suspended && live_[j]->lease->engine().kv_cache_blocks() > 0);
+        if (older) {
+          preempt(i);  // it is the youngest: it waits for the older ones
+        } else {
+          e.stop_now(FinishReason::kLength);  // alone it exceeds the budget: the context is full
+        }
+        break;
+      }
+      preempt(victim);
+    }
+  }
+}
+
+void Scheduler::update_kv_stats() {
+  if (opt_.kv_pool) {
+    const model::KvPool::Usage u = opt_.kv_pool->usage();
+    kv_used_.store(u.pinned * opt_.kv_pool->block_size());
+    kv_cached_.store(u.cached * opt_.kv_pool->block_size());
+    return;
+  }
+  int64_t used = 0;
+  for (const auto& l : live_) used += l->lease->engine().next_pos();
+  kv_used_.store(used);
 }
 
 void Scheduler::step() {
@@ -301,7 +412,14 @@ void Scheduler::step() {
   }
   for (size_t i = live_.size(); i-- > 0;)
     if (live_[i]->lease->engine().finished()) finish_live(i);
-  if (live_.empty()) return;
+  if (live_.empty() && tails_.empty()) {
+    update_kv_stats();
+    return;
+  }
+  if (opt_.kv_pool) {
+    resume_preempted();
+    reserve_next_tokens();
+  }
 
   // The batch: every decode token, then prompt chunks (oldest first) in the budget left.
   Scratch& sc = *scratch_;
@@ -314,7 +432,7 @@ void Scheduler::step() {
     l->fed = 0;
     l->wants_row = false;
     l->all_rows = false;
-    if (l->lease->engine().pending_prompt() == 0) ++decoders;
+    if (!l->suspended && l->lease->engine().pending_prompt() == 0) ++decoders;
   }
   int64_t budget = std::max<int64_t>(1, opt_.batch_size - decoders);
   // Shortest pending prompt first (then oldest): a short request arriving
@@ -328,28 +446,52 @@ void Scheduler::step() {
   int64_t prompt_fed = 0;
   for (const size_t si : sc.order) {
     Live& l = *live_[si];
+    if (l.suspended) continue;
     InferenceEngine& e = l.lease->engine();
     const bool prefill = e.pending_prompt() > 0;
     if (prefill && budget <= 0) continue;
     // Prompt logprobs: every prompt token's logits row, in smaller chunks.
     const bool all_rows = prefill && e.wants_prompt_rows();
-    const std::span<const int32_t> in =
+    std::span<const int32_t> in =
         e.next_input(prefill ? (all_rows ? std::min(budget, kPromptRowsChunk) : budget) : 1);
     if (in.empty()) continue;
     const int64_t pos = e.next_pos();
-    const bool last_of_prompt = !prefill || static_cast<int64_t>(in.size()) == e.pending_prompt();
+    if (opt_.kv_pool && prefill && !e.kv_cache().prepare(pos, pos + static_cast<int64_t>(in.size()))) {
+      // The pool cannot give the whole chunk: run what the blocks held
+      // already take (reserve_next_tokens gave at least the next position).
+      const int64_t room = e.kv_cache_blocks() * e.kv_cache().block_size() - pos;
+      if (room <= 0) continue;
+      in = in.first(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(in.size()))));
+    }
+    const bool wants = e.logits_wanted(static_cast<int64_t>(in.size()));
     for (size_t k = 0; k < in.size(); ++k)
       sc.batch.add(in[k], static_cast<int32_t>(pos + static_cast<int64_t>(k)), static_cast<int32_t>(si),
-                   all_rows || (last_of_prompt && k + 1 == in.size()));
+                   all_rows || (wants && k + 1 == in.size()));
     l.fed = static_cast<int64_t>(in.size());
     l.all_rows = all_rows;
-    l.wants_row = last_of_prompt;
+    l.wants_row = wants;
     if (prefill) {
       budget -= l.fed;
       prompt_fed += l.fed;
     }
   }
-  if (sc.batch.empty()) return;
+  // Finished slots' last tokens (keep_tail): one row each, no logits.
+  std::vector<bool> tail_ran(tails_.size(), false);
+  for (size_t t = 0; t < tails_.size(); ++t) {
+    InferenceEngine& e = tails_[t].engine();
+    const std::span<const int32_t> in = e.tail_input();
+    const int64_t pos = e.next_pos();
+    if (in.empty() || pos >= n_ctx_ || e.kv_cache().size() != pos || !e.kv_cache().prepare(pos, pos + 1)) continue;
+    sc.caches.push_back(&e.kv_cache());
+    sc.batch.add(in[0], static_cast<int32_t>(pos), static_cast<int32_t>(sc.caches.size() - 1), false);
+    tail_ran[t] = true;
+  }
+  if (sc.batch.empty()) {
+    for (auto& t : tails_) t.engine().tail_done(false);
+    tails_.clear();
+    update_kv_stats();
+    return;
+  }
   const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
   const size_t rows = sc.batch.n_wanted();
   if (logits_.size() < rows * n_vocab) logits_.resize(rows * n_vocab);
@@ -364,6 +506,8 @@ void Scheduler::step() {
     step_hist_[b].fetch_add(1);
   }
   if (opt_.on_step) opt_.on_step(static_cast<int64_t>(sc.batch.size()), static_cast<int64_t>(live_.size()));
+  for (size_t t = 0; t < tails_.size(); ++t) tails_[t].engine().tail_done(ok && tail_ran[t]);
+  tails_.clear();  // the engines back, then the permits
   if (!ok) {
     // Nothing was written (forward checks first): every sequence in the step fails.
     for (auto& l : live_) {
@@ -396,16 +540,10 @@ void Scheduler::step() {
       e.accept_logits(lg);
     }
   }
-  int64_t used = 0;
   for (size_t i = live_.size(); i-- > 0;) {
-    InferenceEngine& e = live_[i]->lease->engine();
-    if (e.finished()) {
-      finish_live(i);
-    } else {
-      used += e.next_pos();
-    }
+    if (live_[i]->lease->engine().finished()) finish_live(i);
   }
-  kv_used_.store(used);
+  update_kv_stats();
 }
 
 void Scheduler::loop() {
@@ -415,7 +553,7 @@ void Scheduler::loop() {
       // Idle: sleep until a submission, a cancel, or the earliest queued deadline.
       // With queued jobs but no free slot held by us, poll briefly (another
       // holder of the pool's leases may return one at any time).
-      if (live_.empty() && !stop_) {
+      if (live_.empty() && tails_.empty() && !stop_) {
         Clock::time_point until = Clock::time_point::max();
         for (const auto& j : queue_) until = std::min(until, j->req.deadline);
         if (!queue_.empty()) until = std::min(until, Clock::now() + std::chrono::milliseconds(2));
@@ -453,6 +591,8 @@ void Scheduler::loop() {
     live_[i]->lease->engine().stop_now(FinishReason::kCancelled);
     finish_live(i);
   }
+  for (auto& t : tails_) t.engine().tail_done(false);
+  tails_.clear();
   queue_.clear();
   n_waiting_.store(0);
 }

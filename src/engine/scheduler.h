@@ -21,6 +21,19 @@
 //   5. each sequence whose prompt completed or that decoded samples from its
 //      own logits row with its own sampler and RNG (InferenceEngine's
 //      stepwise API); finished ones return their lease (engine, then permit).
+// KV budget (SchedulerOptions::kv_pool): a new sequence is admitted only
+// when the pool can give the blocks its prompt needs (free or evictable
+// prompt-cache blocks, less what admitted prompts still have to take), and
+// never while a preempted sequence waits; otherwise it waits in the queue
+// (submit's max_queue bounds it: 503 + Retry-After). Before each step every
+// running sequence gets the block for its next token, oldest first; when the
+// pool is full the youngest running sequence is preempted by recompute
+// (InferenceEngine::suspend: its blocks go back, its sampler/RNG/text stay)
+// and resumes, oldest first, when its tokens fit again, replaying them as a
+// prompt. Batch invariance makes its continuation bit-identical, so a
+// running sequence never fails for lack of KV. With the prompt cache on, a
+// finished sequence's last sampled token is run (one row without logits in
+// the next step) so its slot caches prompt + the whole answer.
 // A job with n > 1 choices computes its prompt once: choice 0 prefills;
 // the other choices start when its prompt logits exist, in slots that get a
 // copy of the prompt's KV (or already hold it), sampling from those logits.
@@ -55,6 +68,7 @@ class ThreadPool;
 }
 namespace bonsai::model {
 class Model;
+class KvPool;
 }
 
 namespace bonsai::engine {
@@ -74,6 +88,12 @@ struct SchedulerOptions {
   // Called on the loop thread after every forward step with the number of
   // tokens and of sequences in it (metrics). Must be thread-safe and fast.
   std::function<void(int64_t tokens, int64_t sequences)> on_step;
+  // The KV block pool the replicas' caches draw from (EngineOptions::kv_pool;
+  // BuiltPool::kv_pool): the model's KV budget. Set: admission waits for KV
+  // room, running sequences preempt the youngest when it is full, and KV
+  // stats come from it. nullptr: standalone caches, no KV accounting beyond
+  // positions.
+  std::shared_ptr<model::KvPool> kv_pool;
 };
 
 // What one submitted request asks for.
@@ -151,8 +171,14 @@ struct SchedulerStats {
   uint64_t cached_tokens = 0;   // prompt tokens reused from the cache (or a sibling's KV)
   uint64_t cache_hits = 0;      // sequences that reused >= 1 cached token
   uint64_t sequences = 0;       // sequences started
-  int64_t kv_used = 0;          // KV positions held by live sequences
-  int64_t kv_capacity = 0;      // positions of all replicas
+  // KV in positions. With a KV pool: kv_used = positions of the blocks held
+  // by running sequences (pinned), kv_cached = of blocks held only as
+  // prompt cache (evictable), kv_capacity = the pool's budget. Without:
+  // positions held by live sequences and replicas x n_ctx.
+  int64_t kv_used = 0;
+  int64_t kv_cached = 0;
+  int64_t kv_capacity = 0;
+  uint64_t preemptions = 0;     // sequences preempted (KV freed, recomputed later) for lack of KV
   // Tokens per forward step: step_hist[b] counts steps with
   // kStepBuckets[b-1] < tokens <= kStepBuckets[b] (the last entry: above all).
   std::vector<uint64_t> step_hist;
@@ -193,6 +219,12 @@ class Scheduler {
   void finish_live(size_t i);
   void fail_job(Job& job, core::Error error);
   void step();
+  // KV budget (kv_pool set; loop thread only).
+  int64_t kv_available() const;  // blocks a new sequence may count on now
+  void resume_preempted();
+  void reserve_next_tokens();
+  void preempt(size_t i);
+  void update_kv_stats();
 
   std::shared_ptr<EnginePool> pool_;
   std::shared_ptr<const model::Model> model_;
@@ -208,12 +240,14 @@ class Scheduler {
 
   // Loop thread only.
   std::vector<std::shared_ptr<Job>> queue_;
-  std::vector<std::unique_ptr<Live>> live_;
+  std::vector<std::unique_ptr<Live>> live_;     // admission order: oldest first
+  std::vector<EngineLease> tails_;              // finished slots running their last token (keep_tail)
   std::vector<float> logits_;
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
 
-  std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0};
+  std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0}, kv_cached_{0};
+  std::atomic<uint64_t> preemptions_{0};
   std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0},
       sequences_{0};
   std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};

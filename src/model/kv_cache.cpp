@@ -1,6 +1,8 @@
 #include "model/kv_cache.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -37,47 +39,378 @@ uint64_t KvCache::bytes_per_position(const ModelConfig& c, KvType type_k, KvType
          (kv_row_bytes(type_k, c.head_dim_k) + kv_row_bytes(type_v, c.head_dim_v));
 }
 
-core::Expected<KvCache> KvCache::create(const ModelConfig& config, int64_t n_ctx, KvType type_k,
-                                        KvType type_v) {
-  if (n_ctx < 1 || n_ctx > INT32_MAX) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "KV cache: context size " + std::to_string(n_ctx) + " must be in 1..2^31-1");
-  }
-  if (config.n_layer <= 0 || config.n_head_kv <= 0 || config.head_dim_k <= 0 ||
-      config.head_dim_v <= 0) {
+namespace {
+
+core::Expected<void> check_dims(const ModelConfig& config, KvType type_k, KvType type_v) {
+  if (config.n_layer <= 0 || config.n_head_kv <= 0 || config.head_dim_k <= 0 || config.head_dim_v <= 0) {
     return core::fail(core::Errc::kInvalidArgument, "KV cache: model config has no layers/heads");
   }
   if ((type_k == KvType::kQ8_0 && config.head_dim_k % 32 != 0) ||
       (type_v == KvType::kQ8_0 && config.head_dim_v % 32 != 0)) {
     return core::fail(core::Errc::kInvalidArgument,
                       "KV cache: cache type q8_0 needs head dims that are multiples of 32 (K " +
-                          std::to_string(config.head_dim_k) + ", V " +
-                          std::to_string(config.head_dim_v) + ")");
+                          std::to_string(config.head_dim_k) + ", V " + std::to_string(config.head_dim_v) + ")");
+  }
+  return {};
+}
+
+}  // namespace
+
+// ---- KvPool -----------------------------------------------------------------------------
+
+core::Expected<std::shared_ptr<KvPool>> KvPool::create(const ModelConfig& config, int64_t capacity_positions,
+                                                       KvType type_k, KvType type_v, int64_t block_size) {
+  if (auto ok = check_dims(config, type_k, type_v); !ok) return std::unexpected(ok.error());
+  if (block_size < 32 || block_size % 32 != 0) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV pool: block size " + std::to_string(block_size) + " must be a positive multiple of 32");
+  }
+  if (capacity_positions < 1) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV pool: capacity " + std::to_string(capacity_positions) + " positions must be >= 1");
+  }
+  const int64_t blocks = capacity_positions / block_size + (capacity_positions % block_size != 0 ? 1 : 0);
+  if (blocks > INT32_MAX) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV pool: " + std::to_string(blocks) + " blocks exceed 2^31-1");
+  }
+  const long double bb = static_cast<long double>(config.n_layer) * config.n_head_kv * block_size *
+                         (kv_row_bytes(type_k, config.head_dim_k) + kv_row_bytes(type_v, config.head_dim_v));
+  if (bb * blocks > static_cast<long double>(SIZE_MAX / 2)) {
+    return core::fail(core::Errc::kResourceExhausted, "KV pool: size overflows");
+  }
+  std::shared_ptr<KvPool> p(new KvPool());
+  p->bs_ = block_size;
+  p->capacity_ = blocks;
+  p->block_bytes_ = static_cast<uint64_t>(bb);
+  p->type_k_ = type_k;
+  p->type_v_ = type_v;
+  p->n_layer_ = config.n_layer;
+  p->n_head_kv_ = config.n_head_kv;
+  p->head_dim_k_ = config.head_dim_k;
+  p->head_dim_v_ = config.head_dim_v;
+  p->mem_.resize(static_cast<size_t>(blocks));
+  p->refs_.assign(static_cast<size_t>(blocks), 0);
+  p->active_.assign(static_cast<size_t>(blocks), 0);
+  p->free_.reserve(static_cast<size_t>(blocks));
+  for (int64_t i = blocks; i-- > 0;) p->free_.push_back(static_cast<int32_t>(i));  // 0 handed out first
+  return p;
+}
+
+KvPool::~KvPool() = default;
+
+KvPool::Usage KvPool::usage() const {
+  std::lock_guard lock(mu_);
+  return Usage{.capacity = capacity_, .used = used_, .pinned = pinned_, .cached = used_ - pinned_,
+               .allocated = allocated_};
+}
+
+int64_t KvPool::available_blocks() const {
+  std::lock_guard lock(mu_);
+  return capacity_ - pinned_;
+}
+
+uint64_t KvPool::evictions() const {
+  std::lock_guard lock(mu_);
+  return evictions_;
+}
+
+int32_t KvPool::alloc_locked() {
+  while (free_.empty()) {
+    if (!evict_one_locked()) return -1;
+  }
+  const int32_t id = free_.back();
+  auto& mem = mem_[static_cast<size_t>(id)];
+  if (!mem) {
+    mem.reset(new (std::nothrow) uint8_t[block_bytes_]);  // default-initialised: no zero fill
+    if (!mem) return -2;
+    ++allocated_;
+  }
+  free_.pop_back();
+  refs_[static_cast<size_t>(id)] = 1;
+  active_[static_cast<size_t>(id)] = 1;
+  ++used_;
+  ++pinned_;
+  return id;
+}
+
+void KvPool::retain_locked(int32_t id, bool active) {
+  const auto i = static_cast<size_t>(id);
+  if (refs_[i]++ == 0) ++used_;
+  if (active && active_[i]++ == 0) ++pinned_;
+}
+
+void KvPool::release_locked(int32_t id, bool active) {
+  const auto i = static_cast<size_t>(id);
+  if (active && --active_[i] == 0) --pinned_;
+  if (--refs_[i] == 0) {
+    --used_;
+    free_.push_back(id);
+  }
+}
+
+void KvPool::drop_tail_locked(Table& t, int64_t keep_blocks, bool active) {
+  while (static_cast<int64_t>(t.ids.size()) > keep_blocks) {
+    release_locked(t.ids.back(), active);
+    t.ids.pop_back();
+    t.ptrs.pop_back();
+  }
+  t.size = std::min(t.size, static_cast<int64_t>(t.ids.size()) * bs_);
+}
+
+bool KvPool::evict_one_locked() {
+  while (!parked_.empty()) {
+    Table* t = parked_.front();
+    if (t->ids.empty()) {  // nothing left to take: it leaves the list (still parked)
+      parked_.pop_front();
+      t->where = parked_.end();
+      continue;
+    }
+    drop_tail_locked(*t, static_cast<int64_t>(t->ids.size()) - 1, /*active=*/false);
+    ++evictions_;
+    return true;
+  }
+  return false;
+}
+
+// ---- KvCache ----------------------------------------------------------------------------
+
+core::Expected<KvCache> KvCache::make(std::shared_ptr<KvPool> pool, int64_t n_ctx) {
+  if (pool == nullptr) return core::fail(core::Errc::kInvalidArgument, "KV cache: the pool is null");
+  if (n_ctx < 1 || n_ctx > INT32_MAX) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV cache: context size " + std::to_string(n_ctx) + " must be in 1..2^31-1");
   }
   KvCache c;
-  c.type_k_ = type_k;
-  c.type_v_ = type_v;
+  c.type_k_ = pool->type_k_;
+  c.type_v_ = pool->type_v_;
   c.n_ctx_ = n_ctx;
-  c.n_layer_ = config.n_layer;
-  c.n_head_kv_ = config.n_head_kv;
-  c.head_dim_k_ = config.head_dim_k;
-  c.head_dim_v_ = config.head_dim_v;
-  c.row_k_ = kv_row_bytes(type_k, config.head_dim_k);
-  c.row_v_ = kv_row_bytes(type_v, config.head_dim_v);
-  const long double layer = static_cast<long double>(config.n_head_kv) * n_ctx * (c.row_k_ + c.row_v_);
-  const long double total = layer * config.n_layer;
-  if (total > static_cast<long double>(SIZE_MAX / 2)) {
-    return core::fail(core::Errc::kResourceExhausted, "KV cache: size overflows");
+  c.bs_ = pool->bs_;
+  c.n_layer_ = pool->n_layer_;
+  c.n_head_kv_ = pool->n_head_kv_;
+  c.head_dim_k_ = pool->head_dim_k_;
+  c.head_dim_v_ = pool->head_dim_v_;
+  c.row_k_ = kv_row_bytes(c.type_k_, c.head_dim_k_);
+  c.row_v_ = kv_row_bytes(c.type_v_, c.head_dim_v_);
+  c.v_off_ = static_cast<size_t>(c.n_head_kv_ * c.bs_) * c.row_k_;
+  c.layer_bytes_ = c.v_off_ + static_cast<size_t>(c.n_head_kv_ * c.bs_) * c.row_v_;
+  c.t_ = std::make_unique<KvPool::Table>();
+  c.pool_ = std::move(pool);
+  c.t_->where = c.pool_->parked_.end();
+  return c;
+}
+
+core::Expected<KvCache> KvCache::create(std::shared_ptr<KvPool> pool, int64_t n_ctx) {
+  return make(std::move(pool), n_ctx);
+}
+
+core::Expected<KvCache> KvCache::create(const ModelConfig& config, int64_t n_ctx, KvType type_k,
+                                        KvType type_v) {
+  if (n_ctx < 1 || n_ctx > INT32_MAX) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV cache: context size " + std::to_string(n_ctx) + " must be in 1..2^31-1");
   }
-  c.layer_bytes_ = static_cast<size_t>(layer);
-  c.bytes_ = static_cast<size_t>(total);
-  c.data_.reset(new (std::nothrow) uint8_t[c.bytes_]);  // default-initialised: no zero fill
-  if (!c.data_) {
-    return core::fail(core::Errc::kResourceExhausted,
-                      "KV cache: cannot allocate " + std::to_string(c.bytes_) + " bytes for " +
-                          std::to_string(n_ctx) + " positions");
+  const int64_t bs = std::min<int64_t>(kKvBlockSize, (n_ctx + 31) / 32 * 32);
+  auto pool = KvPool::create(config, n_ctx, type_k, type_v, bs);
+  if (!pool) return std::unexpected(pool.error());
+  auto c = make(std::move(*pool), n_ctx);
+  if (!c) return std::unexpected(c.error());
+  c->fixed_ = true;
+  KvPool& p = *c->pool_;
+  std::lock_guard lock(p.mu_);
+  for (int64_t b = 0; b < p.capacity_; ++b) {
+    const int32_t id = p.alloc_locked();
+    if (id < 0) {
+      return core::fail(core::Errc::kResourceExhausted,
+                        "KV cache: cannot allocate " + std::to_string(p.capacity_bytes()) + " bytes for " +
+                            std::to_string(n_ctx) + " positions");
+    }
+    c->t_->ids.push_back(id);
+    c->t_->ptrs.push_back(p.mem_[static_cast<size_t>(id)].get());
   }
   return c;
+}
+
+KvCache& KvCache::operator=(KvCache&& o) noexcept {
+  if (this != &o) {
+    release_all();
+    pool_ = std::move(o.pool_);
+    t_ = std::move(o.t_);
+    fixed_ = o.fixed_;
+    type_k_ = o.type_k_;
+    type_v_ = o.type_v_;
+    n_ctx_ = o.n_ctx_;
+    bs_ = o.bs_;
+    n_layer_ = o.n_layer_;
+    n_head_kv_ = o.n_head_kv_;
+    head_dim_k_ = o.head_dim_k_;
+    head_dim_v_ = o.head_dim_v_;
+    row_k_ = o.row_k_;
+    row_v_ = o.row_v_;
+    layer_bytes_ = o.layer_bytes_;
+    v_off_ = o.v_off_;
+  }
+  return *this;
+}
+
+KvCache::~KvCache() { release_all(); }
+
+void KvCache::release_all() {
+  if (!pool_ || !t_) return;
+  std::lock_guard lock(pool_->mu_);
+  const bool active = !t_->parked;
+  if (t_->parked && t_->where != pool_->parked_.end()) pool_->parked_.erase(t_->where);
+  t_->where = pool_->parked_.end();
+  t_->parked = false;
+  pool_->drop_tail_locked(*t_, 0, active);
+  t_->size = 0;
+}
+
+size_t KvCache::bytes() const {
+  if (!pool_) return 0;
+  if (fixed_) return pool_->capacity_bytes();
+  return static_cast<size_t>(blocks()) * pool_->block_bytes();
+}
+
+void KvCache::truncate(int64_t n) {
+  if (!t_) return;
+  if (t_->parked) unpark();
+  n = std::max<int64_t>(0, n);
+  if (n >= t_->size) return;
+  t_->size = n;
+  if (fixed_) return;
+  std::lock_guard lock(pool_->mu_);
+  pool_->drop_tail_locked(*t_, pool_->blocks_for(n), /*active=*/true);
+}
+
+void KvCache::set_size(int64_t n) {
+  if (t_->parked) unpark();
+  t_->size = n;
+}
+
+int64_t KvCache::blocks_needed(int64_t end) const {
+  if (!t_ || fixed_) return 0;
+  const int64_t have = static_cast<int64_t>(t_->ids.size());
+  int64_t need = std::max<int64_t>(0, pool_->blocks_for(end) - have);
+  const int64_t b = t_->size / bs_;
+  if (t_->size % bs_ != 0 && b < have && end > t_->size) {
+    std::lock_guard lock(pool_->mu_);
+    if (pool_->refs_[static_cast<size_t>(t_->ids[static_cast<size_t>(b)])] > 1) ++need;
+  }
+  return need;
+}
+
+core::Expected<void> KvCache::prepare(int64_t from, int64_t end) {
+  if (!t_) return core::fail(core::Errc::kInvalidArgument, "KV cache: not created");
+  if (t_->parked) unpark();
+  if (from < 0 || from > t_->size || end < from || end > n_ctx_) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV cache: cannot prepare positions [" + std::to_string(from) + ", " + std::to_string(end) +
+                          ") of a cache holding " + std::to_string(t_->size) + " of " + std::to_string(n_ctx_));
+  }
+  if (from == end || fixed_) return {};
+  KvPool& p = *pool_;
+  std::lock_guard lock(p.mu_);
+  KvPool::Table& t = *t_;
+  const auto old_n = static_cast<int64_t>(t.ids.size());
+  const int64_t want = p.blocks_for(end);
+  auto full = [&](int32_t why) -> core::Expected<void> {
+    p.drop_tail_locked(t, old_n, /*active=*/true);
+    if (why == -2) {
+      return core::fail(core::Errc::kResourceExhausted,
+                        "KV cache: cannot allocate a block of " + std::to_string(p.block_bytes_) + " bytes");
+    }
+    return core::fail(core::Errc::kResourceExhausted,
+                      "KV cache full: positions up to " + std::to_string(end) + " need " +
+                          std::to_string(want - old_n) + " more blocks of " + std::to_string(p.bs_) +
+                          " positions, and all " + std::to_string(p.capacity_) + " blocks of the pool are in use");
+  };
+  // Copy-on-write of shared blocks this write touches (a shared last block).
+  for (int64_t b = from / bs_; b < std::min(old_n, want); ++b) {
+    const int32_t old = t.ids[static_cast<size_t>(b)];
+    if (p.refs_[static_cast<size_t>(old)] <= 1) continue;
+    const int32_t id = p.alloc_locked();
+    if (id < 0) return full(id);
+    uint8_t* dst = p.mem_[static_cast<size_t>(id)].get();
+    std::memcpy(dst, p.mem_[static_cast<size_t>(old)].get(), p.block_bytes_);
+    p.release_locked(old, /*active=*/true);
+    t.ids[static_cast<size_t>(b)] = id;
+    t.ptrs[static_cast<size_t>(b)] = dst;
+  }
+  while (static_cast<int64_t>(t.ids.size()) < want) {
+    const int32_t id = p.alloc_locked();
+    if (id < 0) return full(id);
+    t.ids.push_back(id);
+    t.ptrs.push_back(p.mem_[static_cast<size_t>(id)].get());
+  }
+  return {};
+}
+
+core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
+  if (!t_ || !src.t_ || !src.matches_cache(*this) || n < 0 || n > src.size() || n > n_ctx_) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      "KV cache: cannot copy " + std::to_string(n) + " positions (another model or cache type, "
+                      "or more than the source holds or this cache fits)");
+  }
+  if (t_->parked) unpark();
+  if (paged() && src.pool_ == pool_) {
+    KvPool& p = *pool_;
+    std::lock_guard lock(p.mu_);
+    const int64_t nb = p.blocks_for(n);
+    std::vector<int32_t> ids(src.t_->ids.begin(), src.t_->ids.begin() + nb);
+    std::vector<uint8_t*> ptrs(src.t_->ptrs.begin(), src.t_->ptrs.begin() + nb);
+    for (int32_t id : ids) p.retain_locked(id, /*active=*/true);
+    p.drop_tail_locked(*t_, 0, /*active=*/true);
+    t_->ids = std::move(ids);
+    t_->ptrs = std::move(ptrs);
+    t_->size = n;
+    return {};
+  }
+  truncate(0);
+  if (auto ok = prepare(0, n); !ok) return ok;
+  for (int64_t l = 0; l < n_layer_; ++l) {
+    for (int64_t h = 0; h < n_head_kv_; ++h) {
+      for (int64_t p0 = 0; p0 < n;) {
+        const int64_t run = std::min({bs_ - p0 % bs_, src.bs_ - p0 % src.bs_, n - p0});
+        std::memcpy(k_row(l, h, p0), src.k_row(l, h, p0), static_cast<size_t>(run) * row_k_);
+        std::memcpy(v_row(l, h, p0), src.v_row(l, h, p0), static_cast<size_t>(run) * row_v_);
+        p0 += run;
+      }
+    }
+  }
+  t_->size = n;
+  return {};
+}
+
+void KvCache::park() {
+  if (!paged() || !t_) return;
+  KvPool& p = *pool_;
+  std::lock_guard lock(p.mu_);
+  if (t_->parked) return;
+  t_->parked = true;
+  for (int32_t id : t_->ids) {
+    if (--p.active_[static_cast<size_t>(id)] == 0) --p.pinned_;
+  }
+  t_->where = p.parked_.insert(p.parked_.end(), t_.get());
+}
+
+void KvCache::unpark() {
+  if (!pool_ || !t_) return;
+  KvPool& p = *pool_;
+  std::lock_guard lock(p.mu_);
+  if (!t_->parked) return;
+  if (t_->where != p.parked_.end()) p.parked_.erase(t_->where);
+  t_->where = p.parked_.end();
+  t_->parked = false;
+  for (int32_t id : t_->ids) {
+    if (p.active_[static_cast<size_t>(id)]++ == 0) ++p.pinned_;
+  }
+}
+
+bool KvCache::parked() const {
+  if (!pool_ || !t_) return false;
+  std::lock_guard lock(pool_->mu_);
+  return t_->parked;
 }
 
 }  // namespace bonsai::model

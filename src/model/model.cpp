@@ -379,7 +379,8 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
                           std::to_string(logits.size()) + " floats, need " + std::to_string(n_wanted) +
                           " x " + std::to_string(row));
   }
-  ws.seq_next_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
+  ws.seq_next_.assign(caches.size(), -1);
+  ws.seq_first_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
   for (int64_t i = 0; i < n; ++i) {
     const BatchToken& t = batch.tokens[static_cast<size_t>(i)];
     auto where = [i] { return "forward: batch token " + std::to_string(i) + ": "; };  // built on error only
@@ -424,7 +425,15 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
                         where() + "position " + std::to_string(t.pos) + " is beyond the context size " +
                             std::to_string(kv.n_ctx()));
     }
+    if (next < 0) ws.seq_first_[static_cast<size_t>(t.seq)] = t.pos;
     next = t.pos + 1;
+  }
+  // Attach (and un-share) the KV blocks the batch writes; sizes unchanged.
+  for (size_t s = 0; s < caches.size(); ++s) {
+    if (ws.seq_next_[s] < 0) continue;
+    if (auto ok = caches[s]->prepare(ws.seq_first_[s], ws.seq_next_[s]); !ok) {
+      return core::fail(ok.error().code, "forward: sequence " + std::to_string(s) + ": " + ok.error().message);
+    }
   }
 
   // ---- Run, in slices of at most kMaxUbatch tokens. ----

@@ -88,6 +88,7 @@ class Workspace {
   std::vector<float> rope_;    // cos/sin per token     [n][n_rot]
   std::vector<float> out_;     // final-normed rows of wanted tokens [n_wanted][n_embd]
   std::vector<int64_t> seq_next_;  // per sequence id: next position in this batch (-1: absent)
+  std::vector<int64_t> seq_first_;  // per sequence id: its first position in this batch
 };
 
 // Lists every problem that stops `file` from loading as a model: unsupported
@@ -131,7 +132,9 @@ class Model {
   // seq id outside caches or a null cache, a cache of another model,
   // non-consecutive positions in a sequence, a first position beyond the
   // cache's size(), a logits span too small; kOutOfRange for a position >=
-  // the cache's n_ctx().
+  // the cache's n_ctx(); kResourceExhausted when a paged cache's pool has no
+  // block left for the positions written (KvCache::prepare: blocks may have
+  // been attached, sizes and rows are unchanged).
   core::Expected<void> forward(const Batch& batch, std::span<KvCache* const> caches,
                                Workspace& ws, std::span<float> logits,
                                core::ThreadPool& pool) const;

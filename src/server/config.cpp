@@ -125,13 +125,15 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
         return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
       config.timeout_s = *node.value<double>();
     } else if (key == "pool-size" || key == "models-max" || key == "mem-budget" || key == "ctx-size" ||
-               key == "threads" || key == "port" || key == "max-body" || key == "queue-factor") {
+               key == "threads" || key == "port" || key == "max-body" || key == "queue-factor" ||
+               key == "kv-budget-tokens") {
       auto v = get_integer(node, where);
       if (!v) return std::unexpected(v.error());
       if (*v < 0) return core::fail(core::Errc::kInvalidArgument, where + ": must be >= 0");
       // Every key but the two byte counts is an int: a larger value used to be
       // truncated silently (port = 4294975376 served on 8080).
-      if (key != "mem-budget" && key != "max-body" && *v > std::numeric_limits<int>::max())
+      if (key != "mem-budget" && key != "max-body" && key != "kv-budget-tokens" &&
+          *v > std::numeric_limits<int>::max())
         return core::fail(core::Errc::kInvalidArgument,
                           where + ": " + std::to_string(*v) + " is too large (at most " +
                               std::to_string(std::numeric_limits<int>::max()) + ")");
@@ -142,6 +144,7 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       else if (key == "threads") config.threads = static_cast<int>(*v);
       else if (key == "port") config.port = static_cast<int>(*v);
       else if (key == "max-body") config.max_body_bytes = static_cast<size_t>(*v);
+      else if (key == "kv-budget-tokens") config.kv_budget_tokens = *v;
       else config.queue_factor = static_cast<int>(*v);
     } else {
       return core::fail(core::Errc::kInvalidArgument,

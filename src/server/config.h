@@ -39,6 +39,9 @@ struct ServeConfig {
   int models_max = 0;                // resident models at most; 0: max(1, number of models)
   uint64_t mem_budget_mb = 0;        // 0: unlimited
   int ctx_size = 0;                  // KV positions per replica; 0: min(model's, 4096)
+  // kv-budget-tokens: KV positions per model, all sequences together (one
+  // paged block pool); 0: pool_size x ctx_size. At least ctx_size.
+  int64_t kv_budget_tokens = 0;
   int threads = 0;                   // compute threads; 0: physical cores
   std::string host = "127.0.0.1";
   int port = 8080;

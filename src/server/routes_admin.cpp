@@ -108,6 +108,14 @@ struct AdminRoutes {
       json j{{"id", m.id},         {"state", engine::model_state_name(m.state)},
              {"in_flight", m.in_flight}, {"mem_bytes", m.mem_bytes}, {"pool_size", m.pool_size},
              {"busy", m.busy}};
+      if (m.kv_capacity_bytes > 0) {
+        // The model's KV block pool: its budget, the bytes held by sequences
+        // (running ones and cached prefixes) and of those the prompt cache only.
+        j["kv_capacity_bytes"] = m.kv_capacity_bytes;
+        j["kv_used_bytes"] = m.kv_used_bytes;
+        j["kv_cached_bytes"] = m.kv_cached_bytes;
+        j["kv_block_tokens"] = m.kv_block_tokens;
+      }
       if (with_files) j["path"] = m.path;
       if (with_files && m.state == engine::ModelState::kFailed) j["reason"] = m.reason;
       arr.push_back(std::move(j));
@@ -250,7 +258,8 @@ struct AdminRoutes {
                                           bool pool_given) const {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
-    auto fp = engine::model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v);
+    auto fp = engine::model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
+                                      spec.kv_budget_tokens);
     if (!fp) return std::nullopt;
     if (ctx_given && spec.ctx_size > 0 && fp->max_ctx > 0 && spec.ctx_size > fp->max_ctx) {
       char factor[32];
@@ -273,7 +282,10 @@ struct AdminRoutes {
     std::string msg = "Model '" + id + "' with ctx_size " + std::to_string(fp->n_ctx) + " and " +
                       std::to_string(fp->replicas) + " replica(s) needs " + size_text(fp->kv_bytes) +
                       " of KV cache (" + std::to_string(fp->kv_bytes_per_position) + " bytes per position x " +
-                      std::to_string(fp->n_ctx) + " positions x " + std::to_string(fp->replicas) + " replicas)";
+                      std::to_string(fp->n_ctx) + " positions x " + std::to_string(fp->replicas) + " replicas" +
+                      (fp->kv_budget_tokens != fp->n_ctx * fp->replicas
+                           ? ", as a budget of " + std::to_string(fp->kv_budget_tokens) + " positions"
+                           : std::string()) + ")";
     if (budget > 0) {
       msg += " plus " + size_text(fp->mapped_bytes) + " of mapped weights = " + size_text(need) +
              ", more than the memory budget (--mem-budget) of " + size_text(limit) + ".";
@@ -281,9 +293,14 @@ struct AdminRoutes {
       msg += ", more than the " + size_text(limit) +
              (ctx_.opt.admin_mem_limit_bytes > 0 ? " allowed for one load." : " of memory available (MemAvailable).");
     }
-    msg += fit_ctx > 0 ? " At most ctx_size " + std::to_string(fit_ctx) + " fits with " +
-                             std::to_string(fp->replicas) + " replica(s)."
-                       : " It does not fit at any ctx_size.";
+    if (spec.kv_budget_tokens > 0) {  // an explicit KV budget: it, not ctx_size, sets the KV bytes
+      const uint64_t fit = fp->kv_bytes_per_position > 0 ? room / fp->kv_bytes_per_position : 0;
+      msg += " At most a KV budget of " + std::to_string(fit) + " tokens fits.";
+    } else {
+      msg += fit_ctx > 0 ? " At most ctx_size " + std::to_string(fit_ctx) + " fits with " +
+                               std::to_string(fp->replicas) + " replica(s)."
+                         : " It does not fit at any ctx_size.";
+    }
     return bad_request(std::move(msg), ctx_given ? "ctx_size" : pool_given ? "pool_size" : "", "insufficient_memory");
   }
 

@@ -17,6 +17,7 @@
 #include "engine/inference_engine.h"
 #include "gguf/gguf.h"
 #include "model/config.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -43,7 +44,11 @@ TEST(EnginePoolReal, ReplicasBorrowOneMappingAndTokenizer) {
   EXPECT_EQ(built->n_ctx, 256);
   EXPECT_EQ(built->mapped_bytes, std::filesystem::file_size(kStories));
   std::vector<EngineLease> leases;
-  size_t kv = 0;
+  ASSERT_NE(built->kv_pool, nullptr);
+  // One KV pool for the model: 3 full contexts of 256 positions (blocks of 256).
+  EXPECT_EQ(built->kv_pool->block_size(), 256);
+  EXPECT_EQ(built->kv_pool->capacity_blocks(), 3);
+  EXPECT_EQ(built->kv_bytes, built->kv_pool->capacity_bytes());
   for (int i = 0; i < 3; ++i) {
     auto l = built->pool.acquire_for(1s);
     ASSERT_TRUE(l.has_value());
@@ -51,15 +56,39 @@ TEST(EnginePoolReal, ReplicasBorrowOneMappingAndTokenizer) {
     EXPECT_EQ(l->engine().tokenizer_ptr().get(), built->tokenizer.get());
     EXPECT_EQ(l->engine().max_seq_len(), 256);
     EXPECT_EQ(l->engine().params().seed, 7u);
-    kv += l->engine().kv_cache_bytes();
+    EXPECT_EQ(l->engine().kv_cache().pool(), built->kv_pool) << "replica " << i << " has its own KV memory";
+    EXPECT_EQ(l->engine().kv_cache_bytes(), 0u);  // blocks come as the sequence grows
     leases.push_back(std::move(*l));
   }
-  EXPECT_EQ(kv, built->kv_bytes);
-  EXPECT_GT(kv, 0u);
+  EXPECT_GT(built->kv_bytes, 0u);
   // The estimate used by ModelPool before loading matches what was built.
   auto est = estimate_model_bytes(kStories, 256, 3);
   ASSERT_TRUE(est.has_value()) << est.error().message;
   EXPECT_EQ(*est, built->mapped_bytes + built->kv_bytes);
+}
+
+// --kv-budget-tokens: one pool of that many positions (rounded up to whole
+// blocks) for all replicas, counted by model_footprint the same; a budget
+// below one context is refused.
+TEST(EnginePoolReal, KvBudgetSizesTheSharedPool) {
+  BONSAI_REQUIRE_FILE(kStories);
+  auto built = build_pool_from_gguf(kStories, sampled_params(4), 1, 256, 4, {}, model::KvType::kF16, model::KvType::kF16,
+                                    /*kv_budget_tokens=*/600);
+  ASSERT_TRUE(built.has_value()) << built.error().message;
+  EXPECT_EQ(built->kv_pool->block_size(), 256);
+  EXPECT_EQ(built->kv_pool->capacity_blocks(), 3);  // ceil(600 / 256)
+  auto fp = model_footprint(kStories, 256, 4, {}, model::KvType::kF16, model::KvType::kF16, 600);
+  ASSERT_TRUE(fp.has_value());
+  EXPECT_EQ(fp->kv_budget_tokens, 768);
+  EXPECT_EQ(fp->kv_bytes, built->kv_bytes);
+  EXPECT_EQ(fp->kv_bytes, fp->kv_bytes_per_position * 768);
+  // 300 tokens round up to 2 blocks of 256 = 512 positions < a context of 1024.
+  auto small = build_pool_from_gguf(kStories, sampled_params(4), 1, 1024, 4, {}, model::KvType::kF16,
+                                    model::KvType::kF16, /*kv_budget_tokens=*/300);
+  ASSERT_FALSE(small.has_value());
+  EXPECT_EQ(small.error().code, core::Errc::kInvalidArgument);
+  EXPECT_NE(small.error().message.find("smaller than one sequence's context"), std::string::npos)
+      << small.error().message;
 }
 
 // model_footprint: the KV bytes it predicts are the bytes the built replicas
@@ -170,7 +199,10 @@ TEST(ModelFootprint, MaxContextFollowsRopeScaling) {
     EXPECT_EQ(fp->n_ctx_train, 128) << c.name;
     // 3 layers x (2 x 8 + 2 x 8) x 2 bytes = 192 bytes per position.
     EXPECT_EQ(fp->kv_bytes_per_position, 192u) << c.name;
-    EXPECT_EQ(fp->kv_bytes, 192u * 100u * 3u) << c.name;
+    // Contexts of 100 positions take one KV block of 128 each.
+    EXPECT_EQ(fp->kv_block_size, 128) << c.name;
+    EXPECT_EQ(fp->kv_budget_tokens, 3 * 128) << c.name;
+    EXPECT_EQ(fp->kv_bytes, 192u * 128u * 3u) << c.name;
     EXPECT_EQ(fp->mapped_bytes, std::filesystem::file_size(path)) << c.name;
     std::filesystem::remove(path);
   }

@@ -18,6 +18,7 @@
 #include "common/test_util.h"
 #include "engine/engine_pool.h"
 #include "engine/inference_engine.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -88,7 +89,30 @@ class SchedulerTest : public ::testing::Test {
     model_ = b->model;
     tok_ = b->tokenizer;
     pool_ = std::make_shared<EnginePool>(std::move(b->pool));
+    kv_ = b->kv_pool;
+    so.kv_pool = kv_;  // as the server: one KV budget for the model
     sched_ = std::make_unique<Scheduler>(pool_, model_, b->n_ctx, std::move(so));
+  }
+
+  // As build(), with a KV pool of `budget` positions in blocks of `block`
+  // (smaller than the default, so budgets run out in a short test).
+  void build_budget(int replicas, int64_t ctx, int64_t budget, int64_t block, SchedulerOptions so = {}) {
+    sched_.reset();
+    auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, ctx, 1);
+    ASSERT_TRUE(b.has_value()) << b.error().message;
+    model_ = b->model;
+    tok_ = b->tokenizer;
+    auto kv = model::KvPool::create(model_->config(), budget, model::KvType::kF16, model::KvType::kF16, block);
+    ASSERT_TRUE(kv.has_value()) << kv.error().message;
+    kv_ = *kv;
+    EngineOptions eo;
+    eo.max_seq_len = ctx;
+    eo.kv_pool = kv_;
+    std::vector<InferenceEngine> engines;
+    for (int i = 0; i < replicas; ++i) engines.push_back(std::move(*InferenceEngine::create(model_, tok_, eo)));
+    pool_ = std::make_shared<EnginePool>(std::move(engines));
+    so.kv_pool = kv_;
+    sched_ = std::make_unique<Scheduler>(pool_, model_, ctx, std::move(so));
   }
 
   // Different prompts of different lengths (the story openings, repeated).
@@ -135,8 +159,38 @@ class SchedulerTest : public ::testing::Test {
   std::shared_ptr<const model::Model> model_;
   std::shared_ptr<const tokenizer::Tokenizer> tok_;
   std::shared_ptr<EnginePool> pool_;
+  std::shared_ptr<model::KvPool> kv_;
   std::unique_ptr<Scheduler> sched_;
 };
+
+// Steps (SchedulerStats::steps numbering) at which each choice streamed text.
+struct Timeline {
+  uint64_t first = 0, last = 0;
+};
+Outcome collect_steps(JobHandle& h, Timeline& t) {
+  Outcome o;
+  const auto until = Clock::now() + 120s;
+  std::vector<JobEvent> evs;
+  while (Clock::now() < until) {
+    evs.clear();
+    const bool ended = h.ended();
+    h.wait(evs, ended ? Clock::now() : Clock::now() + 100ms);
+    for (auto& e : evs) {
+      if (e.kind == JobEvent::Kind::kText) {
+        o.streamed[e.choice] += e.text;
+        if (t.first == 0) t.first = e.step;
+        t.last = e.step;
+      }
+      if (e.kind == JobEvent::Kind::kDone) o.results[e.choice] = std::move(e.result);
+      if (e.kind == JobEvent::Kind::kFailed) {
+        o.failed = true;
+        o.error = e.error;
+      }
+    }
+    if (ended && evs.empty()) break;
+  }
+  return o;
+}
 
 // 16 concurrent requests (different prompts and lengths, temperature 0)
 // each return exactly the tokens they return alone: 5 rounds, with the
@@ -253,8 +307,9 @@ TEST_F(SchedulerTest, PromptCacheReusesTheLongestPrefix) {
   Outcome o2 = collect(*h2);
   ASSERT_FALSE(o2.failed);
   const GenerationResult& a2 = o2.results[0];
-  // The cache holds prompt + answer minus the last sampled token (never fed).
-  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(first_prompt.size() + a1.tokens.size() - 1));
+  // The cache holds prompt + the whole answer (its last sampled token was run
+  // into the slot's cache after it finished).
+  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(first_prompt.size() + a1.tokens.size()));
   EXPECT_EQ(sched_->stats().prompt_tokens - computed_before, second.size() - a2.cached_tokens);
   EXPECT_EQ(a2.tokens, alone(second, greedy(10), 1, kCtx).tokens);
   EXPECT_GE(sched_->stats().cache_hits, 1u);
@@ -437,6 +492,124 @@ TEST_F(SchedulerTest, BoundedQueueAndShutdown) {
   EXPECT_TRUE(a->ended());
   EXPECT_TRUE((*q1)->ended());
   EXPECT_EQ(pool_->available(), 1);
+}
+
+}  // namespace
+}  // namespace bonsai::engine
+
+namespace bonsai::engine {
+namespace {
+
+// The second chat turn reuses prompt + the whole first answer, its final
+// EOS included (cached_tokens >= prompt + completion_tokens), and answers as
+// without the cache.
+TEST_F(SchedulerTest, SecondTurnReusesPromptAndWholeAnswer) {
+  constexpr int64_t kCtx = 256;
+  build(2, kCtx);
+  const auto p1 = tok_->encode_prompt("Lily and Ben went to the park");
+  auto h1 = submit(p1, greedy(200));  // long enough to end with EOS
+  Outcome o1 = collect(*h1);
+  ASSERT_FALSE(o1.failed) << o1.error.message;
+  const GenerationResult& a1 = o1.results[0];
+  const bool eos = a1.finish_reason == FinishReason::kStop;  // ended by EOS (else max_tokens)
+  ASSERT_EQ(a1.completion_tokens, static_cast<int32_t>(a1.tokens.size()) + (eos ? 1 : 0));
+  // The slot comes back after running the last token (one more step).
+  ASSERT_TRUE(eventually([&] { return pool_->available() == 2; }));
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), a1.tokens.begin(), a1.tokens.end());
+  if (eos) p2.push_back(tok_->eos_id());
+  const auto more = tok_->encode_prompt("The little dog");
+  p2.insert(p2.end(), more.begin(), more.end());
+  const uint64_t computed_before = sched_->stats().prompt_tokens;
+  auto h2 = submit(p2, greedy(12));
+  Outcome o2 = collect(*h2);
+  ASSERT_FALSE(o2.failed) << o2.error.message;
+  const GenerationResult& a2 = o2.results[0];
+  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(p1.size()) + a1.completion_tokens);
+  EXPECT_EQ(sched_->stats().prompt_tokens - computed_before, p2.size() - static_cast<size_t>(a2.cached_tokens));
+  EXPECT_EQ(a2.tokens, alone(p2, greedy(12), 1, kCtx).tokens);
+}
+
+// A KV budget of two blocks and four free slots: new sequences wait in the
+// queue until KV is free (never more than two run at once), nobody is
+// preempted, and every answer is what it is alone.
+TEST_F(SchedulerTest, FullKvBudgetMakesNewWorkWaitAndRunningWorkFinish) {
+  constexpr int64_t kCtx = 128;
+  build_budget(4, kCtx, /*budget=*/2 * 128, /*block=*/128);
+  SamplingParams p = greedy(100);
+  p.ignore_eos = true;
+  const auto ps = prompts(4);
+  std::vector<std::shared_ptr<JobHandle>> hs;
+  for (int i = 0; i < 4; ++i) hs.push_back(submit(ps[i], p));
+  std::vector<Timeline> tl(4);
+  for (int i = 0; i < 4; ++i) {
+    Outcome o = collect_steps(*hs[i], tl[i]);
+    ASSERT_FALSE(o.failed) << o.error.message;
+    EXPECT_EQ(o.results[0].tokens, alone(ps[i], p, 1, kCtx).tokens) << "request " << i;
+    EXPECT_EQ(o.results[0].finish_reason, FinishReason::kLength);
+  }
+  // At no step did more than two sequences stream.
+  for (int i = 0; i < 4; ++i) {
+    int overlap = 0;
+    for (int j = 0; j < 4; ++j) overlap += tl[j].first <= tl[i].first && tl[i].first <= tl[j].last;
+    EXPECT_LE(overlap, 2) << "request " << i << " started while two others ran";
+  }
+  const SchedulerStats st = sched_->stats();
+  EXPECT_EQ(st.preemptions, 0u);
+  EXPECT_EQ(st.kv_capacity, 256);
+  EXPECT_LE(kv_->usage().used, 2);
+}
+
+// A budget two sequences outgrow: the younger one is preempted (KV freed)
+// and resumed later by recompute; seeded sampling at temperature 1 continues
+// bit-identically (same tokens as alone), and the older one never waits.
+TEST_F(SchedulerTest, PreemptedSequenceResumesBitIdentical) {
+  constexpr int64_t kCtx = 160;
+  build_budget(2, kCtx, /*budget=*/5 * 32, /*block=*/32);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.max_tokens = 120;
+  p.ignore_eos = true;
+  const auto ps = prompts(2);
+  auto older = submit(ps[0], p, 77);
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 1; }));
+  auto younger = submit(ps[1], p, 78);
+  Timeline t_old, t_young;
+  Outcome o_old = collect_steps(*older, t_old);
+  Outcome o_young = collect_steps(*younger, t_young);
+  ASSERT_FALSE(o_old.failed) << o_old.error.message;
+  ASSERT_FALSE(o_young.failed) << o_young.error.message;
+  const SchedulerStats st = sched_->stats();
+  EXPECT_GE(st.preemptions, 1u) << "the budget should have forced a preemption";
+  EXPECT_EQ(o_old.results[0].tokens, alone(ps[0], p, 77, kCtx).tokens);
+  EXPECT_EQ(o_young.results[0].tokens, alone(ps[1], p, 78, kCtx).tokens);
+  EXPECT_EQ(o_young.streamed[0], o_young.results[0].text);
+  EXPECT_EQ(o_old.results[0].completion_tokens, 120);
+  EXPECT_EQ(o_young.results[0].completion_tokens, 120);
+  // The younger one streamed its last text after the older one's (it waited).
+  EXPECT_GT(t_young.last, t_old.last);
+  EXPECT_TRUE(eventually([&] { return kv_->usage().pinned == 0; }));
+}
+
+// n = 4 in a shared KV pool: the prompt runs once and the choices share its
+// blocks (only the partial last block is copied, on write).
+TEST_F(SchedulerTest, FourChoicesShareThePromptBlocks) {
+  constexpr int64_t kCtx = 256;
+  build_budget(4, kCtx, /*budget=*/4 * 256, /*block=*/32);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.max_tokens = 8;
+  auto prompt = prompts(30)[29];
+  while (prompt.size() < 70) prompt.push_back(prompt[1 + prompt.size() % 5]);
+  auto h = submit(prompt, p, 500, 4);
+  Outcome o = collect(*h);
+  ASSERT_FALSE(o.failed) << o.error.message;
+  ASSERT_EQ(o.results.size(), 4u);
+  EXPECT_EQ(sched_->stats().prompt_tokens, prompt.size());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(o.results[i].tokens, alone(prompt, p, 500 + i, kCtx).tokens) << "choice " << i;
+  // Blocks: the full prompt blocks (70 / 32 = 2) once, plus each choice's own last block.
+  ASSERT_TRUE(eventually([&] { return pool_->available() == 4; }));
+  EXPECT_EQ(kv_->usage().used, 2 + 4);
 }
 
 }  // namespace

@@ -286,11 +286,15 @@ TEST(KvCacheTypes, Q8_0BytesAndParsing) {
   c.n_layer = 2, c.n_head_kv = 2, c.head_dim_k = 64, c.head_dim_v = 32;
   auto q8 = KvCache::create(c, 10, KvType::kQ8_0, KvType::kF16);
   ASSERT_TRUE(q8.has_value());
-  // K: 2 blocks of 34 bytes per row; V: 32 f16 = 64 bytes per row.
-  EXPECT_EQ(q8->bytes(), 2u * 2 * 10 * (68 + 64));
+  // K: 2 blocks of 34 bytes per row; V: 32 f16 = 64 bytes per row; 10
+  // positions take one KV block of 32.
+  EXPECT_EQ(q8->bytes(), 2u * 2 * 32 * (68 + 64));
   EXPECT_EQ(KvCache::bytes_per_position(c, KvType::kQ8_0, KvType::kF16), 2u * 2 * (68 + 64));
   EXPECT_EQ(q8->k_row(0, 0, 1) - q8->k_row(0, 0, 0), 68);
-  EXPECT_EQ(q8->v_row(1, 1, 9) + 64 - q8->k_row(0, 0, 0), static_cast<ptrdiff_t>(q8->bytes()));
+  // A standalone cache of 10 positions is one block of 32 (KvPool layout):
+  // the last V row of the last layer ends the allocation.
+  EXPECT_EQ(q8->block_size(), 32);
+  EXPECT_EQ(q8->v_row(1, 1, 31) + 64 - q8->k_row(0, 0, 0), static_cast<ptrdiff_t>(q8->bytes()));
   c.head_dim_k = 48;  // not a multiple of 32
   EXPECT_FALSE(KvCache::create(c, 10, KvType::kQ8_0, KvType::kF16).has_value());
   EXPECT_TRUE(KvCache::create(c, 10, KvType::kF16, KvType::kQ8_0).has_value());

@@ -290,11 +290,13 @@ TEST(KvCacheTest, SizesAndErrors) {
   c.n_layer = 2, c.n_head_kv = 2, c.head_dim_k = 8, c.head_dim_v = 4;
   auto f16 = KvCache::create(c, 10);
   ASSERT_TRUE(f16.has_value());
-  EXPECT_EQ(f16->bytes(), 2u * 2 * 10 * (8 + 4) * 2);
+  // 10 positions take one block of 32 (n_ctx rounded up to the attention's key block).
+  EXPECT_EQ(f16->block_size(), 32);
+  EXPECT_EQ(f16->bytes(), 2u * 2 * 32 * (8 + 4) * 2);
   EXPECT_EQ(f16->n_ctx(), 10);
   auto f32 = KvCache::create(c, 10, KvType::kF32);
   ASSERT_TRUE(f32.has_value());
-  EXPECT_EQ(f32->bytes(), 2u * 2 * 10 * (8 + 4) * 4);
+  EXPECT_EQ(f32->bytes(), 2u * 2 * 32 * (8 + 4) * 4);
   EXPECT_FALSE(KvCache::create(c, 0).has_value());
   EXPECT_FALSE(KvCache::create(c, -5).has_value());
   f16->set_size(5);

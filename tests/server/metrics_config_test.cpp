@@ -142,6 +142,10 @@ TEST(Config, TomlIntegersTooLargeForTheirKeyAreRefused) {
   ServeConfig c;
   ASSERT_TRUE(apply_serve_toml("mem-budget = 8589934592\nmax-body = 8589934592\n", "s.toml", c).has_value());
   EXPECT_EQ(c.mem_budget_mb, 8589934592ull);
+  // The KV budget is a token count (int64): larger than an int is fine.
+  ASSERT_TRUE(apply_serve_toml("kv-budget-tokens = 4294967296\n", "s.toml", c).has_value());
+  EXPECT_EQ(c.kv_budget_tokens, 4294967296ll);
+  EXPECT_FALSE(apply_serve_toml("kv-budget-tokens = -1\n", "s.toml", c).has_value());
 }
 
 }  // namespace

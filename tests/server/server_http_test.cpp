@@ -399,6 +399,15 @@ TEST_F(ServerHttpMemLimit, AdminLoadRefusesKvCachesAboveTheLimit) {
   ASSERT_NE(lm, nullptr);
   EXPECT_EQ(lm->pool->size(), 2);
   EXPECT_EQ(lm->mem_bytes - std::filesystem::file_size(stories_), 2u * 256u * per_position_);
+  // /admin/models reports the model's KV pool: 2 x 256 positions, nothing held yet.
+  ASSERT_NE(lm->kv_pool, nullptr);
+  for (const auto& m : pool_->list()) {
+    if (m.id != "big") continue;
+    EXPECT_EQ(m.kv_capacity_bytes, 2u * 256u * per_position_);
+    EXPECT_EQ(m.kv_used_bytes, 0u);
+    EXPECT_EQ(m.kv_cached_bytes, 0u);
+    EXPECT_EQ(m.kv_block_tokens, 256);
+  }
 }
 
 // With a pool budget, mapping + KV caches must fit it: a 400 naming the
