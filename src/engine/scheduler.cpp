@@ -34,13 +34,27 @@ bool JobHandle::ended() const {
   return ended_;
 }
 
+void JobHandle::set_notify(std::function<void()> fn) {
+  auto f = fn ? std::make_shared<const std::function<void()>>(std::move(fn)) : nullptr;
+  bool waiting = false;
+  {
+    std::lock_guard lock(mu_);
+    notify_ = f;
+    waiting = !events_.empty();
+  }
+  if (f && waiting) (*f)();
+}
+
 void JobHandle::push(JobEvent e) {
+  std::shared_ptr<const std::function<void()>> notify;
   {
     std::lock_guard lock(mu_);
     if (e.kind == JobEvent::Kind::kFailed) ended_ = true;
     events_.push_back(std::move(e));
+    notify = notify_;
   }
   cv_.notify_all();
+  if (notify) (*notify)();
 }
 
 // ---- Scheduler state ----------------------------------------------------------------

@@ -143,6 +143,13 @@ class JobHandle {
   bool wait(std::vector<JobEvent>& out, Clock::time_point until);
   // True once the job ended (every choice done, or failed); events may still be unread.
   bool ended() const;
+  // For event-driven readers (the server's streams, which hold no thread
+  // each): `fn` runs after each event is queued, on the scheduler's loop
+  // thread with no lock held, and once at once (on this thread) if events
+  // are already waiting. It must not block: it should post the reading
+  // elsewhere, which then takes the events with wait(out, Clock::now())
+  // (no blocking). Replaces an earlier notifier; nullptr removes it.
+  void set_notify(std::function<void()> fn);
 
  private:
   friend class Scheduler;
@@ -159,6 +166,7 @@ class JobHandle {
   std::condition_variable cv_;
   std::vector<JobEvent> events_;
   bool ended_ = false;
+  std::shared_ptr<const std::function<void()>> notify_;  // guarded by mu_
 };
 
 // Counters and gauges of one scheduler (a snapshot; each field is read atomically).

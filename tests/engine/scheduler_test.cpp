@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <map>
 #include <memory>
 #include <string>
@@ -236,6 +238,46 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
       EXPECT_LT(st.steps, st.step_tokens);
     }
   }
+}
+
+// set_notify: a reader that never waits (the server's streams) sees every
+// event: the notifier runs once per event, and once at once when events
+// were already queued when it was set.
+TEST_F(SchedulerTest, NotifierRunsForEveryEvent) {
+  build(2, 128);
+  const auto ps = prompts(2);
+  const GenerationResult solo = alone(ps[0], greedy(12), 1, 128);
+  auto h = submit(ps[0], greedy(12));
+  ASSERT_TRUE(h);
+  std::mutex mu;
+  std::condition_variable cv;
+  int notified = 0;
+  std::string text;
+  bool done = false;
+  h->set_notify([&] {
+    std::vector<JobEvent> evs;
+    h->wait(evs, Clock::now());  // never blocks
+    std::lock_guard lock(mu);
+    ++notified;
+    for (auto& e : evs) {
+      if (e.kind == JobEvent::Kind::kText) text += e.text;
+      if (e.kind == JobEvent::Kind::kDone) done = true;
+    }
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return done; }));
+    EXPECT_EQ(text, solo.text);
+    EXPECT_GE(notified, 1);  // no event was missed: the last call saw kDone
+  }
+  // Set after the job ended with its events unread: runs at once.
+  auto h2 = submit(ps[1], greedy(3));
+  ASSERT_TRUE(eventually([&] { return h2->ended(); }));
+  int late = 0;
+  h2->set_notify([&] { ++late; });
+  EXPECT_EQ(late, 1);
+  h->set_notify(nullptr);
 }
 
 // A seeded request at temperature > 0 reproduces exactly whatever shares its
