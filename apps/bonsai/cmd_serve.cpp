@@ -67,6 +67,7 @@ struct ServeFlags {
   int batch_size = 0;     // -b/--batch-size: tokens per scheduler step (0: 512)
   bool no_cache_prompt = false;  // --no-cache-prompt: no prompt-prefix reuse across requests
   std::string reasoning_format = "deepseek";  // --reasoning-format: deepseek (reasoning_content) | none
+  int max_connections = 1024;  // --max-connections: open connections served; more get 503 and are closed
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -223,6 +224,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.default_spec = base;
   if (given("--seed")) so.default_seed = f.seed;
   so.parse_reasoning = f.reasoning_format == "deepseek";
+  so.max_connections = f.max_connections;
   server::Server srv(pool, so);
   auto port = srv.bind();
   if (!port) {
@@ -276,6 +278,9 @@ void register_serve(CLI::App& app) {
       ->check(kv_type_ok);
   cmd->add_option("--cache-type-v", f->cache_type_v, "KV cache type for V: f16 (default), f32, q8_0 (also -ctv)")
       ->check(kv_type_ok);
+  cmd->add_option("--max-connections", f->max_connections,
+                  "Open connections served at once; past it a new connection gets 503 and is closed (default 1024)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
                   "(env BONSAI_Q2_LAYOUT; default: detected)");

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/ggml_types.h"     // parse_q2_layout (admin load)
@@ -327,8 +328,9 @@ struct AdminRoutes {
 void add_admin_routes(HttpTransport& http, ServerContext& ctx) {
   auto r = std::make_shared<AdminRoutes>(ctx);
   http.get("/v1/models", [r](const HttpRequest&, HttpResponse& res) { r->handle_models(res); });
-  http.get(R"(/v1/models/(.+))",
-           [r](const HttpRequest& req, HttpResponse& res) { r->handle_model(req.matches[1].str(), res); });
+  http.get("/v1/models/*", [r](const HttpRequest& req, HttpResponse& res) {
+    r->handle_model(req.path.substr(std::string_view("/v1/models/").size()), res);
+  });
   http.get("/health", [r](const HttpRequest&, HttpResponse& res) { r->handle_health(res); });
   // The web chat page (web_ui.h): public like /health; the API calls it
   // makes carry the key the user enters in its settings.

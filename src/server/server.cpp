@@ -58,8 +58,8 @@ std::string route_label(const std::string& path) {
   return "other";
 }
 
-// One admitted request: what the handler prepared and the stream provider
-// (which runs after the handler returns) still needs. Dropping it cancels
+// One admitted request: what the handler prepared and its JobPump (which
+// runs after the handler returns) still needs. Dropping it cancels
 // the job if it is still running (its slot comes back within a step), then
 // releases the model.
 struct Job {
@@ -71,12 +71,12 @@ struct Job {
   uint64_t seed = 0;
   int n = 1;
   bool include_usage = false;
+  bool stream = false;  // answered as Server-Sent Events
   // Chat: how the generated text splits into reasoning / content / tool calls.
   engine::ChatOutputParser::Options output;
   ResponseMeta meta;
   Clock::time_point admitted;
   Clock::time_point deadline;
-  ClientProbe client;  // the connection (disconnect checks)
 
   Job() = default;
   Job(const Job&) = delete;
@@ -104,22 +104,40 @@ uint64_t fresh_seed() {
 }  // namespace
 
 struct Server::Impl {
+  struct JobPump;
   ServerContext ctx;
+  // Jobs being answered (streamed or collected); stop() cancels them.
+  std::mutex pumps_mu;
+  std::set<std::shared_ptr<JobPump>> pumps;  // guarded by pumps_mu
+  // Last member: destroyed first, so its worker threads (which run the
+  // pumps) are joined while everything they touch is still there.
   HttpTransport http;
 
   Impl(std::shared_ptr<engine::ModelPool> m, ServerOptions o)
-      : ctx(std::move(m), std::move(o)),
-        http(TransportOptions{.threads = ctx.opt.http_threads > 0 ? ctx.opt.http_threads : 64,
-                              .max_body_bytes = ctx.opt.max_body_bytes,
-                              .keep_alive_s = 5,
-                              .listen_backlog = 1024}) {
+      : ctx(std::move(m), std::move(o)), http(transport_options(ctx.opt)) {
     declare_server_metrics(ctx.metrics);
     setup();
   }
 
+  // Bytes of prompt text tokenized at most for a model of `n_ctx` positions.
+  size_t max_prompt_bytes(int64_t n_ctx) const {
+    if (ctx.opt.max_prompt_bytes > 0) return ctx.opt.max_prompt_bytes;
+    return std::max<size_t>(size_t{64} << 10, static_cast<size_t>(std::max<int64_t>(n_ctx, 0)) * 32);
+  }
+
+  static TransportOptions transport_options(const ServerOptions& o) {
+    TransportOptions t;
+    t.host = o.host;
+    t.port = o.port;
+    t.worker_threads = o.http_threads > 0 ? o.http_threads : 8;
+    t.max_connections = o.max_connections > 0 ? o.max_connections : 1024;
+    t.max_body_bytes = o.max_body_bytes;
+    return t;
+  }
+
   bool authorized(const HttpRequest& req) const {
     if (ctx.opt.api_key.empty()) return true;
-    std::string h = req.get_header_value("Authorization");
+    std::string h = req.header("Authorization");
     // RFC 7235 section 2.1: the auth scheme is case-insensitive ("bearer KEY" is valid).
     constexpr std::string_view kScheme = "bearer ";
     if (h.size() < kScheme.size()) return false;
@@ -149,70 +167,79 @@ struct Server::Impl {
     });
 
     // OpenAI-shaped bodies for errors the transport produces itself (404
-    // unknown route, 413 body too large, 400 unreadable request).
-    http.set_error_writer([](const HttpRequest& req, HttpResponse& res) {
+    // unknown route, 413 body too large, 431 header too large, 400
+    // unreadable request, 503 too many connections, 500 a handler threw).
+    http.set_error_body([](int status, const std::string& message) {
       ApiError e;
-      e.status = res.status;
-      if (res.status == 413) {
-        e.message = "Request body too large.";
+      e.status = status;
+      e.message = message;
+      if (status == 413) {
         e.code = "request_too_large";
-      } else if (res.status == 404) {
-        e.message = "Unknown request URL: " + req.method + " " + req.path + ".";
+      } else if (status == 404) {
         e.code = "unknown_url";
-      } else if (res.status >= 500) {
+      } else if (status == 431) {
+        e.code = "request_header_fields_too_large";
+      } else if (status == 503) {
+        e = overloaded(message, "too_many_connections", 1);
+      } else if (status >= 500) {
         e.type = "server_error";
-        e.message = "The server had an error while processing your request.";
       } else {
-        e.message = "The request could not be read (HTTP " + std::to_string(res.status) + ").";
+        e.code = "invalid_request";
       }
+      HttpResponse res;
       send_error(res, e);
+      return res;
     });
 
-    http.set_exception_writer([](HttpResponse& res, const std::string& what) {
-      ApiError e;
-      e.status = 500;
-      e.type = "server_error";
-      e.message = "Internal error: " + what;
-      send_error(res, e);
-    });
-
-    http.set_logger([this](const HttpRequest& req, const HttpResponse& res) {
-      ctx.metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(res.status)}});
+    http.set_logger([this](const HttpRequest& req, int status) {
+      ctx.metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(status)}});
     });
 
     auto bad_body = [](const HttpRequest&, HttpResponse& res) {
       send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
     };
-    http.post_json(
-        "/v1/chat/completions",
-        [this](const HttpRequest& req, const std::string& body, HttpResponse& res) {
-          handle_completion(req, body, res, Endpoint::kChat);
-        },
-        bad_body);
-    http.post_json(
-        "/v1/completions",
-        [this](const HttpRequest& req, const std::string& body, HttpResponse& res) {
-          handle_completion(req, body, res, Endpoint::kCompletion);
-        },
-        bad_body);
+    // The completion routes answer later, from their JobPump.
+    auto completion_route = [this, bad_body](Endpoint endpoint) {
+      return [this, bad_body, endpoint](const std::shared_ptr<Exchange>& ex) {
+        const HttpRequest& req = ex->request();
+        HttpResponse res;
+        std::string type = req.header("Content-Type");
+        for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (type.rfind("multipart/form-data", 0) == 0) {
+          bad_body(req, res);
+          return ex->respond(std::move(res));
+        }
+        auto job = handle_completion(req.body, res, endpoint);
+        if (!job) return ex->respond(std::move(res));
+        start_pump(ex, std::move(job));
+      };
+    };
+    http.route("POST", "/v1/chat/completions", completion_route(Endpoint::kChat));
+    http.route("POST", "/v1/completions", completion_route(Endpoint::kCompletion));
     add_admin_routes(http, ctx);
   }
 
   // ---- completions --------------------------------------------------------
 
-  void handle_completion(const HttpRequest& req, const std::string& body_text, HttpResponse& res,
-                         Endpoint endpoint) {
-    if (ctx.stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
+  // Parses, validates, tokenizes and submits one completion request. Returns
+  // the submitted job, or nullptr with the answer (an error) in `res`.
+  std::shared_ptr<Job> handle_completion(const std::string& body_text, HttpResponse& res, Endpoint endpoint) {
+    // Every early answer below is an error: `fail(e)` writes it and returns no job.
+    auto fail = [&res](const ApiError& e) -> std::shared_ptr<Job> {
+      send_error(res, e);
+      return nullptr;
+    };
+    if (ctx.stopping) return fail(overloaded("The server is shutting down.", "shutting_down", 5));
     const Clock::time_point admitted = Clock::now();
     CompletionRequest cr;
-    if (auto e = parse_completion_request(body_text, endpoint, cr)) return send_error(res, *e);
+    if (auto e = parse_completion_request(body_text, endpoint, cr)) return fail(*e);
 
     auto job = std::make_shared<Job>();
     job->pool = ctx.models;
     job->admitted = admitted;
     job->deadline = deadline_after(admitted, ctx.opt.timeout_s);
     const std::string model_id = cr.model.empty() ? ctx.opt.default_model : cr.model;
-    if (model_id.empty()) return send_error(res, bad_request("You must provide a model parameter.", "model"));
+    if (model_id.empty()) return fail(bad_request("You must provide a model parameter.", "model"));
 
     // The model: 404 unknown, 503 loading; a registered model loads on demand here.
     auto model = ctx.models->acquire(model_id);
@@ -227,14 +254,14 @@ struct Server::Impl {
         e.message = "The model '" + model_id + "' does not exist or you do not have access to it.";
         e.param = "model";
         e.code = "model_not_found";
-        return send_error(res, e);
+        return fail(e);
       }
       if (err.code == core::Errc::kResourceExhausted) {
         // Loading elsewhere (retry soon), or no room in the budget / slots right now.
         bool loading = false;
         for (const auto& m : ctx.models->list())
           loading = loading || (m.id == model_id && m.state == engine::ModelState::kLoading);
-        return send_error(res, loading ? overloaded(err.message, "model_loading", 2)
+        return fail(loading ? overloaded(err.message, "model_loading", 2)
                                        : overloaded(err.message, "insufficient_capacity", 5));
       }
       ApiError e;  // the file, not the request, is at fault: 500 whatever the loader's code
@@ -242,12 +269,31 @@ struct Server::Impl {
       e.type = "server_error";
       e.code = "model_load_failed";
       e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
-      return send_error(res, e);
+      return fail(e);
     }
     job->model = *model;
     const engine::LoadedModel& lm = *job->model;
-    if (!lm.pool || !lm.tokenizer) return send_error(res, overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
+    if (!lm.pool || !lm.tokenizer) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
     const tokenizer::Tokenizer& tok = *lm.tokenizer;
+
+    // Refused before the prompt costs anything (issue 10.2): a full queue
+    // answers 503 before tokenizing (submit checks again), and the prompt
+    // text is capped in bytes before it is tokenized.
+    const size_t queue_limit = static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * lm.pool->size();
+    if (lm.scheduler && static_cast<size_t>(std::max<int64_t>(lm.scheduler->stats().waiting, 0)) >= queue_limit) {
+      ctx.metrics.inc(kRejected, {{"model", model_id}});
+      return fail(overloaded("Model '" + model_id + "' is overloaded: " + std::to_string(queue_limit) +
+                                 " requests are already waiting. Retry later.",
+                             "overloaded", 1));
+    }
+    const size_t prompt_cap = max_prompt_bytes(lm.n_ctx);
+    auto too_long = [&](size_t bytes, const char* param) {
+      return bad_request("The " + std::string(param) + " text is " + std::to_string(bytes) +
+                             " bytes; this server tokenizes at most " + std::to_string(prompt_cap) +
+                             " bytes of prompt for this model (ServerOptions::max_prompt_bytes; by default 32 bytes "
+                             "per context position, at least 64 KiB). Please reduce the length of the " + param + ".",
+                         param, "context_length_exceeded");
+    };
 
     // Prompt tokens.
     if (endpoint == Endpoint::kChat) {
@@ -255,27 +301,31 @@ struct Server::Impl {
       copts.enable_thinking = cr.enable_thinking;
       copts.tools = cr.tools;
       auto rendered = tok.chat_template().render(cr.messages, copts);
-      if (!rendered) return send_error(res, bad_request(rendered.error().message, "messages"));
+      if (!rendered) return fail(bad_request(rendered.error().message, "messages"));
+      size_t rendered_bytes = 0;
+      for (const auto& seg : rendered->segments) rendered_bytes += seg.text.size();
+      if (rendered_bytes > prompt_cap) return fail(too_long(rendered_bytes, "messages"));
       job->prompt = tok.encode_chat(*rendered);
     } else if (!cr.prompt_ids.empty()) {
       for (int32_t id : cr.prompt_ids)
         if (id >= tok.n_vocab())
-          return send_error(res, bad_request("Invalid 'prompt': token id " + std::to_string(id) +
+          return fail(bad_request("Invalid 'prompt': token id " + std::to_string(id) +
                                                  " is outside the vocabulary (size " + std::to_string(tok.n_vocab()) + ").",
                                              "prompt", "invalid_value"));
       job->prompt = cr.prompt_ids;
     } else {
       // As llama.cpp's server: special-token text in a raw completion prompt is recognised.
+      if (cr.prompt.size() > prompt_cap) return fail(too_long(cr.prompt.size(), "prompt"));
       job->prompt = tok.encode_prompt(cr.prompt, /*parse_special=*/true);
     }
-    if (job->prompt.empty()) return send_error(res, bad_request("The prompt is empty.", endpoint == Endpoint::kChat ? "messages" : "prompt"));
+    if (job->prompt.empty()) return fail(bad_request("The prompt is empty.", endpoint == Endpoint::kChat ? "messages" : "prompt"));
 
     // Context: prompt + max_tokens must fit.
     const int64_t n_ctx = lm.n_ctx;
     const int64_t n_prompt = static_cast<int64_t>(job->prompt.size());
     const int64_t max_tokens = cr.max_tokens ? *cr.max_tokens : n_ctx - n_prompt;
     if (n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx) {
-      return send_error(res, bad_request("This model's maximum context length is " + std::to_string(n_ctx) +
+      return fail(bad_request("This model's maximum context length is " + std::to_string(n_ctx) +
                                              " tokens. However, you requested " + std::to_string(n_prompt + std::max<int64_t>(max_tokens, 0)) +
                                              " tokens (" + std::to_string(n_prompt) + " in the " +
                                              (endpoint == Endpoint::kChat ? "messages" : "prompt") + ", " +
@@ -299,13 +349,13 @@ struct Server::Impl {
     p.ignore_eos = cr.ignore_eos;
     for (const auto& [id, bias] : cr.logit_bias) {
       if (id >= tok.n_vocab())
-        return send_error(res, bad_request("Invalid key in 'logit_bias': token " + std::to_string(id) +
+        return fail(bad_request("Invalid key in 'logit_bias': token " + std::to_string(id) +
                                                " is outside the vocabulary (size " + std::to_string(tok.n_vocab()) + ").",
                                            "logit_bias", "invalid_value"));
     }
     p.logit_bias = cr.logit_bias;
     p.grammar = cr.grammar;  // structured outputs (server/structured_output.h)
-    if (auto v = p.validate(); !v) return send_error(res, bad_request(v.error().message));
+    if (auto v = p.validate(); !v) return fail(bad_request(v.error().message));
     job->params = std::move(p);
     job->seed = cr.seed ? *cr.seed : ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     job->n = cr.n;
@@ -317,7 +367,7 @@ struct Server::Impl {
 
     // Bounded admission: the model's scheduler queues the job (503 +
     // Retry-After when queue_factor x pool size jobs already wait).
-    if (!lm.scheduler) return send_error(res, overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
+    if (!lm.scheduler) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
     engine::CompletionJob cj;
     cj.prompt = job->prompt;
     cj.params = job->params;
@@ -330,18 +380,16 @@ struct Server::Impl {
     if (!handle) {
       if (handle.error().code == core::Errc::kResourceExhausted) {
         ctx.metrics.inc(kRejected, {{"model", model_id}});
-        return send_error(res, overloaded("Model '" + model_id + "' is overloaded: " + handle.error().message +
+        return fail(overloaded("Model '" + model_id + "' is overloaded: " + handle.error().message +
                                               ". Retry later.",
                                           "overloaded", 1));
       }
-      return send_error(res, from_core_error(handle.error(), 500));
+      return fail(from_core_error(handle.error(), 500));
     }
     job->handle = std::move(*handle);
-    job->client = http.client_of(req);
+    job->stream = cr.stream;
     ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
-
-    if (cr.stream) return start_stream(res, job);
-    run_blocking(res, *job);
+    return job;
   }
 
   // What one job's events came to, choice by choice.
@@ -353,49 +401,8 @@ struct Server::Impl {
     bool started = false;  // a choice produced an event (it left the queue)
   };
 
-  // Pumps `job`'s events until every choice is done, the job failed, or
-  // `on_text` (per released piece: choice, text) returns false (the client is
-  // gone). Between events it checks the client's socket, shutdown and the
-  // deadline every 20 ms and cancels the job when needed: it stops within
-  // one scheduler step.
-  void pump(Job& job, Progress& pr, const std::function<bool(int, std::string_view)>& on_text) {
-    pr.done.assign(static_cast<size_t>(job.n), std::nullopt);
-    std::vector<engine::JobEvent> evs;
-    bool cancelled = false;
-    while (pr.n_done < job.n && !pr.failed) {
-      evs.clear();
-      job.handle->wait(evs, Clock::now() + std::chrono::milliseconds(20));
-      for (auto& e : evs) {
-        pr.started = true;
-        switch (e.kind) {
-          case engine::JobEvent::Kind::kText:
-            if (!cancelled && !on_text(e.choice, e.text)) {
-              pr.cut = CutReason::kClientGone;
-              cancelled = true;
-              job.handle->cancel();
-            }
-            break;
-          case engine::JobEvent::Kind::kDone:
-            if (!pr.done[static_cast<size_t>(e.choice)]) ++pr.n_done;
-            pr.done[static_cast<size_t>(e.choice)] = std::move(e.result);
-            break;
-          case engine::JobEvent::Kind::kFailed:
-            pr.failed = e.error;
-            break;
-        }
-      }
-      if (cancelled) continue;
-      if (ctx.stopping) {
-        pr.cut = CutReason::kShutdown;
-        cancelled = true;
-        job.handle->cancel();
-      } else if (job.client.closed()) {
-        pr.cut = CutReason::kClientGone;
-        cancelled = true;
-        job.handle->cancel();
-      }
-    }
-    // Metrics of what ran.
+  // Metrics of what a finished job ran, and the cut reason of a cancelled one.
+  void account(const Job& job, Progress& pr) {
     const std::string& model = job.meta.model;
     for (size_t i = 0; i < pr.done.size(); ++i) {
       if (!pr.done[i]) continue;
@@ -447,11 +454,8 @@ struct Server::Impl {
     return engine::finish_reason_name(r.finish_reason);
   }
 
-  // A non-streamed answer. It stops within one scheduler step when the
-  // client hangs up (the socket is checked while the job runs).
-  void run_blocking(HttpResponse& res, Job& job) {
-    Progress pr;
-    pump(job, pr, [](int, std::string_view) { return true; });
+  // A non-streamed answer from a finished job's progress.
+  void answer_whole(HttpResponse& res, Job& job, Progress& pr) {
     if (pr.failed) return send_error(res, failure_error(*pr.failed, pr.cut));
     std::vector<Choice> choices;
     Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
@@ -471,58 +475,190 @@ struct Server::Impl {
       }
       choices.push_back(std::move(ch));
     }
-    job.handle.reset();
     send_json(res, 200, build_response(job.meta, choices, usage));
   }
 
-  void start_stream(HttpResponse& res, std::shared_ptr<Job> job) {
-    res.status = 200;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    HttpTransport::stream(res, "text/event-stream", [this, job](StreamSink& sink) {
-      auto write = [&](const std::string& s) { return sink.write(s); };
-      // With stream_options.include_usage, OpenAI sends "usage": null on every
-      // chunk but the last (the usage chunk); typed clients expect the key.
-      auto chunk = [&](json c) {
-        if (job->include_usage) c["usage"] = nullptr;
-        return write(sse_event(c));
-      };
-      bool alive = true;
-      std::vector<bool> role_sent(static_cast<size_t>(job->n), false);
-      auto ensure_role = [&](int i) {
-        if (job->meta.endpoint != Endpoint::kChat || role_sent[static_cast<size_t>(i)]) return true;
-        role_sent[static_cast<size_t>(i)] = true;
-        return chunk(build_role_chunk(job->meta, i));
-      };
-      if (job->n == 1) alive = ensure_role(0);
-      Progress pr;
-      std::vector<bool> finished(static_cast<size_t>(job->n), false);
-      const bool chat = job->meta.endpoint == Endpoint::kChat;
-      std::vector<engine::ChatOutputParser> parsers(static_cast<size_t>(job->n), engine::ChatOutputParser(job->output));
-      std::vector<int> n_calls(static_cast<size_t>(job->n), 0);
-      // Writes one choice's parsed delta: reasoning, content, completed tool calls.
-      auto emit = [&](int i, const engine::ChatOutputDelta& d) {
-        if (!d.reasoning.empty()) alive = alive && chunk(build_reasoning_chunk(job->meta, i, d.reasoning));
-        if (!d.content.empty()) alive = alive && chunk(build_content_chunk(job->meta, i, d.content));
-        for (const auto& call : d.tool_calls) {
-          const int k = n_calls[static_cast<size_t>(i)]++;
-          alive = alive && chunk(build_tool_call_chunk(job->meta, i, k, call, new_tool_call_id()));
+  // Answers one submitted job without a thread of its own: the job's
+  // handle notifies (JobHandle::set_notify) and the pump then runs on one of
+  // the transport's worker threads (never two at once for one pump), takes
+  // the events that are there, writes SSE chunks (stream) or collects them,
+  // and returns. A stream whose client reads slowly stops taking events
+  // while the connection's unsent bytes are over its high-water mark
+  // (Exchange::on_drain resumes it); the events wait in the handle. A client
+  // that disconnects (Exchange::on_disconnect) or a stop() cancels the job,
+  // which ends within one scheduler step. Lives in Impl::pumps until done.
+  struct JobPump : std::enable_shared_from_this<JobPump> {
+    Impl* impl;
+    std::shared_ptr<Job> job;
+    std::shared_ptr<Exchange> ex;
+    std::mutex mu;           // guards the three flags below
+    bool queued = false;     // a run() is posted or running
+    bool again = false;      // notified while running: run once more
+    bool finished = false;   // the answer is complete
+    std::atomic<int> cut_request{0};  // CutReason asked for from another thread (disconnect, stop)
+    // Run-thread state (one run() at a time).
+    Progress pr;
+    bool cancelled = false;
+    bool alive = true;  // stream: the client still takes chunks
+    std::vector<bool> role_sent;
+    std::vector<engine::ChatOutputParser> parsers;
+    std::vector<int> n_calls;
+
+    JobPump(Impl* i, std::shared_ptr<Job> j, std::shared_ptr<Exchange> e)
+        : impl(i), job(std::move(j)), ex(std::move(e)) {
+      const auto n = static_cast<size_t>(job->n);
+      pr.done.assign(n, std::nullopt);
+      role_sent.assign(n, false);
+      parsers.assign(n, engine::ChatOutputParser(job->output));
+      n_calls.assign(n, 0);
+    }
+
+    // Asks for a run on a worker (from any thread; cheap).
+    void kick() {
+      {
+        std::lock_guard lock(mu);
+        if (finished) return;
+        if (queued) {
+          again = true;
+          return;
         }
-        return alive;
-      };
-      if (alive) {
-        pump(*job, pr, [&](int i, std::string_view text) {
-          if (!alive || !sink.writable()) return alive = false;
-          if (!ensure_role(i)) return alive = false;
-          if (!chat) return alive = chunk(build_content_chunk(job->meta, i, text));
-          return emit(i, parsers[static_cast<size_t>(i)].feed(text));
-        });
+        queued = true;
       }
+      impl->http.post([self = shared_from_this()] { self->run(); });
+    }
+
+    // Cancels the job (from any thread): the client left or the server
+    // stops. The next run (posted now) cancels the handle.
+    void cut(CutReason why) {
+      int none = static_cast<int>(CutReason::kNone);
+      cut_request.compare_exchange_strong(none, static_cast<int>(why));
+      kick();
+    }
+
+    void run() {
+      for (;;) {
+        step();
+        std::lock_guard lock(mu);
+        if (again && !finished) {
+          again = false;
+          continue;
+        }
+        queued = false;
+        return;
+      }
+    }
+
+    bool write(const std::string& s) { return alive && (alive = ex->send(s)); }
+    // With stream_options.include_usage, OpenAI sends "usage": null on every
+    // chunk but the last (the usage chunk); typed clients expect the key.
+    bool chunk(json c) {
+      if (job->include_usage) c["usage"] = nullptr;
+      return write(sse_event(c));
+    }
+    bool ensure_role(int i) {
+      if (job->meta.endpoint != Endpoint::kChat || role_sent[static_cast<size_t>(i)]) return true;
+      role_sent[static_cast<size_t>(i)] = true;
+      return chunk(build_role_chunk(job->meta, i));
+    }
+    // Writes one choice's parsed delta: reasoning, content, completed tool calls.
+    bool emit(int i, const engine::ChatOutputDelta& d) {
+      if (!d.reasoning.empty()) alive = alive && chunk(build_reasoning_chunk(job->meta, i, d.reasoning));
+      if (!d.content.empty()) alive = alive && chunk(build_content_chunk(job->meta, i, d.content));
+      for (const auto& call : d.tool_calls) {
+        const int k = n_calls[static_cast<size_t>(i)]++;
+        alive = alive && chunk(build_tool_call_chunk(job->meta, i, k, call, new_tool_call_id()));
+      }
+      return alive;
+    }
+    bool on_text(int i, std::string_view text) {
+      if (!alive || !ensure_role(i)) return false;
+      if (job->meta.endpoint != Endpoint::kChat) return chunk(build_content_chunk(job->meta, i, text));
+      return emit(i, parsers[static_cast<size_t>(i)].feed(text));
+    }
+
+    // Starts the answer (stream: headers and the first role chunk) and
+    // subscribes to the job's events and the client's disconnect.
+    void start() {
+      std::weak_ptr<JobPump> weak = weak_from_this();
+      if (job->stream) {
+        ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+        if (job->n == 1) ensure_role(0);
+      }
+      ex->on_disconnect([weak] {
+        if (auto p = weak.lock()) p->cut(CutReason::kClientGone);
+      });
+      job->handle->set_notify([weak] {
+        if (auto p = weak.lock()) p->kick();
+      });
+      kick();
+    }
+
+    void step() {
+      if (const int c = cut_request.load(); c != 0 && !cancelled) {
+        cancelled = true;
+        pr.cut = static_cast<CutReason>(c);
+        if (pr.cut == CutReason::kClientGone) alive = false;
+        job->handle->cancel();
+      }
+      if (job->stream && alive && ex->over_high_water()) {
+        std::weak_ptr<JobPump> weak = weak_from_this();
+        ex->on_drain([weak] {
+          if (auto p = weak.lock()) p->kick();
+        });
+        return;
+      }
+      std::vector<engine::JobEvent> evs;
+      job->handle->wait(evs, Clock::now());
+      for (auto& e : evs) {
+        pr.started = true;
+        switch (e.kind) {
+          case engine::JobEvent::Kind::kText:
+            if (job->stream && !cancelled && !on_text(e.choice, e.text)) {
+              pr.cut = CutReason::kClientGone;
+              cancelled = true;
+              job->handle->cancel();
+            }
+            break;
+          case engine::JobEvent::Kind::kDone:
+            if (!pr.done[static_cast<size_t>(e.choice)]) ++pr.n_done;
+            pr.done[static_cast<size_t>(e.choice)] = std::move(e.result);
+            break;
+          case engine::JobEvent::Kind::kFailed:
+            pr.failed = e.error;
+            break;
+        }
+      }
+      if (pr.n_done >= job->n || pr.failed) finish();
+    }
+
+    void finish() {
+      {
+        std::lock_guard lock(mu);
+        if (finished) return;
+        finished = true;
+      }
+      job->handle->set_notify(nullptr);
+      impl->account(*job, pr);
+      if (job->stream) {
+        end_stream();
+      } else {
+        HttpResponse res;
+        impl->answer_whole(res, *job, pr);
+        ex->respond(std::move(res));
+      }
+      job->handle.reset();
+      std::shared_ptr<JobPump> self = shared_from_this();
+      std::lock_guard lock(impl->pumps_mu);
+      impl->pumps.erase(self);
+    }
+
+    void end_stream() {
       if (alive && pr.failed) {
         // The stream ends with the error event: no usage chunk and no [DONE] after it.
-        if (pr.cut != CutReason::kClientGone) write(sse_event(failure_error(*pr.failed, pr.cut).to_json()));
+        if (pr.cut != CutReason::kClientGone) write(sse_event(impl->failure_error(*pr.failed, pr.cut).to_json()));
         alive = false;
       }
+      const bool chat = job->meta.endpoint == Endpoint::kChat;
       Usage usage{static_cast<int64_t>(job->prompt.size()), 0};
       usage.cached_tokens = 0;
       for (int i = 0; i < job->n && alive; ++i) {
@@ -542,12 +678,34 @@ struct Server::Impl {
         }
         alive = alive && ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish));
       }
-      job->handle.reset();
       if (alive) {
-        if (job->include_usage) alive = write(sse_event(build_usage_chunk(job->meta, usage)));
-        if (alive) write(std::string(kSseDone));
+        if (job->include_usage) write(sse_event(build_usage_chunk(job->meta, usage)));
+        write(std::string(kSseDone));
       }
-    });
+      ex->end_stream();
+    }
+  };
+
+  // Answers `job` through `ex` from now on (see JobPump).
+  void start_pump(const std::shared_ptr<Exchange>& ex, std::shared_ptr<Job> job) {
+    auto pump = std::make_shared<JobPump>(this, std::move(job), ex);
+    {
+      std::lock_guard lock(pumps_mu);
+      pumps.insert(pump);
+    }
+    pump->start();
+    if (ctx.stopping) pump->cut(CutReason::kShutdown);  // stop() may have swept the set before the insert
+  }
+
+  // stop(): every job being answered is cancelled (its client gets the
+  // shutting_down error within one scheduler step).
+  void cut_all_pumps() {
+    std::vector<std::shared_ptr<JobPump>> all;
+    {
+      std::lock_guard lock(pumps_mu);
+      all.assign(pumps.begin(), pumps.end());
+    }
+    for (auto& p : all) p->cut(CutReason::kShutdown);
   }
 };
 
@@ -556,16 +714,17 @@ Server::Server(std::shared_ptr<engine::ModelPool> models, ServerOptions options)
 
 Server::~Server() { stop(); }
 
-core::Expected<int> Server::bind() { return impl_->http.bind(impl_->ctx.opt.host, impl_->ctx.opt.port); }
+core::Expected<int> Server::bind() { return impl_->http.bind(); }
 
 void Server::run() { impl_->http.run(); }
 
-// Cancels in-flight generations (`stopping`, seen by each request's pump
-// within 20 ms) and closes the pools before the transport stops, so the
-// requests in flight answer with the shutdown error and run() returns.
+// Cancels the jobs being answered (their clients get the shutdown error
+// within one scheduler step) and closes the pools before the transport
+// stops, so the requests in flight answer and run() returns.
 void Server::stop() {
   if (!impl_) return;
   impl_->ctx.stopping = true;
+  impl_->cut_all_pumps();
   impl_->ctx.models->close_all();
   impl_->http.stop();
 }

@@ -12,19 +12,24 @@
 // 503 loading) -> tokenize (chat template) -> context check (400
 // context_length_exceeded) -> the model's engine::Scheduler: submit (503 +
 // Retry-After when queue_factor x pool size jobs already wait); the step
-// loop runs it batched with the model's other requests, and this thread only
-// streams its events (SSE) or collects them into one body. A request still
+// loop runs it batched with the model's other requests, and its events are
+// streamed (SSE) or collected into one body. A request still
 // queued at its deadline is a 503 "timeout"; one that reaches the deadline
 // while generating returns what it produced with finish_reason "length".
 // A request without `seed` gets ServerOptions::default_seed or a fresh
 // random one; usage.prompt_tokens_details.cached_tokens says how much of the
 // prompt came from the prompt cache.
 //
-// A client that disconnects (the socket is checked every 20 ms while its
-// job runs), a shutdown, or a dropped job cancels it: it stops within one
-// scheduler step whether queued, prefilling or decoding. stop() cancels
-// in-flight generations, closes the pools, stops the listener and closes
-// idle keep-alive connections.
+// No thread waits per request: a submitted job's events are read as they
+// come (JobHandle::set_notify) on the transport's worker threads, which
+// write SSE chunks or the final body (transport.h: event-driven Boost.Beast,
+// bounded connections, header/body timeouts). A client that disconnects
+// (seen on the socket itself), a shutdown, or a dropped job cancels it: it
+// stops within one scheduler step whether queued, prefilling or decoding.
+// Before tokenizing, a full queue is a 503 and an over-long prompt text a
+// 400 (ServerOptions::max_prompt_bytes). stop() cancels in-flight
+// generations, closes the pools, stops the listener and closes idle
+// keep-alive connections.
 #pragma once
 
 #include <memory>
@@ -44,7 +49,15 @@ struct ServerOptions {
   size_t max_body_bytes = 4u << 20;  // larger bodies: 413
   double timeout_s = 600;            // per request: waiting for an engine + generating
   int queue_factor = 4;              // requests allowed to wait per replica before 503
-  int http_threads = 0;              // connection threads; 0: 64
+  int http_threads = 0;              // worker threads running route handlers; 0: 8
+  // Open connections served at once; past it a new connection gets an
+  // immediate 503 and is closed (`serve --max-connections`). 0: 1024.
+  int max_connections = 0;
+  // Bytes of prompt text (a completion's prompt, a chat's rendered
+  // messages) tokenized at most; more is a 400 context_length_exceeded
+  // naming the limit, before any tokenization. 0: 32 bytes per context
+  // position of the model, at least 64 KiB.
+  size_t max_prompt_bytes = 0;
   std::string default_model;         // used when a request names no model
   engine::ModelSpec default_spec;    // pool size / context / sampling for admin loads
   // Seed of requests that give none (`serve --seed`, reproducible

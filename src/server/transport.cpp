@@ -1,270 +1,887 @@
-// The server's HTTP transport on cpp-httplib 0.11. See transport.h.
+// HTTP/1.1 transport on Boost.Beast/Asio: see transport.h.
+//
+// Threads: `io_threads` run one io_context; every connection's handlers run
+// on its own strand, so a Connection's members are touched by one thread at
+// a time without a mutex. Handlers run on a net::thread_pool of
+// `worker_threads`. An Exchange (the handler's side) talks to its
+// Connection only by posting onto that strand.
+//
+// A connection's life: read header (timeout header/idle) -> limits ->
+// [100 Continue] -> read body (timeout body) -> dispatch, and, while the
+// answer is being produced and written, one read stays pending on the
+// socket to see the peer leave (disconnect watch) -> next request or close.
 #include "server/transport.h"
-
-#include <dirent.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <cstdlib>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <optional>
 #include <thread>
+#include <unordered_map>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 
 namespace bonsai::server {
 
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
+
 namespace {
 
-// Calls fn(fd, peer_host, peer_port) for each connected TCP socket of this
-// process whose local port is `local_port` (the server side of every
-// connection to the listener), until fn returns false. Hosts are numeric,
-// as getnameinfo(NI_NUMERICHOST) writes them (httplib's remote_addr too).
-template <class Fn>
-void for_each_connection(int local_port, Fn fn) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
-  while (const dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd < 0) continue;
-    sockaddr_storage self{};
-    socklen_t len = sizeof self;
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&self), &len) != 0) continue;
-    if (self.ss_family != AF_INET && self.ss_family != AF_INET6) continue;
-    const int port = self.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port)
-                                                : ntohs(reinterpret_cast<sockaddr_in*>(&self)->sin_port);
-    if (port != local_port) continue;
-    sockaddr_storage peer{};
-    len = sizeof peer;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;  // the listener
-    char host[NI_MAXHOST];
-    char serv[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), len, host, sizeof host, serv, sizeof serv,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-      continue;
-    if (!fn(static_cast<int>(fd), std::string(host), std::atoi(serv))) break;
-  }
-  closedir(dir);
+constexpr int kMinBacklog = 512;
+constexpr size_t kWatchChunk = 4096;            // bytes per disconnect-watch read
+constexpr size_t kMaxPipelined = 64u << 10;     // buffered next-request bytes while answering
+constexpr size_t kLingerBytes = 8u << 20;       // discarded after an error answer, at most
+constexpr auto kLingerTime = std::chrono::seconds(2);
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::max(s, 0.001)));
 }
 
-// StreamSink over httplib's DataSink.
-class HttplibSink final : public StreamSink {
- public:
-  explicit HttplibSink(httplib::DataSink& sink) : sink_(sink) {}
-  bool write(std::string_view data) override { return sink_.write(data.data(), data.size()); }
-  bool writable() const override { return sink_.is_writable(); }
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+    if (x != y) return false;
+  }
+  return true;
+}
 
- private:
-  httplib::DataSink& sink_;
-};
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// %XX decoded; malformed escapes are kept as they are.
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size()) {
+      const int hi = hex_value(s[i + 1]), lo = hex_value(s[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        out.push_back(static_cast<char>(hi * 16 + lo));
+        i += 2;
+        continue;
+      }
+    }
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+std::string reason_of(int status) {
+  const auto r = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(status)));
+  return r.empty() || r == "<unknown-status>" ? std::string("Status") : std::string(r);
+}
+
+// Status line and headers of a response, up to and including the blank line.
+std::string head_of(int status, const std::string& content_type,
+                    const std::vector<std::pair<std::string, std::string>>& headers, bool keep_alive,
+                    std::optional<size_t> content_length, const std::string& keep_alive_hint = {}) {
+  std::string h = "HTTP/1.1 " + std::to_string(status) + " " + reason_of(status) + "\r\n";
+  if (!content_type.empty()) h += "Content-Type: " + content_type + "\r\n";
+  for (const auto& [k, v] : headers) {
+    // Header injection guard: a value with CR/LF is dropped.
+    if (k.find_first_of("\r\n:") != std::string::npos || v.find_first_of("\r\n") != std::string::npos) continue;
+    h += k + ": " + v + "\r\n";
+  }
+  if (content_length) {
+    h += "Content-Length: " + std::to_string(*content_length) + "\r\n";
+  } else {
+    h += "Transfer-Encoding: chunked\r\n";
+  }
+  h += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  if (!keep_alive_hint.empty()) h += "Keep-Alive: " + keep_alive_hint + "\r\n";
+  h += "\r\n";
+  return h;
+}
+
+HttpResponse default_error_body(int status, const std::string& message) {
+  HttpResponse r;
+  r.status = status;
+  r.body = message + "\n";
+  return r;
+}
 
 }  // namespace
 
-bool ClientProbe::closed() const {
-  if (fd_ < 0) return false;
-  pollfd p{fd_, static_cast<short>(POLLIN | POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
-  if ((p.revents & POLLIN) != 0) {
-    char c = 0;
-    return recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+// ---- shared state -------------------------------------------------------------------
+
+struct RouteEntry {
+  std::string method;
+  std::string path;  // without the trailing '*' for prefix routes
+  bool prefix = false;
+  Handler handler;
+  Dispatch dispatch = Dispatch::kWorker;
+};
+
+// Everything the Transport's connections share. Members above `ioc` outlive
+// it (destroyed after it), so handlers destroyed with the io_context may
+// still unregister their connection.
+struct TransportCore {
+  TransportOptions opt;
+  std::vector<RouteEntry> routes;  // set before run(), read-only after
+  Handler not_found;
+  HttpTransport::PreRouter pre_route;
+  ErrorBody error_body = default_error_body;
+  RequestLogger logger;
+
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> dead{false};  // the Transport is being destroyed: exchanges stop posting
+  std::atomic<int64_t> n_conns{0};
+  std::atomic<int64_t> n_rejecting{0};  // 503 answers being written
+  std::atomic<uint64_t> n_refused{0};
+  std::mutex conns_mu;
+  std::unordered_map<Connection*, std::weak_ptr<Connection>> conns;  // guarded by conns_mu
+  SteadyClock::time_point stop_at{};
+
+  net::io_context ioc;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> guard;
+  tcp::acceptor acceptor{net::make_strand(ioc)};
+  std::optional<net::steady_timer> stop_timer;  // acceptor's strand
+  net::thread_pool workers;
+  bool bound = false;
+
+  explicit TransportCore(TransportOptions o)
+      : opt(std::move(o)), ioc(std::max(1, opt.io_threads)),
+        workers(static_cast<size_t>(std::max(1, opt.worker_threads))) {
+    guard.emplace(ioc.get_executor());
   }
+  ~TransportCore() {
+    dead = true;
+    workers.join();
+  }
+
+  const RouteEntry* find_route(const std::string& method, const std::string& path) const {
+    const RouteEntry* best = nullptr;
+    for (const auto& r : routes) {
+      if (r.method != method) continue;
+      if (!r.prefix) {
+        if (r.path == path) return &r;
+      } else if (path.size() > r.path.size() && path.compare(0, r.path.size(), r.path) == 0) {
+        if (!best || r.path.size() > best->path.size()) best = &r;
+      }
+    }
+    return best;
+  }
+
+  std::vector<std::shared_ptr<Connection>> snapshot() {
+    std::vector<std::shared_ptr<Connection>> out;
+    std::lock_guard lock(conns_mu);
+    for (auto& [p, w] : conns)
+      if (auto c = w.lock()) out.push_back(std::move(c));
+    return out;
+  }
+
+  void do_accept();
+  void on_accept(beast::error_code ec, tcp::socket socket);
+  void reject(tcp::socket socket);
+  void stop();
+  void watch_stop();
+};
+
+// ---- one connection -------------------------------------------------------------------
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(TransportCore* core, tcp::socket socket)
+      : core_(core), stream_(std::move(socket)), buffer_(core->opt.max_header_bytes + (16u << 10)) {
+    beast::error_code ec;
+    auto ep = stream_.socket().remote_endpoint(ec);
+    if (!ec) {
+      remote_addr_ = ep.address().to_string();
+      remote_port_ = ep.port();
+    }
+    stream_.socket().set_option(tcp::no_delay(true), ec);
+  }
+  ~Connection() {
+    {
+      std::lock_guard lock(core_->conns_mu);
+      core_->conns.erase(this);
+    }
+    core_->n_conns.fetch_sub(1);
+  }
+
+  void start() {
+    {
+      std::lock_guard lock(core_->conns_mu);
+      core_->conns[this] = weak_from_this();
+    }
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+
+  // Posts `fn` onto this connection's strand.
+  template <class F>
+  void post(F&& fn) {
+    if (core_->dead) return;
+    net::post(stream_.get_executor(), std::forward<F>(fn));
+  }
+
+  // ---- called on the strand (through post) by Exchange and the core ----
+
+  void deliver(HttpResponse r) {
+    if (phase_ == Phase::kClosed) return;
+    const bool ka = keep_alive_now();
+    std::string data = head_of(r.status, r.content_type, r.headers, ka, r.body.size(), ka ? keep_alive_hint() : "");
+    if (head_only_) r.body.clear();
+    data += r.body;
+    queue(std::move(data), 0, true);
+  }
+  void stream_head(int status, const std::string& content_type,
+                   const std::vector<std::pair<std::string, std::string>>& headers) {
+    if (phase_ == Phase::kClosed) return;
+    const bool ka = keep_alive_now();
+    queue(head_of(status, content_type, headers, ka, std::nullopt, ka ? keep_alive_hint() : ""), 0, false);
+  }
+  void stream_chunk(std::string data, size_t counted) {
+    if (phase_ == Phase::kClosed) return wrote_counted(counted);
+    char size_line[32];
+    const int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", data.size());
+    std::string framed(size_line, static_cast<size_t>(n));
+    framed += data;
+    framed += "\r\n";
+    queue(std::move(framed), counted, false);
+  }
+  void stream_end() {
+    if (phase_ == Phase::kClosed) return;
+    queue("0\r\n\r\n", 0, true);
+  }
+  // stop(): an idle connection (waiting for, or partly through, a request
+  // header) is closed now; a busy one closes after its answer.
+  void on_stop() {
+    keep_alive_ = false;
+    if (phase_ == Phase::kReadHeader) close();
+  }
+  void force_close() { close(); }
+  // The request logger, if any (any thread).
+  void log(const HttpRequest& req, int status) const {
+    if (core_->logger) core_->logger(req, status);
+  }
+
+ private:
+  enum class Phase { kReadHeader, kReadBody, kHandling, kAwaitNext, kClosing, kClosed };
+
+  // "timeout=<idle s>, max=<requests left>" (the Keep-Alive header, informational).
+  std::string keep_alive_hint() const {
+    const int idle = static_cast<int>(core_->opt.idle_timeout_s + 0.5);
+    return "timeout=" + std::to_string(std::max(idle, 1)) +
+           ", max=" + std::to_string(std::max(0, core_->opt.max_requests_per_connection - served_));
+  }
+
+  bool keep_alive_now() const {
+    return keep_alive_ && !core_->stopping && served_ < core_->opt.max_requests_per_connection;
+  }
+
+  void read_header() {
+    if (phase_ == Phase::kClosed) return;
+    if (core_->stopping) return close();
+    phase_ = Phase::kReadHeader;
+    head_only_ = false;
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(std::min<size_t>(core_->opt.max_header_bytes, UINT32_MAX)));
+    parser_->body_limit(core_->opt.max_body_bytes);
+    // The first request has the header timeout; a keep-alive wait the idle
+    // timeout plus, once bytes come, the header timeout.
+    double t = core_->opt.header_timeout_s;
+    if (served_ > 0 && buffer_.size() == 0) t += core_->opt.idle_timeout_s;
+    stream_.expires_after(seconds(t));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (phase_ == Phase::kClosed) return;
+    if (ec) return read_failed(ec);
+    const auto& req = parser_->get();
+    size_t fields = 0;
+    for (auto it = req.begin(); it != req.end(); ++it) ++fields;
+    if (fields > core_->opt.max_header_fields)
+      return fail(431, "Too many header fields (" + std::to_string(fields) + "; the limit is " +
+                           std::to_string(core_->opt.max_header_fields) + ").");
+    if (!req.keep_alive()) keep_alive_ = false;
+    // Only "chunked" is understood; any other coding (gzip, "chunked, x")
+    // would be read as something it is not.
+    const auto te = req[http::field::transfer_encoding];
+    if (!te.empty() && !iequals(std::string_view(te.data(), te.size()), "chunked"))
+      return fail(400, "Unsupported Transfer-Encoding (only chunked is accepted).");
+    head_only_ = req.method() == http::verb::head;
+    if (parser_->is_done()) return dispatch();
+    // A body follows. 100-continue: ask for it now that the header passed.
+    const auto expect = req[http::field::expect];
+    if (!expect.empty()) {
+      if (!iequals(std::string_view(expect.data(), expect.size()), "100-continue"))
+        return fail(417, "Unsupported Expect header (only 100-continue).");
+      continue_msg_ = "HTTP/1.1 100 Continue\r\n\r\n";
+      stream_.expires_after(seconds(core_->opt.write_timeout_s));
+      return net::async_write(stream_, net::buffer(continue_msg_),
+                              [self = shared_from_this()](beast::error_code wec, size_t) {
+                                if (wec) return self->close();
+                                self->read_body();
+                              });
+    }
+    read_body();
+  }
+
+  void read_body() {
+    if (phase_ == Phase::kClosed) return;
+    phase_ = Phase::kReadBody;
+    stream_.expires_after(seconds(core_->opt.body_timeout_s));
+    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (self->phase_ == Phase::kClosed) return;
+      if (ec) return self->read_failed(ec);
+      self->dispatch();
+    });
+  }
+
+  // A read ended in an error: answer the ones that are the client's fault
+  // (the connection then closes), drop the rest.
+  void read_failed(beast::error_code ec) {
+    const bool in_body = phase_ == Phase::kReadBody;
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::operation_aborted ||
+        ec == net::error::connection_reset || ec == net::error::eof || ec == net::error::broken_pipe ||
+        ec == net::error::bad_descriptor)
+      return close();
+    if (ec == http::error::partial_message) {
+      // The peer half-closed mid-request: say so, it may still read.
+      return fail(400, in_body ? "The request body ended before its Content-Length."
+                               : "The request header was cut short.");
+    }
+    if (ec == http::error::buffer_overflow && in_body)
+      return fail(400, "A chunk header (size line or extensions) is too long.");
+    if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
+      return fail(431, "The request header is larger than " + std::to_string(core_->opt.max_header_bytes) +
+                           " bytes.");
+    if (ec == http::error::body_limit)
+      return fail(413, "The request body is larger than the limit of " + std::to_string(core_->opt.max_body_bytes) +
+                           " bytes.");
+    if (ec == http::error::bad_content_length)
+      return fail(400, "Content-Length is not a non-negative decimal number (or is given twice).");
+    if (ec == http::error::bad_transfer_encoding)
+      return fail(400, "Unsupported Transfer-Encoding (only chunked is accepted).");
+    if (ec == http::error::bad_chunk || ec == http::error::bad_chunk_extension)
+      return fail(400, "Malformed chunked encoding.");
+    if (ec == http::error::bad_version) return fail(505, "HTTP version not supported.");
+    return fail(400, "Malformed request (" + ec.message() + ").");
+  }
+
+  // Answers an error and closes (after a bounded linger so the client sees it).
+  void fail(int status, const std::string& message) {
+    keep_alive_ = false;
+    phase_ = Phase::kClosing;
+    HttpResponse r = core_->error_body ? core_->error_body(status, message) : default_error_body(status, message);
+    r.status = status;
+    std::string data = head_of(status, r.content_type, r.headers, false, r.body.size()) + r.body;
+    out_.push_back({std::move(data), 0});
+    out_last_ = true;
+    if (core_->logger && parser_ && parser_->is_header_done()) {
+      HttpRequest req = make_request(false);
+      core_->logger(req, status);
+    }
+    if (!writing_) do_write();
+  }
+
+  HttpRequest make_request(bool take_body) {
+    HttpRequest out;
+    auto& req = parser_->get();
+    out.method = std::string(req.method_string());
+    out.target = std::string(req.target());
+    const size_t q = out.target.find('?');
+    out.path = percent_decode(std::string_view(out.target).substr(0, q));
+    if (q != std::string::npos) out.query = out.target.substr(q + 1);
+    for (const auto& f : req) out.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    if (take_body) out.body = std::move(req.body());
+    out.remote_addr = remote_addr_;
+    out.remote_port = remote_port_;
+    return out;
+  }
+
+  void dispatch() {
+    phase_ = Phase::kHandling;
+    ++served_;
+    auto ex = std::make_shared<Exchange>(shared_from_this(), make_request(true), core_->opt.stream_high_water_bytes);
+    parser_.reset();
+    ex_ = ex;
+    stream_.expires_at(SteadyClock::time_point::max());
+    start_watch();
+    const HttpRequest& req = ex->request();
+    if (core_->pre_route) {
+      HttpResponse res;
+      if (core_->pre_route(req, res)) return ex->respond(std::move(res));
+    }
+    const RouteEntry* route = core_->find_route(req.method, req.path);
+    Handler h = route ? route->handler : core_->not_found;
+    if (!h) {
+      HttpResponse r = core_->error_body(404, "Unknown request URL: " + req.method + " " + req.path + ".");
+      r.status = 404;
+      ex->respond(std::move(r));
+      return;
+    }
+    auto run = [ex, handler = route ? &route->handler : &core_->not_found, core = core_] {
+      std::string what;
+      try {
+        (*handler)(ex);
+        return;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+        what = "unknown exception";
+      }
+      HttpResponse r = core->error_body(500, "Internal error: " + what + ".");
+      r.status = 500;
+      ex->respond(std::move(r));
+    };
+    if (route && route->dispatch == Dispatch::kInline)
+      run();
+    else
+      net::post(core_->workers, std::move(run));
+  }
+
+  // One read kept pending while the answer is produced: EOF or an error
+  // means the peer left. Bytes that arrive (a pipelined next request) are
+  // kept, up to kMaxPipelined.
+  void start_watch() {
+    if (watching_ || phase_ != Phase::kHandling) return;
+    if (buffer_.size() + kWatchChunk > std::min(buffer_.max_size(), kMaxPipelined)) return;
+    watching_ = true;
+    stream_.expires_at(SteadyClock::time_point::max());
+    stream_.async_read_some(buffer_.prepare(kWatchChunk), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->on_watch(ec, n);
+    });
+  }
+
+  void on_watch(beast::error_code ec, size_t n) {
+    watching_ = false;
+    if (n > 0) buffer_.commit(n);
+    if (phase_ == Phase::kClosed) return;
+    if (phase_ == Phase::kAwaitNext) return next_request();
+    if (phase_ == Phase::kClosing) return linger_read();
+    if (ec && ec != net::error::operation_aborted) {
+      // The peer closed or reset the connection while its answer was pending.
+      peer_gone();
+      if (!writing_) close();
+      return;
+    }
+    if (!ec) start_watch();
+  }
+
+  void peer_gone() {
+    if (auto ex = ex_.lock()) ex->mark_gone();
+  }
+
+  void queue(std::string data, size_t counted, bool last) {
+    out_.push_back({std::move(data), counted});
+    if (last) out_last_ = true;
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    if (out_.empty() || phase_ == Phase::kClosed) return;
+    writing_ = true;
+    batch_.clear();
+    batch_counted_ = 0;
+    batch_last_ = out_last_;
+    size_t bytes = 0;
+    while (!out_.empty() && bytes < (256u << 10)) {
+      bytes += out_.front().first.size();
+      batch_counted_ += out_.front().second;
+      batch_.push_back(std::move(out_.front().first));
+      out_.pop_front();
+    }
+    if (!out_.empty()) batch_last_ = false;
+    bufs_.clear();
+    for (const auto& s : batch_) bufs_.emplace_back(net::buffer(s));
+    stream_.expires_after(seconds(core_->opt.write_timeout_s));
+    net::async_write(stream_, bufs_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    batch_.clear();
+    if (phase_ == Phase::kClosed) return;
+    if (ec) {
+      peer_gone();
+      return close();
+    }
+    wrote_counted(batch_counted_);
+    if (!out_.empty()) return do_write();
+    if (batch_last_) {
+      out_last_ = false;
+      finish_exchange();
+    }
+  }
+
+  void wrote_counted(size_t counted) {
+    if (counted == 0) return;
+    if (auto ex = ex_.lock()) ex->wrote(counted);
+  }
+
+  // The whole answer is written.
+  void finish_exchange() {
+    ex_.reset();
+    // After an error answer the request may be partly unread: linger so
+    // the client reads the answer. After a complete request: close now.
+    if (phase_ == Phase::kClosing) return linger();
+    if (!keep_alive_now()) return close();
+    phase_ = Phase::kAwaitNext;
+    if (watching_) {
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);  // on_watch continues with next_request()
+      return;
+    }
+    next_request();
+  }
+
+  void next_request() {
+    if (phase_ == Phase::kClosed) return;
+    read_header();
+  }
+
+  // Graceful close: FIN now, then read and discard what the client still
+  // sends (bounded) so it reads our answer before our close resets it.
+  void linger() {
+    phase_ = Phase::kClosing;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    linger_deadline_ = SteadyClock::now() + kLingerTime;
+    if (watching_) {
+      stream_.socket().cancel(ignored);  // on_watch continues with linger_read()
+      return;
+    }
+    linger_read();
+  }
+
+  void linger_read() {
+    if (phase_ == Phase::kClosed) return;
+    if (lingered_ >= kLingerBytes || SteadyClock::now() >= linger_deadline_) return close();
+    stream_.expires_at(linger_deadline_);
+    linger_buf_.resize(8192);
+    stream_.async_read_some(net::buffer(linger_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      self->lingered_ += n;
+      if (ec) return self->close();
+      self->linger_read();
+    });
+  }
+
+  void close() {
+    if (phase_ == Phase::kClosed) return;
+    phase_ = Phase::kClosed;
+    peer_gone();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+    out_.clear();
+  }
+
+  TransportCore* core_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string remote_addr_;
+  int remote_port_ = 0;
+  Phase phase_ = Phase::kReadHeader;
+  int served_ = 0;
+  bool keep_alive_ = true;
+  bool head_only_ = false;
+  bool watching_ = false;
+  bool writing_ = false;
+  std::weak_ptr<Exchange> ex_;  // the exchange being answered
+  std::deque<std::pair<std::string, size_t>> out_;  // bytes to write, stream bytes they count
+  bool out_last_ = false;                            // the exchange's last bytes are queued
+  std::vector<std::string> batch_;                   // being written
+  std::vector<net::const_buffer> bufs_;
+  size_t batch_counted_ = 0;
+  bool batch_last_ = false;
+  std::string continue_msg_;
+  std::vector<char> linger_buf_;
+  size_t lingered_ = 0;
+  SteadyClock::time_point linger_deadline_{};
+};
+
+// ---- the core ------------------------------------------------------------------------
+
+void TransportCore::do_accept() {
+  if (stopping) return;
+  acceptor.async_accept(net::make_strand(ioc),
+                        [this](beast::error_code ec, tcp::socket socket) { on_accept(ec, std::move(socket)); });
+}
+
+void TransportCore::on_accept(beast::error_code ec, tcp::socket socket) {
+  if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+  if (ec) {
+    // EMFILE and friends: wait a little instead of spinning.
+    auto t = std::make_shared<net::steady_timer>(acceptor.get_executor(), std::chrono::milliseconds(50));
+    t->async_wait([this, t](beast::error_code) { do_accept(); });
+    return;
+  }
+  if (stopping) return;
+  if (n_conns.load() >= opt.max_connections) {
+    reject(std::move(socket));
+  } else {
+    n_conns.fetch_add(1);
+    std::make_shared<Connection>(this, std::move(socket))->start();
+  }
+  do_accept();
+}
+
+// Past max_connections: an immediate 503 and a close, without reading the
+// request. Bounded too: past another max_connections of these, plain close.
+void TransportCore::reject(tcp::socket socket) {
+  n_refused.fetch_add(1);
+  if (n_rejecting.load() >= std::max(1, opt.max_connections)) return;  // socket closes here
+  n_rejecting.fetch_add(1);
+  HttpResponse r = error_body ? error_body(503, "Too many open connections; retry later.")
+                              : default_error_body(503, "Too many open connections; retry later.");
+  r.status = 503;
+  r.headers.emplace_back("Retry-After", "1");
+  auto text = std::make_shared<std::string>(head_of(503, r.content_type, r.headers, false, r.body.size()) + r.body);
+  auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
+  stream->expires_after(std::chrono::seconds(1));
+  net::async_write(*stream, net::buffer(*text), [this, stream, text](beast::error_code, size_t) {
+    beast::error_code ignored;
+    stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream->close();
+    n_rejecting.fetch_sub(1);
+  });
+}
+
+// On the acceptor's strand.
+void TransportCore::stop() {
+  beast::error_code ignored;
+  acceptor.close(ignored);
+  for (auto& c : snapshot()) c->post([c] { c->on_stop(); });
+  stop_at = SteadyClock::now();
+  stop_timer.emplace(acceptor.get_executor());
+  watch_stop();
+}
+
+// Every 20 ms after stop(): done when no connection is left; after
+// stop_grace_s the rest are closed.
+void TransportCore::watch_stop() {
+  if (n_conns.load() == 0 && n_rejecting.load() == 0) {
+    guard.reset();
+    return;
+  }
+  if (SteadyClock::now() - stop_at > seconds(opt.stop_grace_s)) {
+    for (auto& c : snapshot()) c->post([c] { c->force_close(); });
+  }
+  stop_timer->expires_after(std::chrono::milliseconds(20));
+  stop_timer->async_wait([this](beast::error_code) { watch_stop(); });
+}
+
+// ---- Exchange -------------------------------------------------------------------------
+
+Exchange::Exchange(std::shared_ptr<Connection> conn, HttpRequest request, size_t high_water)
+    : conn_(std::move(conn)), request_(std::move(request)), high_water_(std::max<size_t>(high_water, 1)) {}
+
+Exchange::~Exchange() {
+  if (!answered_.exchange(true) && conn_) {
+    // Dropped without an answer: the client still gets one.
+    conn_->post([c = conn_] { c->deliver(default_error_body(500, "The request was dropped without an answer.")); });
+  } else if (answered_ && !ended_ && conn_) {
+    conn_->post([c = conn_] { c->stream_end(); });
+  }
+}
+
+void Exchange::respond(HttpResponse response) {
+  if (answered_.exchange(true)) return;
+  ended_ = true;
+  status_ = response.status;
+  conn_->log(request_, response.status);
+  conn_->post([c = conn_, r = std::move(response)]() mutable { c->deliver(std::move(r)); });
+}
+
+void Exchange::start_stream(int status, std::string content_type,
+                            std::vector<std::pair<std::string, std::string>> headers) {
+  if (answered_.exchange(true)) return;
+  status_ = status;
+  conn_->log(request_, status);
+  conn_->post([c = conn_, status, ct = std::move(content_type), h = std::move(headers)] { c->stream_head(status, ct, h); });
+}
+
+bool Exchange::send(std::string chunk) {
+  if (gone_ || ended_ || !answered_) return false;
+  if (chunk.empty()) return true;
+  const size_t n = chunk.size();
+  pending_.fetch_add(n);
+  conn_->post([c = conn_, data = std::move(chunk), n]() mutable { c->stream_chunk(std::move(data), n); });
+  return true;
+}
+
+void Exchange::end_stream() {
+  if (!answered_ || ended_.exchange(true)) return;
+  conn_->post([c = conn_] { c->stream_end(); });
+}
+
+bool Exchange::over_high_water() const { return pending_.load() > high_water_; }
+
+void Exchange::on_drain(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    if (!gone_ && pending_.load() > high_water_ / 2) {
+      on_drain_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
+void Exchange::on_disconnect(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    if (!gone_) {
+      on_disconnect_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
+void Exchange::mark_gone() {
+  std::function<void()> disc, drain;
+  {
+    std::lock_guard lock(mu_);
+    if (gone_.exchange(true)) return;
+    if (ended_ && pending_.load() == 0) {
+      // Fully answered already: nothing to cancel.
+      on_drain_ = nullptr;
+      on_disconnect_ = nullptr;
+      return;
+    }
+    disc = std::move(on_disconnect_);
+    drain = std::move(on_drain_);
+  }
+  if (disc) disc();
+  if (drain) drain();
+}
+
+void Exchange::wrote(size_t bytes) {
+  const size_t left = pending_.fetch_sub(bytes) - bytes;
+  if (left > high_water_ / 2) return;
+  std::function<void()> fn;
+  {
+    std::lock_guard lock(mu_);
+    fn = std::move(on_drain_);
+    on_drain_ = nullptr;
+  }
+  if (fn) fn();
+}
+
+// ---- HttpRequest ----------------------------------------------------------------------
+
+std::string HttpRequest::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (iequals(k, name)) return v;
+  return {};
+}
+
+bool HttpRequest::has_header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (iequals(k, name)) return true;
   return false;
 }
 
-HttpTransport::HttpTransport(TransportOptions options) : opt_(options) {
-  http_.new_task_queue = [n = opt_.threads > 0 ? opt_.threads : 64] {
-    return new httplib::ThreadPool(static_cast<size_t>(n));
-  };
-  // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second
-  // server bind the same port and silently share its connections.
-  http_.set_socket_options([this](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd_ = sock;  // bind() widens its backlog once httplib listens
-  });
-  http_.set_payload_max_length(opt_.max_body_bytes);
-  http_.set_tcp_nodelay(true);
-  http_.set_keep_alive_timeout(opt_.keep_alive_s);
+// ---- Transport ------------------------------------------------------------------------
 
-  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    {
-      std::lock_guard lock(conn_mu_);
-      ++busy_peers_[{req.remote_addr, req.remote_port}];
-    }
-    if (pre_route_ && pre_route_(req, res)) return httplib::Server::HandlerResponse::Handled;
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+HttpTransport::HttpTransport(TransportOptions options) : core_(std::make_shared<TransportCore>(std::move(options))) {}
 
-  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    if (logger_) logger_(req, res);
-    std::lock_guard lock(conn_mu_);
-    // Absent for a request refused before routing (an unreadable request line).
-    if (auto it = busy_peers_.find({req.remote_addr, req.remote_port}); it != busy_peers_.end() && --it->second <= 0)
-      busy_peers_.erase(it);
-  });
+HttpTransport::~HttpTransport() {
+  stop();
+  core_->dead = true;
+  core_->workers.join();
 }
 
-HttpTransport::~HttpTransport() { stop(); }
-
-void HttpTransport::set_pre_routing(PreRouter fn) { pre_route_ = std::move(fn); }
-
-void HttpTransport::set_logger(Logger fn) { logger_ = std::move(fn); }
-
-void HttpTransport::set_error_writer(ErrorWriter fn) {
-  httplib::Server::HandlerWithResponse on_error = [fn = std::move(fn)](const httplib::Request& req,
-                                                                       httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    fn(req, res);
-    return httplib::Server::HandlerResponse::Handled;
-  };
-  http_.set_error_handler(std::move(on_error));
+void HttpTransport::route(std::string method, std::string path, Handler handler, Dispatch dispatch) {
+  RouteEntry r;
+  r.method = std::move(method);
+  r.prefix = !path.empty() && path.back() == '*';
+  if (r.prefix) path.pop_back();
+  r.path = std::move(path);
+  r.handler = std::move(handler);
+  r.dispatch = dispatch;
+  core_->routes.push_back(std::move(r));
 }
 
-void HttpTransport::set_exception_writer(ExceptionWriter fn) {
-  http_.set_exception_handler(
-      [fn = std::move(fn)](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& ex) {
-          what = ex.what();
-        } catch (...) {
-        }
-        fn(res, what);
-      });
+void HttpTransport::get(std::string path, SyncHandler handler, Dispatch dispatch) {
+  route("GET", std::move(path), [h = std::move(handler)](const std::shared_ptr<Exchange>& ex) {
+    HttpResponse res;
+    h(ex->request(), res);
+    ex->respond(std::move(res));
+  }, dispatch);
 }
 
-void HttpTransport::get(const std::string& pattern, Handler handler) { http_.Get(pattern, std::move(handler)); }
-
-// The body is read here, through httplib's content reader, rather than by
-// httplib itself: httplib caps application/x-www-form-urlencoded bodies at
-// 8 KiB (413) — the type `curl -d` sends by default — and parses them as a
-// query string.
-void HttpTransport::post_json(const std::string& pattern, BodyHandler handler, Handler multipart_error) {
-  auto read_body = [this, multipart_error](const httplib::Request& req, httplib::Response& res,
-                                           const httplib::ContentReader& reader, std::string& body) {
-    if (req.is_multipart_form_data()) {
-      reader([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
-      multipart_error(req, res);
-      return false;
-    }
-    // RFC 7230 section 3.3.3: a request with neither Content-Length nor
-    // Transfer-Encoding has an empty body. httplib would read until the
-    // client closes, i.e. hang for its read timeout (5 s) and then 400.
-    std::string te = req.get_header_value("Transfer-Encoding");
-    std::transform(te.begin(), te.end(), te.begin(), [](unsigned char ch) { return std::tolower(ch); });
-    if (!req.has_header("Content-Length") && te.find("chunked") == std::string::npos) return true;
-    bool too_large = false;
-    const bool ok = reader([&](const char* data, size_t n) {
-      if (body.size() + n > opt_.max_body_bytes) {
-        too_large = true;
-        return false;
-      }
-      body.append(data, n);
-      return true;
-    });
-    if (ok) return true;
-    if (too_large) res.status = 413;
-    if (res.status < 400) res.status = 400;  // unreadable (httplib sets 413 above its own limit)
-    return false;                            // the error writer writes the body
-  };
-  http_.Post(pattern, [read_body, handler](const httplib::Request& req, httplib::Response& res,
-                                          const httplib::ContentReader& reader) {
-    std::string body;
-    if (read_body(req, res, reader, body)) handler(req, body, res);
-  });
-  // A POST that httplib does not treat as having content comes here.
-  http_.Post(pattern, [handler](const httplib::Request& req, httplib::Response& res) { handler(req, req.body, res); });
+void HttpTransport::post_json(std::string path, BodyHandler handler, SyncHandler multipart_error) {
+  route("POST", std::move(path),
+        [h = std::move(handler), mp = std::move(multipart_error)](const std::shared_ptr<Exchange>& ex) {
+          HttpResponse res;
+          const HttpRequest& req = ex->request();
+          std::string type = req.header("Content-Type");
+          for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          if (type.rfind("multipart/form-data", 0) == 0 && mp)
+            mp(req, res);
+          else
+            h(req, req.body, res);
+          ex->respond(std::move(res));
+        });
 }
 
-void HttpTransport::stream(HttpResponse& res, const std::string& content_type,
-                           std::function<void(StreamSink&)> body) {
-  res.set_chunked_content_provider(content_type, [body = std::move(body)](size_t, httplib::DataSink& sink) {
-    HttplibSink s(sink);
-    body(s);
-    sink.done();
-    return true;
-  });
-}
+void HttpTransport::set_pre_routing(PreRouter fn) { core_->pre_route = std::move(fn); }
 
-// httplib 0.11 gives handlers no access to the request's socket (later
-// versions added Request::is_connection_closed for this), so it is found by
-// its addresses: the socket in /proc/self/fd whose peer is req's remote
-// address and port and whose local port is the listener's. A TCP
-// connection's address pair is unique, and the connection (so the fd) stays
-// open while its handler runs.
-ClientProbe HttpTransport::client_of(const HttpRequest& req) const {
-  int found = -1;
-  for_each_connection(bound_port_, [&](int fd, const std::string& host, int port) {
-    if (host != req.remote_addr || port != req.remote_port) return true;
-    found = fd;
-    return false;
-  });
-  return ClientProbe(found);
-}
+void HttpTransport::set_not_found(Handler handler) { core_->not_found = std::move(handler); }
+void HttpTransport::set_error_body(ErrorBody fn) { core_->error_body = fn ? std::move(fn) : default_error_body; }
+void HttpTransport::set_logger(RequestLogger fn) { core_->logger = std::move(fn); }
 
-core::Expected<int> HttpTransport::bind(const std::string& host, int port) {
-  if (port == 0) {
-    port = http_.bind_to_any_port(host);
-    if (port < 0) return core::fail(core::Errc::kIo, "cannot listen on " + host + " (any port)");
-  } else if (!http_.bind_to_port(host, port)) {
-    return core::fail(core::Errc::kIo, "cannot listen on " + host + ":" + std::to_string(port) +
-                                           " (address in use, or not a local address)");
+core::Expected<int> HttpTransport::bind() {
+  const auto& o = core_->opt;
+  const std::string where = o.host + ":" + std::to_string(o.port);
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(o.host == "localhost" ? "127.0.0.1" : o.host, ec);
+  if (ec) return core::fail(core::Errc::kIo, "cannot listen on " + where + ": not a numeric IP address");
+  const tcp::endpoint ep(addr, static_cast<unsigned short>(o.port));
+  auto& a = core_->acceptor;
+  a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(std::max(o.backlog, kMinBacklog), ec);
+  if (ec) {
+    a.close(ec);
+    return core::fail(core::Errc::kIo, "cannot listen on " + where + ": " + ec.message());
   }
-  // httplib 0.11 listens with a backlog of 5 (compiled into the library):
-  // bursts of connections then waited a 1 s SYN retry. Linux lets listen(2)
-  // be called again on a listening socket to change its backlog (capped by
-  // net.core.somaxconn).
-  if (listen_fd_ >= 0) ::listen(listen_fd_, opt_.listen_backlog);
-  bound_port_ = port;
-  return port;
+  core_->bound = true;
+  return static_cast<int>(a.local_endpoint().port());
 }
 
-// httplib 0.11's stop() does nothing until listen_after_bind() has marked
-// the listener running, so a stop() that came first (SIGTERM while `bonsai
-// serve` was still starting) was lost and run() then served forever. run()
-// announces itself before it checks stop_requested_ and stop() sets
-// stop_requested_ before it checks run_entered_ (both sequentially
-// consistent), so either run() sees the stop and returns at once, or stop()
-// sees run() starting and waits (at most ~5 s) until httplib is listening to
-// stop it.
 void HttpTransport::run() {
-  run_entered_ = true;
-  if (!stop_requested_) http_.listen_after_bind();
-  run_returned_ = true;
+  TransportCore* c = core_.get();
+  if (c->bound) net::post(c->acceptor.get_executor(), [c] { c->do_accept(); });
+  std::vector<std::thread> extra;
+  for (int i = 1; i < std::max(1, c->opt.io_threads); ++i) extra.emplace_back([c] { c->ioc.run(); });
+  c->ioc.run();
+  for (auto& t : extra) t.join();
 }
 
 void HttpTransport::stop() {
-  stop_requested_ = true;
-  if (run_entered_) {
-    for (int i = 0; i < 5000 && !http_.is_running() && !run_returned_; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  http_.stop();
-  close_idle_connections();
+  if (core_->stopping.exchange(true)) return;
+  TransportCore* c = core_.get();
+  net::post(c->acceptor.get_executor(), [c] { c->stop(); });
 }
 
-// httplib 0.11 waits for an idle keep-alive connection's next request for
-// the whole keep-alive timeout (5 s) without looking at the listener, and
-// run() joins every connection thread, so one idle client (any HTTP client
-// that pools connections) held shutdown for 5 s. After SHUT_RD the waiting
-// thread reads end-of-file at once and closes the connection (the peer gets
-// a FIN, as for any keep-alive timeout). Connections with a request in
-// flight are left alone: the server cancels their generations, and they
-// finish writing their answer (the shutdown error) and then close, since
-// httplib does not wait for another request once the listener is closed.
-int HttpTransport::close_idle_connections() {
-  if (bound_port_ < 0) return 0;
-  int closed = 0;
-  std::lock_guard lock(conn_mu_);
-  for_each_connection(bound_port_, [&](int fd, const std::string& host, int port) {
-    if (!busy_peers_.contains({host, port}) && ::shutdown(fd, SHUT_RD) == 0) ++closed;
-    return true;
-  });
-  return closed;
-}
+void HttpTransport::post(std::function<void()> fn) { net::post(core_->workers, std::move(fn)); }
+
+bool HttpTransport::stopping() const { return core_->stopping; }
+int64_t HttpTransport::connections() const { return core_->n_conns.load(); }
+uint64_t HttpTransport::refused() const { return core_->n_refused.load(); }
 
 }  // namespace bonsai::server
