@@ -279,8 +279,13 @@ struct Server::Impl {
     // Refused before the prompt costs anything (issue 10.2): a full queue
     // answers 503 before tokenizing (submit checks again), and the prompt
     // text is capped in bytes before it is tokenized.
+    // Full: every slot running and the queue at its limit (so a job that was
+    // submitted a moment ago and not yet moved to a free slot does not
+    // refuse this one); submit() checks the queue again after tokenizing.
     const size_t queue_limit = static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * lm.pool->size();
-    if (lm.scheduler && static_cast<size_t>(std::max<int64_t>(lm.scheduler->stats().waiting, 0)) >= queue_limit) {
+    const engine::SchedulerStats load = lm.scheduler ? lm.scheduler->stats() : engine::SchedulerStats{};
+    if (lm.scheduler && static_cast<size_t>(std::max<int64_t>(load.running, 0)) >= static_cast<size_t>(lm.pool->size()) &&
+        static_cast<size_t>(std::max<int64_t>(load.waiting, 0)) >= queue_limit) {
       ctx.metrics.inc(kRejected, {{"model", model_id}});
       return fail(overloaded("Model '" + model_id + "' is overloaded: " + std::to_string(queue_limit) +
                                  " requests are already waiting. Retry later.",
