@@ -27,6 +27,7 @@
 #include "core/error.h"               // core::Expected
 #include "core/ggml_types.h"          // parse_q2_layout
 #include "core/thread_pool.h"         // set_global_thread_count
+#include "engine/completion.h"        // prepare_completion
 #include "engine/inference_engine.h"  // InferenceEngine
 #include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
 #include "model/model.h"              // Model::load
@@ -154,6 +155,10 @@ engine::SamplingParams to_params(const GenOptions& o) {
   p.stop = o.stop;
   return p;
 }
+
+// The CLI's request preparation: an empty prompt starts from BOS alone, and
+// -n beyond the context stops at the full context (finish "length").
+constexpr engine::PrepareOptions kCliPrepare{.empty_prompt_is_bos = true, .refuse_overflow = false};
 
 // A loaded model, tokenizer and one engine replica.
 struct Session {
@@ -338,33 +343,28 @@ int run_main(RunOptions o) {
   auto s = open_session("run", o.gen);
   if (!s) return 1;
   const tokenizer::Tokenizer& tok = *s->tok;
-  std::vector<int32_t> ids;
+  // Prompt, BOS rule and context check as the server does (engine/completion.h);
+  // an empty prompt starts from BOS alone.
+  engine::CompletionInput in;
+  in.chat = o.chat;
   if (o.chat) {
     warn_if_not_chatml("run", tok);
-    std::vector<tokenizer::ChatMessage> msgs;
-    if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
-    msgs.push_back({.role = "user", .content = o.prompt});
-    tokenizer::ChatOptions co;
-    co.enable_thinking = !o.no_think;
-    auto rendered = tok.chat_template().render(msgs, co);
-    if (!rendered) {
-      std::cerr << "bonsai run: " << rendered.error().message << "\n";
-      return 1;
-    }
-    ids = tok.encode_chat(*rendered);
+    if (!o.system.empty()) in.messages.push_back({.role = "system", .content = o.system});
+    in.messages.push_back({.role = "user", .content = o.prompt});
+    in.chat_options.enable_thinking = !o.no_think;
   } else {
     // Control tokens' text ("<|im_start|>") is parsed as those tokens, as
     // llama.cpp's CLI and our /v1/completions do (a prompt file holding a
     // rendered ChatML conversation must reach the model as ChatML).
-    ids = tok.encode_prompt(o.prompt, /*parse_special=*/true);
+    in.prompt = o.prompt;
   }
-  if (ids.empty()) {  // empty prompt on a vocabulary without add_bos: BOS alone
-    if (tok.bos_id() == tokenizer::kNoToken) {
-      std::cerr << "bonsai run: the prompt is empty and the model has no BOS token to start from\n";
-      return 1;
-    }
-    ids.push_back(tok.bos_id());
+  auto prepared = engine::prepare_completion(tok, s->engine->max_seq_len(), to_params(o.gen), in, {},
+                                             kCliPrepare);
+  if (!prepared) {
+    std::cerr << "bonsai run: " << prepared.error().error.message << "\n";
+    return 1;
   }
+  const std::vector<int32_t>& ids = prepared->prompt;
 
   auto r = generate_to_stdout(*s->engine, ids, o.json);
   if (!r) {
@@ -410,6 +410,7 @@ int chat_main(const ChatCliOptions& o) {
   const size_t n_fixed = msgs.size();
   tokenizer::ChatOptions co;
   co.enable_thinking = !o.no_think;
+  const engine::SamplingParams defaults = to_params(o.gen);  // as the engine's (validated by open_session)
 
   std::string line;
   while (true) {
@@ -430,17 +431,28 @@ int chat_main(const ChatCliOptions& o) {
 
     // Render; drop the oldest turns while the prompt leaves no room to answer.
     std::vector<int32_t> ids;
+    bool too_long = false;
     while (true) {
-      auto rendered = tok.chat_template().render(msgs, co);
-      if (!rendered) {
-        std::cerr << "bonsai chat: " << rendered.error().message << "\n";
+      engine::CompletionInput in;
+      in.chat = true;
+      in.messages = msgs;
+      in.chat_options = co;
+      auto prepared = engine::prepare_completion(tok, eng.max_seq_len(), defaults, in, {}, kCliPrepare);
+      if (prepared) {
+        ids = std::move(prepared->prompt);
+        break;
+      }
+      if (prepared.error().code != "context_length_exceeded") {
+        std::cerr << "bonsai chat: " << prepared.error().error.message << "\n";
         return 1;
       }
-      ids = tok.encode_chat(*rendered);
-      if (static_cast<int64_t>(ids.size()) < eng.max_seq_len() || msgs.size() <= n_fixed + 1) break;
+      if (msgs.size() <= n_fixed + 1) {
+        too_long = true;
+        break;
+      }
       msgs.erase(msgs.begin() + static_cast<std::ptrdiff_t>(n_fixed));
     }
-    if (static_cast<int64_t>(ids.size()) >= eng.max_seq_len()) {
+    if (too_long) {
       std::cerr << "bonsai chat: the message is too long for the context (" << eng.max_seq_len()
                 << " tokens; see -c)\n";
       msgs.pop_back();

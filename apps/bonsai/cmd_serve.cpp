@@ -200,8 +200,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
-    preloaded.push_back({id, *m, std::move(line)});
-    pool->release(*m);
+    preloaded.push_back({id, m->shared(), std::move(line)});
+    m->release();
   }
   for (const auto& p : preloaded) {
     const auto resident = pool->peek(p.id);

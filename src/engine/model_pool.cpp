@@ -153,7 +153,7 @@ core::Expected<void> ModelPool::make_room_locked(const std::string& id, uint64_t
   return {};
 }
 
-core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_loaded(const std::string& id) {
+core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_loaded_shared(const std::string& id) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.state != ModelState::kLoaded)
@@ -163,7 +163,7 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_loaded(const std
   return it->second.model;
 }
 
-core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire(const std::string& id) {
+core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_shared(const std::string& id) {
   // Two passes: the estimate is read without the lock, so another thread may
   // have loaded (or started loading) the model meanwhile; the second look
   // under the lock decides.
@@ -220,6 +220,36 @@ std::shared_ptr<const LoadedModel> ModelPool::peek(const std::string& id) const 
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.state != ModelState::kLoaded) return nullptr;
   return it->second.model;
+}
+
+core::Expected<ModelHandle> ModelPool::acquire(const std::string& id) {
+  auto m = acquire_shared(id);
+  if (!m) return std::unexpected(m.error());
+  return ModelHandle(this, std::move(*m));
+}
+
+core::Expected<ModelHandle> ModelPool::acquire_loaded(const std::string& id) {
+  auto m = acquire_loaded_shared(id);
+  if (!m) return std::unexpected(m.error());
+  return ModelHandle(this, std::move(*m));
+}
+
+ModelHandle::ModelHandle(ModelHandle&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)), model_(std::move(other.model_)) {}
+
+ModelHandle& ModelHandle::operator=(ModelHandle&& other) noexcept {
+  if (this != &other) {
+    release();
+    pool_ = std::exchange(other.pool_, nullptr);
+    model_ = std::move(other.model_);
+  }
+  return *this;
+}
+
+void ModelHandle::release() {
+  if (pool_ != nullptr && model_) pool_->release(model_);
+  pool_ = nullptr;
+  model_.reset();
 }
 
 void ModelPool::release(const std::shared_ptr<LoadedModel>& model) {

@@ -115,6 +115,40 @@ struct ModelInfo {
   int64_t kv_block_tokens = 0;  // positions per block
 };
 
+class ModelPool;
+
+// One request's use of a model from ModelPool::acquire / acquire_loaded
+// (RAII): while it lives the model is counted in flight, so it is neither
+// freed nor its memory uncounted, even if it is evicted or unloaded
+// meanwhile (requests in flight finish on it). Dropping the handle (or
+// release()) ends the use. Move-only; the ModelPool must outlive it. Not
+// thread-safe itself (one owner), but handles to one model may live on any
+// threads.
+class ModelHandle {
+ public:
+  ModelHandle() = default;
+  ModelHandle(ModelHandle&& other) noexcept;
+  ModelHandle& operator=(ModelHandle&& other) noexcept;
+  ModelHandle(const ModelHandle&) = delete;
+  ModelHandle& operator=(const ModelHandle&) = delete;
+  ~ModelHandle() { release(); }
+
+  // The model (null after release() or a move).
+  LoadedModel* operator->() const { return model_.get(); }
+  LoadedModel& operator*() const { return *model_; }
+  const std::shared_ptr<LoadedModel>& shared() const { return model_; }
+  explicit operator bool() const { return model_ != nullptr; }
+
+  // Ends the use now (idempotent).
+  void release();
+
+ private:
+  friend class ModelPool;
+  ModelHandle(ModelPool* pool, std::shared_ptr<LoadedModel> model) : pool_(pool), model_(std::move(model)) {}
+  ModelPool* pool_ = nullptr;
+  std::shared_ptr<LoadedModel> model_;
+};
+
 class ModelPool {
  public:
   // Builds a LoadedModel for `id` from `spec`. Runs without the pool's lock.
@@ -140,24 +174,21 @@ class ModelPool {
   std::optional<ModelSpec> registration(const std::string& id) const;
   std::vector<std::string> registered_ids() const;
 
-  // A handle to model `id`, counted in flight until release(). A loaded model
-  // is promoted to most-recently-used. Otherwise LRU models are evicted until
-  // it fits the capacity and the budget, and it is loaded in this thread.
+  // A handle to model `id`, counted in flight until the handle is dropped
+  // (or ModelHandle::release). A loaded model is promoted to
+  // most-recently-used. Otherwise LRU models are evicted until it fits the
+  // capacity and the budget, and it is loaded in this thread.
   // Errors: kNotFound (never registered), kResourceExhausted (loading
   // elsewhere right now -> retry later; or it cannot fit the budget, with a
   // message saying how much it needs), or the loader's error.
-  core::Expected<std::shared_ptr<LoadedModel>> acquire(const std::string& id);
+  core::Expected<ModelHandle> acquire(const std::string& id);
   // Like acquire, but never loads: kNotFound unless `id` is resident.
-  core::Expected<std::shared_ptr<LoadedModel>> acquire_loaded(const std::string& id);
+  core::Expected<ModelHandle> acquire_loaded(const std::string& id);
 
   // The resident instance of `id` (nullptr if not loaded) for read-only
   // introspection (metrics): no in-flight count, no LRU promotion.
   std::shared_ptr<const LoadedModel> peek(const std::string& id) const;
 
-  // Ends one request's use of a model from acquire(). Prefer the handle form:
-  // the id form picks the listed instance first, then an unlisted one.
-  void release(const std::shared_ptr<LoadedModel>& model);
-  void release(const std::string& id);
 
   // Unlists a loaded model and closes its engine pool (queued requests get
   // PoolError::kClosed); requests in flight finish and then free it.
@@ -209,6 +240,15 @@ class ModelPool {
   void close_all();
 
  private:
+  friend class ModelHandle;
+  // The in-flight count of acquire / acquire_loaded (ModelHandle wraps them).
+  core::Expected<std::shared_ptr<LoadedModel>> acquire_shared(const std::string& id);
+  core::Expected<std::shared_ptr<LoadedModel>> acquire_loaded_shared(const std::string& id);
+  // Ends one request's use of a model (ModelHandle's destructor / release):
+  // the listed instance, or an unlisted one (evicted or unloaded meanwhile).
+  // The id form picks the listed instance first, then an unlisted one.
+  void release(const std::shared_ptr<LoadedModel>& model);
+  void release(const std::string& id);
   // What a failed load was tried on: the file, its size and mtime then, and
   // the loader's error code. An on-demand acquire() of a failed model whose
   // file is unchanged fails fast with the recorded error instead of loading

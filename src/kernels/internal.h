@@ -95,6 +95,8 @@ struct QuantAct {
   void resize(int64_t n_vectors, int64_t n_cols);
   // Sizes the AMX buffers for `groups` groups of 16 columns (after resize).
   void resize_amx(int64_t groups);
+  // Allocated bytes of every buffer (ActScratch::bytes).
+  size_t bytes() const;
 
  private:
   AVec<int8_t> q_buf_, qp_buf_, amx_b_buf_;

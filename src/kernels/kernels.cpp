@@ -339,12 +339,13 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
 // Quantizes x for weights of format f into the calling thread's scratch
 // (in parallel for batches) and returns it; nullptr for float formats.
 const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, const float* x, int64_t n,
-                                    core::ThreadPool* pool) {
+                                    core::ThreadPool* pool, ActScratch* scratch) {
   if (!detail::is_quantized(f)) return nullptr;
-  thread_local detail::QuantAct act;
+  // Without a caller's scratch (tests, benchmarks): the calling thread's.
+  thread_local detail::QuantAct own;
   // (A pointer, not the name: a lambda naming a thread_local variable would
   // reach each worker's own instance.)
-  detail::QuantAct* ap = &act;
+  detail::QuantAct* ap = scratch != nullptr ? &scratch->act() : &own;
   if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
     // Batches: quantize / lay out the columns in parallel.
     ops->prepare_setup(f, n, cols, *ap);
@@ -356,9 +357,9 @@ const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, 
 }
 
 void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y,
-              core::ThreadPool* pool) {
+              core::ThreadPool* pool, ActScratch* scratch) {
   if (w.rows <= 0 || n <= 0) return;
-  const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool);
+  const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool, scratch);
   RowsCtx ctx{ops, &w, x, a, n, y};
   if (pool == nullptr || pool->size() <= 1) {
     ops->rows(w, x, a, n, y, 0, w.rows);
@@ -371,16 +372,22 @@ void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n
 
 }  // namespace
 
-void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool) {
-  run_rows(active_ops(), w, x, 1, y, pool);
+ActScratch::ActScratch() : act_(std::make_unique<detail::QuantAct>()) {}
+ActScratch::~ActScratch() = default;
+ActScratch::ActScratch(ActScratch&&) noexcept = default;
+ActScratch& ActScratch::operator=(ActScratch&&) noexcept = default;
+size_t ActScratch::bytes() const { return act_ ? act_->bytes() : 0; }
+
+void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool, ActScratch* scratch) {
+  run_rows(active_ops(), w, x, 1, y, pool, scratch);
 }
 
-void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool) {
-  run_rows(active_ops(), w, x, n, y, pool);
+void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool, ActScratch* scratch) {
+  run_rows(active_ops(), w, x, n, y, pool, scratch);
 }
 
 void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys,
-                core::ThreadPool* pool) {
+                core::ThreadPool* pool, ActScratch* scratch) {
   if (count <= 0 || n <= 0) return;
   bool same = true;
   int64_t total = 0;
@@ -390,10 +397,10 @@ void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, floa
   }
   const TierOps* ops = active_ops();
   if (!same || pool == nullptr || pool->size() <= 1) {
-    for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool);
+    for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
     return;
   }
-  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool);
+  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch);
   // Global row index over the concatenated matrices; a chunk may span several.
   pool->parallel_for(
       total,
@@ -439,6 +446,12 @@ void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) { active_ops()->
 }  // namespace bonsai::kernels
 
 namespace bonsai::kernels::detail {
+
+size_t QuantAct::bytes() const {
+  return q_buf_.capacity() + qp_buf_.capacity() + amx_b_buf_.capacity() +
+         (d_buf_.capacity() + lane_d_buf_.capacity() + amx_dx_buf_.capacity()) * sizeof(float) +
+         (lane_neg_buf_.capacity() + sub_sum_buf_.capacity() + amx_tsum_buf_.capacity()) * sizeof(int32_t);
+}
 
 void QuantAct::resize(int64_t n_vectors, int64_t n_cols) {
   n = n_vectors;

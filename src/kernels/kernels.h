@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 
@@ -103,14 +104,42 @@ struct MatrixView {
   size_t row_stride = 0;  // bytes
 };
 
+namespace detail {
+struct QuantAct;
+}
+
+// Scratch of a product's quantized activations ([n][cols] int8 quants plus
+// scales and the tier's layouts, ~2.3 bytes per input value): grown to the
+// largest batch seen, reused, freed with its owner. The model keeps one per
+// Workspace, so the scratch lives (and is counted) with the sequence or
+// step loop that runs the forward pass, not with a thread. Not thread-safe:
+// one product at a time per scratch.
+class ActScratch {
+ public:
+  ActScratch();
+  ~ActScratch();
+  ActScratch(ActScratch&&) noexcept;
+  ActScratch& operator=(ActScratch&&) noexcept;
+  ActScratch(const ActScratch&) = delete;
+  ActScratch& operator=(const ActScratch&) = delete;
+  size_t bytes() const;  // allocated bytes
+  detail::QuantAct& act() { return *act_; }
+
+ private:
+  std::unique_ptr<detail::QuantAct> act_;
+};
+
 // y[r] = sum_c W[r][c] * x[c] for r in [0, rows). x: cols floats, y: rows floats.
 // Uses the active tier; pool == nullptr runs on the calling thread.
-void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool);
+// `scratch`: where the activations are quantized (nullptr: a scratch of the
+// calling thread that lives as long as it, for tests and benchmarks).
+void gemv(const MatrixView& w, const float* x, float* y, core::ThreadPool* pool, ActScratch* scratch = nullptr);
 
 // Y[j][r] = sum_c W[r][c] * X[j][c] for j in [0, n). X: [n][cols] row-major,
 // Y: [n][rows] row-major. Column j is bit-identical to gemv of X[j] (batch
 // invariance, any n and pool).
-void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool);
+void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool,
+          ActScratch* scratch = nullptr);
 
 // Several matrices applied to the same activations in one threaded pass:
 // Y_i = W_i X for i < count (X: [n][cols], ys[i]: [n][ws[i].rows]). All
@@ -119,7 +148,7 @@ void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::Thread
 // and all rows go through one pool dispatch; otherwise this is `count` gemm
 // calls. Results equal the separate gemm calls exactly.
 void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys,
-                core::ThreadPool* pool);
+                core::ThreadPool* pool, ActScratch* scratch = nullptr);
 
 // Same as gemv/gemm but on rows [row_begin, row_end) with an explicit tier,
 // single-threaded; for tests and benchmarks. The tier must be supported.

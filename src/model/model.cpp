@@ -244,12 +244,14 @@ void apply_rope(RopeType type, const float* cs, int64_t n_rot, float* x) {
   }
 }
 
-// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several (prefill).
-void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool) {
+// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several
+// (prefill). The activations are quantized into `act` (the Workspace's).
+void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool,
+            kernels::ActScratch& act) {
   if (n == 1) {
-    kernels::gemv(w, x, y, &pool);
+    kernels::gemv(w, x, y, &pool, &act);
   } else {
-    kernels::gemm(w, x, n, y, &pool);
+    kernels::gemm(w, x, n, y, &pool, &act);
   }
 }
 
@@ -346,7 +348,7 @@ size_t Workspace::bytes() const {
   for (const auto* v : {&x_, &xb_, &q_, &k_, &v_, &att_, &proj_, &gate_, &up_, &rope_, &out_}) {
     n += v->capacity() * sizeof(float);
   }
-  return n + seq_next_.capacity() * sizeof(int64_t);
+  return n + seq_next_.capacity() * sizeof(int64_t) + act_.bytes();
 }
 
 // ---- Public: the forward pass -------------------------------------------------------
@@ -515,7 +517,7 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
     {
       const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
       float* const outs[] = {q, k, v};
-      kernels::gemm_multi(qkv, 3, xb, n, outs, &pool);
+      kernels::gemm_multi(qkv, 3, xb, n, outs, &pool, &ws.act_);
     }
 
     // Per token: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm, k_h likewise, per
@@ -548,7 +550,7 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
     attention(c, l, tok, caches, q, att, kq_scale, pool);
 
     // x = x + Wo att
-    matmul(L.wo, att, n, proj, pool);
+    matmul(L.wo, att, n, proj, pool, ws.act_);
     for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
 
     // ---- Feed-forward block (SwiGLU) ----
@@ -560,13 +562,13 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
     {
       const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
       float* const outs[] = {gate, up};
-      kernels::gemm_multi(gu, 2, xb, n, outs, &pool);
+      kernels::gemm_multi(gu, 2, xb, n, outs, &pool, &ws.act_);
     }
     pool.parallel_for(n * c.n_ff, [&](int64_t b, int64_t e) {
       for (int64_t j = b; j < e; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
     }, 4096);
     // x = x + W_down gate
-    matmul(L.w_down, gate, n, proj, pool);
+    matmul(L.w_down, gate, n, proj, pool, ws.act_);
     for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
   }
 
@@ -581,7 +583,7 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       rms_norm(x + i * E, W.output_norm.data, out + j * E, E, c.rms_eps);
       ++j;
     }
-    if (!hidden) matmul(W.output, out, n_wanted, logits, pool);
+    if (!hidden) matmul(W.output, out, n_wanted, logits, pool, ws.act_);
   }
 }
 

@@ -89,6 +89,9 @@ class Workspace {
   std::vector<float> out_;     // final-normed rows of wanted tokens [n_wanted][n_embd]
   std::vector<int64_t> seq_next_;  // per sequence id: next position in this batch (-1: absent)
   std::vector<int64_t> seq_first_;  // per sequence id: its first position in this batch
+  // Quantized activations of the products: ~2.3 bytes x [n][largest cols]
+  // (the widest product's input, n_ff for w_down), grown on demand.
+  kernels::ActScratch act_;
 };
 
 // Lists every problem that stops `file` from loading as a model: unsupported

@@ -120,38 +120,6 @@ std::optional<ApiError> get_bool(const json& body, const char* field, bool& out)
   return std::nullopt;
 }
 
-// OpenAI message content: a string, null, or an array of content parts of
-// which we accept {"type":"text","text":...} (joined without separators).
-std::optional<ApiError> get_content(const json& msg, const std::string& where, std::string& out) {
-  auto it = msg.find("content");
-  if (it == msg.end() || it->is_null()) return std::nullopt;
-  if (it->is_string()) {
-    out = it->get<std::string>();
-    return std::nullopt;
-  }
-  if (!it->is_array()) return wrong_type(where + ".content", "a string or an array of content parts", *it);
-  for (size_t k = 0; k < it->size(); ++k) {
-    const json& part = (*it)[k];
-    std::string pw = where + ".content[" + std::to_string(k) + "]";
-    if (!part.is_object()) return wrong_type(pw, "an object", part);
-    auto type = part.find("type");
-    if (type == part.end() || !type->is_string())
-      return bad_request("Missing required parameter: '" + pw + ".type'.", pw + ".type", "missing_required_parameter");
-    if (*type != "text")
-      return bad_request("Invalid value for '" + pw + ".type': only \"text\" content parts are supported.",
-                         pw + ".type", "invalid_value");
-    auto text = part.find("text");
-    if (text == part.end() || !text->is_string()) {
-      if (text == part.end())
-        return bad_request("Missing required parameter: '" + pw + ".text'.", pw + ".text",
-                           "missing_required_parameter");
-      return wrong_type(pw + ".text", "a string", *text);
-    }
-    out += text->get<std::string>();
-  }
-  return std::nullopt;
-}
-
 ApiError missing(const std::string& field) {
   return bad_request("Missing required parameter: '" + field + "'.", field, "missing_required_parameter");
 }
@@ -291,7 +259,11 @@ std::optional<ApiError> check_response_format(const json& body) {
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_messages(const json& body, CompletionRequest& out) {
+// `messages`: the array is checked here, each message by the one OpenAI
+// message reader (tokenizer::parse_chat_message) on `ordered`, the body in
+// document order (object-valued tool-call arguments keep the client's key
+// order, as the chat template's tojson writes them).
+std::optional<ApiError> parse_messages(const json& body, const nlohmann::ordered_json& ordered, CompletionRequest& out) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null())
     return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
@@ -299,56 +271,11 @@ std::optional<ApiError> parse_messages(const json& body, CompletionRequest& out)
   if (it->empty())
     return bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages",
                        "empty_array");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) return wrong_type(where, "an object", m);
-    tokenizer::ChatMessage msg;
-    auto role = m.find("role");
-    if (role == m.end() || role->is_null())
-      return bad_request("Missing required parameter: '" + where + ".role'.", where + ".role",
-                         "missing_required_parameter");
-    if (!role->is_string()) return wrong_type(where + ".role", "a string", *role);
-    msg.role = role->get<std::string>();
-    if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for system
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
-      return bad_request("Invalid value for '" + where + ".role': '" + msg.role +
-                             "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
-                         where + ".role", "invalid_value");
-    }
-    if (auto e = get_content(m, where, msg.content)) return e;
-    if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null()) {
-      if (!rc->is_string()) return wrong_type(where + ".reasoning_content", "a string", *rc);
-      msg.reasoning_content = rc->get<std::string>();
-    }
-    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
-      if (!tc->is_array()) return wrong_type(where + ".tool_calls", "an array", *tc);
-      for (size_t k = 0; k < tc->size(); ++k) {
-        const json& call = (*tc)[k];
-        std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
-        if (!call.is_object()) return wrong_type(cw, "an object", call);
-        tokenizer::ToolCall t;
-        if (auto id = call.find("id"); id != call.end() && id->is_string()) t.id = id->get<std::string>();
-        auto fn = call.find("function");
-        if (fn == call.end() || !fn->is_object())
-          return bad_request("Missing required parameter: '" + cw + ".function'.", cw + ".function",
-                             "missing_required_parameter");
-        auto name = fn->find("name");
-        if (name == fn->end() || !name->is_string())
-          return bad_request("Missing required parameter: '" + cw + ".function.name'.", cw + ".function.name",
-                             "missing_required_parameter");
-        t.name = name->get<std::string>();
-        if (auto args = fn->find("arguments"); args != fn->end() && !args->is_null())
-          t.arguments = args->is_string() ? args->get<std::string>() : args->dump();
-        msg.tool_calls.push_back(std::move(t));
-      }
-    }
-    if (auto e = check_optional_string(m, "name", where)) return e;
-    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
-      if (!id->is_string()) return wrong_type(where + ".tool_call_id", "a string", *id);
-      msg.tool_call_id = id->get<std::string>();
-    }
-    out.messages.push_back(std::move(msg));
+  const nlohmann::ordered_json& messages = ordered.at("messages");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    auto msg = tokenizer::parse_chat_message(messages[i], i);
+    if (!msg) return bad_request(msg.error().message, msg.error().param, msg.error().code);
+    out.messages.push_back(std::move(*msg));
   }
   if (auto e = parse_tools(body)) return e;
   if (auto c = body.find("tool_choice"); c != body.end() && c->is_string() && *c == "none") out.tool_choice_none = true;
@@ -434,12 +361,14 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     out.model = it->get<std::string>();
   }
   if (endpoint == Endpoint::kChat) {
-    if (auto e = parse_messages(body, out)) return e;
-    if (auto t = body.find("tools"); t != body.end() && t->is_array()) {
-      // Re-read in document order: the template's tojson keeps the client's key order.
-      auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
-      if (!ordered.is_discarded() && ordered.contains("tools")) out.tools = ordered["tools"];
-    }
+    // Re-read in document order: the template's tojson keeps the client's
+    // key order (tools, object-valued tool-call arguments).
+    const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
+    if (ordered.is_discarded() || !ordered.is_object())
+      return bad_request("The request body must be a JSON object.", {}, "invalid_json");
+    if (auto e = parse_messages(body, ordered, out)) return e;
+    if (auto t = body.find("tools"); t != body.end() && t->is_array() && ordered.contains("tools"))
+      out.tools = ordered["tools"];
   } else {
     if (auto e = parse_prompt(body, out)) return e;
   }

@@ -2,7 +2,6 @@
 #include "server/routes_admin.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -13,8 +12,8 @@
 #include <vector>
 
 #include "core/ggml_types.h"     // parse_q2_layout (admin load)
-#include "engine/engine_pool.h"  // model_footprint
-#include "gguf/gguf.h"           // OpenOptions
+#include "engine/load_fit.h"     // check_load_fit
+#include "model/kv_cache.h"      // parse_kv_type (cache_type_k / cache_type_v)
 #include "server/web_ui.h"       // GET /: the embedded web chat page
 
 namespace bonsai::server {
@@ -22,22 +21,6 @@ namespace bonsai::server {
 using json = nlohmann::json;
 
 namespace {
-
-// "1.5 GiB", "160.0 KiB": sizes in error messages, with enough precision for small models.
-std::string size_text(uint64_t bytes) {
-  const char* unit = "KiB";
-  double v = static_cast<double>(bytes) / 1024.0;
-  if (bytes >= (1ull << 30)) {
-    unit = "GiB";
-    v = static_cast<double>(bytes) / static_cast<double>(1ull << 30);
-  } else if (bytes >= (1ull << 20)) {
-    unit = "MiB";
-    v = static_cast<double>(bytes) / static_cast<double>(1ull << 20);
-  }
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f %s", v, unit);
-  return buf;
-}
 
 // Largest pool_size an admin load accepts (each replica holds its own KV
 // caches; 1'000'000 replicas would exhaust memory long before the budget
@@ -242,67 +225,13 @@ struct AdminRoutes {
     send_json(res, 202, json{{"id", id}, {"state", "loading"}});
   }
 
-  // Refuses an admin load before anything is allocated when its explicit
-  // ctx_size is beyond what the model supports (model_footprint's max_ctx:
-  // the training context x the RoPE scaling factor), or when the KV caches
-  // it implies (n_layer x 2 x n_head_kv x head_dim x ctx x 2 bytes (F16) x
-  // replicas) do not fit: with a pool budget, mapping + KV caches must fit
-  // the budget (ModelPool would otherwise refuse the model only later, as a
-  // 503 that retrying never cures); without one, the KV caches must fit
-  // ServerOptions::admin_mem_limit_bytes or else MemAvailable. The caches are allocated
-  // lazily (pages committed as the context fills), so an oversized one
-  // would not fail at load but kill the process later, mid-request.
-  // ctx_size 0 stays allowed: it means the model's default context
-  // (min(context_length, 4096)), as `bonsai serve -c 0` and llama.cpp's -c 0.
-  // A file whose header cannot be read is left to the loader's own error.
+  // Refuses an admin load before anything is allocated (engine::check_load_fit).
   std::optional<ApiError> check_load_fits(const std::string& id, const engine::ModelSpec& spec, bool ctx_given,
                                           bool pool_given) const {
-    gguf::OpenOptions open;
-    open.q2_layout = spec.q2_layout;
-    auto fp = engine::model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
-                                      spec.kv_budget_tokens);
-    if (!fp) return std::nullopt;
-    if (ctx_given && spec.ctx_size > 0 && fp->max_ctx > 0 && spec.ctx_size > fp->max_ctx) {
-      char factor[32];
-      std::snprintf(factor, sizeof factor, "%g", static_cast<double>(fp->rope_scaling_factor));
-      return bad_request("Invalid 'ctx_size': " + std::to_string(spec.ctx_size) + " tokens is more than model '" + id +
-                             "' supports: at most " + std::to_string(fp->max_ctx) + " (training context " +
-                             std::to_string(fp->n_ctx_train) + " x RoPE scaling factor " + factor + ").",
-                         "ctx_size", "invalid_value");
-    }
-    const uint64_t budget = ctx_.models->mem_budget_bytes();
-    const uint64_t limit = budget > 0 ? budget : ctx_.opt.admin_mem_limit_bytes > 0 ? ctx_.opt.admin_mem_limit_bytes
-                                                                                : available_memory_bytes();
-    if (limit == 0) return std::nullopt;  // /proc/meminfo unreadable: nothing to compare with
-    const uint64_t need = budget > 0 ? fp->total_bytes() : fp->kv_bytes;
-    if (need <= limit) return std::nullopt;
-    // The context per replica that would fit (0 if not even the mapping does).
-    const uint64_t room = budget > 0 ? (limit > fp->mapped_bytes ? limit - fp->mapped_bytes : 0) : limit;
-    const uint64_t per_ctx = fp->kv_bytes_per_position * static_cast<uint64_t>(fp->replicas);
-    const uint64_t fit_ctx = per_ctx > 0 ? room / per_ctx : 0;
-    std::string msg = "Model '" + id + "' with ctx_size " + std::to_string(fp->n_ctx) + " and " +
-                      std::to_string(fp->replicas) + " replica(s) needs " + size_text(fp->kv_bytes) +
-                      " of KV cache (" + std::to_string(fp->kv_bytes_per_position) + " bytes per position x " +
-                      std::to_string(fp->n_ctx) + " positions x " + std::to_string(fp->replicas) + " replicas" +
-                      (fp->kv_budget_tokens != fp->n_ctx * fp->replicas
-                           ? ", as a budget of " + std::to_string(fp->kv_budget_tokens) + " positions"
-                           : std::string()) + ")";
-    if (budget > 0) {
-      msg += " plus " + size_text(fp->mapped_bytes) + " of mapped weights = " + size_text(need) +
-             ", more than the memory budget (--mem-budget) of " + size_text(limit) + ".";
-    } else {
-      msg += ", more than the " + size_text(limit) +
-             (ctx_.opt.admin_mem_limit_bytes > 0 ? " allowed for one load." : " of memory available (MemAvailable).");
-    }
-    if (spec.kv_budget_tokens > 0) {  // an explicit KV budget: it, not ctx_size, sets the KV bytes
-      const uint64_t fit = fp->kv_bytes_per_position > 0 ? room / fp->kv_bytes_per_position : 0;
-      msg += " At most a KV budget of " + std::to_string(fit) + " tokens fits.";
-    } else {
-      msg += fit_ctx > 0 ? " At most ctx_size " + std::to_string(fit_ctx) + " fits with " +
-                               std::to_string(fp->replicas) + " replica(s)."
-                         : " It does not fit at any ctx_size.";
-    }
-    return bad_request(std::move(msg), ctx_given ? "ctx_size" : pool_given ? "pool_size" : "", "insufficient_memory");
+    auto refusal = engine::check_load_fit(id, spec, ctx_given, pool_given, ctx_.models->mem_budget_bytes(),
+                                          ctx_.opt.admin_mem_limit_bytes);
+    if (!refusal) return std::nullopt;
+    return bad_request(std::move(refusal->message), std::move(refusal->param), std::move(refusal->code));
   }
 
   void handle_admin_unload(const std::string& body_text, HttpResponse& res) {
@@ -353,22 +282,6 @@ void add_admin_routes(HttpTransport& http, ServerContext& ctx) {
       "/admin/models/unload",
       [r](const HttpRequest&, const std::string& body, HttpResponse& res) { r->handle_admin_unload(body, res); },
       bad_body);
-}
-
-uint64_t available_memory_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  uint64_t bytes = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long kib = 0;
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
-      bytes = static_cast<uint64_t>(kib) * 1024u;
-      break;
-    }
-  }
-  std::fclose(f);
-  return bytes;
 }
 
 }  // namespace bonsai::server

@@ -21,13 +21,14 @@
 #include <vector>
 
 #include "engine/chat_output.h"       // reasoning / tool-call split of chat answers
+#include "engine/completion.h"        // prepare_completion
 #include "engine/inference_engine.h"  // GenerationResult, finish_reason_name
 #include "engine/scheduler.h"         // Scheduler, CompletionJob, JobHandle
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error
 #include "server/transport.h"         // HttpTransport
-#include "tokenizer/tokenizer.h"      // Tokenizer::encode_chat / encode_prompt
+#include "tokenizer/tokenizer.h"      // Tokenizer
 
 namespace bonsai::server {
 
@@ -63,8 +64,8 @@ std::string route_label(const std::string& path) {
 // the job if it is still running (its slot comes back within a step), then
 // releases the model.
 struct Job {
-  std::shared_ptr<engine::ModelPool> pool;
-  std::shared_ptr<engine::LoadedModel> model;
+  std::shared_ptr<engine::ModelPool> pool;  // outlives `model` (declared first)
+  engine::ModelHandle model;
   std::shared_ptr<engine::JobHandle> handle;  // set once submitted to the model's scheduler
   std::vector<int32_t> prompt;
   engine::SamplingParams params;
@@ -84,7 +85,7 @@ struct Job {
   ~Job() {
     if (handle) handle->cancel();
     handle.reset();
-    if (model) pool->release(model);
+    model.release();
   }
 };
 
@@ -271,7 +272,7 @@ struct Server::Impl {
       e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
       return fail(e);
     }
-    job->model = *model;
+    job->model = std::move(*model);
     const engine::LoadedModel& lm = *job->model;
     if (!lm.pool || !lm.tokenizer) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
     const tokenizer::Tokenizer& tok = *lm.tokenizer;

@@ -9,8 +9,10 @@
 // ServerOptions::admin_mem_limit_bytes), POST /admin/models/unload.
 //
 // One request: parse + validate (400) -> ModelPool::acquire (404 unknown,
-// 503 loading) -> tokenize (chat template) -> context check (400
-// context_length_exceeded) -> the model's engine::Scheduler: submit (503 +
+// 503 loading; the handle is held until the answer is written) ->
+// engine::prepare_completion (chat template, encoding, context check: 400
+// context_length_exceeded; sampling parameters) -> the model's
+// engine::Scheduler: submit (503 +
 // Retry-After when queue_factor x pool size jobs already wait); the step
 // loop runs it batched with the model's other requests, and its events are
 // streamed (SSE) or collected into one body. A request still
@@ -37,6 +39,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "engine/load_fit.h"    // available_memory_bytes
 #include "engine/model_pool.h"  // ModelPool, ModelSpec
 #include "server/metrics.h"     // MetricsRegistry
 
@@ -74,9 +77,8 @@ struct ServerOptions {
   uint64_t admin_mem_limit_bytes = 0;
 };
 
-// MemAvailable from /proc/meminfo in bytes (the kernel's estimate of memory
-// available to new allocations without swapping); 0 if it cannot be read.
-uint64_t available_memory_bytes();
+// MemAvailable from /proc/meminfo in bytes (engine/load_fit.h).
+using engine::available_memory_bytes;
 
 class Server {
  public:

@@ -250,67 +250,124 @@ std::string to_python_json(const nlohmann::ordered_json& value) {
   return out;
 }
 
-core::Expected<std::vector<ChatMessage>> chat_messages_from_json(
-    const nlohmann::ordered_json& messages) {
-  const auto bad = [](size_t i, const std::string& what) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "messages[" + std::to_string(i) + "]: " + what);
-  };
+namespace {
+
+using OJson = nlohmann::ordered_json;
+
+const char* json_type_name(const OJson& v) {
+  switch (v.type()) {
+    case OJson::value_t::null: return "null";
+    case OJson::value_t::boolean: return "boolean";
+    case OJson::value_t::string: return "string";
+    case OJson::value_t::array: return "array";
+    case OJson::value_t::object: return "object";
+    case OJson::value_t::number_float: return "number";
+    case OJson::value_t::number_integer:
+    case OJson::value_t::number_unsigned: return "integer";
+    default: return "unknown";
+  }
+}
+
+std::unexpected<ChatMessageError> wrong_type(const std::string& field, const char* expected, const OJson& got) {
+  return std::unexpected(ChatMessageError{"Invalid type for '" + field + "': expected " + expected + ", but got " +
+                                              json_type_name(got) + ".",
+                                          field, "invalid_type"});
+}
+
+std::unexpected<ChatMessageError> missing(const std::string& field) {
+  return std::unexpected(
+      ChatMessageError{"Missing required parameter: '" + field + "'.", field, "missing_required_parameter"});
+}
+
+std::unexpected<ChatMessageError> invalid(std::string message, const std::string& field) {
+  return std::unexpected(ChatMessageError{std::move(message), field, "invalid_value"});
+}
+
+// OpenAI message content: a string, null, or an array of content parts of
+// which {"type":"text","text":...} is accepted (joined without separators).
+std::expected<void, ChatMessageError> read_content(const OJson& msg, const std::string& where, std::string& out) {
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return {};
+  if (it->is_string()) {
+    out = it->get<std::string>();
+    return {};
+  }
+  if (!it->is_array()) return wrong_type(where + ".content", "a string or an array of content parts", *it);
+  for (size_t k = 0; k < it->size(); ++k) {
+    const OJson& part = (*it)[k];
+    const std::string pw = where + ".content[" + std::to_string(k) + "]";
+    if (!part.is_object()) return wrong_type(pw, "an object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) return missing(pw + ".type");
+    if (*type != "text") return invalid("Invalid value for '" + pw + ".type': only \"text\" content parts are supported.", pw + ".type");
+    auto text = part.find("text");
+    if (text == part.end()) return missing(pw + ".text");
+    if (!text->is_string()) return wrong_type(pw + ".text", "a string", *text);
+    out += text->get<std::string>();
+  }
+  return {};
+}
+
+}  // namespace
+
+std::expected<ChatMessage, ChatMessageError> parse_chat_message(const nlohmann::ordered_json& m, size_t index) {
+  const std::string where = "messages[" + std::to_string(index) + "]";
+  if (!m.is_object()) return wrong_type(where, "an object", m);
+  ChatMessage msg;
+  auto role = m.find("role");
+  if (role == m.end() || role->is_null()) return missing(where + ".role");
+  if (!role->is_string()) return wrong_type(where + ".role", "a string", *role);
+  msg.role = role->get<std::string>();
+  if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for system
+  if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool") {
+    return invalid("Invalid value for '" + where + ".role': '" + msg.role +
+                       "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.",
+                   where + ".role");
+  }
+  if (auto ok = read_content(m, where, msg.content); !ok) return std::unexpected(ok.error());
+  if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null()) {
+    if (!rc->is_string()) return wrong_type(where + ".reasoning_content", "a string", *rc);
+    msg.reasoning_content = rc->get<std::string>();
+  }
+  if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+    if (!tc->is_array()) return wrong_type(where + ".tool_calls", "an array", *tc);
+    for (size_t k = 0; k < tc->size(); ++k) {
+      const OJson& call = (*tc)[k];
+      const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
+      if (!call.is_object()) return wrong_type(cw, "an object", call);
+      ToolCall t;
+      if (auto id = call.find("id"); id != call.end() && id->is_string()) t.id = id->get<std::string>();
+      auto fn = call.find("function");
+      if (fn == call.end() || !fn->is_object()) return missing(cw + ".function");
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string()) return missing(cw + ".function.name");
+      t.name = name->get<std::string>();
+      // A string is kept verbatim; any other JSON value is written the way
+      // the template's tojson writes it (the client's key order, ", " and
+      // ": " separators), so the prompt is what the model was trained on.
+      if (auto args = fn->find("arguments"); args != fn->end() && !args->is_null())
+        t.arguments = args->is_string() ? args->get<std::string>() : to_python_json(*args);
+      msg.tool_calls.push_back(std::move(t));
+    }
+  }
+  if (auto n = m.find("name"); n != m.end() && !n->is_null() && !n->is_string())
+    return wrong_type(where + ".name", "a string", *n);
+  if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
+    if (!id->is_string()) return wrong_type(where + ".tool_call_id", "a string", *id);
+    msg.tool_call_id = id->get<std::string>();
+  }
+  return msg;
+}
+
+core::Expected<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& messages) {
   if (!messages.is_array()) {
     return core::fail(core::Errc::kInvalidArgument, "'messages' must be an array");
   }
   std::vector<ChatMessage> out;
-  out.reserve(messages.size());
   for (size_t i = 0; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    if (!m.is_object()) return bad(i, "must be an object");
-    ChatMessage msg;
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return bad(i, "'role' must be a string");
-    msg.role = role->get<std::string>();
-    if (auto c = m.find("content"); c != m.end() && !c->is_null()) {
-      if (c->is_string()) {
-        msg.content = c->get<std::string>();
-      } else if (c->is_array()) {
-        for (size_t k = 0; k < c->size(); ++k) {
-          const auto& part = (*c)[k];
-          auto text = part.is_object() ? part.find("text") : part.end();
-          if (!part.is_object() || text == part.end() || !text->is_string()) {
-            return bad(i, "content[" + std::to_string(k) + "] is not a text part");
-          }
-          msg.content += text->get<std::string>();
-        }
-      } else {
-        return bad(i, "'content' must be a string, an array of text parts or null");
-      }
-    }
-    if (auto r = m.find("reasoning_content"); r != m.end() && r->is_string()) {
-      msg.reasoning_content = r->get<std::string>();
-    }
-    if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) {
-      msg.tool_call_id = id->get<std::string>();
-    }
-    if (auto tcs = m.find("tool_calls"); tcs != m.end() && !tcs->is_null()) {
-      if (!tcs->is_array()) return bad(i, "'tool_calls' must be an array");
-      for (size_t k = 0; k < tcs->size(); ++k) {
-        const auto& tc = (*tcs)[k];
-        const std::string where = "tool_calls[" + std::to_string(k) + "]";
-        if (!tc.is_object()) return bad(i, where + " must be an object");
-        ToolCall call;
-        if (auto id = tc.find("id"); id != tc.end() && id->is_string()) call.id = id->get<std::string>();
-        // {"function": {...}} (OpenAI) or the function object itself.
-        const auto fn_it = tc.find("function");
-        const auto& fn = (fn_it != tc.end() && fn_it->is_object()) ? *fn_it : tc;
-        auto name = fn.find("name");
-        if (name == fn.end() || !name->is_string()) return bad(i, where + ".function.name must be a string");
-        call.name = name->get<std::string>();
-        if (auto args = fn.find("arguments"); args != fn.end()) {
-          call.arguments = args->is_string() ? args->get<std::string>() : to_python_json(*args);
-        }
-        msg.tool_calls.push_back(std::move(call));
-      }
-    }
-    out.push_back(std::move(msg));
+    auto msg = parse_chat_message(messages[i], i);
+    if (!msg) return core::fail(core::Errc::kInvalidArgument, msg.error().message);
+    out.push_back(std::move(*msg));
   }
   return out;
 }

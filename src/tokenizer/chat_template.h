@@ -18,6 +18,8 @@
 // therefore cannot end its turn or inject a role. See Tokenizer::encode_chat.
 #pragma once
 
+#include <cstddef>
+#include <expected>
 #include <optional>
 #include <span>
 #include <string>
@@ -109,13 +111,31 @@ class ChatTemplate {
   std::string source_;
 };
 
-// Converts an OpenAI `messages` array to ChatMessages. Accepts `content` as a
-// string, null, or an array of {"type":"text","text":...} parts (joined);
-// `reasoning_content`; `tool_calls[].function.{name,arguments}` with
-// arguments as a string (kept verbatim) or a JSON value (serialised with
-// to_python_json); `tool_call_id`. Errors (kInvalidArgument, naming the index
-// and field): not an array, a message that is not an object, a missing or
-// non-string role, a content part that is not text.
+// Why an OpenAI message could not be read: the message an API client sees,
+// the field at fault ("messages[2].tool_calls[0].function.name") and
+// OpenAI's error code ("invalid_type", "invalid_value",
+// "missing_required_parameter").
+struct ChatMessageError {
+  std::string message;
+  std::string param;
+  std::string code;
+};
+
+// The one reader of OpenAI chat messages (the server's request parser and
+// chat_messages_from_json both use it). Message `index` of a `messages`
+// array: `role` one of system / developer (read as system) / user /
+// assistant / tool; `content` a string, null, or an array of
+// {"type":"text","text":...} parts (joined); `reasoning_content` a string;
+// `tool_calls[].function.{name,arguments}` with arguments a string (kept
+// verbatim) or any other JSON value (written with to_python_json, as the
+// template's tojson would: the chat template's format wins); `name` and
+// `tool_call_id` strings. Parse the body as ordered_json so object-valued
+// arguments keep the client's key order.
+std::expected<ChatMessage, ChatMessageError> parse_chat_message(const nlohmann::ordered_json& message, size_t index);
+
+// Converts an OpenAI `messages` array with parse_chat_message. Errors
+// (kInvalidArgument, the message of the first bad message, which names its
+// index and field): not an array, or a message parse_chat_message refuses.
 core::Expected<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann::ordered_json& messages);
 
 // Serialises JSON the way the Qwen template's `tojson` filter does in

@@ -74,7 +74,35 @@ std::vector<std::string> listed_ids(const ModelPool& pool) {
 void touch(ModelPool& pool, const std::string& id) {
   auto m = pool.acquire(id);
   ASSERT_TRUE(m.has_value()) << m.error().message;
-  pool.release(*m);
+  m->release();
+}
+
+// The handle of acquire() is the request's use: dropping it (or moving
+// another handle over it) ends the use exactly once; a moved-from handle is
+// empty and ends nothing.
+TEST(ModelPool, HandleEndsItsUseOnceWhenDroppedOrReplaced) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}};
+  auto pool = zoo.make(2, 0);
+  reg(pool, "a");
+  {
+    auto h = pool.acquire("a");
+    ASSERT_TRUE(h.has_value()) << h.error().message;
+    ASSERT_EQ(pool.list().size(), 1u);
+    EXPECT_EQ(pool.list()[0].in_flight, 1);
+    ModelHandle moved = std::move(*h);
+    EXPECT_FALSE(static_cast<bool>(*h));
+    EXPECT_EQ(pool.list()[0].in_flight, 1);
+    auto h2 = pool.acquire_loaded("a");
+    ASSERT_TRUE(h2.has_value());
+    EXPECT_EQ(pool.list()[0].in_flight, 2);
+    moved = std::move(*h2);  // the first use ends; the second moves in
+    EXPECT_EQ(pool.list()[0].in_flight, 1);
+    EXPECT_EQ(moved->id, "a");
+    h2->release();  // empty: nothing to end
+    EXPECT_EQ(pool.list()[0].in_flight, 1);
+  }
+  EXPECT_EQ(pool.list()[0].in_flight, 0);
 }
 
 TEST(ModelPool, UnknownModelIsNotFound) {
@@ -142,17 +170,16 @@ TEST(ModelPool, InFlightModelIsNeverTornDown) {
     reg(pool, "b");
     auto a = pool.acquire("a");
     ASSERT_TRUE(a.has_value());
-    std::weak_ptr<LoadedModel> weak_a = *a;
+    std::weak_ptr<LoadedModel> weak_a = a->shared();
     auto b = pool.acquire("b");
     ASSERT_TRUE(b.has_value()) << b.error().message;
     EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
     EXPECT_EQ((*a)->id, "a");
     EXPECT_EQ(pool.current_mem_bytes(), 8 * kMiB);
-    pool.release(*a);
-    a->reset();
+    a->release();  // ends the use and drops the handle's reference
     EXPECT_TRUE(weak_a.expired());
     EXPECT_EQ(pool.current_mem_bytes(), 4 * kMiB);
-    pool.release(*b);
+    b->release();
   }
   {
     // Budget 6 MiB: a in flight holds 4; b (4) cannot fit until a is released.
@@ -167,12 +194,12 @@ TEST(ModelPool, InFlightModelIsNeverTornDown) {
     EXPECT_NE(b.error().message.find("in flight"), std::string::npos) << b.error().message;
     EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
     EXPECT_EQ(pool.list()[0].in_flight, 1);
-    pool.release("a");
+    a->release();
     EXPECT_EQ(pool.list()[0].in_flight, 0);
     auto b2 = pool.acquire("b");
     ASSERT_TRUE(b2.has_value()) << b2.error().message;
     EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
-    pool.release(*b2);
+    b2->release();
   }
 }
 
@@ -333,7 +360,7 @@ TEST(ModelPool, FailedLoadIsNotRetriedUntilTheFileChanges) {
   zoo.fail_path.clear();
   m = pool.acquire("bad");
   ASSERT_TRUE(m.has_value()) << m.error().message;
-  pool.release(*m);
+  m->release();
   EXPECT_EQ(zoo.loads["bad"], 2);
   std::remove(file.c_str());
 }
@@ -396,7 +423,7 @@ TEST(ModelPool, UnloadErrorsAndSuccess) {
   EXPECT_TRUE(pool.list().empty());
   EXPECT_EQ(pool.current_mem_bytes(), 2 * kMiB);
   EXPECT_EQ(pool.acquire_loaded("a").error().code, core::Errc::kNotFound);
-  pool.release(*h);
+  h->release();
   EXPECT_EQ(pool.current_mem_bytes(), 0u);
 }
 
@@ -414,7 +441,7 @@ TEST(ModelPool, ConcurrentAcquireReleaseKeepsCountsConsistent) {
         auto m = pool.acquire(ids[(t + i) % 3]);
         if (m) {
           ++ok;
-          pool.release(*m);
+          m->release();
         } else if (m.error().code == core::Errc::kResourceExhausted) {
           ++busy;  // loading elsewhere or no evictable slot: retry later
         } else {

@@ -334,6 +334,62 @@ TEST(OpenAiParse, MalformedJson) {
   }
 }
 
+// One OpenAI message reader (tokenizer::parse_chat_message) serves the
+// server and the tokenizer's chat_messages_from_json. Object-valued tool-call
+// arguments are written the way the chat template's tojson writes them (the
+// client's key order, ", " and ": ", non-ASCII kept), not as a compact dump
+// with sorted keys (what the server's own parser did before): the rendered
+// prompt must be what the model was trained on.
+TEST(OpenAiParse, ObjectToolCallArgumentsAreWrittenInTheTemplatesFormat) {
+  const std::string messages =
+      R"([{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[)"
+      R"({"id":"c1","type":"function","function":{"name":"get_weather","arguments":)"
+      R"({"zeta":1,"alpha":{"city":"Zürich","days":[1,2]}}}},)"
+      R"({"id":"c2","type":"function","function":{"name":"ping","arguments":"{\"b\":1,\"a\":2}"}}]}])";
+  CompletionRequest r;
+  auto e = parse(R"({"messages":)" + messages + "}", Endpoint::kChat, r);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  ASSERT_EQ(r.messages.size(), 2u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 2u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments, R"({"zeta": 1, "alpha": {"city": "Zürich", "days": [1, 2]}})");
+  EXPECT_EQ(r.messages[1].tool_calls[1].arguments, R"({"b":1,"a":2})");  // a string: verbatim
+  auto direct = tokenizer::chat_messages_from_json(nlohmann::ordered_json::parse(messages));
+  ASSERT_TRUE(direct.has_value()) << direct.error().message;
+  ASSERT_EQ(direct->size(), 2u);
+  EXPECT_EQ((*direct)[1].tool_calls[0].arguments, r.messages[1].tool_calls[0].arguments);
+  // And so the Qwen3 template renders the call as its Jinja tojson does.
+  const auto tmpl = tokenizer::ChatTemplate::from_text("<|im_start|> <think> reasoning_content");
+  auto rendered = tmpl.render(r.messages);
+  ASSERT_TRUE(rendered.has_value()) << rendered.error().message;
+  EXPECT_NE(rendered->text().find(
+                R"({"name": "get_weather", "arguments": {"zeta": 1, "alpha": {"city": "Zürich", "days": [1, 2]}}})"),
+            std::string::npos)
+      << rendered->text();
+}
+
+// Message errors keep OpenAI's shape (param and code) through the shared reader.
+TEST(OpenAiParse, MessageErrorsNameTheField) {
+  CompletionRequest r;
+  auto e = parse(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"function":{}}]}]})",
+                 Endpoint::kChat, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->param, "messages[1].tool_calls[0].function.name");
+  EXPECT_EQ(e->code, "missing_required_parameter");
+  e = parse(R"({"messages":[{"role":"robot","content":"x"}]})", Endpoint::kChat, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "messages[0].role");
+  EXPECT_EQ(e->code, "invalid_value");
+  e = parse(R"({"messages":[{"role":"user","content":5}]})", Endpoint::kChat, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "messages[0].content");
+  EXPECT_EQ(e->code, "invalid_type");
+  e = parse(R"({"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"x"}]})",
+            Endpoint::kChat, r);
+  ASSERT_FALSE(e.has_value()) << e->message;
+  EXPECT_EQ(r.messages[0].role, "system");
+}
+
 // Regression: deep nesting in tool-call arguments (re-serialised with a
 // recursive dump) overflowed the stack and crashed the server.
 TEST(OpenAiParse, DeepNestingIsRefusedNotACrash) {

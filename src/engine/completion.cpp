@@ -1,0 +1,95 @@
+// One request preparation. See completion.h.
+#include "engine/completion.h"
+
+#include <algorithm>
+
+namespace bonsai::engine {
+
+namespace {
+
+std::unexpected<PrepareError> refuse(core::Errc code, std::string message, std::string param = {},
+                                     std::string api_code = {}) {
+  return std::unexpected(PrepareError{core::Error{code, std::move(message)}, std::move(param), std::move(api_code)});
+}
+
+}  // namespace
+
+std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokenizer::Tokenizer& tok, int64_t n_ctx,
+                                                                   const SamplingParams& defaults,
+                                                                   const CompletionInput& in,
+                                                                   const SamplingOverrides& over,
+                                                                   const PrepareOptions& options) {
+  using core::Errc;
+  const char* const prompt_field = in.chat ? "messages" : "prompt";
+  PreparedCompletion out;
+
+  // 1. Prompt tokens.
+  if (in.chat) {
+    auto rendered = tok.chat_template().render(in.messages, in.chat_options);
+    if (!rendered) return refuse(Errc::kInvalidArgument, rendered.error().message, "messages");
+    out.prompt = tok.encode_chat(*rendered);
+  } else if (!in.prompt_ids.empty()) {
+    for (int32_t id : in.prompt_ids)
+      if (id < 0 || id >= tok.n_vocab())
+        return refuse(Errc::kInvalidArgument,
+                      "Invalid 'prompt': token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                          std::to_string(tok.n_vocab()) + ").",
+                      "prompt", "invalid_value");
+    out.prompt = in.prompt_ids;
+  } else {
+    // As llama.cpp's server and CLI: special-token text in a raw prompt is recognised.
+    out.prompt = tok.encode_prompt(in.prompt, /*parse_special=*/true);
+  }
+
+  // 2. Empty prompt.
+  if (out.prompt.empty()) {
+    if (!options.empty_prompt_is_bos) return refuse(Errc::kInvalidArgument, "The prompt is empty.", prompt_field);
+    if (tok.bos_id() == tokenizer::kNoToken)
+      return refuse(Errc::kInvalidArgument, "the prompt is empty and the model has no BOS token to start from",
+                    prompt_field);
+    out.prompt.push_back(tok.bos_id());
+  }
+
+  // 3. Context: prompt + max_tokens must fit.
+  const int64_t n_prompt = static_cast<int64_t>(out.prompt.size());
+  int64_t max_tokens = over.max_tokens ? *over.max_tokens : defaults.max_tokens;
+  if (max_tokens < 0 && (options.refuse_overflow || over.max_tokens)) max_tokens = n_ctx - n_prompt;
+  const bool overflow = options.refuse_overflow ? n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx : n_prompt >= n_ctx;
+  if (overflow) {
+    const int64_t asked = std::max<int64_t>(max_tokens, 0);
+    return refuse(Errc::kOutOfRange,
+                  "This model's maximum context length is " + std::to_string(n_ctx) + " tokens. However, you requested " +
+                      std::to_string(n_prompt + asked) + " tokens (" + std::to_string(n_prompt) + " in the " +
+                      prompt_field + ", " + std::to_string(asked) + " in the completion). Please reduce the length of the " +
+                      prompt_field + " or completion.",
+                  prompt_field, "context_length_exceeded");
+  }
+
+  // 4. Sampling: the defaults, overridden by what the request says.
+  SamplingParams p = defaults;
+  if (over.temperature) p.temperature = *over.temperature;
+  if (over.top_p) p.top_p = *over.top_p;
+  if (over.top_k) p.top_k = *over.top_k;
+  if (over.min_p) p.min_p = *over.min_p;
+  if (over.repeat_penalty) p.repeat_penalty = *over.repeat_penalty;
+  if (over.presence_penalty) p.presence_penalty = *over.presence_penalty;
+  if (over.frequency_penalty) p.frequency_penalty = *over.frequency_penalty;
+  p.max_tokens = static_cast<int32_t>(max_tokens);
+  if (over.stop) p.stop = *over.stop;
+  if (over.ignore_eos) p.ignore_eos = *over.ignore_eos;
+  if (over.logit_bias) {
+    for (const auto& [id, bias] : *over.logit_bias) {
+      if (id >= tok.n_vocab())
+        return refuse(Errc::kInvalidArgument,
+                      "Invalid key in 'logit_bias': token " + std::to_string(id) + " is outside the vocabulary (size " +
+                          std::to_string(tok.n_vocab()) + ").",
+                      "logit_bias", "invalid_value");
+    }
+    p.logit_bias = *over.logit_bias;
+  }
+  if (auto v = p.validate(); !v) return refuse(Errc::kInvalidArgument, v.error().message);
+  out.params = std::move(p);
+  return out;
+}
+
+}  // namespace bonsai::engine

@@ -1,0 +1,159 @@
+// engine::prepare_completion (src/engine/completion.h): the one request
+// preparation of the server and the CLI, on the Qwen3 fixture's tokenizer
+// (ChatML template, no BOS) and stories260K's (a BOS, no chat template).
+#include "engine/completion.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+namespace bonsai::engine {
+namespace {
+
+constexpr const char* kQwen = "fixtures/qwen3-tiny-q1_0.gguf";
+constexpr const char* kStories = "models/stories260K/stories260K.gguf";
+
+std::shared_ptr<const tokenizer::Tokenizer> load(const char* rel) {
+  auto file = gguf::File::open(test::shared_path(rel));
+  if (!file) return nullptr;
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  return tok ? *tok : nullptr;
+}
+
+CompletionInput chat_of(std::string user) {
+  CompletionInput in;
+  in.chat = true;
+  in.messages.push_back({.role = "user", .content = std::move(user)});
+  return in;
+}
+
+TEST(PrepareCompletion, ChatIsRenderedAndEncodedAsTheTemplateSays) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto tok = load(kQwen);
+  ASSERT_NE(tok, nullptr);
+  CompletionInput in = chat_of("Hello");
+  in.chat_options.enable_thinking = false;
+  auto p = prepare_completion(*tok, 4096, SamplingParams{}, in);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  auto rendered = tok->chat_template().render(in.messages, in.chat_options);
+  ASSERT_TRUE(rendered.has_value());
+  EXPECT_EQ(p->prompt, tok->encode_chat(*rendered));
+  // Unset max_tokens: what the context leaves.
+  EXPECT_EQ(p->params.max_tokens, 4096 - static_cast<int32_t>(p->prompt.size()));
+}
+
+TEST(PrepareCompletion, OverridesReplaceDefaultsFieldByField) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto tok = load(kQwen);
+  ASSERT_NE(tok, nullptr);
+  SamplingParams defaults;
+  defaults.temperature = 0.3f;
+  defaults.top_k = 7;
+  defaults.stop = {"x"};
+  SamplingOverrides over;
+  over.top_k = 3;
+  over.max_tokens = 5;
+  over.logit_bias = std::vector<std::pair<int32_t, float>>{{1, -100.0f}};
+  CompletionInput in;
+  in.prompt = "Once upon a time";
+  auto p = prepare_completion(*tok, 256, defaults, in, over);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  EXPECT_EQ(p->prompt, tok->encode_prompt("Once upon a time", true));
+  EXPECT_FLOAT_EQ(p->params.temperature, 0.3f);
+  EXPECT_EQ(p->params.top_k, 3);
+  EXPECT_EQ(p->params.max_tokens, 5);
+  EXPECT_EQ(p->params.stop, std::vector<std::string>{"x"});
+  ASSERT_EQ(p->params.logit_bias.size(), 1u);
+  EXPECT_EQ(p->params.logit_bias[0].first, 1);
+}
+
+TEST(PrepareCompletion, ContextCheckNamesTheFieldAndTheCounts) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto tok = load(kQwen);
+  ASSERT_NE(tok, nullptr);
+  CompletionInput in;
+  in.prompt = "one two three four";
+  const int64_t n = static_cast<int64_t>(tok->encode_prompt(in.prompt, true).size());
+  SamplingOverrides over;
+  over.max_tokens = 10;
+  auto p = prepare_completion(*tok, n + 9, SamplingParams{}, in, over);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().error.code, core::Errc::kOutOfRange);
+  EXPECT_EQ(p.error().param, "prompt");
+  EXPECT_EQ(p.error().code, "context_length_exceeded");
+  EXPECT_EQ(p.error().error.message,
+            "This model's maximum context length is " + std::to_string(n + 9) + " tokens. However, you requested " +
+                std::to_string(n + 10) + " tokens (" + std::to_string(n) +
+                " in the prompt, 10 in the completion). Please reduce the length of the prompt or completion.");
+  // Exactly fitting is fine; the CLI's mode lets max_tokens run past the context.
+  EXPECT_TRUE(prepare_completion(*tok, n + 10, SamplingParams{}, in, over).has_value());
+  PrepareOptions cli{.empty_prompt_is_bos = true, .refuse_overflow = false};
+  auto c = prepare_completion(*tok, n + 9, SamplingParams{}, in, over, cli);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->params.max_tokens, 10);
+  // But not a prompt that leaves no room to answer, in either mode.
+  EXPECT_FALSE(prepare_completion(*tok, n, SamplingParams{}, in, over, cli).has_value());
+  auto chat = prepare_completion(*tok, 8, SamplingParams{}, chat_of("a long enough message"), {}, cli);
+  ASSERT_FALSE(chat.has_value());
+  EXPECT_EQ(chat.error().param, "messages");
+}
+
+TEST(PrepareCompletion, EmptyPromptIsAnErrorOrBosAlone) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kStories));
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto stories = load(kStories);
+  auto qwen = load(kQwen);
+  ASSERT_NE(stories, nullptr);
+  ASSERT_NE(qwen, nullptr);
+  CompletionInput in;  // prompt ""
+  auto server = prepare_completion(*qwen, 256, SamplingParams{}, in);
+  ASSERT_FALSE(server.has_value());
+  EXPECT_EQ(server.error().error.message, "The prompt is empty.");
+  EXPECT_EQ(server.error().param, "prompt");
+  const PrepareOptions cli{.empty_prompt_is_bos = true, .refuse_overflow = false};
+  ASSERT_NE(stories->bos_id(), tokenizer::kNoToken);
+  auto bos = prepare_completion(*stories, 256, SamplingParams{}, in, {}, cli);
+  ASSERT_TRUE(bos.has_value()) << bos.error().error.message;
+  EXPECT_EQ(bos->prompt, std::vector<int32_t>{stories->bos_id()});
+  if (qwen->bos_id() == tokenizer::kNoToken) {
+    auto none = prepare_completion(*qwen, 256, SamplingParams{}, in, {}, cli);
+    ASSERT_FALSE(none.has_value());
+    EXPECT_NE(none.error().error.message.find("no BOS token"), std::string::npos);
+  }
+}
+
+TEST(PrepareCompletion, TokenIdsAndLogitBiasAreCheckedAgainstTheVocabulary) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kStories));
+  auto tok = load(kStories);
+  ASSERT_NE(tok, nullptr);
+  CompletionInput in;
+  in.prompt_ids = {1, 2, tok->n_vocab()};
+  auto p = prepare_completion(*tok, 256, SamplingParams{}, in);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().param, "prompt");
+  EXPECT_EQ(p.error().code, "invalid_value");
+  in.prompt_ids = {1, 2, 3};
+  SamplingOverrides over;
+  over.logit_bias = std::vector<std::pair<int32_t, float>>{{tok->n_vocab(), 1.0f}};
+  p = prepare_completion(*tok, 256, SamplingParams{}, in, over);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().param, "logit_bias");
+  SamplingOverrides bad;
+  bad.top_p = 0.0f;  // SamplingParams::validate wants (0, 1]
+  p = prepare_completion(*tok, 256, SamplingParams{}, in, bad);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().error.code, core::Errc::kInvalidArgument);
+  EXPECT_NE(p.error().error.message.find("top_p"), std::string::npos);
+  p = prepare_completion(*tok, 256, SamplingParams{}, in);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->prompt, (std::vector<int32_t>{1, 2, 3}));
+}
+
+}  // namespace
+}  // namespace bonsai::engine
