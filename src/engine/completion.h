@@ -1,5 +1,8 @@
-// One request preparation, shared by the server's completion routes
-// (server/server.cpp) and the CLI's `run` / `chat` (apps/bonsai/cmd_run.cpp):
+// One request preparation for the CLI's `run` / `chat`
+// (apps/bonsai/cmd_run.cpp). The server's completion route
+// (server/server.cpp) still repeats these steps with its prompt byte cap
+// and early overload check in between; moving it onto this (the cap as a
+// PrepareOptions field) is the open half of issue 9.1:
 //
 //   1. the prompt: a chat rendered with the model's chat template and encoded
 //      injection-safe (Tokenizer::encode_chat), or a raw prompt encoded with
