@@ -1031,15 +1031,30 @@ TEST_F(ServerHttpDefaultSeed, UnseededRequestsUseTheServerSeed) {
 // The scheduler's gauges, with the vLLM names routers read.
 TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
   ASSERT_EQ(post("/v1/completions", completion_body("Once upon a time", 4).dump()).first, 200);
+  // The gauges are sampled by the step loop: the finished sequence's last
+  // token (the prompt-cache tail) runs one step after its answer was sent, so
+  // its KV blocks are unpinned a moment later. Poll until it is idle.
+  const std::vector<std::string> names = {"vllm:num_requests_running{model_name=\"stories\"} 0\n",
+                                          "vllm:num_requests_waiting{model_name=\"stories\"} 0\n",
+                                          "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0\n",
+                                          "bonsai_requests_running{",
+                                          "bonsai_kv_cache_usage_ratio{",
+                                          "bonsai_batch_tokens_per_step_bucket{",
+                                          "bonsai_prompt_cache_hits_total{",
+                                          "bonsai_prompt_cache_tokens_total{"};
   auto c = client();
-  auto r = c.Get("/metrics");
-  ASSERT_TRUE(r);
-  for (const char* name : {"vllm:num_requests_running{model_name=\"stories\"} 0",
-                           "vllm:num_requests_waiting{model_name=\"stories\"} 0",
-                           "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0", "bonsai_requests_running{",
-                           "bonsai_kv_cache_usage_ratio{", "bonsai_batch_tokens_per_step_bucket{",
-                           "bonsai_prompt_cache_hits_total{", "bonsai_prompt_cache_tokens_total{"})
-    EXPECT_NE(r->body.find(name), std::string::npos) << name;
+  std::string body;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    auto r = c.Get("/metrics");
+    ASSERT_TRUE(r);
+    body = r->body;
+    bool all = true;
+    for (const auto& n : names) all = all && body.find(n) != std::string::npos;
+    if (all || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (const auto& n : names) EXPECT_NE(body.find(n), std::string::npos) << n << "\n" << body;
   EXPECT_GT(server_->metrics().histogram_count("bonsai_batch_tokens_per_step", {{"model", "stories"}}), 0u);
 }
 
