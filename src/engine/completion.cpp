@@ -12,6 +12,22 @@ std::unexpected<PrepareError> refuse(core::Errc code, std::string message, std::
   return std::unexpected(PrepareError{core::Error{code, std::move(message)}, std::move(param), std::move(api_code)});
 }
 
+// The byte cap's refusal of `bytes` of `field` text (see PrepareOptions::max_prompt_bytes).
+std::unexpected<PrepareError> too_long(size_t bytes, const char* field, const PrepareOptions& options) {
+  const std::string source = options.prompt_cap_source.empty() ? "" : " (" + options.prompt_cap_source + ")";
+  auto e = refuse(core::Errc::kOutOfRange,
+                  "The " + std::string(field) + " text is " + std::to_string(bytes) +
+                      " bytes; this server tokenizes at most " + std::to_string(options.max_prompt_bytes) +
+                      " bytes of prompt for this model" + source + ". Please reduce the length of the " + field + ".",
+                  field, "context_length_exceeded");
+  e.error().prompt_bytes = bytes;
+  return e;
+}
+
+bool over_cap(size_t bytes, const PrepareOptions& options) {
+  return options.max_prompt_bytes > 0 && bytes > options.max_prompt_bytes;
+}
+
 }  // namespace
 
 std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokenizer::Tokenizer& tok, int64_t n_ctx,
@@ -27,6 +43,9 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
   if (in.chat) {
     auto rendered = tok.chat_template().render(in.messages, in.chat_options);
     if (!rendered) return refuse(Errc::kInvalidArgument, rendered.error().message, "messages");
+    size_t rendered_bytes = 0;
+    for (const auto& seg : rendered->segments) rendered_bytes += seg.text.size();
+    if (over_cap(rendered_bytes, options)) return too_long(rendered_bytes, "messages", options);
     out.prompt = tok.encode_chat(*rendered);
   } else if (!in.prompt_ids.empty()) {
     for (int32_t id : in.prompt_ids)
@@ -37,6 +56,7 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
                       "prompt", "invalid_value");
     out.prompt = in.prompt_ids;
   } else {
+    if (over_cap(in.prompt.size(), options)) return too_long(in.prompt.size(), "prompt", options);
     // As llama.cpp's server and CLI: special-token text in a raw prompt is recognised.
     out.prompt = tok.encode_prompt(in.prompt, /*parse_special=*/true);
   }
@@ -87,6 +107,9 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
     }
     p.logit_bias = *over.logit_bias;
   }
+  if (over.grammar) p.grammar = *over.grammar;
+  if (over.logprobs) p.logprobs = *over.logprobs;
+  if (over.prompt_logprobs) p.prompt_logprobs = *over.prompt_logprobs;
   if (auto v = p.validate(); !v) return refuse(Errc::kInvalidArgument, v.error().message);
   out.params = std::move(p);
   return out;

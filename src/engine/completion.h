@@ -1,13 +1,14 @@
-// One request preparation for the CLI's `run` / `chat`
-// (apps/bonsai/cmd_run.cpp). The server's completion route
-// (server/server.cpp) still repeats these steps with its prompt byte cap
-// and early overload check in between; moving it onto this (the cap as a
-// PrepareOptions field) is the open half of issue 9.1:
+// One request preparation, used by the server's completion routes
+// (server/server.cpp: /v1/chat/completions, /v1/completions) and the CLI's
+// `run` / `chat` (apps/bonsai/cmd_run.cpp):
 //
 //   1. the prompt: a chat rendered with the model's chat template and encoded
 //      injection-safe (Tokenizer::encode_chat), or a raw prompt encoded with
 //      control-token text recognised (as llama.cpp), or token ids as given
-//      (each checked against the vocabulary);
+//      (each checked against the vocabulary). With a byte cap
+//      (PrepareOptions::max_prompt_bytes, the server's), the rendered chat
+//      text or the raw prompt text is measured BEFORE it is tokenized and
+//      refused when longer, so an oversized prompt costs no tokenizer time;
 //   2. the empty-prompt rule: an error, or BOS alone (the CLI's `run -p ''`);
 //   3. the context check: prompt + max_tokens against n_ctx (max_tokens
 //      unset: what the context leaves), with OpenAI's
@@ -20,6 +21,7 @@
 
 #include <cstdint>
 #include <expected>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,6 +59,9 @@ struct SamplingOverrides {
   std::optional<std::vector<std::string>> stop;
   std::optional<bool> ignore_eos;
   std::optional<std::vector<std::pair<int32_t, float>>> logit_bias;  // (token id, bias)
+  std::optional<std::shared_ptr<const Grammar>> grammar;  // constrained decoding (nullptr: none)
+  std::optional<int32_t> logprobs;         // top alternatives per sampled token (< 0: off)
+  std::optional<int32_t> prompt_logprobs;  // same per prompt token (echo; < 0: off)
 };
 
 struct PrepareOptions {
@@ -68,6 +73,14 @@ struct PrepareOptions {
   // leaves no room to answer is; a larger max_tokens stops at the full
   // context (finish "length").
   bool refuse_overflow = true;
+  // Bytes of prompt text tokenized at most (0: no cap; the server's
+  // ServerOptions::max_prompt_bytes): the rendered chat text (the sum of
+  // its segments) or the raw prompt text, measured before tokenizing.
+  // Token-id prompts are not capped (the context check bounds them). Over
+  // the cap: kOutOfRange, code "context_length_exceeded", the message
+  // naming both sizes and, in parentheses, `prompt_cap_source`.
+  size_t max_prompt_bytes = 0;
+  std::string prompt_cap_source;  // where the cap comes from (a flag or option name); may be empty
 };
 
 // A prepared request: the prompt to submit and what to sample it with.
@@ -83,6 +96,9 @@ struct PrepareError {
   core::Error error;
   std::string param;  // "messages", "prompt", "logit_bias", or empty
   std::string code;   // "context_length_exceeded", "invalid_value", or empty
+  // The prompt text's size in bytes when the byte cap refused it; 0 for
+  // every other error.
+  size_t prompt_bytes = 0;
 };
 
 // Prepares `in` for a model with context `n_ctx` (tokens) and tokenizer

@@ -275,7 +275,6 @@ struct Server::Impl {
     job->model = std::move(*model);
     const engine::LoadedModel& lm = *job->model;
     if (!lm.pool || !lm.tokenizer) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
-    const tokenizer::Tokenizer& tok = *lm.tokenizer;
 
     // Refused before the prompt costs anything (issue 10.2): a full queue
     // answers 503 before tokenizing (submit checks again), and the prompt
@@ -292,77 +291,38 @@ struct Server::Impl {
                                  " requests are already waiting. Retry later.",
                              "overloaded", 1));
     }
-    const size_t prompt_cap = max_prompt_bytes(lm.n_ctx);
-    auto too_long = [&](size_t bytes, const char* param) {
-      return bad_request("The " + std::string(param) + " text is " + std::to_string(bytes) +
-                             " bytes; this server tokenizes at most " + std::to_string(prompt_cap) +
-                             " bytes of prompt for this model (ServerOptions::max_prompt_bytes; by default 32 bytes "
-                             "per context position, at least 64 KiB). Please reduce the length of the " + param + ".",
-                         param, "context_length_exceeded");
-    };
-
-    // Prompt tokens.
-    if (endpoint == Endpoint::kChat) {
-      tokenizer::ChatOptions copts;
-      copts.enable_thinking = cr.enable_thinking;
-      copts.tools = cr.tools;
-      auto rendered = tok.chat_template().render(cr.messages, copts);
-      if (!rendered) return fail(bad_request(rendered.error().message, "messages"));
-      size_t rendered_bytes = 0;
-      for (const auto& seg : rendered->segments) rendered_bytes += seg.text.size();
-      if (rendered_bytes > prompt_cap) return fail(too_long(rendered_bytes, "messages"));
-      job->prompt = tok.encode_chat(*rendered);
-    } else if (!cr.prompt_ids.empty()) {
-      for (int32_t id : cr.prompt_ids)
-        if (id >= tok.n_vocab())
-          return fail(bad_request("Invalid 'prompt': token id " + std::to_string(id) +
-                                                 " is outside the vocabulary (size " + std::to_string(tok.n_vocab()) + ").",
-                                             "prompt", "invalid_value"));
-      job->prompt = cr.prompt_ids;
-    } else {
-      // As llama.cpp's server: special-token text in a raw completion prompt is recognised.
-      if (cr.prompt.size() > prompt_cap) return fail(too_long(cr.prompt.size(), "prompt"));
-      job->prompt = tok.encode_prompt(cr.prompt, /*parse_special=*/true);
-    }
-    if (job->prompt.empty()) return fail(bad_request("The prompt is empty.", endpoint == Endpoint::kChat ? "messages" : "prompt"));
-
-    // Context: prompt + max_tokens must fit.
-    const int64_t n_ctx = lm.n_ctx;
+    // The prompt (byte cap before tokenizing), the context check and the
+    // sampling parameters: engine::prepare_completion, as the CLI's.
+    engine::CompletionInput in;
+    in.chat = endpoint == Endpoint::kChat;
+    in.messages = std::move(cr.messages);
+    in.chat_options.enable_thinking = cr.enable_thinking;
+    in.chat_options.tools = cr.tools;
+    in.prompt = std::move(cr.prompt);
+    in.prompt_ids = std::move(cr.prompt_ids);
+    // Every sampling field the request may set; stop, ignore_eos, logit_bias
+    // and grammar are the request's even when absent (empty / false / none).
+    engine::SamplingOverrides over;
+    over.temperature = cr.temperature;
+    over.top_p = cr.top_p;
+    over.top_k = cr.top_k;
+    over.min_p = cr.min_p;
+    over.repeat_penalty = cr.repeat_penalty;
+    over.presence_penalty = cr.presence_penalty;
+    over.frequency_penalty = cr.frequency_penalty;
+    over.max_tokens = cr.max_tokens;
+    over.stop = cr.stop;
+    over.ignore_eos = cr.ignore_eos;
+    over.logit_bias = cr.logit_bias;
+    over.grammar = cr.grammar;  // structured outputs (server/structured_output.h)
+    engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
+    popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
+    popt.prompt_cap_source = "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
+    auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, over, popt);
+    if (!prepared) return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));
+    job->prompt = std::move(prepared->prompt);
+    job->params = std::move(prepared->params);
     const int64_t n_prompt = static_cast<int64_t>(job->prompt.size());
-    const int64_t max_tokens = cr.max_tokens ? *cr.max_tokens : n_ctx - n_prompt;
-    if (n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx) {
-      return fail(bad_request("This model's maximum context length is " + std::to_string(n_ctx) +
-                                             " tokens. However, you requested " + std::to_string(n_prompt + std::max<int64_t>(max_tokens, 0)) +
-                                             " tokens (" + std::to_string(n_prompt) + " in the " +
-                                             (endpoint == Endpoint::kChat ? "messages" : "prompt") + ", " +
-                                             std::to_string(std::max<int64_t>(max_tokens, 0)) +
-                                             " in the completion). Please reduce the length of the " +
-                                             (endpoint == Endpoint::kChat ? "messages" : "prompt") + " or completion.",
-                                         endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded"));
-    }
-
-    // Sampling: the model's defaults, overridden by what the request says.
-    engine::SamplingParams p = lm.spec.defaults;
-    if (cr.temperature) p.temperature = *cr.temperature;
-    if (cr.top_p) p.top_p = *cr.top_p;
-    if (cr.top_k) p.top_k = *cr.top_k;
-    if (cr.min_p) p.min_p = *cr.min_p;
-    if (cr.repeat_penalty) p.repeat_penalty = *cr.repeat_penalty;
-    if (cr.presence_penalty) p.presence_penalty = *cr.presence_penalty;
-    if (cr.frequency_penalty) p.frequency_penalty = *cr.frequency_penalty;
-    p.max_tokens = static_cast<int32_t>(max_tokens);
-    p.stop = cr.stop;
-    p.ignore_eos = cr.ignore_eos;
-    for (const auto& [id, bias] : cr.logit_bias) {
-      if (id >= tok.n_vocab())
-        return fail(bad_request("Invalid key in 'logit_bias': token " + std::to_string(id) +
-                                               " is outside the vocabulary (size " + std::to_string(tok.n_vocab()) + ").",
-                                           "logit_bias", "invalid_value"));
-    }
-    p.logit_bias = cr.logit_bias;
-    p.grammar = cr.grammar;  // structured outputs (server/structured_output.h)
-    if (auto v = p.validate(); !v) return fail(bad_request(v.error().message));
-    job->params = std::move(p);
     job->seed = cr.seed ? *cr.seed : ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     job->n = cr.n;
     job->include_usage = cr.include_usage;

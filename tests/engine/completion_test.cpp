@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "engine/grammar.h"
+#include "engine/logprobs.h"  // kMaxTopLogprobs
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -71,6 +73,75 @@ TEST(PrepareCompletion, OverridesReplaceDefaultsFieldByField) {
   EXPECT_EQ(p->params.stop, std::vector<std::string>{"x"});
   ASSERT_EQ(p->params.logit_bias.size(), 1u);
   EXPECT_EQ(p->params.logit_bias[0].first, 1);
+  EXPECT_EQ(p->params.grammar, nullptr);
+  EXPECT_EQ(p->params.logprobs, -1);
+  // The server's fields: a grammar (structured outputs) and log probabilities.
+  auto g = Grammar::parse("root ::= \"yes\" | \"no\"");
+  ASSERT_TRUE(g.has_value()) << g.error().message;
+  over.grammar = *g;
+  over.logprobs = 3;
+  over.prompt_logprobs = 2;
+  p = prepare_completion(*tok, 256, defaults, in, over);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  EXPECT_EQ(p->params.grammar, *g);
+  EXPECT_EQ(p->params.logprobs, 3);
+  EXPECT_EQ(p->params.prompt_logprobs, 2);
+  over.logprobs = kMaxTopLogprobs + 1;  // validated with the rest
+  p = prepare_completion(*tok, 256, defaults, in, over);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_NE(p.error().error.message.find("logprobs"), std::string::npos);
+}
+
+// The server's prompt byte cap: the text is measured before it is tokenized
+// (the rendered chat, or the raw prompt), the limit itself is allowed, one
+// byte more is refused as context_length_exceeded naming the field; token
+// ids are not capped (the context check bounds them).
+TEST(PrepareCompletion, PromptByteCapMeasuresTheTextBeforeTokenizing) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto tok = load(kQwen);
+  ASSERT_NE(tok, nullptr);
+  CompletionInput raw;
+  raw.prompt = std::string(100, 'a');
+  PrepareOptions capped;
+  capped.max_prompt_bytes = 100;
+  capped.prompt_cap_source = "--max-prompt-bytes";
+  EXPECT_TRUE(prepare_completion(*tok, 4096, SamplingParams{}, raw, {}, capped).has_value());
+  raw.prompt.push_back('a');
+  auto p = prepare_completion(*tok, 4096, SamplingParams{}, raw, {}, capped);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().error.code, core::Errc::kOutOfRange);
+  EXPECT_EQ(p.error().param, "prompt");
+  EXPECT_EQ(p.error().code, "context_length_exceeded");
+  EXPECT_EQ(p.error().prompt_bytes, 101u);
+  EXPECT_EQ(p.error().error.message,
+            "The prompt text is 101 bytes; this server tokenizes at most 100 bytes of prompt for this model "
+            "(--max-prompt-bytes). Please reduce the length of the prompt.");
+  // No cap (the CLI's default): the same prompt is prepared.
+  EXPECT_TRUE(prepare_completion(*tok, 4096, SamplingParams{}, raw).has_value());
+
+  // A chat counts its rendered text (template markup included), not the message alone.
+  CompletionInput chat = chat_of("hello there");
+  auto rendered = tok->chat_template().render(chat.messages, chat.chat_options);
+  ASSERT_TRUE(rendered.has_value());
+  size_t bytes = 0;
+  for (const auto& seg : rendered->segments) bytes += seg.text.size();
+  ASSERT_GT(bytes, std::string("hello there").size());
+  capped.max_prompt_bytes = bytes;
+  EXPECT_TRUE(prepare_completion(*tok, 4096, SamplingParams{}, chat, {}, capped).has_value());
+  capped.max_prompt_bytes = bytes - 1;
+  p = prepare_completion(*tok, 4096, SamplingParams{}, chat, {}, capped);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().param, "messages");
+  EXPECT_EQ(p.error().prompt_bytes, bytes);
+  // The cap comes first: a capped prompt that would also overflow the context reports the cap.
+  p = prepare_completion(*tok, 2, SamplingParams{}, chat, {}, capped);
+  ASSERT_FALSE(p.has_value());
+  EXPECT_EQ(p.error().prompt_bytes, bytes);
+
+  CompletionInput ids;
+  ids.prompt_ids = std::vector<int32_t>(50, 1);
+  capped.max_prompt_bytes = 1;
+  EXPECT_TRUE(prepare_completion(*tok, 4096, SamplingParams{}, ids, {}, capped).has_value());
 }
 
 TEST(PrepareCompletion, ContextCheckNamesTheFieldAndTheCounts) {

@@ -608,6 +608,36 @@ TEST_F(ServerHttp, ContextLengthExceededNamesPromptOrMessages) {
   EXPECT_EQ(j["error"]["param"], "messages");
 }
 
+// The prompt byte cap (default for this context: 64 KiB) refuses the text
+// before it is tokenized: one byte over is a 400 context_length_exceeded
+// naming the field and both sizes; at the cap the prompt is tokenized and
+// then refused by the context check (256 positions), a different message.
+TEST_F(ServerHttp, PromptByteCapIs400NamingTheFieldBeforeTokenizing) {
+  std::string text;
+  while (text.size() < 65536) text += "Once upon a time ";
+  text.resize(65536);
+  auto [st, j] = post("/v1/completions", completion_body(text + "x", 4).dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j["error"]["param"], "prompt");
+  EXPECT_EQ(j["error"]["message"],
+            "The prompt text is 65537 bytes; this server tokenizes at most 65536 bytes of prompt for this model "
+            "(ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB). Please "
+            "reduce the length of the prompt.");
+  std::tie(st, j) = post("/v1/completions", completion_body(text, 4).dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j["error"]["message"].get<std::string>().rfind("This model's maximum context length is 256 tokens.", 0), 0u)
+      << j.dump();
+  json chat{{"model", "stories"}, {"messages", json::array({json{{"role", "user"}, {"content", text}}})},
+            {"max_tokens", 4}};
+  std::tie(st, j) = post("/v1/chat/completions", chat.dump());
+  EXPECT_EQ(st, 400) << j.dump();
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(j["error"]["param"], "messages");
+  EXPECT_EQ(j["error"]["message"].get<std::string>().rfind("The messages text is ", 0), 0u) << j.dump();
+}
+
 // "tools":[5] used to reach the chat template; it is a 400 in OpenAI's error
 // shape naming the entry, and a well-formed tool list is still served.
 TEST_F(ServerHttp, MalformedToolsAre400InOpenAiShape) {
