@@ -27,10 +27,11 @@ run_asan() {
 }
 
 # The tests whose subject is concurrency: the thread pool (core_test), the
-# engine and model pools, the scheduler, the in-process server tests. Only
+# engine and model pools, the scheduler, the in-process server tests, the
+# transport (Beast sessions, timeouts, slow clients). Only
 # their targets are built (the e2e scripts drive the binary and are left to
 # the ASan run).
-TSAN_TESTS='^(core_test|engine_pool_test|model_pool_test|engine_pool_real_test|engine_sched[a-z_]*|server_unit_test|server_http_test|server_shutdown_test)$'
+TSAN_TESTS='^(core_test|engine_pool_test|model_pool_test|engine_pool_real_test|engine_sched[a-z_]*|server_unit_test|server_http_test|server_shutdown_test|transport_test)$'
 
 run_tsan() {
   local dir="${TSAN_BUILD_DIR:-build-tsan}"

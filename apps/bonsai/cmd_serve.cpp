@@ -68,6 +68,8 @@ struct ServeFlags {
   bool no_cache_prompt = false;  // --no-cache-prompt: no prompt-prefix reuse across requests
   std::string reasoning_format = "deepseek";  // --reasoning-format: deepseek (reasoning_content) | none
   int max_connections = 1024;  // --max-connections: open connections served; more get 503 and are closed
+  // --header-timeout / --body-timeout / --keep-alive-timeout / --write-timeout (s; 0: the transport's default)
+  double header_timeout = 0, body_timeout = 0, idle_timeout = 0, write_timeout = 0;
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -225,6 +227,10 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--seed")) so.default_seed = f.seed;
   so.parse_reasoning = f.reasoning_format == "deepseek";
   so.max_connections = f.max_connections;
+  so.header_timeout_s = f.header_timeout;
+  so.body_timeout_s = f.body_timeout;
+  so.idle_timeout_s = f.idle_timeout;
+  so.write_timeout_s = f.write_timeout;
   server::Server srv(pool, so);
   auto port = srv.bind();
   if (!port) {
@@ -281,6 +287,18 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--max-connections", f->max_connections,
                   "Open connections served at once; past it a new connection gets 503 and is closed (default 1024)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--header-timeout", f->header_timeout,
+                  "Seconds a client has to send a request's whole header; then the connection is closed (default 10)")
+      ->check(CLI::Range(0.001, 86400.0));
+  cmd->add_option("--body-timeout", f->body_timeout,
+                  "Seconds a client has to send a request's whole body once its header is in (default 30)")
+      ->check(CLI::Range(0.001, 86400.0));
+  cmd->add_option("--keep-alive-timeout", f->idle_timeout,
+                  "Seconds an idle keep-alive connection waits for its next request (default 5)")
+      ->check(CLI::Range(0.001, 86400.0));
+  cmd->add_option("--write-timeout", f->write_timeout,
+                  "Seconds one write to a client may make no progress before the connection is closed (default 60)")
+      ->check(CLI::Range(0.001, 86400.0));
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
                   "(env BONSAI_Q2_LAYOUT; default: detected)");

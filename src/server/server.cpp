@@ -133,6 +133,10 @@ struct Server::Impl {
     t.worker_threads = o.http_threads > 0 ? o.http_threads : 8;
     t.max_connections = o.max_connections > 0 ? o.max_connections : 1024;
     t.max_body_bytes = o.max_body_bytes;
+    if (o.header_timeout_s > 0) t.header_timeout_s = o.header_timeout_s;
+    if (o.body_timeout_s > 0) t.body_timeout_s = o.body_timeout_s;
+    if (o.idle_timeout_s > 0) t.idle_timeout_s = o.idle_timeout_s;
+    if (o.write_timeout_s > 0) t.write_timeout_s = o.write_timeout_s;
     return t;
   }
 
@@ -574,6 +578,9 @@ struct Server::Impl {
         return;
       }
       std::vector<engine::JobEvent> evs;
+      // Read before wait(): if the job had already ended, wait() returns
+      // every event it will ever have.
+      const bool ended_before = job->handle->ended();
       job->handle->wait(evs, Clock::now());
       for (auto& e : evs) {
         pr.started = true;
@@ -593,6 +600,11 @@ struct Server::Impl {
             pr.failed = e.error;
             break;
         }
+      }
+      if (ended_before && pr.n_done < job->n && !pr.failed) {
+        // The scheduler ended the job without an answer for every choice:
+        // never hang the client on it.
+        pr.failed = core::Error{core::Errc::kInternal, "the request ended without a result for every choice"};
       }
       if (pr.n_done >= job->n || pr.failed) finish();
     }

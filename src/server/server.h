@@ -56,6 +56,16 @@ struct ServerOptions {
   // Open connections served at once; past it a new connection gets an
   // immediate 503 and is closed (`serve --max-connections`). 0: 1024.
   int max_connections = 0;
+  // Socket time limits in seconds (`serve --header-timeout`, `--body-timeout`,
+  // `--keep-alive-timeout`, `--write-timeout`; see TransportOptions): the
+  // whole request header, the whole body once the header is in, the wait for
+  // a keep-alive connection's next request, one write making no progress.
+  // Past one the connection is closed. 0: the transport's default (10, 30,
+  // 5, 60).
+  double header_timeout_s = 0;
+  double body_timeout_s = 0;
+  double idle_timeout_s = 0;
+  double write_timeout_s = 0;
   // Bytes of prompt text (a completion's prompt, a chat's rendered
   // messages) tokenized at most; more is a 400 context_length_exceeded
   // naming the limit, before any tokenization. 0: 32 bytes per context

@@ -756,6 +756,41 @@ TEST_F(ServerHttp, StopLeavesARequestInFlightToBeAnswered) {
   ::close(fd);
 }
 
+// `serve --header-timeout` / `--keep-alive-timeout` reach the transport: a
+// client that stalls inside its header is cut off after the configured time
+// (not the 10 s default), and the Keep-Alive header states the idle timeout.
+class ServerHttpShortTimeouts : public ServerHttp {
+ protected:
+  void customize(ServerOptions& so) override {
+    so.header_timeout_s = 0.5;
+    so.idle_timeout_s = 3;
+  }
+};
+
+TEST_F(ServerHttpShortTimeouts, StalledHeaderIsClosedAfterTheConfiguredTime) {
+  const int fd = connect_local(port_, 10);
+  ASSERT_GE(fd, 0);
+  const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  const std::string resp = read_response(fd);
+  ASSERT_EQ(resp.rfind("HTTP/1.1 200", 0), 0u) << resp;
+  EXPECT_NE(resp.find("Keep-Alive: timeout=3"), std::string::npos) << resp;
+  ::close(fd);
+
+  const int slow = connect_local(port_, 10);
+  ASSERT_GE(slow, 0);
+  const std::string part = "GET /health HTTP/1.1\r\nHost: x\r\n";  // never finished
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::send(slow, part.data(), part.size(), 0), static_cast<ssize_t>(part.size()));
+  char c = 0;
+  const ssize_t n = ::recv(slow, &c, 1, 0);  // blocks until the server closes (or 10 s)
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(n, 0) << "the server did not close a connection stalled in its header";
+  EXPECT_GE(waited, 0.4);
+  EXPECT_LT(waited, 5.0) << "closed after " << waited << " s; the header timeout is 0.5 s";
+  ::close(slow);
+}
+
 class ServerHttpWithKey : public ServerHttp {
  protected:
   void customize(ServerOptions& so) override { so.api_key = "s3cret"; }
