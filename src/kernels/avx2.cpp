@@ -7,12 +7,15 @@
 // layout": two consecutive weight units (Q1_0 blocks, Q2_0 g64 blocks or
 // g128 halves) per 256-bit vector Q (unit b in the low 128 bits, b+1 in the
 // high), and the activations laid out so that plane m of Q (bit m of each
-// packed byte for Q1_0, code m for Q2_0: one AND + MIN or one shift + AND)
-// meets the matching quants. Dword lane L of a pair is then exactly one
-// canonical chunk (32 weights of Q1_0, 16 of Q2_0), chunk 8p + L of the
-// row, and pairs alternate between two fp32 accumulators (canonical lanes
-// 0-7 and 8-15). The g128 layouts run per 64-weight half with codes
-// remapped 3 -> 1 (value 0), so they equal their g64 twin bit for bit.
+// packed byte for Q1_0, code m for Q2_0) meets the matching quants. Q1_0
+// planes take one PSHUFB each (a 16-entry bit table indexed by the low or
+// high nibble of every byte; was AND + MIN), Q2_0 codes one shift + AND.
+// Dword lane L of a pair is then exactly one canonical chunk (32 weights
+// of Q1_0, 16 of Q2_0), chunk 8p + L of the row, and pairs alternate
+// between two fp32 accumulators (canonical lanes 0-7 and 8-15; the pair
+// loop is unrolled by two so that both stay in registers). The g128
+// layouts run per 64-weight half with codes remapped 3 -> 1 (value 0), so
+// they equal their g64 twin bit for bit.
 // GEMV runs two rows at a time; batches one row x up to four columns, rows
 // blocked by 32 against column tiles of 64 (same operations per column, so
 // batch invariant).
@@ -115,16 +118,22 @@ inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
 }
 
 struct Consts {
-  __m256i bit[8];  // Q1: 1 << m in every byte
-  __m256i one8, three8, one16, odd;
+  __m256i nib;     // 0x0F in every byte
+  __m256i tab[4];  // Q1: PSHUFB table of plane m: byte n (0..15) = (n >> m) & 1, both lanes
+  __m256i three8, one16, two16, odd;
 };
 
 Consts make_consts() {
   Consts c;
-  for (int m = 0; m < 8; ++m) c.bit[m] = _mm256_set1_epi8(static_cast<char>(1u << m));
-  c.one8 = _mm256_set1_epi8(1);
+  c.nib = _mm256_set1_epi8(0x0F);
+  for (int m = 0; m < 4; ++m) {
+    alignas(32) uint8_t t[32];
+    for (int n = 0; n < 32; ++n) t[n] = static_cast<uint8_t>(((n & 15) >> m) & 1);
+    c.tab[m] = _mm256_load_si256(reinterpret_cast<const __m256i*>(t));
+  }
   c.three8 = _mm256_set1_epi8(3);
   c.one16 = _mm256_set1_epi16(1);
+  c.two16 = _mm256_set1_epi16(2);
   c.odd = _mm256_set1_epi8(static_cast<char>(0xAA));
   return c;
 }
@@ -146,14 +155,30 @@ inline void pload(const uint8_t* row, int64_t b, bool half, const Consts& c, __m
   dw = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d0)), _mm_set1_ps(d1), 1);
 }
 
-// Weight bytes of plane m of Q: Q1_0 bit m (0/1), Q2_0 code m (0..3).
+// The packed weights of a pair, split for plane extraction: Q1_0 keeps the
+// low and high nibble of every byte (each a PSHUFB index), Q2_0 the bytes.
+struct PQ {
+  __m256i a, b;
+};
+
 template <int F>
-inline __m256i pplane(__m256i q, int m, const Consts& c) {
+inline PQ psplit(__m256i q, const Consts& c) {
   if constexpr (F == kFamQ1) {
-    return _mm256_min_epu8(_mm256_and_si256(q, c.bit[m]), c.one8);
+    return PQ{_mm256_and_si256(q, c.nib), _mm256_and_si256(_mm256_srli_epi16(q, 4), c.nib)};
+  } else {
+    return PQ{q, q};
+  }
+}
+
+// Weight bytes of plane m of Q: Q1_0 bit m (0/1; one PSHUFB of a nibble,
+// cheaper than AND + MIN), Q2_0 code m (0..3; one shift + AND).
+template <int F>
+inline __m256i pplane(const PQ& q, int m, const Consts& c) {
+  if constexpr (F == kFamQ1) {
+    return _mm256_shuffle_epi8(c.tab[m & 3], m < 4 ? q.a : q.b);
   } else {
     // 16-bit shifts: the low two bits of each byte come from that byte (2m <= 6).
-    return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * m)), c.three8);
+    return _mm256_and_si256(_mm256_srli_epi16(q.a, 2 * m), c.three8);
   }
 }
 
