@@ -1,0 +1,202 @@
+// Where one decode step of N concurrent sequences spends its time (issue 9's
+// serve criterion, split into its parts). For N = 1, 2, 4, 8, 16 and in
+// interleaved rounds (so a shared machine's load changes hit every part
+// alike), on one model file:
+//   products  the forward's matrix products alone, each as its own
+//             kernels::gemv / gemm over the model's own (mapped) weights with
+//             N columns: q, k, v, o, gate, up, down per layer + the output
+//             (T(N) of the criterion; the kernel bench times the same shapes
+//             on synthetic matrices);
+//   forward   Model::forward of a batch of N decode tokens, one per sequence
+//             (each its own KV cache at depth ~kDepth): products + attention,
+//             norms, RoPE, activations, logits;
+//   step      the scheduler's steady decode step: N jobs (kDepth-token
+//             prompts, temperature 0, ignore_eos) submitted to an
+//             engine::Scheduler over an EnginePool of N replicas; the time
+//             between consecutive steps that ran exactly N decode tokens
+//             (SchedulerOptions::on_step): forward + sampling, text release,
+//             events, admission.
+// Prints medians (ms per step) and tok/s = N / step, plus the two overheads
+// (forward - products: the model outside its products; step - forward: the
+// scheduler's own work).
+//
+//   bonsai_bench_step MODEL THREADS [ROUNDS=3] [STEPS=12]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/engine_pool.h"
+#include "engine/scheduler.h"
+#include "kernels/kernels.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+using namespace bonsai;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kDepth = 32;  // prompt tokens per sequence before decoding
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One forward's matrix products with n columns, each product on its own.
+double products_ms(const model::Model& m, int n, core::ThreadPool& tp) {
+  const auto& c = m.config();
+  const auto& w = m.weights();
+  const int64_t width = std::max<int64_t>({c.n_embd, c.n_ff, w.layers.front().wq.rows});
+  static std::vector<float> x, y;
+  x.assign(static_cast<size_t>(n * width), 0.5f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 97) / 97.0f - 0.5f;
+  y.resize(static_cast<size_t>(n) * static_cast<size_t>(std::max<int64_t>(c.n_vocab, width)));
+  auto run = [&](const kernels::MatrixView& mv) {
+    if (n == 1) {
+      kernels::gemv(mv, x.data(), y.data(), &tp);
+    } else {
+      kernels::gemm(mv, x.data(), n, y.data(), &tp);
+    }
+  };
+  const auto t0 = Clock::now();
+  for (const auto& l : w.layers) {
+    for (const kernels::MatrixView* mv : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) run(*mv);
+  }
+  run(w.output);
+  return ms_since(t0);
+}
+
+// Median time of `steps` forwards of n decode tokens (one per sequence).
+double forward_ms(const model::Model& m, std::vector<std::unique_ptr<model::KvCache>>& caches, int n, int steps,
+                  model::Workspace& ws, core::ThreadPool& tp) {
+  const auto& c = m.config();
+  std::vector<model::KvCache*> cs;
+  for (int s = 0; s < n; ++s) cs.push_back(caches[static_cast<size_t>(s)].get());
+  std::vector<float> logits(static_cast<size_t>(n) * static_cast<size_t>(c.n_vocab));
+  std::vector<double> t;
+  for (int k = 0; k < steps; ++k) {
+    model::Batch b;
+    for (int s = 0; s < n; ++s)
+      b.add(static_cast<int32_t>((s * 131 + k * 17 + 5) % c.n_vocab), static_cast<int32_t>(cs[static_cast<size_t>(s)]->size()), s,
+            true);
+    const auto t0 = Clock::now();
+    if (!m.forward(b, cs, ws, logits, tp)) std::abort();
+    t.push_back(ms_since(t0));
+  }
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s MODEL THREADS [ROUNDS=3] [STEPS=12]\n", argv[0]);
+    return 2;
+  }
+  const std::string path = argv[1];
+  const int threads = std::atoi(argv[2]);
+  const int rounds = argc > 3 ? std::atoi(argv[3]) : 3;
+  const int steps = argc > 4 ? std::atoi(argv[4]) : 12;
+  const std::vector<int> levels = {1, 2, 4, 8, 16};
+  const int max_n = levels.back();
+  core::ThreadPool tp(threads);
+
+  engine::SamplingParams sp;
+  sp.temperature = 0;
+  auto built = engine::build_pool_from_gguf(path, sp, 1, 512, max_n);
+  if (!built) {
+    std::fprintf(stderr, "%s\n", built.error().message.c_str());
+    return 1;
+  }
+  const model::Model& m = *built->model;
+  const auto& cfg = m.config();
+  auto pool = std::make_shared<engine::EnginePool>(std::move(built->pool));
+
+  // The forward's own caches (outside the pool), filled to kDepth.
+  std::vector<std::unique_ptr<model::KvCache>> caches;
+  model::Workspace ws;
+  for (int s = 0; s < max_n; ++s) {
+    auto kc = model::KvCache::create(cfg, 4096);
+    if (!kc) std::abort();
+    caches.push_back(std::make_unique<model::KvCache>(std::move(*kc)));
+    std::vector<int32_t> ids(kDepth);
+    for (int i = 0; i < kDepth; ++i) ids[static_cast<size_t>(i)] = (s * 1009 + i * 31 + 3) % cfg.n_vocab;
+    std::vector<float> lg(static_cast<size_t>(cfg.n_vocab));
+    model::KvCache* one[] = {caches.back().get()};
+    if (!m.forward(model::Batch::for_sequence(ids, 0), one, ws, lg, tp)) std::abort();
+  }
+
+  // The scheduler, its step times recorded by on_step.
+  std::mutex mu;
+  std::vector<std::pair<Clock::time_point, int64_t>> marks;  // (time, tokens) of steps with tokens == sequences
+  engine::SchedulerOptions so;
+  so.pool = &tp;
+  so.kv_pool = built->kv_pool;
+  so.on_step = [&](int64_t tokens, int64_t seqs) {
+    std::lock_guard lock(mu);
+    marks.emplace_back(Clock::now(), tokens == seqs ? tokens : -1);
+  };
+  engine::Scheduler sched(pool, built->model, built->n_ctx, so);
+  auto step_ms = [&](int n, int round) {
+    {
+      std::lock_guard lock(mu);
+      marks.clear();
+    }
+    std::vector<std::shared_ptr<engine::JobHandle>> hs;
+    for (int s = 0; s < n; ++s) {
+      engine::CompletionJob j;
+      for (int i = 0; i < kDepth; ++i) j.prompt.push_back((round * 7 + s * 1013 + i * 37 + 11) % cfg.n_vocab);
+      j.params = sp;
+      j.params.max_tokens = steps + 4;
+      j.params.ignore_eos = true;
+      auto h = sched.submit(std::move(j), static_cast<size_t>(max_n));
+      if (!h) std::abort();
+      hs.push_back(*h);
+    }
+    for (auto& h : hs) {
+      std::vector<engine::JobEvent> evs;
+      while (!h->ended()) h->wait(evs, Clock::now() + std::chrono::milliseconds(50));
+    }
+    std::lock_guard lock(mu);
+    std::vector<double> t;
+    for (size_t i = 1; i < marks.size(); ++i)
+      if (marks[i].second == n && marks[i - 1].second == n)
+        t.push_back(std::chrono::duration<double, std::milli>(marks[i].first - marks[i - 1].first).count());
+    return median(t);
+  };
+
+  std::map<int, std::vector<double>> prod, fwd, stp;
+  for (int r = 0; r < rounds; ++r) {
+    for (int n : levels) {
+      std::vector<double> p;
+      for (int k = 0; k < 3; ++k) p.push_back(products_ms(m, n, tp));
+      prod[n].push_back(median(p));
+      fwd[n].push_back(forward_ms(m, caches, n, steps, ws, tp));
+      stp[n].push_back(step_ms(n, r));
+      std::printf("round %d N=%2d  products %8.1f  forward %8.1f  step %8.1f ms\n", r, n, prod[n].back(),
+                  fwd[n].back(), stp[n].back());
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nmedians over %d rounds (ms per step; tok/s = N / step)\n", rounds);
+  std::printf("%3s %10s %10s %10s %12s %12s %12s %10s %10s\n", "N", "products", "forward", "step", "prod tok/s",
+              "fwd tok/s", "step tok/s", "fwd-prod", "step-fwd");
+  for (int n : levels) {
+    const double p = median(prod[n]), f = median(fwd[n]), s = median(stp[n]);
+    std::printf("%3d %10.1f %10.1f %10.1f %12.2f %12.2f %12.2f %9.1f%% %9.1f%%\n", n, p, f, s, 1000.0 * n / p,
+                1000.0 * n / f, 1000.0 * n / s, 100.0 * (f - p) / f, 100.0 * (s - f) / s);
+  }
+  return 0;
+}
