@@ -44,17 +44,18 @@ build_target() {
     fi
     objs+=("$o")
   done
-  "$CXX" "${SAN[@]}" "${objs[@]}" "$OUT/obj/fuzz_coverage.o" "$FUZZER_LIB" -lpthread -o "$OUT/$name"
+  "$CXX" "${SAN[@]}" "${objs[@]}" "$OUT/obj/fuzz_coverage.o" "$FUZZER_LIB" -lpthread -lutf8proc -o "$OUT/$name"
 }
 
 build_target gguf_fuzz src/gguf/gguf.h \
   src/gguf/gguf.cpp src/core/ggml_types.cpp src/core/mapped_file.cpp src/core/error.cpp tests/gguf/gguf_fuzz.cpp
 # The HTTP request path: OpenAI request parsing/validation, chat rendering,
-# and the structured-output fields (response_format / json_schema / grammar /
+# the response builders (logprobs: tokenizer/unicode's sanitize_utf8, so
+# utf8proc is linked), and the structured-output fields (response_format / json_schema / grammar /
 # tool_choice -> JSON Schema -> GBNF -> compiled grammar) that parsing calls.
 build_target http_fuzz src/server/openai.h \
   src/server/openai.cpp src/server/structured_output.cpp src/engine/grammar.cpp src/engine/json_schema.cpp \
-  src/tokenizer/chat_template.cpp src/core/error.cpp tests/server/http_fuzz.cpp
+  src/tokenizer/chat_template.cpp src/tokenizer/unicode.cpp src/core/error.cpp tests/server/http_fuzz.cpp
 
 # Seeds: the first 4 KiB of every shared .gguf (header + part of the
 # metadata), plus the tiny generated files the hostile test writes.

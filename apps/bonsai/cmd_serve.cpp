@@ -5,7 +5,7 @@
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
 //                [--q2-layout g64|g128-d-first|g128-qs-first]
 //                [-s SEED] [-b BATCH] [--no-cache-prompt]
-//                [--reasoning-format deepseek|none]
+//                [--reasoning-format deepseek|none] [--cors-origin ORIGINS]
 //
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
 // (--config) may hold the same keys (see src/server/config.h); flags given
@@ -70,6 +70,7 @@ struct ServeFlags {
   int max_connections = 1024;  // --max-connections: open connections served; more get 503 and are closed
   // --header-timeout / --body-timeout / --keep-alive-timeout / --write-timeout (s; 0: the transport's default)
   double header_timeout = 0, body_timeout = 0, idle_timeout = 0, write_timeout = 0;
+  std::string cors_origin;                    // --cors-origin: "*" or a comma-separated list (empty: off)
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -104,6 +105,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--timeout")) cfg.timeout_s = f.timeout;
   if (given("--cache-type-k")) cfg.cache_type_k = f.cache_type_k;
   if (given("--cache-type-v")) cfg.cache_type_v = f.cache_type_v;
+  if (given("--cors-origin")) cfg.cors_origin = f.cors_origin;
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
   // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
@@ -231,6 +233,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.body_timeout_s = f.body_timeout;
   so.idle_timeout_s = f.idle_timeout;
   so.write_timeout_s = f.write_timeout;
+  so.cors_origin = cfg.cors_origin;
   server::Server srv(pool, so);
   auto port = srv.bind();
   if (!port) {
@@ -317,6 +320,9 @@ void register_serve(CLI::App& app) {
                   "Chat answers' <think>...</think>: 'deepseek' returns it as reasoning_content (default), "
                   "'none' leaves it in content (llama-server's flag)")
       ->check(CLI::IsMember({"deepseek", "none"}));
+  cmd->add_option("--cors-origin", f->cors_origin,
+                  "Allow browsers on these origins to call the API (CORS): '*' or a comma-separated list "
+                  "(default: off)");
   cmd->callback([cmd, f] { set_exit_code(serve_main(cmd, *f)); });
 }
 

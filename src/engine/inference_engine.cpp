@@ -433,6 +433,7 @@ void InferenceEngine::tail_done(bool ran) {
   if (m.cache.size() < static_cast<int64_t>(m.history.size())) m.history.resize(static_cast<size_t>(m.cache.size()));
   m.cache.park();
 }
+const std::vector<TokenLogprob>& InferenceEngine::prompt_logprobs() const { return impl_->seq.res.prompt_logprobs; }
 
 bool InferenceEngine::poll_cancel() {
   Impl::Seq& q = impl_->seq;
@@ -669,10 +670,14 @@ core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_
                                       m.compute_pool());
     if (!ok) {
       reset();
+      m.cache.park();
       return std::unexpected(ok.error());
     }
     m.history.insert(m.history.end(), chunk.begin(), chunk.end());
   }
+  // Idle again: the blocks stay as a prompt cache the pool may evict (as
+  // after a generation), not pinned while the replica waits in its pool.
+  m.cache.park();
   return mean_pool_l2(hidden, n, dim);
 }
 

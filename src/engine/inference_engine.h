@@ -298,6 +298,9 @@ class InferenceEngine {
   // either way the cache is parked. start() drops a tail not run.
   std::span<const int32_t> tail_input() const;
   void tail_done(bool ran);
+  // The prompt logprobs recorded so far (complete once the prompt ran; what
+  // finish() returns as GenerationResult::prompt_logprobs).
+  const std::vector<TokenLogprob>& prompt_logprobs() const;
   // Length of the longest common prefix of `tokens` and the cache's tokens
   // (what start() with reuse_prefix could skip, before its cap).
   int64_t cached_prefix(std::span<const int32_t> tokens) const;
@@ -317,7 +320,8 @@ class InferenceEngine {
   // state after the output norm (Model::forward_hidden), mean-pooled over the
   // tokens and L2-normalised (mean_pool_l2): [n_embd] floats. Runs in
   // kPrefillChunk slices on this replica's cache, which then holds `tokens`
-  // (a later start() may reuse them as a cached prefix). Not during a
+  // (a later start() may reuse them as a cached prefix; a paged cache is
+  // parked again, as after a generation). Not during a
   // generation. Errors: kInvalidArgument (empty, ids outside the vocabulary,
   // a generation in progress), kOutOfRange (longer than max_seq_len()), the
   // model's forward errors.

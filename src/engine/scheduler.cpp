@@ -68,6 +68,7 @@ struct Scheduler::Job {
   bool failed = false;
   std::vector<float> prompt_logits;        // [n_vocab] once choice 0's prompt ran (n > 1)
   InferenceEngine* source = nullptr;       // choice 0's engine while it runs (holds the prompt's KV)
+  std::vector<TokenLogprob> prompt_lp;     // choice 0's prompt logprobs once its prompt ran (prompt_logprobs >= 0)
 };
 
 struct Scheduler::Live {
@@ -80,6 +81,7 @@ struct Scheduler::Live {
   bool all_rows = false;  // this step's tokens all want logits rows (prompt logprobs)
   std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
   bool suspended = false;  // preempted for lack of KV: waits to resume (replays its tokens)
+  bool prompt_lp_sent = false;            // the prompt logprobs went out with a kText
 };
 
 struct Scheduler::Scratch {
@@ -228,11 +230,17 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   gr.tracker = &live->tracker;
   JobHandle* h = job.handle.get();
   Live* owner = live.get();  // outlives the engine's generation (finish_live holds it through finish())
-  gr.on_token = [this, h, choice, owner](const TokenEvent& ev) {
+  const Job* jobp = &job;    // outlives its choices
+  gr.on_token = [this, h, choice, owner, jobp](const TokenEvent& ev) {
     if (ev.logprob != nullptr) owner->pending_lp.push_back(*ev.logprob);
     if (!ev.text.empty()) {
-      h->push(JobEvent{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text),
-                       .step = steps_.load(std::memory_order_relaxed), .logprobs = std::move(owner->pending_lp)});
+      JobEvent out{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text),
+                   .step = steps_.load(std::memory_order_relaxed), .logprobs = std::move(owner->pending_lp)};
+      if (jobp->req.params.prompt_logprobs >= 0 && !owner->prompt_lp_sent) {
+        out.prompt_logprobs = jobp->prompt_lp;
+        owner->prompt_lp_sent = true;
+      }
+      h->push(std::move(out));
       owner->pending_lp.clear();
     }
     return true;
@@ -308,6 +316,8 @@ void Scheduler::finish_live(size_t i) {
   if (!e.tail_input().empty()) {
     tails_.push_back(std::move(*live->lease));  // runs its last token next step, then returns
   }
+  // A sibling started from choice 0's prompt logits computed no prompt logprobs: they are choice 0's.
+  if (job.req.params.prompt_logprobs >= 0 && res.prompt_logprobs.empty()) res.prompt_logprobs = job.prompt_lp;
   live->lease.reset();  // the engine back, then the permit
   n_running_.fetch_sub(1);
   --job.live;
@@ -551,6 +561,9 @@ void Scheduler::step() {
       if (l->choice == 0 && job.req.n > 1 && job.prompt_logits.empty() &&
           e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
         job.prompt_logits.assign(lg.begin(), lg.end());
+      if (l->choice == 0 && job.req.params.prompt_logprobs >= 0 && job.prompt_lp.empty() &&
+          e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
+        job.prompt_lp = e.prompt_logprobs();
       e.accept_logits(lg);
     }
   }

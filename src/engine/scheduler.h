@@ -121,6 +121,10 @@ struct JobEvent {
   // held back comes with the event that releases it; tokens never released,
   // e.g. a stop string's, are only in the kDone result's logprobs).
   std::vector<TokenLogprob> logprobs;
+  // The first kText of a choice with SamplingParams::prompt_logprobs >= 0:
+  // the prompt's log probabilities (GenerationResult::prompt_logprobs; the
+  // same for every choice), so a stream can echo the prompt before the answer.
+  std::vector<TokenLogprob> prompt_logprobs;
   GenerationResult result;  // kDone
   // kFailed: kTimeout (still queued at the deadline), kCancelled (cancelled,
   // or the scheduler stopped), kResourceExhausted (the engine pool closed:

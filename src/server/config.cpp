@@ -112,13 +112,14 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
         config.preload_set = true;
       }
     } else if (key == "host" || key == "api-key" || key == "q2-layout" || key == "cache-type-k" ||
-               key == "cache-type-v") {
+               key == "cache-type-v" || key == "cors-origin") {
       auto s = get_string(node, where);
       if (!s) return std::unexpected(s.error());
       (key == "host"           ? config.host
        : key == "api-key"      ? config.api_key
        : key == "cache-type-k" ? config.cache_type_k
        : key == "cache-type-v" ? config.cache_type_v
+       : key == "cors-origin"  ? config.cors_origin
                                : config.q2_layout) = *s;
     } else if (key == "timeout") {
       if (!node.is_number())
@@ -150,7 +151,7 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       return core::fail(core::Errc::kInvalidArgument,
                         where + ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
                                 "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
-                                "cache-type-k, cache-type-v)");
+                                "cache-type-k, cache-type-v, cors-origin)");
     }
   }
   return {};

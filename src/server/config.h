@@ -9,6 +9,7 @@
 //   api-key = "..."      timeout = 600         # seconds per request
 //   max-body = 4194304   # bytes               queue-factor = 4     # waiting per replica
 //   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
+//   cors-origin = "*"    # CORS: "*" or "https://a.example,https://b.example" (--cors-origin; default off)
 //   [models]             # another way to name models: id = "path"
 //   tiny = "/path/qwen3-tiny-q1_0.gguf"
 //   [router]
@@ -46,6 +47,7 @@ struct ServeConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string api_key;               // empty: no authentication
+  std::string cors_origin;           // cors-origin: ServerOptions::cors_origin (empty: CORS off)
   double timeout_s = 600;            // per request (waiting + generating)
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
   int queue_factor = 4;              // requests waiting per replica before 503

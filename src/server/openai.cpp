@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 
+#include "tokenizer/unicode.h"  // sanitize_utf8
+
 namespace bonsai::server {
 
 using nlohmann::json;
@@ -375,36 +377,30 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
 
   if (auto e = check_response_format(body)) return e;
   if (auto e = check_optional_string(body, "user", "")) return e;
-  // Log probabilities and echo are not computed. Asking for them is refused
-  // (400, code "unsupported_value") rather than answered with
-  // "logprobs": null, which breaks clients that then read
-  // choice.logprobs.content; the values that ask for nothing (chat
-  // "logprobs": false, "top_logprobs": 0, "echo": false) are accepted, and a
-  // value of the wrong type is the client's bug and says so.
-  auto unsupported = [](const char* field) {
-    return bad_request(std::string("'") + field + "' is not supported by this server (log probabilities are not "
-                                                  "computed); omit it or leave it at its default.",
-                       field, "unsupported_value");
-  };
-  if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
-    if (endpoint == Endpoint::kChat) {
-      if (!it->is_boolean()) return wrong_type("logprobs", "a boolean", *it);
-      if (it->get<bool>()) return unsupported("logprobs");
-    } else {
-      std::optional<int64_t> lp;
-      if (auto e = get_int(body, "logprobs", 0, 5, lp)) return e;
-      if (lp) return unsupported("logprobs");  // even 0 asks for the sampled token's logprob
+  // Log probabilities (engine/logprobs.h: log-softmax of the raw logits).
+  // Chat: logprobs (bool) + top_logprobs (0..20, only with logprobs true, as
+  // OpenAI checks). Completions: logprobs = k (0..20; OpenAI's legacy limit is
+  // 5, vLLM's 20) and echo.
+  if (endpoint == Endpoint::kChat) {
+    bool lp = false;
+    if (auto e = get_bool(body, "logprobs", lp)) return e;
+    std::optional<int64_t> tl;
+    if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxTopLogprobs, tl)) return e;
+    if (tl && *tl > 0 && !lp)
+      return bad_request("Invalid value for 'top_logprobs': it may only be set when 'logprobs' is true.",
+                         "top_logprobs", "invalid_value");
+    if (lp) out.logprobs = static_cast<int32_t>(tl.value_or(0));
+  } else {
+    std::optional<int64_t> lp;
+    if (auto e = get_int(body, "logprobs", 0, engine::kMaxTopLogprobs, lp)) return e;
+    if (lp) out.logprobs = static_cast<int32_t>(*lp);
+    {
+      std::optional<int64_t> tl;  // not a completions field; checked so a bad value is named
+      if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxTopLogprobs, tl)) return e;
     }
   }
-  {
-    std::optional<int64_t> tl;
-    if (auto e = get_int(body, "top_logprobs", 0, 20, tl)) return e;
-    if (tl && *tl > 0) return unsupported("top_logprobs");
-  }
   if (endpoint == Endpoint::kCompletion) {
-    bool echo = false;
-    if (auto e = get_bool(body, "echo", echo)) return e;
-    if (echo) return unsupported("echo");
+    if (auto e = get_bool(body, "echo", out.echo)) return e;
     // Legacy completions fields that change what is generated: refused, not
     // silently ignored. `suffix` (insertion) asks for nothing only when
     // empty; `best_of` only at 1 (it must also be >= n, as OpenAI checks).
@@ -571,7 +567,7 @@ json build_response(const ResponseMeta& meta, const std::vector<Choice>& choices
     } else {
       c["text"] = choices[i].text;
     }
-    c["logprobs"] = nullptr;
+    c["logprobs"] = choices[i].logprobs;
     c["finish_reason"] = choices[i].finish_reason;
     arr.push_back(std::move(c));
   }
@@ -582,7 +578,7 @@ json build_response(const ResponseMeta& meta, const std::vector<Choice>& choices
 
 namespace {
 
-json chunk_with(const ResponseMeta& meta, int index, json delta_or_text, json finish) {
+json chunk_with(const ResponseMeta& meta, int index, json delta_or_text, json finish, json logprobs = nullptr) {
   json j = envelope(meta, true);
   json c;
   c["index"] = index;
@@ -591,7 +587,7 @@ json chunk_with(const ResponseMeta& meta, int index, json delta_or_text, json fi
   } else {
     c["text"] = std::move(delta_or_text);
   }
-  c["logprobs"] = nullptr;
+  c["logprobs"] = std::move(logprobs);
   c["finish_reason"] = std::move(finish);
   j["choices"] = json::array({std::move(c)});
   return j;
@@ -605,9 +601,10 @@ json build_role_chunk(const ResponseMeta& meta, int index) {
   return chunk_with(meta, index, "", nullptr);
 }
 
-json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text) {
-  if (meta.endpoint == Endpoint::kChat) return chunk_with(meta, index, json{{"content", text}}, nullptr);
-  return chunk_with(meta, index, json(text), nullptr);
+json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text, json logprobs) {
+  if (meta.endpoint == Endpoint::kChat)
+    return chunk_with(meta, index, json{{"content", text}}, nullptr, std::move(logprobs));
+  return chunk_with(meta, index, json(text), nullptr, std::move(logprobs));
 }
 
 json build_reasoning_chunk(const ResponseMeta& meta, int index, std::string_view text) {
@@ -623,9 +620,74 @@ json build_tool_call_chunk(const ResponseMeta& meta, int index, int call_index, 
   return chunk_with(meta, index, json{{"tool_calls", json::array({std::move(tc)})}}, nullptr);
 }
 
-json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason) {
-  if (meta.endpoint == Endpoint::kChat) return chunk_with(meta, index, json::object(), json(finish_reason));
-  return chunk_with(meta, index, "", json(finish_reason));
+json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason, json logprobs) {
+  if (meta.endpoint == Endpoint::kChat)
+    return chunk_with(meta, index, json::object(), json(finish_reason), std::move(logprobs));
+  return chunk_with(meta, index, "", json(finish_reason), std::move(logprobs));
+}
+
+namespace {
+
+json byte_values(const std::string& bytes) {
+  json b = json::array();
+  for (const char ch : bytes) b.push_back(static_cast<int>(static_cast<unsigned char>(ch)));
+  return b;
+}
+
+json number_or_null(float v) { return std::isnan(v) ? json(nullptr) : json(v); }
+
+}  // namespace
+
+json build_chat_logprobs(const std::vector<LogprobEntry>& entries) {
+  json content = json::array();
+  for (const auto& e : entries) {
+    json top = json::array();
+    for (const auto& [bytes, lp] : e.top)
+      top.push_back({{"token", tokenizer::unicode::sanitize_utf8(bytes)}, {"logprob", lp}, {"bytes", byte_values(bytes)}});
+    content.push_back({{"token", tokenizer::unicode::sanitize_utf8(e.bytes)},
+                       {"logprob", number_or_null(e.logprob)},
+                       {"bytes", byte_values(e.bytes)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json build_completion_logprobs(const std::vector<LogprobEntry>& entries, int64_t offset0) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t off = offset0;
+  for (const auto& e : entries) {
+    tokens.push_back(tokenizer::unicode::sanitize_utf8(e.bytes));
+    token_lps.push_back(number_or_null(e.logprob));
+    if (std::isnan(e.logprob)) {
+      tops.push_back(nullptr);
+    } else {
+      json t = json::object();  // token text -> logprob; a repeated text keeps the likelier entry
+      for (const auto& [bytes, lp] : e.top) {
+        const std::string key = tokenizer::unicode::sanitize_utf8(bytes);
+        if (!t.contains(key)) t[key] = lp;
+      }
+      tops.push_back(std::move(t));
+    }
+    offsets.push_back(off);
+    off += static_cast<int64_t>(e.bytes.size());
+  }
+  return json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_lps)},
+              {"top_logprobs", std::move(tops)},
+              {"text_offset", std::move(offsets)}};
+}
+
+void append_logprobs(json& into, const json& more) {
+  if (more.is_null()) return;
+  if (into.is_null()) {
+    into = more;
+    return;
+  }
+  for (auto it = more.begin(); it != more.end(); ++it) {
+    if (!it->is_array()) continue;  // "refusal": null
+    json& dst = into[it.key()];
+    for (const auto& v : *it) dst.push_back(v);
+  }
 }
 
 json build_usage_chunk(const ResponseMeta& meta, const Usage& usage) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/chat_output.h"      // ParsedToolCall
+#include "engine/logprobs.h"         // kMaxTopLogprobs
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
 
 namespace bonsai::engine {
@@ -78,6 +80,10 @@ struct CompletionRequest {
   // nullptr: unconstrained.
   std::shared_ptr<const engine::Grammar> grammar;
   bool forced_tool_call = false;                   // the grammar makes the answer tool calls
+  // Log probabilities: < 0 off; k >= 0: each token's plus k alternatives
+  // (chat: logprobs true + top_logprobs k; completions: logprobs k), k <= 20.
+  int32_t logprobs = -1;
+  bool echo = false;                               // completions: the prompt precedes the answer
 };
 
 inline constexpr int kMaxChoices = 16;
@@ -115,7 +121,31 @@ struct Choice {
   std::string finish_reason;  // "stop" | "length" | "tool_calls"
   std::string reasoning;      // chat: message.reasoning_content (left out when empty)
   std::vector<engine::ParsedToolCall> tool_calls;  // chat: message.tool_calls (left out when empty)
+  nlohmann::json logprobs = nullptr;  // build_chat_logprobs / build_completion_logprobs, or null
 };
+
+// One token position's log probabilities, its strings resolved by the caller
+// (Tokenizer::token_to_bytes).
+struct LogprobEntry {
+  std::string bytes;  // the token's raw bytes (may be a partial UTF-8 character)
+  float logprob = std::numeric_limits<float>::quiet_NaN();  // NaN: null (echo's first token)
+  std::vector<std::pair<std::string, float>> top;          // (raw bytes, logprob), most likely first
+};
+
+// Chat `logprobs` (OpenAI): {"content": [{"token", "logprob", "bytes": [..],
+// "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}.
+// "token" is the bytes as UTF-8 with invalid sequences replaced by U+FFFD;
+// "bytes" the exact byte values.
+nlohmann::json build_chat_logprobs(const std::vector<LogprobEntry>& entries);
+// Completions `logprobs` (OpenAI legacy): {"tokens": [..], "token_logprobs":
+// [..], "top_logprobs": [{token: logprob, ..}], "text_offset": [..]}; a NaN
+// logprob is null in token_logprobs and top_logprobs. text_offset: byte
+// offsets into the returned text's frame (prompt + answer), the first being
+// `offset0`, each next one advanced by the previous token's byte length.
+nlohmann::json build_completion_logprobs(const std::vector<LogprobEntry>& entries, int64_t offset0);
+// Concatenates two build_*_logprobs values of the same kind (chat: content
+// lists; completions: each list). null + x = x.
+void append_logprobs(nlohmann::json& into, const nlohmann::json& more);
 
 // Identity shared by a response and all its chunks.
 struct ResponseMeta {
@@ -145,10 +175,14 @@ nlohmann::json build_tool_call_chunk(const ResponseMeta& meta, int index, int ca
 // Streaming chunks (chat.completion.chunk, or text_completion for /v1/completions).
 // First chunk of a chat choice: delta {"role":"assistant","content":""}.
 nlohmann::json build_role_chunk(const ResponseMeta& meta, int index);
-// A piece of text of choice `index`.
-nlohmann::json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text);
+// A piece of text of choice `index`, with its tokens' `logprobs` (a
+// build_*_logprobs value, or null).
+nlohmann::json build_content_chunk(const ResponseMeta& meta, int index, std::string_view text,
+                                   nlohmann::json logprobs = nullptr);
 // The last chunk of choice `index`: empty delta (chat) / empty text, with finish_reason.
-nlohmann::json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason);
+// `logprobs`: of tokens no earlier chunk carried (or null).
+nlohmann::json build_finish_chunk(const ResponseMeta& meta, int index, std::string_view finish_reason,
+                                  nlohmann::json logprobs = nullptr);
 // stream_options.include_usage: `choices: []` and the usage.
 nlohmann::json build_usage_chunk(const ResponseMeta& meta, const Usage& usage);
 

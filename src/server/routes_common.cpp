@@ -47,4 +47,36 @@ ApiError from_core_error(const core::Error& e, int default_status) {
   return a;
 }
 
+std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, const std::string& id) {
+  const std::string model_id = id.empty() ? ctx.opt.default_model : id;
+  if (model_id.empty()) return std::unexpected(bad_request("You must provide a model parameter.", "model"));
+  auto model = ctx.models->acquire(model_id);
+  if (model) return std::move(*model);
+  const core::Error& err = model.error();
+  // 404 only for an id that names no model: a registered model whose file
+  // fails to load (e.g. a missing GGUF key, also kNotFound) is a server-side failure.
+  if (err.code == core::Errc::kNotFound && !ctx.models->is_registered(model_id)) {
+    ApiError e;
+    e.status = 404;
+    e.message = "The model '" + model_id + "' does not exist or you do not have access to it.";
+    e.param = "model";
+    e.code = "model_not_found";
+    return std::unexpected(e);
+  }
+  if (err.code == core::Errc::kResourceExhausted) {
+    // Loading elsewhere (retry soon), or no room in the budget / slots right now.
+    bool loading = false;
+    for (const auto& m : ctx.models->list())
+      loading = loading || (m.id == model_id && m.state == engine::ModelState::kLoading);
+    return std::unexpected(loading ? overloaded(err.message, "model_loading", 2)
+                                   : overloaded(err.message, "insufficient_capacity", 5));
+  }
+  ApiError e;  // the file, not the request, is at fault: 500 whatever the loader's code
+  e.status = 500;
+  e.type = "server_error";
+  e.code = "model_load_failed";
+  e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
+  return std::unexpected(e);
+}
+
 }  // namespace bonsai::server

@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <expected>
 #include <memory>
+#include <string>
 
 #include "core/error.h"
 #include "engine/model_pool.h"  // ModelPool
@@ -42,5 +44,12 @@ void send_error(HttpResponse& res, const ApiError& e);
 // kOutOfRange 400, kNotFound 404, kResourceExhausted / kTimeout / kCancelled
 // 503 overloaded, anything else `default_status` (a server_error when >= 500).
 ApiError from_core_error(const core::Error& e, int default_status = 400);
+
+// A model held for one request (ModelPool::acquire; a registered model
+// loads on demand): `id` empty means ctx.opt.default_model. Errors in the
+// API's terms: 400 no model named and no default, 404 model_not_found (an id
+// that names no model), 503 model_loading / insufficient_capacity, 500
+// model_load_failed. The handle gives the model back when dropped.
+std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, const std::string& id);
 
 }  // namespace bonsai::server

@@ -16,6 +16,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +27,8 @@
 #include "engine/scheduler.h"         // Scheduler, CompletionJob, JobHandle
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
-#include "server/routes_common.h"     // ServerContext, send_json, send_error
+#include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
+#include "server/routes_tokens.h"     // add_token_routes
 #include "server/transport.h"         // HttpTransport
 #include "tokenizer/tokenizer.h"      // Tokenizer
 
@@ -53,7 +55,8 @@ Clock::time_point deadline_after(Clock::time_point t, double seconds) {
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models",
                                               "/health",              "/metrics",        "/admin/models",
-                                              "/admin/models/load",   "/admin/models/unload"};
+                                              "/admin/models/load",   "/admin/models/unload",
+                                              "/v1/embeddings",       "/tokenize",       "/detokenize"};
   if (known.contains(path)) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -73,6 +76,10 @@ struct Job {
   int n = 1;
   bool include_usage = false;
   bool stream = false;  // answered as Server-Sent Events
+  int32_t logprobs = -1;     // < 0: no logprobs; else top alternatives per token
+  bool echo = false;         // completions: the prompt text precedes the answer
+  std::string echo_text;     // the prompt as its tokens' text (echo)
+  int64_t prompt_bytes = 0;  // bytes of the prompt's tokens (legacy text_offset of the first answer token)
   // Chat: how the generated text splits into reasoning / content / tool calls.
   engine::ChatOutputParser::Options output;
   ResponseMeta meta;
@@ -156,9 +163,52 @@ struct Server::Impl {
     return diff == 0;
   }
 
+  // CORS (ServerOptions::cors_origin): the request's Origin when it is
+  // allowed ("*" when any is), else empty (no CORS headers: the browser
+  // refuses the answer).
+  std::string cors_allowed(const HttpRequest& req) const {
+    const std::string& allowed = ctx.opt.cors_origin;
+    if (allowed.empty() || !req.has_header("Origin")) return {};
+    if (allowed == "*") return allowed;
+    const std::string origin = req.header("Origin");
+    for (size_t b = 0; b <= allowed.size();) {
+      size_t e = allowed.find(',', b);
+      if (e == std::string::npos) e = allowed.size();
+      std::string item = allowed.substr(b, e - b);
+      std::erase_if(item, [](unsigned char c) { return std::isspace(c); });
+      if (!item.empty() && item == origin) return origin;
+      b = e + 1;
+    }
+    return {};
+  }
+
+  // A CORS preflight (OPTIONS with Access-Control-Request-Method from an
+  // allowed origin): answered 204 with the allowed methods and headers
+  // (Access-Control-Allow-Origin comes from the header decorator).
+  bool cors_preflight(const HttpRequest& req, HttpResponse& res) const {
+    if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method") || cors_allowed(req).empty())
+      return false;
+    res.status = 204;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.header("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? std::string("Authorization, Content-Type") : asked);
+    res.set_header("Access-Control-Max-Age", "86400");
+    return true;
+  }
+
   void setup() {
+    if (!ctx.opt.cors_origin.empty()) {
+      http.set_header_decorator([this](const HttpRequest& req, std::vector<std::pair<std::string, std::string>>& h) {
+        const std::string origin = cors_allowed(req);
+        if (origin.empty()) return;
+        h.emplace_back("Access-Control-Allow-Origin", origin);
+        if (origin != "*") h.emplace_back("Vary", "Origin");
+      });
+    }
     http.set_pre_routing([this](const HttpRequest& req, HttpResponse& res) {
-      const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0;
+      if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
+      const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
+                                   req.path == "/tokenize" || req.path == "/detokenize";
       if (!protected_route || authorized(req)) return false;
       ApiError e;
       e.status = 401;
@@ -222,6 +272,7 @@ struct Server::Impl {
     http.route("POST", "/v1/chat/completions", completion_route(Endpoint::kChat));
     http.route("POST", "/v1/completions", completion_route(Endpoint::kCompletion));
     add_admin_routes(http, ctx);
+    add_token_routes(http, ctx);
   }
 
   // ---- completions --------------------------------------------------------
@@ -244,38 +295,9 @@ struct Server::Impl {
     job->admitted = admitted;
     job->deadline = deadline_after(admitted, ctx.opt.timeout_s);
     const std::string model_id = cr.model.empty() ? ctx.opt.default_model : cr.model;
-    if (model_id.empty()) return fail(bad_request("You must provide a model parameter.", "model"));
-
     // The model: 404 unknown, 503 loading; a registered model loads on demand here.
-    auto model = ctx.models->acquire(model_id);
-    if (!model) {
-      const core::Error& err = model.error();
-      // 404 only for an id that names no model: a registered model whose
-      // file fails to load (e.g. a missing GGUF key, also kNotFound) is a
-      // server-side failure.
-      if (err.code == core::Errc::kNotFound && !ctx.models->is_registered(model_id)) {
-        ApiError e;
-        e.status = 404;
-        e.message = "The model '" + model_id + "' does not exist or you do not have access to it.";
-        e.param = "model";
-        e.code = "model_not_found";
-        return fail(e);
-      }
-      if (err.code == core::Errc::kResourceExhausted) {
-        // Loading elsewhere (retry soon), or no room in the budget / slots right now.
-        bool loading = false;
-        for (const auto& m : ctx.models->list())
-          loading = loading || (m.id == model_id && m.state == engine::ModelState::kLoading);
-        return fail(loading ? overloaded(err.message, "model_loading", 2)
-                                       : overloaded(err.message, "insufficient_capacity", 5));
-      }
-      ApiError e;  // the file, not the request, is at fault: 500 whatever the loader's code
-      e.status = 500;
-      e.type = "server_error";
-      e.code = "model_load_failed";
-      e.message = "Model '" + model_id + "' could not be loaded: " + err.message;
-      return fail(e);
-    }
+    auto model = acquire_model(ctx, model_id);
+    if (!model) return fail(model.error());
     job->model = std::move(*model);
     const engine::LoadedModel& lm = *job->model;
     if (!lm.pool || !lm.tokenizer) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
@@ -319,6 +341,8 @@ struct Server::Impl {
     over.ignore_eos = cr.ignore_eos;
     over.logit_bias = cr.logit_bias;
     over.grammar = cr.grammar;  // structured outputs (server/structured_output.h)
+    over.logprobs = cr.logprobs;  // log-softmax of the raw logits (engine/logprobs.h)
+    if (cr.echo && cr.logprobs >= 0) over.prompt_logprobs = cr.logprobs;  // echo: the prompt's too
     engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
     popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
     popt.prompt_cap_source = "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
@@ -327,6 +351,18 @@ struct Server::Impl {
     job->prompt = std::move(prepared->prompt);
     job->params = std::move(prepared->params);
     const int64_t n_prompt = static_cast<int64_t>(job->prompt.size());
+    // Log probabilities (job->logprobs >= 0) and completions echo: the
+    // prompt's bytes (text_offset of the first answer token) and, with echo,
+    // its text as its tokens spell it (as the generated text is), so that
+    // text_offset indexes it (SentencePiece's dummy-prefix space included).
+    job->logprobs = cr.logprobs;
+    job->echo = cr.echo;
+    for (int32_t id : job->prompt) {
+      if (cr.logprobs < 0 && !cr.echo) break;
+      const std::string piece = lm.tokenizer->token_to_bytes(id);
+      job->prompt_bytes += static_cast<int64_t>(piece.size());
+      if (cr.echo) job->echo_text += piece;
+    }
     job->seed = cr.seed ? *cr.seed : ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     job->n = cr.n;
     job->include_usage = cr.include_usage;
@@ -424,6 +460,19 @@ struct Server::Impl {
     return engine::finish_reason_name(r.finish_reason);
   }
 
+  // The API's view of engine log probabilities: token bytes resolved with the model's tokenizer.
+  static std::vector<LogprobEntry> logprob_entries(const Job& job, std::span<const engine::TokenLogprob> lps) {
+    const tokenizer::Tokenizer& tok = *job.model->tokenizer;
+    std::vector<LogprobEntry> out;
+    out.reserve(lps.size());
+    for (const auto& lp : lps) {
+      LogprobEntry e{tok.token_to_bytes(lp.token), lp.logprob, {}};
+      for (const auto& [id, v] : lp.top) e.top.emplace_back(tok.token_to_bytes(id), v);
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
   // A non-streamed answer from a finished job's progress.
   void answer_whole(HttpResponse& res, Job& job, Progress& pr) {
     if (pr.failed) return send_error(res, failure_error(*pr.failed, pr.cut));
@@ -434,6 +483,15 @@ struct Server::Impl {
       if (!d || d->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(pr.cut));
       usage.completion_tokens += d->completion_tokens;
       Choice ch{std::move(d->text), finish_name(*d), {}, {}};
+      if (job.logprobs >= 0) {
+        const bool chat = job.meta.endpoint == Endpoint::kChat;
+        std::vector<LogprobEntry> entries;
+        if (!chat && job.echo) entries = logprob_entries(job, d->prompt_logprobs);
+        for (auto& e : logprob_entries(job, d->logprobs)) entries.push_back(std::move(e));
+        ch.logprobs = chat ? build_chat_logprobs(entries)
+                           : build_completion_logprobs(entries, job.echo ? 0 : job.prompt_bytes);
+      }
+      if (job.echo) ch.text = job.echo_text + ch.text;
       if (job.meta.endpoint == Endpoint::kChat) {
         engine::ChatOutputParser parser(job.output);
         engine::ChatOutputDelta all = parser.feed(ch.text);
@@ -473,6 +531,16 @@ struct Server::Impl {
     std::vector<bool> role_sent;
     std::vector<engine::ChatOutputParser> parsers;
     std::vector<int> n_calls;
+    // Log probabilities (job->logprobs >= 0), per choice: chat ones wait for
+    // the choice's next content (or finish) chunk; completions ones go with
+    // their text, text_offset continuing from `offset`. `lp_sent`: entries
+    // taken from text events (the rest of the result's, e.g. a stop
+    // string's tokens, go with the finish chunk). `echoed`: completions
+    // echo sent (the prompt and its logprobs as the choice's first chunk).
+    std::vector<json> pending_lp;
+    std::vector<int64_t> offset;
+    std::vector<size_t> lp_sent;
+    std::vector<bool> echoed;
 
     JobPump(Impl* i, std::shared_ptr<Job> j, std::shared_ptr<Exchange> e)
         : impl(i), job(std::move(j)), ex(std::move(e)) {
@@ -481,6 +549,10 @@ struct Server::Impl {
       role_sent.assign(n, false);
       parsers.assign(n, engine::ChatOutputParser(job->output));
       n_calls.assign(n, 0);
+      pending_lp.assign(n, json(nullptr));
+      offset.assign(n, job->prompt_bytes);
+      lp_sent.assign(n, 0);
+      echoed.assign(n, !job->echo);
     }
 
     // Asks for a run on a worker (from any thread; cheap).
@@ -533,17 +605,40 @@ struct Server::Impl {
     // Writes one choice's parsed delta: reasoning, content, completed tool calls.
     bool emit(int i, const engine::ChatOutputDelta& d) {
       if (!d.reasoning.empty()) alive = alive && chunk(build_reasoning_chunk(job->meta, i, d.reasoning));
-      if (!d.content.empty()) alive = alive && chunk(build_content_chunk(job->meta, i, d.content));
+      if (!d.content.empty()) alive = alive && chunk(build_content_chunk(job->meta, i, d.content, take_lp(i)));
       for (const auto& call : d.tool_calls) {
         const int k = n_calls[static_cast<size_t>(i)]++;
         alive = alive && chunk(build_tool_call_chunk(job->meta, i, k, call, new_tool_call_id()));
       }
       return alive;
     }
-    bool on_text(int i, std::string_view text) {
+    json take_lp(int i) { return std::exchange(pending_lp[static_cast<size_t>(i)], json(nullptr)); }
+    // The logprobs of `lps` (the choice's next tokens) in the endpoint's shape.
+    json logprobs_of(int i, std::span<const engine::TokenLogprob> lps) {
+      lp_sent[static_cast<size_t>(i)] += lps.size();
+      const auto entries = logprob_entries(*job, lps);
+      if (job->meta.endpoint == Endpoint::kChat) return build_chat_logprobs(entries);
+      json lp = build_completion_logprobs(entries, offset[static_cast<size_t>(i)]);
+      for (const auto& e : entries) offset[static_cast<size_t>(i)] += static_cast<int64_t>(e.bytes.size());
+      return lp;
+    }
+    // Completions echo: the prompt (and its logprobs) as the choice's first text chunk.
+    bool send_echo(int i, const std::vector<engine::TokenLogprob>& prompt_lp) {
+      if (echoed[static_cast<size_t>(i)]) return alive;
+      echoed[static_cast<size_t>(i)] = true;
+      json lp = job->logprobs >= 0 ? build_completion_logprobs(logprob_entries(*job, prompt_lp), 0) : json(nullptr);
+      return chunk(build_content_chunk(job->meta, i, job->echo_text, std::move(lp)));
+    }
+    bool on_text(const engine::JobEvent& ev) {
+      const int i = ev.choice;
       if (!alive || !ensure_role(i)) return false;
-      if (job->meta.endpoint != Endpoint::kChat) return chunk(build_content_chunk(job->meta, i, text));
-      return emit(i, parsers[static_cast<size_t>(i)].feed(text));
+      if (job->meta.endpoint != Endpoint::kChat) {
+        if (!send_echo(i, ev.prompt_logprobs)) return false;
+        json lp = job->logprobs >= 0 ? logprobs_of(i, ev.logprobs) : json(nullptr);
+        return chunk(build_content_chunk(job->meta, i, ev.text, std::move(lp)));
+      }
+      if (job->logprobs >= 0) append_logprobs(pending_lp[static_cast<size_t>(i)], logprobs_of(i, ev.logprobs));
+      return emit(i, parsers[static_cast<size_t>(i)].feed(ev.text));
     }
 
     // Starts the answer (stream: headers and the first role chunk) and
@@ -586,7 +681,7 @@ struct Server::Impl {
         pr.started = true;
         switch (e.kind) {
           case engine::JobEvent::Kind::kText:
-            if (job->stream && !cancelled && !on_text(e.choice, e.text)) {
+            if (job->stream && !cancelled && !on_text(e)) {
               pr.cut = CutReason::kClientGone;
               cancelled = true;
               job->handle->cancel();
@@ -649,12 +744,18 @@ struct Server::Impl {
         usage.completion_tokens += d->completion_tokens;
         if (i == 0) usage.cached_tokens = d->cached_tokens;
         std::string finish = finish_name(*d);
+        if (!chat) alive = send_echo(i, d->prompt_logprobs);  // a choice that released no text
+        if (job->logprobs >= 0 && lp_sent[static_cast<size_t>(i)] < d->logprobs.size()) {
+          // Tokens whose text was never released (a stop string's): as in the non-streamed answer.
+          const auto rest = std::span<const engine::TokenLogprob>(d->logprobs).subspan(lp_sent[static_cast<size_t>(i)]);
+          append_logprobs(pending_lp[static_cast<size_t>(i)], logprobs_of(i, rest));
+        }
         if (chat) {
           auto& parser = parsers[static_cast<size_t>(i)];
-          alive = ensure_role(i) && emit(i, parser.finish());
+          alive = alive && ensure_role(i) && emit(i, parser.finish());
           if (!parser.tool_calls().empty() && finish == "stop") finish = "tool_calls";
         }
-        alive = alive && ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish));
+        alive = alive && ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish, take_lp(i)));
       }
       if (alive) {
         if (job->include_usage) write(sse_event(build_usage_chunk(job->meta, usage)));

@@ -80,6 +80,13 @@ struct ServerOptions {
   // (llama-server's --reasoning-format deepseek, the default); false: the
   // raw text stays in content (--reasoning-format none).
   bool parse_reasoning = true;
+  // CORS (--cors-origin / config cors-origin; off when empty): "*" or a
+  // comma-separated list of origins. Every answer to a request from an
+  // allowed origin carries Access-Control-Allow-Origin ("*", or that origin
+  // plus Vary: Origin), and a preflight (OPTIONS) is answered 204 with the
+  // allowed methods (GET, POST, OPTIONS) and headers (those the preflight
+  // asks for, else Authorization, Content-Type), before authorization.
+  std::string cors_origin;
   // POST /admin/models/load when the ModelPool has no memory budget: the
   // most KV-cache bytes (all replicas) one load may allocate. 0: the
   // machine's MemAvailable (/proc/meminfo) at the time of the request. With

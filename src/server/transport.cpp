@@ -136,6 +136,7 @@ struct TransportCore {
   std::vector<RouteEntry> routes;  // set before run(), read-only after
   Handler not_found;
   HttpTransport::PreRouter pre_route;
+  HttpTransport::HeaderDecorator decorate;
   ErrorBody error_body = default_error_body;
   RequestLogger logger;
 
@@ -269,6 +270,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The request logger, if any (any thread).
   void log(const HttpRequest& req, int status) const {
     if (core_->logger) core_->logger(req, status);
+  }
+  // The decorator's headers for the answer to `req` (see set_header_decorator).
+  void decorate(const HttpRequest& req, std::vector<std::pair<std::string, std::string>>& headers) const {
+    if (core_->decorate) core_->decorate(req, headers);
   }
 
  private:
@@ -699,6 +704,7 @@ void Exchange::respond(HttpResponse response) {
   if (answered_.exchange(true)) return;
   ended_ = true;
   status_ = response.status;
+  conn_->decorate(request_, response.headers);
   conn_->log(request_, response.status);
   conn_->post([c = conn_, r = std::move(response)]() mutable { c->deliver(std::move(r)); });
 }
@@ -707,6 +713,7 @@ void Exchange::start_stream(int status, std::string content_type,
                             std::vector<std::pair<std::string, std::string>> headers) {
   if (answered_.exchange(true)) return;
   status_ = status;
+  conn_->decorate(request_, headers);
   conn_->log(request_, status);
   conn_->post([c = conn_, status, ct = std::move(content_type), h = std::move(headers)] { c->stream_head(status, ct, h); });
 }
@@ -838,6 +845,7 @@ void HttpTransport::post_json(std::string path, BodyHandler handler, SyncHandler
 }
 
 void HttpTransport::set_pre_routing(PreRouter fn) { core_->pre_route = std::move(fn); }
+void HttpTransport::set_header_decorator(HeaderDecorator fn) { core_->decorate = std::move(fn); }
 
 void HttpTransport::set_not_found(Handler handler) { core_->not_found = std::move(handler); }
 void HttpTransport::set_error_body(ErrorBody fn) { core_->error_body = fn ? std::move(fn) : default_error_body; }

@@ -189,6 +189,12 @@ class HttpTransport {
   // Runs before routing (on the I/O thread: keep it cheap); returns true
   // when it answered the request itself (e.g. 401), false to route it.
   using PreRouter = std::function<bool(const HttpRequest&, HttpResponse&)>;
+  // Adds headers to every answer an Exchange gives (respond() or
+  // start_stream(), pre-routing answers included; not the errors the
+  // transport writes itself before a request is whole, e.g. 413 / 431 /
+  // 503). Runs on the answering thread; must be thread-safe and cheap.
+  using HeaderDecorator =
+      std::function<void(const HttpRequest&, std::vector<std::pair<std::string, std::string>>& headers)>;
 
   explicit HttpTransport(TransportOptions options);
   // Stops (as stop()) and joins every thread. Exchanges must not be used
@@ -210,6 +216,7 @@ class HttpTransport {
   // `multipart_error` instead.
   void post_json(std::string path, BodyHandler handler, SyncHandler multipart_error);
   void set_pre_routing(PreRouter fn);
+  void set_header_decorator(HeaderDecorator fn);  // register before run()
   void set_not_found(Handler handler);
   void set_error_body(ErrorBody fn);
   void set_logger(RequestLogger fn);

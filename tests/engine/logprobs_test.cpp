@@ -468,5 +468,56 @@ TEST(SchedulerLogprobs, EachRowItsOwnInTheBatchedStep) {
   }
 }
 
+// n > 1 with prompt logprobs: the prompt runs once (choice 0), every
+// choice's result carries the prompt's values, and each choice's first
+// streamed text event brings them (a stream echoes the prompt first).
+TEST(SchedulerLogprobs, EveryChoiceGetsThePromptLogprobs) {
+  REQUIRE_STORIES();
+  auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, 256, 3);
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  auto pool = std::make_shared<EnginePool>(std::move(b->pool));
+  Scheduler sched(pool, b->model, b->n_ctx);
+  CompletionJob j;
+  j.prompt = stories().tok->encode_prompt("Lily and Ben went to the park");
+  j.params.temperature = 1.0f;
+  j.params.max_tokens = 6;
+  j.params.ignore_eos = true;
+  j.params.logprobs = 1;
+  j.params.prompt_logprobs = 2;
+  j.n = 3;
+  const auto prompt = j.prompt;
+  auto h = sched.submit(std::move(j));
+  ASSERT_TRUE(h.has_value());
+  std::map<int, GenerationResult> done;
+  std::map<int, std::vector<TokenLogprob>> first_event_plp;
+  std::map<int, int> with_plp;  // text events carrying prompt logprobs, per choice
+  const auto until = Clock::now() + 120s;
+  while (done.size() < 3 && Clock::now() < until) {
+    std::vector<JobEvent> evs;
+    (*h)->wait(evs, Clock::now() + 100ms);
+    for (auto& ev : evs) {
+      ASSERT_NE(ev.kind, JobEvent::Kind::kFailed) << ev.error.message;
+      if (ev.kind == JobEvent::Kind::kText && !ev.prompt_logprobs.empty()) ++with_plp[ev.choice];
+      if (ev.kind == JobEvent::Kind::kText && !first_event_plp.contains(ev.choice))
+        first_event_plp[ev.choice] = ev.prompt_logprobs;
+      if (ev.kind == JobEvent::Kind::kDone) done[ev.choice] = std::move(ev.result);
+    }
+  }
+  ASSERT_EQ(done.size(), 3u);
+  const auto rows = all_logits(prompt);
+  const size_t nv = static_cast<size_t>(stories().model->config().n_vocab);
+  for (int c = 0; c < 3; ++c) {
+    const auto& plp = done[c].prompt_logprobs;
+    ASSERT_EQ(plp.size(), prompt.size()) << c;
+    for (size_t k = 1; k < prompt.size(); ++k)
+      expect_matches_row(plp[k], rows, nv, k, prompt[k], 2, 1e-4, "choice " + std::to_string(c));
+    EXPECT_EQ(with_plp[c], 1) << c;  // once per choice
+    ASSERT_TRUE(first_event_plp.contains(c));
+    ASSERT_EQ(first_event_plp[c].size(), prompt.size()) << c;
+    for (size_t k = 1; k < prompt.size(); ++k) EXPECT_EQ(first_event_plp[c][k].logprob, plp[k].logprob);
+  }
+  EXPECT_EQ(sched.stats().prompt_tokens, prompt.size());  // computed once
+}
+
 }  // namespace
 }  // namespace bonsai::engine

@@ -229,7 +229,7 @@ TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", Endpoint::kChat, "logprobs"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":21})", Endpoint::kChat, "top_logprobs"},
       {R"({"prompt":"x","logprobs":true})", Endpoint::kCompletion, "logprobs"},
-      {R"({"prompt":"x","logprobs":6})", Endpoint::kCompletion, "logprobs"},
+      {R"({"prompt":"x","logprobs":21})", Endpoint::kCompletion, "logprobs"},
       {R"({"prompt":"x","echo":"no"})", Endpoint::kCompletion, "echo"},
       {R"({"prompt":"x","n":"2"})", Endpoint::kCompletion, "n"},
       {R"({"prompt":"x","n":1.5})", Endpoint::kCompletion, "n"},
@@ -260,40 +260,52 @@ TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
   EXPECT_EQ(r.n, 2);
 }
 
-// Log probabilities and echo are not computed: asking for them is a 400 with
-// code unsupported_value naming the field (it used to be accepted and
-// answered with "logprobs": null, which breaks clients reading
-// choice.logprobs.content).
-TEST(OpenAiParse, LogprobsAndEchoRequestsAreRefusedAsUnsupported) {
+// Log probabilities and echo are parsed (they were refused as unsupported
+// before they were computed); suffix and best_of > 1 still are refused.
+TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})",
+                     Endpoint::kChat, r)
+                   .has_value());
+  EXPECT_EQ(r.logprobs, 3);
+  CompletionRequest r0;
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, r0).has_value());
+  EXPECT_EQ(r0.logprobs, 0);  // the sampled token's only
+  CompletionRequest r1;
+  ASSERT_FALSE(parse(R"({"prompt":"x","logprobs":5,"echo":true})", Endpoint::kCompletion, r1).has_value());
+  EXPECT_EQ(r1.logprobs, 5);
+  EXPECT_TRUE(r1.echo);
+  CompletionRequest r2;
+  ASSERT_FALSE(parse(R"({"prompt":"x","logprobs":20})", Endpoint::kCompletion, r2).has_value());
+  EXPECT_EQ(r2.logprobs, 20);
+  EXPECT_FALSE(r2.echo);
+  CompletionRequest r3;
+  ASSERT_FALSE(parse(R"({"prompt":"x"})", Endpoint::kCompletion, r3).has_value());
+  EXPECT_EQ(r3.logprobs, -1);  // off by default
   struct Case {
     const char* body;
     Endpoint ep;
     const char* param;
+    const char* code;
   };
   const Case cases[] = {
-      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, "logprobs"},
-      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})", Endpoint::kChat, "logprobs"},
-      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChat, "top_logprobs"},
-      {R"({"prompt":"x","logprobs":0})", Endpoint::kCompletion, "logprobs"},
-      {R"({"prompt":"x","logprobs":5})", Endpoint::kCompletion, "logprobs"},
-      {R"({"prompt":"x","echo":true})", Endpoint::kCompletion, "echo"},
-      {R"({"prompt":"x","suffix":"tail"})", Endpoint::kCompletion, "suffix"},
-      {R"({"prompt":"x","best_of":3})", Endpoint::kCompletion, "best_of"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", Endpoint::kChat, "top_logprobs",
+       "invalid_value"},  // only with logprobs: true
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", Endpoint::kChat,
+       "top_logprobs", "invalid_value"},
+      {R"({"prompt":"x","logprobs":-1})", Endpoint::kCompletion, "logprobs", "invalid_value"},
+      {R"({"prompt":"x","suffix":"tail"})", Endpoint::kCompletion, "suffix", "unsupported_value"},
+      {R"({"prompt":"x","best_of":3})", Endpoint::kCompletion, "best_of", "unsupported_value"},
   };
   for (const auto& c : cases) {
-    CompletionRequest r;
-    auto e = parse(c.body, c.ep, r);
+    CompletionRequest q;
+    auto e = parse(c.body, c.ep, q);
     ASSERT_TRUE(e.has_value()) << c.body;
     EXPECT_EQ(e->status, 400) << c.body;
     EXPECT_EQ(e->param, c.param) << c.body;
-    EXPECT_EQ(e->code, "unsupported_value") << c.body;
-    EXPECT_NE(e->message.find(std::string("'") + c.param + "' is not supported"), std::string::npos) << e->message;
+    EXPECT_EQ(e->code, c.code) << c.body;
   }
-  // Out-of-range values are still invalid values, not "unsupported".
-  CompletionRequest r;
-  auto e = parse(R"({"prompt":"x","logprobs":6})", Endpoint::kCompletion, r);
-  ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->code, "invalid_value");
+  std::optional<ApiError> e;
   // Values that ask for nothing pass.
   EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0})",
                      Endpoint::kChat, r)
@@ -522,6 +534,53 @@ TEST(Sse, FramingIsOneLinePerEvent) {
   std::string ev = sse_event(json{{"content", "a\nb"}});
   EXPECT_EQ(ev, "data: {\"content\":\"a\\nb\"}\n\n");
   EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+}
+
+// The two logprobs shapes: chat (OpenAI's content list with bytes) and the
+// legacy completions lists; NaN (echo's first token) is null; partial UTF-8
+// tokens show U+FFFD in "token" and their exact bytes in "bytes".
+TEST(OpenAiBuild, LogprobsShapes) {
+  const std::vector<LogprobEntry> entries = {
+      {"He", std::numeric_limits<float>::quiet_NaN(), {}},
+      {"llo", -0.25f, {{"llo", -0.25f}, {"lp", -2.0f}}},
+      {"\xe4", -1.5f, {{"\xe4", -1.5f}, {"\xe5", -1.75f}}},  // two partial characters: one key
+  };
+  const json chat = build_chat_logprobs(entries);
+  ASSERT_EQ(chat["content"].size(), 3u);
+  EXPECT_TRUE(chat["refusal"].is_null());
+  EXPECT_EQ(chat["content"][0]["token"], "He");
+  EXPECT_TRUE(chat["content"][0]["logprob"].is_null());
+  EXPECT_EQ(chat["content"][0]["bytes"], json({72, 101}));
+  EXPECT_EQ(chat["content"][1]["logprob"], -0.25);
+  EXPECT_EQ(chat["content"][1]["top_logprobs"][1], json({{"token", "lp"}, {"logprob", -2.0}, {"bytes", {108, 112}}}));
+  EXPECT_EQ(chat["content"][2]["token"], "\xef\xbf\xbd");
+  EXPECT_EQ(chat["content"][2]["bytes"], json({0xe4}));
+
+  const json legacy = build_completion_logprobs(entries, 10);
+  EXPECT_EQ(legacy["tokens"], json({"He", "llo", "\xef\xbf\xbd"}));
+  EXPECT_EQ(legacy["token_logprobs"], json({nullptr, -0.25, -1.5}));
+  EXPECT_TRUE(legacy["top_logprobs"][0].is_null());
+  EXPECT_EQ(legacy["top_logprobs"][1], json({{"llo", -0.25}, {"lp", -2.0}}));
+  EXPECT_EQ(legacy["top_logprobs"][2], json({{"\xef\xbf\xbd", -1.5}}));  // the likelier of the two
+  EXPECT_EQ(legacy["text_offset"], json({10, 12, 15}));
+
+  json acc = nullptr;
+  append_logprobs(acc, build_completion_logprobs({entries[0]}, 0));
+  append_logprobs(acc, build_completion_logprobs({entries[1], entries[2]}, 2));
+  append_logprobs(acc, nullptr);
+  EXPECT_EQ(acc, build_completion_logprobs(entries, 0));
+  json cacc = nullptr;
+  append_logprobs(cacc, build_chat_logprobs({entries[0]}));
+  append_logprobs(cacc, build_chat_logprobs({entries[1], entries[2]}));
+  EXPECT_EQ(cacc, chat);
+
+  // In a response and a chunk.
+  ResponseMeta meta{"cmpl-x", 1, "m", Endpoint::kCompletion};
+  Choice ch{"Hello", "stop", {}, {}, legacy};
+  const json resp = build_response(meta, {ch}, Usage{1, 3});
+  EXPECT_EQ(resp["choices"][0]["logprobs"], legacy);
+  EXPECT_EQ(build_content_chunk(meta, 0, "He", legacy)["choices"][0]["logprobs"], legacy);
+  EXPECT_TRUE(build_content_chunk(meta, 0, "He")["choices"][0]["logprobs"].is_null());
 }
 
 }  // namespace
