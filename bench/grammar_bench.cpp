@@ -123,8 +123,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", sc.name, grammar.error().message.c_str());
       return 1;
     }
-    std::printf("%-12s schema -> GBNF -> compiled grammar: %.3f ms (%zu rules, %zu GBNF bytes)\n",
-                sc.name,
+    std::printf("%-12s schema -> GBNF -> compiled grammar: %.3f ms (%zu rules, %zu GBNF bytes)\n", sc.name,
                 std::chrono::duration<double, std::milli>(Clock::now() - compile_start).count(),
                 (*grammar)->rule_count(), gbnf.size());
     auto ids = t.encode(sc.instance);
@@ -168,8 +167,7 @@ int main(int argc, char** argv) {
               next = ids[step];
             }
             if (!((mask[static_cast<uint32_t>(next) >> 5] >> (next & 31)) & 1)) {
-              std::fprintf(stderr, "%s: forced token %d at step %zu not allowed\n", sc.name, next,
-                           step);
+              std::fprintf(stderr, "%s: forced token %d at step %zu not allowed\n", sc.name, next, step);
               return 1;
             }
           } else {
@@ -180,8 +178,7 @@ int main(int argc, char** argv) {
             if (ok.empty()) break;
             allowed_sum += ok.size();
             // Prefer EOS when allowed so runs terminate like a model would.
-            next = st->can_end() ? eos[0]
-                                 : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+            next = st->can_end() ? eos[0] : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
           }
           auto b = Clock::now();
           bool fast = st->accepts_token(*trie, next);
@@ -202,18 +199,15 @@ int main(int argc, char** argv) {
       std::printf(
           "%-12s %-6s steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
           "accepts_token us p50 %.2f   finished %d/%d%s\n",
-          sc.name, mode, ms.size(), pct(ms, 0.5), pct(ms, 0.9), pct(ms, 0.99), pct(ms, 1.0),
-          pct(acc_us, 0.5), finished, runs,
-          mode[0] == 'r' ? (" (mean allowed " +
-                            std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")")
-                               .c_str()
+          sc.name, mode, ms.size(), pct(ms, 0.5), pct(ms, 0.9), pct(ms, 0.99), pct(ms, 1.0), pct(acc_us, 0.5), finished,
+          runs,
+          mode[0] == 'r' ? (" (mean allowed " + std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")").c_str()
                          : "");
     }
   }
   std::printf(
       "\nALL          steps %5zu  mask ms: p50 %.3f  p99 %.3f  max %.3f   accepts_token us p50 "
       "%.2f p99 %.2f\n",
-      all.size(), pct(all, 0.5), pct(all, 0.99), pct(all, 1.0), pct(all_accept, 0.5),
-      pct(all_accept, 0.99));
+      all.size(), pct(all, 0.5), pct(all, 0.99), pct(all, 1.0), pct(all_accept, 0.5), pct(all_accept, 0.99));
   return 0;
 }

@@ -33,7 +33,6 @@
 // The kernel tier is the best supported one unless BONSAI_KERNEL is set.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
-
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -167,7 +166,8 @@ double timed_read(ThreadPool& tp, const uint8_t* p, size_t bytes) {
   std::vector<uint64_t> sums(64);
   const auto t0 = std::chrono::steady_clock::now();
   tp.parallel_for(
-      64, [&](int64_t b, int64_t e) {
+      64,
+      [&](int64_t b, int64_t e) {
         for (int64_t c = b; c < e; ++c) sums[static_cast<size_t>(c)] = read_range(p + c * chunk, chunk);
       },
       1);
@@ -186,7 +186,8 @@ void BM_ReadBandwidth(benchmark::State& state) {
     std::vector<uint64_t> sums(64);
     const auto t0 = std::chrono::steady_clock::now();
     tp.parallel_for(
-        64, [&](int64_t b, int64_t e) {
+        64,
+        [&](int64_t b, int64_t e) {
           for (int64_t c = b; c < e; ++c) sums[static_cast<size_t>(c)] = read_range(a.data + c * chunk, chunk);
         },
         1);
@@ -288,7 +289,7 @@ void BM_Matmul(benchmark::State& state) {
 
 // Bonsai-1.7B (n_embd 2048, n_ff 6144, q 2048, kv 1024, vocab 151936) and
 // Bonsai-8B (n_embd 4096, n_ff 12288, q 4096, kv 1024) matrix shapes.
-const int64_t kShapes[][2] = {{2048, 2048}, {1024, 2048}, {6144, 2048}, {2048, 6144}, {151936, 2048},
+const int64_t kShapes[][2] = {{2048, 2048}, {1024, 2048}, {6144, 2048},  {2048, 6144}, {151936, 2048},
                               {4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288}};
 const int64_t kNs[] = {1, 2, 4, 8, 16, 32, 64, 512};
 
@@ -344,14 +345,16 @@ Result median(std::vector<Result> v) {
 }
 
 void print_summary() {
-  std::printf("\nSummary (tier %s; medians of repetitions; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s;"
-              " int8 %s peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s)\n",
-              std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2], g_peak_isa.c_str(), g_peak[1] / 1e9,
-              g_peak[2] / 1e9);
-  std::printf("bw = cols/s / (N x bandwidth column rate); peak = cols/s / int8-peak column rate; "
-              "roof = cols/s / min(N x bandwidth rate, peak rate)\n");
-  std::printf("%-6s %14s %3s %4s %11s %9s %12s %7s %7s %7s\n", "format", "rows x cols", "thr", "N", "time us",
-              "GB/s", "cols/s", "bw", "peak", "roof");
+  std::printf(
+      "\nSummary (tier %s; medians of repetitions; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s;"
+      " int8 %s peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s)\n",
+      std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2], g_peak_isa.c_str(), g_peak[1] / 1e9,
+      g_peak[2] / 1e9);
+  std::printf(
+      "bw = cols/s / (N x bandwidth column rate); peak = cols/s / int8-peak column rate; "
+      "roof = cols/s / min(N x bandwidth rate, peak rate)\n");
+  std::printf("%-6s %14s %3s %4s %11s %9s %12s %7s %7s %7s\n", "format", "rows x cols", "thr", "N", "time us", "GB/s",
+              "cols/s", "bw", "peak", "roof");
   for (const char* fname : {"Q1_0", "Q2_0"}) {
     const kn::Format f = std::string(fname) == "Q1_0" ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
     for (const auto& s : kShapes) {
@@ -361,7 +364,7 @@ void print_summary() {
           if (it == g_results.end() || it->second.empty()) continue;
           const Result r = median(it->second);
           const double mat = static_cast<double>(kn::row_bytes(f, s[1])) * static_cast<double>(s[0]);
-          const double bw_rate = static_cast<double>(n) * g_bw[t] * 1e9 / mat;          // cols/s
+          const double bw_rate = static_cast<double>(n) * g_bw[t] * 1e9 / mat;  // cols/s
           const double peak_rate = g_peak[t] > 0 ? g_peak[t] / (static_cast<double>(s[0]) * s[1]) : 0;
           const double roof = peak_rate > 0 ? std::min(bw_rate, peak_rate) : bw_rate;
           char shape[32];

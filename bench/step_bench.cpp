@@ -89,8 +89,8 @@ double forward_ms(const model::Model& m, std::vector<std::unique_ptr<model::KvCa
   for (int k = 0; k < steps; ++k) {
     model::Batch b;
     for (int s = 0; s < n; ++s)
-      b.add(static_cast<int32_t>((s * 131 + k * 17 + 5) % c.n_vocab), static_cast<int32_t>(cs[static_cast<size_t>(s)]->size()), s,
-            true);
+      b.add(static_cast<int32_t>((s * 131 + k * 17 + 5) % c.n_vocab),
+            static_cast<int32_t>(cs[static_cast<size_t>(s)]->size()), s, true);
     const auto t0 = Clock::now();
     if (!m.forward(b, cs, ws, logits, tp)) std::abort();
     t.push_back(ms_since(t0));
@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
       prod[n].push_back(median(p));
       fwd[n].push_back(forward_ms(m, caches, n, steps, ws, tp));
       stp[n].push_back(step_ms(n, r));
-      std::printf("round %d N=%2d  products %8.1f  forward %8.1f  step %8.1f ms\n", r, n, prod[n].back(),
-                  fwd[n].back(), stp[n].back());
+      std::printf("round %d N=%2d  products %8.1f  forward %8.1f  step %8.1f ms\n", r, n, prod[n].back(), fwd[n].back(),
+                  stp[n].back());
       std::fflush(stdout);
     }
   }

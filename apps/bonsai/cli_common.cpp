@@ -23,8 +23,7 @@ core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag)
   options.q2_layout = core::parse_q2_layout(layout);
   if (!options.q2_layout) {
     return core::fail(core::Errc::kInvalidArgument,
-                      "unknown Q2_0 layout '" + layout +
-                          "' (expected g64, g128-d-first or g128-qs-first)");
+                      "unknown Q2_0 layout '" + layout + "' (expected g64, g128-d-first or g128-qs-first)");
   }
   return options;
 }
@@ -85,7 +84,10 @@ std::string format_bytes(uint64_t b) {
 }  // namespace
 
 Progress::Progress(std::string label, uint64_t total, Unit unit, bool enabled)
-    : enabled_(enabled), unit_(unit), label_(std::move(label)), total_(total),
+    : enabled_(enabled),
+      unit_(unit),
+      label_(std::move(label)),
+      total_(total),
       start_(std::chrono::steady_clock::now()) {}
 
 Progress::~Progress() {

@@ -45,10 +45,10 @@ struct RuntimeFlags {
 
 // The runtime settings a command runs with, resolved once by init_runtime.
 struct Runtime {
-  gguf::OpenOptions open_options;  // Q2_0 layout override for gguf::File::open / Model::load
-  int threads = 1;                 // >= 1: -t, or the physical cores
+  gguf::OpenOptions open_options;                  // Q2_0 layout override for gguf::File::open / Model::load
+  int threads = 1;                                 // >= 1: -t, or the physical cores
   kernels::Tier tier = kernels::Tier::kReference;  // the active kernel tier
-  bool progress = false;           // draw progress lines on stderr (see progress_enabled)
+  bool progress = false;                           // draw progress lines on stderr (see progress_enabled)
 };
 
 // Whether progress lines are drawn: env BONSAI_PROGRESS=1 / =0 forces it on /

@@ -30,11 +30,9 @@
 // value, BONSAI_KERNEL, --q2-layout) exit 2; a model that fails to load or
 // run exits 1.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +41,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -51,11 +50,11 @@
 
 #include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
 #include "apps/bonsai/commands.h"
-#include "kernels/roofline.h"       // measure_read_bandwidth, measure_int8_peak
-#include "apps/bonsai/synth.h"       // synth::ensure_default_model
-#include "core/ggml_types.h"         // ggml_type_name
-#include "core/thread_pool.h"        // ThreadPool
-#include "model/model.h"             // Model, KvCache, Workspace, Batch
+#include "apps/bonsai/synth.h"  // synth::ensure_default_model
+#include "core/ggml_types.h"    // ggml_type_name
+#include "core/thread_pool.h"   // ThreadPool
+#include "kernels/roofline.h"   // measure_read_bandwidth, measure_int8_peak
+#include "model/model.h"        // Model, KvCache, Workspace, Batch
 
 namespace bonsai::app {
 namespace {
@@ -99,12 +98,12 @@ struct TestSpec {
 // What a model streams and computes per token, from its weight views.
 struct ModelStats {
   std::string filename;
-  std::string type;           // "qwen3 1.7B Q1_0" (llama-bench's model_type)
-  uint64_t size_bytes = 0;    // every tensor's bytes (llama-bench's model_size)
-  uint64_t n_params = 0;      // every tensor's elements (model_n_params)
-  uint64_t matrix_bytes = 0;  // layer matrices + output head: bytes a decode step streams
-  uint64_t layer_weights = 0; // weights of the layer matrices (multiply-adds per token)
-  uint64_t head_weights = 0;  // weights of the output head
+  std::string type;               // "qwen3 1.7B Q1_0" (llama-bench's model_type)
+  uint64_t size_bytes = 0;        // every tensor's bytes (llama-bench's model_size)
+  uint64_t n_params = 0;          // every tensor's elements (model_n_params)
+  uint64_t matrix_bytes = 0;      // layer matrices + output head: bytes a decode step streams
+  uint64_t layer_weights = 0;     // weights of the layer matrices (multiply-adds per token)
+  uint64_t head_weights = 0;      // weights of the output head
   uint64_t kv_bytes_per_pos = 0;  // K + V bytes per cached position, all layers (-ctk / -ctv types)
   model::KvType type_k = model::KvType::kF16, type_v = model::KvType::kF16;
 };
@@ -200,8 +199,7 @@ struct Row {
   // Integer ops per prompt token (2 per multiply-add; the head once per prompt).
   double ops_per_token() const {
     if (test.n_prompt == 0) return 0;
-    return 2.0 * (static_cast<double>(model->layer_weights) +
-                  static_cast<double>(model->head_weights) / test.n_prompt);
+    return 2.0 * (static_cast<double>(model->layer_weights) + static_cast<double>(model->head_weights) / test.n_prompt);
   }
   // pp only: op rate over the int8 dot peak; nullopt otherwise.
   std::optional<double> peak_ratio() const {
@@ -326,8 +324,8 @@ class Printer {
       char ts[64];
       std::snprintf(ts, sizeof ts, "%.2f ± %.2f", r.avg_ts(), r.stddev_ts());
       std::printf("| %-30s | %10s | %10s | %-12s | %7d | %15s | %20s | %11s | %9s |\n", r.model->type.c_str(),
-                  format_size(r.model->size_bytes).c_str(), format_params(r.model->n_params).c_str(),
-                  r.backend.c_str(), r.threads, r.test.name().c_str(), ts, format_ratio(r.bw_ratio()).c_str(),
+                  format_size(r.model->size_bytes).c_str(), format_params(r.model->n_params).c_str(), r.backend.c_str(),
+                  r.threads, r.test.name().c_str(), ts, format_ratio(r.bw_ratio()).c_str(),
                   format_ratio(r.peak_ratio()).c_str());
     } else if (format_ == "csv") {
       const auto j = row_json(r, cpu_);
@@ -389,8 +387,8 @@ core::Expected<std::vector<int>> parse_int_list(const char* flag, const std::vec
     errno = 0;
     const long v = std::strtol(s.c_str(), &end, 10);
     if (s.empty() || end == s.c_str() || *end != '\0' || errno == ERANGE || v < min || v > (1 << 24)) {
-      return core::fail(core::Errc::kInvalidArgument, std::string(flag) + ": '" + s + "' is not an integer >= " +
-                                                          std::to_string(min));
+      return core::fail(core::Errc::kInvalidArgument,
+                        std::string(flag) + ": '" + s + "' is not an integer >= " + std::to_string(min));
     }
     out.push_back(static_cast<int>(v));
   }
@@ -577,7 +575,7 @@ int bench_main(const BenchFlags& f) {
       const TestSpec& test = plan[ti];
       if (test.n_depth != filled_depth) {
         if (test.n_depth > 0) {
-          Progress p("bench: " + ms.type + ": filling the KV cache to depth " + std::to_string(test.n_depth), 
+          Progress p("bench: " + ms.type + ": filling the KV cache to depth " + std::to_string(test.n_depth),
                      static_cast<uint64_t>(test.n_depth), Progress::Unit::kItems, rt->progress);
           if (auto r = runner.fill(test.n_depth, *pools[fill_threads], p); !r) {
             p.finish();
@@ -605,8 +603,8 @@ int bench_main(const BenchFlags& f) {
         for (uint64_t rep = 0; rep < runs_per_test; ++rep) {
           const bool warmup = !f.no_warmup && rep == 0;
           p.set_label("bench: " + ms.type + ", " + std::to_string(t) + " thread(s), " + test.name() + ", " +
-                      (warmup ? std::string("warm-up") : "rep " + std::to_string(rep + (f.no_warmup ? 1 : 0)) + "/" +
-                                                             std::to_string(f.reps)));
+                      (warmup ? std::string("warm-up")
+                              : "rep " + std::to_string(rep + (f.no_warmup ? 1 : 0)) + "/" + std::to_string(f.reps)));
           p.update(runs_done);
           // llama-bench's warm-up: the prompt once, one generated token.
           const auto t0 = Clock::now();
@@ -634,7 +632,8 @@ int bench_main(const BenchFlags& f) {
 void register_bench(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   auto* cmd = app.add_subcommand("bench", "Measure prompt and generation speed (llama-bench's flags and table)");
-  cmd->add_option("-m,--model", f->models, "GGUF model file(s), comma-separated or repeated (default: the built-in tiny model)")
+  cmd->add_option("-m,--model", f->models,
+                  "GGUF model file(s), comma-separated or repeated (default: the built-in tiny model)")
       ->delimiter(',');
   cmd->add_option("-p,--n-prompt", f->n_prompt, "Prompt tokens per pp test, comma list (0: no pp test)")
       ->delimiter(',')

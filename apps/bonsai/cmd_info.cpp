@@ -33,9 +33,8 @@ using gguf::ValueType;
 
 nlohmann::ordered_json value_to_json(const Value& v) {
   if (const auto* a = std::get_if<Array>(&v.v)) {
-    return {{"type", "array"},
-            {"elem_type", std::string(gguf::value_type_name(a->elem_type))},
-            {"len", a->items.size()}};
+    return {
+        {"type", "array"}, {"elem_type", std::string(gguf::value_type_name(a->elem_type))}, {"len", a->items.size()}};
   }
   if (const auto* u = std::get_if<uint64_t>(&v.v)) return *u;
   if (const auto* i = std::get_if<int64_t>(&v.v)) return *i;
@@ -48,8 +47,7 @@ nlohmann::ordered_json value_to_json(const Value& v) {
 // control characters escaped; arrays as "[string x N]".
 std::string value_to_text(const Value& v, size_t max_chars = 72) {
   if (const auto* a = std::get_if<Array>(&v.v)) {
-    return "[" + std::string(gguf::value_type_name(a->elem_type)) + " x " +
-           std::to_string(a->items.size()) + "]";
+    return "[" + std::string(gguf::value_type_name(a->elem_type)) + " x " + std::to_string(a->items.size()) + "]";
   }
   if (const auto* s = std::get_if<std::string_view>(&v.v)) {
     std::string out = "\"";
@@ -120,11 +118,10 @@ void print_text(const gguf::File& f, std::ostream& os) {
   uint64_t data_bytes = 0;
   for (const auto& t : f.tensors()) data_bytes += t.n_bytes;
   os << "file:          " << f.path() << "\n"
-     << "format:        GGUF v" << f.version() << ", alignment " << f.alignment()
-     << ", data at offset " << f.data_offset() << ", " << f.metadata().size() << " metadata keys, "
-     << f.tensors().size() << " tensors (" << data_bytes << " bytes)\n";
-  const std::string arch =
-      std::string(f.get<std::string_view>("general.architecture").value_or("(unknown)"));
+     << "format:        GGUF v" << f.version() << ", alignment " << f.alignment() << ", data at offset "
+     << f.data_offset() << ", " << f.metadata().size() << " metadata keys, " << f.tensors().size() << " tensors ("
+     << data_bytes << " bytes)\n";
+  const std::string arch = std::string(f.get<std::string_view>("general.architecture").value_or("(unknown)"));
   os << "architecture:  " << printable(arch) << "\n";
   if (auto name = f.get<std::string_view>("general.name")) {
     os << "name:          " << printable(*name) << "\n";
@@ -135,8 +132,8 @@ void print_text(const gguf::File& f, std::ostream& os) {
   const std::string prefix = arch + ".";
   for (const auto& kv : f.metadata()) {
     if (kv.key.starts_with(prefix)) {
-      os << "  " << std::left << std::setw(44) << printable(kv.key.substr(prefix.size()))
-         << value_to_text(kv.value) << "\n";
+      os << "  " << std::left << std::setw(44) << printable(kv.key.substr(prefix.size())) << value_to_text(kv.value)
+         << "\n";
     }
   }
 
@@ -145,8 +142,7 @@ void print_text(const gguf::File& f, std::ostream& os) {
     os << "  (none)\n";
   } else {
     auto show = [&](const char* label, std::string_view key) {
-      if (const Value* v = f.find(key))
-        os << "  " << std::left << std::setw(20) << label << value_to_text(*v) << "\n";
+      if (const Value* v = f.find(key)) os << "  " << std::left << std::setw(20) << label << value_to_text(*v) << "\n";
     };
     show("model", "tokenizer.ggml.model");
     show("pre", "tokenizer.ggml.pre");
@@ -156,9 +152,9 @@ void print_text(const gguf::File& f, std::ostream& os) {
     if (auto types = f.get_i32_array("tokenizer.ggml.token_type")) {
       size_t counts[7] = {};
       for (int32_t t : *types) counts[(t >= 1 && t <= 6) ? t : 0]++;
-      os << "  " << std::left << std::setw(20) << "token types" << counts[1] << " normal, "
-         << counts[3] << " control, " << counts[4] << " user-defined, " << counts[5] << " unused, "
-         << counts[6] << " byte, " << counts[2] << " unknown";
+      os << "  " << std::left << std::setw(20) << "token types" << counts[1] << " normal, " << counts[3] << " control, "
+         << counts[4] << " user-defined, " << counts[5] << " unused, " << counts[6] << " byte, " << counts[2]
+         << " unknown";
       if (counts[0]) os << ", " << counts[0] << " other";
       os << "\n";
     }
@@ -173,8 +169,7 @@ void print_text(const gguf::File& f, std::ostream& os) {
       if (auto id = f.get<int64_t>(key)) {
         os << "  " << std::left << std::setw(20) << (std::string(id_key) + " id") << *id;
         if (tokens && *id >= 0 && static_cast<uint64_t>(*id) < tokens->size()) {
-          os << " "
-             << value_to_text(Value{ValueType::kString, (*tokens)[static_cast<size_t>(*id)]});
+          os << " " << value_to_text(Value{ValueType::kString, (*tokens)[static_cast<size_t>(*id)]});
         }
         os << "\n";
       }
@@ -194,13 +189,13 @@ void print_text(const gguf::File& f, std::ostream& os) {
 
   size_t name_w = 4;
   for (const auto& t : f.tensors()) name_w = std::max(name_w, t.name.size());
-  os << "\ntensors:\n  " << std::left << std::setw(static_cast<int>(name_w) + 2) << "name"
-     << std::setw(8) << "type" << std::setw(24) << "shape" << std::right << std::setw(14) << "bytes"
+  os << "\ntensors:\n  " << std::left << std::setw(static_cast<int>(name_w) + 2) << "name" << std::setw(8) << "type"
+     << std::setw(24) << "shape" << std::right << std::setw(14) << "bytes"
      << "\n";
   for (const auto& t : f.tensors()) {
     os << "  " << std::left << std::setw(static_cast<int>(name_w) + 2) << printable(t.name) << std::setw(8)
-       << core::ggml_type_name(t.type_id) << std::setw(24) << shape_text(t) << std::right
-       << std::setw(14) << t.n_bytes << "\n";
+       << core::ggml_type_name(t.type_id) << std::setw(24) << shape_text(t) << std::right << std::setw(14) << t.n_bytes
+       << "\n";
   }
 }
 
@@ -213,17 +208,16 @@ void register_info(CLI::App& app) {
     std::string q2_layout;
   };
   auto opt = std::make_shared<Options>();
-  auto* cmd =
-      app.add_subcommand("info", "Show a GGUF file's metadata, tokenizer summary and tensors");
+  auto* cmd = app.add_subcommand("info", "Show a GGUF file's metadata, tokenizer summary and tensors");
   cmd->add_option("-m,--model", opt->model, "GGUF file")->required();
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of text");
-  cmd->add_option(
-      "--q2-layout", opt->q2_layout,
-      "Layout of type-42 (Q2_0) tensors: g64|g128-d-first|g128-qs-first (default: detect; "
-      "env BONSAI_Q2_LAYOUT)");
+  cmd->add_option("--q2-layout", opt->q2_layout,
+                  "Layout of type-42 (Q2_0) tensors: g64|g128-d-first|g128-qs-first (default: detect; "
+                  "env BONSAI_Q2_LAYOUT)");
   cmd->callback([opt] {
     // BONSAI_KERNEL, --q2-layout: usage errors (exit 2), as in every command.
-    const auto rt = init_runtime_or_report("info", RuntimeFlags{.size_global_pool = false, .q2_layout = opt->q2_layout});
+    const auto rt =
+        init_runtime_or_report("info", RuntimeFlags{.size_global_pool = false, .q2_layout = opt->q2_layout});
     if (!rt) {
       set_exit_code(kExitUsage);
       return;
@@ -235,9 +229,7 @@ void register_info(CLI::App& app) {
       return;
     }
     if (opt->json) {
-      std::cout << file_to_json(**f).dump(2, ' ', false,
-                                          nlohmann::ordered_json::error_handler_t::replace)
-                << "\n";
+      std::cout << file_to_json(**f).dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     } else {
       print_text(**f, std::cout);
     }

@@ -9,8 +9,6 @@
 // --special: special-token text is recognised). Usage errors (BONSAI_KERNEL,
 // --q2-layout, -p/--ids) exit 2, other errors 1.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,12 +16,13 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <span>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/bonsai/cli_common.h"
@@ -85,8 +84,8 @@ int run_logits(const LogitsOptions& o) {
     return 2;
   }
   // BONSAI_KERNEL, --q2-layout, -t (this command's own pool): usage errors.
-  const auto rt = init_runtime_or_report("logits", RuntimeFlags{.threads = o.threads, .size_global_pool = false,
-                                                                .q2_layout = o.q2_layout});
+  const auto rt = init_runtime_or_report(
+      "logits", RuntimeFlags{.threads = o.threads, .size_global_pool = false, .q2_layout = o.q2_layout});
   if (!rt) return kExitUsage;
   auto model = load_model(o.model_path, *rt);
   if (!model) {
@@ -127,8 +126,8 @@ int run_logits(const LogitsOptions& o) {
   // printed for a sequence that cannot run to the end.
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-      std::cerr << "bonsai logits: token " << i << ": id " << tokens[i] << " is outside the vocabulary [0, "
-                << n_vocab << ")\n";
+      std::cerr << "bonsai logits: token " << i << ": id " << tokens[i] << " is outside the vocabulary [0, " << n_vocab
+                << ")\n";
       return 1;
     }
   }
@@ -149,9 +148,9 @@ int run_logits(const LogitsOptions& o) {
   if (o.json) std::printf("{\"tokens\":%s,\"top\":[", nlohmann::json(tokens).dump().c_str());
   for (size_t start = 0; start < tokens.size(); start += slice_max) {
     const size_t n = std::min(slice_max, tokens.size() - start);
-    const model::Batch batch = model::Batch::for_sequence(
-        std::span<const int32_t>(tokens).subspan(start, n), static_cast<int32_t>(start), 0,
-        /*all_logits=*/true);
+    const model::Batch batch =
+        model::Batch::for_sequence(std::span<const int32_t>(tokens).subspan(start, n), static_cast<int32_t>(start), 0,
+                                   /*all_logits=*/true);
     if (auto r = m.forward(batch, caches, ws, logits, pool); !r) {
       if (o.json) std::printf("]}\n");
       std::fflush(stdout);

@@ -3,10 +3,10 @@
 // llama-cli names (-m, -p, -n, --temp, --top-k, --top-p, --min-p,
 // --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
 // --seed, -c, -t, and run's -f/--file prompt file).
-#include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -60,8 +60,7 @@ class SigintCancels {
 // Generates `ids`, printing each released piece to stdout (unless `quiet`);
 // Ctrl-C cancels.
 core::Expected<engine::GenerationResult> generate_to_stdout(engine::InferenceEngine& eng,
-                                                            const std::vector<int32_t>& ids,
-                                                            bool quiet) {
+                                                            const std::vector<int32_t>& ids, bool quiet) {
   SigintCancels sigint;
   engine::GenerateRequest req;
   req.prompt = ids;
@@ -95,29 +94,24 @@ struct GenOptions {
   int threads = 0;
   bool ignore_eos = false;
   std::vector<std::string> stop;
-  std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT (as info/validate/logits)
+  std::string q2_layout;             // --q2-layout, else env BONSAI_Q2_LAYOUT (as info/validate/logits)
   std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
   std::string cache_type_v = "f16";  // -ctv
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
-  cmd->add_option("-n,--n-predict", o.n_predict,
-                  "Tokens to generate (-1: until EOS or the context is full)")
+  cmd->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
   cmd->add_option("--temp", o.temp, "Temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Top-k sampling (0: off)")->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Top-p (nucleus) sampling (1.0: off)")->capture_default_str();
   cmd->add_option("--min-p", o.min_p, "Min-p sampling (0.0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1.0: off)")
+  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1.0: off)")->capture_default_str();
+  cmd->add_option("--repeat-last-n", o.repeat_last_n, "Tokens the penalties look back over (-1: all)")
       ->capture_default_str();
-  cmd->add_option("--repeat-last-n", o.repeat_last_n,
-                  "Tokens the penalties look back over (-1: all)")
-      ->capture_default_str();
-  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty")
-      ->capture_default_str();
-  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty")
-      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty")->capture_default_str();
+  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
   cmd->add_option("-s,--seed", o.seed, "RNG seed (-1: random)")->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
       ->capture_default_str();
@@ -132,9 +126,11 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
     return t ? std::string() : t.error().message;
   };
   cmd->add_option("--cache-type-k", o.cache_type_k, "KV cache type for K: f16, f32, q8_0")
-      ->check(kv_type_ok)->capture_default_str();
+      ->check(kv_type_ok)
+      ->capture_default_str();
   cmd->add_option("--cache-type-v", o.cache_type_v, "KV cache type for V: f16, f32, q8_0")
-      ->check(kv_type_ok)->capture_default_str();
+      ->check(kv_type_ok)
+      ->capture_default_str();
 }
 
 engine::SamplingParams to_params(const GenOptions& o) {
@@ -147,9 +143,8 @@ engine::SamplingParams to_params(const GenOptions& o) {
   p.repeat_last_n = o.repeat_last_n;
   p.presence_penalty = o.presence_penalty;
   p.frequency_penalty = o.frequency_penalty;
-  p.seed = o.seed < 0
-               ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
-               : static_cast<uint64_t>(o.seed);
+  p.seed = o.seed < 0 ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
+                      : static_cast<uint64_t>(o.seed);
   p.max_tokens = o.n_predict;
   p.ignore_eos = o.ignore_eos;
   p.stop = o.stop;
@@ -177,8 +172,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   if (path.empty()) {
     auto p = synth::ensure_default_model();
     if (!p) {
-      std::cerr << "bonsai " << cmd
-                << ": cannot prepare the built-in default model: " << p.error().message << "\n";
+      std::cerr << "bonsai " << cmd << ": cannot prepare the built-in default model: " << p.error().message << "\n";
       return std::nullopt;
     }
     path = *p;
@@ -197,8 +191,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   }
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) {
-    std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": "
-              << tok.error().message << "\n";
+    std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
     return std::nullopt;
   }
   const engine::SamplingParams params = to_params(o);
@@ -235,8 +228,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
 void warn_if_not_chatml(const char* cmd, const tokenizer::Tokenizer& tok) {
   const std::string& src = tok.chat_template().source();
   if (src.empty()) {
-    std::cerr << "bonsai " << cmd
-              << ": note: the model has no chat template (tokenizer.chat_template); using ChatML\n";
+    std::cerr << "bonsai " << cmd << ": note: the model has no chat template (tokenizer.chat_template); using ChatML\n";
   } else if (src.find("<|im_start|>") == std::string::npos) {
     std::cerr << "bonsai " << cmd
               << ": warning: the model's chat template is not ChatML, the only format rendered; "
@@ -244,15 +236,13 @@ void warn_if_not_chatml(const char* cmd, const tokenizer::Tokenizer& tok) {
   }
 }
 
-double per_second(int64_t n, double ms) {
-  return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0;
-}
+double per_second(int64_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1000.0 / ms : 0.0; }
 
 void print_timings(const engine::GenerationResult& r) {
-  std::fprintf(stderr, "\nprompt:     %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.prompt_tokens,
-               r.prompt_ms, per_second(r.prompt_tokens, r.prompt_ms));
-  std::fprintf(stderr, "generation: %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.completion_tokens,
-               r.gen_ms, per_second(r.completion_tokens, r.gen_ms));
+  std::fprintf(stderr, "\nprompt:     %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.prompt_tokens, r.prompt_ms,
+               per_second(r.prompt_tokens, r.prompt_ms));
+  std::fprintf(stderr, "generation: %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.completion_tokens, r.gen_ms,
+               per_second(r.completion_tokens, r.gen_ms));
   std::fprintf(stderr, "finish_reason: %s\n", engine::finish_reason_name(r.finish_reason));
 }
 
@@ -358,8 +348,7 @@ int run_main(RunOptions o) {
     // rendered ChatML conversation must reach the model as ChatML).
     in.prompt = o.prompt;
   }
-  auto prepared = engine::prepare_completion(tok, s->engine->max_seq_len(), to_params(o.gen), in, {},
-                                             kCliPrepare);
+  auto prepared = engine::prepare_completion(tok, s->engine->max_seq_len(), to_params(o.gen), in, {}, kCliPrepare);
   if (!prepared) {
     std::cerr << "bonsai run: " << prepared.error().error.message << "\n";
     return 1;
@@ -477,17 +466,14 @@ void register_run(CLI::App& app) {
   auto run_opts = std::make_shared<RunOptions>();
   auto* run = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
   add_gen_flags(run, run_opts->gen);
-  auto* prompt_opt =
-      run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
+  auto* prompt_opt = run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
   auto* file_opt = run->add_option("-f,--file", run_opts->prompt_file,
                                    "Read the prompt from this file (its bytes as they are; not with -p)");
-  run->add_flag("--chat", run_opts->chat,
-                "Wrap the prompt in the model's chat template (as a user message)");
+  run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
   run->add_option("--system", run_opts->system, "System message (with --chat)");
   run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");
-  run->add_flag(
-      "--json", run_opts->json,
-      "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
+  run->add_flag("--json", run_opts->json,
+                "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
   run->callback([run_opts, prompt_opt, file_opt] {
     run_opts->prompt_given = prompt_opt->count() > 0;
     run_opts->file_given = file_opt->count() > 0;

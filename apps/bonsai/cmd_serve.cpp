@@ -18,11 +18,10 @@
 // detected per file (as run/info/validate/logits). Models loaded later with
 // POST /admin/models/load and a new path are detected unless the body gives
 // "q2_layout". An unknown layout name exits with code 2.
-#include <CLI/CLI.hpp>
-
 #include <malloc.h>
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,15 +34,15 @@
 
 #include "apps/bonsai/cli_common.h"  // open_options_from_cli
 #include "apps/bonsai/commands.h"
-#include "core/ggml_types.h"      // parse_q2_layout, q2_layout_name
-#include "core/thread_pool.h"     // set_global_thread_count
-#include "engine/engine_pool.h"   // default_cpu_pool_size
-#include "engine/model_pool.h"    // ModelPool, gguf_model_loader
-#include "model/model.h"          // Model::file (the Q2_0 layout used)
-#include "server/config.h"        // ServeConfig, load_serve_toml
-#include "server/server.h"        // Server
-#include "server/shutdown.h"      // ShutdownSignals
-#include "apps/bonsai/synth.h"    // synth::ensure_default_model
+#include "apps/bonsai/synth.h"   // synth::ensure_default_model
+#include "core/ggml_types.h"     // parse_q2_layout, q2_layout_name
+#include "core/thread_pool.h"    // set_global_thread_count
+#include "engine/engine_pool.h"  // default_cpu_pool_size
+#include "engine/model_pool.h"   // ModelPool, gguf_model_loader
+#include "model/model.h"         // Model::file (the Q2_0 layout used)
+#include "server/config.h"       // ServeConfig, load_serve_toml
+#include "server/server.h"       // Server
+#include "server/shutdown.h"     // ShutdownSignals
 
 namespace bonsai::app {
 namespace {
@@ -62,15 +61,15 @@ struct ServeFlags {
   std::string config;
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv (empty: the config's, else f16)
   double timeout = 0;
-  std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
-  uint64_t seed = 0;      // -s/--seed: default seed of requests without one (given: reproducible)
-  int batch_size = 0;     // -b/--batch-size: tokens per scheduler step (0: 512)
-  bool no_cache_prompt = false;  // --no-cache-prompt: no prompt-prefix reuse across requests
+  std::string q2_layout;                      // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
+  uint64_t seed = 0;                          // -s/--seed: default seed of requests without one (given: reproducible)
+  int batch_size = 0;                         // -b/--batch-size: tokens per scheduler step (0: 512)
+  bool no_cache_prompt = false;               // --no-cache-prompt: no prompt-prefix reuse across requests
   std::string reasoning_format = "deepseek";  // --reasoning-format: deepseek (reasoning_content) | none
-  int max_connections = 1024;  // --max-connections: open connections served; more get 503 and are closed
+  int max_connections = 1024;                 // --max-connections: open connections served; more get 503 and are closed
   // --header-timeout / --body-timeout / --keep-alive-timeout / --write-timeout (s; 0: the transport's default)
   double header_timeout = 0, body_timeout = 0, idle_timeout = 0, write_timeout = 0;
-  std::string cors_origin;                    // --cors-origin: "*" or a comma-separated list (empty: off)
+  std::string cors_origin;  // --cors-origin: "*" or a comma-separated list (empty: off)
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -160,8 +159,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   server::ShutdownSignals::block();
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the process
 
-  const size_t capacity = cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max)
-                                             : std::max<size_t>(1, cfg.models.size());
+  const size_t capacity =
+      cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max) : std::max<size_t>(1, cfg.models.size());
   auto pool = std::make_shared<engine::ModelPool>(capacity, cfg.mem_budget_mb, engine::gguf_model_loader(),
                                                   engine::gguf_model_estimator());
   engine::ModelSpec base;
@@ -212,8 +211,9 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     if (resident != nullptr && resident == p.model.lock()) {
       std::cerr << p.line << "\n";
     } else {
-      std::cerr << "bonsai serve: '" << p.id << "' was evicted at start-up to make room for a later model (--mem-budget "
-                << cfg.mem_budget_mb << " MiB, --models-max " << capacity << "); it loads on first use\n";
+      std::cerr << "bonsai serve: '" << p.id
+                << "' was evicted at start-up to make room for a later model (--mem-budget " << cfg.mem_budget_mb
+                << " MiB, --models-max " << capacity << "); it loads on first use\n";
     }
   }
 
@@ -244,10 +244,10 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   std::printf("bonsai serve: listening on %s (OpenAI API at %s/v1; models:", url.c_str(), url.c_str());
   for (const auto& m : cfg.models) std::printf(" %s", m.id.c_str());
   std::printf(")\n");
-  std::printf("try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", "
-              "\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n",
-              url.c_str(), cfg.api_key.empty() ? "" : " -H \"Authorization: Bearer $KEY\"",
-              cfg.models.front().id.c_str());
+  std::printf(
+      "try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '{\"model\": \"%s\", "
+      "\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n",
+      url.c_str(), cfg.api_key.empty() ? "" : " -H \"Authorization: Bearer $KEY\"", cfg.models.front().id.c_str());
   std::fflush(stdout);
 
   // (Alive until after wait_background(), so a second signal still forces
@@ -305,8 +305,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
                   "(env BONSAI_Q2_LAYOUT; default: detected)");
-  cmd->add_option("-s,--seed", f->seed,
-                  "Seed of requests that give none (default: a fresh random seed per request)");
+  cmd->add_option("-s,--seed", f->seed, "Seed of requests that give none (default: a fresh random seed per request)");
   cmd->add_option("--kv-budget-tokens", f->kv_budget_tokens,
                   "KV cache budget per model in tokens, shared by all its sequences in blocks as they grow "
                   "(default: pool-size x ctx-size; at least ctx-size)")

@@ -21,8 +21,8 @@ void register_synth(CLI::App& app) {
     uint64_t seed = 1;
   };
   auto opt = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand(
-      "synth", "Write a Qwen3 GGUF with deterministic random weights and a small BPE tokenizer");
+  auto* cmd =
+      app.add_subcommand("synth", "Write a Qwen3 GGUF with deterministic random weights and a small BPE tokenizer");
   cmd->add_option("-o,--output", opt->out, "Output GGUF file")->required();
   cmd->add_option("--preset", opt->preset, "Model shape: tiny | 1.7b | 4b | 8b (default tiny)");
   cmd->add_option("--type", opt->type, "Matrix weight type: q1_0 | q2_0 | f16 (default q1_0)");
@@ -36,8 +36,7 @@ void register_synth(CLI::App& app) {
     }
     auto type = synth::parse_weight_type(opt->type);
     if (!type) {
-      std::cerr << "bonsai synth: unknown --type '" << opt->type
-                << "' (expected q1_0, q2_0 or f16)\n";
+      std::cerr << "bonsai synth: unknown --type '" << opt->type << "' (expected q1_0, q2_0 or f16)\n";
       set_exit_code(1);
       return;
     }
@@ -66,9 +65,8 @@ void register_synth(CLI::App& app) {
       set_exit_code(1);
       return;
     }
-    std::cout << "wrote " << opt->out << ": preset " << preset->name << ", type "
-              << synth::weight_type_name(*type) << ", seed " << opt->seed << ", " << w->n_tensors()
-              << " tensors\n";
+    std::cout << "wrote " << opt->out << ": preset " << preset->name << ", type " << synth::weight_type_name(*type)
+              << ", seed " << opt->seed << ", " << w->n_tensors() << " tensors\n";
   });
 }
 

@@ -5,10 +5,9 @@
 // in TEXT (e.g. "<|im_start|>") are recognised; otherwise such text is
 // tokenized as plain characters.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "apps/bonsai/cli_common.h"  // init_runtime_or_report
@@ -40,8 +39,7 @@ int run_tokenize(const TokenizeOptions& o) {
     std::cerr << "bonsai tokenize: " << tok.error().message << "\n";
     return 1;
   }
-  const auto ids = o.no_bos ? (*tok)->encode(o.prompt, o.special)
-                            : (*tok)->encode_prompt(o.prompt, o.special);
+  const auto ids = o.no_bos ? (*tok)->encode(o.prompt, o.special) : (*tok)->encode_prompt(o.prompt, o.special);
   std::cout << nlohmann::json(ids).dump() << "\n";
   return 0;
 }

@@ -4,7 +4,6 @@
 // and its tokenizer (if it declares one) builds — else exit 1 with every
 // problem listed on stderr, one per line.
 #include <CLI/CLI.hpp>
-
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -43,8 +42,8 @@ int run_validate(const ValidateOptions& o) {
     if (!tok) problems.push_back("tokenizer: " + tok.error().message);
   }
   if (!problems.empty()) {
-    std::cerr << o.model_path << ": INVALID (" << problems.size() << " problem"
-              << (problems.size() == 1 ? "" : "s") << ")\n";
+    std::cerr << o.model_path << ": INVALID (" << problems.size() << " problem" << (problems.size() == 1 ? "" : "s")
+              << ")\n";
     for (const auto& p : problems) std::cerr << "  " << p << "\n";
     return 1;
   }
@@ -54,9 +53,9 @@ int run_validate(const ValidateOptions& o) {
     std::cerr << o.model_path << ": INVALID\n  " << c.error().message << "\n";
     return 1;
   }
-  std::cout << o.model_path << ": OK: " << arch_label(c->arch) << ", " << c->n_layer << " layers, n_embd "
-            << c->n_embd << ", " << c->n_head << "/" << c->n_head_kv << " heads, head_dim " << c->head_dim_k
-            << ", n_ff " << c->n_ff << ", n_vocab " << c->n_vocab << ", context " << c->n_ctx_train
+  std::cout << o.model_path << ": OK: " << arch_label(c->arch) << ", " << c->n_layer << " layers, n_embd " << c->n_embd
+            << ", " << c->n_head << "/" << c->n_head_kv << " heads, head_dim " << c->head_dim_k << ", n_ff " << c->n_ff
+            << ", n_vocab " << c->n_vocab << ", context " << c->n_ctx_train
             << (c->tied_output ? ", tied output" : ", untied output") << ", " << (*file)->tensors().size()
             << " tensors";
   if (const auto l = (*file)->q2_layout()) std::cout << ", Q2_0 layout " << core::q2_layout_name(*l);

@@ -47,9 +47,12 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    if (std::strcmp(argv[i], "-ctk") == 0) args[static_cast<size_t>(i)] = ctk_long;
-    else if (std::strcmp(argv[i], "-ctv") == 0) args[static_cast<size_t>(i)] = ctv_long;
-    else if (std::strcmp(command, "bench") == 0 && std::strcmp(argv[i], "-pg") == 0) args[static_cast<size_t>(i)] = pg_long;
+    if (std::strcmp(argv[i], "-ctk") == 0)
+      args[static_cast<size_t>(i)] = ctk_long;
+    else if (std::strcmp(argv[i], "-ctv") == 0)
+      args[static_cast<size_t>(i)] = ctv_long;
+    else if (std::strcmp(command, "bench") == 0 && std::strcmp(argv[i], "-pg") == 0)
+      args[static_cast<size_t>(i)] = pg_long;
   }
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge

@@ -59,8 +59,7 @@ class Rng {
   float normal() {
     const uint64_t r = next();
     float sum = 0.0f;
-    for (int i = 0; i < 4; ++i)
-      sum += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
+    for (int i = 0; i < 4; ++i) sum += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
     return (sum - 2.0f) * 1.7320508f;
   }
 
@@ -178,8 +177,7 @@ std::vector<std::string> pre_tokens(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     size_t j = i;
-    if (text[j] == ' ' && j + 1 < text.size() && !is_space(text[j + 1]) && !is_digit(text[j + 1]))
-      ++j;
+    if (text[j] == ' ' && j + 1 < text.size() && !is_space(text[j + 1]) && !is_digit(text[j + 1])) ++j;
     if (is_alpha(text[j])) {
       while (j < text.size() && is_alpha(text[j])) ++j;
     } else if (is_digit(text[j])) {
@@ -321,8 +319,7 @@ struct TensorSpec {
 };
 
 // `quiet`: per token id, 1 for quiet lm-head rows (see quiet_rows).
-std::vector<TensorSpec> tensor_list(const Preset& p,
-                                    std::shared_ptr<const std::vector<uint8_t>> quiet) {
+std::vector<TensorSpec> tensor_list(const Preset& p, std::shared_ptr<const std::vector<uint8_t>> quiet) {
   const int64_t E = p.n_embd, V = p.n_vocab, F = p.n_ff;
   const int64_t q_dim = static_cast<int64_t>(p.n_head) * p.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(p.n_head_kv) * p.head_dim;
@@ -336,11 +333,8 @@ std::vector<TensorSpec> tensor_list(const Preset& p,
   constexpr float kBranch = 4.0f;
   const float sE = 1.0f / std::sqrt(static_cast<float>(E));
   auto mat = [](std::string n, int64_t cols, int64_t rows, float rms, float spread = 0.0f) {
-    return TensorSpec{.name = std::move(n),
-                      .ne = {cols, rows},
-                      .kind = Kind::kMatrix,
-                      .rms = rms,
-                      .row_spread = spread};
+    return TensorSpec{
+        .name = std::move(n), .ne = {cols, rows}, .kind = Kind::kMatrix, .rms = rms, .row_spread = spread};
   };
   auto norm = [](std::string n, int64_t len, float lo, float hi) {
     return TensorSpec{.name = std::move(n), .ne = {len}, .kind = Kind::kNorm, .lo = lo, .hi = hi};
@@ -360,15 +354,13 @@ std::vector<TensorSpec> tensor_list(const Preset& p,
     t.push_back(mat(b + "attn_q.weight", E, q_dim, kGain * sE));
     t.push_back(mat(b + "attn_k.weight", E, kv_dim, kGain * sE));
     t.push_back(mat(b + "attn_v.weight", E, kv_dim, kGain * sE));
-    t.push_back(mat(b + "attn_output.weight", q_dim, E,
-                    kBranch * kGain / std::sqrt(static_cast<float>(q_dim))));
+    t.push_back(mat(b + "attn_output.weight", q_dim, E, kBranch * kGain / std::sqrt(static_cast<float>(q_dim))));
     t.push_back(norm(b + "attn_q_norm.weight", p.head_dim, 0.8f, 1.8f));
     t.push_back(norm(b + "attn_k_norm.weight", p.head_dim, 0.8f, 1.8f));
     t.push_back(norm(b + "ffn_norm.weight", E, 0.9f, 1.1f));
     t.push_back(mat(b + "ffn_gate.weight", E, F, kGain * sE));
     t.push_back(mat(b + "ffn_up.weight", E, F, kGain * sE));
-    t.push_back(
-        mat(b + "ffn_down.weight", F, E, kBranch * kGain / std::sqrt(static_cast<float>(F))));
+    t.push_back(mat(b + "ffn_down.weight", F, E, kBranch * kGain / std::sqrt(static_cast<float>(F))));
   }
   return t;
 }
@@ -440,16 +432,13 @@ core::Expected<Preset> preset(std::string_view name) {
     p.n_embd = 256, p.n_layer = 2, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 64, p.n_ff = 768;
     p.n_vocab = 2048, p.n_ctx = 4096, p.tied = true;
   } else if (name == "1.7b") {
-    p.n_embd = 2048, p.n_layer = 28, p.n_head = 16, p.n_head_kv = 8, p.head_dim = 128,
-    p.n_ff = 6144;
+    p.n_embd = 2048, p.n_layer = 28, p.n_head = 16, p.n_head_kv = 8, p.head_dim = 128, p.n_ff = 6144;
     p.n_vocab = 151669, p.n_ctx = 32768, p.tied = true;
   } else if (name == "4b") {
-    p.n_embd = 2560, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128,
-    p.n_ff = 9728;
+    p.n_embd = 2560, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128, p.n_ff = 9728;
     p.n_vocab = 151669, p.n_ctx = 32768, p.tied = true;
   } else if (name == "8b") {
-    p.n_embd = 4096, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128,
-    p.n_ff = 12288;
+    p.n_embd = 4096, p.n_layer = 36, p.n_head = 32, p.n_head_kv = 8, p.head_dim = 128, p.n_ff = 12288;
     p.n_vocab = 151669, p.n_ctx = 65536, p.tied = false;
     p.yarn_factor = 4.0f, p.yarn_original_ctx = 16384;
   } else {
@@ -483,8 +472,7 @@ std::string_view chat_template() { return kChatTemplate; }
 core::Expected<Vocab> build_vocab(uint32_t n_vocab) {
   const ByteAlphabet& ab = byte_alphabet();
   if (n_vocab < 256 + kNumSpecials) {
-    return core::fail(core::Errc::kInvalidArgument, "synth: vocabulary of " +
-                                                        std::to_string(n_vocab) +
+    return core::fail(core::Errc::kInvalidArgument, "synth: vocabulary of " + std::to_string(n_vocab) +
                                                         " is too small (needs at least " +
                                                         std::to_string(256 + kNumSpecials) + ")");
   }
@@ -522,14 +510,13 @@ core::Expected<gguf::Writer> build(const Options& o) {
   const int64_t q_dim = static_cast<int64_t>(p.n_head) * p.head_dim;
   for (int64_t cols : {static_cast<int64_t>(p.n_embd), static_cast<int64_t>(p.n_ff), q_dim}) {
     if (cols <= 0 || cols % block != 0) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "synth: row length " + std::to_string(cols) + " is not a multiple of the " +
-                            std::string(weight_type_name(o.type)) + " block size");
+      return core::fail(core::Errc::kInvalidArgument, "synth: row length " + std::to_string(cols) +
+                                                          " is not a multiple of the " +
+                                                          std::string(weight_type_name(o.type)) + " block size");
     }
   }
   if (p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "synth: n_head must be a multiple of n_head_kv");
+    return core::fail(core::Errc::kInvalidArgument, "synth: n_head must be a multiple of n_head_kv");
   }
   auto vocab = build_vocab(p.n_vocab);
   if (!vocab) return std::unexpected(vocab.error());
@@ -539,12 +526,10 @@ core::Expected<gguf::Writer> build(const Options& o) {
   const std::string arch = "qwen3";
   w.set_string("general.architecture", arch);
   w.set_string("general.type", "model");
-  w.set_string("general.name",
-               "bonsai-synth-" + p.name + "-" + std::string(weight_type_name(o.type)));
-  w.set_string("general.description",
-               "synthetic random-weight Qwen3 model (bonsai synth --preset " + p.name + " --type " +
-                   std::string(weight_type_name(o.type)) + " --seed " + std::to_string(o.seed) +
-                   ")");
+  w.set_string("general.name", "bonsai-synth-" + p.name + "-" + std::string(weight_type_name(o.type)));
+  w.set_string("general.description", "synthetic random-weight Qwen3 model (bonsai synth --preset " + p.name +
+                                          " --type " + std::string(weight_type_name(o.type)) + " --seed " +
+                                          std::to_string(o.seed) + ")");
   w.set_u32(arch + ".block_count", p.n_layer);
   w.set_u32(arch + ".context_length", p.n_ctx);
   w.set_u32(arch + ".embedding_length", p.n_embd);
@@ -561,9 +546,7 @@ core::Expected<gguf::Writer> build(const Options& o) {
     w.set_u32(arch + ".rope.scaling.original_context_length", p.yarn_original_ctx);
   }
   // llama_ftype "mostly X" values as make_qwen3_gguf.py writes them.
-  w.set_u32("general.file_type", o.type == WeightType::kQ1_0   ? 40
-                                 : o.type == WeightType::kQ2_0 ? 41
-                                                               : 1);
+  w.set_u32("general.file_type", o.type == WeightType::kQ1_0 ? 40 : o.type == WeightType::kQ2_0 ? 41 : 1);
   if (o.type != WeightType::kF16) w.set_u32("general.quantization_version", 2);
   w.set_string("tokenizer.ggml.model", "gpt2");
   w.set_string("tokenizer.ggml.pre", "qwen2");
@@ -623,17 +606,14 @@ core::Expected<std::string> ensure_default_model() {
   } else if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
     dir = fs::path(h) / ".cache" / "bonsai";
   } else {
-    return core::fail(core::Errc::kIo,
-                      "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
+    return core::fail(core::Errc::kIo, "no cache directory: set BONSAI_CACHE_DIR, XDG_CACHE_HOME or HOME");
   }
   // The name carries the generator version so a changed synth writes a new file.
   const fs::path path = dir / "bonsai-synth-tiny-q1_0-seed1-v5.gguf";
   std::error_code ec;
   if (fs::exists(path, ec) && gguf::File::open(path.string())) return path.string();
   fs::create_directories(dir, ec);
-  if (ec)
-    return core::fail(core::Errc::kIo,
-                      dir.string() + ": cannot create cache directory: " + ec.message());
+  if (ec) return core::fail(core::Errc::kIo, dir.string() + ": cannot create cache directory: " + ec.message());
   Options o;
   auto p = preset("tiny");
   if (!p) return std::unexpected(p.error());
@@ -644,8 +624,7 @@ core::Expected<std::string> ensure_default_model() {
   if (ec) {
     const std::string why = ec.message();
     fs::remove(tmp, ec);
-    return core::fail(core::Errc::kIo,
-                      path.string() + ": cannot move the written model into place: " + why);
+    return core::fail(core::Errc::kIo, path.string() + ": cannot move the written model into place: " + why);
   }
   return path.string();
 }

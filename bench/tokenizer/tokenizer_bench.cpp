@@ -45,8 +45,11 @@ const std::string& mixed_text() {
     const std::vector<std::string> parts = {
         "The quick brown fox jumps over the lazy dog. ",
         "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
-        "Order #1234567 costs $89.99; pi is 3.14159. ", "人工智能正在改变世界。", "I love 🦙 and 🚀! ",
-        "Don't stop: we're here, they'll've gone. ", "Привет, мир! Καλημέρα κόσμε. "};
+        "Order #1234567 costs $89.99; pi is 3.14159. ",
+        "人工智能正在改变世界。",
+        "I love 🦙 and 🚀! ",
+        "Don't stop: we're here, they'll've gone. ",
+        "Привет, мир! Καλημέρα κόσμε. "};
     std::string s;
     for (size_t i = 0; s.size() < 64 * 1024; ++i) s += parts[(i * 5) % parts.size()];
     return s;

@@ -8,17 +8,17 @@ namespace bonsai::core {
 
 // What the running CPU and OS support. All false on an unknown architecture.
 struct CpuFeatures {
-  bool avx2 = false;         // AVX2 + FMA + F16C, and the OS saves YMM state
-  bool avx512f = false;      // AVX-512 F, and the OS saves ZMM/opmask state
+  bool avx2 = false;     // AVX2 + FMA + F16C, and the OS saves YMM state
+  bool avx512f = false;  // AVX-512 F, and the OS saves ZMM/opmask state
   bool avx512bw = false;
   bool avx512vl = false;
-  bool avx512vnni = false;   // vpdpbusd
+  bool avx512vnni = false;  // vpdpbusd
   bool avx512bf16 = false;
-  bool avx_vnni = false;     // VEX-encoded vpdpbusd
-  bool amx_int8 = false;     // AMX tiles with int8 (OS permission not requested here)
-  bool neon = false;         // arm64 Advanced SIMD
-  bool dotprod = false;      // arm64 sdot
-  int physical_cores = 1;    // best effort: /sys topology, else hardware_concurrency
+  bool avx_vnni = false;   // VEX-encoded vpdpbusd
+  bool amx_int8 = false;   // AMX tiles with int8 (OS permission not requested here)
+  bool neon = false;       // arm64 Advanced SIMD
+  bool dotprod = false;    // arm64 sdot
+  int physical_cores = 1;  // best effort: /sys topology, else hardware_concurrency
 
   // Comma-separated list of the true flags, e.g. "avx2,avx512f,avx512bw".
   std::string to_string() const;

@@ -11,16 +11,16 @@ namespace bonsai::core {
 
 // What kind of failure happened; the HTTP layer maps these to status codes.
 enum class Errc {
-  kInvalidArgument,   // a caller-supplied value is out of range / malformed (HTTP 400)
-  kNotFound,          // a named thing (file, key, tensor, model) does not exist (404)
-  kIo,                // open/read/mmap failed (errno text in the message)
-  kFormat,            // a file violates its format (GGUF rule broken)
-  kUnsupported,       // well-formed but not supported (type, architecture, ISA tier)
-  kOutOfRange,        // e.g. prompt + max_tokens beyond the context
-  kResourceExhausted, // memory budget, queue full
-  kCancelled,         // the caller cancelled (client disconnected)
-  kTimeout,           // a deadline passed
-  kInternal,          // our own invariant broke; reported, never asserted on input
+  kInvalidArgument,    // a caller-supplied value is out of range / malformed (HTTP 400)
+  kNotFound,           // a named thing (file, key, tensor, model) does not exist (404)
+  kIo,                 // open/read/mmap failed (errno text in the message)
+  kFormat,             // a file violates its format (GGUF rule broken)
+  kUnsupported,        // well-formed but not supported (type, architecture, ISA tier)
+  kOutOfRange,         // e.g. prompt + max_tokens beyond the context
+  kResourceExhausted,  // memory budget, queue full
+  kCancelled,          // the caller cancelled (client disconnected)
+  kTimeout,            // a deadline passed
+  kInternal,           // our own invariant broke; reported, never asserted on input
 };
 
 // Human-readable name of an error code ("format", "io", ...).

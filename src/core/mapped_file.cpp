@@ -17,8 +17,7 @@ Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& 
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
-    return fail(e == ENOENT ? Errc::kNotFound : Errc::kIo,
-                path + ": cannot open: " + std::strerror(e));
+    return fail(e == ENOENT ? Errc::kNotFound : Errc::kIo, path + ": cannot open: " + std::strerror(e));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -55,8 +54,7 @@ Expected<std::shared_ptr<const MappedFile>> MappedFile::open(const std::string& 
   return std::shared_ptr<const MappedFile>(std::move(f));
 }
 
-std::shared_ptr<const MappedFile> MappedFile::from_bytes(std::span<const uint8_t> bytes,
-                                                         std::string name) {
+std::shared_ptr<const MappedFile> MappedFile::from_bytes(std::span<const uint8_t> bytes, std::string name) {
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = std::move(name);
   f->size_ = bytes.size();

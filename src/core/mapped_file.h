@@ -24,8 +24,7 @@ class MappedFile {
 
   // Wraps bytes already in memory (tests, fuzzing). The buffer is copied into
   // an owned allocation so the lifetime rules stay the same.
-  static std::shared_ptr<const MappedFile> from_bytes(std::span<const uint8_t> bytes,
-                                                      std::string name);
+  static std::shared_ptr<const MappedFile> from_bytes(std::span<const uint8_t> bytes, std::string name);
 
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;

@@ -74,8 +74,7 @@ bool ThreadPool::work_on(Job& job) {
   return ran;
 }
 
-void ThreadPool::run(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx,
-                     int64_t min_chunk) {
+void ThreadPool::run(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx, int64_t min_chunk) {
   if (n <= 0) return;
   min_chunk = std::max<int64_t>(1, min_chunk);
   if (n_threads_ == 1 || t_inside_job || n <= min_chunk) {
@@ -107,8 +106,7 @@ void ThreadPool::run(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx,
   int spins = 0;
   // After the erase no worker can newly pick the job; wait until those that
   // did have let go, so the stack-allocated Job outlives every access.
-  while (job.done.load(std::memory_order_acquire) < job.n_chunks ||
-         job.active.load(std::memory_order_acquire) != 0) {
+  while (job.done.load(std::memory_order_acquire) < job.n_chunks || job.active.load(std::memory_order_acquire) != 0) {
     if (++spins > 64) std::this_thread::yield();
   }
 }
@@ -155,16 +153,15 @@ void ThreadPool::worker_loop() {
     if (woke) continue;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] {
-      return stop_ || std::any_of(jobs_.begin(), jobs_.end(), [](Job* j) {
-               return j->next.load(std::memory_order_relaxed) < j->n_chunks;
-             });
+      return stop_ || std::any_of(jobs_.begin(), jobs_.end(),
+                                  [](Job* j) { return j->next.load(std::memory_order_relaxed) < j->n_chunks; });
     });
     seen = epoch_.load(std::memory_order_acquire);
   }
 }
 
 namespace {
-std::mutex g_pool_mu;                       // guards creation of g_pool
+std::mutex g_pool_mu;  // guards creation of g_pool
 std::unique_ptr<ThreadPool> g_pool;
 std::atomic<ThreadPool*> g_pool_fast{nullptr};  // lock-free read path once created
 int g_requested_threads = 0;

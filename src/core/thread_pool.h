@@ -57,9 +57,9 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;                // guards jobs_ and stop_
-  std::condition_variable cv_;   // workers sleep here when no job is pending
-  std::deque<Job*> jobs_;        // jobs with chunks left to claim
+  std::mutex mu_;               // guards jobs_ and stop_
+  std::condition_variable cv_;  // workers sleep here when no job is pending
+  std::deque<Job*> jobs_;       // jobs with chunks left to claim
   bool stop_ = false;
   std::atomic<uint64_t> epoch_{0};  // bumped on every new job; spinning workers watch it
 };

@@ -2,7 +2,6 @@
 #include "engine/chat_output.h"
 
 #include <algorithm>
-
 #include <nlohmann/json.hpp>
 
 namespace bonsai::engine {
@@ -78,8 +77,10 @@ void ChatOutputParser::close_tool_call(ChatOutputDelta& out) {
     } else if (it->is_string()) {
       // Arguments given as a JSON string: its content must itself be JSON.
       const auto inner = nlohmann::json::parse(it->get<std::string>(), nullptr, false);
-      if (inner.is_discarded()) ok = false;
-      else call.arguments = inner.dump();
+      if (inner.is_discarded())
+        ok = false;
+      else
+        call.arguments = inner.dump();
     } else {
       call.arguments = it->dump();
     }

@@ -74,14 +74,15 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
   const int64_t n_prompt = static_cast<int64_t>(out.prompt.size());
   int64_t max_tokens = over.max_tokens ? *over.max_tokens : defaults.max_tokens;
   if (max_tokens < 0 && (options.refuse_overflow || over.max_tokens)) max_tokens = n_ctx - n_prompt;
-  const bool overflow = options.refuse_overflow ? n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx : n_prompt >= n_ctx;
+  const bool overflow =
+      options.refuse_overflow ? n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx : n_prompt >= n_ctx;
   if (overflow) {
     const int64_t asked = std::max<int64_t>(max_tokens, 0);
     return refuse(Errc::kOutOfRange,
-                  "This model's maximum context length is " + std::to_string(n_ctx) + " tokens. However, you requested " +
-                      std::to_string(n_prompt + asked) + " tokens (" + std::to_string(n_prompt) + " in the " +
-                      prompt_field + ", " + std::to_string(asked) + " in the completion). Please reduce the length of the " +
-                      prompt_field + " or completion.",
+                  "This model's maximum context length is " + std::to_string(n_ctx) +
+                      " tokens. However, you requested " + std::to_string(n_prompt + asked) + " tokens (" +
+                      std::to_string(n_prompt) + " in the " + prompt_field + ", " + std::to_string(asked) +
+                      " in the completion). Please reduce the length of the " + prompt_field + " or completion.",
                   prompt_field, "context_length_exceeded");
   }
 

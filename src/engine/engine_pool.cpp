@@ -18,10 +18,14 @@ namespace bonsai::engine {
 
 const char* pool_error_name(PoolError e) {
   switch (e) {
-    case PoolError::kClosed: return "closed";
-    case PoolError::kEmpty: return "empty";
-    case PoolError::kPoisoned: return "poisoned";
-    case PoolError::kTimeout: return "timeout";
+    case PoolError::kClosed:
+      return "closed";
+    case PoolError::kEmpty:
+      return "empty";
+    case PoolError::kPoisoned:
+      return "poisoned";
+    case PoolError::kTimeout:
+      return "timeout";
   }
   return "unknown";
 }
@@ -60,8 +64,8 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
   return static_cast<int64_t>(std::max(replicas, 1)) * ((std::max<int64_t>(n_ctx, 1) + bs - 1) / bs) * bs;
 }
 
-core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
-                                               uint64_t seed, int64_t max_seq_len, int requested_size,
+core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
+                                               int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options, model::KvType type_k,
                                                model::KvType type_v, int64_t kv_budget_tokens) {
   auto model = model::Model::load(path, options);
@@ -83,9 +87,9 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   const int64_t bs = kv_block_size_for(opts.max_seq_len);
   const int64_t budget = kv_budget_positions(opts.max_seq_len, size, kv_budget_tokens);
   if (budget < opts.max_seq_len) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      path + ": the KV budget of " + std::to_string(kv_budget_tokens) +
-                          " tokens is smaller than one sequence's context of " + std::to_string(opts.max_seq_len));
+    return core::fail(core::Errc::kInvalidArgument, path + ": the KV budget of " + std::to_string(kv_budget_tokens) +
+                                                        " tokens is smaller than one sequence's context of " +
+                                                        std::to_string(opts.max_seq_len));
   }
   auto kv_pool = model::KvPool::create((*model)->config(), budget, opts.kv_type_k, opts.kv_type_v, bs);
   if (!kv_pool) return core::fail(kv_pool.error().code, path + ": " + kv_pool.error().message);

@@ -32,14 +32,14 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"  // core::Expected
-#include "gguf/gguf.h"   // OpenOptions
+#include "core/error.h"      // core::Expected
+#include "gguf/gguf.h"       // OpenOptions
 #include "model/kv_cache.h"  // KvType (-ctk / -ctv)
 
 namespace bonsai::model {
 class Model;   // model/model.h
 class KvPool;  // model/kv_cache.h
-}
+}  // namespace bonsai::model
 namespace bonsai::tokenizer {
 class Tokenizer;  // tokenizer/tokenizer.h
 }
@@ -227,9 +227,7 @@ class BasicEnginePool {
   }
 
   // acquire() with a relative timeout.
-  std::expected<Lease, PoolError> acquire_for(Clock::duration timeout) {
-    return acquire(Clock::now() + timeout);
-  }
+  std::expected<Lease, PoolError> acquire_for(Clock::duration timeout) { return acquire(Clock::now() + timeout); }
 
   // Wakes every waiter with kClosed; later acquires fail with kClosed.
   // Leases already out stay valid and return their engines normally.
@@ -331,9 +329,9 @@ class BasicEnginePool {
     const int size;
     detail::ClosableSemaphore sem;
     std::mutex idle_mu;
-    std::vector<std::unique_ptr<Engine>> idle;  // guarded by idle_mu
-    size_t slots = 0;                            // engines owned (idle + leased)
-    bool poisoned = false;                       // guarded by idle_mu
+    std::vector<std::unique_ptr<Engine>> idle;    // guarded by idle_mu
+    size_t slots = 0;                             // engines owned (idle + leased)
+    bool poisoned = false;                        // guarded by idle_mu
     std::function<void(Engine&)> pending_setter;  // guarded by idle_mu
     size_t pending_left = 0;                      // guarded by idle_mu
     std::vector<const Engine*> pending_done;      // guarded by idle_mu
@@ -358,7 +356,7 @@ struct BuiltPool {
   // The model's KV block pool, shared by every replica (model::KvPool): one
   // budget of kv_budget_positions(n_ctx, size, kv_budget_tokens) positions.
   std::shared_ptr<model::KvPool> kv_pool;
-  uint64_t kv_bytes = 0;                                  // the KV pool's capacity in bytes
+  uint64_t kv_bytes = 0;  // the KV pool's capacity in bytes
 };
 
 // Positions per KV block for replicas of n_ctx positions: n_ctx rounded up to
@@ -384,8 +382,8 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 // `kv_budget_tokens`: the model's KV budget in positions (<= 0: the
 // default of kv_budget_positions); every replica's cache takes its blocks
 // from the one pool. kInvalidArgument when the budget is below one context.
-core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params,
-                                               uint64_t seed, int64_t max_seq_len, int requested_size,
+core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
+                                               int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
                                                model::KvType type_v = model::KvType::kF16,
@@ -395,26 +393,26 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
 // pool_size) will need, read from the GGUF header alone (no weights read, no
 // cache allocated), so a caller can refuse a load before allocating.
 struct ModelFootprint {
-  uint64_t mapped_bytes = 0;          // the file size (one shared mapping)
-  int64_t n_ctx = 0;                  // KV positions per replica (max_seq_len <= 0: the default)
-  int replicas = 0;                   // resolve_pool_size(pool_size, kCpu)
+  uint64_t mapped_bytes = 0;                   // the file size (one shared mapping)
+  int64_t n_ctx = 0;                           // KV positions per replica (max_seq_len <= 0: the default)
+  int replicas = 0;                            // resolve_pool_size(pool_size, kCpu)
   model::KvType type_k = model::KvType::kF16;  // the caches' K / V types (as given)
   model::KvType type_v = model::KvType::kF16;
   // model::KvCache::bytes_per_position(config, type_k, type_v): K and V of
   // one position in every layer (f16 2 bytes per value, f32 4, q8_0 34 per 32).
   uint64_t kv_bytes_per_position = 0;
-  int64_t kv_block_size = 0;          // positions per KV block (kv_block_size_for(n_ctx))
-  int64_t kv_budget_tokens = 0;       // KV positions of the model's pool (kv_budget_positions)
-  uint64_t kv_bytes = 0;              // kv_bytes_per_position x kv_budget_tokens (saturating)
-  int64_t n_ctx_train = 0;            // <arch>.context_length (0: the file does not say)
+  int64_t kv_block_size = 0;     // positions per KV block (kv_block_size_for(n_ctx))
+  int64_t kv_budget_tokens = 0;  // KV positions of the model's pool (kv_budget_positions)
+  uint64_t kv_bytes = 0;         // kv_bytes_per_position x kv_budget_tokens (saturating)
+  int64_t n_ctx_train = 0;       // <arch>.context_length (0: the file does not say)
   // The longest context the model supports: n_ctx_train, or with RoPE
   // scaling (linear / YaRN) max(n_ctx_train, original_context_length x
   // factor), as llama.cpp extends it (n_ctx_orig_yarn x rope_freq_scale^-1).
   // 0 when the file gives no context_length.
   int64_t max_ctx = 0;
-  float rope_scaling_factor = 1.0f;   // 1 without RoPE scaling
+  float rope_scaling_factor = 1.0f;  // 1 without RoPE scaling
 
-  uint64_t total_bytes() const;       // mapped_bytes + kv_bytes (saturating)
+  uint64_t total_bytes() const;  // mapped_bytes + kv_bytes (saturating)
 };
 
 // The footprint of `path` built with `max_seq_len` positions and `pool_size`
@@ -432,7 +430,6 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
                                               const gguf::OpenOptions& options = {},
                                               model::KvType type_k = model::KvType::kF16,
-                                              model::KvType type_v = model::KvType::kF16,
-                                              int64_t kv_budget_tokens = 0);
+                                              model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0);
 
 }  // namespace bonsai::engine

@@ -19,9 +19,7 @@ struct EngineStats {
   double last_prompt_ms = 0;
   double last_gen_ms = 0;
 
-  double prompt_tokens_per_s() const {
-    return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0;
-  }
+  double prompt_tokens_per_s() const { return prompt_ms > 0 ? prompt_tokens * 1000.0 / prompt_ms : 0; }
   double gen_tokens_per_s() const { return gen_ms > 0 ? generated_tokens * 1000.0 / gen_ms : 0; }
 };
 

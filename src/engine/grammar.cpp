@@ -19,8 +19,7 @@ struct ParseError {
 };
 
 bool is_name_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '_';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
 }
 
 int hex_value(char c) {
@@ -35,8 +34,7 @@ int hex_value(char c) {
 bool Grammar::CharSet::contains(uint32_t cp) const {
   if (cp < 128) return (ascii[cp >> 6] >> (cp & 63)) & 1;
   // Ranges are sorted: binary search for the last range with lo <= cp.
-  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
-                             [](uint32_t v, const auto& r) { return v < r.first; });
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp, [](uint32_t v, const auto& r) { return v < r.first; });
   if (it == ranges.begin()) return false;
   --it;
   return cp <= it->second;
@@ -98,8 +96,7 @@ class GrammarCompiler {
         ++col;
       }
     }
-    throw ParseError{"grammar: line " + std::to_string(line) + " col " + std::to_string(col) +
-                     ": " + what};
+    throw ParseError{"grammar: line " + std::to_string(line) + " col " + std::to_string(col) + ": " + what};
   }
   [[noreturn]] void fail_here(const std::string& what) const { fail_at(pos_, what); }
 
@@ -231,8 +228,7 @@ class GrammarCompiler {
     return it->second;
   }
 
-  static std::vector<std::pair<uint32_t, uint32_t>> complement(
-      std::vector<std::pair<uint32_t, uint32_t>> ranges) {
+  static std::vector<std::pair<uint32_t, uint32_t>> complement(std::vector<std::pair<uint32_t, uint32_t>> ranges) {
     std::sort(ranges.begin(), ranges.end());
     std::vector<std::pair<uint32_t, uint32_t>> out;
     uint32_t next = 0;
@@ -571,10 +567,9 @@ core::Expected<MatchState> Matcher::initial() const {
   std::vector<uint32_t> stack{grammar_->start_pos()};
   std::vector<std::vector<uint32_t>> out;
   if (expand(stack, out, 0) != StepResult::kOk) {
-    return core::fail(core::Errc::kResourceExhausted,
-                      "grammar: the start state exceeds the parse-stack limits (" +
-                          std::to_string(limits_.max_stacks) + " stacks, depth " +
-                          std::to_string(limits_.max_depth) + ")");
+    return core::fail(core::Errc::kResourceExhausted, "grammar: the start state exceeds the parse-stack limits (" +
+                                                          std::to_string(limits_.max_stacks) + " stacks, depth " +
+                                                          std::to_string(limits_.max_depth) + ")");
   }
   MatchState s;
   canonicalize(out, s.stacks);
@@ -599,8 +594,7 @@ StepResult Matcher::advance_cp(const MatchState& in, uint32_t cp, MatchState& ou
     if (len == 0) continue;
     const uint32_t top = in.stacks[i + len];
     if (!sets[elems[top].arg].contains(cp)) continue;
-    work.assign(in.stacks.begin() + static_cast<ptrdiff_t>(i + 1),
-                in.stacks.begin() + static_cast<ptrdiff_t>(i + len));
+    work.assign(in.stacks.begin() + static_cast<ptrdiff_t>(i + 1), in.stacks.begin() + static_cast<ptrdiff_t>(i + len));
     if (elems[top + 1].kind != Grammar::Kind::kEnd) work.push_back(top + 1);
     StepResult r = expand(work, next, 0);
     if (r != StepResult::kOk) return r;
@@ -620,8 +614,7 @@ uint64_t Matcher::signature(const MatchState& in, uint32_t cp) const {
   unsigned k = 0;
   for (size_t i = 0; i < in.stacks.size(); i += in.stacks[i] + 1, ++k) {
     const uint32_t len = in.stacks[i];
-    if (len != 0 && sets[elems[in.stacks[i + len]].arg].contains(cp))
-      sig |= uint64_t{1} << std::min(k, 63u);
+    if (len != 0 && sets[elems[in.stacks[i + len]].arg].contains(cp)) sig |= uint64_t{1} << std::min(k, 63u);
   }
   return sig;
 }

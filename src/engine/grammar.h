@@ -73,10 +73,10 @@ class Grammar {
 
 // Limits that turn a blow-up into an error instead of running out of memory.
 struct GrammarLimits {
-  uint32_t max_stacks = 2048;  // parse stacks alive at once (ambiguity)
-  uint32_t max_depth = 1024;   // frames in one stack (nesting)
-  uint32_t max_states = 4096;  // interned states in one MatcherCache before it is reset
-  uint32_t max_masks = 128;    // cached token masks in one MatcherCache (0: none)
+  uint32_t max_stacks = 2048;                 // parse stacks alive at once (ambiguity)
+  uint32_t max_depth = 1024;                  // frames in one stack (nesting)
+  uint32_t max_states = 4096;                 // interned states in one MatcherCache before it is reset
+  uint32_t max_masks = 128;                   // cached token masks in one MatcherCache (0: none)
   size_t max_cache_bytes = size_t{24} << 20;  // transition tables of one MatcherCache before reset
 };
 
@@ -124,8 +124,7 @@ class Matcher {
   const GrammarLimits& limits() const { return limits_; }
 
  private:
-  StepResult expand(std::vector<uint32_t>& stack, std::vector<std::vector<uint32_t>>& out,
-                    uint32_t depth_guard) const;
+  StepResult expand(std::vector<uint32_t>& stack, std::vector<std::vector<uint32_t>>& out, uint32_t depth_guard) const;
   std::shared_ptr<const Grammar> grammar_;
   GrammarLimits limits_;
 };

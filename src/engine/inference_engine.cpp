@@ -55,7 +55,7 @@ struct InferenceEngine::Impl {
   struct Seq {
     bool active = false;
     bool done = false;
-    std::vector<int32_t> prompt;            // copy of the request's prompt
+    std::vector<int32_t> prompt;  // copy of the request's prompt
     std::optional<SamplingParams> restore_params;
     std::optional<Rng::State> restore_rng;
     StreamCallback on_token;
@@ -72,8 +72,8 @@ struct InferenceEngine::Impl {
     // matcher state and the model's trie (owned by `trie` above).
     std::optional<GrammarState> grammar;
     const TokenTrie* vocab = nullptr;
-    bool keep_tail = false;           // StartOptions::keep_tail
-    std::vector<int32_t> replay;      // after suspend(): the tokens to recompute (positions 0..)
+    bool keep_tail = false;       // StartOptions::keep_tail
+    std::vector<int32_t> replay;  // after suspend(): the tokens to recompute (positions 0..)
   } seq;
   int32_t tail = -1;  // a finished generation's last sampled token, not yet in the cache (keep_tail)
 
@@ -91,24 +91,21 @@ struct InferenceEngine::Impl {
   }
 };
 
-core::Expected<InferenceEngine> InferenceEngine::create(
-    std::shared_ptr<const model::Model> model,
-    std::shared_ptr<const tokenizer::Tokenizer> tokenizer, EngineOptions options) {
-  if (model == nullptr)
-    return core::fail(core::Errc::kInvalidArgument, "InferenceEngine: model is null");
+core::Expected<InferenceEngine> InferenceEngine::create(std::shared_ptr<const model::Model> model,
+                                                        std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
+                                                        EngineOptions options) {
+  if (model == nullptr) return core::fail(core::Errc::kInvalidArgument, "InferenceEngine: model is null");
   if (tokenizer == nullptr) {
     return core::fail(core::Errc::kInvalidArgument, "InferenceEngine: tokenizer is null");
   }
   if (auto ok = options.params.validate(); !ok) return std::unexpected(ok.error());
   if (options.max_seq_len < 0) {
-    return core::fail(
-        core::Errc::kInvalidArgument,
-        "InferenceEngine: max_seq_len must be >= 0, got " + std::to_string(options.max_seq_len));
+    return core::fail(core::Errc::kInvalidArgument,
+                      "InferenceEngine: max_seq_len must be >= 0, got " + std::to_string(options.max_seq_len));
   }
   const model::ModelConfig& cfg = model->config();
   int64_t n_ctx = options.max_seq_len;
-  if (n_ctx == 0)
-    n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kDefaultMaxSeqLen, kDefaultMaxSeqLen);
+  if (n_ctx == 0) n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kDefaultMaxSeqLen, kDefaultMaxSeqLen);
   const model::KvType tk = options.kv_f32 ? model::KvType::kF32 : options.kv_type_k;
   const model::KvType tv = options.kv_f32 ? model::KvType::kF32 : options.kv_type_v;
   if (options.kv_pool != nullptr &&
@@ -128,8 +125,7 @@ core::Expected<InferenceEngine> InferenceEngine::create(
   impl->sampler = Sampler(std::move(options.params));
   impl->n_vocab = cfg.n_vocab;
   impl->logits.assign(static_cast<size_t>(cfg.n_vocab), 0.0f);
-  impl->trie = options.token_trie ? std::move(options.token_trie)
-                                  : std::make_shared<SharedTokenTrie>(impl->tok);
+  impl->trie = options.token_trie ? std::move(options.token_trie) : std::make_shared<SharedTokenTrie>(impl->tok);
   return InferenceEngine(std::move(impl));
 }
 
@@ -140,31 +136,27 @@ InferenceEngine::~InferenceEngine() = default;
 
 // ---- Low-level steps ----------------------------------------------------------
 
-core::Expected<std::span<const float>> InferenceEngine::prefill_from_pos(
-    std::span<const int32_t> tokens, int64_t pos) {
+core::Expected<std::span<const float>> InferenceEngine::prefill_from_pos(std::span<const int32_t> tokens, int64_t pos) {
   Impl& m = *impl_;
   if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "prefill: no tokens");
   if (m.tail >= 0) tail_done(false);
   m.claim();
   const auto held = static_cast<int64_t>(m.history.size());
   if (pos < 0 || pos > held) {
-    return core::fail(core::Errc::kInvalidArgument, "prefill: position " + std::to_string(pos) +
-                                                        " is beyond the " + std::to_string(held) +
-                                                        " positions in the cache");
+    return core::fail(core::Errc::kInvalidArgument, "prefill: position " + std::to_string(pos) + " is beyond the " +
+                                                        std::to_string(held) + " positions in the cache");
   }
   const auto n = static_cast<int64_t>(tokens.size());
   if (pos + n > m.cache.n_ctx()) {
     return core::fail(core::Errc::kOutOfRange, "prefill: positions " + std::to_string(pos) + ".." +
-                                                   std::to_string(pos + n - 1) +
-                                                   " exceed the context of " +
+                                                   std::to_string(pos + n - 1) + " exceed the context of " +
                                                    std::to_string(m.cache.n_ctx()) + " tokens");
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "prefill: token " + std::to_string(tokens[i]) + " at index " +
-                            std::to_string(i) + " is outside the vocabulary [0, " +
-                            std::to_string(m.n_vocab) + ")");
+      return core::fail(core::Errc::kInvalidArgument, "prefill: token " + std::to_string(tokens[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
     }
   }
   m.cache.truncate(pos);
@@ -189,9 +181,7 @@ core::Expected<std::span<const float>> InferenceEngine::decode_step(int32_t toke
   return prefill_from_pos(one, static_cast<int64_t>(impl_->history.size()));
 }
 
-int32_t InferenceEngine::sample(std::span<const float> logits) {
-  return impl_->sampler.sample(logits, impl_->history);
-}
+int32_t InferenceEngine::sample(std::span<const float> logits) { return impl_->sampler.sample(logits, impl_->history); }
 
 void InferenceEngine::reset() {
   if (impl_->tail >= 0) tail_done(false);
@@ -210,24 +200,23 @@ core::Expected<GenerationResult> InferenceEngine::generate(std::span<const int32
   return generate_request(r);
 }
 
-core::Expected<GenerationResult> InferenceEngine::generate_with_params(
-    std::span<const int32_t> prompt, const SamplingParams& params) {
+core::Expected<GenerationResult> InferenceEngine::generate_with_params(std::span<const int32_t> prompt,
+                                                                       const SamplingParams& params) {
   GenerateRequest r;
   r.prompt = prompt;
   r.params = params;
   return generate_request(r);
 }
 
-core::Expected<GenerationResult> InferenceEngine::generate_with_seed(
-    std::span<const int32_t> prompt, uint64_t seed) {
+core::Expected<GenerationResult> InferenceEngine::generate_with_seed(std::span<const int32_t> prompt, uint64_t seed) {
   GenerateRequest r;
   r.prompt = prompt;
   r.seed = seed;
   return generate_request(r);
 }
 
-core::Expected<GenerationResult> InferenceEngine::generate_streaming(
-    std::span<const int32_t> prompt, const StreamCallback& on_token) {
+core::Expected<GenerationResult> InferenceEngine::generate_streaming(std::span<const int32_t> prompt,
+                                                                     const StreamCallback& on_token) {
   GenerateRequest r;
   r.prompt = prompt;
   r.on_token = on_token;
@@ -250,18 +239,16 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
   Impl& m = *impl_;
   const Clock::time_point t_start = Clock::now();
   if (m.seq.active) return core::fail(core::Errc::kInvalidArgument, "generate: a generation is in progress");
-  if (req.prompt.empty())
-    return core::fail(core::Errc::kInvalidArgument, "generate: the prompt is empty");
+  if (req.prompt.empty()) return core::fail(core::Errc::kInvalidArgument, "generate: the prompt is empty");
   if (static_cast<int64_t>(req.prompt.size()) > m.cache.n_ctx()) {
-    return core::fail(core::Errc::kOutOfRange,
-                      "generate: the prompt has " + std::to_string(req.prompt.size()) +
-                          " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
+    return core::fail(core::Errc::kOutOfRange, "generate: the prompt has " + std::to_string(req.prompt.size()) +
+                                                   " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
   }
   for (size_t i = 0; i < req.prompt.size(); ++i) {
     if (req.prompt[i] < 0 || req.prompt[i] >= m.n_vocab) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "prefill: token " + std::to_string(req.prompt[i]) + " at index " + std::to_string(i) +
-                            " is outside the vocabulary [0, " + std::to_string(m.n_vocab) + ")");
+      return core::fail(core::Errc::kInvalidArgument, "prefill: token " + std::to_string(req.prompt[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
     }
   }
   if (req.params) {
@@ -357,7 +344,8 @@ std::span<const int32_t> InferenceEngine::next_input(int64_t max_prompt) const {
   if (const int64_t pending = pending_prompt(); pending > 0) {
     const size_t at = impl_->history.size();
     const auto& src = q.replay.empty() ? q.prompt : q.replay;
-    return std::span<const int32_t>(src).subspan(at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
+    return std::span<const int32_t>(src).subspan(
+        at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
   }
   return std::span<const int32_t>(&q.last, 1);
 }
@@ -366,7 +354,7 @@ bool InferenceEngine::logits_wanted(int64_t n) const {
   const Impl::Seq& q = impl_->seq;
   if (!q.active || q.done) return false;
   if (!q.replay.empty()) return false;  // recomputing KV after suspend(): no sampling
-  if (q.prefilled) return true;        // a decode token
+  if (q.prefilled) return true;         // a decode token
   return n >= pending_prompt();
 }
 
@@ -400,7 +388,7 @@ void InferenceEngine::record_prompt_rows(std::span<const float> rows) {
   for (size_t j = 0; j < k; ++j) {
     // Row j ran the token at position next_pos() + j and predicts the next one.
     const size_t target = m.history.size() + j + 1;
-    if (target >= q.prompt.size()) break;  // the last prompt row predicts the first sampled token
+    if (target >= q.prompt.size()) break;                  // the last prompt row predicts the first sampled token
     if (q.res.prompt_logprobs.size() != target) continue;  // already recorded (never expected)
     q.res.prompt_logprobs.push_back(token_logprob(rows.subspan(j * nv, nv), q.prompt[target], top_n));
   }
@@ -590,8 +578,8 @@ GenerationResult InferenceEngine::finish() {
   if (m.metrics) m.metrics->record(res.rate);
   // The last sampled token never ran; with keep_tail it is kept for one more
   // forward (tail_input) so the cache holds prompt + the whole answer.
-  const bool tail = q.keep_tail && q.last >= 0 && res.finish_reason != FinishReason::kCancelled &&
-                    q.replay.empty() && static_cast<int64_t>(m.history.size()) < m.cache.n_ctx() &&
+  const bool tail = q.keep_tail && q.last >= 0 && res.finish_reason != FinishReason::kCancelled && q.replay.empty() &&
+                    static_cast<int64_t>(m.history.size()) < m.cache.n_ctx() &&
                     m.cache.size() == static_cast<int64_t>(m.history.size());
   const int32_t last = q.last;
   abandon();
@@ -626,9 +614,9 @@ core::Expected<void> InferenceEngine::copy_prefix_from(const InferenceEngine& sr
   const Impl& s = *src.impl_;
   if (s.model != m.model || n < 0 || n > static_cast<int64_t>(s.history.size()) || n > s.cache.size() ||
       n > m.cache.n_ctx() || !m.cache.matches_cache(s.cache)) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "copy_prefix_from: " + std::to_string(n) + " positions do not fit (another model, cache "
-                      "type or size, or more than the source holds)");
+    return core::fail(core::Errc::kInvalidArgument, "copy_prefix_from: " + std::to_string(n) +
+                                                        " positions do not fit (another model, cache "
+                                                        "type or size, or more than the source holds)");
   }
   m.claim();
   // Same pool: the blocks are shared (copy-on-write); otherwise rows are copied.
@@ -647,14 +635,13 @@ core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_
   const auto n = static_cast<int64_t>(tokens.size());
   if (n > m.cache.n_ctx()) {
     return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
-                                                   " tokens but the context holds " +
-                                                   std::to_string(m.cache.n_ctx()));
+                                                   " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "embed: token " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
-                            " is outside the vocabulary [0, " + std::to_string(m.n_vocab) + ")");
+      return core::fail(core::Errc::kInvalidArgument, "embed: token " + std::to_string(tokens[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
     }
   }
   const int64_t dim = m.model->config().n_embd;
@@ -665,9 +652,8 @@ core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_
     const int64_t len = std::min(kPrefillChunk, n - off);
     const auto chunk = tokens.subspan(static_cast<size_t>(off), static_cast<size_t>(len));
     const model::Batch batch = model::Batch::for_sequence(chunk, static_cast<int32_t>(off), 0, /*all_logits=*/true);
-    auto ok = m.model->forward_hidden(batch, caches, m.ws,
-                                      std::span<float>(hidden).subspan(static_cast<size_t>(off * dim)),
-                                      m.compute_pool());
+    auto ok = m.model->forward_hidden(
+        batch, caches, m.ws, std::span<float>(hidden).subspan(static_cast<size_t>(off * dim)), m.compute_pool());
     if (!ok) {
       reset();
       m.cache.park();
@@ -718,9 +704,7 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
 // ---- State ----------------------------------------------------------------------------
 
 const SamplingParams& InferenceEngine::params() const { return impl_->sampler.params(); }
-void InferenceEngine::set_params(SamplingParams params) {
-  impl_->sampler.set_params(std::move(params));
-}
+void InferenceEngine::set_params(SamplingParams params) { impl_->sampler.set_params(std::move(params)); }
 void InferenceEngine::reseed(uint64_t seed) { impl_->sampler.reseed(seed); }
 Rng::State InferenceEngine::rng_state() const { return impl_->sampler.rng().state(); }
 void InferenceEngine::set_rng_state(const Rng::State& s) { impl_->sampler.rng().set_state(s); }
@@ -735,9 +719,7 @@ int64_t InferenceEngine::n_vocab() const { return impl_->n_vocab; }
 const model::Model& InferenceEngine::model() const { return *impl_->model; }
 const tokenizer::Tokenizer& InferenceEngine::tokenizer() const { return *impl_->tok; }
 std::shared_ptr<const model::Model> InferenceEngine::model_ptr() const { return impl_->model; }
-std::shared_ptr<const tokenizer::Tokenizer> InferenceEngine::tokenizer_ptr() const {
-  return impl_->tok;
-}
+std::shared_ptr<const tokenizer::Tokenizer> InferenceEngine::tokenizer_ptr() const { return impl_->tok; }
 size_t InferenceEngine::kv_cache_bytes() const { return impl_->cache.bytes(); }
 
 }  // namespace bonsai::engine

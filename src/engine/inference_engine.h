@@ -48,7 +48,7 @@ class Model;
 class KvCache;
 class KvPool;
 enum class KvType : uint8_t;  // model/kv_cache.h
-}
+}  // namespace bonsai::model
 namespace bonsai::tokenizer {
 class Tokenizer;
 }
@@ -144,10 +144,10 @@ struct GenerationResult {
 
 // The general form every generate* maps onto (the server uses it directly).
 struct GenerateRequest {
-  std::span<const int32_t> prompt;       // token ids incl. BOS if wanted; borrowed for the call
-  std::optional<SamplingParams> params;  // set: generate_with_params semantics
-  std::optional<uint64_t> seed;          // set: generate_with_seed semantics (applied after params)
-  StreamCallback on_token;               // optional
+  std::span<const int32_t> prompt;            // token ids incl. BOS if wanted; borrowed for the call
+  std::optional<SamplingParams> params;       // set: generate_with_params semantics
+  std::optional<uint64_t> seed;               // set: generate_with_seed semantics (applied after params)
+  StreamCallback on_token;                    // optional
   const std::atomic<bool>* cancel = nullptr;  // optional; checked before each decode step
   RequestRateTracker* tracker = nullptr;      // optional; on_token is called per sampled token
 };
@@ -176,9 +176,9 @@ class InferenceEngine {
   // `tokenizer` are shared with other replicas and must be non-null.
   // Errors: kInvalidArgument (null model/tokenizer, invalid params or
   // max_seq_len < 0), kResourceExhausted (cache allocation failed).
-  static core::Expected<InferenceEngine> create(
-      std::shared_ptr<const model::Model> model,
-      std::shared_ptr<const tokenizer::Tokenizer> tokenizer, EngineOptions options = {});
+  static core::Expected<InferenceEngine> create(std::shared_ptr<const model::Model> model,
+                                                std::shared_ptr<const tokenizer::Tokenizer> tokenizer,
+                                                EngineOptions options = {});
 
   InferenceEngine(InferenceEngine&&) noexcept;
   InferenceEngine& operator=(InferenceEngine&&) noexcept;
@@ -193,17 +193,13 @@ class InferenceEngine {
   // semantics say even on error. A cancelled call is a
   // success with finish_reason kCancelled.
   core::Expected<GenerationResult> generate(std::span<const int32_t> prompt);
-  core::Expected<GenerationResult> generate_with_params(std::span<const int32_t> prompt,
-                                                        const SamplingParams& params);
-  core::Expected<GenerationResult> generate_with_seed(std::span<const int32_t> prompt,
-                                                      uint64_t seed);
-  core::Expected<GenerationResult> generate_streaming(std::span<const int32_t> prompt,
-                                                      const StreamCallback& on_token);
+  core::Expected<GenerationResult> generate_with_params(std::span<const int32_t> prompt, const SamplingParams& params);
+  core::Expected<GenerationResult> generate_with_seed(std::span<const int32_t> prompt, uint64_t seed);
+  core::Expected<GenerationResult> generate_streaming(std::span<const int32_t> prompt, const StreamCallback& on_token);
   core::Expected<GenerationResult> generate_request(const GenerateRequest& request);
   // Generates for each prompt in turn, exactly as that many generate() calls
   // (the RNG advances across them). Stops at the first error.
-  core::Expected<std::vector<GenerationResult>> batch_generate(
-      std::span<const std::vector<int32_t>> prompts);
+  core::Expected<std::vector<GenerationResult>> batch_generate(std::span<const std::vector<int32_t>> prompts);
 
   // ---- Low-level steps (what generate* is made of) ------------------------
   // Runs `tokens` at positions pos..pos+n-1 (pos <= current position; the
@@ -213,8 +209,7 @@ class InferenceEngine {
   // (empty tokens, pos beyond the current position, id outside the
   // vocabulary), kOutOfRange (pos + n > max_seq_len()), the model's errors;
   // on error the cache holds positions [0, pos) at most.
-  core::Expected<std::span<const float>> prefill_from_pos(std::span<const int32_t> tokens,
-                                                          int64_t pos);
+  core::Expected<std::span<const float>> prefill_from_pos(std::span<const int32_t> tokens, int64_t pos);
   // Runs one token at the current position; returns its logits [n_vocab].
   core::Expected<std::span<const float>> decode_step(int32_t token);
   // Samples from `logits` with the current params and RNG; the penalties see
@@ -312,7 +307,7 @@ class InferenceEngine {
   core::Expected<void> copy_prefix_from(const InferenceEngine& src, int64_t n);
   // This replica's KV cache (the scheduler passes it to Model::forward).
   model::KvCache& kv_cache();
-  int64_t kv_cache_blocks() const;  // KV blocks the cache holds now (model::KvCache::blocks)
+  int64_t kv_cache_blocks() const;              // KV blocks the cache holds now (model::KvCache::blocks)
   const std::vector<int32_t>& history() const;  // tokens in the cache, by position
 
   // ---- Embeddings -----------------------------------------------------------

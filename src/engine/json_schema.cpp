@@ -47,22 +47,21 @@ const std::set<std::string> kKeywords = {"type",
                                          "maxLength",
                                          "format",
                                          "pattern"};
-const std::set<std::string> kAnnotations = {"title",    "description", "examples", "default",
-                                            "$schema",  "$id",         "$comment", "deprecated",
-                                            "readOnly", "writeOnly"};
+const std::set<std::string> kAnnotations = {"title", "description", "examples",   "default",  "$schema",
+                                            "$id",   "$comment",    "deprecated", "readOnly", "writeOnly"};
 
 // The shared primitive rules (emitted only when used).
 const std::map<std::string, std::string> kPrimitives = {
     {"ws", "( \" \" | \"\\n\" [ \\t]{0,20} )?"},
     {"value", "object | array | string | number | boolean | null"},
-    {"object",
-     "\"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\""},
+    {"object", "\"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\""},
     {"array", "\"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\""},
     {"string", "\"\\\"\" char* \"\\\"\""},
     {"char", "[^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )"},
     {"strchar", "[^\"\\\\\\x7F\\x00-\\x1F]"},
     {"integral", "\"0\" | [1-9] [0-9]{0,15}"},
-    {"number", "\"-\"? integral ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?"},  // exponent <= 99: finite as a double
+    {"number",
+     "\"-\"? integral ( \".\" [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?"},  // exponent <= 99: finite as a double
     {"integer", "\"-\"? integral"},
     {"boolean", "\"true\" | \"false\""},
     {"null", "\"null\""},
@@ -167,18 +166,15 @@ std::string digit_class(int lo, int hi) {
 std::string same_len(const std::string& lo, const std::string& hi) {
   const size_t n = lo.size();
   if (n == 1) return digit_class(lo[0] - '0', hi[0] - '0');
-  if (lo[0] == hi[0])
-    return "\"" + std::string(1, lo[0]) + "\" " + same_len(lo.substr(1), hi.substr(1));
+  if (lo[0] == hi[0]) return "\"" + std::string(1, lo[0]) + "\" " + same_len(lo.substr(1), hi.substr(1));
   const std::string rl = lo.substr(1), rh = hi.substr(1);
   const bool lo_zero = rl.find_first_not_of('0') == std::string::npos;
   const bool hi_nine = rh.find_first_not_of('9') == std::string::npos;
   std::vector<std::string> alts;
-  if (!lo_zero)
-    alts.push_back("\"" + std::string(1, lo[0]) + "\" " + same_len(rl, std::string(n - 1, '9')));
+  if (!lo_zero) alts.push_back("\"" + std::string(1, lo[0]) + "\" " + same_len(rl, std::string(n - 1, '9')));
   int s = lo[0] - '0' + (lo_zero ? 0 : 1), e = hi[0] - '0' - (hi_nine ? 0 : 1);
   if (s <= e) alts.push_back(digit_class(s, e) + " [0-9]{" + std::to_string(n - 1) + "}");
-  if (!hi_nine)
-    alts.push_back("\"" + std::string(1, hi[0]) + "\" " + same_len(std::string(n - 1, '0'), rh));
+  if (!hi_nine) alts.push_back("\"" + std::string(1, hi[0]) + "\" " + same_len(std::string(n - 1, '0'), rh));
   std::string out = "(";
   for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
   return out + " )";
@@ -203,8 +199,7 @@ std::string uint_range(uint64_t a, std::optional<uint64_t> b) {
     uint64_t hi = (b && len == lb) ? *b : pow10(len) - 1;
     if (!b && len > la) {
       // Every number of length la+1 .. 16: one alternative.
-      alts.push_back("[1-9] [0-9]{" + std::to_string(len - 1) + "," +
-                     std::to_string(kMaxDigits - 1) + "}");
+      alts.push_back("[1-9] [0-9]{" + std::to_string(len - 1) + "," + std::to_string(kMaxDigits - 1) + "}");
       break;
     }
     if (lo > hi) continue;
@@ -224,8 +219,7 @@ std::string int_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   std::vector<std::string> alts;
   if (!hi || *hi >= 0) {
     uint64_t a = lo ? static_cast<uint64_t>(std::max<int64_t>(*lo, 0)) : 0;
-    alts.push_back(
-        uint_range(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
+    alts.push_back(uint_range(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
   }
   if (!lo || *lo < 0) {
     uint64_t a = (hi && *hi < 0) ? static_cast<uint64_t>(-*hi) : 1;
@@ -249,8 +243,7 @@ class RegexToGbnf {
       pos_ = 1;
     }
     size_t backslashes = 0;  // an odd count before the final '$' escapes it
-    while (re_.size() >= backslashes + 2 && re_[re_.size() - 2 - backslashes] == '\\')
-      ++backslashes;
+    while (re_.size() >= backslashes + 2 && re_[re_.size() - 2 - backslashes] == '\\') ++backslashes;
     if (re_.size() > pos_ && re_.back() == '$' && backslashes % 2 == 0) {
       anchored_end = true;
       re_.remove_suffix(1);
@@ -266,8 +259,7 @@ class RegexToGbnf {
 
  private:
   [[noreturn]] void err(const std::string& what) const {
-    fail("unsupported pattern at " + at_path(path_) + ": " + what + " (at offset " +
-         std::to_string(pos_) + ")");
+    fail("unsupported pattern at " + at_path(path_) + ": " + what + " (at offset " + std::to_string(pos_) + ")");
   }
 
   uint32_t next_cp() {
@@ -275,8 +267,7 @@ class RegexToGbnf {
     int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
     if (len == 0 || pos_ + len > re_.size()) err("invalid UTF-8");
     uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
-    for (int i = 1; i < len; ++i)
-      cp = (cp << 6) | (static_cast<unsigned char>(re_[pos_ + i]) & 0x3F);
+    for (int i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<unsigned char>(re_[pos_ + i]) & 0x3F);
     pos_ += len;
     return cp;
   }
@@ -399,14 +390,12 @@ class RegexToGbnf {
       ++pos_;
       if (re_.substr(pos_, 2) == "?:") {
         pos_ += 2;
-      } else if (re_.substr(pos_, 2) == "?<" && re_.substr(pos_, 3) != "?<=" &&
-                 re_.substr(pos_, 3) != "?<!") {
+      } else if (re_.substr(pos_, 2) == "?<" && re_.substr(pos_, 3) != "?<=" && re_.substr(pos_, 3) != "?<!") {
         size_t close = re_.find('>', pos_);
         if (close == std::string_view::npos) err("unterminated group name");
         pos_ = close + 1;
       } else if (pos_ < re_.size() && re_[pos_] == '?') {
-        err("lookaround / group flags '(?" +
-            std::string(1, re_.size() > pos_ + 1 ? re_[pos_ + 1] : ' ') + "'");
+        err("lookaround / group flags '(?" + std::string(1, re_.size() > pos_ + 1 ? re_[pos_ + 1] : ' ') + "'");
       }
       std::string inner = alternation();
       if (pos_ >= re_.size() || re_[pos_] != ')') err("missing ')'");
@@ -562,8 +551,7 @@ class Converter {
 
   const Json& resolve(const std::string& ref, const std::string& path) {
     if (ref.empty() || ref[0] != '#') {
-      fail("$ref '" + ref + "' at " + at_path(path) +
-           ": only references into the same document (#...) are supported");
+      fail("$ref '" + ref + "' at " + at_path(path) + ": only references into the same document (#...) are supported");
     }
     try {
       if (ref == "#") return doc_;
@@ -582,13 +570,11 @@ class Converter {
   }
   static std::optional<uint32_t> count(const Json& s, const char* key, const std::string& path) {
     if (!s.contains(key)) return std::nullopt;
-    if (!s[key].is_number_unsigned() &&
-        !(s[key].is_number_integer() && s[key].get<int64_t>() >= 0)) {
+    if (!s[key].is_number_unsigned() && !(s[key].is_number_integer() && s[key].get<int64_t>() >= 0)) {
       fail(std::string("'") + key + "' at " + at_path(path) + " must be a non-negative integer");
     }
     uint64_t v = s[key].get<uint64_t>();
-    if (v > 10000)
-      fail(std::string("'") + key + "' at " + at_path(path) + " above 10000 is unsupported");
+    if (v > 10000) fail(std::string("'") + key + "' at " + at_path(path) + " above 10000 is unsupported");
     return static_cast<uint32_t>(v);
   }
 
@@ -606,8 +592,7 @@ class Converter {
     auto only = [&](std::initializer_list<const char*> allowed, const char* what) {
       for (const auto& [k, v] : s.items()) {
         if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
-        if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) ==
-            allowed.end()) {
+        if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return k == a; }) == allowed.end()) {
           fail("unsupported keyword '" + k + "' next to '" + what + "' at " + at_path(path));
         }
       }
@@ -616,8 +601,7 @@ class Converter {
       only({"$ref"}, "$ref");
       const std::string ref = s["$ref"].get<std::string>();
       if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
-      std::string name = new_name(
-          "ref-" + ref.substr(ref.rfind('/') == std::string::npos ? 0 : ref.rfind('/') + 1));
+      std::string name = new_name("ref-" + ref.substr(ref.rfind('/') == std::string::npos ? 0 : ref.rfind('/') + 1));
       refs_[ref] = name;
       size_t slot = rules_.size();
       rules_.emplace_back(name, "");
@@ -631,8 +615,7 @@ class Converter {
     }
     if (s.contains("enum")) {
       only({"enum", "type"}, "enum");
-      if (!s["enum"].is_array() || s["enum"].empty())
-        fail("'enum' at " + at_path(path) + " must be a non-empty array");
+      if (!s["enum"].is_array() || s["enum"].empty()) fail("'enum' at " + at_path(path) + " must be a non-empty array");
       std::string out = "(";
       bool first = true;
       for (const auto& v : s["enum"]) {
@@ -688,13 +671,11 @@ class Converter {
     if (s.contains("type")) {
       if (!s["type"].is_string()) fail("'type' at " + at_path(path) + " must be a string or array");
       type = s["type"].get<std::string>();
-    } else if (s.contains("properties") || s.contains("additionalProperties") ||
-               s.contains("required")) {
+    } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
       type = "object";
     } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
       type = "array";
-    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") ||
-               s.contains("format")) {
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format")) {
       type = "string";
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                s.contains("exclusiveMaximum")) {
@@ -729,10 +710,8 @@ class Converter {
     self.erase("allOf");
     parts.emplace_back(self, path);
     const auto& arr = s["allOf"];
-    if (!arr.is_array() || arr.empty())
-      fail("'allOf' at " + at_path(path) + " must be a non-empty array");
-    for (size_t i = 0; i < arr.size(); ++i)
-      parts.emplace_back(arr[i], path + "/allOf/" + std::to_string(i));
+    if (!arr.is_array() || arr.empty()) fail("'allOf' at " + at_path(path) + " must be a non-empty array");
+    for (size_t i = 0; i < arr.size(); ++i) parts.emplace_back(arr[i], path + "/allOf/" + std::to_string(i));
     for (size_t i = 0; i < parts.size(); ++i) {
       Json part = parts[i].first;
       std::string ppath = parts[i].second;
@@ -741,8 +720,7 @@ class Converter {
         part = resolve(ref, ppath);
         ppath = ref.substr(1);
       }
-      if (!part.is_object())
-        fail("allOf member at " + at_path(ppath) + " must be an object schema");
+      if (!part.is_object()) fail("allOf member at " + at_path(ppath) + " must be an object schema");
       if (part.contains("allOf") && i > 0) {
         for (size_t j = 0; j < part["allOf"].size(); ++j)
           parts.emplace_back(part["allOf"][j], ppath + "/allOf/" + std::to_string(j));
@@ -752,13 +730,12 @@ class Converter {
         if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
         if (k == "type") {
           if (v != "object")
-            fail("allOf at " + at_path(path) + " merges only object schemas (member at " +
-                 at_path(ppath) + " has type " + v.dump() + ")");
+            fail("allOf at " + at_path(path) + " merges only object schemas (member at " + at_path(ppath) +
+                 " has type " + v.dump() + ")");
         } else if (k == "properties") {
           for (const auto& [pk, pv] : v.items()) {
             if (props.contains(pk))
-              fail("allOf at " + at_path(path) + ": property '" + pk +
-                   "' defined twice (intersection unsupported)");
+              fail("allOf at " + at_path(path) + ": property '" + pk + "' defined twice (intersection unsupported)");
             props[pk] = pv;
           }
         } else if (k == "required") {
@@ -792,8 +769,7 @@ class Converter {
     }
     std::vector<bool> is_req;
     if (s.contains("properties")) {
-      if (!s["properties"].is_object())
-        fail("'properties' at " + at_path(path) + " must be an object");
+      if (!s["properties"].is_object()) fail("'properties' at " + at_path(path) + " must be an object");
       for (const auto& [k, v] : s["properties"].items()) {
         props.emplace_back(k, gen(v, path + "/properties/" + k));
         is_req.push_back(required.count(k) > 0);
@@ -817,24 +793,22 @@ class Converter {
     }
     use("ws");
     std::vector<std::string> kv;
-    for (const auto& [k, v] : props)
-      kv.push_back(lit(Json(k).dump()) + " ws \":\" ws " + v + " ws");
+    for (const auto& [k, v] : props) kv.push_back(lit(Json(k).dump()) + " ws \":\" ws " + v + " ws");
     const size_t n = props.size();
     // after[k]: something already emitted; first[k]: nothing emitted yet.
     std::vector<std::string> after(n + 1), first(n + 1);
     after[n] = extra.empty() ? "" : "( \",\" ws " + extra + " ws )*";
     first[n] = extra.empty() ? "" : "( " + extra + " ws ( \",\" ws " + extra + " ws )* )?";
     for (size_t k = n; k-- > 0;) {
-      std::string a = is_req[k] ? "\",\" ws " + kv[k] + " " + after[k + 1]
-                                : "( \",\" ws " + kv[k] + " )? " + after[k + 1];
+      std::string a =
+          is_req[k] ? "\",\" ws " + kv[k] + " " + after[k + 1] : "( \",\" ws " + kv[k] + " )? " + after[k + 1];
       after[k] = add_rule("after", a.empty() ? "\"\"" : a);
-      std::string f = is_req[k] ? kv[k] + " " + after[k + 1]
-                                : "( " + kv[k] + " " + after[k + 1] + " )" +
-                                      (first[k + 1].empty() ? "?" : " | " + first[k + 1]);
+      std::string f =
+          is_req[k] ? kv[k] + " " + after[k + 1]
+                    : "( " + kv[k] + " " + after[k + 1] + " )" + (first[k + 1].empty() ? "?" : " | " + first[k + 1]);
       first[k] = add_rule("first", f);
     }
-    return add_rule("obj" + path,
-                    "\"{\" ws " + (first[0].empty() ? std::string() : first[0] + " ") + "\"}\"");
+    return add_rule("obj" + path, "\"{\" ws " + (first[0].empty() ? std::string() : first[0] + " ") + "\"}\"");
   }
 
   // An additional property name: a JSON string of unescaped characters that
@@ -918,8 +892,8 @@ class Converter {
     if (max && *max == 0) {
       body = "\"[\" ws \"]\"";
     } else {
-      std::string rest = "( \",\" ws " + item + " ws ){" + std::to_string(min == 0 ? 0 : min - 1) +
-                         "," + (max ? std::to_string(*max - 1) : std::string()) + "}";
+      std::string rest = "( \",\" ws " + item + " ws ){" + std::to_string(min == 0 ? 0 : min - 1) + "," +
+                         (max ? std::to_string(*max - 1) : std::string()) + "}";
       std::string list = item + " ws " + rest;
       body = "\"[\" ws " + (min == 0 ? "( " + list + " )?" : list) + " \"]\"";
     }
@@ -936,15 +910,12 @@ class Converter {
     const bool has_len = s.contains("minLength") || s.contains("maxLength");
     if (s.contains("pattern")) {
       if (has_len || s.contains("format"))
-        fail("'pattern' combined with minLength/maxLength/format at " + at_path(path) +
-             " is unsupported");
+        fail("'pattern' combined with minLength/maxLength/format at " + at_path(path) + " is unsupported");
       use("strchar");
-      return add_rule("pattern",
-                      RegexToGbnf(s["pattern"].get<std::string>(), path + "/pattern").run());
+      return add_rule("pattern", RegexToGbnf(s["pattern"].get<std::string>(), path + "/pattern").run());
     }
     if (s.contains("format")) {
-      if (has_len)
-        fail("'format' combined with minLength/maxLength at " + at_path(path) + " is unsupported");
+      if (has_len) fail("'format' combined with minLength/maxLength at " + at_path(path) + " is unsupported");
       return gen_format(s["format"].get<std::string>(), path);
     }
     if (!has_len) return use("string");
@@ -952,8 +923,8 @@ class Converter {
     std::optional<uint32_t> max = count(s, "maxLength", path);
     if (max && *max < min) fail("maxLength < minLength at " + at_path(path));
     use("char");
-    return add_rule("str", "\"\\\"\" char{" + std::to_string(min) + "," +
-                               (max ? std::to_string(*max) : "") + "} \"\\\"\"");
+    return add_rule("str",
+                    "\"\\\"\" char{" + std::to_string(min) + "," + (max ? std::to_string(*max) : "") + "} \"\\\"\"");
   }
 
   std::string gen_format(const std::string& f, const std::string& path) {
@@ -964,7 +935,8 @@ class Converter {
         "( [0-9]{4} \"-\" ( ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"
         " | ( \"0\" [13-9] | \"1\" [0-2] ) \"-\" ( \"29\" | \"30\" )"
         " | ( \"0\" [13578] | \"1\" [02] ) \"-31\" )"
-        " | ( [0-9]{2} ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"0\" [048] | [2468] [048] | [13579] [26] ) \"00\" )"
+        " | ( [0-9]{2} ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"0\" [048] | [2468] [048] | [13579] [26] ) "
+        "\"00\" )"
         " \"-02-29\" )";
     const std::string time =
         "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
@@ -1009,8 +981,7 @@ class Converter {
   std::string gen_integer(const Json& s, const std::string& path) {
     for (const auto& [k, v] : s.items()) {
       if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
-      if (k != "type" && k != "minimum" && k != "maximum" && k != "exclusiveMinimum" &&
-          k != "exclusiveMaximum") {
+      if (k != "type" && k != "minimum" && k != "maximum" && k != "exclusiveMinimum" && k != "exclusiveMaximum") {
         fail("unsupported keyword '" + k + "' for type integer at " + at_path(path));
       }
     }
@@ -1024,8 +995,7 @@ class Converter {
       if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
       if (k != "type" && k != "minimum" && k != "maximum") {
         fail("unsupported keyword '" + k + "' for type number at " + at_path(path) +
-             (k.rfind("exclusive", 0) == 0 ? " (exclusive bounds are supported on integers only)"
-                                           : ""));
+             (k.rfind("exclusive", 0) == 0 ? " (exclusive bounds are supported on integers only)" : ""));
       }
     }
     auto mn = num(s, "minimum", path), mx = num(s, "maximum", path);
@@ -1052,13 +1022,11 @@ class Converter {
     std::vector<std::string> alts;
     if (!hi || *hi >= 0) {
       uint64_t a = lo ? static_cast<uint64_t>(std::max<int64_t>(*lo, 0)) : 0;
-      alts.push_back(
-          mag(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
+      alts.push_back(mag(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
     }
     if (!lo || *lo < 0) {
       uint64_t a = (hi && *hi < 0) ? static_cast<uint64_t>(-*hi) : 0;
-      alts.push_back("\"-\" " + mag(a, lo ? std::optional<uint64_t>(static_cast<uint64_t>(-*lo))
-                                          : std::nullopt));
+      alts.push_back("\"-\" " + mag(a, lo ? std::optional<uint64_t>(static_cast<uint64_t>(-*lo)) : std::nullopt));
     }
     return add_rule("num", alts.size() == 1 ? alts[0] : alts[0] + " | " + alts[1]);
   }
@@ -1078,22 +1046,19 @@ core::Expected<std::string> json_schema_doc_to_gbnf(const nlohmann::ordered_json
   } catch (const SchemaError& e) {
     return core::fail(core::Errc::kInvalidArgument, e.message);
   } catch (const std::exception& e) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      std::string("json_schema: malformed schema: ") + e.what());
+    return core::fail(core::Errc::kInvalidArgument, std::string("json_schema: malformed schema: ") + e.what());
   }
 }
 
 core::Expected<std::string> json_schema_to_gbnf(std::string_view schema_json) {
   Json doc = Json::parse(schema_json, nullptr, false);
-  if (doc.is_discarded())
-    return core::fail(core::Errc::kInvalidArgument, "json_schema: not valid JSON");
+  if (doc.is_discarded()) return core::fail(core::Errc::kInvalidArgument, "json_schema: not valid JSON");
   return json_schema_doc_to_gbnf(doc);
 }
 
 std::string json_object_gbnf() {
   std::string out = "root ::= object\n";
-  for (const char* p : {"ws", "value", "object", "array", "string", "char", "integral", "number",
-                        "boolean", "null"}) {
+  for (const char* p : {"ws", "value", "object", "array", "string", "char", "integral", "number", "boolean", "null"}) {
     out += std::string(p) + " ::= " + kPrimitives.at(p) + "\n";
   }
   return out;

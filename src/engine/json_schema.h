@@ -11,12 +11,11 @@
 // exclusiveMaximum (exact digit ranges), number minimum / maximum with
 // integral values (exact; no exponent then), string minLength / maxLength,
 // format (date, time, date-time, uuid, email — dates are real calendar
-// dates, leap years included; email is bounded ASCII dot-atoms@labels.tld), pattern (regex with literals, classes, \d \w \s and
-// their negations, '.', groups, (?:...), alternation, * + ? {m} {m,} {m,n};
-// a missing ^ or $ means any string characters may come before / after).
-// Annotations (title, description, examples, default, $schema, $id,
-// $comment, deprecated, readOnly, writeOnly) are ignored. Anything else is an
-// error naming the keyword and the JSON pointer of the schema
+// dates, leap years included; email is bounded ASCII dot-atoms@labels.tld), pattern (regex with literals, classes, \d
+// \w \s and their negations, '.', groups, (?:...), alternation, * + ? {m} {m,} {m,n}; a missing ^ or $ means any string
+// characters may come before / after). Annotations (title, description, examples, default, $schema, $id, $comment,
+// deprecated, readOnly, writeOnly) are ignored. Anything else is an error naming the keyword and the JSON pointer of
+// the schema
 // ("json_schema: unsupported keyword 'patternProperties' at /properties/x").
 //
 // Output shape: properties appear in the order listed in `properties`, each

@@ -44,8 +44,8 @@ uint64_t available_memory_bytes() {
   return bytes;
 }
 
-std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpec& spec, bool ctx_given, bool pool_given,
-                                         uint64_t budget_bytes, uint64_t mem_limit_bytes) {
+std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpec& spec, bool ctx_given,
+                                           bool pool_given, uint64_t budget_bytes, uint64_t mem_limit_bytes) {
   gguf::OpenOptions open;
   open.q2_layout = spec.q2_layout;
   auto fp = model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
@@ -69,12 +69,13 @@ std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpe
   const uint64_t per_ctx = fp->kv_bytes_per_position * static_cast<uint64_t>(fp->replicas);
   const uint64_t fit_ctx = per_ctx > 0 ? room / per_ctx : 0;
   std::string msg = "Model '" + id + "' with ctx_size " + std::to_string(fp->n_ctx) + " and " +
-                    std::to_string(fp->replicas) + " replica(s) needs " + size_text(fp->kv_bytes) +
-                    " of KV cache (" + std::to_string(fp->kv_bytes_per_position) + " bytes per position x " +
-                    std::to_string(fp->n_ctx) + " positions x " + std::to_string(fp->replicas) + " replicas" +
+                    std::to_string(fp->replicas) + " replica(s) needs " + size_text(fp->kv_bytes) + " of KV cache (" +
+                    std::to_string(fp->kv_bytes_per_position) + " bytes per position x " + std::to_string(fp->n_ctx) +
+                    " positions x " + std::to_string(fp->replicas) + " replicas" +
                     (fp->kv_budget_tokens != fp->n_ctx * fp->replicas
                          ? ", as a budget of " + std::to_string(fp->kv_budget_tokens) + " positions"
-                         : std::string()) + ")";
+                         : std::string()) +
+                    ")";
   if (budget > 0) {
     msg += " plus " + size_text(fp->mapped_bytes) + " of mapped weights = " + size_text(need) +
            ", more than the memory budget (--mem-budget) of " + size_text(limit) + ".";
@@ -86,8 +87,8 @@ std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpe
     const uint64_t fit = fp->kv_bytes_per_position > 0 ? room / fp->kv_bytes_per_position : 0;
     msg += " At most a KV budget of " + std::to_string(fit) + " tokens fits.";
   } else {
-    msg += fit_ctx > 0 ? " At most ctx_size " + std::to_string(fit_ctx) + " fits with " +
-                             std::to_string(fp->replicas) + " replica(s)."
+    msg += fit_ctx > 0 ? " At most ctx_size " + std::to_string(fit_ctx) + " fits with " + std::to_string(fp->replicas) +
+                             " replica(s)."
                        : " It does not fit at any ctx_size.";
   }
   return LoadFitError{std::move(msg), ctx_given ? "ctx_size" : pool_given ? "pool_size" : "", "insufficient_memory"};

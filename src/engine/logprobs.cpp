@@ -9,7 +9,7 @@ namespace bonsai::engine {
 double log_sum_exp(std::span<const float> logits) {
   double mx = -INFINITY;
   for (const float l : logits)
-    if (l > mx) mx = l;  // NaN compares false: skipped
+    if (l > mx) mx = l;               // NaN compares false: skipped
   if (!std::isfinite(mx)) return mx;  // empty / all -inf (or +inf: the answer is +inf)
   double sum = 0.0;
   for (const float l : logits)

@@ -1,9 +1,6 @@
 // ModelPool: LRU warm pool of loaded models. See model_pool.h.
 #include "engine/model_pool.h"
 
-#include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
-#include "model/kv_cache.h"           // KvPool (list: KV usage)
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -12,26 +9,29 @@
 #include <string>
 #include <utility>
 
+#include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
+#include "model/kv_cache.h"           // KvPool (list: KV usage)
+
 namespace bonsai::engine {
 namespace {
 
-std::string mib(uint64_t bytes) {
-  return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB";
-}
+std::string mib(uint64_t bytes) { return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB"; }
 
 uint64_t now_unix() {
   return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
 }  // namespace
 
 const char* model_state_name(ModelState s) {
   switch (s) {
-    case ModelState::kLoaded: return "loaded";
-    case ModelState::kLoading: return "loading";
-    case ModelState::kFailed: return "failed";
+    case ModelState::kLoaded:
+      return "loaded";
+    case ModelState::kLoading:
+      return "loading";
+    case ModelState::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -190,8 +190,8 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_shared(const std
         const FailedLoad& f = *it->second.failed;
         const FailedLoad now = stamp_failed_load(f.path, f.code);
         if (now.exists == f.exists && now.size == f.size && now.mtime == f.mtime) {
-          return core::fail(f.code, it->second.reason + " (loading model '" + id +
-                                        "' failed; not retried until its file changes)");
+          return core::fail(
+              f.code, it->second.reason + " (loading model '" + id + "' failed; not retried until its file changes)");
         }
       }
       if (estimate && reg->second.path == spec.path) {
@@ -337,8 +337,8 @@ core::Expected<void> ModelPool::mark_loading_locked(const std::string& id, uint6
   if (!registry_.contains(id)) return core::fail(core::Errc::kNotFound, "model '" + id + "' is not registered");
   auto it = entries_.find(id);
   if (it != entries_.end() && it->second.state != ModelState::kFailed)
-    return core::fail(core::Errc::kInvalidArgument, "model '" + id + "' is already " +
-                                                        model_state_name(it->second.state));
+    return core::fail(core::Errc::kInvalidArgument,
+                      "model '" + id + "' is already " + model_state_name(it->second.state));
   if (it != entries_.end()) entries_.erase(it);  // a failed entry is replaced
   if (auto r = make_room_locked(id, estimate_bytes); !r) return r;
   Entry e;
@@ -443,9 +443,9 @@ core::Expected<void> ModelPool::load_in_background(const std::string& id, ModelS
   auto busy = [this](const std::string& mid) -> core::Expected<void> {
     auto it = entries_.find(mid);
     if (it != entries_.end() && it->second.state != ModelState::kFailed) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "model '" + mid + "' is already " + model_state_name(it->second.state) +
-                            "; unload it first to load it again");
+      return core::fail(core::Errc::kInvalidArgument, "model '" + mid + "' is already " +
+                                                          model_state_name(it->second.state) +
+                                                          "; unload it first to load it again");
     }
     return {};
   };
@@ -532,8 +532,8 @@ ModelPool::Loader gguf_model_loader() {
   return [](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
-    auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size,
-                                      open, spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
+    auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size, open,
+                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;

@@ -30,12 +30,12 @@
 #include <thread>
 #include <vector>
 
-#include "core/error.h"       // core::Expected
-#include "core/ggml_types.h"  // Q2Layout
+#include "core/error.h"           // core::Expected
+#include "core/ggml_types.h"      // Q2Layout
 #include "engine/engine_pool.h"   // EnginePool, ComputeTier
 #include "engine/rate_tracker.h"  // RequestRateAggregator
-#include "engine/scheduler.h"     // Scheduler
 #include "engine/sampling.h"      // SamplingParams
+#include "engine/scheduler.h"     // Scheduler
 
 namespace bonsai::model {
 class Model;  // model/model.h
@@ -75,7 +75,7 @@ struct LoadedModel {
   ModelSpec spec;
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
-  std::shared_ptr<EnginePool> pool;   // may be null in tests
+  std::shared_ptr<EnginePool> pool;  // may be null in tests
   // The step loop over `pool`'s replicas (continuous batching; requests go
   // through it, not through pool leases). May be null in tests.
   std::shared_ptr<Scheduler> scheduler;
@@ -83,12 +83,12 @@ struct LoadedModel {
   // thread-safe. May be null in tests.
   std::shared_ptr<RequestRateAggregator> rates;
   ComputeTier tier = ComputeTier::kCpu;
-  int n_ctx = 0;                       // context each replica was built with (tokens)
+  int n_ctx = 0;  // context each replica was built with (tokens)
   // The KV block pool every replica's cache draws from (one budget per
   // model; usage() for /admin/models and the KV gauges). May be null in tests.
   std::shared_ptr<model::KvPool> kv_pool;
-  uint64_t mem_bytes = 0;              // mapped bytes + the KV pool's capacity
-  uint64_t created_unix = 0;           // seconds since the epoch (OpenAI `created`)
+  uint64_t mem_bytes = 0;     // mapped bytes + the KV pool's capacity
+  uint64_t created_unix = 0;  // seconds since the epoch (OpenAI `created`)
 };
 
 // State of a model in list().
@@ -100,11 +100,11 @@ struct ModelInfo {
   std::string id;
   std::string path;
   ModelState state = ModelState::kLoaded;
-  std::string reason;       // failure reason (kFailed)
-  int in_flight = 0;        // requests holding the model
-  uint64_t mem_bytes = 0;   // estimate while loading, actual once loaded
-  int pool_size = 0;        // replicas (0 until loaded)
-  int busy = 0;             // replicas leased right now
+  std::string reason;      // failure reason (kFailed)
+  int in_flight = 0;       // requests holding the model
+  uint64_t mem_bytes = 0;  // estimate while loading, actual once loaded
+  int pool_size = 0;       // replicas (0 until loaded)
+  int busy = 0;            // replicas leased right now
   uint64_t created_unix = 0;
   // The model's KV pool (0 when not loaded): its capacity (the budget), the
   // bytes of blocks held by sequences (running ones and cached prefixes),
@@ -189,7 +189,6 @@ class ModelPool {
   // introspection (metrics): no in-flight count, no LRU promotion.
   std::shared_ptr<const LoadedModel> peek(const std::string& id) const;
 
-
   // Unlists a loaded model and closes its engine pool (queued requests get
   // PoolError::kClosed); requests in flight finish and then free it.
   // Errors: kNotFound when `id` is not loaded; kInvalidArgument while it is loading.
@@ -270,7 +269,7 @@ class ModelPool {
     std::optional<FailedLoad> failed;    // kFailed by the loader (see FailedLoad)
     uint64_t bytes = 0;                  // estimate while loading, actual once loaded
     int in_flight = 0;
-    uint64_t last_used = 0;              // tick_ value of the last acquire
+    uint64_t last_used = 0;  // tick_ value of the last acquire
   };
 
   // Evicts LRU entries (other than `keep`) until one more model of `bytes`

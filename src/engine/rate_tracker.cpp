@@ -73,8 +73,7 @@ RequestRateSummary RequestRateTracker::summary() const {
   return s;
 }
 
-RequestRateAggregator::RequestRateAggregator(size_t window)
-    : window_(std::max<size_t>(window, 1)) {}
+RequestRateAggregator::RequestRateAggregator(size_t window) : window_(std::max<size_t>(window, 1)) {}
 
 void RequestRateAggregator::record(const RequestRateSummary& s) {
   std::lock_guard lock(mu_);

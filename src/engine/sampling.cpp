@@ -38,24 +38,16 @@ inline bool before(const Candidate& a, const Candidate& b) {
 // ---- SamplingParams ------------------------------------------------------------
 
 core::Expected<void> SamplingParams::validate() const {
-  auto bad = [](std::string msg) {
-    return core::fail(core::Errc::kInvalidArgument, std::move(msg));
-  };
-  if (std::isnan(temperature) || std::isinf(temperature))
-    return bad("sampling: temperature must be a finite number");
-  if (!(top_p > 0.0f && top_p <= 1.0f))
-    return bad("sampling: top_p must be in (0, 1], got " + num(top_p));
-  if (!(min_p >= 0.0f && min_p <= 1.0f))
-    return bad("sampling: min_p must be in [0, 1], got " + num(min_p));
+  auto bad = [](std::string msg) { return core::fail(core::Errc::kInvalidArgument, std::move(msg)); };
+  if (std::isnan(temperature) || std::isinf(temperature)) return bad("sampling: temperature must be a finite number");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("sampling: top_p must be in (0, 1], got " + num(top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("sampling: min_p must be in [0, 1], got " + num(min_p));
   if (!(repeat_penalty > 0.0f) || std::isinf(repeat_penalty)) {
     return bad("sampling: repeat_penalty must be a finite number > 0, got " + num(repeat_penalty));
   }
-  if (repeat_last_n < -1)
-    return bad("sampling: repeat_last_n must be >= -1, got " + std::to_string(repeat_last_n));
-  if (!std::isfinite(presence_penalty))
-    return bad("sampling: presence_penalty must be a finite number");
-  if (!std::isfinite(frequency_penalty))
-    return bad("sampling: frequency_penalty must be a finite number");
+  if (repeat_last_n < -1) return bad("sampling: repeat_last_n must be >= -1, got " + std::to_string(repeat_last_n));
+  if (!std::isfinite(presence_penalty)) return bad("sampling: presence_penalty must be a finite number");
+  if (!std::isfinite(frequency_penalty)) return bad("sampling: frequency_penalty must be a finite number");
   for (size_t i = 0; i < logit_bias.size(); ++i) {
     if (!(logit_bias[i].second >= -100.0f && logit_bias[i].second <= 100.0f)) {
       return bad("sampling: logit_bias for token " + std::to_string(logit_bias[i].first) +
@@ -105,16 +97,13 @@ void apply_logit_bias(std::span<float> logits, const SamplingParams& params) {
   }
 }
 
-void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
-                     const SamplingParams& params) {
+void apply_penalties(std::span<float> logits, std::span<const int32_t> history, const SamplingParams& params) {
   if (params.repeat_last_n == 0) return;
-  if (params.repeat_penalty == 1.0f && params.presence_penalty == 0.0f &&
-      params.frequency_penalty == 0.0f) {
+  if (params.repeat_penalty == 1.0f && params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f) {
     return;
   }
   size_t window = history.size();
-  if (params.repeat_last_n > 0)
-    window = std::min(window, static_cast<size_t>(params.repeat_last_n));
+  if (params.repeat_last_n > 0) window = std::min(window, static_cast<size_t>(params.repeat_last_n));
   std::vector<int32_t> ids(history.end() - static_cast<std::ptrdiff_t>(window), history.end());
   std::sort(ids.begin(), ids.end());
   const auto n_vocab = static_cast<int64_t>(logits.size());
@@ -145,8 +134,7 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
-std::vector<Candidate> filter_candidates(std::span<const float> logits,
-                                         const SamplingParams& params) {
+std::vector<Candidate> filter_candidates(std::span<const float> logits, const SamplingParams& params) {
   const auto n = static_cast<int64_t>(logits.size());
   std::vector<Candidate> c(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
@@ -183,8 +171,7 @@ std::vector<Candidate> filter_candidates(std::span<const float> logits,
     for (size_t k = 256; k < c.size(); k *= 4) {
       std::partial_sort(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(k), c.end(), before);
       double cum = 0.0;
-      for (size_t i = 0; i < k && cum < params.top_p; ++i)
-        cum += std::exp(static_cast<double>(c[i].logit) - max_l) / z;
+      for (size_t i = 0; i < k && cum < params.top_p; ++i) cum += std::exp(static_cast<double>(c[i].logit) - max_l) / z;
       if (cum >= params.top_p) {
         c.resize(k);
         sorted = true;

@@ -63,9 +63,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;   // OpenAI: subtracted once if the token occurred in the window
   float frequency_penalty = 0.0f;  // OpenAI: subtracted once per occurrence in the window
   uint64_t seed = kDefaultSeed;    // RNG seed (used by reseed; see InferenceEngine)
-  int32_t max_tokens = -1;        // tokens to sample at most; < 0: until EOS or the context is full
-  std::vector<std::string> stop;  // stop strings (UTF-8); the text never contains them
-  bool ignore_eos = false;        // true: EOS/EOG tokens do not end generation
+  int32_t max_tokens = -1;         // tokens to sample at most; < 0: until EOS or the context is full
+  std::vector<std::string> stop;   // stop strings (UTF-8); the text never contains them
+  bool ignore_eos = false;         // true: EOS/EOG tokens do not end generation
   // OpenAI logit_bias: (token id, bias in [-100, 100]) pairs added to the
   // logits before the penalties (stage 0). -100 / +100 effectively ban /
   // force a token. Repeated ids add up. Ids outside the vocabulary are
@@ -139,14 +139,12 @@ void apply_logit_bias(std::span<float> logits, const SamplingParams& params);
 // Applies stage 1 (penalties) in place. `logits`: [n_vocab]; `history`: the
 // tokens so far (prompt + generated), of which the last repeat_last_n count.
 // History ids outside [0, n_vocab) are ignored.
-void apply_penalties(std::span<float> logits, std::span<const int32_t> history,
-                     const SamplingParams& params);
+void apply_penalties(std::span<float> logits, std::span<const int32_t> history, const SamplingParams& params);
 
 // Stages 3-6 on already-penalised logits: the survivors in sorted order with
 // their tempered logits and final probabilities (summing to 1). Requires
 // temperature > 0. Exposed for tests and for logprobs.
-std::vector<Candidate> filter_candidates(std::span<const float> logits,
-                                         const SamplingParams& params);
+std::vector<Candidate> filter_candidates(std::span<const float> logits, const SamplingParams& params);
 
 // Arg-max (lowest id on ties). `logits` must not be empty.
 int32_t argmax(std::span<const float> logits);

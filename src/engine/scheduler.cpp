@@ -66,9 +66,9 @@ struct Scheduler::Job {
   int live = 0;         // choices running
   int done = 0;         // choices finished
   bool failed = false;
-  std::vector<float> prompt_logits;        // [n_vocab] once choice 0's prompt ran (n > 1)
-  InferenceEngine* source = nullptr;       // choice 0's engine while it runs (holds the prompt's KV)
-  std::vector<TokenLogprob> prompt_lp;     // choice 0's prompt logprobs once its prompt ran (prompt_logprobs >= 0)
+  std::vector<float> prompt_logits;     // [n_vocab] once choice 0's prompt ran (n > 1)
+  InferenceEngine* source = nullptr;    // choice 0's engine while it runs (holds the prompt's KV)
+  std::vector<TokenLogprob> prompt_lp;  // choice 0's prompt logprobs once its prompt ran (prompt_logprobs >= 0)
 };
 
 struct Scheduler::Live {
@@ -76,25 +76,29 @@ struct Scheduler::Live {
   int choice = 0;
   std::optional<EngineLease> lease;
   RequestRateTracker tracker;
-  int64_t fed = 0;        // tokens put in this step's batch
+  int64_t fed = 0;  // tokens put in this step's batch
   bool wants_row = false;
-  bool all_rows = false;  // this step's tokens all want logits rows (prompt logprobs)
+  bool all_rows = false;                 // this step's tokens all want logits rows (prompt logprobs)
   std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
-  bool suspended = false;  // preempted for lack of KV: waits to resume (replays its tokens)
-  bool prompt_lp_sent = false;            // the prompt logprobs went out with a kText
+  bool suspended = false;                // preempted for lack of KV: waits to resume (replays its tokens)
+  bool prompt_lp_sent = false;           // the prompt logprobs went out with a kText
 };
 
 struct Scheduler::Scratch {
   model::Workspace ws;
   model::Batch batch;
   std::vector<model::KvCache*> caches;  // [live sequence] -> its replica's cache (seq id = index)
-  std::vector<size_t> order;             // live sequences in batch-filling order
+  std::vector<size_t> order;            // live sequences in batch-filling order
 };
 
 Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
                      SchedulerOptions options)
-    : pool_(std::move(pool)), model_(std::move(model)), n_ctx_(n_ctx), opt_(std::move(options)),
-      waker_(std::make_shared<JobHandle::Waker>()), scratch_(std::make_unique<Scratch>()) {
+    : pool_(std::move(pool)),
+      model_(std::move(model)),
+      n_ctx_(n_ctx),
+      opt_(std::move(options)),
+      waker_(std::make_shared<JobHandle::Waker>()),
+      scratch_(std::make_unique<Scratch>()) {
   if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
   waker_->owner = this;
   thread_ = std::thread([this] { loop(); });
@@ -234,8 +238,11 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   gr.on_token = [this, h, choice, owner, jobp](const TokenEvent& ev) {
     if (ev.logprob != nullptr) owner->pending_lp.push_back(*ev.logprob);
     if (!ev.text.empty()) {
-      JobEvent out{.kind = JobEvent::Kind::kText, .choice = choice, .text = std::string(ev.text),
-                   .step = steps_.load(std::memory_order_relaxed), .logprobs = std::move(owner->pending_lp)};
+      JobEvent out{.kind = JobEvent::Kind::kText,
+                   .choice = choice,
+                   .text = std::string(ev.text),
+                   .step = steps_.load(std::memory_order_relaxed),
+                   .logprobs = std::move(owner->pending_lp)};
       if (jobp->req.params.prompt_logprobs >= 0 && !owner->prompt_lp_sent) {
         out.prompt_logprobs = jobp->prompt_lp;
         owner->prompt_lp_sent = true;
@@ -281,16 +288,17 @@ void Scheduler::admit(Clock::time_point now) {
       }
       const std::span<const int32_t> prompt = job.req.prompt;
       auto lease = opt_.prompt_cache || job.next_choice > 0
-                       ? pool_->acquire_best(Clock::now(), [prompt, this](const InferenceEngine& e) {
-                           // As llama.cpp's slot_prompt_similarity (0.5): a slot whose
-                           // cache is at least half this prompt's prefix is reused, the
-                           // longest prefix first; otherwise the slot holding the least
-                           // (empty first), so other conversations' caches stay warm.
-                           const int64_t lcp = e.cached_prefix(prompt);
-                           const auto held = static_cast<int64_t>(e.history().size());
-                           if (held > 0 && 2 * lcp >= held) return (lcp + 1) * (n_ctx_ + 1);
-                           return -held;
-                         })
+                       ? pool_->acquire_best(Clock::now(),
+                                             [prompt, this](const InferenceEngine& e) {
+                                               // As llama.cpp's slot_prompt_similarity (0.5): a slot whose
+                                               // cache is at least half this prompt's prefix is reused, the
+                                               // longest prefix first; otherwise the slot holding the least
+                                               // (empty first), so other conversations' caches stay warm.
+                                               const int64_t lcp = e.cached_prefix(prompt);
+                                               const auto held = static_cast<int64_t>(e.history().size());
+                                               if (held > 0 && 2 * lcp >= held) return (lcp + 1) * (n_ctx_ + 1);
+                                               return -held;
+                                             })
                        : pool_->acquire(Clock::now());
       if (!lease) {
         if (lease.error() == PoolError::kTimeout) return;  // no free slot: the rest waits
@@ -322,7 +330,8 @@ void Scheduler::finish_live(size_t i) {
   n_running_.fetch_sub(1);
   --job.live;
   ++job.done;
-  if (!job.failed) job.handle->push(JobEvent{.kind = JobEvent::Kind::kDone, .choice = live->choice, .result = std::move(res)});
+  if (!job.failed)
+    job.handle->push(JobEvent{.kind = JobEvent::Kind::kDone, .choice = live->choice, .result = std::move(res)});
   if (job.done >= job.req.n || (job.failed && job.live == 0)) {
     std::lock_guard lock(job.handle->mu_);
     job.handle->ended_ = true;
@@ -476,8 +485,7 @@ void Scheduler::step() {
     if (prefill && budget <= 0) continue;
     // Prompt logprobs: every prompt token's logits row, in smaller chunks.
     const bool all_rows = prefill && e.wants_prompt_rows();
-    std::span<const int32_t> in =
-        e.next_input(prefill ? (all_rows ? std::min(budget, kPromptRowsChunk) : budget) : 1);
+    std::span<const int32_t> in = e.next_input(prefill ? (all_rows ? std::min(budget, kPromptRowsChunk) : budget) : 1);
     if (in.empty()) continue;
     const int64_t pos = e.next_pos();
     if (opt_.kv_pool && prefill && !e.kv_cache().prepare(pos, pos + static_cast<int64_t>(in.size()))) {
@@ -546,8 +554,8 @@ void Scheduler::step() {
       if (l->fed == 0) continue;
       InferenceEngine& e = l->lease->engine();
       if (l->all_rows) {  // rows [row, row + fed) are this sequence's; the last one may be sampled from
-        e.record_prompt_rows(std::span<const float>(logits_.data() + row * n_vocab,
-                                                    static_cast<size_t>(l->fed) * n_vocab));
+        e.record_prompt_rows(
+            std::span<const float>(logits_.data() + row * n_vocab, static_cast<size_t>(l->fed) * n_vocab));
         row += static_cast<size_t>(l->fed) - 1;
       }
       const bool wanted = e.inputs_done(l->fed);

@@ -69,7 +69,7 @@ class ThreadPool;
 namespace bonsai::model {
 class Model;
 class KvPool;
-}
+}  // namespace bonsai::model
 
 namespace bonsai::engine {
 
@@ -98,10 +98,10 @@ struct SchedulerOptions {
 
 // What one submitted request asks for.
 struct CompletionJob {
-  std::vector<int32_t> prompt;  // token ids (BOS included when wanted); non-empty
-  SamplingParams params;        // validated by the caller (submit re-checks)
-  uint64_t seed = kDefaultSeed; // choice i samples with seed + i
-  int n = 1;                    // choices, >= 1
+  std::vector<int32_t> prompt;   // token ids (BOS included when wanted); non-empty
+  SamplingParams params;         // validated by the caller (submit re-checks)
+  uint64_t seed = kDefaultSeed;  // choice i samples with seed + i
+  int n = 1;                     // choices, >= 1
   // Still queued at the deadline: kFailed with kTimeout. Running past it:
   // the choice ends with finish_reason kLength and timed_out = true.
   Clock::time_point deadline = Clock::time_point::max();
@@ -114,8 +114,8 @@ struct JobEvent {
   enum class Kind { kText, kDone, kFailed };
   Kind kind = Kind::kText;
   int choice = 0;
-  std::string text;         // kText: released text (never empty)
-  uint64_t step = 0;        // kText: the scheduler step (1-based, SchedulerStats::steps) that sampled it
+  std::string text;   // kText: released text (never empty)
+  uint64_t step = 0;  // kText: the scheduler step (1-based, SchedulerStats::steps) that sampled it
   // kText with SamplingParams::logprobs >= 0: the log probabilities of the
   // tokens whose text this event releases (in order; a token whose text is
   // held back comes with the event that releases it; tokens never released,
@@ -166,7 +166,7 @@ class JobHandle {
   };
   std::atomic<bool> cancel_{false};
   std::shared_ptr<Waker> waker_;  // set by submit before the handle is shared
-  mutable std::mutex mu_;       // guards events_, ended_
+  mutable std::mutex mu_;         // guards events_, ended_
   std::condition_variable cv_;
   std::vector<JobEvent> events_;
   bool ended_ = false;
@@ -175,14 +175,14 @@ class JobHandle {
 
 // Counters and gauges of one scheduler (a snapshot; each field is read atomically).
 struct SchedulerStats {
-  int64_t running = 0;          // sequences live now
-  int64_t waiting = 0;          // jobs queued (not yet fully admitted)
-  uint64_t steps = 0;           // forward steps run
-  uint64_t step_tokens = 0;     // tokens over all steps
-  uint64_t prompt_tokens = 0;   // prompt tokens computed (not cached)
-  uint64_t cached_tokens = 0;   // prompt tokens reused from the cache (or a sibling's KV)
-  uint64_t cache_hits = 0;      // sequences that reused >= 1 cached token
-  uint64_t sequences = 0;       // sequences started
+  int64_t running = 0;         // sequences live now
+  int64_t waiting = 0;         // jobs queued (not yet fully admitted)
+  uint64_t steps = 0;          // forward steps run
+  uint64_t step_tokens = 0;    // tokens over all steps
+  uint64_t prompt_tokens = 0;  // prompt tokens computed (not cached)
+  uint64_t cached_tokens = 0;  // prompt tokens reused from the cache (or a sibling's KV)
+  uint64_t cache_hits = 0;     // sequences that reused >= 1 cached token
+  uint64_t sequences = 0;      // sequences started
   // KV in positions. With a KV pool: kv_used = positions of the blocks held
   // by running sequences (pinned), kv_cached = of blocks held only as
   // prompt cache (evictable), kv_capacity = the pool's budget. Without:
@@ -190,7 +190,7 @@ struct SchedulerStats {
   int64_t kv_used = 0;
   int64_t kv_cached = 0;
   int64_t kv_capacity = 0;
-  uint64_t preemptions = 0;     // sequences preempted (KV freed, recomputed later) for lack of KV
+  uint64_t preemptions = 0;  // sequences preempted (KV freed, recomputed later) for lack of KV
   // Tokens per forward step: step_hist[b] counts steps with
   // kStepBuckets[b-1] < tokens <= kStepBuckets[b] (the last entry: above all).
   std::vector<uint64_t> step_hist;
@@ -252,16 +252,15 @@ class Scheduler {
 
   // Loop thread only.
   std::vector<std::shared_ptr<Job>> queue_;
-  std::vector<std::unique_ptr<Live>> live_;     // admission order: oldest first
-  std::vector<EngineLease> tails_;              // finished slots running their last token (keep_tail)
+  std::vector<std::unique_ptr<Live>> live_;  // admission order: oldest first
+  std::vector<EngineLease> tails_;           // finished slots running their last token (keep_tail)
   std::vector<float> logits_;
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
 
   std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0}, kv_cached_{0};
   std::atomic<uint64_t> preemptions_{0};
-  std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0},
-      sequences_{0};
+  std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0};
   std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};
   std::thread thread_;  // last: starts after everything above exists
 };

@@ -28,8 +28,7 @@ struct StateHash {
 
 // ---- TokenTrie ---------------------------------------------------------------
 
-core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_bytes,
-                                           std::span<const int32_t> eos_ids,
+core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_bytes, std::span<const int32_t> eos_ids,
                                            std::span<const int32_t> special_ids) {
   TokenTrie t;
   const auto n = static_cast<int64_t>(token_bytes.size());
@@ -40,15 +39,13 @@ core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_by
   t.excluded_.assign(static_cast<size_t>(n), 0);
   for (int32_t id : special_ids) {
     if (id < 0 || id >= n) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "token_trie: special id " + std::to_string(id) + " out of range");
+      return core::fail(core::Errc::kInvalidArgument, "token_trie: special id " + std::to_string(id) + " out of range");
     }
     t.excluded_[static_cast<size_t>(id)] = 1;
   }
   for (int32_t id : eos_ids) {
     if (id < 0 || id >= n) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "token_trie: eos id " + std::to_string(id) + " out of range");
+      return core::fail(core::Errc::kInvalidArgument, "token_trie: eos id " + std::to_string(id) + " out of range");
     }
     t.eos_.push_back(id);
   }
@@ -63,9 +60,8 @@ core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_by
     }
     order.push_back(id);
   }
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return t.bytes_[static_cast<size_t>(a)] < t.bytes_[static_cast<size_t>(b)];
-  });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return t.bytes_[static_cast<size_t>(a)] < t.bytes_[static_cast<size_t>(b)]; });
   std::vector<uint32_t> open;  // nodes on the current path, waiting for end_
   std::string_view prev;
   for (int32_t id : order) {
@@ -93,9 +89,7 @@ core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_by
   return t;
 }
 
-bool TokenTrie::is_eos(int32_t id) const {
-  return std::find(eos_.begin(), eos_.end(), id) != eos_.end();
-}
+bool TokenTrie::is_eos(int32_t id) const { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
 
 // ---- MatcherCache --------------------------------------------------------------
 
@@ -130,8 +124,7 @@ class MatcherCache {
     return it->second;
   }
   int32_t intern_partial(int32_t whole, uint32_t acc, uint8_t need, uint8_t len) {
-    const uint64_t key =
-        (static_cast<uint64_t>(whole) << 32) | (uint64_t{need} << 30) | (uint64_t{len} << 27) | acc;
+    const uint64_t key = (static_cast<uint64_t>(whole) << 32) | (uint64_t{need} << 30) | (uint64_t{len} << 27) | acc;
     auto [it, inserted] = partial_ids_.try_emplace(key, static_cast<int32_t>(partials.size()));
     if (inserted) {
       partials.push_back({whole, acc, need, len});
@@ -186,10 +179,7 @@ class MatcherCache {
     static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
     if (!is_partial(cur)) {
       if (b < 0x80) return whole_advance(cur, b);
-      uint8_t len = b >= 0xC2 && b <= 0xDF   ? 2
-                    : b >= 0xE0 && b <= 0xEF ? 3
-                    : b >= 0xF0 && b <= 0xF4 ? 4
-                                             : 0;
+      uint8_t len = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
       if (len == 0) return kDeadId;
       uint32_t acc = b & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
       return partial_or_dead(cur, acc, static_cast<uint8_t>(len - 1), len);
@@ -198,8 +188,7 @@ class MatcherCache {
     const uint32_t acc = (p.acc << 6) | (b & 0x3F);
     const auto need = static_cast<uint8_t>(p.need - 1);
     if (need > 0) return partial_or_dead(p.whole, acc, need, p.len);
-    if (acc < kMinForLen[p.len] || acc > 0x10FFFF || (acc >= 0xD800 && acc <= 0xDFFF))
-      return kDeadId;
+    if (acc < kMinForLen[p.len] || acc > 0x10FFFF || (acc >= 0xD800 && acc <= 0xDFFF)) return kDeadId;
     return whole_advance(p.whole, acc);
   }
 
@@ -231,9 +220,7 @@ class MatcherCache {
     return v;
   }
 
-  size_t bytes_used() const {
-    return trans.size() * 4 + ptrans.size() * 4 + states.size() * 64 + partials.size() * 32;
-  }
+  size_t bytes_used() const { return trans.size() * 4 + ptrans.size() * 4 + states.size() * 64 + partials.size() * 32; }
 
   // Drops everything once the soft caps are passed (between walks only, so
   // cursors held by a running walk stay valid).
@@ -255,7 +242,7 @@ class MatcherCache {
   std::vector<MatchState> states;  // whole-character states (utf8_need == 0)
   std::vector<int32_t> trans;      // [states.size() * 256]
   std::vector<Partial> partials;
-  std::vector<int32_t> ptrans;  // [partials.size() * 64], by continuation byte & 0x3F
+  std::vector<int32_t> ptrans;                               // [partials.size() * 64], by continuation byte & 0x3F
   std::unordered_map<int32_t, std::vector<uint32_t>> masks;  // cursor -> bitmask
   GrammarLimits limits_;
 
@@ -264,12 +251,10 @@ class MatcherCache {
   std::unordered_map<uint64_t, int32_t> partial_ids_;
   struct PairHash {
     size_t operator()(const std::pair<int32_t, uint64_t>& p) const {
-      return std::hash<uint64_t>()(p.second * 0x9E3779B97F4A7C15ull ^
-                                   static_cast<uint64_t>(p.first));
+      return std::hash<uint64_t>()(p.second * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(p.first));
     }
   };
-  std::unordered_map<std::pair<int32_t, uint64_t>, int32_t, PairHash>
-      by_sig_;  // (state, stacks taking cp) -> next
+  std::unordered_map<std::pair<int32_t, uint64_t>, int32_t, PairHash> by_sig_;  // (state, stacks taking cp) -> next
 };
 
 // ---- GrammarState --------------------------------------------------------------
@@ -278,8 +263,7 @@ GrammarState::GrammarState(GrammarState&&) noexcept = default;
 GrammarState& GrammarState::operator=(GrammarState&&) noexcept = default;
 GrammarState::~GrammarState() = default;
 
-core::Expected<GrammarState> GrammarState::create(std::shared_ptr<const Grammar> grammar,
-                                                  GrammarLimits limits) {
+core::Expected<GrammarState> GrammarState::create(std::shared_ptr<const Grammar> grammar, GrammarLimits limits) {
   if (!grammar) return core::fail(core::Errc::kInvalidArgument, "grammar_state: null grammar");
   GrammarState g;
   g.cache_ = std::make_shared<MatcherCache>(std::move(grammar), limits);
@@ -320,16 +304,15 @@ core::Expected<void> GrammarState::accept_bytes(std::string_view bytes) {
     int32_t n = cache_->next(c, static_cast<uint8_t>(bytes[i]));
     if (n == kOverflowId) {
       return core::fail(core::Errc::kResourceExhausted,
-                        "grammar: parse-stack limit exceeded (" +
-                            std::to_string(cache_->limits_.max_stacks) + " stacks or depth " +
-                            std::to_string(cache_->limits_.max_depth) + ")");
+                        "grammar: parse-stack limit exceeded (" + std::to_string(cache_->limits_.max_stacks) +
+                            " stacks or depth " + std::to_string(cache_->limits_.max_depth) + ")");
     }
     if (n == kDeadId) {
       static const char* hex = "0123456789abcdef";
       const auto b = static_cast<uint8_t>(bytes[i]);
-      return core::fail(core::Errc::kInvalidArgument,
-                        "grammar: byte " + std::to_string(i) + " (0x" + hex[b >> 4] + hex[b & 15] +
-                            ") of the input is not allowed by the grammar here");
+      return core::fail(core::Errc::kInvalidArgument, "grammar: byte " + std::to_string(i) + " (0x" + hex[b >> 4] +
+                                                          hex[b & 15] +
+                                                          ") of the input is not allowed by the grammar here");
     }
     c = n;
   }
@@ -340,14 +323,12 @@ core::Expected<void> GrammarState::accept_bytes(std::string_view bytes) {
 
 core::Expected<void> GrammarState::accept_token(const TokenTrie& trie, int32_t id) {
   if (id < 0 || id >= trie.n_vocab()) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "grammar: token id " + std::to_string(id) + " out of range");
+    return core::fail(core::Errc::kInvalidArgument, "grammar: token id " + std::to_string(id) + " out of range");
   }
   if (trie.is_eos(id)) {
     if (!can_end()) {
-      return core::fail(core::Errc::kInvalidArgument, "grammar: end of generation (token " +
-                                                          std::to_string(id) +
-                                                          ") before the grammar is complete");
+      return core::fail(core::Errc::kInvalidArgument,
+                        "grammar: end of generation (token " + std::to_string(id) + ") before the grammar is complete");
     }
     finished_ = true;
     return {};
@@ -358,8 +339,7 @@ core::Expected<void> GrammarState::accept_token(const TokenTrie& trie, int32_t i
   }
   auto r = accept_bytes(trie.token_bytes(id));
   if (!r) {
-    return core::fail(r.error().code,
-                      "grammar: token " + std::to_string(id) + " rejected: " + r.error().message);
+    return core::fail(r.error().code, "grammar: token " + std::to_string(id) + " rejected: " + r.error().message);
   }
   return {};
 }

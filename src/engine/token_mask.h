@@ -28,8 +28,7 @@ class TokenTrie {
   // may be partial UTF-8). Tokens with empty bytes (control tokens) and ids in
   // `special_ids` are never allowed by a grammar; ids in `eos_ids` are allowed
   // exactly where the grammar may end. Ids outside [0, size) are an error.
-  static core::Expected<TokenTrie> build(std::span<const std::string> token_bytes,
-                                         std::span<const int32_t> eos_ids,
+  static core::Expected<TokenTrie> build(std::span<const std::string> token_bytes, std::span<const int32_t> eos_ids,
                                          std::span<const int32_t> special_ids = {});
 
   int32_t n_vocab() const { return static_cast<int32_t>(bytes_.size()); }
@@ -71,8 +70,7 @@ class MatcherCache;
 // read-only).
 class GrammarState {
  public:
-  static core::Expected<GrammarState> create(std::shared_ptr<const Grammar> grammar,
-                                             GrammarLimits limits = {});
+  static core::Expected<GrammarState> create(std::shared_ptr<const Grammar> grammar, GrammarLimits limits = {});
   GrammarState(GrammarState&&) noexcept;
   GrammarState& operator=(GrammarState&&) noexcept;
   ~GrammarState();

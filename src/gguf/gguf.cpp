@@ -92,11 +92,7 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 class Parser {
  public:
   Parser(File& f, const OpenOptions& opt)
-      : f_(f),
-        opt_(opt),
-        p_(f.mapping_->data()),
-        size_(f.mapping_->size()),
-        path_(f.mapping_->path()) {}
+      : f_(f), opt_(opt), p_(f.mapping_->data()), size_(f.mapping_->size()), path_(f.mapping_->path()) {}
 
   core::Expected<void> run();
 
@@ -109,8 +105,8 @@ class Parser {
   template <class T>
   core::Expected<T> read_pod(const char* what) {
     if (left() < sizeof(T)) {
-      return err(pos_, std::string(what) + ": needs " + std::to_string(sizeof(T)) +
-                           " bytes, file ends after " + std::to_string(left()));
+      return err(pos_, std::string(what) + ": needs " + std::to_string(sizeof(T)) + " bytes, file ends after " +
+                           std::to_string(left()));
     }
     T v;
     std::memcpy(&v, p_ + pos_, sizeof(T));
@@ -140,9 +136,8 @@ core::Expected<std::string_view> Parser::read_string(const char* what) {
   auto len = read_pod<uint64_t>(what);
   if (!len) return std::unexpected(len.error());
   if (*len > left()) {
-    return err(at, std::string(what) + ": string length " + std::to_string(*len) +
-                       " runs past the end of the file (" + std::to_string(left()) +
-                       " bytes left)");
+    return err(at, std::string(what) + ": string length " + std::to_string(*len) + " runs past the end of the file (" +
+                       std::to_string(left()) + " bytes left)");
   }
   std::string_view s(reinterpret_cast<const char*>(p_ + pos_), static_cast<size_t>(*len));
   pos_ += *len;
@@ -233,21 +228,18 @@ core::Expected<Value> Parser::read_value(ValueType t, int depth) {
       }
       auto et = read_pod<uint32_t>("array element type");
       if (!et) return std::unexpected(et.error());
-      if (!is_valid_value_type(*et))
-        return err(at, "unknown array element type " + std::to_string(*et));
+      if (!is_valid_value_type(*et)) return err(at, "unknown array element type " + std::to_string(*et));
       auto n = read_pod<uint64_t>("array length");
       if (!n) return std::unexpected(n.error());
       Array arr;
       arr.elem_type = static_cast<ValueType>(*et);
       const uint64_t min_size = min_encoded_size(arr.elem_type);
       if (*n > left() / min_size) {
-        return err(at, "array of " + std::to_string(*n) + " " +
-                           std::string(value_type_name(arr.elem_type)) +
+        return err(at, "array of " + std::to_string(*n) + " " + std::string(value_type_name(arr.elem_type)) +
                            " elements cannot fit in the " + std::to_string(left()) + " bytes left");
       }
       if (*n > kMaxMetadataElements - n_elements_) {
-        return err(at, "metadata arrays hold more than " + std::to_string(kMaxMetadataElements) +
-                           " elements in total");
+        return err(at, "metadata arrays hold more than " + std::to_string(kMaxMetadataElements) + " elements in total");
       }
       n_elements_ += *n;
       arr.items.reserve(static_cast<size_t>(*n));
@@ -277,8 +269,8 @@ core::Expected<void> Parser::read_tensor_info(uint64_t index) {
   auto n_dims = read_pod<uint32_t>("tensor n_dims");
   if (!n_dims) return std::unexpected(n_dims.error());
   if (*n_dims == 0 || *n_dims > kMaxDims) {
-    return err(dims_at, "tensor '" + std::string(t.name) + "': n_dims " + std::to_string(*n_dims) +
-                            " not in 1.." + std::to_string(kMaxDims));
+    return err(dims_at, "tensor '" + std::string(t.name) + "': n_dims " + std::to_string(*n_dims) + " not in 1.." +
+                            std::to_string(kMaxDims));
   }
   t.n_dims = *n_dims;
   int64_t n_elements = 1;
@@ -287,8 +279,8 @@ core::Expected<void> Parser::read_tensor_info(uint64_t index) {
     auto ne = read_pod<int64_t>("tensor dimension");
     if (!ne) return std::unexpected(ne.error());
     if (*ne <= 0) {
-      return err(d_at, "tensor '" + std::string(t.name) + "': ne[" + std::to_string(d) +
-                           "] = " + std::to_string(*ne) + " must be > 0");
+      return err(d_at, "tensor '" + std::string(t.name) + "': ne[" + std::to_string(d) + "] = " + std::to_string(*ne) +
+                           " must be > 0");
     }
     if (__builtin_mul_overflow(n_elements, *ne, &n_elements)) {
       return err(d_at, "tensor '" + std::string(t.name) + "': element count overflows int64");
@@ -300,15 +292,14 @@ core::Expected<void> Parser::read_tensor_info(uint64_t index) {
   if (!type_id) return std::unexpected(type_id.error());
   auto traits = core::ggml_type_traits(*type_id);
   if (!traits) {
-    return err(type_at, "tensor '" + std::string(t.name) + "': unknown ggml type id " +
-                            std::to_string(*type_id));
+    return err(type_at, "tensor '" + std::string(t.name) + "': unknown ggml type id " + std::to_string(*type_id));
   }
   t.type_id = *type_id;
   t.type = static_cast<core::GgmlType>(*type_id);
   if (t.ne[0] % traits->block_size != 0) {
     return err(dims_at, "tensor '" + std::string(t.name) + "': ne[0] = " + std::to_string(t.ne[0]) +
-                            " is not a multiple of the " + std::string(traits->name) +
-                            " block size " + std::to_string(traits->block_size));
+                            " is not a multiple of the " + std::string(traits->name) + " block size " +
+                            std::to_string(traits->block_size));
   }
   auto off = read_pod<uint64_t>("tensor data offset");
   if (!off) return std::unexpected(off.error());
@@ -323,15 +314,13 @@ namespace {
 // Byte strides and total size of a tensor for a block geometry; false on overflow.
 bool compute_strides(TensorInfo& t, uint32_t block_size, uint32_t type_size) {
   uint64_t row = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(t.ne[0]) / block_size, uint64_t{type_size},
-                             &row)) {
+  if (__builtin_mul_overflow(static_cast<uint64_t>(t.ne[0]) / block_size, uint64_t{type_size}, &row)) {
     return false;
   }
   t.nb[0] = type_size;
   t.nb[1] = row;
   for (int d = 2; d < 4; ++d) {
-    if (__builtin_mul_overflow(t.nb[d - 1], static_cast<uint64_t>(t.ne[d - 1]), &t.nb[d]))
-      return false;
+    if (__builtin_mul_overflow(t.nb[d - 1], static_cast<uint64_t>(t.ne[d - 1]), &t.nb[d])) return false;
   }
   return !__builtin_mul_overflow(t.nb[3], static_cast<uint64_t>(t.ne[3]), &t.n_bytes);
 }
@@ -345,8 +334,8 @@ struct Fit {
   bool tight = true;
 };
 
-Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits geom,
-                 uint64_t alignment, uint64_t data_size) {
+Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits geom, uint64_t alignment,
+                 uint64_t data_size) {
   Fit fit;
   struct Span {
     uint64_t off, size;
@@ -358,8 +347,7 @@ Fit geometry_fit(const std::vector<TensorInfo>& tensors, core::GgmlTypeTraits ge
     TensorInfo t = src;
     const bool q2 = t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0);
     const core::GgmlTypeTraits traits = q2 ? geom : *core::ggml_type_traits(t.type_id);
-    if (t.ne[0] % traits.block_size != 0 ||
-        !compute_strides(t, traits.block_size, traits.type_size)) {
+    if (t.ne[0] % traits.block_size != 0 || !compute_strides(t, traits.block_size, traits.type_size)) {
       return {false, false};
     }
     spans.push_back({t.offset, t.n_bytes, q2});
@@ -419,12 +407,9 @@ G128Votes sample_g128_orders(const std::vector<TensorInfo>& tensors, const uint8
 core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
   using core::Q2Layout;
   const auto alignment = f_.alignment_;
-  const Fit g64 =
-      geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG64), alignment, data_size);
-  const Fit g128 = geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG128DFirst),
-                                alignment, data_size);
-  const std::string hint =
-      "; pass --q2-layout g64|g128-d-first|g128-qs-first (or BONSAI_Q2_LAYOUT)";
+  const Fit g64 = geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG64), alignment, data_size);
+  const Fit g128 = geometry_fit(f_.tensors_, core::q2_block_geometry(Q2Layout::kG128DFirst), alignment, data_size);
+  const std::string hint = "; pass --q2-layout g64|g128-d-first|g128-qs-first (or BONSAI_Q2_LAYOUT)";
   bool use_g128;
   if (g64.tight != g128.tight) {
     use_g128 = g128.tight;
@@ -434,12 +419,11 @@ core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
     // Neither fits: report it as g64 so the bounds check names the tensor.
     return Q2Layout::kG64;
   } else {
-    return core::fail(
-        core::Errc::kFormat,
-        path_ + ": offset " + std::to_string(f_.data_offset_) +
-            ": Q2_0 (type 42) tensors fit both the 64-weight and the 128-weight block "
-            "layouts; cannot tell which this file uses" +
-            hint);
+    return core::fail(core::Errc::kFormat,
+                      path_ + ": offset " + std::to_string(f_.data_offset_) +
+                          ": Q2_0 (type 42) tensors fit both the 64-weight and the 128-weight block "
+                          "layouts; cannot tell which this file uses" +
+                          hint);
   }
   if (!use_g128) return Q2Layout::kG64;
 
@@ -448,22 +432,20 @@ core::Expected<core::Q2Layout> Parser::detect_q2_layout(uint64_t data_size) {
   const uint64_t bad_d_first = v.bad_d_first, bad_qs_first = v.bad_qs_first, checked = v.checked;
   if (bad_d_first == 0 && bad_qs_first > 0) return Q2Layout::kG128DFirst;
   if (bad_qs_first == 0 && bad_d_first > 0) return Q2Layout::kG128QsFirst;
-  return core::fail(
-      core::Errc::kFormat,
-      path_ + ": offset " + std::to_string(f_.data_offset_) +
-          ": Q2_0 (type 42) tensors use 128-weight blocks but the byte order is ambiguous (of " +
-          std::to_string(checked) + " sampled blocks, " + std::to_string(bad_d_first) +
-          " are invalid as {d, qs} and " + std::to_string(bad_qs_first) + " as {qs, d})" + hint);
+  return core::fail(core::Errc::kFormat,
+                    path_ + ": offset " + std::to_string(f_.data_offset_) +
+                        ": Q2_0 (type 42) tensors use 128-weight blocks but the byte order is ambiguous (of " +
+                        std::to_string(checked) + " sampled blocks, " + std::to_string(bad_d_first) +
+                        " are invalid as {d, qs} and " + std::to_string(bad_qs_first) + " as {qs, d})" + hint);
 }
 
 core::Expected<void> Parser::layout_tensors() {
   const uint64_t data_size = f_.data_offset_ <= size_ ? size_ - f_.data_offset_ : 0;
   bool has_q2 = false;
-  for (const TensorInfo& t : f_.tensors_)
-    has_q2 |= t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0);
+  for (const TensorInfo& t : f_.tensors_) has_q2 |= t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0);
   if (!f_.tensors_.empty() && f_.data_offset_ > size_) {
-    return err(f_.data_offset_, "tensor data section starts past the end of the file (" +
-                                    std::to_string(size_) + " bytes)");
+    return err(f_.data_offset_,
+               "tensor data section starts past the end of the file (" + std::to_string(size_) + " bytes)");
   }
   if (has_q2) {
     if (opt_.q2_layout) {
@@ -478,28 +460,23 @@ core::Expected<void> Parser::layout_tensors() {
     TensorInfo& t = f_.tensors_[i];
     const uint64_t at = info_offsets_[i];
     core::GgmlTypeTraits traits = *core::ggml_type_traits(t.type_id);
-    if (t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0))
-      traits = core::q2_block_geometry(*f_.q2_layout_);
+    if (t.type_id == static_cast<uint32_t>(core::GgmlType::Q2_0)) traits = core::q2_block_geometry(*f_.q2_layout_);
     if (t.ne[0] % traits.block_size != 0) {
       return err(at, "tensor '" + std::string(t.name) + "': ne[0] = " + std::to_string(t.ne[0]) +
-                         " is not a multiple of the Q2_0(" +
-                         std::string(core::q2_layout_name(*f_.q2_layout_)) + ") block size " +
-                         std::to_string(traits.block_size));
+                         " is not a multiple of the Q2_0(" + std::string(core::q2_layout_name(*f_.q2_layout_)) +
+                         ") block size " + std::to_string(traits.block_size));
     }
     if (!compute_strides(t, traits.block_size, traits.type_size)) {
       return err(at, "tensor '" + std::string(t.name) + "': byte size overflows");
     }
     if (t.offset % f_.alignment_ != 0) {
-      return err(at, "tensor '" + std::string(t.name) + "': data offset " +
-                         std::to_string(t.offset) + " is not a multiple of the alignment " +
-                         std::to_string(f_.alignment_));
+      return err(at, "tensor '" + std::string(t.name) + "': data offset " + std::to_string(t.offset) +
+                         " is not a multiple of the alignment " + std::to_string(f_.alignment_));
     }
     if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
-      return err(at, "tensor '" + std::string(t.name) + "': data [" + std::to_string(t.offset) +
-                         ", +" + std::to_string(t.n_bytes) +
-                         ") extends past the end of the file (data section is " +
-                         std::to_string(data_size) + " bytes at offset " +
-                         std::to_string(f_.data_offset_) + ")");
+      return err(at, "tensor '" + std::string(t.name) + "': data [" + std::to_string(t.offset) + ", +" +
+                         std::to_string(t.n_bytes) + ") extends past the end of the file (data section is " +
+                         std::to_string(data_size) + " bytes at offset " + std::to_string(f_.data_offset_) + ")");
     }
     t.data = p_ + f_.data_offset_ + t.offset;
   }
@@ -512,10 +489,9 @@ core::Expected<void> Parser::layout_tensors() {
     const TensorInfo& a = f_.tensors_[order[k - 1]];
     const TensorInfo& b = f_.tensors_[order[k]];
     if (a.offset + a.n_bytes > b.offset) {
-      return err(info_offsets_[order[k]],
-                 "tensor '" + std::string(b.name) + "' data at " + std::to_string(b.offset) +
-                     " overlaps tensor '" + std::string(a.name) + "' [" + std::to_string(a.offset) +
-                     ", +" + std::to_string(a.n_bytes) + ")");
+      return err(info_offsets_[order[k]], "tensor '" + std::string(b.name) + "' data at " + std::to_string(b.offset) +
+                                              " overlaps tensor '" + std::string(a.name) + "' [" +
+                                              std::to_string(a.offset) + ", +" + std::to_string(a.n_bytes) + ")");
     }
   }
   if (has_q2 && opt_.q2_layout) return check_forced_q2_layout();
@@ -545,7 +521,8 @@ core::Expected<void> Parser::check_forced_q2_layout() {
     return core::fail(core::Errc::kFormat,
                       path_ + ": the forced Q2_0 layout " + forced +
                           " does not fit the file: its type-42 tensors end exactly on 64-weight (g64) "
-                          "blocks, not on 128-weight blocks" + hint);
+                          "blocks, not on 128-weight blocks" +
+                          hint);
   }
   const G128Votes v = sample_g128_orders(f_.tensors_, p_ + f_.data_offset_);  // in bounds: checked above
   const uint64_t bad_d_first = v.bad_d_first, bad_qs_first = v.bad_qs_first, checked = v.checked;
@@ -554,8 +531,8 @@ core::Expected<void> Parser::check_forced_q2_layout() {
   const uint64_t bad_other = d_first ? bad_qs_first : bad_d_first;
   if (bad_forced == 0 || bad_other != 0) return {};
   return core::fail(core::Errc::kFormat,
-                    path_ + ": the forced Q2_0 layout " + forced + " does not fit the data: " +
-                        std::to_string(bad_forced) + " of " + std::to_string(checked) +
+                    path_ + ": the forced Q2_0 layout " + forced +
+                        " does not fit the data: " + std::to_string(bad_forced) + " of " + std::to_string(checked) +
                         " sampled blocks have a 2-bit code 3 or a non-finite or implausible (|d| > 1e3) "
                         "scale under it and none under " +
                         std::string(core::q2_layout_name(d_first ? Q2Layout::kG128QsFirst : Q2Layout::kG128DFirst)) +
@@ -570,8 +547,7 @@ core::Expected<void> Parser::run() {
   if (!version) return std::unexpected(version.error());
   if (*version != 2 && *version != 3) {
     std::string why = "unsupported GGUF version " + std::to_string(*version) + " (supported: 2, 3)";
-    if (std::byteswap(*version) == 2 || std::byteswap(*version) == 3)
-      why += "; big-endian files are not supported";
+    if (std::byteswap(*version) == 2 || std::byteswap(*version) == 3) why += "; big-endian files are not supported";
     return core::fail(core::Errc::kUnsupported, path_ + ": offset 4: " + why);
   }
   f_.version_ = *version;
@@ -587,12 +563,11 @@ core::Expected<void> Parser::run() {
     return err(counts_at, "tensor count " + std::to_string(*n_tensors) + " cannot fit in the file");
   }
   if (*n_kv > left() / kMinKv) {
-    return err(counts_at + 8,
-               "metadata kv count " + std::to_string(*n_kv) + " cannot fit in the file");
+    return err(counts_at + 8, "metadata kv count " + std::to_string(*n_kv) + " cannot fit in the file");
   }
   if (*n_tensors * kMinTensorInfo + *n_kv * kMinKv > left()) {
-    return err(counts_at, "tensor count " + std::to_string(*n_tensors) + " and kv count " +
-                              std::to_string(*n_kv) + " cannot fit in the file");
+    return err(counts_at, "tensor count " + std::to_string(*n_tensors) + " and kv count " + std::to_string(*n_kv) +
+                              " cannot fit in the file");
   }
 
   f_.kv_.reserve(static_cast<size_t>(*n_kv));
@@ -600,14 +575,12 @@ core::Expected<void> Parser::run() {
     const uint64_t at = pos_;
     auto key = read_string("metadata key");
     if (!key) return std::unexpected(key.error());
-    if (f_.kv_index_.contains(*key))
-      return err(at, "duplicate metadata key '" + std::string(*key) + "'");
+    if (f_.kv_index_.contains(*key)) return err(at, "duplicate metadata key '" + std::string(*key) + "'");
     const uint64_t type_at = pos_;
     auto type = read_pod<uint32_t>("metadata value type");
     if (!type) return std::unexpected(type.error());
     if (!is_valid_value_type(*type)) {
-      return err(type_at,
-                 "key '" + std::string(*key) + "': unknown value type " + std::to_string(*type));
+      return err(type_at, "key '" + std::string(*key) + "': unknown value type " + std::to_string(*type));
     }
     auto value = read_value(static_cast<ValueType>(*type), 0);
     if (!value) return std::unexpected(value.error());
@@ -622,8 +595,7 @@ core::Expected<void> Parser::run() {
                                 ", expected an unsigned integer");
     }
     if (*u == 0 || !std::has_single_bit(*u) || *u > kMaxAlignment) {
-      return err(counts_at,
-                 "general.alignment " + std::to_string(*u) + " is not a power of two in 1..2^30");
+      return err(counts_at, "general.alignment " + std::to_string(*u) + " is not a power of two in 1..2^30");
     }
     f_.alignment_ = *u;
   }
@@ -640,15 +612,14 @@ core::Expected<void> Parser::run() {
 
 // ---- File ----------------------------------------------------------------------------
 
-core::Expected<std::shared_ptr<const File>> File::open(const std::string& path,
-                                                       const OpenOptions& options) {
+core::Expected<std::shared_ptr<const File>> File::open(const std::string& path, const OpenOptions& options) {
   auto m = core::MappedFile::open(path);
   if (!m) return std::unexpected(m.error());
   return parse(std::move(*m), options);
 }
 
-core::Expected<std::shared_ptr<const File>> File::parse(
-    std::shared_ptr<const core::MappedFile> mapping, const OpenOptions& options) {
+core::Expected<std::shared_ptr<const File>> File::parse(std::shared_ptr<const core::MappedFile> mapping,
+                                                        const OpenOptions& options) {
   if (!mapping) return core::fail(core::Errc::kInvalidArgument, "gguf: null mapping");
   std::shared_ptr<File> f(new File());
   f->mapping_ = std::move(mapping);
@@ -713,13 +684,11 @@ std::expected<T, std::string> convert(const Value& v) {
   } else if constexpr (std::is_integral_v<T>) {
     if (const uint64_t* u = std::get_if<uint64_t>(&v.v)) {
       if (std::in_range<T>(*u)) return static_cast<T>(*u);
-      return std::unexpected("value " + std::to_string(*u) + " does not fit in " +
-                             std::string(wanted_name<T>()));
+      return std::unexpected("value " + std::to_string(*u) + " does not fit in " + std::string(wanted_name<T>()));
     }
     if (const int64_t* i = std::get_if<int64_t>(&v.v)) {
       if (std::in_range<T>(*i)) return static_cast<T>(*i);
-      return std::unexpected("value " + std::to_string(*i) + " does not fit in " +
-                             std::string(wanted_name<T>()));
+      return std::unexpected("value " + std::to_string(*i) + " does not fit in " + std::string(wanted_name<T>()));
     }
     return type_error();
   } else if constexpr (std::is_floating_point_v<T>) {
@@ -736,12 +705,9 @@ std::expected<T, std::string> convert(const Value& v) {
 template <class T>
 core::Expected<T> File::get(std::string_view key) const {
   const Value* v = find(key);
-  if (v == nullptr)
-    return core::fail(core::Errc::kNotFound, path() + ": missing key '" + std::string(key) + "'");
+  if (v == nullptr) return core::fail(core::Errc::kNotFound, path() + ": missing key '" + std::string(key) + "'");
   auto r = convert<T>(*v);
-  if (!r)
-    return core::fail(core::Errc::kFormat,
-                      path() + ": key '" + std::string(key) + "' " + r.error());
+  if (!r) return core::fail(core::Errc::kFormat, path() + ": key '" + std::string(key) + "' " + r.error());
   return *r;
 }
 
@@ -764,13 +730,11 @@ namespace {
 template <class T>
 core::Expected<std::vector<T>> get_array(const File& f, std::string_view key) {
   const Value* v = f.find(key);
-  if (v == nullptr)
-    return core::fail(core::Errc::kNotFound, f.path() + ": missing key '" + std::string(key) + "'");
+  if (v == nullptr) return core::fail(core::Errc::kNotFound, f.path() + ": missing key '" + std::string(key) + "'");
   const Array* a = std::get_if<Array>(&v->v);
   if (a == nullptr) {
     return core::fail(core::Errc::kFormat, f.path() + ": key '" + std::string(key) + "' has type " +
-                                               std::string(value_type_name(v->type)) +
-                                               ", expected array of " +
+                                               std::string(value_type_name(v->type)) + ", expected array of " +
                                                std::string(wanted_name<T>()));
   }
   std::vector<T> out;
@@ -778,9 +742,8 @@ core::Expected<std::vector<T>> get_array(const File& f, std::string_view key) {
   for (size_t i = 0; i < a->items.size(); ++i) {
     auto r = convert<T>(a->items[i]);
     if (!r) {
-      return core::fail(core::Errc::kFormat, f.path() + ": key '" + std::string(key) +
-                                                 "' element " + std::to_string(i) + " " +
-                                                 r.error());
+      return core::fail(core::Errc::kFormat,
+                        f.path() + ": key '" + std::string(key) + "' element " + std::to_string(i) + " " + r.error());
     }
     out.push_back(*r);
   }

@@ -100,11 +100,10 @@ class File {
   // Maps `path` and parses it. Errors: kNotFound / kIo from the mapping,
   // kFormat for every broken rule (message: "<path>: offset <N>: <rule>"),
   // kUnsupported for a version other than 2 or 3.
-  static core::Expected<std::shared_ptr<const File>> open(const std::string& path,
-                                                          const OpenOptions& options = {});
+  static core::Expected<std::shared_ptr<const File>> open(const std::string& path, const OpenOptions& options = {});
   // Parses an existing mapping (tests, fuzzing). Keeps the mapping alive.
-  static core::Expected<std::shared_ptr<const File>> parse(
-      std::shared_ptr<const core::MappedFile> mapping, const OpenOptions& options = {});
+  static core::Expected<std::shared_ptr<const File>> parse(std::shared_ptr<const core::MappedFile> mapping,
+                                                           const OpenOptions& options = {});
 
   const std::string& path() const { return mapping_->path(); }
   uint32_t version() const { return version_; }
@@ -204,13 +203,13 @@ class Writer {
   using Generator = std::function<void(std::span<uint8_t> out)>;
   // As add_tensor, but the data comes from `gen` when written (called once per
   // write()/to_bytes(), in add order, on the calling thread).
-  core::Expected<void> add_tensor_generated(std::string name, core::GgmlType type,
-                                            std::vector<int64_t> ne, Generator gen);
+  core::Expected<void> add_tensor_generated(std::string name, core::GgmlType type, std::vector<int64_t> ne,
+                                            Generator gen);
   // Tests only: a tensor with any raw type id / dims / bytes and no checks
   // (to build hostile or foreign-layout files). `offset_override`, if set,
   // replaces the computed data offset in the tensor info.
-  void add_tensor_raw(std::string name, uint32_t type_id, std::vector<int64_t> ne,
-                      std::vector<uint8_t> data, std::optional<uint64_t> offset_override = {});
+  void add_tensor_raw(std::string name, uint32_t type_id, std::vector<int64_t> ne, std::vector<uint8_t> data,
+                      std::optional<uint64_t> offset_override = {});
 
   size_t n_tensors() const { return tensors_.size(); }
   std::vector<uint8_t> to_bytes() const;

@@ -1,10 +1,10 @@
 // GGUF v3 writer (ggml docs/gguf.md): header, metadata, tensor infos, padding
 // to the alignment, then each tensor's data padded to the alignment.
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-
-#include <sys/stat.h>
 
 #include "gguf/gguf.h"
 
@@ -72,36 +72,16 @@ void Writer::set_encoded(std::string key, std::vector<uint8_t> encoded) {
   kv_.push_back(Kv{std::move(key), std::move(encoded)});
 }
 
-void Writer::set_u8(std::string key, uint8_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kUint8, v));
-}
-void Writer::set_i8(std::string key, int8_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kInt8, v));
-}
-void Writer::set_u16(std::string key, uint16_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kUint16, v));
-}
-void Writer::set_i16(std::string key, int16_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kInt16, v));
-}
-void Writer::set_u32(std::string key, uint32_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kUint32, v));
-}
-void Writer::set_i32(std::string key, int32_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kInt32, v));
-}
-void Writer::set_u64(std::string key, uint64_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kUint64, v));
-}
-void Writer::set_i64(std::string key, int64_t v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kInt64, v));
-}
-void Writer::set_f32(std::string key, float v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kFloat32, v));
-}
-void Writer::set_f64(std::string key, double v) {
-  set_encoded(std::move(key), encode_scalar(ValueType::kFloat64, v));
-}
+void Writer::set_u8(std::string key, uint8_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint8, v)); }
+void Writer::set_i8(std::string key, int8_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt8, v)); }
+void Writer::set_u16(std::string key, uint16_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint16, v)); }
+void Writer::set_i16(std::string key, int16_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt16, v)); }
+void Writer::set_u32(std::string key, uint32_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint32, v)); }
+void Writer::set_i32(std::string key, int32_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt32, v)); }
+void Writer::set_u64(std::string key, uint64_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kUint64, v)); }
+void Writer::set_i64(std::string key, int64_t v) { set_encoded(std::move(key), encode_scalar(ValueType::kInt64, v)); }
+void Writer::set_f32(std::string key, float v) { set_encoded(std::move(key), encode_scalar(ValueType::kFloat32, v)); }
+void Writer::set_f64(std::string key, double v) { set_encoded(std::move(key), encode_scalar(ValueType::kFloat64, v)); }
 void Writer::set_bool(std::string key, bool v) {
   set_encoded(std::move(key), encode_scalar<uint8_t>(ValueType::kBool, v ? 1 : 0));
 }
@@ -124,47 +104,39 @@ void Writer::set_i32_array(std::string key, std::vector<int32_t> v) {
 namespace {
 
 // Byte size of a tensor of `type` with dims `ne`, or an error naming the rule broken.
-core::Expected<uint64_t> tensor_bytes(const std::string& name, core::GgmlType type,
-                                      const std::vector<int64_t>& ne) {
+core::Expected<uint64_t> tensor_bytes(const std::string& name, core::GgmlType type, const std::vector<int64_t>& ne) {
   auto traits = core::ggml_type_traits(static_cast<uint32_t>(type));
-  if (!traits)
-    return core::fail(core::Errc::kInvalidArgument,
-                      "gguf writer: tensor '" + name + "': unknown type");
+  if (!traits) return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': unknown type");
   if (ne.empty() || ne.size() > kMaxDims) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "gguf writer: tensor '" + name + "': needs 1..4 dims");
+    return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': needs 1..4 dims");
   }
   uint64_t n = 1;
   for (int64_t d : ne) {
     if (d <= 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "gguf writer: tensor '" + name + "': bad dims");
+      return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': bad dims");
     }
   }
   if (ne[0] % traits->block_size != 0) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "gguf writer: tensor '" + name + "': ne[0] " + std::to_string(ne[0]) +
-                          " not a multiple of block size " + std::to_string(traits->block_size));
+    return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': ne[0] " +
+                                                        std::to_string(ne[0]) + " not a multiple of block size " +
+                                                        std::to_string(traits->block_size));
   }
   return n / traits->block_size * traits->type_size;
 }
 
 }  // namespace
 
-core::Expected<void> Writer::add_tensor(std::string name, core::GgmlType type,
-                                        std::vector<int64_t> ne, std::vector<uint8_t> data) {
+core::Expected<void> Writer::add_tensor(std::string name, core::GgmlType type, std::vector<int64_t> ne,
+                                        std::vector<uint8_t> data) {
   auto nbytes = tensor_bytes(name, type, ne);
   if (!nbytes) return std::unexpected(nbytes.error());
   if (data.size() != *nbytes) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "gguf writer: tensor '" + name + "': data has " +
-                          std::to_string(data.size()) + " bytes, expected " +
-                          std::to_string(*nbytes));
+    return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': data has " +
+                                                        std::to_string(data.size()) + " bytes, expected " +
+                                                        std::to_string(*nbytes));
   }
   for (const Tensor& t : tensors_) {
-    if (t.name == name)
-      return core::fail(core::Errc::kInvalidArgument,
-                        "gguf writer: duplicate tensor '" + name + "'");
+    if (t.name == name) return core::fail(core::Errc::kInvalidArgument, "gguf writer: duplicate tensor '" + name + "'");
   }
   Tensor t;
   t.name = std::move(name);
@@ -176,17 +148,13 @@ core::Expected<void> Writer::add_tensor(std::string name, core::GgmlType type,
   return {};
 }
 
-core::Expected<void> Writer::add_tensor_generated(std::string name, core::GgmlType type,
-                                                  std::vector<int64_t> ne, Generator gen) {
+core::Expected<void> Writer::add_tensor_generated(std::string name, core::GgmlType type, std::vector<int64_t> ne,
+                                                  Generator gen) {
   auto nbytes = tensor_bytes(name, type, ne);
   if (!nbytes) return std::unexpected(nbytes.error());
-  if (!gen)
-    return core::fail(core::Errc::kInvalidArgument,
-                      "gguf writer: tensor '" + name + "': no generator");
+  if (!gen) return core::fail(core::Errc::kInvalidArgument, "gguf writer: tensor '" + name + "': no generator");
   for (const Tensor& t : tensors_) {
-    if (t.name == name)
-      return core::fail(core::Errc::kInvalidArgument,
-                        "gguf writer: duplicate tensor '" + name + "'");
+    if (t.name == name) return core::fail(core::Errc::kInvalidArgument, "gguf writer: duplicate tensor '" + name + "'");
   }
   Tensor t;
   t.name = std::move(name);
@@ -198,8 +166,8 @@ core::Expected<void> Writer::add_tensor_generated(std::string name, core::GgmlTy
   return {};
 }
 
-void Writer::add_tensor_raw(std::string name, uint32_t type_id, std::vector<int64_t> ne,
-                            std::vector<uint8_t> data, std::optional<uint64_t> offset_override) {
+void Writer::add_tensor_raw(std::string name, uint32_t type_id, std::vector<int64_t> ne, std::vector<uint8_t> data,
+                            std::optional<uint64_t> offset_override) {
   Tensor t;
   t.name = std::move(name);
   t.type_id = type_id;
@@ -251,8 +219,7 @@ std::vector<uint8_t> Writer::to_bytes() const {
 
 core::Expected<void> Writer::write(const std::string& path) const {
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr)
-    return core::fail(core::Errc::kIo, path + ": cannot create: " + std::strerror(errno));
+  if (f == nullptr) return core::fail(core::Errc::kIo, path + ": cannot create: " + std::strerror(errno));
   // A half-written regular file is removed on error; anything else (-o
   // /dev/full, /dev/stdout, a FIFO) is left alone: as root, remove() would
   // delete the device node or link itself.

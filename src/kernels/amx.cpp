@@ -125,7 +125,7 @@ inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
 
 struct Consts {
   __m512i two, one;
-  __m512i byte_idx;    // Q2: byte j <- packed byte j / 4
+  __m512i byte_idx;        // Q2: byte j <- packed byte j / 4
   __m512i lo_bit, hi_bit;  // Q2: bit 2 (j % 4) / 2 (j % 4) + 1 of byte j
 };
 
@@ -160,7 +160,7 @@ inline void expand_row(const uint8_t* qs, uint8_t* dst, const Consts& c) {
     const __m512i b = _mm512_permutexvar_epi8(c.byte_idx, q);
     const __mmask64 lo = _mm512_test_epi8_mask(b, c.lo_bit), hi = _mm512_test_epi8_mask(b, c.hi_bit);
     __m512i w = _mm512_maskz_mov_epi8(lo, c.one);
-    w = _mm512_mask_add_epi8(w, hi, w, c.two);                      // code = lo + 2 hi
+    w = _mm512_mask_add_epi8(w, hi, w, c.two);                              // code = lo + 2 hi
     if constexpr (is_g128(F)) w = _mm512_mask_mov_epi8(w, lo & hi, c.one);  // 3 -> 1 (value 0)
     _mm512_store_si512(dst, w);
   }
@@ -180,13 +180,13 @@ inline float half_to_float(const uint8_t* p) {
 // Chunk K (0..3) of the current unit for group g: A from the expanded rows,
 // B from the activation tiles, C = A B into tmm K, stored to cb[K].
 // (Tile numbers must be literals: the intrinsics paste them into asm.)
-#define BONSAI_AMX_CHUNK(K, TA, TB)                                          \
-  {                                                                          \
-    _tile_loadd(TA, ascr + kChunk * (K), E);                                 \
-    _tile_loadd(TB, bchunk(g, b, K), 64);                                    \
-    _tile_zero(K);                                                           \
-    _tile_dpbusd(K, TA, TB);                                                 \
-    _tile_stored(K, cb[K], 64);                                              \
+#define BONSAI_AMX_CHUNK(K, TA, TB)          \
+  {                                          \
+    _tile_loadd(TA, ascr + kChunk * (K), E); \
+    _tile_loadd(TB, bchunk(g, b, K), 64);    \
+    _tile_zero(K);                           \
+    _tile_dpbusd(K, TA, TB);                 \
+    _tile_stored(K, cb[K], 64);              \
   }
 
 template <int F>
@@ -229,7 +229,7 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
           BONSAI_AMX_CHUNK(3, 5, 7)
           float(*lg)[16][16] = lanes[g - g0];
           for (int k = 0; k < 4; ++k) {
-            const int64_t ch = b * 4 + k;  // chunk index in the row
+            const int64_t ch = b * 4 + k;         // chunk index in the row
             const int64_t p0 = ch * kChunk / 16;  // its first 16-value piece
             __m512i t = _mm512_load_si512(a.amx_tsum + (g * P16 + p0) * 16);
             if constexpr (kChunk == 32) {
@@ -319,11 +319,16 @@ void amx_fill_columns(Format /*f*/, QuantAct& a, int64_t j0, int64_t j1) {
 
 void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   switch (w.format) {
-    case Format::kQ1_0: return rows_fam<kFamQ1>(w, a, n, y, r0, r1);
-    case Format::kQ2_0: return rows_fam<kFamG64>(w, a, n, y, r0, r1);
-    case Format::kQ2_0G128D: return rows_fam<kFamG128D>(w, a, n, y, r0, r1);
-    case Format::kQ2_0G128Qs: return rows_fam<kFamG128Qs>(w, a, n, y, r0, r1);
-    default: return;
+    case Format::kQ1_0:
+      return rows_fam<kFamQ1>(w, a, n, y, r0, r1);
+    case Format::kQ2_0:
+      return rows_fam<kFamG64>(w, a, n, y, r0, r1);
+    case Format::kQ2_0G128D:
+      return rows_fam<kFamG128D>(w, a, n, y, r0, r1);
+    case Format::kQ2_0G128Qs:
+      return rows_fam<kFamG128Qs>(w, a, n, y, r0, r1);
+    default:
+      return;
   }
 }
 

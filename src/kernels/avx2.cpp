@@ -145,7 +145,8 @@ Consts make_consts() {
 template <int F>
 inline void pload(const uint8_t* row, int64_t b, bool half, const Consts& c, __m256i& q, __m256& dw) {
   const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b)));
-  const __m128i hi = half ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b + 1)));
+  const __m128i hi =
+      half ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b + 1)));
   q = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
   if constexpr (is_g128(F)) {
     // Clear bit 1 of every 2-bit field whose bit 0 is set (3 -> 1).
@@ -212,7 +213,8 @@ void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
         // |w| * sign(w) x: pmaddubsw pairs are at most 2 * 128 * 127, no saturation.
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), one16);
+        const __m256i s =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), one16);
         const __m256 sc = _mm256_set1_ps(lut_fp16(blk) * xd[b]);
         if (b & 1) {
           acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc1);
@@ -305,11 +307,16 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   a.resize(n, cols);
   int fam = kFamQ8;
   switch (f) {
-    case Format::kQ1_0: fam = kFamQ1; break;
+    case Format::kQ1_0:
+      fam = kFamQ1;
+      break;
     case Format::kQ2_0:
     case Format::kQ2_0G128D:  // g128 runs per 64-weight half, as g64
-    case Format::kQ2_0G128Qs: fam = kFamG64; break;
-    default: break;
+    case Format::kQ2_0G128Qs:
+      fam = kFamG64;
+      break;
+    default:
+      break;
   }
   // Pair layout (see "Pair layout" above): per column, np pairs of
   // X[planes][32] (byte 16h + i of plane m: element 8i + m (Q1_0) or
@@ -344,14 +351,17 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   }
 }
 
-void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
-          int64_t r1) {
+void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1) {
   init_once();
   switch (w.format) {
-    case Format::kF32: return rows_float<4, load8_f32, scalar_f32>(w, x, n, y, r0, r1);
-    case Format::kF16: return rows_float<2, load8_f16, scalar_f16>(w, x, n, y, r0, r1);
-    case Format::kBF16: return rows_float<2, load8_bf16, scalar_bf16>(w, x, n, y, r0, r1);
-    case Format::kQ8_0: return rows_q8(w, *a, n, y, r0, r1);
+    case Format::kF32:
+      return rows_float<4, load8_f32, scalar_f32>(w, x, n, y, r0, r1);
+    case Format::kF16:
+      return rows_float<2, load8_f16, scalar_f16>(w, x, n, y, r0, r1);
+    case Format::kBF16:
+      return rows_float<2, load8_bf16, scalar_bf16>(w, x, n, y, r0, r1);
+    case Format::kQ8_0:
+      return rows_q8(w, *a, n, y, r0, r1);
     case Format::kQ1_0:
       return use_vnni() ? vnni::rows_fam<kFamQ1>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamQ1>(w, *a, n, y, r0, r1);
     case Format::kQ2_0:
@@ -417,8 +427,7 @@ void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
   }
   for (; i < n; ++i) {
-    dst[i] = static_cast<uint16_t>(
-        _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), _MM_FROUND_TO_NEAREST_INT), 0));
+    dst[i] = static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), _MM_FROUND_TO_NEAREST_INT), 0));
   }
 }
 

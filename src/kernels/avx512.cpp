@@ -42,10 +42,10 @@ namespace {
 
 alignas(64) float g_fp16_lut[65536];  // fp16 bits -> float, filled once by init_once()
 
-bool g_has_gfni = false;   // CPUID says GFNI
-bool g_has_vbmi = false;   // CPUID says AVX512_VBMI (vpermb, for activation prep)
-bool g_use_gfni = true;    // test hook (set_avx512_gfni)
-bool g_use_amx = true;     // test hook (set_avx512_amx)
+bool g_has_gfni = false;  // CPUID says GFNI
+bool g_has_vbmi = false;  // CPUID says AVX512_VBMI (vpermb, for activation prep)
+bool g_use_gfni = true;   // test hook (set_avx512_gfni)
+bool g_use_amx = true;    // test hook (set_avx512_amx)
 // Software prefetch of the streamed weights, two levels: into L2 4 KiB
 // ahead and into L1 1 KiB ahead of the bytes being read (the grouped path
 // prefetches two lines per level per 72-byte group, so no line is skipped).
@@ -213,10 +213,18 @@ inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512
       if (kTail && u >= nu) break;
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + gq_offset<F>(u, 0)));
       switch (u) {  // (the lane index must be a constant)
-        case 0: q = _mm512_inserti32x4(q, v, 0); break;
-        case 1: q = _mm512_inserti32x4(q, v, 1); break;
-        case 2: q = _mm512_inserti32x4(q, v, 2); break;
-        default: q = _mm512_inserti32x4(q, v, 3); break;
+        case 0:
+          q = _mm512_inserti32x4(q, v, 0);
+          break;
+        case 1:
+          q = _mm512_inserti32x4(q, v, 1);
+          break;
+        case 2:
+          q = _mm512_inserti32x4(q, v, 2);
+          break;
+        default:
+          q = _mm512_inserti32x4(q, v, 3);
+          break;
       }
     }
   }
@@ -266,8 +274,8 @@ inline int64_t g_groups(int64_t cols, int elems) { return (cols / elems + 3) / 4
 // R rows x C columns over all groups of the rows. y is [n][rows]. Every
 // (row, column) pair gets exactly the canonical operations, whatever R, C.
 template <int F, bool kGf, bool kVbmi, int R, int C>
-void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a, int64_t j0, float* y,
-            int64_t y_ld, int64_t r, const GConsts& c) {
+void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a, int64_t j0, float* y, int64_t y_ld,
+            int64_t r, const GConsts& c) {
   constexpr int P = GGeo<F>::kPlanes, GB = GGeo<F>::kGroupBytes;
   const int64_t ng = (units + 3) / 4, full = units / 4;
   const int64_t xs = ng * 4 * GGeo<F>::kElems, ls = ng * 16;  // column strides
@@ -481,14 +489,16 @@ void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
 
 int family_of(Format f) {
   switch (f) {
-    case Format::kQ1_0: return kFamQ1;
+    case Format::kQ1_0:
+      return kFamQ1;
     case Format::kQ2_0:
     case Format::kQ2_0G128D:  // g128 runs per 64-weight half, as g64
-    case Format::kQ2_0G128Qs: return kFamG64;
-    default: return kFamQ8;
+    case Format::kQ2_0G128Qs:
+      return kFamG64;
+    default:
+      return kFamQ8;
   }
 }
-
 
 // Grouped activation layout of columns [j0, j1) for weight family fam (see
 // "Grouped layout" above): per column, ng = ceil(units / 4) groups of
@@ -587,22 +597,29 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   prepare_cols(f, x, 0, n, a);
 }
 
-void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
-          int64_t r1) {
+void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1) {
   init_once();
   if (a != nullptr && a->amx_ready) {
     amx_rows(w, *a, n, y, r0, r1);
     return;
   }
   switch (w.format) {
-    case Format::kF32: return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
-    case Format::kF16: return rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);
-    case Format::kBF16: return rows_float<2, load16_bf16, scalar_bf16>(w, x, n, y, r0, r1);
-    case Format::kQ8_0: return rows_q8(w, *a, n, y, r0, r1);
-    case Format::kQ1_0: return rows_grouped_dispatch<kFamQ1>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0: return rows_grouped_dispatch<kFamG64>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128D: return rows_grouped_dispatch<kFamG128D>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128Qs: return rows_grouped_dispatch<kFamG128Qs>(w, *a, n, y, r0, r1);
+    case Format::kF32:
+      return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
+    case Format::kF16:
+      return rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);
+    case Format::kBF16:
+      return rows_float<2, load16_bf16, scalar_bf16>(w, x, n, y, r0, r1);
+    case Format::kQ8_0:
+      return rows_q8(w, *a, n, y, r0, r1);
+    case Format::kQ1_0:
+      return rows_grouped_dispatch<kFamQ1>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0:
+      return rows_grouped_dispatch<kFamG64>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128D:
+      return rows_grouped_dispatch<kFamG128D>(w, *a, n, y, r0, r1);
+    case Format::kQ2_0G128Qs:
+      return rows_grouped_dispatch<kFamG128Qs>(w, *a, n, y, r0, r1);
   }
 }
 
@@ -681,8 +698,7 @@ void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm256_mask_storeu_epi16(dst + i, m,
-                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
   }
 }
 
@@ -704,7 +720,7 @@ bool set_avx512_gfni(bool enabled) {
 }
 
 const TierOps* avx512_ops() {
-  static const TierOps ops{prepare,  rows,     dot_f32,       dot_f16_f32, axpy_f32,
+  static const TierOps ops{prepare,  rows,       dot_f32,       dot_f16_f32, axpy_f32,
                            axpy_f16, f32_to_f16, prepare_setup, prepare_cols};
   return &ops;
 }

@@ -69,8 +69,6 @@ inline float load_fp16(const uint8_t* p) {
 
 // Ternary value (code - 1) of a 2-bit code in the g64 layout (3 -> +2) or a
 // g128 layout (3 -> 0).
-inline int q2_code_value(int code, bool g128) {
-  return (g128 && code == 3) ? 0 : code - 1;
-}
+inline int q2_code_value(int code, bool g128) { return (g128 && code == 3) ? 0 : code - 1; }
 
 }  // namespace bonsai::kernels

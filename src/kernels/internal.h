@@ -59,7 +59,9 @@ struct AlignedAlloc {
   }
   void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
   template <class U>
-  bool operator==(const AlignedAlloc<U>&) const { return true; }
+  bool operator==(const AlignedAlloc<U>&) const {
+    return true;
+  }
 };
 template <class T>
 using AVec = std::vector<T, AlignedAlloc<T>>;
@@ -72,8 +74,8 @@ using AVec = std::vector<T, AlignedAlloc<T>>;
 struct QuantAct {
   int64_t n = 0;
   int64_t cols = 0;
-  int8_t* q = nullptr;          // [n][cols] int8 quants in natural element order
-  float* d = nullptr;           // [n][cols/32] sub-block scales (fp16-rounded, widened)
+  int8_t* q = nullptr;  // [n][cols] int8 quants in natural element order
+  float* d = nullptr;   // [n][cols/32] sub-block scales (fp16-rounded, widened)
   // SIMD-tier extras (unused by the reference tier):
   int8_t* qp = nullptr;         // [n][cols + 384] quants in a tier's weight order
                                 //   (column stride cols, or the AVX-512 grouped
@@ -83,11 +85,11 @@ struct QuantAct {
   int32_t* sub_sum = nullptr;   // [n][cols/32] sum of each sub-block's quants
   // AMX GEMM layout (amx.cpp), valid when amx_ready; groups of 16 columns:
   int64_t amx_groups = 0;
-  int8_t* amx_b = nullptr;       // [groups][cols/32] B tiles of 8 x 64 bytes (natural
-                                 //   element order within each 32-value sub-block)
-  int32_t* amx_tsum = nullptr;   // [groups][cols/16][16] sum of the quants of each
-                                 //   16-value piece, per column of the group
-  float* amx_dx = nullptr;       // [groups][cols/32][16] activation scales
+  int8_t* amx_b = nullptr;      // [groups][cols/32] B tiles of 8 x 64 bytes (natural
+                                //   element order within each 32-value sub-block)
+  int32_t* amx_tsum = nullptr;  // [groups][cols/16][16] sum of the quants of each
+                                //   16-value piece, per column of the group
+  float* amx_dx = nullptr;      // [groups][cols/32][16] activation scales
   bool amx_ready = false;
 
   // Sets n, cols and makes every buffer at least that large (64-byte
@@ -112,8 +114,7 @@ struct TierOps {
   // Y[j][r] (Y is [n][w.rows]) for rows [r0, r1) and j < n. `a` is the
   // prepared activation for quantized formats, nullptr for float formats
   // (which read x: [n][w.cols]).
-  void (*rows)(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,
-               int64_t r0, int64_t r1);
+  void (*rows)(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1);
   float (*dot_f32)(const float* a, const float* b, int64_t n);
   float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
   void (*axpy_f32)(float alpha, const float* x, float* y, int64_t n);
@@ -180,8 +181,7 @@ float reduce_lanes16(const float* acc);
 int64_t chunk_elems(Format f);
 
 // Reference row products, shared as fallbacks by the SIMD tiers.
-void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,
-              int64_t r0, int64_t r1);
+void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1);
 void prepare_ref(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a);
 
 }  // namespace bonsai::kernels::detail

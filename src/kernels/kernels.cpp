@@ -21,32 +21,49 @@ using detail::TierOps;
 
 std::optional<Format> format_of(core::GgmlType type, core::Q2Layout q2_layout) {
   switch (type) {
-    case core::GgmlType::F32: return Format::kF32;
-    case core::GgmlType::F16: return Format::kF16;
-    case core::GgmlType::BF16: return Format::kBF16;
-    case core::GgmlType::Q8_0: return Format::kQ8_0;
-    case core::GgmlType::Q1_0: return Format::kQ1_0;
+    case core::GgmlType::F32:
+      return Format::kF32;
+    case core::GgmlType::F16:
+      return Format::kF16;
+    case core::GgmlType::BF16:
+      return Format::kBF16;
+    case core::GgmlType::Q8_0:
+      return Format::kQ8_0;
+    case core::GgmlType::Q1_0:
+      return Format::kQ1_0;
     case core::GgmlType::Q2_0:
       switch (q2_layout) {
-        case core::Q2Layout::kG64: return Format::kQ2_0;
-        case core::Q2Layout::kG128DFirst: return Format::kQ2_0G128D;
-        case core::Q2Layout::kG128QsFirst: return Format::kQ2_0G128Qs;
+        case core::Q2Layout::kG64:
+          return Format::kQ2_0;
+        case core::Q2Layout::kG128DFirst:
+          return Format::kQ2_0G128D;
+        case core::Q2Layout::kG128QsFirst:
+          return Format::kQ2_0G128Qs;
       }
       return std::nullopt;
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 
 std::string_view format_name(Format f) {
   switch (f) {
-    case Format::kF32: return "F32";
-    case Format::kF16: return "F16";
-    case Format::kBF16: return "BF16";
-    case Format::kQ8_0: return "Q8_0";
-    case Format::kQ1_0: return "Q1_0";
-    case Format::kQ2_0: return "Q2_0";
-    case Format::kQ2_0G128D: return "Q2_0(g128-d-first)";
-    case Format::kQ2_0G128Qs: return "Q2_0(g128-qs-first)";
+    case Format::kF32:
+      return "F32";
+    case Format::kF16:
+      return "F16";
+    case Format::kBF16:
+      return "BF16";
+    case Format::kQ8_0:
+      return "Q8_0";
+    case Format::kQ1_0:
+      return "Q1_0";
+    case Format::kQ2_0:
+      return "Q2_0";
+    case Format::kQ2_0G128D:
+      return "Q2_0(g128-d-first)";
+    case Format::kQ2_0G128Qs:
+      return "Q2_0(g128-qs-first)";
   }
   return "?";
 }
@@ -55,26 +72,38 @@ int64_t block_elems(Format f) {
   switch (f) {
     case Format::kF32:
     case Format::kF16:
-    case Format::kBF16: return 1;
-    case Format::kQ8_0: return kQ8_0Elems;
-    case Format::kQ1_0: return kQ1_0Elems;
-    case Format::kQ2_0: return kQ2_0Elems;
+    case Format::kBF16:
+      return 1;
+    case Format::kQ8_0:
+      return kQ8_0Elems;
+    case Format::kQ1_0:
+      return kQ1_0Elems;
+    case Format::kQ2_0:
+      return kQ2_0Elems;
     case Format::kQ2_0G128D:
-    case Format::kQ2_0G128Qs: return kQ2G128Elems;
+    case Format::kQ2_0G128Qs:
+      return kQ2G128Elems;
   }
   return 1;
 }
 
 size_t block_bytes(Format f) {
   switch (f) {
-    case Format::kF32: return 4;
+    case Format::kF32:
+      return 4;
     case Format::kF16:
-    case Format::kBF16: return 2;
-    case Format::kQ8_0: return sizeof(BlockQ8_0);
-    case Format::kQ1_0: return sizeof(BlockQ1_0);
-    case Format::kQ2_0: return sizeof(BlockQ2_0);
-    case Format::kQ2_0G128D: return sizeof(BlockQ2_0G128D);
-    case Format::kQ2_0G128Qs: return sizeof(BlockQ2_0G128Qs);
+    case Format::kBF16:
+      return 2;
+    case Format::kQ8_0:
+      return sizeof(BlockQ8_0);
+    case Format::kQ1_0:
+      return sizeof(BlockQ1_0);
+    case Format::kQ2_0:
+      return sizeof(BlockQ2_0);
+    case Format::kQ2_0G128D:
+      return sizeof(BlockQ2_0G128D);
+    case Format::kQ2_0G128Qs:
+      return sizeof(BlockQ2_0G128Qs);
   }
   return 1;
 }
@@ -83,10 +112,14 @@ size_t block_bytes(Format f) {
 
 std::string_view tier_name(Tier t) {
   switch (t) {
-    case Tier::kReference: return "reference";
-    case Tier::kAvx2: return "avx2";
-    case Tier::kAvx512: return "avx512";
-    case Tier::kNeon: return "neon";
+    case Tier::kReference:
+      return "reference";
+    case Tier::kAvx2:
+      return "avx2";
+    case Tier::kAvx512:
+      return "avx512";
+    case Tier::kNeon:
+      return "neon";
   }
   return "?";
 }
@@ -102,10 +135,14 @@ namespace {
 
 const TierOps* ops_of(Tier t) {
   switch (t) {
-    case Tier::kReference: return detail::reference_ops();
-    case Tier::kAvx2: return detail::avx2_ops();
-    case Tier::kAvx512: return detail::avx512_ops();
-    case Tier::kNeon: return detail::neon_ops();
+    case Tier::kReference:
+      return detail::reference_ops();
+    case Tier::kAvx2:
+      return detail::avx2_ops();
+    case Tier::kAvx512:
+      return detail::avx512_ops();
+    case Tier::kNeon:
+      return detail::neon_ops();
   }
   return nullptr;
 }
@@ -129,11 +166,14 @@ bool tier_supported(Tier t) {
   if (ops_of(t) == nullptr) return false;
   const core::CpuFeatures& cpu = core::cpu_features();
   switch (t) {
-    case Tier::kReference: return true;
-    case Tier::kAvx2: return cpu.avx2;
+    case Tier::kReference:
+      return true;
+    case Tier::kAvx2:
+      return cpu.avx2;
     case Tier::kAvx512:
       return cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512vnni && cpu.avx2;
-    case Tier::kNeon: return cpu.neon;
+    case Tier::kNeon:
+      return cpu.neon;
   }
   return false;
 }
@@ -158,9 +198,9 @@ Tier active_tier() {
 
 core::Expected<void> set_active_tier(Tier t) {
   if (!tier_supported(t)) {
-    return core::fail(core::Errc::kUnsupported,
-                      "kernel tier '" + std::string(tier_name(t)) + "' is not supported by this CPU" +
-                          (ops_of(t) == nullptr ? " (not built into this binary)" : ""));
+    return core::fail(core::Errc::kUnsupported, "kernel tier '" + std::string(tier_name(t)) +
+                                                    "' is not supported by this CPU" +
+                                                    (ops_of(t) == nullptr ? " (not built into this binary)" : ""));
   }
   g_active.store(static_cast<int>(t), std::memory_order_release);
   return {};
@@ -171,9 +211,9 @@ core::Expected<void> init_tier_from_env() {
   if (env == nullptr || *env == '\0') return set_active_tier(best_tier());
   const auto t = parse_tier(env);
   if (!t) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      std::string("BONSAI_KERNEL='") + env +
-                          "' is not a kernel tier (expected reference, avx2, avx512 or neon)");
+    return core::fail(
+        core::Errc::kInvalidArgument,
+        std::string("BONSAI_KERNEL='") + env + "' is not a kernel tier (expected reference, avx2, avx512 or neon)");
   }
   return set_active_tier(*t);
 }
@@ -349,15 +389,16 @@ const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, 
   if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
     // Batches: quantize / lay out the columns in parallel.
     ops->prepare_setup(f, n, cols, *ap);
-    pool->parallel_for(n, [ops, f, x, ap](int64_t j0, int64_t j1) { ops->prepare_cols(f, x, j0, j1, *ap); }, 4);
+    pool->parallel_for(
+        n, [ops, f, x, ap](int64_t j0, int64_t j1) { ops->prepare_cols(f, x, j0, j1, *ap); }, 4);
   } else {
     ops->prepare(f, x, n, cols, *ap);
   }
   return ap;
 }
 
-void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y,
-              core::ThreadPool* pool, ActScratch* scratch) {
+void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool,
+              ActScratch* scratch) {
   if (w.rows <= 0 || n <= 0) return;
   const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool, scratch);
   RowsCtx ctx{ops, &w, x, a, n, y};
@@ -386,8 +427,8 @@ void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::Thread
   run_rows(active_ops(), w, x, n, y, pool, scratch);
 }
 
-void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys,
-                core::ThreadPool* pool, ActScratch* scratch) {
+void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, core::ThreadPool* pool,
+                ActScratch* scratch) {
   if (count <= 0 || n <= 0) return;
   bool same = true;
   int64_t total = 0;
@@ -418,8 +459,8 @@ void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, floa
       chunk_rows(ws[0], n, total, *pool));
 }
 
-void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y,
-               int64_t row_begin, int64_t row_end) {
+void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+               int64_t row_end) {
   const TierOps* ops = tier_supported(tier) ? ops_of(tier) : detail::reference_ops();
   if (row_end <= row_begin || n <= 0) return;
   thread_local detail::QuantAct act;
@@ -434,13 +475,9 @@ void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float*
 // ---- Float helpers ---------------------------------------------------------------------
 
 float dot_f32(const float* a, const float* b, int64_t n) { return active_ops()->dot_f32(a, b, n); }
-float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
-  return active_ops()->dot_f16_f32(a, b, n);
-}
+float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) { return active_ops()->dot_f16_f32(a, b, n); }
 void axpy_f32(float alpha, const float* x, float* y, int64_t n) { active_ops()->axpy_f32(alpha, x, y, n); }
-void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n) {
-  active_ops()->axpy_f16(alpha, x, y, n);
-}
+void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n) { active_ops()->axpy_f16(alpha, x, y, n); }
 void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) { active_ops()->f32_to_f16(src, dst, n); }
 
 }  // namespace bonsai::kernels

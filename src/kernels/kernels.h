@@ -46,32 +46,29 @@ enum class Format : uint8_t {
   kF32,
   kF16,
   kBF16,
-  kQ8_0,         // 32 weights: fp16 d, int8 qs[32]                (34 bytes)
-  kQ1_0,         // 128 weights: fp16 d, qs[16] sign bits          (18 bytes)
-  kQ2_0,         // 64 weights: fp16 d, qs[16] 2-bit codes          (18 bytes)
-  kQ2_0G128D,    // 128 weights: fp16 d, qs[32]                     (34 bytes)
-  kQ2_0G128Qs,   // 128 weights: qs[32], fp16 d                     (34 bytes)
+  kQ8_0,        // 32 weights: fp16 d, int8 qs[32]                (34 bytes)
+  kQ1_0,        // 128 weights: fp16 d, qs[16] sign bits          (18 bytes)
+  kQ2_0,        // 64 weights: fp16 d, qs[16] 2-bit codes          (18 bytes)
+  kQ2_0G128D,   // 128 weights: fp16 d, qs[32]                     (34 bytes)
+  kQ2_0G128Qs,  // 128 weights: qs[32], fp16 d                     (34 bytes)
 };
 
 // Maps a tensor's ggml type (and, for id 42, its layout) to a Format.
 // nullopt for types the kernels cannot compute on (e.g. Q4_K).
-std::optional<Format> format_of(core::GgmlType type,
-                                core::Q2Layout q2_layout = core::Q2Layout::kG64);
+std::optional<Format> format_of(core::GgmlType type, core::Q2Layout q2_layout = core::Q2Layout::kG64);
 std::string_view format_name(Format f);  // "Q1_0", "Q2_0(g128-d-first)", ...
 int64_t block_elems(Format f);           // weights per block
 size_t block_bytes(Format f);            // bytes per block
 // Bytes of one row of n elements (n must be a multiple of block_elems).
-inline size_t row_bytes(Format f, int64_t n) {
-  return static_cast<size_t>(n / block_elems(f)) * block_bytes(f);
-}
+inline size_t row_bytes(Format f, int64_t n) { return static_cast<size_t>(n / block_elems(f)) * block_bytes(f); }
 
 // ---- Tiers -----------------------------------------------------------------
 enum class Tier : uint8_t { kReference, kAvx2, kAvx512, kNeon };
-std::string_view tier_name(Tier t);                    // "reference", "avx2", "avx512", "neon"
+std::string_view tier_name(Tier t);  // "reference", "avx2", "avx512", "neon"
 std::optional<Tier> parse_tier(std::string_view name);
-bool tier_supported(Tier t);                           // built in AND the CPU has it
-Tier best_tier();                                      // fastest supported
-Tier active_tier();                                    // what gemv/gemm use now
+bool tier_supported(Tier t);  // built in AND the CPU has it
+Tier best_tier();             // fastest supported
+Tier active_tier();           // what gemv/gemm use now
 // Errors: kUnsupported "kernel tier 'avx512' is not supported by this CPU".
 core::Expected<void> set_active_tier(Tier t);
 // Applies env BONSAI_KERNEL=reference|avx2|avx512|neon if set (else best_tier()).
@@ -147,13 +144,12 @@ void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::Thread
 // K, V projections, or ffn gate and up) the activations are quantized once
 // and all rows go through one pool dispatch; otherwise this is `count` gemm
 // calls. Results equal the separate gemm calls exactly.
-void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys,
-                core::ThreadPool* pool, ActScratch* scratch = nullptr);
+void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, core::ThreadPool* pool,
+                ActScratch* scratch = nullptr);
 
 // Same as gemv/gemm but on rows [row_begin, row_end) with an explicit tier,
 // single-threaded; for tests and benchmarks. The tier must be supported.
-void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y,
-               int64_t row_begin, int64_t row_end);
+void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y, int64_t row_begin, int64_t row_end);
 
 // ---- Float vector helpers (attention, norms); active tier --------------------------
 float dot_f32(const float* a, const float* b, int64_t n);

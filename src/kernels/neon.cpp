@@ -57,8 +57,7 @@ inline int8x16_t q2_weights16(const uint8_t* qs, int c, bool g128) {
   return vqtbl1q_s8(vld1q_s8(g128 ? kG128 : kG64), code);
 }
 
-void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0,
-          int64_t r1) {
+void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1) {
   const Format f = w.format;
   if (f == Format::kF32 || f == Format::kF16 || f == Format::kBF16) {
     rows_ref(w, x, a, n, y, r0, r1);  // float weights: reference path (tier must only compile)
@@ -67,11 +66,26 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
   const int64_t cols = w.cols;
   int64_t be = 32, bb = 34, qs_off = 2, d_off = 0;
   switch (f) {
-    case Format::kQ1_0: be = 128; bb = 18; break;
-    case Format::kQ2_0: be = 64; bb = 18; break;
-    case Format::kQ2_0G128D: be = 128; bb = 34; break;
-    case Format::kQ2_0G128Qs: be = 128; bb = 34; qs_off = 0; d_off = 32; break;
-    default: break;
+    case Format::kQ1_0:
+      be = 128;
+      bb = 18;
+      break;
+    case Format::kQ2_0:
+      be = 64;
+      bb = 18;
+      break;
+    case Format::kQ2_0G128D:
+      be = 128;
+      bb = 34;
+      break;
+    case Format::kQ2_0G128Qs:
+      be = 128;
+      bb = 34;
+      qs_off = 0;
+      d_off = 32;
+      break;
+    default:
+      break;
   }
   const int64_t nb = cols / be;
   // internal.h's canonical order: chunk c (W weights) adds into lane c % 16,

@@ -137,17 +137,20 @@ float reduce_lanes16(const float* acc) {
 
 int64_t chunk_elems(Format f) {
   switch (f) {
-    case Format::kQ8_0: return 4;
-    case Format::kQ1_0: return 32;
+    case Format::kQ8_0:
+      return 4;
+    case Format::kQ1_0:
+      return 32;
     case Format::kQ2_0:
     case Format::kQ2_0G128D:
-    case Format::kQ2_0G128Qs: return 16;
-    default: return 1;
+    case Format::kQ2_0G128Qs:
+      return 16;
+    default:
+      return 1;
   }
 }
 
-void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y,
-              int64_t r0, int64_t r1) {
+void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1) {
   const Format f = w.format;
   const int64_t cols = w.cols;
   if (!is_quantized(f)) {
@@ -199,8 +202,8 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
 }
 
 const TierOps* reference_ops() {
-  static const TierOps ops{prepare_ref,     rows_ref,     dot_f32_ref,   dot_f16_f32_ref,
-                           axpy_f32_ref,    axpy_f16_ref, f32_to_f16_ref};
+  static const TierOps ops{prepare_ref,  rows_ref,     dot_f32_ref,   dot_f16_f32_ref,
+                           axpy_f32_ref, axpy_f16_ref, f32_to_f16_ref};
   return &ops;
 }
 

@@ -21,9 +21,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Where the streaming sums go, so the compiler cannot drop the loads.
 std::atomic<uint64_t> g_sink{0};
@@ -271,7 +269,8 @@ Int8Peak measure_int8_peak(core::ThreadPool& pool, Tier tier) {
     });
     const double secs = seconds_since(t0);
     if (secs > 0) {
-      out.gops = std::max(out.gops, static_cast<double>(pieces) * static_cast<double>(iters) * ops_per_iter / secs / 1e9);
+      out.gops =
+          std::max(out.gops, static_cast<double>(pieces) * static_cast<double>(iters) * ops_per_iter / secs / 1e9);
     }
   }
 #else

@@ -32,8 +32,8 @@ double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int r
 
 // Result of measure_int8_peak.
 struct Int8Peak {
-  double gops = 0;   // 1e9 integer ops per second; one 8-bit multiply-add = 2 ops
-  std::string isa;   // what ran: "avx512-vnni", "avx-vnni", "avx512bw", "avx2", or "none"
+  double gops = 0;  // 1e9 integer ops per second; one 8-bit multiply-add = 2 ops
+  std::string isa;  // what ran: "avx512-vnni", "avx-vnni", "avx512bw", "avx2", or "none"
 };
 
 // Integer-op rate of a register-only loop (12 independent accumulators, no

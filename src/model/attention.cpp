@@ -33,12 +33,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // One (query head, key block) step of the online softmax.
 //   q: [hd_k] query, k: [nk][hd_k] and v: [nk][hd_v] fp32 rows of the block,
 //   1 <= nk <= kKeyBlock; state: [2 + hd_v] = m, l, acc (updated).
-using BlockFn = void (*)(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
-                         int64_t hd_v, float scale, float* state);
+using BlockFn = void (*)(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                         float scale, float* state);
 
 // Portable reference of the step (std::exp, plain loops).
-void block_scalar(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
-                  int64_t hd_v, float scale, float* state) {
+void block_scalar(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v, float scale,
+                  float* state) {
   float s[kKeyBlock];
   float mb = kNegInf;
   for (int64_t t = 0; t < nk; ++t) {
@@ -104,8 +104,7 @@ BONSAI_AVX512 inline float dot_chain(const float* q, const float* kt, int64_t nc
 
 // acc[0..16*NC) = acc * corr + sum_t p_t v_t[0..16*NC), t ascending.
 template <int NC>
-BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, int64_t hd_v, __m512 corr,
-                                    float* acc) {
+BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, int64_t hd_v, __m512 corr, float* acc) {
   __m512 a[NC];
   for (int j = 0; j < NC; ++j) a[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * j), corr);
   for (int64_t t = 0; t < nk; ++t) {
@@ -117,8 +116,8 @@ BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, 
 }
 
 // The step with AVX-512; head dims multiples of 16.
-BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
-                                int64_t hd_v, float scale, float* state) {
+BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                                float scale, float* state) {
   static_assert(kKeyBlock == 32);
   alignas(64) float s[kKeyBlock];
   const int64_t nc = hd_k / 16;
@@ -137,7 +136,7 @@ BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, 
   const float m_new = std::max(state[0], mb);
   const __m512 mv = _mm512_set1_ps(m_new);
   const __m512 corr = exp_neg_ps512(_mm512_set1_ps(state[0] - m_new));  // 0 on the first block
-  s0 = exp_neg_ps512(_mm512_sub_ps(s0, mv));  // masked keys: exp(-inf) = 0
+  s0 = exp_neg_ps512(_mm512_sub_ps(s0, mv));                            // masked keys: exp(-inf) = 0
   s1 = exp_neg_ps512(_mm512_sub_ps(s1, mv));
   _mm512_store_ps(s, s0);
   _mm512_store_ps(s + 16, s1);
@@ -232,7 +231,7 @@ BONSAI_AVX2 inline __m256 dot8_chain(const float* q, const float* kt, int64_t nc
 // compute exactly that tree, so a key's score does not depend on which of
 // the two reduced it (float + is commutative bit for bit).
 BONSAI_AVX2 inline float hsum8(__m256 d) {
-  const __m256 h = _mm256_hadd_ps(d, d);  // [0+1, 2+3, 0+1, 2+3 | 4+5, 6+7, ..]
+  const __m256 h = _mm256_hadd_ps(d, d);   // [0+1, 2+3, 0+1, 2+3 | 4+5, 6+7, ..]
   const __m256 h2 = _mm256_hadd_ps(h, h);  // [(01)+(23) x4 | (45)+(67) x4]
   return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
 }
@@ -246,8 +245,7 @@ BONSAI_AVX2 inline __m256 hsum8x8(const __m256 d[8]) {
 
 // acc[0..8*NC) = acc * corr + sum_t p_t v_t[0..8*NC), t ascending.
 template <int NC>
-BONSAI_AVX2 inline void pv_chunks8(const float* p, int64_t nk, const float* v, int64_t hd_v, __m256 corr,
-                                   float* acc) {
+BONSAI_AVX2 inline void pv_chunks8(const float* p, int64_t nk, const float* v, int64_t hd_v, __m256 corr, float* acc) {
   __m256 a[NC];
   for (int j = 0; j < NC; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * j), corr);
   for (int64_t t = 0; t < nk; ++t) {
@@ -262,8 +260,8 @@ BONSAI_AVX2 inline void pv_chunks8(const float* p, int64_t nk, const float* v, i
 // are reduced together when all eight are present, else one by one; both
 // give the same bits (see hsum8), so the result does not depend on nk's
 // alignment, i.e. on how far the query's position reaches into the block.
-BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k,
-                            int64_t hd_v, float scale, float* state) {
+BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                            float scale, float* state) {
   static_assert(kKeyBlock == 32);
   alignas(32) float s[kKeyBlock];
   const int64_t nc = hd_k / 8;
@@ -356,9 +354,12 @@ BlockFn pick_block_fn(int64_t hd_k, int64_t hd_v) {
 
 kernels::Format row_format(KvType t) {
   switch (t) {
-    case KvType::kF16: return kernels::Format::kF16;
-    case KvType::kF32: return kernels::Format::kF32;
-    case KvType::kQ8_0: return kernels::Format::kQ8_0;
+    case KvType::kF16:
+      return kernels::Format::kF16;
+    case KvType::kF32:
+      return kernels::Format::kF32;
+    case KvType::kQ8_0:
+      return kernels::Format::kQ8_0;
   }
   return kernels::Format::kF32;
 }
@@ -382,9 +383,8 @@ const char* attention_kernel_name(int64_t head_dim_k, int64_t head_dim_v) {
   return use_avx2(head_dim_k, head_dim_v) ? "avx2" : "scalar";
 }
 
-void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok,
-               std::span<KvCache* const> caches, const float* q, float* out, float scale,
-               core::ThreadPool& pool) {
+void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok, std::span<KvCache* const> caches,
+               const float* q, float* out, float scale, core::ThreadPool& pool) {
   const int64_t n = static_cast<int64_t>(tok.size());
   const int64_t hd_k = c.head_dim_k, hd_v = c.head_dim_v;
   const int64_t n_head_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
@@ -404,8 +404,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
     tiles.push_back({i, j - i, tok[j - 1].pos});
     i = j;
   }
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const Tile& a, const Tile& b) { return a.last_pos > b.last_pos; });
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.last_pos > b.last_pos; });
 
   pool.parallel_for(static_cast<int64_t>(tiles.size()) * n_head_kv, [&](int64_t b, int64_t e) {
     thread_local Scratch sc;

@@ -39,8 +39,7 @@ struct Batch {
 
   // A batch holding one sequence `seq`: tokens[i] at position pos0 + i.
   // Logits are wanted for every token if `all_logits`, else for the last only.
-  static Batch for_sequence(std::span<const int32_t> ids, int32_t pos0, int32_t seq = 0,
-                            bool all_logits = false) {
+  static Batch for_sequence(std::span<const int32_t> ids, int32_t pos0, int32_t seq = 0, bool all_logits = false) {
     Batch b;
     b.tokens.reserve(ids.size());
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -31,8 +31,8 @@ class KeyReader {
       return std::nullopt;
     }
     if (*v == 0 || *v > (uint64_t{1} << 31)) {
-      errors_.push_back({core::Errc::kFormat, f_.path() + ": key '" + k + "' = " +
-                                                  std::to_string(*v) + " is out of range (1..2^31)"});
+      errors_.push_back({core::Errc::kFormat,
+                         f_.path() + ": key '" + k + "' = " + std::to_string(*v) + " is out of range (1..2^31)"});
       return std::nullopt;
     }
     return static_cast<int64_t>(*v);
@@ -86,9 +86,8 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
     c.rope_type = RopeType::kNorm;
     c.qk_norm = false;
   } else {
-    errors.push_back({core::Errc::kUnsupported,
-                      f.path() + ": general.architecture '" + *arch +
-                          "' is not supported (expected 'qwen3' or 'llama')"});
+    errors.push_back({core::Errc::kUnsupported, f.path() + ": general.architecture '" + *arch +
+                                                    "' is not supported (expected 'qwen3' or 'llama')"});
     return c;
   }
 
@@ -106,17 +105,15 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   c.n_head = n_head.value_or(0);
   c.rms_eps = eps.value_or(1e-6f);
   if (eps && !(*eps > 0.0f)) {
-    r.problem(core::Errc::kFormat, "key '" + r.key("attention.layer_norm_rms_epsilon") +
-                                       "' must be > 0");
+    r.problem(core::Errc::kFormat, "key '" + r.key("attention.layer_norm_rms_epsilon") + "' must be > 0");
   }
 
   const auto n_head_kv = r.count_or("attention.head_count_kv", c.n_head);
   c.n_head_kv = n_head_kv.value_or(0);
   if (n_head && n_head_kv && c.n_head % c.n_head_kv != 0) {
-    r.problem(core::Errc::kFormat,
-              "key '" + r.key("attention.head_count") + "' = " + std::to_string(c.n_head) +
-                  " is not a multiple of '" + r.key("attention.head_count_kv") + "' = " +
-                  std::to_string(c.n_head_kv));
+    r.problem(core::Errc::kFormat, "key '" + r.key("attention.head_count") + "' = " + std::to_string(c.n_head) +
+                                       " is not a multiple of '" + r.key("attention.head_count_kv") +
+                                       "' = " + std::to_string(c.n_head_kv));
   }
   // head_dim defaults to n_embd / n_head (llama.cpp: n_embd_head_k).
   int64_t def_head_dim = 0;
@@ -126,10 +123,9 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   const bool has_kl = f.has(r.key("attention.key_length"));
   const bool has_vl = f.has(r.key("attention.value_length"));
   if ((!has_kl || !has_vl) && n_embd && n_head && def_head_dim == 0) {
-    r.problem(core::Errc::kFormat,
-              "key '" + r.key("attention.key_length") + "'/'value_length' missing and '" +
-                  r.key("embedding_length") + "' = " + std::to_string(c.n_embd) +
-                  " is not a multiple of head_count " + std::to_string(c.n_head));
+    r.problem(core::Errc::kFormat, "key '" + r.key("attention.key_length") + "'/'value_length' missing and '" +
+                                       r.key("embedding_length") + "' = " + std::to_string(c.n_embd) +
+                                       " is not a multiple of head_count " + std::to_string(c.n_head));
   }
   const auto hd_k = has_kl ? r.count("attention.key_length") : std::optional<int64_t>(def_head_dim);
   const auto hd_v = has_vl ? r.count("attention.value_length") : std::optional<int64_t>(def_head_dim);
@@ -139,9 +135,8 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   const auto n_rot = r.count_or("rope.dimension_count", c.head_dim_k);
   c.n_rot = n_rot.value_or(0);
   if (n_rot && c.head_dim_k > 0 && (c.n_rot > c.head_dim_k || c.n_rot % 2 != 0)) {
-    r.problem(core::Errc::kFormat, "key '" + r.key("rope.dimension_count") + "' = " +
-                                       std::to_string(c.n_rot) + " must be even and <= key_length " +
-                                       std::to_string(c.head_dim_k));
+    r.problem(core::Errc::kFormat, "key '" + r.key("rope.dimension_count") + "' = " + std::to_string(c.n_rot) +
+                                       " must be even and <= key_length " + std::to_string(c.head_dim_k));
   }
   const auto base = r.real_or("rope.freq_base", 10000.0f);
   c.rope_freq_base = base.value_or(10000.0f);
@@ -188,8 +183,8 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   } else if (scaling == "yarn") {
     c.rope_scaling = RopeScaling::kYarn;
   } else {
-    r.problem(core::Errc::kUnsupported, "key '" + r.key("rope.scaling.type") + "' = '" + scaling +
-                                            "' is not supported (none, linear, yarn)");
+    r.problem(core::Errc::kUnsupported,
+              "key '" + r.key("rope.scaling.type") + "' = '" + scaling + "' is not supported (none, linear, yarn)");
   }
   c.rope_orig_ctx = r.count_or("rope.scaling.original_context_length", c.n_ctx_train).value_or(0);
   c.yarn_ext_factor = c.rope_scaling == RopeScaling::kYarn ? 1.0f : 0.0f;
@@ -218,10 +213,10 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   if (const gguf::Value* tv = f.find("tokenizer.ggml.tokens"); tv != nullptr && c.n_vocab > 0) {
     if (const auto* a = std::get_if<gguf::Array>(&tv->v);
         a != nullptr && a->items.size() > static_cast<uint64_t>(c.n_vocab)) {
-      r.problem(core::Errc::kFormat,
-                "tokenizer.ggml.tokens has " + std::to_string(a->items.size()) +
-                    " entries but tensor 'token_embd.weight' has only " + std::to_string(c.n_vocab) +
-                    " rows (tokens past the last row would have no embedding)");
+      r.problem(core::Errc::kFormat, "tokenizer.ggml.tokens has " + std::to_string(a->items.size()) +
+                                         " entries but tensor 'token_embd.weight' has only " +
+                                         std::to_string(c.n_vocab) +
+                                         " rows (tokens past the last row would have no embedding)");
     }
   }
   return c;

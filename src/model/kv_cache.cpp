@@ -10,9 +10,12 @@ namespace bonsai::model {
 
 const char* kv_type_name(KvType t) {
   switch (t) {
-    case KvType::kF16: return "f16";
-    case KvType::kF32: return "f32";
-    case KvType::kQ8_0: return "q8_0";
+    case KvType::kF16:
+      return "f16";
+    case KvType::kF32:
+      return "f32";
+    case KvType::kQ8_0:
+      return "q8_0";
   }
   return "?";
 }
@@ -27,9 +30,12 @@ core::Expected<KvType> parse_kv_type(std::string_view name) {
 
 size_t kv_row_bytes(KvType t, int64_t n) {
   switch (t) {
-    case KvType::kF16: return static_cast<size_t>(n) * 2;
-    case KvType::kF32: return static_cast<size_t>(n) * 4;
-    case KvType::kQ8_0: return static_cast<size_t>(n / 32) * 34;  // block_q8_0: fp16 d + 32 int8
+    case KvType::kF16:
+      return static_cast<size_t>(n) * 2;
+    case KvType::kF32:
+      return static_cast<size_t>(n) * 4;
+    case KvType::kQ8_0:
+      return static_cast<size_t>(n / 32) * 34;  // block_q8_0: fp16 d + 32 int8
   }
   return 0;
 }
@@ -71,8 +77,7 @@ core::Expected<std::shared_ptr<KvPool>> KvPool::create(const ModelConfig& config
   }
   const int64_t blocks = capacity_positions / block_size + (capacity_positions % block_size != 0 ? 1 : 0);
   if (blocks > INT32_MAX) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "KV pool: " + std::to_string(blocks) + " blocks exceed 2^31-1");
+    return core::fail(core::Errc::kInvalidArgument, "KV pool: " + std::to_string(blocks) + " blocks exceed 2^31-1");
   }
   const long double bb = static_cast<long double>(config.n_layer) * config.n_head_kv * block_size *
                          (kv_row_bytes(type_k, config.head_dim_k) + kv_row_bytes(type_v, config.head_dim_v));
@@ -101,8 +106,8 @@ KvPool::~KvPool() = default;
 
 KvPool::Usage KvPool::usage() const {
   std::lock_guard lock(mu_);
-  return Usage{.capacity = capacity_, .used = used_, .pinned = pinned_, .cached = used_ - pinned_,
-               .allocated = allocated_};
+  return Usage{
+      .capacity = capacity_, .used = used_, .pinned = pinned_, .cached = used_ - pinned_, .allocated = allocated_};
 }
 
 int64_t KvPool::available_blocks() const {
@@ -204,8 +209,7 @@ core::Expected<KvCache> KvCache::create(std::shared_ptr<KvPool> pool, int64_t n_
   return make(std::move(pool), n_ctx);
 }
 
-core::Expected<KvCache> KvCache::create(const ModelConfig& config, int64_t n_ctx, KvType type_k,
-                                        KvType type_v) {
+core::Expected<KvCache> KvCache::create(const ModelConfig& config, int64_t n_ctx, KvType type_k, KvType type_v) {
   if (n_ctx < 1 || n_ctx > INT32_MAX) {
     return core::fail(core::Errc::kInvalidArgument,
                       "KV cache: context size " + std::to_string(n_ctx) + " must be in 1..2^31-1");
@@ -221,9 +225,9 @@ core::Expected<KvCache> KvCache::create(const ModelConfig& config, int64_t n_ctx
   for (int64_t b = 0; b < p.capacity_; ++b) {
     const int32_t id = p.alloc_locked();
     if (id < 0) {
-      return core::fail(core::Errc::kResourceExhausted,
-                        "KV cache: cannot allocate " + std::to_string(p.capacity_bytes()) + " bytes for " +
-                            std::to_string(n_ctx) + " positions");
+      return core::fail(core::Errc::kResourceExhausted, "KV cache: cannot allocate " +
+                                                            std::to_string(p.capacity_bytes()) + " bytes for " +
+                                                            std::to_string(n_ctx) + " positions");
     }
     c->t_->ids.push_back(id);
     c->t_->ptrs.push_back(p.mem_[static_cast<size_t>(id)].get());
@@ -304,9 +308,9 @@ core::Expected<void> KvCache::prepare(int64_t from, int64_t end) {
   if (!t_) return core::fail(core::Errc::kInvalidArgument, "KV cache: not created");
   if (t_->parked) unpark();
   if (from < 0 || from > t_->size || end < from || end > n_ctx_) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "KV cache: cannot prepare positions [" + std::to_string(from) + ", " + std::to_string(end) +
-                          ") of a cache holding " + std::to_string(t_->size) + " of " + std::to_string(n_ctx_));
+    return core::fail(core::Errc::kInvalidArgument, "KV cache: cannot prepare positions [" + std::to_string(from) +
+                                                        ", " + std::to_string(end) + ") of a cache holding " +
+                                                        std::to_string(t_->size) + " of " + std::to_string(n_ctx_));
   }
   if (from == end || fixed_) return {};
   KvPool& p = *pool_;
@@ -348,9 +352,9 @@ core::Expected<void> KvCache::prepare(int64_t from, int64_t end) {
 
 core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
   if (!t_ || !src.t_ || !src.matches_cache(*this) || n < 0 || n > src.size() || n > n_ctx_) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      "KV cache: cannot copy " + std::to_string(n) + " positions (another model or cache type, "
-                      "or more than the source holds or this cache fits)");
+    return core::fail(core::Errc::kInvalidArgument, "KV cache: cannot copy " + std::to_string(n) +
+                                                        " positions (another model or cache type, "
+                                                        "or more than the source holds or this cache fits)");
   }
   if (t_->parked) unpark();
   if (paged() && src.pool_ == pool_) {

@@ -66,7 +66,7 @@ class KvPool {
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
-  int64_t block_size() const { return bs_; }              // positions per block
+  int64_t block_size() const { return bs_; }             // positions per block
   int64_t capacity_blocks() const { return capacity_; }  // the budget in blocks
   uint64_t block_bytes() const { return block_bytes_; }  // bytes of one block (K and V, all layers)
   uint64_t capacity_bytes() const { return block_bytes_ * static_cast<uint64_t>(capacity_); }
@@ -101,10 +101,10 @@ class KvPool {
   struct Table;
   KvPool() = default;
   // All below: call with mu_ held.
-  int32_t alloc_locked();                 // a block with refs 1 (active), or -1 (full after eviction)
+  int32_t alloc_locked();  // a block with refs 1 (active), or -1 (full after eviction)
   void retain_locked(int32_t id, bool active);
   void release_locked(int32_t id, bool active);
-  bool evict_one_locked();                // drops one block reference of the LRU parked cache
+  bool evict_one_locked();  // drops one block reference of the LRU parked cache
   void drop_tail_locked(Table& t, int64_t keep_blocks, bool active);
 
   mutable std::mutex mu_;
@@ -121,16 +121,16 @@ class KvPool {
   int64_t used_ = 0;                             // blocks with refs_ > 0
   int64_t allocated_ = 0;
   uint64_t evictions_ = 0;
-  std::list<Table*> parked_;                     // least recently parked first
+  std::list<Table*> parked_;  // least recently parked first
 };
 
 // One cache's block table (KvCache holds it on the heap so the pool's parked
 // list can point at it while the cache moves).
 struct KvPool::Table {
-  std::vector<int32_t> ids;     // block ids, position p in ids[p / block_size]
-  std::vector<uint8_t*> ptrs;   // their memory, same order
-  int64_t size = 0;             // positions held
-  bool parked = false;          // guarded by the pool's mutex
+  std::vector<int32_t> ids;           // block ids, position p in ids[p / block_size]
+  std::vector<uint8_t*> ptrs;         // their memory, same order
+  int64_t size = 0;                   // positions held
+  bool parked = false;                // guarded by the pool's mutex
   std::list<Table*>::iterator where;  // in KvPool::parked_ while parked
 };
 
@@ -154,11 +154,9 @@ class KvCache {
   // Errors: kInvalidArgument if n_ctx < 1 or n_ctx > 2^31-1, or kQ8_0 for a
   // head dim that is not a multiple of 32; kResourceExhausted if the
   // allocation fails.
-  static core::Expected<KvCache> create(const ModelConfig& config, int64_t n_ctx, KvType type_k,
-                                        KvType type_v);
+  static core::Expected<KvCache> create(const ModelConfig& config, int64_t n_ctx, KvType type_k, KvType type_v);
   // Both halves in `type`.
-  static core::Expected<KvCache> create(const ModelConfig& config, int64_t n_ctx,
-                                        KvType type = KvType::kF16) {
+  static core::Expected<KvCache> create(const ModelConfig& config, int64_t n_ctx, KvType type = KvType::kF16) {
     return create(config, n_ctx, type, type);
   }
   // A paged cache of at most n_ctx positions in the shared `pool`: it holds
@@ -176,9 +174,9 @@ class KvCache {
   KvCache& operator=(const KvCache&) = delete;
   ~KvCache();  // releases its blocks
 
-  int64_t n_ctx() const { return n_ctx_; }   // capacity in positions (per sequence)
+  int64_t n_ctx() const { return n_ctx_; }            // capacity in positions (per sequence)
   int64_t size() const { return t_ ? t_->size : 0; }  // positions currently held
-  KvType type() const { return type_k_; }  // K's type (== V's unless created with two)
+  KvType type() const { return type_k_; }             // K's type (== V's unless created with two)
   KvType type_k() const { return type_k_; }
   KvType type_v() const { return type_v_; }
   // Bytes of the blocks this cache references (a standalone cache: all of
@@ -269,7 +267,7 @@ class KvCache {
   int64_t n_head_kv_ = 0;
   int64_t head_dim_k_ = 0;
   int64_t head_dim_v_ = 0;
-  size_t row_k_ = 0;        // bytes of one K row (one head, one position)
+  size_t row_k_ = 0;  // bytes of one K row (one head, one position)
   size_t row_v_ = 0;
   size_t layer_bytes_ = 0;  // K + V bytes of one layer within a block
   size_t v_off_ = 0;        // offset of V within a layer of a block

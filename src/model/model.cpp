@@ -34,31 +34,28 @@ class TensorChecker {
     if (t == nullptr) return std::nullopt;
     bool ok = true;
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
-      problem(core::Errc::kFormat, "tensor '" + name + "' has shape " + shape(*t) +
-                                       ", expected [" + std::to_string(cols) + ", " +
-                                       std::to_string(rows) + "]");
+      problem(core::Errc::kFormat, "tensor '" + name + "' has shape " + shape(*t) + ", expected [" +
+                                       std::to_string(cols) + ", " + std::to_string(rows) + "]");
       ok = false;
     }
     const auto layout = f_.q2_layout().value_or(core::Q2Layout::kG64);
     const auto fmt = kernels::format_of(t->type, layout);
     if (!fmt) {
-      problem(core::Errc::kUnsupported, "tensor '" + name + "' has type " +
-                                            core::ggml_type_name(t->type_id) +
+      problem(core::Errc::kUnsupported, "tensor '" + name + "' has type " + core::ggml_type_name(t->type_id) +
                                             ", which the kernels cannot compute on");
       return std::nullopt;
     }
     if (t->ne[0] % kernels::block_elems(*fmt) != 0) {
       problem(core::Errc::kFormat, "tensor '" + name + "' row length " + std::to_string(t->ne[0]) +
-                                       " is not a multiple of the " +
-                                       std::string(kernels::format_name(*fmt)) + " block size " +
-                                       std::to_string(kernels::block_elems(*fmt)));
+                                       " is not a multiple of the " + std::string(kernels::format_name(*fmt)) +
+                                       " block size " + std::to_string(kernels::block_elems(*fmt)));
       return std::nullopt;
     }
     if (!ok) return std::nullopt;
     const size_t stride = kernels::row_bytes(*fmt, cols);
     if (t->n_bytes < stride * static_cast<uint64_t>(rows)) {
-      problem(core::Errc::kFormat, "tensor '" + name + "' holds " + std::to_string(t->n_bytes) +
-                                       " bytes, expected " + std::to_string(stride * rows));
+      problem(core::Errc::kFormat, "tensor '" + name + "' holds " + std::to_string(t->n_bytes) + " bytes, expected " +
+                                       std::to_string(stride * rows));
       return std::nullopt;
     }
     bytes_ += t->n_bytes;
@@ -70,8 +67,8 @@ class TensorChecker {
     const gguf::TensorInfo* t = find(name);
     if (t == nullptr) return std::nullopt;
     if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-      problem(core::Errc::kFormat, "tensor '" + name + "' has shape " + shape(*t) + ", expected [" +
-                                       std::to_string(n) + "]");
+      problem(core::Errc::kFormat,
+              "tensor '" + name + "' has shape " + shape(*t) + ", expected [" + std::to_string(n) + "]");
       return std::nullopt;
     }
     NormWeight w;
@@ -86,9 +83,8 @@ class TensorChecker {
             t->type == core::GgmlType::F16 ? core::fp16_to_fp32(h) : core::bf16_to_fp32(h);
       }
     } else {
-      problem(core::Errc::kUnsupported, "tensor '" + name + "' has type " +
-                                            core::ggml_type_name(t->type_id) +
-                                            ", expected F32, F16 or BF16");
+      problem(core::Errc::kUnsupported,
+              "tensor '" + name + "' has type " + core::ggml_type_name(t->type_id) + ", expected F32, F16 or BF16");
       return std::nullopt;
     }
     bytes_ += t->n_bytes;
@@ -177,11 +173,10 @@ Weights build_weights(const gguf::File& f, const ModelConfig& c, std::vector<cor
       names += '\'';
     }
     if (unused.size() > 4) names += ", ...";
-    errors.push_back({core::Errc::kFormat,
-                      f.path() + ": " + std::to_string(unused.size()) + " tensor" +
-                          (unused.size() == 1 ? " is" : "s are") + " not part of a " +
-                          std::to_string(c.n_layer) + "-layer " + c.arch_name +
-                          " model (check '" + c.arch_name + ".block_count'): " + names});
+    errors.push_back({core::Errc::kFormat, f.path() + ": " + std::to_string(unused.size()) + " tensor" +
+                                               (unused.size() == 1 ? " is" : "s are") + " not part of a " +
+                                               std::to_string(c.n_layer) + "-layer " + c.arch_name + " model (check '" +
+                                               c.arch_name + ".block_count'): " + names});
   }
   return w;
 }
@@ -199,16 +194,15 @@ Checked check_all(const gguf::File& f) {
   r.config = parse_config(f, r.errors);
   // Shapes need the config's sizes; skip them when the sizes themselves are unknown.
   const ModelConfig& c = r.config;
-  if (c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.n_head_kv > 0 && c.head_dim_k > 0 &&
-      c.head_dim_v > 0 && c.n_ff > 0 && c.n_vocab > 0) {
+  if (c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.n_head_kv > 0 && c.head_dim_k > 0 && c.head_dim_v > 0 &&
+      c.n_ff > 0 && c.n_vocab > 0) {
     // A block count far beyond what the tensor table could hold is one
     // problem, not millions of "missing tensor" lines (or a huge allocation).
     const uint64_t max_layers = std::max<uint64_t>(256, f.tensors().size());
     if (static_cast<uint64_t>(c.n_layer) > max_layers) {
       r.errors.push_back({core::Errc::kFormat,
-                          f.path() + ": key '" + c.arch_name + ".block_count' = " +
-                              std::to_string(c.n_layer) + " is more than the file's " +
-                              std::to_string(f.tensors().size()) + " tensors can hold"});
+                          f.path() + ": key '" + c.arch_name + ".block_count' = " + std::to_string(c.n_layer) +
+                              " is more than the file's " + std::to_string(f.tensors().size()) + " tensors can hold"});
     } else {
       r.weights = build_weights(f, c, r.errors, r.weight_bytes);
     }
@@ -259,9 +253,15 @@ void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, c
 // q8_0: ggml's quantize_row_q8_0; f32: as is).
 void store_kv_row(KvType t, const float* src, uint8_t* dst, int64_t n) {
   switch (t) {
-    case KvType::kF16: kernels::f32_to_f16_row(src, reinterpret_cast<uint16_t*>(dst), n); break;
-    case KvType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
-    case KvType::kQ8_0: kernels::quantize_row_q8_0(src, dst, n); break;
+    case KvType::kF16:
+      kernels::f32_to_f16_row(src, reinterpret_cast<uint16_t*>(dst), n);
+      break;
+    case KvType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      break;
+    case KvType::kQ8_0:
+      kernels::quantize_row_q8_0(src, dst, n);
+      break;
   }
 }
 
@@ -323,8 +323,7 @@ std::vector<std::string> check_model(const gguf::File& file) {
   return out;
 }
 
-core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path,
-                                                         const gguf::OpenOptions& options) {
+core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path, const gguf::OpenOptions& options) {
   auto file = gguf::File::open(path, options);
   if (!file) return std::unexpected(file.error());
   return from_file(std::move(*file));
@@ -353,21 +352,18 @@ size_t Workspace::bytes() const {
 
 // ---- Public: the forward pass -------------------------------------------------------
 
-core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const> caches,
-                                    Workspace& ws, std::span<float> logits,
-                                    core::ThreadPool& pool) const {
+core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                                    std::span<float> logits, core::ThreadPool& pool) const {
   return forward_impl(batch, caches, ws, logits, pool, /*hidden=*/false);
 }
 
-core::Expected<void> Model::forward_hidden(const Batch& batch, std::span<KvCache* const> caches,
-                                           Workspace& ws, std::span<float> hidden,
-                                           core::ThreadPool& pool) const {
+core::Expected<void> Model::forward_hidden(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                                           std::span<float> hidden, core::ThreadPool& pool) const {
   return forward_impl(batch, caches, ws, hidden, pool, /*hidden=*/true);
 }
 
-core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* const> caches,
-                                         Workspace& ws, std::span<float> logits,
-                                         core::ThreadPool& pool, bool hidden) const {
+core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                                         std::span<float> logits, core::ThreadPool& pool, bool hidden) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   const int64_t n_wanted = static_cast<int64_t>(batch.n_wanted());
@@ -376,10 +372,10 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
   // ---- Validate everything before touching any state. ----
   if (n == 0) return core::fail(core::Errc::kInvalidArgument, "forward: empty batch");
   if (static_cast<uint64_t>(logits.size()) < static_cast<uint64_t>(n_wanted) * row) {
-    return core::fail(core::Errc::kInvalidArgument,
-                      std::string("forward: ") + (hidden ? "hidden" : "logits") + " span holds " +
-                          std::to_string(logits.size()) + " floats, need " + std::to_string(n_wanted) +
-                          " x " + std::to_string(row));
+    return core::fail(core::Errc::kInvalidArgument, std::string("forward: ") + (hidden ? "hidden" : "logits") +
+                                                        " span holds " + std::to_string(logits.size()) +
+                                                        " floats, need " + std::to_string(n_wanted) + " x " +
+                                                        std::to_string(row));
   }
   ws.seq_next_.assign(caches.size(), -1);
   ws.seq_first_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
@@ -391,41 +387,36 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
                                                           " outside [0, " + std::to_string(c.n_vocab) + ")");
     }
     if (t.seq < 0 || static_cast<size_t>(t.seq) >= caches.size() || caches[t.seq] == nullptr) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        where() + "sequence id " + std::to_string(t.seq) + " has no KV cache (" +
-                            std::to_string(caches.size()) + " given)");
+      return core::fail(core::Errc::kInvalidArgument, where() + "sequence id " + std::to_string(t.seq) +
+                                                          " has no KV cache (" + std::to_string(caches.size()) +
+                                                          " given)");
     }
     const KvCache& kv = *caches[t.seq];
     if (!kv.matches(c)) {
       return core::fail(core::Errc::kInvalidArgument,
-                        where() + "the KV cache of sequence " + std::to_string(t.seq) +
-                            " was made for another model");
+                        where() + "the KV cache of sequence " + std::to_string(t.seq) + " was made for another model");
     }
     int64_t& next = ws.seq_next_[static_cast<size_t>(t.seq)];
     if (next < 0) {
       if (t.pos < 0 || t.pos > kv.size()) {
         return core::fail(core::Errc::kInvalidArgument,
-                          where() + "position " + std::to_string(t.pos) + " of sequence " +
-                              std::to_string(t.seq) + " leaves a gap: its cache holds " +
-                              std::to_string(kv.size()) + " positions");
+                          where() + "position " + std::to_string(t.pos) + " of sequence " + std::to_string(t.seq) +
+                              " leaves a gap: its cache holds " + std::to_string(kv.size()) + " positions");
       }
       for (size_t s = 0; s < caches.size(); ++s) {  // one cache per sequence
         if (s != static_cast<size_t>(t.seq) && caches[s] == &kv && ws.seq_next_[s] >= 0) {
-          return core::fail(core::Errc::kInvalidArgument,
-                            where() + "sequences " + std::to_string(s) + " and " +
-                                std::to_string(t.seq) + " share one KV cache");
+          return core::fail(core::Errc::kInvalidArgument, where() + "sequences " + std::to_string(s) + " and " +
+                                                              std::to_string(t.seq) + " share one KV cache");
         }
       }
     } else if (t.pos != next) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        where() + "position " + std::to_string(t.pos) + " of sequence " +
-                            std::to_string(t.seq) + " should be " + std::to_string(next) +
-                            " (positions must be consecutive)");
+      return core::fail(core::Errc::kInvalidArgument, where() + "position " + std::to_string(t.pos) + " of sequence " +
+                                                          std::to_string(t.seq) + " should be " + std::to_string(next) +
+                                                          " (positions must be consecutive)");
     }
     if (t.pos >= kv.n_ctx()) {
-      return core::fail(core::Errc::kOutOfRange,
-                        where() + "position " + std::to_string(t.pos) + " is beyond the context size " +
-                            std::to_string(kv.n_ctx()));
+      return core::fail(core::Errc::kOutOfRange, where() + "position " + std::to_string(t.pos) +
+                                                     " is beyond the context size " + std::to_string(kv.n_ctx()));
     }
     if (next < 0) ws.seq_first_[static_cast<size_t>(t.seq)] = t.pos;
     next = t.pos + 1;
@@ -442,8 +433,7 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
   const std::span<const BatchToken> all(batch.tokens);
   float* out_logits = logits.data();
   for (int64_t b0 = 0; b0 < n; b0 += kMaxUbatch) {
-    const auto slice = all.subspan(static_cast<size_t>(b0),
-                                   static_cast<size_t>(std::min(kMaxUbatch, n - b0)));
+    const auto slice = all.subspan(static_cast<size_t>(b0), static_cast<size_t>(std::min(kMaxUbatch, n - b0)));
     run_ubatch(slice, caches, ws, out_logits, pool, hidden);
     for (const auto& t : slice) out_logits += t.logits ? row : 0;
   }
@@ -455,8 +445,8 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
   return {};
 }
 
-void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const> caches,
-                       Workspace& ws, float* logits, core::ThreadPool& pool, bool hidden) const {
+void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws, float* logits,
+                       core::ThreadPool& pool, bool hidden) const {
   const ModelConfig& c = config_;
   const Weights& W = weights_;
   const int64_t n = static_cast<int64_t>(tok.size());
@@ -492,14 +482,17 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
   // and the RoPE angles of each token's position.
   float corr_dims[2] = {0.0f, 0.0f};
   if (c.yarn_ext_factor != 0.0f) yarn_corr_dims(c, corr_dims);
-  pool.parallel_for(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const auto* row = static_cast<const uint8_t*>(W.token_embd.data) +
-                        static_cast<size_t>(tok[i].token) * W.token_embd.row_stride;
-      kernels::dequantize_row(W.token_embd.format, row, x + i * E, E);
-      rope_angles(c, corr_dims, tok[i].pos, ws.rope_.data() + i * c.n_rot);
-    }
-  }, kTokChunk);
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const auto* row = static_cast<const uint8_t*>(W.token_embd.data) +
+                            static_cast<size_t>(tok[i].token) * W.token_embd.row_stride;
+          kernels::dequantize_row(W.token_embd.format, row, x + i * E, E);
+          rope_angles(c, corr_dims, tok[i].pos, ws.rope_.data() + i * c.n_rot);
+        }
+      },
+      kTokChunk);
 
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd_k));
 
@@ -508,9 +501,12 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
 
     // ---- Attention block ----
     // xb = RMSNorm(x) * attn_norm
-    pool.parallel_for(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
-    }, kTokChunk);
+    pool.parallel_for(
+        n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
+        },
+        kTokChunk);
 
     // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
     // once, one pool dispatch); equal to three separate products bit for bit.
@@ -523,27 +519,30 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
     // Per token: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm, k_h likewise, per
     // head), then RoPE on q and k, then store k and v in the sequence's cache
     // at slot = position.
-    pool.parallel_for(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        float* qi = q + i * c.q_dim();
-        float* ki = k + i * c.k_dim();
-        const float* vi = v + i * c.v_dim();
-        const float* cs = ws.rope_.data() + i * c.n_rot;
-        for (int64_t h = 0; h < n_head; ++h) {
-          if (c.qk_norm) rms_norm(qi + h * hd_k, L.q_norm.data, qi + h * hd_k, hd_k, c.rms_eps);
-          apply_rope(c.rope_type, cs, c.n_rot, qi + h * hd_k);
-        }
-        KvCache& kv = *caches[tok[i].seq];
-        for (int64_t h = 0; h < n_head_kv; ++h) {
-          if (c.qk_norm) rms_norm(ki + h * hd_k, L.k_norm.data, ki + h * hd_k, hd_k, c.rms_eps);
-          apply_rope(c.rope_type, cs, c.n_rot, ki + h * hd_k);
-          uint8_t* kdst = kv.k_row(l, h, tok[i].pos);
-          uint8_t* vdst = kv.v_row(l, h, tok[i].pos);
-          store_kv_row(kv.type_k(), ki + h * hd_k, kdst, hd_k);
-          store_kv_row(kv.type_v(), vi + h * hd_v, vdst, hd_v);
-        }
-      }
-    }, kTokChunk);
+    pool.parallel_for(
+        n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            float* qi = q + i * c.q_dim();
+            float* ki = k + i * c.k_dim();
+            const float* vi = v + i * c.v_dim();
+            const float* cs = ws.rope_.data() + i * c.n_rot;
+            for (int64_t h = 0; h < n_head; ++h) {
+              if (c.qk_norm) rms_norm(qi + h * hd_k, L.q_norm.data, qi + h * hd_k, hd_k, c.rms_eps);
+              apply_rope(c.rope_type, cs, c.n_rot, qi + h * hd_k);
+            }
+            KvCache& kv = *caches[tok[i].seq];
+            for (int64_t h = 0; h < n_head_kv; ++h) {
+              if (c.qk_norm) rms_norm(ki + h * hd_k, L.k_norm.data, ki + h * hd_k, hd_k, c.rms_eps);
+              apply_rope(c.rope_type, cs, c.n_rot, ki + h * hd_k);
+              uint8_t* kdst = kv.k_row(l, h, tok[i].pos);
+              uint8_t* vdst = kv.v_row(l, h, tok[i].pos);
+              store_kv_row(kv.type_k(), ki + h * hd_k, kdst, hd_k);
+              store_kv_row(kv.type_v(), vi + h * hd_v, vdst, hd_v);
+            }
+          }
+        },
+        kTokChunk);
 
     // att = causal grouped-query attention of q over the cached k, v
     // (attention.h: tiled online softmax, batch invariant).
@@ -555,18 +554,24 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
 
     // ---- Feed-forward block (SwiGLU) ----
     // xb = RMSNorm(x) * ffn_norm
-    pool.parallel_for(n, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
-    }, kTokChunk);
+    pool.parallel_for(
+        n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
+        },
+        kTokChunk);
     // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
     {
       const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
       float* const outs[] = {gate, up};
       kernels::gemm_multi(gu, 2, xb, n, outs, &pool, &ws.act_);
     }
-    pool.parallel_for(n * c.n_ff, [&](int64_t b, int64_t e) {
-      for (int64_t j = b; j < e; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
-    }, 4096);
+    pool.parallel_for(
+        n * c.n_ff,
+        [&](int64_t b, int64_t e) {
+          for (int64_t j = b; j < e; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
+        },
+        4096);
     // x = x + W_down gate
     matmul(L.w_down, gate, n, proj, pool, ws.act_);
     for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];

@@ -41,17 +41,17 @@ struct NormWeight {
 // Views of one transformer block's tensors (llama.cpp names `blk.N.*`).
 // Matrix shapes as rows x cols (GGUF ne = [cols, rows]).
 struct LayerWeights {
-  NormWeight attn_norm;           // attn_norm.weight   [n_embd]
-  kernels::MatrixView wq;         // attn_q.weight      q_dim x n_embd
-  kernels::MatrixView wk;         // attn_k.weight      k_dim x n_embd
-  kernels::MatrixView wv;         // attn_v.weight      v_dim x n_embd
-  NormWeight q_norm;              // attn_q_norm.weight [head_dim_k] (qwen3 only)
-  NormWeight k_norm;              // attn_k_norm.weight [head_dim_k] (qwen3 only)
-  kernels::MatrixView wo;         // attn_output.weight n_embd x attn_out_dim
-  NormWeight ffn_norm;            // ffn_norm.weight    [n_embd]
-  kernels::MatrixView w_gate;     // ffn_gate.weight    n_ff x n_embd
-  kernels::MatrixView w_up;       // ffn_up.weight      n_ff x n_embd
-  kernels::MatrixView w_down;     // ffn_down.weight    n_embd x n_ff
+  NormWeight attn_norm;        // attn_norm.weight   [n_embd]
+  kernels::MatrixView wq;      // attn_q.weight      q_dim x n_embd
+  kernels::MatrixView wk;      // attn_k.weight      k_dim x n_embd
+  kernels::MatrixView wv;      // attn_v.weight      v_dim x n_embd
+  NormWeight q_norm;           // attn_q_norm.weight [head_dim_k] (qwen3 only)
+  NormWeight k_norm;           // attn_k_norm.weight [head_dim_k] (qwen3 only)
+  kernels::MatrixView wo;      // attn_output.weight n_embd x attn_out_dim
+  NormWeight ffn_norm;         // ffn_norm.weight    [n_embd]
+  kernels::MatrixView w_gate;  // ffn_gate.weight    n_ff x n_embd
+  kernels::MatrixView w_up;    // ffn_up.weight      n_ff x n_embd
+  kernels::MatrixView w_down;  // ffn_down.weight    n_embd x n_ff
 };
 
 // All weights. Borrowed views into the gguf::File's mapping (never copied);
@@ -76,18 +76,18 @@ class Workspace {
  private:
   friend class Model;
   // Row-major [n_tokens][dim] activations.
-  std::vector<float> x_;       // residual stream       [n][n_embd]
-  std::vector<float> xb_;      // normed input          [n][n_embd]
-  std::vector<float> q_;       // queries               [n][q_dim]
-  std::vector<float> k_;       // keys                  [n][k_dim]
-  std::vector<float> v_;       // values                [n][v_dim]
-  std::vector<float> att_;     // attention output      [n][attn_out_dim]
-  std::vector<float> proj_;    // wo / w_down output    [n][n_embd]
-  std::vector<float> gate_;    // silu(gate) * up       [n][n_ff]
-  std::vector<float> up_;      //                       [n][n_ff]
-  std::vector<float> rope_;    // cos/sin per token     [n][n_rot]
-  std::vector<float> out_;     // final-normed rows of wanted tokens [n_wanted][n_embd]
-  std::vector<int64_t> seq_next_;  // per sequence id: next position in this batch (-1: absent)
+  std::vector<float> x_;            // residual stream       [n][n_embd]
+  std::vector<float> xb_;           // normed input          [n][n_embd]
+  std::vector<float> q_;            // queries               [n][q_dim]
+  std::vector<float> k_;            // keys                  [n][k_dim]
+  std::vector<float> v_;            // values                [n][v_dim]
+  std::vector<float> att_;          // attention output      [n][attn_out_dim]
+  std::vector<float> proj_;         // wo / w_down output    [n][n_embd]
+  std::vector<float> gate_;         // silu(gate) * up       [n][n_ff]
+  std::vector<float> up_;           //                       [n][n_ff]
+  std::vector<float> rope_;         // cos/sin per token     [n][n_rot]
+  std::vector<float> out_;          // final-normed rows of wanted tokens [n_wanted][n_embd]
+  std::vector<int64_t> seq_next_;   // per sequence id: next position in this batch (-1: absent)
   std::vector<int64_t> seq_first_;  // per sequence id: its first position in this batch
   // Quantized activations of the products: ~2.3 bytes x [n][largest cols]
   // (the widest product's input, n_ff for w_down), grown on demand.
@@ -113,8 +113,7 @@ class Model {
   static core::Expected<std::shared_ptr<const Model>> load(const std::string& path,
                                                            const gguf::OpenOptions& options = {});
   // Same on an already opened file (kept alive by the model).
-  static core::Expected<std::shared_ptr<const Model>> from_file(
-      std::shared_ptr<const gguf::File> file);
+  static core::Expected<std::shared_ptr<const Model>> from_file(std::shared_ptr<const gguf::File> file);
 
   const ModelConfig& config() const { return config_; }
   const gguf::File& file() const { return *file_; }
@@ -138,18 +137,16 @@ class Model {
   // the cache's n_ctx(); kResourceExhausted when a paged cache's pool has no
   // block left for the positions written (KvCache::prepare: blocks may have
   // been attached, sizes and rows are unchanged).
-  core::Expected<void> forward(const Batch& batch, std::span<KvCache* const> caches,
-                               Workspace& ws, std::span<float> logits,
-                               core::ThreadPool& pool) const;
+  core::Expected<void> forward(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                               std::span<float> logits, core::ThreadPool& pool) const;
 
   // forward() that writes, instead of logits, the final hidden state of
   // each wanted token after the output norm (RMSNorm(x) * output_norm.weight,
   // the vector the output matrix multiplies): `hidden` is
   // [batch.n_wanted()][n_embd] floats, rows in batch order. Same checks,
   // errors and cache updates as forward(); used for embeddings.
-  core::Expected<void> forward_hidden(const Batch& batch, std::span<KvCache* const> caches,
-                                      Workspace& ws, std::span<float> hidden,
-                                      core::ThreadPool& pool) const;
+  core::Expected<void> forward_hidden(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                                      std::span<float> hidden, core::ThreadPool& pool) const;
 
   // Batches longer than this are run in consecutive slices of at most this
   // many tokens (llama.cpp's n_ubatch default), bounding workspace memory;
@@ -161,11 +158,10 @@ class Model {
   // The transformer on one validated slice of a batch; writes the slice's
   // wanted logits rows to `logits`.
   // hidden: write the final-normed rows ([n_wanted][n_embd]) instead of logits.
-  void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches,
-                  Workspace& ws, float* logits, core::ThreadPool& pool, bool hidden = false) const;
-  core::Expected<void> forward_impl(const Batch& batch, std::span<KvCache* const> caches,
-                                    Workspace& ws, std::span<float> out, core::ThreadPool& pool,
-                                    bool hidden) const;
+  void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches, Workspace& ws, float* logits,
+                  core::ThreadPool& pool, bool hidden = false) const;
+  core::Expected<void> forward_impl(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                                    std::span<float> out, core::ThreadPool& pool, bool hidden) const;
   std::shared_ptr<const gguf::File> file_;
   ModelConfig config_;
   Weights weights_;

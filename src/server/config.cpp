@@ -1,15 +1,15 @@
 // `bonsai serve` configuration (flags + TOML). See config.h.
 #include "server/config.h"
 
+#include <toml++/toml.h>
+
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
-#include <toml++/toml.h>
-
 #include "core/ggml_types.h"  // parse_q2_layout
-#include "model/kv_cache.h"    // parse_kv_type
+#include "model/kv_cache.h"   // parse_kv_type
 
 namespace bonsai::server {
 namespace {
@@ -39,18 +39,21 @@ core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
   // A file whose name holds '=' (e.g. /runs/lr=3e-4/model.gguf) is a FILE,
   // not ID=FILE: an existing file wins.
   std::error_code ec;
-  if (eq != std::string_view::npos && std::filesystem::is_regular_file(std::string(arg), ec)) eq = std::string_view::npos;
+  if (eq != std::string_view::npos && std::filesystem::is_regular_file(std::string(arg), ec))
+    eq = std::string_view::npos;
   if (eq != std::string_view::npos) {
     m.id = std::string(arg.substr(0, eq));
     m.path = std::string(arg.substr(eq + 1));
-    if (m.id.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty model id before '='");
+    if (m.id.empty())
+      return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty model id before '='");
   } else {
     m.path = std::string(arg);
     std::filesystem::path p(m.path);
     m.id = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
   }
   if (m.path.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty file path");
-  if (m.id.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': cannot derive a model id");
+  if (m.id.empty())
+    return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': cannot derive a model id");
   return m;
 }
 
@@ -122,8 +125,7 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
        : key == "cors-origin"  ? config.cors_origin
                                : config.q2_layout) = *s;
     } else if (key == "timeout") {
-      if (!node.is_number())
-        return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
+      if (!node.is_number()) return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
       config.timeout_s = *node.value<double>();
     } else if (key == "pool-size" || key == "models-max" || key == "mem-budget" || key == "ctx-size" ||
                key == "threads" || key == "port" || key == "max-body" || key == "queue-factor" ||
@@ -133,25 +135,33 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       if (*v < 0) return core::fail(core::Errc::kInvalidArgument, where + ": must be >= 0");
       // Every key but the two byte counts is an int: a larger value used to be
       // truncated silently (port = 4294975376 served on 8080).
-      if (key != "mem-budget" && key != "max-body" && key != "kv-budget-tokens" &&
-          *v > std::numeric_limits<int>::max())
-        return core::fail(core::Errc::kInvalidArgument,
-                          where + ": " + std::to_string(*v) + " is too large (at most " +
-                              std::to_string(std::numeric_limits<int>::max()) + ")");
-      if (key == "pool-size") config.pool_size = static_cast<int>(*v);
-      else if (key == "models-max") config.models_max = static_cast<int>(*v);
-      else if (key == "mem-budget") config.mem_budget_mb = static_cast<uint64_t>(*v);
-      else if (key == "ctx-size") config.ctx_size = static_cast<int>(*v);
-      else if (key == "threads") config.threads = static_cast<int>(*v);
-      else if (key == "port") config.port = static_cast<int>(*v);
-      else if (key == "max-body") config.max_body_bytes = static_cast<size_t>(*v);
-      else if (key == "kv-budget-tokens") config.kv_budget_tokens = *v;
-      else config.queue_factor = static_cast<int>(*v);
+      if (key != "mem-budget" && key != "max-body" && key != "kv-budget-tokens" && *v > std::numeric_limits<int>::max())
+        return core::fail(core::Errc::kInvalidArgument, where + ": " + std::to_string(*v) + " is too large (at most " +
+                                                            std::to_string(std::numeric_limits<int>::max()) + ")");
+      if (key == "pool-size")
+        config.pool_size = static_cast<int>(*v);
+      else if (key == "models-max")
+        config.models_max = static_cast<int>(*v);
+      else if (key == "mem-budget")
+        config.mem_budget_mb = static_cast<uint64_t>(*v);
+      else if (key == "ctx-size")
+        config.ctx_size = static_cast<int>(*v);
+      else if (key == "threads")
+        config.threads = static_cast<int>(*v);
+      else if (key == "port")
+        config.port = static_cast<int>(*v);
+      else if (key == "max-body")
+        config.max_body_bytes = static_cast<size_t>(*v);
+      else if (key == "kv-budget-tokens")
+        config.kv_budget_tokens = *v;
+      else
+        config.queue_factor = static_cast<int>(*v);
     } else {
       return core::fail(core::Errc::kInvalidArgument,
-                        where + ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
-                                "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
-                                "cache-type-k, cache-type-v, cors-origin)");
+                        where +
+                            ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
+                            "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
+                            "cache-type-k, cache-type-v, cors-origin)");
     }
   }
   return {};
@@ -172,14 +182,17 @@ core::Expected<void> validate_serve_config(const ServeConfig& c) {
   if (c.port < 0 || c.port > 65535)
     return core::fail(core::Errc::kInvalidArgument, "port " + std::to_string(c.port) + " is not in 0..65535");
   if (c.pool_size < 0 || c.models_max < 0 || c.ctx_size < 0 || c.threads < 0 || c.queue_factor < 0)
-    return core::fail(core::Errc::kInvalidArgument, "pool-size, models-max, ctx-size, threads and queue-factor must be >= 0");
+    return core::fail(core::Errc::kInvalidArgument,
+                      "pool-size, models-max, ctx-size, threads and queue-factor must be >= 0");
   if (!(c.timeout_s > 0)) return core::fail(core::Errc::kInvalidArgument, "timeout must be > 0 seconds");
   if (c.max_body_bytes == 0) return core::fail(core::Errc::kInvalidArgument, "max-body must be > 0 bytes");
   if (!c.q2_layout.empty() && !core::parse_q2_layout(c.q2_layout))
     return core::fail(core::Errc::kInvalidArgument, "q2-layout: unknown Q2_0 layout '" + c.q2_layout +
                                                         "' (expected g64, g128-d-first or g128-qs-first)");
-  for (const auto& [key, value] : {std::pair{"cache-type-k", &c.cache_type_k}, std::pair{"cache-type-v", &c.cache_type_v}}) {
-    if (auto t = model::parse_kv_type(*value); !t) return core::fail(core::Errc::kInvalidArgument, std::string(key) + ": " + t.error().message);
+  for (const auto& [key, value] :
+       {std::pair{"cache-type-k", &c.cache_type_k}, std::pair{"cache-type-v", &c.cache_type_v}}) {
+    if (auto t = model::parse_kv_type(*value); !t)
+      return core::fail(core::Errc::kInvalidArgument, std::string(key) + ": " + t.error().message);
   }
   for (size_t i = 0; i < c.models.size(); ++i)
     for (size_t j = i + 1; j < c.models.size(); ++j)
@@ -188,7 +201,8 @@ core::Expected<void> validate_serve_config(const ServeConfig& c) {
   for (const auto& id : c.preload) {
     bool found = false;
     for (const auto& m : c.models) found = found || m.id == id;
-    if (!found) return core::fail(core::Errc::kInvalidArgument, "router.preload names '" + id + "', which is not a model");
+    if (!found)
+      return core::fail(core::Errc::kInvalidArgument, "router.preload names '" + id + "', which is not a model");
   }
   return {};
 }

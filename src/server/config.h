@@ -28,7 +28,7 @@ namespace bonsai::server {
 
 // One `-m [ID=]FILE`.
 struct ModelArg {
-  std::string id;    // defaults to the file name without .gguf
+  std::string id;  // defaults to the file name without .gguf
   std::string path;
 };
 
@@ -43,7 +43,7 @@ struct ServeConfig {
   // kv-budget-tokens: KV positions per model, all sequences together (one
   // paged block pool); 0: pool_size x ctx_size. At least ctx_size.
   int64_t kv_budget_tokens = 0;
-  int threads = 0;                   // compute threads; 0: physical cores
+  int threads = 0;  // compute threads; 0: physical cores
   std::string host = "127.0.0.1";
   int port = 8080;
   std::string api_key;               // empty: no authentication

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "engine/model_pool.h"  // ModelPool::list / peek (refresh_model_gauges)
+#include "engine/model_pool.h"    // ModelPool::list / peek (refresh_model_gauges)
 #include "engine/rate_tracker.h"  // RequestRateStats
 #include "engine/scheduler.h"     // SchedulerStats, kStepBuckets
 
@@ -27,9 +27,12 @@ std::string with_braces(const std::string& inner) { return inner.empty() ? "" : 
 std::string escape_help(const std::string& h) {
   std::string out;
   for (char c : h) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -40,10 +43,14 @@ std::string escape_label_value(const std::string& v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -99,8 +106,8 @@ void MetricsRegistry::clear(const std::string& name) {
   it->second.label_sets.clear();
 }
 
-void MetricsRegistry::set_histogram(const std::string& name, const Labels& labels,
-                                    const std::vector<uint64_t>& counts, double sum) {
+void MetricsRegistry::set_histogram(const std::string& name, const Labels& labels, const std::vector<uint64_t>& counts,
+                                    double sum) {
   std::lock_guard lock(mu_);
   auto it = families_.find(name);
   if (it == families_.end() || it->second.type != MetricType::kHistogram) return;
@@ -135,7 +142,9 @@ std::string MetricsRegistry::expose() const {
   std::lock_guard lock(mu_);
   std::string out;
   for (const auto& [name, f] : families_) {
-    const char* type = f.type == MetricType::kCounter ? "counter" : f.type == MetricType::kGauge ? "gauge" : "histogram";
+    const char* type = f.type == MetricType::kCounter ? "counter"
+                       : f.type == MetricType::kGauge ? "gauge"
+                                                      : "histogram";
     out += "# HELP " + name + " " + escape_help(f.help) + "\n";
     out += "# TYPE " + name + " " + type + "\n";
     if (f.type != MetricType::kHistogram) {
@@ -176,36 +185,28 @@ uint64_t MetricsRegistry::histogram_count(const std::string& name, const Labels&
 using namespace metric;
 
 void declare_server_metrics(MetricsRegistry& m) {
-  const std::vector<double> latency = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                       0.25,  0.5,    1,     2.5,  5,     10,   30};
+  const std::vector<double> latency = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   m.declare(kRequests, "HTTP requests by route and status code.", MetricType::kCounter);
   m.declare(kPromptTokens, "Prompt tokens processed, by model.", MetricType::kCounter);
   m.declare(kCompletionTokens, "Completion tokens generated, by model.", MetricType::kCounter);
   m.declare(kTtft, "Time from admission to the first generated token.", MetricType::kHistogram, latency);
   m.declare(kItl, "Time between consecutive generated tokens.", MetricType::kHistogram, latency);
   m.declare(kQueueWait, "Time a request waited for an engine replica.", MetricType::kHistogram, latency);
-  m.declare(kRejected, "Requests refused with 503 because the model's wait queue was full.",
-            MetricType::kCounter);
-  m.declare(kCancelled, "Generations cut short, by reason (client_gone, timeout, shutdown).",
-            MetricType::kCounter);
+  m.declare(kRejected, "Requests refused with 503 because the model's wait queue was full.", MetricType::kCounter);
+  m.declare(kCancelled, "Generations cut short, by reason (client_gone, timeout, shutdown).", MetricType::kCounter);
   m.declare(kPoolSize, "Engine replicas of each loaded model.", MetricType::kGauge);
   m.declare(kPoolBusy, "Engine replicas leased right now, per model.", MetricType::kGauge);
   m.declare(kWaiting, "Requests queued for a sequence slot, per model.", MetricType::kGauge);
   m.declare(kModelsLoaded, "Models loaded and ready.", MetricType::kGauge);
-  m.declare(kModelBytes, "Estimated bytes of each resident model (mapping + KV caches).",
-            MetricType::kGauge);
+  m.declare(kModelBytes, "Estimated bytes of each resident model (mapping + KV caches).", MetricType::kGauge);
   m.declare(kMemoryBytes, "Estimated bytes of all resident models.", MetricType::kGauge);
-  m.declare(kBudgetBytes, "Memory budget for resident models in bytes (0 = unlimited).",
-            MetricType::kGauge);
+  m.declare(kBudgetBytes, "Memory budget for resident models in bytes (0 = unlimited).", MetricType::kGauge);
   m.declare(kEngineItlP50, "Median inter-token latency over the engine's recent requests, per model.",
             MetricType::kGauge);
-  m.declare(kEngineItlP95, "95th percentile inter-token latency over recent requests, per model.",
-            MetricType::kGauge);
-  m.declare(kEngineTps, "Mean decode tokens/s per request over recent requests, per model.",
-            MetricType::kGauge);
+  m.declare(kEngineItlP95, "95th percentile inter-token latency over recent requests, per model.", MetricType::kGauge);
+  m.declare(kEngineTps, "Mean decode tokens/s per request over recent requests, per model.", MetricType::kGauge);
   m.declare(kRunning, "Sequences in the model's step loop right now.", MetricType::kGauge);
-  m.declare(kKvUsage, "KV-cache positions held by running sequences / all positions (0..1).",
-            MetricType::kGauge);
+  m.declare(kKvUsage, "KV-cache positions held by running sequences / all positions (0..1).", MetricType::kGauge);
   std::vector<double> step_buckets;
   for (int64_t b : engine::kStepBuckets) step_buckets.push_back(static_cast<double>(b));
   m.declare(kStepTokens, "Tokens per forward step of the scheduler (batch size).", MetricType::kHistogram,
@@ -220,8 +221,8 @@ void declare_server_metrics(MetricsRegistry& m) {
 
 void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models) {
   auto rows = models.list();
-  for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps,
-                        kRunning, kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage})
+  for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps, kRunning,
+                        kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage})
     reg.clear(g);
   size_t loaded = 0;
   for (const auto& m : rows) {

@@ -33,8 +33,7 @@ class MetricsRegistry {
   // Declares a family. `name` must match [a-zA-Z_:][a-zA-Z0-9_:]*; counters
   // should end in _total. `buckets`: histogram upper bounds, ascending (the
   // +Inf bucket is implicit). Re-declaring a name keeps the first declaration.
-  void declare(const std::string& name, const std::string& help, MetricType type,
-               std::vector<double> buckets = {});
+  void declare(const std::string& name, const std::string& help, MetricType type, std::vector<double> buckets = {});
 
   // Adds `v` (>= 0) to a counter.
   void inc(const std::string& name, const Labels& labels, double v = 1.0);
@@ -45,8 +44,7 @@ class MetricsRegistry {
   // Replaces a histogram sample wholesale (one kept elsewhere, e.g. by the
   // scheduler): `counts` per bucket, not cumulative, the last one +Inf
   // (size = buckets + 1; other sizes are ignored), with their sum and count.
-  void set_histogram(const std::string& name, const Labels& labels, const std::vector<uint64_t>& counts,
-                     double sum);
+  void set_histogram(const std::string& name, const Labels& labels, const std::vector<uint64_t>& counts, double sum);
   // Records one observation in a histogram.
   void observe(const std::string& name, const Labels& labels, double v);
 

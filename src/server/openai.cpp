@@ -1,15 +1,14 @@
 // OpenAI request parsing/validation and response builders. See openai.h.
 #include "server/openai.h"
 
-#include "server/structured_output.h"  // build_output_grammar
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
 #include <random>
 
-#include "tokenizer/unicode.h"  // sanitize_utf8
+#include "server/structured_output.h"  // build_output_grammar
+#include "tokenizer/unicode.h"         // sanitize_utf8
 
 namespace bonsai::server {
 
@@ -47,22 +46,30 @@ namespace {
 
 const char* json_type_name(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
-    case json::value_t::number_float: return "number";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::number_float:
+      return "number";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "integer";
-    default: return "unknown";
+    case json::value_t::number_unsigned:
+      return "integer";
+    default:
+      return "unknown";
   }
 }
 
 ApiError wrong_type(const std::string& field, const char* expected, const json& got) {
-  return bad_request("Invalid type for '" + field + "': expected " + expected + ", but got " +
-                         json_type_name(got) + ".",
-                     field, "invalid_type");
+  return bad_request(
+      "Invalid type for '" + field + "': expected " + expected + ", but got " + json_type_name(got) + ".", field,
+      "invalid_type");
 }
 
 // Reads an optional number in [lo, hi]; null means absent.
@@ -89,9 +96,9 @@ std::optional<ApiError> get_int(const json& body, const char* field, int64_t lo,
   int64_t v = 0;
   if (it->is_number_integer()) {
     if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-      return bad_request("Invalid value for '" + std::string(field) + "': " + it->dump() + " is above " +
-                             std::to_string(hi) + ".",
-                         field, "invalid_value");
+      return bad_request(
+          "Invalid value for '" + std::string(field) + "': " + it->dump() + " is above " + std::to_string(hi) + ".",
+          field, "invalid_value");
     }
     v = it->get<int64_t>();
   } else if (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()) {
@@ -162,9 +169,9 @@ std::optional<ApiError> parse_tools(const json& body) {
       if (type == tool.end() || type->is_null()) return missing(where + ".type");
       if (!type->is_string()) return wrong_type(where + ".type", "a string", *type);
       if (*type != "function")
-        return bad_request("Invalid value for '" + where + ".type': " + type->dump() +
-                               ". Supported values are: 'function'.",
-                           where + ".type", "invalid_value");
+        return bad_request(
+            "Invalid value for '" + where + ".type': " + type->dump() + ". Supported values are: 'function'.",
+            where + ".type", "invalid_value");
       auto fn = tool.find("function");
       if (fn == tool.end() || fn->is_null()) return missing(where + ".function");
       if (!fn->is_object()) return wrong_type(where + ".function", "an object", *fn);
@@ -182,8 +189,9 @@ std::optional<ApiError> parse_tools(const json& body) {
                                     ch == '_' || ch == '-';
                            });
       if (!name_ok)
-        return bad_request("Invalid '" + fw + ".name': string does not match pattern. Expected a string that "
-                                                "matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
+        return bad_request("Invalid '" + fw +
+                               ".name': string does not match pattern. Expected a string that "
+                               "matches the pattern '^[a-zA-Z0-9_-]{1,64}$'.",
                            fw + ".name", "invalid_value");
       if (auto e = check_optional_string(*fn, "description", fw)) return e;
       if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object())
@@ -197,9 +205,9 @@ std::optional<ApiError> parse_tools(const json& body) {
     if (c->is_string()) {
       const std::string& v = c->get_ref<const std::string&>();
       if (v != "none" && v != "auto" && v != "required")
-        return bad_request("Invalid value for 'tool_choice': " + c->dump() +
-                               ". Supported values are: 'none', 'auto' and 'required'.",
-                           "tool_choice", "invalid_value");
+        return bad_request(
+            "Invalid value for 'tool_choice': " + c->dump() + ". Supported values are: 'none', 'auto' and 'required'.",
+            "tool_choice", "invalid_value");
       if (v == "required" && !have_tools)
         return bad_request("Invalid value for 'tool_choice': 'required' is only allowed when 'tools' are specified.",
                            "tool_choice", "invalid_value");
@@ -208,9 +216,9 @@ std::optional<ApiError> parse_tools(const json& body) {
       if (type == c->end() || type->is_null()) return missing("tool_choice.type");
       if (!type->is_string()) return wrong_type("tool_choice.type", "a string", *type);
       if (*type != "function")
-        return bad_request("Invalid value for 'tool_choice.type': " + type->dump() +
-                               ". Supported values are: 'function'.",
-                           "tool_choice.type", "invalid_value");
+        return bad_request(
+            "Invalid value for 'tool_choice.type': " + type->dump() + ". Supported values are: 'function'.",
+            "tool_choice.type", "invalid_value");
       auto fn = c->find("function");
       if (fn == c->end() || fn->is_null()) return missing("tool_choice.function");
       if (!fn->is_object()) return wrong_type("tool_choice.function", "an object", *fn);
@@ -219,9 +227,9 @@ std::optional<ApiError> parse_tools(const json& body) {
       if (!name->is_string()) return wrong_type("tool_choice.function.name", "a string", *name);
       const std::vector<std::string> names = have_tools ? tool_names(*tools) : std::vector<std::string>{};
       if (std::find(names.begin(), names.end(), name->get<std::string>()) == names.end())
-        return bad_request("Invalid value for 'tool_choice': no function named " + name->dump() +
-                               " is declared in 'tools'.",
-                           "tool_choice.function.name", "invalid_value");
+        return bad_request(
+            "Invalid value for 'tool_choice': no function named " + name->dump() + " is declared in 'tools'.",
+            "tool_choice.function.name", "invalid_value");
     } else {
       return wrong_type("tool_choice", "a string or an object", *c);
     }
@@ -265,7 +273,8 @@ std::optional<ApiError> check_response_format(const json& body) {
 // message reader (tokenizer::parse_chat_message) on `ordered`, the body in
 // document order (object-valued tool-call arguments keep the client's key
 // order, as the chat template's tojson writes them).
-std::optional<ApiError> parse_messages(const json& body, const nlohmann::ordered_json& ordered, CompletionRequest& out) {
+std::optional<ApiError> parse_messages(const json& body, const nlohmann::ordered_json& ordered,
+                                       CompletionRequest& out) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null())
     return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
@@ -311,9 +320,9 @@ std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
     return std::nullopt;
   }
   if (it->size() != 1)
-    return bad_request("Invalid 'prompt': only one prompt per request is supported (got " +
-                           std::to_string(it->size()) + ").",
-                       "prompt", "invalid_value");
+    return bad_request(
+        "Invalid 'prompt': only one prompt per request is supported (got " + std::to_string(it->size()) + ").",
+        "prompt", "invalid_value");
   if (!(*it)[0].is_string()) return wrong_type("prompt[0]", "a string", (*it)[0]);
   out.prompt = (*it)[0].get<std::string>();
   return std::nullopt;
@@ -348,14 +357,15 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   out = CompletionRequest{};
   out.endpoint = endpoint;
   if (json_nesting_exceeds(body_text, kMaxJsonDepth))
-    return bad_request("The JSON body of your request nests arrays/objects deeper than " +
-                           std::to_string(kMaxJsonDepth) + " levels.",
-                       {}, "invalid_json");
+    return bad_request(
+        "The JSON body of your request nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) + " levels.",
+        {}, "invalid_json");
   json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded())
-    return bad_request("We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
-                       "your HTTP library correctly. The OpenAI API expects a JSON payload.)",
-                       {}, "invalid_json");
+    return bad_request(
+        "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+        "your HTTP library correctly. The OpenAI API expects a JSON payload.)",
+        {}, "invalid_json");
   if (!body.is_object()) return bad_request("The request body must be a JSON object.", {}, "invalid_json");
 
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
@@ -463,9 +473,9 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       if (!val.is_number()) return wrong_type("logit_bias." + key, "a number", val);
       const double b = val.get<double>();
       if (!(b >= -100.0 && b <= 100.0))
-        return bad_request("Invalid value in 'logit_bias' for token " + key + ": " + val.dump() +
-                               " is not in [-100, 100].",
-                           "logit_bias", "invalid_value");
+        return bad_request(
+            "Invalid value in 'logit_bias' for token " + key + ": " + val.dump() + " is not in [-100, 100].",
+            "logit_bias", "invalid_value");
       out.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
     }
   }
@@ -481,8 +491,8 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
       return wrong_type("stop", "a string or an array of strings", *it);
     }
     if (out.stop.size() > kMaxStop)
-      return bad_request("Invalid 'stop': at most " + std::to_string(kMaxStop) + " stop sequences are allowed.",
-                         "stop", "invalid_value");
+      return bad_request("Invalid 'stop': at most " + std::to_string(kMaxStop) + " stop sequences are allowed.", "stop",
+                         "invalid_value");
     std::erase_if(out.stop, [](const std::string& s) { return s.empty(); });
   }
   // Structured outputs (structured_output.h): compiled here so a bad schema
@@ -643,7 +653,8 @@ json build_chat_logprobs(const std::vector<LogprobEntry>& entries) {
   for (const auto& e : entries) {
     json top = json::array();
     for (const auto& [bytes, lp] : e.top)
-      top.push_back({{"token", tokenizer::unicode::sanitize_utf8(bytes)}, {"logprob", lp}, {"bytes", byte_values(bytes)}});
+      top.push_back(
+          {{"token", tokenizer::unicode::sanitize_utf8(bytes)}, {"logprob", lp}, {"bytes", byte_values(bytes)}});
     content.push_back({{"token", tokenizer::unicode::sanitize_utf8(e.bytes)},
                        {"logprob", number_or_null(e.logprob)},
                        {"bytes", byte_values(e.bytes)},

@@ -10,17 +10,16 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "engine/chat_output.h"      // ParsedToolCall
-#include "engine/logprobs.h"         // kMaxTopLogprobs
+#include "engine/chat_output.h"       // ParsedToolCall
+#include "engine/logprobs.h"          // kMaxTopLogprobs
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
 
 namespace bonsai::engine {
@@ -53,37 +52,37 @@ enum class Endpoint { kChat, kCompletion };
 // model's defaults apply.
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
-  std::string model;                               // may be empty: the server's default model
-  std::vector<tokenizer::ChatMessage> messages;    // chat
-  nlohmann::ordered_json tools = nullptr;          // chat: OpenAI `tools` (array) or null
-  bool tool_choice_none = false;                   // chat: tool_choice "none" (tool calls stay text)
-  bool enable_thinking = true;                     // chat_template_kwargs.enable_thinking
-  std::string prompt;                              // completions, text form
-  std::vector<int32_t> prompt_ids;                 // completions, token-id form (non-empty: used)
-  std::optional<int32_t> max_tokens;               // max_tokens or max_completion_tokens (>= 1)
-  std::optional<float> temperature;                // [0, 2]
-  std::optional<float> top_p;                      // [0, 1]
-  std::optional<int32_t> top_k;                    // >= 0 (0: off)
-  std::optional<float> min_p;                      // [0, 1]
-  std::optional<float> repeat_penalty;             // > 0
-  std::optional<float> presence_penalty;           // [-2, 2]
-  std::optional<float> frequency_penalty;          // [-2, 2]
+  std::string model;                             // may be empty: the server's default model
+  std::vector<tokenizer::ChatMessage> messages;  // chat
+  nlohmann::ordered_json tools = nullptr;        // chat: OpenAI `tools` (array) or null
+  bool tool_choice_none = false;                 // chat: tool_choice "none" (tool calls stay text)
+  bool enable_thinking = true;                   // chat_template_kwargs.enable_thinking
+  std::string prompt;                            // completions, text form
+  std::vector<int32_t> prompt_ids;               // completions, token-id form (non-empty: used)
+  std::optional<int32_t> max_tokens;             // max_tokens or max_completion_tokens (>= 1)
+  std::optional<float> temperature;              // [0, 2]
+  std::optional<float> top_p;                    // [0, 1]
+  std::optional<int32_t> top_k;                  // >= 0 (0: off)
+  std::optional<float> min_p;                    // [0, 1]
+  std::optional<float> repeat_penalty;           // > 0
+  std::optional<float> presence_penalty;         // [-2, 2]
+  std::optional<float> frequency_penalty;        // [-2, 2]
   std::optional<uint64_t> seed;
-  bool ignore_eos = false;                         // llama.cpp extension: keep going past EOS
+  bool ignore_eos = false;                            // llama.cpp extension: keep going past EOS
   std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI logit_bias: {"token id": bias in [-100, 100]}
-  std::vector<std::string> stop;                   // up to kMaxStop non-empty strings
-  int n = 1;                                       // [1, kMaxChoices]
+  std::vector<std::string> stop;                      // up to kMaxStop non-empty strings
+  int n = 1;                                          // [1, kMaxChoices]
   bool stream = false;
-  bool include_usage = false;                      // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
   // Structured outputs (response_format json / grammar / json_schema /
   // tool_choice required or named), compiled (server/structured_output.h).
   // nullptr: unconstrained.
   std::shared_ptr<const engine::Grammar> grammar;
-  bool forced_tool_call = false;                   // the grammar makes the answer tool calls
+  bool forced_tool_call = false;  // the grammar makes the answer tool calls
   // Log probabilities: < 0 off; k >= 0: each token's plus k alternatives
   // (chat: logprobs true + top_logprobs k; completions: logprobs k), k <= 20.
   int32_t logprobs = -1;
-  bool echo = false;                               // completions: the prompt precedes the answer
+  bool echo = false;  // completions: the prompt precedes the answer
 };
 
 inline constexpr int kMaxChoices = 16;
@@ -102,8 +101,7 @@ bool json_nesting_exceeds(std::string_view text, int max_depth);
 // Parses and validates a request body. Unknown fields are ignored; a field
 // of the wrong type or out of range is a 400 naming it in `param`; a body
 // nested deeper than kMaxJsonDepth is a 400 (code "invalid_json").
-std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint,
-                                                 CompletionRequest& out);
+std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out);
 
 // Token counts of one request (OpenAI `usage`).
 struct Usage {
@@ -121,15 +119,15 @@ struct Choice {
   std::string finish_reason;  // "stop" | "length" | "tool_calls"
   std::string reasoning;      // chat: message.reasoning_content (left out when empty)
   std::vector<engine::ParsedToolCall> tool_calls;  // chat: message.tool_calls (left out when empty)
-  nlohmann::json logprobs = nullptr;  // build_chat_logprobs / build_completion_logprobs, or null
+  nlohmann::json logprobs = nullptr;               // build_chat_logprobs / build_completion_logprobs, or null
 };
 
 // One token position's log probabilities, its strings resolved by the caller
 // (Tokenizer::token_to_bytes).
 struct LogprobEntry {
-  std::string bytes;  // the token's raw bytes (may be a partial UTF-8 character)
+  std::string bytes;                                        // the token's raw bytes (may be a partial UTF-8 character)
   float logprob = std::numeric_limits<float>::quiet_NaN();  // NaN: null (echo's first token)
-  std::vector<std::pair<std::string, float>> top;          // (raw bytes, logprob), most likely first
+  std::vector<std::pair<std::string, float>> top;           // (raw bytes, logprob), most likely first
 };
 
 // Chat `logprobs` (OpenAI): {"content": [{"token", "logprob", "bytes": [..],

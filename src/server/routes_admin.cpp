@@ -11,10 +11,10 @@
 #include <string_view>
 #include <vector>
 
-#include "core/ggml_types.h"     // parse_q2_layout (admin load)
-#include "engine/load_fit.h"     // check_load_fit
-#include "model/kv_cache.h"      // parse_kv_type (cache_type_k / cache_type_v)
-#include "server/web_ui.h"       // GET /: the embedded web chat page
+#include "core/ggml_types.h"  // parse_q2_layout (admin load)
+#include "engine/load_fit.h"  // check_load_fit
+#include "model/kv_cache.h"   // parse_kv_type (cache_type_k / cache_type_v)
+#include "server/web_ui.h"    // GET /: the embedded web chat page
 
 namespace bonsai::server {
 
@@ -89,8 +89,11 @@ struct AdminRoutes {
   json models_json(bool with_files = true) const {
     json arr = json::array();
     for (const auto& m : ctx_.models->list()) {
-      json j{{"id", m.id},         {"state", engine::model_state_name(m.state)},
-             {"in_flight", m.in_flight}, {"mem_bytes", m.mem_bytes}, {"pool_size", m.pool_size},
+      json j{{"id", m.id},
+             {"state", engine::model_state_name(m.state)},
+             {"in_flight", m.in_flight},
+             {"mem_bytes", m.mem_bytes},
+             {"pool_size", m.pool_size},
              {"busy", m.busy}};
       if (m.kv_capacity_bytes > 0) {
         // The model's KV block pool: its budget, the bytes held by sequences
@@ -120,11 +123,12 @@ struct AdminRoutes {
   }
 
   void handle_admin_list(HttpResponse& res) {
-    send_json(res, 200, json{{"object", "list"},
-                             {"data", models_json()},
-                             {"capacity", ctx_.models->capacity()},
-                             {"mem_budget_bytes", ctx_.models->mem_budget_bytes()},
-                             {"mem_bytes", ctx_.models->current_mem_bytes()}});
+    send_json(res, 200,
+              json{{"object", "list"},
+                   {"data", models_json()},
+                   {"capacity", ctx_.models->capacity()},
+                   {"mem_budget_bytes", ctx_.models->mem_budget_bytes()},
+                   {"mem_bytes", ctx_.models->current_mem_bytes()}});
   }
 
   static std::optional<ApiError> parse_admin_body(const std::string& body_text, json& body) {
@@ -153,7 +157,8 @@ struct AdminRoutes {
     engine::ModelSpec spec = ctx_.opt.default_spec;
     auto path = body.find("path");
     if (path != body.end()) {
-      if (!path->is_string()) return send_error(res, bad_request("Invalid type for 'path': expected a string.", "path", "invalid_type"));
+      if (!path->is_string())
+        return send_error(res, bad_request("Invalid type for 'path': expected a string.", "path", "invalid_type"));
       spec.path = path->get<std::string>();
     } else if (auto reg = ctx_.models->registration(id)) {
       spec = *reg;
@@ -175,7 +180,8 @@ struct AdminRoutes {
     // absent or null keeps the registration's (a new path: detected).
     if (auto it = body.find("q2_layout"); it != body.end() && !it->is_null()) {
       if (!it->is_string())
-        return send_error(res, bad_request("Invalid type for 'q2_layout': expected a string.", "q2_layout", "invalid_type"));
+        return send_error(res,
+                          bad_request("Invalid type for 'q2_layout': expected a string.", "q2_layout", "invalid_type"));
       const std::string name = it->get<std::string>();
       spec.q2_layout = core::parse_q2_layout(name);
       if (!spec.q2_layout)
@@ -189,14 +195,18 @@ struct AdminRoutes {
       auto it = body.find(f);
       if (it == body.end() || it->is_null()) continue;
       if (!it->is_string())
-        return send_error(res, bad_request(std::string("Invalid type for '") + f + "': expected a string.", f, "invalid_type"));
+        return send_error(
+            res, bad_request(std::string("Invalid type for '") + f + "': expected a string.", f, "invalid_type"));
       const auto t = model::parse_kv_type(it->get<std::string>());
-      if (!t) return send_error(res, bad_request(std::string("Invalid '") + f + "': " + t.error().message + ".", f, "invalid_value"));
+      if (!t)
+        return send_error(
+            res, bad_request(std::string("Invalid '") + f + "': " + t.error().message + ".", f, "invalid_value"));
       (std::string(f) == "cache_type_k" ? spec.kv_type_k : spec.kv_type_v) = *t;
     }
     std::error_code ec;
     if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))
-      return send_error(res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
+      return send_error(
+          res, bad_request("Invalid 'path': " + spec.path + " is not a readable file.", "path", "invalid_value"));
     auto given = [&](const char* f) { return body.contains(f) && !body[f].is_null(); };
     if (auto e = check_load_fits(id, spec, given("ctx_size"), given("pool_size"))) return send_error(res, *e);
     // Registers and loads as one step: a refused or failed load leaves the

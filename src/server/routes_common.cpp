@@ -9,8 +9,7 @@ namespace bonsai::server {
 using json = nlohmann::json;
 
 int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 void send_json(HttpResponse& res, int status, const json& body) {

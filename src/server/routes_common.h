@@ -3,12 +3,11 @@
 // with JSON or an OpenAI-shaped error.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/error.h"
@@ -26,13 +25,12 @@ int64_t unix_now();
 // The server's shared state, owned by Server and outliving every route
 // handler (handlers run until Server::stop() has returned).
 struct ServerContext {
-  ServerContext(std::shared_ptr<engine::ModelPool> m, ServerOptions o)
-      : models(std::move(m)), opt(std::move(o)) {}
+  ServerContext(std::shared_ptr<engine::ModelPool> m, ServerOptions o) : models(std::move(m)), opt(std::move(o)) {}
 
   std::shared_ptr<engine::ModelPool> models;
   const ServerOptions opt;
-  MetricsRegistry metrics;             // thread-safe
-  std::atomic<bool> stopping{false};   // set once by Server::stop()
+  MetricsRegistry metrics;                  // thread-safe
+  std::atomic<bool> stopping{false};        // set once by Server::stop()
   const int64_t started_unix = unix_now();  // `created` of models without their own
 };
 

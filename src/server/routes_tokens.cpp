@@ -1,14 +1,13 @@
 // /tokenize, /detokenize, /v1/embeddings. See routes_tokens.h.
 #include "server/routes_tokens.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -157,18 +156,18 @@ struct EmbedSlots {
 
 void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string& text, HttpResponse& res) {
   if (ctx.stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(std::min(ctx.opt.timeout_s, 1e9)));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(std::min(ctx.opt.timeout_s, 1e9)));
   json body;
   if (auto e = parse_object(text, body)) return send_error(res, *e);
   std::string model_id, format = "float";
   if (auto e = opt_string(body, "model", model_id)) return send_error(res, *e);
   if (auto e = opt_string(body, "encoding_format", format)) return send_error(res, *e);
   if (format != "float" && format != "base64")
-    return send_error(res, bad_request("Invalid value for 'encoding_format': '" + format +
-                                           "' (expected 'float' or 'base64').",
-                                       "encoding_format", "invalid_value"));
+    return send_error(
+        res, bad_request("Invalid value for 'encoding_format': '" + format + "' (expected 'float' or 'base64').",
+                         "encoding_format", "invalid_value"));
   if (auto it = body.find("dimensions"); it != body.end() && !it->is_null())
     return send_error(res, bad_request("'dimensions' is not supported by this server (embeddings have the model's "
                                        "n_embd dimensions); omit it.",
@@ -219,14 +218,13 @@ void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string&
   int64_t total = 0;
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k].empty())
-      return send_error(res, bad_request("Invalid 'input[" + std::to_string(k) + "]': it is empty.", "input",
-                                         "invalid_value"));
+      return send_error(
+          res, bad_request("Invalid 'input[" + std::to_string(k) + "]': it is empty.", "input", "invalid_value"));
     if (static_cast<int64_t>(inputs[k].size()) > lm.n_ctx)
-      return send_error(res, bad_request("Invalid 'input[" + std::to_string(k) + "]': " +
-                                             std::to_string(inputs[k].size()) +
-                                             " tokens exceed the model's context length of " +
-                                             std::to_string(lm.n_ctx) + ".",
-                                         "input", "context_length_exceeded"));
+      return send_error(
+          res, bad_request("Invalid 'input[" + std::to_string(k) + "]': " + std::to_string(inputs[k].size()) +
+                               " tokens exceed the model's context length of " + std::to_string(lm.n_ctx) + ".",
+                           "input", "context_length_exceeded"));
     total += static_cast<int64_t>(inputs[k].size());
   }
 
@@ -241,9 +239,9 @@ void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string&
                                       "overloaded", 1));
   auto lease = lm.pool->acquire(deadline);
   if (!lease)
-    return send_error(res, overloaded(std::string("No engine replica became free: ") +
-                                          engine::pool_error_name(lease.error()) + ".",
-                                      "overloaded", 1));
+    return send_error(
+        res, overloaded(std::string("No engine replica became free: ") + engine::pool_error_name(lease.error()) + ".",
+                        "overloaded", 1));
   json data = json::array();
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (ctx.stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
@@ -258,10 +256,11 @@ void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string&
     }
     data.push_back({{"object", "embedding"}, {"index", k}, {"embedding", std::move(vec)}});
   }
-  send_json(res, 200, json{{"object", "list"},
-                           {"data", std::move(data)},
-                           {"model", lm.id},
-                           {"usage", {{"prompt_tokens", total}, {"total_tokens", total}}}});
+  send_json(res, 200,
+            json{{"object", "list"},
+                 {"data", std::move(data)},
+                 {"model", lm.id},
+                 {"usage", {{"prompt_tokens", total}, {"total_tokens", total}}}});
 }
 
 }  // namespace

@@ -53,10 +53,9 @@ Clock::time_point deadline_after(Clock::time_point t, double seconds) {
 
 // The route a path belongs to (bounded label values for /metrics).
 std::string route_label(const std::string& path) {
-  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                              "/health",              "/metrics",        "/admin/models",
-                                              "/admin/models/load",   "/admin/models/unload",
-                                              "/v1/embeddings",       "/tokenize",       "/detokenize"};
+  static const std::set<std::string> known = {
+      "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
+      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
   if (known.contains(path)) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -75,7 +74,7 @@ struct Job {
   uint64_t seed = 0;
   int n = 1;
   bool include_usage = false;
-  bool stream = false;  // answered as Server-Sent Events
+  bool stream = false;       // answered as Server-Sent Events
   int32_t logprobs = -1;     // < 0: no logprobs; else top alternatives per token
   bool echo = false;         // completions: the prompt text precedes the answer
   std::string echo_text;     // the prompt as its tokens' text (echo)
@@ -310,7 +309,8 @@ struct Server::Impl {
     // refuse this one); submit() checks the queue again after tokenizing.
     const size_t queue_limit = static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * lm.pool->size();
     const engine::SchedulerStats load = lm.scheduler ? lm.scheduler->stats() : engine::SchedulerStats{};
-    if (lm.scheduler && static_cast<size_t>(std::max<int64_t>(load.running, 0)) >= static_cast<size_t>(lm.pool->size()) &&
+    if (lm.scheduler &&
+        static_cast<size_t>(std::max<int64_t>(load.running, 0)) >= static_cast<size_t>(lm.pool->size()) &&
         static_cast<size_t>(std::max<int64_t>(load.waiting, 0)) >= queue_limit) {
       ctx.metrics.inc(kRejected, {{"model", model_id}});
       return fail(overloaded("Model '" + model_id + "' is overloaded: " + std::to_string(queue_limit) +
@@ -340,14 +340,16 @@ struct Server::Impl {
     over.stop = cr.stop;
     over.ignore_eos = cr.ignore_eos;
     over.logit_bias = cr.logit_bias;
-    over.grammar = cr.grammar;  // structured outputs (server/structured_output.h)
+    over.grammar = cr.grammar;    // structured outputs (server/structured_output.h)
     over.logprobs = cr.logprobs;  // log-softmax of the raw logits (engine/logprobs.h)
     if (cr.echo && cr.logprobs >= 0) over.prompt_logprobs = cr.logprobs;  // echo: the prompt's too
     engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
     popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
-    popt.prompt_cap_source = "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
+    popt.prompt_cap_source =
+        "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
     auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, over, popt);
-    if (!prepared) return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));
+    if (!prepared)
+      return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));
     job->prompt = std::move(prepared->prompt);
     job->params = std::move(prepared->params);
     const int64_t n_prompt = static_cast<int64_t>(job->prompt.size());
@@ -367,8 +369,8 @@ struct Server::Impl {
     job->n = cr.n;
     job->include_usage = cr.include_usage;
     job->output.parse_reasoning = endpoint == Endpoint::kChat && ctx.opt.parse_reasoning;
-    job->output.parse_tool_calls = endpoint == Endpoint::kChat && cr.tools.is_array() && !cr.tools.empty() &&
-                                   !cr.tool_choice_none;
+    job->output.parse_tool_calls =
+        endpoint == Endpoint::kChat && cr.tools.is_array() && !cr.tools.empty() && !cr.tool_choice_none;
     job->meta = ResponseMeta{new_response_id(endpoint), unix_now(), model_id, endpoint};
 
     // Bounded admission: the model's scheduler queues the job (503 +
@@ -381,14 +383,13 @@ struct Server::Impl {
     cj.n = job->n;
     cj.deadline = job->deadline;
     cj.submitted = admitted;
-    auto handle = lm.scheduler->submit(std::move(cj), static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) *
-                                                         static_cast<size_t>(lm.pool->size()));
+    auto handle = lm.scheduler->submit(
+        std::move(cj), static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * static_cast<size_t>(lm.pool->size()));
     if (!handle) {
       if (handle.error().code == core::Errc::kResourceExhausted) {
         ctx.metrics.inc(kRejected, {{"model", model_id}});
-        return fail(overloaded("Model '" + model_id + "' is overloaded: " + handle.error().message +
-                                              ". Retry later.",
-                                          "overloaded", 1));
+        return fail(overloaded("Model '" + model_id + "' is overloaded: " + handle.error().message + ". Retry later.",
+                               "overloaded", 1));
       }
       return fail(from_core_error(handle.error(), 500));
     }
@@ -422,7 +423,8 @@ struct Server::Impl {
     if (pr.failed && pr.failed->code == core::Errc::kCancelled && pr.cut == CutReason::kNone)
       pr.cut = ctx.stopping ? CutReason::kShutdown : CutReason::kClientGone;
     bool any_cancelled = pr.failed && pr.failed->code == core::Errc::kCancelled;
-    for (const auto& d : pr.done) any_cancelled = any_cancelled || (d && d->finish_reason == engine::FinishReason::kCancelled);
+    for (const auto& d : pr.done)
+      any_cancelled = any_cancelled || (d && d->finish_reason == engine::FinishReason::kCancelled);
     if (any_cancelled) {
       if (pr.cut == CutReason::kNone) pr.cut = ctx.stopping ? CutReason::kShutdown : CutReason::kClientGone;
       ctx.metrics.inc(kCancelled, {{"reason", pr.cut == CutReason::kClientGone ? "client_gone" : "shutdown"}});
@@ -438,7 +440,7 @@ struct Server::Impl {
         return cut_error(cut);
       case core::Errc::kResourceExhausted:
         return ctx.stopping ? overloaded("The server is shutting down.", "shutting_down", 5)
-                        : overloaded("No engine replica became free: " + e.message + ".", "overloaded", 1);
+                            : overloaded("No engine replica became free: " + e.message + ".", "overloaded", 1);
       default:
         return from_core_error(e, 500);
     }
@@ -488,8 +490,8 @@ struct Server::Impl {
         std::vector<LogprobEntry> entries;
         if (!chat && job.echo) entries = logprob_entries(job, d->prompt_logprobs);
         for (auto& e : logprob_entries(job, d->logprobs)) entries.push_back(std::move(e));
-        ch.logprobs = chat ? build_chat_logprobs(entries)
-                           : build_completion_logprobs(entries, job.echo ? 0 : job.prompt_bytes);
+        ch.logprobs =
+            chat ? build_chat_logprobs(entries) : build_completion_logprobs(entries, job.echo ? 0 : job.prompt_bytes);
       }
       if (job.echo) ch.text = job.echo_text + ch.text;
       if (job.meta.endpoint == Endpoint::kChat) {
@@ -519,10 +521,10 @@ struct Server::Impl {
     Impl* impl;
     std::shared_ptr<Job> job;
     std::shared_ptr<Exchange> ex;
-    std::mutex mu;           // guards the three flags below
-    bool queued = false;     // a run() is posted or running
-    bool again = false;      // notified while running: run once more
-    bool finished = false;   // the answer is complete
+    std::mutex mu;                    // guards the three flags below
+    bool queued = false;              // a run() is posted or running
+    bool again = false;               // notified while running: run once more
+    bool finished = false;            // the answer is complete
     std::atomic<int> cut_request{0};  // CutReason asked for from another thread (disconnect, stop)
     // Run-thread state (one run() at a time).
     Progress pr;

@@ -71,8 +71,8 @@ struct ServerOptions {
   // naming the limit, before any tokenization. 0: 32 bytes per context
   // position of the model, at least 64 KiB.
   size_t max_prompt_bytes = 0;
-  std::string default_model;         // used when a request names no model
-  engine::ModelSpec default_spec;    // pool size / context / sampling for admin loads
+  std::string default_model;       // used when a request names no model
+  engine::ModelSpec default_spec;  // pool size / context / sampling for admin loads
   // Seed of requests that give none (`serve --seed`, reproducible
   // deployments); unset: a fresh random seed per request.
   std::optional<uint64_t> default_seed;

@@ -34,8 +34,8 @@ void ShutdownSignals::block() {
 }
 
 void ShutdownSignals::force_exit(int sig) {
-  const std::string msg = std::string("bonsai serve: second ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") +
-                          " during shutdown, exiting now\n";
+  const std::string msg =
+      std::string("bonsai serve: second ") + (sig == SIGINT ? "SIGINT" : "SIGTERM") + " during shutdown, exiting now\n";
   ssize_t ignored = ::write(STDERR_FILENO, msg.data(), msg.size());
   (void)ignored;
   std::_Exit(128 + sig);

@@ -126,8 +126,8 @@ std::string prefix_gbnf_rules(const std::string& gbnf, const std::string& prefix
   return out;
 }
 
-std::optional<ApiError> tool_call_gbnf(const ordered_json& tools, const std::optional<std::string>& only,
-                                       bool parallel, std::string& out) {
+std::optional<ApiError> tool_call_gbnf(const ordered_json& tools, const std::optional<std::string>& only, bool parallel,
+                                       std::string& out) {
   // One alternative per tool: the call's fixed text as Qwen3's template writes
   // it, around the arguments' grammar (the tool's own rules, prefixed "tK-").
   std::string alts, rules;
@@ -140,8 +140,8 @@ std::optional<ApiError> tool_call_gbnf(const ordered_json& tools, const std::opt
     std::string args;
     if (auto e = schema_gbnf(params, "tools[" + std::to_string(i) + "].function.parameters", args)) return e;
     const std::string prefix = "t" + std::to_string(i) + "-";
-    alts += std::string(alts.empty() ? "" : " | ") + gbnf_literal("{\"name\": \"" + name + "\", \"arguments\": ") + " " +
-            prefix + "root " + gbnf_literal("}");
+    alts += std::string(alts.empty() ? "" : " | ") + gbnf_literal("{\"name\": \"" + name + "\", \"arguments\": ") +
+            " " + prefix + "root " + gbnf_literal("}");
     rules += prefix_gbnf_rules(args, prefix);
   }
   if (alts.empty()) return bad_request("No tool matches 'tool_choice'.", "tool_choice", "invalid_value");

@@ -54,7 +54,7 @@ inline constexpr int kMaxParallelToolCalls = 8;
 struct OutputGrammar {
   std::shared_ptr<const engine::Grammar> grammar;  // nullptr: unconstrained
   std::string gbnf;                                // the grammar's text (empty when none)
-  std::string source;    // the field it came from ("response_format", "grammar", "json_schema", "tool_choice")
+  std::string source;             // the field it came from ("response_format", "grammar", "json_schema", "tool_choice")
   bool forced_tool_call = false;  // tool_choice required / named: the answer is tool calls
 };
 
@@ -62,8 +62,7 @@ struct OutputGrammar {
 // so the schema's property order is the answer's). Shapes are assumed checked
 // already (parse_completion_request's checks run first); what is checked here
 // is what the grammar needs. Endpoint kCompletion ignores tools/tool_choice.
-std::optional<ApiError> build_output_grammar(const nlohmann::ordered_json& body, Endpoint endpoint,
-                                             OutputGrammar& out);
+std::optional<ApiError> build_output_grammar(const nlohmann::ordered_json& body, Endpoint endpoint, OutputGrammar& out);
 
 // The GBNF of tool calls in Qwen3's format for `tools` (OpenAI's array, checked),
 // restricted to the function named `only` when set; `parallel`: one to

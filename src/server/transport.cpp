@@ -13,6 +13,9 @@
 #include "server/transport.h"
 
 #include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -21,10 +24,6 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
-
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 namespace bonsai::server {
 
@@ -37,13 +36,14 @@ using SteadyClock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kMinBacklog = 512;
-constexpr size_t kWatchChunk = 4096;            // bytes per disconnect-watch read
-constexpr size_t kMaxPipelined = 64u << 10;     // buffered next-request bytes while answering
-constexpr size_t kLingerBytes = 8u << 20;       // discarded after an error answer, at most
+constexpr size_t kWatchChunk = 4096;         // bytes per disconnect-watch read
+constexpr size_t kMaxPipelined = 64u << 10;  // buffered next-request bytes while answering
+constexpr size_t kLingerBytes = 8u << 20;    // discarded after an error answer, at most
 constexpr auto kLingerTime = std::chrono::seconds(2);
 
 std::chrono::steady_clock::duration seconds(double s) {
-  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(std::max(s, 0.001)));
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::max(s, 0.001)));
 }
 
 bool iequals(std::string_view a, std::string_view b) {
@@ -157,7 +157,8 @@ struct TransportCore {
   bool bound = false;
 
   explicit TransportCore(TransportOptions o)
-      : opt(std::move(o)), ioc(std::max(1, opt.io_threads)),
+      : opt(std::move(o)),
+        ioc(std::max(1, opt.io_threads)),
         workers(static_cast<size_t>(std::max(1, opt.worker_threads))) {
     guard.emplace(ioc.get_executor());
   }
@@ -361,17 +362,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return close();
     if (ec == http::error::partial_message) {
       // The peer half-closed mid-request: say so, it may still read.
-      return fail(400, in_body ? "The request body ended before its Content-Length."
-                               : "The request header was cut short.");
+      return fail(400,
+                  in_body ? "The request body ended before its Content-Length." : "The request header was cut short.");
     }
     if (ec == http::error::buffer_overflow && in_body)
       return fail(400, "A chunk header (size line or extensions) is too long.");
     if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
-      return fail(431, "The request header is larger than " + std::to_string(core_->opt.max_header_bytes) +
-                           " bytes.");
+      return fail(431, "The request header is larger than " + std::to_string(core_->opt.max_header_bytes) + " bytes.");
     if (ec == http::error::body_limit)
-      return fail(413, "The request body is larger than the limit of " + std::to_string(core_->opt.max_body_bytes) +
-                           " bytes.");
+      return fail(
+          413, "The request body is larger than the limit of " + std::to_string(core_->opt.max_body_bytes) + " bytes.");
     if (ec == http::error::bad_content_length)
       return fail(400, "Content-Length is not a non-negative decimal number (or is given twice).");
     if (ec == http::error::bad_transfer_encoding)
@@ -462,9 +462,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (buffer_.size() + kWatchChunk > std::min(buffer_.max_size(), kMaxPipelined)) return;
     watching_ = true;
     stream_.expires_at(SteadyClock::time_point::max());
-    stream_.async_read_some(buffer_.prepare(kWatchChunk), [self = shared_from_this()](beast::error_code ec, size_t n) {
-      self->on_watch(ec, n);
-    });
+    stream_.async_read_some(buffer_.prepare(kWatchChunk),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
   void on_watch(beast::error_code ec, size_t n) {
@@ -602,10 +601,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool head_only_ = false;
   bool watching_ = false;
   bool writing_ = false;
-  std::weak_ptr<Exchange> ex_;  // the exchange being answered
+  std::weak_ptr<Exchange> ex_;                      // the exchange being answered
   std::deque<std::pair<std::string, size_t>> out_;  // bytes to write, stream bytes they count
-  bool out_last_ = false;                            // the exchange's last bytes are queued
-  std::vector<std::string> batch_;                   // being written
+  bool out_last_ = false;                           // the exchange's last bytes are queued
+  std::vector<std::string> batch_;                  // being written
   std::vector<net::const_buffer> bufs_;
   size_t batch_counted_ = 0;
   bool batch_last_ = false;
@@ -715,7 +714,8 @@ void Exchange::start_stream(int status, std::string content_type,
   status_ = status;
   conn_->decorate(request_, headers);
   conn_->log(request_, status);
-  conn_->post([c = conn_, status, ct = std::move(content_type), h = std::move(headers)] { c->stream_head(status, ct, h); });
+  conn_->post(
+      [c = conn_, status, ct = std::move(content_type), h = std::move(headers)] { c->stream_head(status, ct, h); });
 }
 
 bool Exchange::send(std::string chunk) {
@@ -822,11 +822,14 @@ void HttpTransport::route(std::string method, std::string path, Handler handler,
 }
 
 void HttpTransport::get(std::string path, SyncHandler handler, Dispatch dispatch) {
-  route("GET", std::move(path), [h = std::move(handler)](const std::shared_ptr<Exchange>& ex) {
-    HttpResponse res;
-    h(ex->request(), res);
-    ex->respond(std::move(res));
-  }, dispatch);
+  route(
+      "GET", std::move(path),
+      [h = std::move(handler)](const std::shared_ptr<Exchange>& ex) {
+        HttpResponse res;
+        h(ex->request(), res);
+        ex->respond(std::move(res));
+      },
+      dispatch);
 }
 
 void HttpTransport::post_json(std::string path, BodyHandler handler, SyncHandler multipart_error) {

@@ -58,21 +58,21 @@ namespace bonsai::server {
 // Limits and sizes of one Transport. Times in seconds, sizes in bytes.
 struct TransportOptions {
   std::string host = "127.0.0.1";
-  int port = 0;                           // 0: any free port (see Transport::bind)
-  int backlog = 1024;                     // listen(2) backlog; raised to 512 if lower
-  int io_threads = 2;                     // threads running sockets (>= 1)
-  int worker_threads = 8;                 // threads running handlers (>= 1)
-  int max_connections = 1024;             // open connections served at once; more: 503 + close
-  size_t max_body_bytes = 4u << 20;       // Content-Length or chunked total above this: 413
-  size_t max_header_bytes = 64u << 10;    // request line + header fields: 431 above
-  size_t max_header_fields = 256;         // header fields per request: 431 above
-  double header_timeout_s = 10;           // whole request header (first request of a connection)
-  double body_timeout_s = 30;             // whole body, once the header is in
-  double idle_timeout_s = 5;              // keep-alive wait for the next request
-  int max_requests_per_connection = 1000; // then Connection: close
-  double write_timeout_s = 60;            // one write making no progress: connection closed
+  int port = 0;                               // 0: any free port (see Transport::bind)
+  int backlog = 1024;                         // listen(2) backlog; raised to 512 if lower
+  int io_threads = 2;                         // threads running sockets (>= 1)
+  int worker_threads = 8;                     // threads running handlers (>= 1)
+  int max_connections = 1024;                 // open connections served at once; more: 503 + close
+  size_t max_body_bytes = 4u << 20;           // Content-Length or chunked total above this: 413
+  size_t max_header_bytes = 64u << 10;        // request line + header fields: 431 above
+  size_t max_header_fields = 256;             // header fields per request: 431 above
+  double header_timeout_s = 10;               // whole request header (first request of a connection)
+  double body_timeout_s = 30;                 // whole body, once the header is in
+  double idle_timeout_s = 5;                  // keep-alive wait for the next request
+  int max_requests_per_connection = 1000;     // then Connection: close
+  double write_timeout_s = 60;                // one write making no progress: connection closed
   size_t stream_high_water_bytes = 1u << 20;  // unsent stream bytes that count as "full"
-  double stop_grace_s = 10;               // after stop(), in-flight exchanges get this long
+  double stop_grace_s = 10;                   // after stop(), in-flight exchanges get this long
 };
 
 // One parsed request. Header names keep the client's spelling; lookups are
@@ -101,7 +101,9 @@ struct HttpResponse {
     body = std::move(text);
     content_type = std::move(type);
   }
-  void set_content(const char* data, size_t size, std::string type) { set_content(std::string(data, size), std::move(type)); }
+  void set_content(const char* data, size_t size, std::string type) {
+    set_content(std::string(data, size), std::move(type));
+  }
   // Adds a header (a value containing CR or LF is dropped when written).
   void set_header(std::string name, std::string value) { headers.emplace_back(std::move(name), std::move(value)); }
 };

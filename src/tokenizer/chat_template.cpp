@@ -18,9 +18,7 @@ std::string_view rstrip(std::string_view s, std::string_view chars) {
   const size_t p = s.find_last_not_of(chars);
   return p == std::string_view::npos ? std::string_view() : s.substr(0, p + 1);
 }
-std::string_view strip(std::string_view s, std::string_view chars) {
-  return rstrip(lstrip(s, chars), chars);
-}
+std::string_view strip(std::string_view s, std::string_view chars) { return rstrip(lstrip(s, chars), chars); }
 
 // Python s.split(sep)[0] and s.split(sep)[-1].
 std::string_view before_first(std::string_view s, std::string_view sep) {
@@ -56,13 +54,27 @@ void append_json_string(std::string_view s, std::string& out) {
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -111,9 +123,7 @@ void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
   }
 }
 
-bool valid_role(std::string_view r) {
-  return r == "system" || r == "user" || r == "assistant" || r == "tool";
-}
+bool valid_role(std::string_view r) { return r == "system" || r == "user" || r == "assistant" || r == "tool"; }
 
 core::Expected<void> check(std::span<const ChatMessage> messages, const ChatOptions& options) {
   if (messages.empty()) {
@@ -121,9 +131,9 @@ core::Expected<void> check(std::span<const ChatMessage> messages, const ChatOpti
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     if (!valid_role(messages[i].role)) {
-      return core::fail(core::Errc::kInvalidArgument,
-                        "chat template: messages[" + std::to_string(i) + "].role '" +
-                            messages[i].role + "' is not one of system, user, assistant, tool");
+      return core::fail(core::Errc::kInvalidArgument, "chat template: messages[" + std::to_string(i) + "].role '" +
+                                                          messages[i].role +
+                                                          "' is not one of system, user, assistant, tool");
     }
   }
   if (!options.tools.is_null() && !options.tools.is_array()) {
@@ -256,22 +266,30 @@ using OJson = nlohmann::ordered_json;
 
 const char* json_type_name(const OJson& v) {
   switch (v.type()) {
-    case OJson::value_t::null: return "null";
-    case OJson::value_t::boolean: return "boolean";
-    case OJson::value_t::string: return "string";
-    case OJson::value_t::array: return "array";
-    case OJson::value_t::object: return "object";
-    case OJson::value_t::number_float: return "number";
+    case OJson::value_t::null:
+      return "null";
+    case OJson::value_t::boolean:
+      return "boolean";
+    case OJson::value_t::string:
+      return "string";
+    case OJson::value_t::array:
+      return "array";
+    case OJson::value_t::object:
+      return "object";
+    case OJson::value_t::number_float:
+      return "number";
     case OJson::value_t::number_integer:
-    case OJson::value_t::number_unsigned: return "integer";
-    default: return "unknown";
+    case OJson::value_t::number_unsigned:
+      return "integer";
+    default:
+      return "unknown";
   }
 }
 
 std::unexpected<ChatMessageError> wrong_type(const std::string& field, const char* expected, const OJson& got) {
-  return std::unexpected(ChatMessageError{"Invalid type for '" + field + "': expected " + expected + ", but got " +
-                                              json_type_name(got) + ".",
-                                          field, "invalid_type"});
+  return std::unexpected(ChatMessageError{
+      "Invalid type for '" + field + "': expected " + expected + ", but got " + json_type_name(got) + ".", field,
+      "invalid_type"});
 }
 
 std::unexpected<ChatMessageError> missing(const std::string& field) {
@@ -299,7 +317,8 @@ std::expected<void, ChatMessageError> read_content(const OJson& msg, const std::
     if (!part.is_object()) return wrong_type(pw, "an object", part);
     auto type = part.find("type");
     if (type == part.end() || !type->is_string()) return missing(pw + ".type");
-    if (*type != "text") return invalid("Invalid value for '" + pw + ".type': only \"text\" content parts are supported.", pw + ".type");
+    if (*type != "text")
+      return invalid("Invalid value for '" + pw + ".type': only \"text\" content parts are supported.", pw + ".type");
     auto text = part.find("text");
     if (text == part.end()) return missing(pw + ".text");
     if (!text->is_string()) return wrong_type(pw + ".text", "a string", *text);
@@ -383,15 +402,12 @@ ChatTemplate ChatTemplate::from_text(std::string_view jinja_source) {
   return t;
 }
 
-std::string_view ChatTemplate::family_name() const {
-  return family_ == Family::kQwen3 ? "qwen3" : "chatml";
-}
+std::string_view ChatTemplate::family_name() const { return family_ == Family::kQwen3 ? "qwen3" : "chatml"; }
 
 core::Expected<RenderedChat> ChatTemplate::render(std::span<const ChatMessage> messages,
                                                   const ChatOptions& options) const {
   if (auto ok = check(messages, options); !ok) return std::unexpected(ok.error());
-  return family_ == Family::kQwen3 ? render_qwen3(messages, options)
-                                   : render_chatml(messages, options);
+  return family_ == Family::kQwen3 ? render_qwen3(messages, options) : render_chatml(messages, options);
 }
 
 }  // namespace bonsai::tokenizer

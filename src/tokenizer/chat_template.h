@@ -20,13 +20,12 @@
 
 #include <cstddef>
 #include <expected>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -34,8 +33,8 @@ namespace bonsai::tokenizer {
 
 // One tool call made by the assistant (OpenAI `tool_calls[i]`).
 struct ToolCall {
-  std::string id;         // "call_1" (not rendered by the Qwen3 template)
-  std::string name;       // function.name
+  std::string id;    // "call_1" (not rendered by the Qwen3 template)
+  std::string name;  // function.name
   // function.arguments: the JSON text as the client sent it (OpenAI sends a
   // string). Rendered verbatim, as the template does for a string.
   std::string arguments;
@@ -103,8 +102,7 @@ class ChatTemplate {
   // Renders `messages`. Errors (kInvalidArgument, message names the message
   // index and field): no messages, a role other than system/user/assistant/
   // tool, `tools` that is neither null nor an array.
-  core::Expected<RenderedChat> render(std::span<const ChatMessage> messages,
-                                      const ChatOptions& options = {}) const;
+  core::Expected<RenderedChat> render(std::span<const ChatMessage> messages, const ChatOptions& options = {}) const;
 
  private:
   Family family_ = Family::kChatML;

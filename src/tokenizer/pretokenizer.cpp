@@ -44,14 +44,13 @@ core::Expected<RegexSplitter> RegexSplitter::compile(const std::string& pattern)
   int err = 0;
   PCRE2_SIZE err_off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &err_off,
-                                   nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &err_off, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    return core::fail(core::Errc::kInvalidArgument,
-                      "pre-tokenizer regex: " + std::string(reinterpret_cast<char*>(msg)) +
-                          " at offset " + std::to_string(err_off));
+    return core::fail(
+        core::Errc::kInvalidArgument,
+        "pre-tokenizer regex: " + std::string(reinterpret_cast<char*>(msg)) + " at offset " + std::to_string(err_off));
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; interpreter if unavailable
   RegexSplitter s;
@@ -62,19 +61,18 @@ core::Expected<RegexSplitter> RegexSplitter::compile(const std::string& pattern)
 }
 
 core::Expected<RegexSplitter> RegexSplitter::qwen2() {
-  return compile(expand(
-      "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-      "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-      "|\\p{N}"
-      "| ?[^{WS}\\p{L}\\p{N}]+[\\r\\n]*"
-      "|\\s*[\\r\\n]+"
-      "|\\s+(?!\\S)"
-      "|\\s+"));
+  return compile(
+      expand("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+             "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
+             "|\\p{N}"
+             "| ?[^{WS}\\p{L}\\p{N}]+[\\r\\n]*"
+             "|\\s*[\\r\\n]+"
+             "|\\s+(?!\\S)"
+             "|\\s+"));
 }
 
 core::Expected<RegexSplitter> RegexSplitter::gpt2() {
-  return compile(expand(
-      "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^{WS}\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"));
+  return compile(expand("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^{WS}\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"));
 }
 
 std::vector<std::string_view> RegexSplitter::split(std::string_view text) const {
@@ -88,8 +86,7 @@ std::vector<std::string_view> RegexSplitter::split(std::string_view text) const 
     int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
       // JIT stack exhausted or similar: retry with the interpreter (heap-based).
-      rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md,
-                       nullptr);
+      rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
     }
     if (rc < 0) break;  // no further match (or a persistent error): rest is one piece
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

@@ -37,8 +37,8 @@ inline uint64_t pair_key(TokenId a, TokenId b) {
 }
 
 struct MergeInfo {
-  int32_t rank = 0;      // line index in tokenizer.ggml.merges (lower merges first)
-  TokenId result = 0;    // token id of the merged text
+  int32_t rank = 0;    // line index in tokenizer.ggml.merges (lower merges first)
+  TokenId result = 0;  // token id of the merged text
 };
 
 }  // namespace
@@ -47,10 +47,10 @@ struct Tokenizer::Impl {
   std::string path;
   VocabType type = VocabType::kBpe;
   std::string pre;
-  std::vector<std::string> tokens;   // [n_vocab] token text as stored
-  std::vector<TokenType> types;      // [n_vocab]
-  std::vector<float> scores;         // [n_vocab] (llama; zeros if absent)
-  std::vector<std::string> pieces;   // [n_vocab] token_to_bytes, precomputed
+  std::vector<std::string> tokens;                           // [n_vocab] token text as stored
+  std::vector<TokenType> types;                              // [n_vocab]
+  std::vector<float> scores;                                 // [n_vocab] (llama; zeros if absent)
+  std::vector<std::string> pieces;                           // [n_vocab] token_to_bytes, precomputed
   std::unordered_map<std::string_view, TokenId> text_to_id;  // views into `tokens`
 
   // gpt2
@@ -97,15 +97,16 @@ namespace {
 
 // Reads an optional token id key. Missing → `fallback`; -1 / 0xFFFFFFFF →
 // kNoToken (converters write -1 for "none"); other out-of-range ids → error.
-core::Expected<TokenId> read_id(const gguf::File& file, std::string_view key, TokenId fallback,
-                                size_t n_vocab) {
+core::Expected<TokenId> read_id(const gguf::File& file, std::string_view key, TokenId fallback, size_t n_vocab) {
   const gguf::Value* v = file.find(key);
   if (v == nullptr) return fallback;
   int64_t id = 0;
   if (const auto* u = std::get_if<uint64_t>(&v->v)) {
     if (*u == 0xFFFFFFFFull || *u == 0xFFFFFFFFFFFFFFFFull) return kNoToken;
-    if (*u > static_cast<uint64_t>(INT32_MAX)) id = INT64_MAX;
-    else id = static_cast<int64_t>(*u);
+    if (*u > static_cast<uint64_t>(INT32_MAX))
+      id = INT64_MAX;
+    else
+      id = static_cast<int64_t>(*u);
   } else if (const auto* s = std::get_if<int64_t>(&v->v)) {
     if (*s < 0) return kNoToken;
     id = *s;
@@ -115,9 +116,9 @@ core::Expected<TokenId> read_id(const gguf::File& file, std::string_view key, To
                                                ", expected an integer token id");
   }
   if (static_cast<uint64_t>(id) >= n_vocab) {
-    return core::fail(core::Errc::kFormat, file.path() + ": key '" + std::string(key) + "' = " +
-                                               std::to_string(id) + " is not a token id (vocabulary has " +
-                                               std::to_string(n_vocab) + " tokens)");
+    return core::fail(core::Errc::kFormat, file.path() + ": key '" + std::string(key) + "' = " + std::to_string(id) +
+                                               " is not a token id (vocabulary has " + std::to_string(n_vocab) +
+                                               " tokens)");
   }
   return static_cast<TokenId>(id);
 }
@@ -147,8 +148,10 @@ std::string Tokenizer::Impl::make_piece(TokenId id) const {
           }
           const uint32_t cp = unicode::decode_utf8(text, pos, len);
           const int b = unicode::unicode_to_byte(cp);
-          if (b >= 0) out.push_back(static_cast<char>(b));
-          else out.append(text, pos, len);  // not a byte-level char: keep its text
+          if (b >= 0)
+            out.push_back(static_cast<char>(b));
+          else
+            out.append(text, pos, len);  // not a byte-level char: keep its text
           pos += len;
         }
         return out;
@@ -190,16 +193,16 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
   } else if (*model == "llama") {
     impl->type = VocabType::kSpm;
   } else {
-    return core::fail(core::Errc::kUnsupported, path + ": tokenizer.ggml.model '" + *model +
-                                                    "' is not supported (expected 'gpt2' or 'llama')");
+    return core::fail(core::Errc::kUnsupported,
+                      path + ": tokenizer.ggml.model '" + *model + "' is not supported (expected 'gpt2' or 'llama')");
   }
 
   auto tokens = file.get_string_array("tokenizer.ggml.tokens");
   if (!tokens) return std::unexpected(tokens.error());
   const size_t n = tokens->size();
   if (n == 0 || n > static_cast<size_t>(INT32_MAX)) {
-    return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.tokens has " + std::to_string(n) +
-                                               " entries, expected 1..2^31-1");
+    return core::fail(core::Errc::kFormat,
+                      path + ": tokenizer.ggml.tokens has " + std::to_string(n) + " entries, expected 1..2^31-1");
   }
   impl->tokens.reserve(n);
   for (auto sv : *tokens) impl->tokens.emplace_back(sv);
@@ -209,9 +212,8 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
     auto tt = file.get_i32_array("tokenizer.ggml.token_type");
     if (!tt) return std::unexpected(tt.error());
     if (tt->size() != n) {
-      return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.token_type has " +
-                                                 std::to_string(tt->size()) + " entries, expected " +
-                                                 std::to_string(n) + " (one per token)");
+      return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.token_type has " + std::to_string(tt->size()) +
+                                                 " entries, expected " + std::to_string(n) + " (one per token)");
     }
     for (size_t i = 0; i < n; ++i) {
       const int32_t t = (*tt)[i];
@@ -223,9 +225,8 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
     auto sc = file.get_f32_array("tokenizer.ggml.scores");
     if (!sc) return std::unexpected(sc.error());
     if (sc->size() != n) {
-      return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.scores has " +
-                                                 std::to_string(sc->size()) + " entries, expected " +
-                                                 std::to_string(n) + " (one per token)");
+      return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.scores has " + std::to_string(sc->size()) +
+                                                 " entries, expected " + std::to_string(n) + " (one per token)");
     }
     impl->scores = std::move(*sc);
   }
@@ -245,9 +246,8 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
       const std::string_view m = (*merges)[r];
       const size_t sp = m.find(' ', 1);
       if (sp == std::string_view::npos) {
-        return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.merges[" + std::to_string(r) +
-                                                   "] = '" + std::string(m) +
-                                                   "' is not two tokens separated by a space");
+        return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.merges[" + std::to_string(r) + "] = '" +
+                                                   std::string(m) + "' is not two tokens separated by a space");
       }
       const std::string_view left = m.substr(0, sp), right = m.substr(sp + 1);
       const TokenId a = impl->find(left), b = impl->find(right);
@@ -311,9 +311,8 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
   if (impl->eos != kNoToken) impl->eog.insert(impl->eos);
   if (impl->eot != kNoToken) impl->eog.insert(impl->eot);
   for (std::string_view name :
-       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-        "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<|fim_pad|>",
-        "<|repo_name|>", "<|file_sep|>"}) {
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+        "<EOT>", "_<EOT>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}) {
     if (TokenId id = impl->find(name); id != kNoToken && impl->types[id] == TokenType::kControl) {
       impl->eog.insert(id);
     }
@@ -355,8 +354,7 @@ Tokenizer::~Tokenizer() = default;
 // llama.cpp tokenizer_st_partition: for each special token (longest first),
 // split every raw fragment at each occurrence of its text. Control and
 // unknown tokens take part only with parse_special; user-defined always.
-void Tokenizer::Impl::partition(std::string_view text, bool parse_special,
-                                std::vector<Fragment>& out) const {
+void Tokenizer::Impl::partition(std::string_view text, bool parse_special, std::vector<Fragment>& out) const {
   std::vector<Fragment> frags{Fragment{kNoToken, text}};
   std::vector<Fragment> next;
   for (TokenId sid : special_tokens) {
@@ -432,9 +430,7 @@ void Tokenizer::Impl::bpe_word_uncached(std::string_view word, std::vector<Token
     int32_t rank;
     int left, right;
     TokenId left_id, right_id;
-    bool operator>(const Cand& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto consider = [&](int l, int r) {
@@ -558,12 +554,13 @@ void Tokenizer::Impl::spm_text(std::string_view text, std::vector<TokenId>& out)
 
 // ---- encode -----------------------------------------------------------------
 
-void Tokenizer::Impl::encode_fragments(const std::vector<Fragment>& frags,
-                                       std::vector<TokenId>& out) const {
+void Tokenizer::Impl::encode_fragments(const std::vector<Fragment>& frags, std::vector<TokenId>& out) const {
   if (type == VocabType::kBpe) {
     for (const Fragment& f : frags) {
-      if (f.id != kNoToken) out.push_back(f.id);
-      else bpe_text(f.text, out);
+      if (f.id != kNoToken)
+        out.push_back(f.id);
+      else
+        bpe_text(f.text, out);
     }
     return;
   }
@@ -580,8 +577,10 @@ void Tokenizer::Impl::encode_fragments(const std::vector<Fragment>& frags,
     escaped.clear();
     if (add_space_prefix && prev_special) escaped.append(kSpmSpace);
     for (char ch : f.text) {
-      if (ch == ' ') escaped.append(kSpmSpace);
-      else escaped.push_back(ch);
+      if (ch == ' ')
+        escaped.append(kSpmSpace);
+      else
+        escaped.push_back(ch);
     }
     spm_text(escaped, out);
     prev_special = false;
@@ -643,9 +642,7 @@ std::string_view Tokenizer::token_text(TokenId id) const {
   return impl_->valid(id) ? std::string_view(impl_->tokens[id]) : std::string_view();
 }
 
-std::string Tokenizer::token_to_bytes(TokenId id) const {
-  return impl_->valid(id) ? impl_->pieces[id] : std::string();
-}
+std::string Tokenizer::token_to_bytes(TokenId id) const { return impl_->valid(id) ? impl_->pieces[id] : std::string(); }
 
 std::string Tokenizer::decode(std::span<const TokenId> ids) const {
   std::string out;
@@ -678,9 +675,7 @@ TokenId Tokenizer::unk_id() const { return impl_->unk; }
 TokenId Tokenizer::pad_id() const { return impl_->pad; }
 bool Tokenizer::add_bos_token() const { return impl_->add_bos; }
 bool Tokenizer::is_eog(TokenId id) const { return impl_->eog.contains(id); }
-bool Tokenizer::is_control(TokenId id) const {
-  return impl_->valid(id) && impl_->types[id] == TokenType::kControl;
-}
+bool Tokenizer::is_control(TokenId id) const { return impl_->valid(id) && impl_->types[id] == TokenType::kControl; }
 const ChatTemplate& Tokenizer::chat_template() const { return impl_->chat_template; }
 
 // ---- incremental decoding ------------------------------------------------------
@@ -694,7 +689,7 @@ size_t append_valid_utf8(std::string_view bytes, std::string& out) {
       continue;
     }
     const size_t k = unicode::valid_utf8_prefix(bytes, pos);
-    if (k > 0 && pos + k == bytes.size()) return k;  // unfinished character: hold back
+    if (k > 0 && pos + k == bytes.size()) return k;    // unfinished character: hold back
     unicode::append_utf8(unicode::kReplacement, out);  // one U+FFFD per maximal subpart
     pos += std::max<size_t>(k, 1);
   }

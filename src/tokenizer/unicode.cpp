@@ -1,8 +1,8 @@
 #include "tokenizer/unicode.h"
 
-#include <cstdlib>
-
 #include <utf8proc.h>
+
+#include <cstdlib>
 
 namespace bonsai::tokenizer::unicode {
 
@@ -55,9 +55,12 @@ size_t valid_utf8_length(std::string_view s, size_t pos) {
 uint32_t decode_utf8(std::string_view s, size_t pos, size_t len) {
   const auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(s[pos + i])); };
   switch (len) {
-    case 1: return b(0);
-    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    case 1:
+      return b(0);
+    case 2:
+      return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3:
+      return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
     default:
       return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
   }
@@ -95,9 +98,8 @@ std::string nfc(std::string_view text) {
   if (!needs) return std::string(text);
   utf8proc_uint8_t* dst = nullptr;
   const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &dst,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+                   &dst, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0 || dst == nullptr) {
     std::free(dst);
     return std::string(text);  // invalid input: leave unnormalized (callers sanitize first)
@@ -132,9 +134,7 @@ const ByteTables& byte_tables() {
 
 const std::array<uint32_t, 256>& byte_to_unicode() { return byte_tables().to_unicode; }
 
-int unicode_to_byte(uint32_t cp) {
-  return cp < byte_tables().to_byte.size() ? byte_tables().to_byte[cp] : -1;
-}
+int unicode_to_byte(uint32_t cp) { return cp < byte_tables().to_byte.size() ? byte_tables().to_byte[cp] : -1; }
 
 }  // namespace bonsai::tokenizer::unicode
 

@@ -2,11 +2,10 @@
 // columns, usage errors (exit 2) and progress on stderr.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -57,7 +56,7 @@ TEST(CliBench, MarkdownTableHasLlamaBenchColumnsAndRatios) {
   ASSERT_EQ(pp.size(), 9u) << lines[2];
   ASSERT_EQ(tg.size(), 9u) << lines[3];
   EXPECT_EQ(pp[0].rfind("llama ", 0), 0u) << pp[0];  // architecture first, as llama-bench
-  EXPECT_EQ(pp[2], "292.80 K");                       // every tensor's elements
+  EXPECT_EQ(pp[2], "292.80 K");                      // every tensor's elements
   EXPECT_EQ(pp[3].rfind("CPU/", 0), 0u) << pp[3];
   EXPECT_EQ(pp[4], "1");
   EXPECT_EQ(pp[5], "pp16");

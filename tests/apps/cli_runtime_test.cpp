@@ -3,9 +3,8 @@
 // 2) naming the variable, before it loads anything; a valid tier is used.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -75,13 +74,13 @@ TEST(CliRuntime, ReferenceKernelRunsAndReproducesTheGreedyOracle) {
   const auto oracle = nlohmann::json::parse(f);
   const std::vector<int32_t> want = oracle.at("generated_token_ids");
   const size_t n = std::min<size_t>(want.size(), 32);
-  const auto r = run_bonsai("run -m '" + kStories + "' -n " + std::to_string(n) + " --temp 0 --json",
-                            "BONSAI_KERNEL=reference ");
+  const auto r =
+      run_bonsai("run -m '" + kStories + "' -n " + std::to_string(n) + " --temp 0 --json", "BONSAI_KERNEL=reference ");
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::vector<int32_t> got = nlohmann::json::parse(r.out).at("tokens");
   EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
-  const auto b = run_bonsai("bench -m '" + kStories + "' -p 8 -n 2 -r 1 -t 1 --bw-mib 16 -o jsonl",
-                            "BONSAI_KERNEL=reference ");
+  const auto b =
+      run_bonsai("bench -m '" + kStories + "' -p 8 -n 2 -r 1 -t 1 --bw-mib 16 -o jsonl", "BONSAI_KERNEL=reference ");
   ASSERT_EQ(b.rc, 0) << b.err;
   EXPECT_NE(b.out.find("\"backends\":\"CPU/reference\""), std::string::npos) << b.out;
 }
@@ -121,7 +120,8 @@ TEST(CliProgress, SynthAndModelLoadShowProgressOnlyWhenEnabled) {
 TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
   const auto r = run_bonsai("synth --preset tiny -o /nonexistent/x.gguf", "BONSAI_KERNEL=bogus ");
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_EQ(r.err, "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512 or neon)\n");
+  EXPECT_EQ(r.err,
+            "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512 or neon)\n");
 }
 
 }  // namespace
@@ -149,7 +149,8 @@ std::string serve_startup_stderr(const std::string& args) {
 // second preload evicts the first; start-up said "loaded" for both.
 TEST(CliServe, StartupReportsOnlyModelsStillResidentUnderTheBudget) {
   BONSAI_REQUIRE_FILE(kStories);
-  const std::string two = "-m a='" + kStories + "' -m b='" + kStories + "' --port 0 -c 4096 --pool-size 1 --models-max 2";
+  const std::string two =
+      "-m a='" + kStories + "' -m b='" + kStories + "' --port 0 -c 4096 --pool-size 1 --models-max 2";
   const std::string both = serve_startup_stderr(two);
   EXPECT_NE(both.find("bonsai serve: loaded 'a' from "), std::string::npos) << both;
   EXPECT_NE(both.find("bonsai serve: loaded 'b' from "), std::string::npos) << both;

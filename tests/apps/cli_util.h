@@ -32,8 +32,8 @@ inline std::string slurp_file(const std::filesystem::path& p) {
 inline CliResult run_bonsai(const std::string& args, const std::string& env = "") {
   namespace fs = std::filesystem;
   static int n = 0;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("bonsai_apps_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
+  const fs::path dir =
+      fs::temp_directory_path() / ("bonsai_apps_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
   fs::create_directories(dir);
   const std::string bin = (binary_dir() / "apps" / "bonsai" / "bonsai").string();
   const std::string cmd = env + "'" + bin + "' " + args + " </dev/null >'" + (dir / "out").string() + "' 2>'" +

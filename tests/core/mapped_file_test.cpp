@@ -1,7 +1,8 @@
 // MappedFile::open on paths that are not regular files.
-#include <gtest/gtest.h>
+#include "core/mapped_file.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,17 +12,13 @@
 #include <future>
 #include <string>
 
-#include "core/mapped_file.h"
-
 namespace bonsai::core {
 namespace {
 
 // `bonsai info -m FIFO` used to hang forever: open(O_RDONLY) on a FIFO blocks
 // until some process opens it for writing. It must be refused at once.
 TEST(MappedFile, FifoIsRefusedWithoutBlocking) {
-  const auto path =
-      (std::filesystem::temp_directory_path() / ("bonsai_fifo_" + std::to_string(::getpid())))
-          .string();
+  const auto path = (std::filesystem::temp_directory_path() / ("bonsai_fifo_" + std::to_string(::getpid()))).string();
   std::filesystem::remove(path);
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
   auto fut = std::async(std::launch::async, [&] { return MappedFile::open(path); });
@@ -49,9 +46,8 @@ TEST(MappedFile, DirectoryAndMissingFileAreErrors) {
 }
 
 TEST(MappedFile, RegularFileMapsItsBytes) {
-  const auto path = (std::filesystem::temp_directory_path() /
-                     ("bonsai_mapped_" + std::to_string(::getpid()) + ".bin"))
-                        .string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bonsai_mapped_" + std::to_string(::getpid()) + ".bin")).string();
   {
     std::FILE* f = std::fopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);

@@ -58,9 +58,7 @@ TEST(ChatOutput, ThinkBlockBecomesReasoning) {
                     "The answer is 4.", {});
 }
 
-TEST(ChatOutput, EmptyThinkBlock) {
-  expect_all_splits("<think>\n\n</think>\n\nHi", "", "Hi", {});
-}
+TEST(ChatOutput, EmptyThinkBlock) { expect_all_splits("<think>\n\n</think>\n\nHi", "", "Hi", {}); }
 
 TEST(ChatOutput, ReasoningFormatNoneKeepsRawText) {
   ChatOutputParser::Options opt;

@@ -30,10 +30,8 @@ std::string slurp(const fs::path& p) {
 
 // Runs `[ENV] bonsai ARGS` with `stdin_text` on stdin (env: shell variable
 // assignments such as "X='y' "); captures stdout / stderr.
-CliResult bonsai(const std::string& args, const std::string& stdin_text = "",
-                 const std::string& env = "") {
-  const fs::path dir =
-      fs::temp_directory_path() / ("bonsai_cli_test_" + std::to_string(::getpid()));
+CliResult bonsai(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
+  const fs::path dir = fs::temp_directory_path() / ("bonsai_cli_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "in") << stdin_text;
   const std::string bin = (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string();
@@ -49,8 +47,7 @@ CliResult bonsai(const std::string& args, const std::string& stdin_text = "",
 }
 
 const std::string kStories = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
-const std::string kOracle =
-    bonsai::test::shared_path("models/stories260K/expected_greedy_from_bos.json");
+const std::string kOracle = bonsai::test::shared_path("models/stories260K/expected_greedy_from_bos.json");
 
 nlohmann::json oracle() {
   std::ifstream f(kOracle);
@@ -84,14 +81,12 @@ TEST(CliRun, StreamsTextToStdoutAndTimingsToStderr) {
 
 TEST(CliRun, SeedReproducesSampledOutput) {
   BONSAI_REQUIRE_FILE(kStories);
-  const std::string args =
-      "run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 123 --json";
+  const std::string args = "run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 123 --json";
   const CliResult a = bonsai(args), b = bonsai(args + " -t 2");
   ASSERT_EQ(a.rc, 0) << a.err;
   ASSERT_EQ(b.rc, 0) << b.err;
   EXPECT_EQ(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(b.out).at("tokens"));
-  const CliResult c =
-      bonsai("run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 124 --json");
+  const CliResult c = bonsai("run -m '" + kStories + "' -p 'The cat' -n 40 --temp 0.8 --seed 124 --json");
   ASSERT_EQ(c.rc, 0) << c.err;
   EXPECT_NE(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(c.out).at("tokens"));
 }
@@ -111,8 +106,7 @@ TEST(CliRun, ErrorsAreClearAndNonZero) {
 }
 
 TEST(CliRun, NoModelUsesTheBuiltInDefault) {
-  const fs::path cache =
-      fs::temp_directory_path() / ("bonsai_cli_cache_" + std::to_string(::getpid()));
+  const fs::path cache = fs::temp_directory_path() / ("bonsai_cli_cache_" + std::to_string(::getpid()));
   const std::string env = "BONSAI_CACHE_DIR='" + cache.string() + "' ";
   const CliResult r = bonsai("run -p Hello -n 6 --temp 0 --json", "", env);
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -153,13 +147,12 @@ TEST(CliRun, PromptFileIsTheBytesAsIs) {
   EXPECT_EQ(jf.at("tokens"), jp.at("tokens"));
   // The long form, on a file without the trailing bytes: other tokens, the
   // same as -p with those bytes, so nothing was trimmed or added above.
-  const CliResult trimmed =
-      bonsai("run -m '" + kStories + "' --file '" + (dir / "trimmed.txt").string() + "'" + gen);
+  const CliResult trimmed = bonsai("run -m '" + kStories + "' --file '" + (dir / "trimmed.txt").string() + "'" + gen);
   ASSERT_EQ(trimmed.rc, 0) << trimmed.err;
   const auto jt = nlohmann::json::parse(trimmed.out);
-  EXPECT_EQ(jt.at("prompt_tokens"),
-            nlohmann::json::parse(bonsai("run -m '" + kStories + "' -p 'Once upon a time'" + gen).out)
-                .at("prompt_tokens"));
+  EXPECT_EQ(
+      jt.at("prompt_tokens"),
+      nlohmann::json::parse(bonsai("run -m '" + kStories + "' -p 'Once upon a time'" + gen).out).at("prompt_tokens"));
   EXPECT_LT(jt.at("prompt_tokens").size(), jf.at("prompt_tokens").size());
   fs::remove_all(dir);
 }
@@ -191,8 +184,8 @@ TEST(CliRun, PromptFileErrorsAreExitCode2) {
 // option, 104 for a value that does not convert, 114 for `-f a -f b`, 106
 // for no command). --help and --version still exit 0.
 TEST(CliRun, ParserUsageErrorsAreExitCode2) {
-  for (const std::string args : {"run --no-such-flag", "run -n abc -p hi", "run -f a.txt -f b.txt", "run -p a -p b",
-                                 "", "no-such-command", "serve --port x", "info"}) {
+  for (const std::string args : {"run --no-such-flag", "run -n abc -p hi", "run -f a.txt -f b.txt", "run -p a -p b", "",
+                                 "no-such-command", "serve --port x", "info"}) {
     const CliResult r = bonsai(args);
     EXPECT_EQ(r.rc, 2) << "bonsai " << args << ": " << r.err;
     EXPECT_FALSE(r.err.empty()) << "bonsai " << args;
@@ -236,8 +229,7 @@ TEST(CliRun, PromptTokensMatchLlamaCppWithSpecialTokens) {
 
 TEST(CliChat, KeepsTheConversationUntilExit) {
   BONSAI_REQUIRE_FILE(kStories);
-  const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0",
-                             "Hello\n\nHow are you?\n/exit\nnot read\n");
+  const CliResult r = bonsai("chat -m '" + kStories + "' -n 8 --temp 0", "Hello\n\nHow are you?\n/exit\nnot read\n");
   ASSERT_EQ(r.rc, 0) << r.err;
   // Three prompts shown (two answered turns, then /exit).
   size_t prompts = 0;

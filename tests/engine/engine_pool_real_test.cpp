@@ -72,8 +72,9 @@ TEST(EnginePoolReal, ReplicasBorrowOneMappingAndTokenizer) {
 // below one context is refused.
 TEST(EnginePoolReal, KvBudgetSizesTheSharedPool) {
   BONSAI_REQUIRE_FILE(kStories);
-  auto built = build_pool_from_gguf(kStories, sampled_params(4), 1, 256, 4, {}, model::KvType::kF16, model::KvType::kF16,
-                                    /*kv_budget_tokens=*/600);
+  auto built =
+      build_pool_from_gguf(kStories, sampled_params(4), 1, 256, 4, {}, model::KvType::kF16, model::KvType::kF16,
+                           /*kv_budget_tokens=*/600);
   ASSERT_TRUE(built.has_value()) << built.error().message;
   EXPECT_EQ(built->kv_pool->block_size(), 256);
   EXPECT_EQ(built->kv_pool->capacity_blocks(), 3);  // ceil(600 / 256)
@@ -175,20 +176,26 @@ TEST(ModelFootprint, MaxContextFollowsRopeScaling) {
   };
   const Case cases[] = {
       {"none", [](gguf::Writer&) {}, 128, 1.0f},
-      {"yarn", [](gguf::Writer& w) {
+      {"yarn",
+       [](gguf::Writer& w) {
          w.set_string("qwen3.rope.scaling.type", "yarn");
          w.set_f32("qwen3.rope.scaling.factor", 4.0f);
          w.set_u32("qwen3.rope.scaling.original_context_length", 64);
-       }, 256, 4.0f},
-      {"linear_no_orig", [](gguf::Writer& w) {
+       },
+       256, 4.0f},
+      {"linear_no_orig",
+       [](gguf::Writer& w) {
          w.set_string("qwen3.rope.scaling.type", "linear");
          w.set_f32("qwen3.rope.scaling.factor", 2.0f);
-       }, 256, 2.0f},
-      {"yarn_below_train", [](gguf::Writer& w) {
+       },
+       256, 2.0f},
+      {"yarn_below_train",
+       [](gguf::Writer& w) {
          w.set_string("qwen3.rope.scaling.type", "yarn");
          w.set_f32("qwen3.rope.scaling.factor", 1.5f);
          w.set_u32("qwen3.rope.scaling.original_context_length", 32);
-       }, 128, 1.5f},
+       },
+       128, 1.5f},
   };
   for (const auto& c : cases) {
     const std::string path = write_header_model(c.name, c.keys);

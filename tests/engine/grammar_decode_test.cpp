@@ -93,8 +93,8 @@ SamplingParams params(float temperature, int max_tokens, std::shared_ptr<const G
   return p;
 }
 
-GenerationResult run_alone(const Loaded& m, const std::vector<int32_t>& prompt, const SamplingParams& p,
-                           uint64_t seed, std::shared_ptr<SharedTokenTrie> trie = nullptr) {
+GenerationResult run_alone(const Loaded& m, const std::vector<int32_t>& prompt, const SamplingParams& p, uint64_t seed,
+                           std::shared_ptr<SharedTokenTrie> trie = nullptr) {
   EngineOptions eo;
   eo.max_seq_len = 1024;
   eo.token_trie = trie ? std::move(trie) : m.trie;
@@ -254,7 +254,8 @@ TEST(GrammarScheduler, ConstrainedRowsInOneStepMatchTheirAloneAnswers) {
   BONSAI_REQUIRE_FILE(kQwen);
   auto b = build_pool_from_gguf(kQwen, SamplingParams{}, kDefaultSeed, 1024, 4);
   ASSERT_TRUE(b.has_value()) << b.error().message;
-  const Loaded m{b->model, b->tokenizer, std::make_shared<SharedTokenTrie>(b->tokenizer)};  // one trie for the alone runs
+  const Loaded m{b->model, b->tokenizer,
+                 std::make_shared<SharedTokenTrie>(b->tokenizer)};  // one trie for the alone runs
   auto pool = std::make_shared<EnginePool>(std::move(b->pool));
   Scheduler sched(pool, m.model, b->n_ctx);
 

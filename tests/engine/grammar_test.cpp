@@ -37,22 +37,15 @@ std::string parse_error(const std::string& text) {
 }
 
 TEST(GrammarParse, ErrorsNameLineColAndExpectation) {
-  EXPECT_EQ(parse_error("root ::= \"abc"),
-            "grammar: line 1 col 14: unterminated string literal, expected '\"'");
-  EXPECT_EQ(parse_error("root := \"a\""),
-            "grammar: line 1 col 6: expected '::=' after rule name 'root'");
+  EXPECT_EQ(parse_error("root ::= \"abc"), "grammar: line 1 col 14: unterminated string literal, expected '\"'");
+  EXPECT_EQ(parse_error("root := \"a\""), "grammar: line 1 col 6: expected '::=' after rule name 'root'");
   EXPECT_EQ(parse_error("root ::= foo\n"), "grammar: line 1 col 10: undefined rule 'foo'");
   EXPECT_EQ(parse_error("a ::= \"x\"\n"), "grammar: no 'root' rule");
-  EXPECT_EQ(parse_error("root ::= [a-z\n"),
-            "grammar: line 1 col 10: unterminated character class, expected ']'");
-  EXPECT_EQ(parse_error("root ::= ( \"a\" \n"),
-            "grammar: line 1 col 10: unclosed '(': expected ')'");
-  EXPECT_EQ(parse_error("root ::= \"a\"{3,1}"),
-            "grammar: line 1 col 18: repetition {m,n} with n < m");
-  EXPECT_EQ(parse_error("root ::= * \"a\""),
-            "grammar: line 1 col 10: '*' without a preceding symbol");
-  EXPECT_EQ(parse_error("root ::= \"a\"\nroot ::= \"b\""),
-            "grammar: line 2 col 1: rule 'root' is defined twice");
+  EXPECT_EQ(parse_error("root ::= [a-z\n"), "grammar: line 1 col 10: unterminated character class, expected ']'");
+  EXPECT_EQ(parse_error("root ::= ( \"a\" \n"), "grammar: line 1 col 10: unclosed '(': expected ')'");
+  EXPECT_EQ(parse_error("root ::= \"a\"{3,1}"), "grammar: line 1 col 18: repetition {m,n} with n < m");
+  EXPECT_EQ(parse_error("root ::= * \"a\""), "grammar: line 1 col 10: '*' without a preceding symbol");
+  EXPECT_EQ(parse_error("root ::= \"a\"\nroot ::= \"b\""), "grammar: line 2 col 1: rule 'root' is defined twice");
   EXPECT_EQ(parse_error("root ::= \"\\q\""), "grammar: line 1 col 11: unknown escape '\\q'");
   EXPECT_EQ(parse_error("root ::= [z-a]"), "grammar: line 1 col 14: character range is reversed");
   EXPECT_EQ(parse_error("root ::= a\na ::= a \"x\" | \"y\""),
@@ -106,8 +99,7 @@ TEST(GrammarMatch, PrefixesAreViableAndCanEndOnlyWhenComplete) {
 
 TEST(GrammarMatch, NestedJsonFromGenericGrammar) {
   auto g = compile(json_object_gbnf());
-  EXPECT_TRUE(matches(
-      g, R"({"a": [1, 2.5, -3e+2, {"b": null}], "c": {"d": [true, false, "x\"y\u00e9"]}})"));
+  EXPECT_TRUE(matches(g, R"({"a": [1, 2.5, -3e+2, {"b": null}], "c": {"d": [true, false, "x\"y\u00e9"]}})"));
   EXPECT_TRUE(matches(g, "{}"));
   EXPECT_TRUE(matches(g, "{\n  \"k\": \"\xE4\xBD\xA0\xE5\xA5\xBD\"\n}"));
   EXPECT_FALSE(matches(g, R"({"a": [1, 2,]})"));
@@ -157,8 +149,7 @@ TEST(GrammarMatch, StackLimitsAreErrorsNotOom) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, core::Errc::kResourceExhausted);
   // Ambiguity blow-up past max_stacks.
-  auto amb = compile(
-      "root ::= x*\nx ::= \"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\" y\ny ::= \"a\" | \"a\" \"a\"");
+  auto amb = compile("root ::= x*\nx ::= \"a\" | \"a\" \"a\" | \"a\" \"a\" \"a\" y\ny ::= \"a\" | \"a\" \"a\"");
   lim = {};
   lim.max_stacks = 8;
   auto s2 = GrammarState::create(amb, lim);
@@ -215,8 +206,7 @@ TEST(TokenMask, TrieMaskEqualsBruteForceAlongRandomWalks) {
       R"({"type":"object","properties":{"a":{"type":"string","maxLength":6},"b":{"type":"array","items":{"type":"integer"},"maxItems":3},"c":{"type":"boolean"}},"required":["a"]})");
   ASSERT_TRUE(schema) << schema.error().message;
   for (const std::string& text :
-       {json_object_gbnf(), *schema,
-        std::string("root ::= [\\u00e0-\\u00ff]* \"\xE4\xBD\xA0\"? \"x\"?")}) {
+       {json_object_gbnf(), *schema, std::string("root ::= [\\u00e0-\\u00ff]* \"\xE4\xBD\xA0\"? \"x\"?")}) {
     auto g = compile(text);
     std::mt19937 rng(7);
     int states_checked = 0;
@@ -266,9 +256,8 @@ TEST(TokenMask, EosOnlyWhenCanEndAndSpecialNever) {
   st->apply_mask(v.trie, logits);
   EXPECT_EQ(logits[0], 1.0f);  // EOS allowed now
   EXPECT_TRUE(std::isinf(logits[1]));
-  EXPECT_TRUE(std::isinf(logits[8]));  // "ab" again: no
-  for (size_t i = 2; i < v.bytes.size(); ++i)
-    EXPECT_TRUE(std::isinf(logits[i])) << i;  // no "c" token
+  EXPECT_TRUE(std::isinf(logits[8]));                                                   // "ab" again: no
+  for (size_t i = 2; i < v.bytes.size(); ++i) EXPECT_TRUE(std::isinf(logits[i])) << i;  // no "c" token
   ASSERT_TRUE(st->accept_token(v.trie, 0));
   EXPECT_TRUE(st->finished());
   EXPECT_FALSE(st->accept_token(v.trie, 7));
@@ -371,8 +360,7 @@ TEST(TokenMask, QwenVocabMaskEqualsBruteForce) {
   ASSERT_TRUE(st);
   // Prefixes: start, inside the key, in the string (mid-character after the
   // first byte of 你), after the string, in the number, complete.
-  const std::vector<std::string> chunks = {"",           "{\"na",      "me\": \"a", "\xE4",
-                                           "\xBD\xA0\"", ", \"n\": 2", "9}"};
+  const std::vector<std::string> chunks = {"", "{\"na", "me\": \"a", "\xE4", "\xBD\xA0\"", ", \"n\": 2", "9}"};
   int checked = 0;
   for (const auto& c : chunks) {
     ASSERT_TRUE(st->accept_bytes(c)) << c;

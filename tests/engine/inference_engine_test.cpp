@@ -60,8 +60,7 @@ SamplingParams creative(int32_t n, uint64_t seed = 7) {
   return p;
 }
 
-InferenceEngine make_engine(const SamplingParams& p, int64_t ctx = 512,
-                            core::ThreadPool* pool = nullptr) {
+InferenceEngine make_engine(const SamplingParams& p, int64_t ctx = 512, core::ThreadPool* pool = nullptr) {
   EngineOptions o;
   o.params = p;
   o.max_seq_len = ctx;
@@ -79,8 +78,7 @@ InferenceEngine make_engine(const SamplingParams& p, int64_t ctx = 512,
 const std::vector<int32_t> kBos = {1};
 
 TEST(InferenceEngine, GreedyFromBosMatchesOracle) {
-  const std::string oracle_path =
-      test::shared_path("models/stories260K/expected_greedy_from_bos.json");
+  const std::string oracle_path = test::shared_path("models/stories260K/expected_greedy_from_bos.json");
   BONSAI_REQUIRE_FILE(oracle_path);
   REQUIRE_STORIES();
   std::ifstream f(oracle_path);
@@ -121,8 +119,7 @@ TEST(InferenceEngine, StreamedTextEqualsNonStreamed) {
     EXPECT_EQ(streamed, whole->text);
     EXPECT_EQ(r->text, whole->text);
     EXPECT_EQ(r->tokens, whole->tokens);
-    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<long>(r->tokens.size())),
-              r->tokens);
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<long>(r->tokens.size())), r->tokens);
   }
 }
 
@@ -334,8 +331,7 @@ TEST(InferenceEngine, BatchGenerateEqualsSequentialCalls) {
   auto batch = a.batch_generate(prompts);
   ASSERT_TRUE(batch.has_value());
   ASSERT_EQ(batch->size(), 3u);
-  for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ((*batch)[i].tokens, b.generate(prompts[i])->tokens);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ((*batch)[i].tokens, b.generate(prompts[i])->tokens);
 }
 
 TEST(InferenceEngine, LowLevelStepsComposeLikeGenerate) {

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "common/test_util.h"
-#include "core/thread_pool.h"        // global_pool
-#include "engine/engine_pool.h"      // build_pool_from_gguf, EnginePool
+#include "core/thread_pool.h"         // global_pool
+#include "engine/engine_pool.h"       // build_pool_from_gguf, EnginePool
 #include "engine/inference_engine.h"  // InferenceEngine
 #include "engine/sampling.h"          // Sampler, SamplingParams
 #include "engine/scheduler.h"         // Scheduler
@@ -89,7 +89,8 @@ TEST(LogSoftmax, TokenLogprobAndTopN) {
   for (auto& v : big) v = static_cast<float>(d(rng)) * 0.25f;
   std::vector<int32_t> idx(big.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return big[a] > big[b] || (big[a] == big[b] && a < b); });
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return big[a] > big[b] || (big[a] == big[b] && a < b); });
   const TokenLogprob t = token_logprob(big, 3, kMaxTopLogprobs);
   ASSERT_EQ(t.top.size(), static_cast<size_t>(kMaxTopLogprobs));
   for (int k = 0; k < kMaxTopLogprobs; ++k) EXPECT_EQ(t.top[static_cast<size_t>(k)].first, idx[static_cast<size_t>(k)]);
@@ -146,7 +147,7 @@ TEST(LogitBias, GreedyAndSampledFollowTheBias) {
   EXPECT_EQ(s.sample(l, {}), 1);
   p.logit_bias = {{1, -100.0f}};
   s.set_params(p);
-  EXPECT_EQ(s.sample(l, {}), 3);  // the ban moves greedy to the runner-up
+  EXPECT_EQ(s.sample(l, {}), 3);          // the ban moves greedy to the runner-up
   p.logit_bias = {{0, 1.0f}, {0, 0.6f}};  // repeated ids add up: 0.5 + 1.6 = 2.1 > 2.0
   s.set_params(p);
   EXPECT_EQ(s.sample(l, {}), 0);
@@ -191,8 +192,8 @@ const Stories& stories() {
   return s;
 }
 
-#define REQUIRE_STORIES()          \
-  BONSAI_REQUIRE_FILE(kStories);   \
+#define REQUIRE_STORIES()        \
+  BONSAI_REQUIRE_FILE(kStories); \
   ASSERT_NE(stories().model, nullptr)
 
 // Logits of every position of `seq` run as one teacher-forced prefill (what
@@ -212,8 +213,8 @@ std::vector<float> all_logits(const std::vector<int32_t>& seq) {
 
 // Checks `lp` (the logprob of seq[pos] and its top list) against the
 // log-softmax of row pos-1 of `rows`, in long double, to `tol`.
-void expect_matches_row(const TokenLogprob& lp, const std::vector<float>& rows, size_t nv, size_t pos,
-                        int32_t token, size_t top_n, double tol, const std::string& what) {
+void expect_matches_row(const TokenLogprob& lp, const std::vector<float>& rows, size_t nv, size_t pos, int32_t token,
+                        size_t top_n, double tol, const std::string& what) {
   const std::vector<float> row(rows.begin() + static_cast<std::ptrdiff_t>((pos - 1) * nv),
                                rows.begin() + static_cast<std::ptrdiff_t>(pos * nv));
   const auto ref = ref_log_softmax(row);

@@ -6,9 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdio>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -28,8 +28,8 @@ struct Zoo {
   std::condition_variable cv;
   bool gate_open = true;
   std::string fail_id;
-  std::string fail_path;                          // the loader fails for this file
-  std::map<std::string, std::string> last_path;   // id -> file of its last load
+  std::string fail_path;                         // the loader fails for this file
+  std::map<std::string, std::string> last_path;  // id -> file of its last load
 
   ModelPool make(size_t capacity, uint64_t budget_mb) {
     return ModelPool(
@@ -155,7 +155,7 @@ TEST(ModelPool, MemoryBudgetEvictsLruAndRefusesWhatCannotFitAlone) {
   EXPECT_EQ(h.error().code, core::Errc::kResourceExhausted);
   EXPECT_NE(h.error().message.find("even alone"), std::string::npos) << h.error().message;
   EXPECT_NE(h.error().message.find("11 MiB"), std::string::npos) << h.error().message;
-  EXPECT_EQ(zoo.loads["huge"], 0);  // refused before loading
+  EXPECT_EQ(zoo.loads["huge"], 0);                                    // refused before loading
   EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"c", "b"}));  // nothing evicted for it
 }
 

@@ -26,8 +26,7 @@ SamplingParams off() {  // every filter off, temperature 1
   return p;
 }
 
-void expect_dist(const std::vector<Candidate>& c, const std::vector<int32_t>& ids,
-                 const std::vector<double>& probs) {
+void expect_dist(const std::vector<Candidate>& c, const std::vector<int32_t>& ids, const std::vector<double>& probs) {
   ASSERT_EQ(c.size(), ids.size());
   for (size_t i = 0; i < c.size(); ++i) {
     EXPECT_EQ(c[i].id, ids[i]) << "rank " << i;
@@ -52,8 +51,8 @@ TEST(Rng, Xoshiro256StarStarFixedSequence) {
   const uint64_t m = s1 * 5;
   const uint64_t by_hand = ((m << 7) | (m >> 57)) * 9;
   EXPECT_EQ(by_hand, 0x99ec5f36cb75f2b4ULL);
-  const std::array<uint64_t, 4> expected = {0x99ec5f36cb75f2b4ULL, 0xbf6e1f784956452aULL,
-                                            0x1a5f849d4933e6e0ULL, 0x6aa594f1262d2d2cULL};
+  const std::array<uint64_t, 4> expected = {0x99ec5f36cb75f2b4ULL, 0xbf6e1f784956452aULL, 0x1a5f849d4933e6e0ULL,
+                                            0x6aa594f1262d2d2cULL};
   for (uint64_t e : expected) EXPECT_EQ(r.next_u64(), e);
 
   Rng r42(42);
@@ -120,11 +119,9 @@ TEST(Filter, MinP) {
 TEST(Filter, Temperature) {
   SamplingParams p = off();
   p.temperature = 2.0f;  // exp((l - 5) / 2) = [e^-2, e^-1.5, e^-1, e^-0.5, 1], sum 2.3328755
-  expect_dist(filter_candidates(kRamp, p), {4, 3, 2, 1, 0},
-              {0.4286555, 0.2599927, 0.1576936, 0.0956460, 0.0580122});
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2, 1, 0}, {0.4286555, 0.2599927, 0.1576936, 0.0956460, 0.0580122});
   p.temperature = 0.5f;  // exp(2 (l - 5)) = [e^-8, e^-6, e^-4, e^-2, 1], sum 1.1564645
-  expect_dist(filter_candidates(kRamp, p), {4, 3, 2, 1, 0},
-              {0.8647040, 0.1170250, 0.0158376, 0.0021434, 0.0002901});
+  expect_dist(filter_candidates(kRamp, p), {4, 3, 2, 1, 0}, {0.8647040, 0.1170250, 0.0158376, 0.0021434, 0.0002901});
 }
 
 // Regression: a tiny temperature overflowed logit / T to inf in float, the
@@ -204,8 +201,7 @@ TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
     // softmax first reaches top_p.
     std::vector<int32_t> ids(l.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-    std::sort(ids.begin(), ids.end(),
-              [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     double z = 0;
     for (float x : l) z += std::exp(static_cast<double>(x) - 14.0);
     size_t keep = ids.size();
@@ -218,8 +214,7 @@ TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
       }
     }
     ASSERT_EQ(c.size(), keep) << "top_p " << top_p;
-    for (size_t i = 0; i < keep; ++i)
-      ASSERT_EQ(c[i].id, ids[i]) << "top_p " << top_p << " rank " << i;
+    for (size_t i = 0; i < keep; ++i) ASSERT_EQ(c[i].id, ids[i]) << "top_p " << top_p << " rank " << i;
   }
 }
 

@@ -10,11 +10,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <optional>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,8 +121,8 @@ class SchedulerTest : public ::testing::Test {
 
   // Different prompts of different lengths (the story openings, repeated).
   std::vector<std::vector<int32_t>> prompts(int n) const {
-    const char* seeds[] = {"Once upon a time", "The little dog", "Lily and Ben went to the park",
-                           "One day, a bird", "Tom had a red ball. He", "The sun was hot and"};
+    const char* seeds[] = {"Once upon a time", "The little dog",         "Lily and Ben went to the park",
+                           "One day, a bird",  "Tom had a red ball. He", "The sun was hot and"};
     std::vector<std::vector<int32_t>> out;
     for (int i = 0; i < n; ++i) {
       std::string text = seeds[i % 6];
@@ -223,8 +223,8 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
         ASSERT_FALSE(o.failed) << o.error.message;
         ASSERT_EQ(o.results.size(), 1u);
         const GenerationResult& r = o.results[0];
-        EXPECT_EQ(r.tokens, solo[i].tokens) << "request " << i << " cache " << c.cache << " batch " << c.batch
-                                            << " round " << round;
+        EXPECT_EQ(r.tokens, solo[i].tokens)
+            << "request " << i << " cache " << c.cache << " batch " << c.batch << " round " << round;
         EXPECT_EQ(r.text, solo[i].text);
         EXPECT_EQ(o.streamed[0], r.text);
         EXPECT_EQ(r.finish_reason, solo[i].finish_reason);
@@ -374,9 +374,9 @@ struct StepHook {
   // The gate (guarded by gmu).
   std::mutex gmu;
   std::condition_variable gcv;
-  bool holding = false;    // steps stop in the hook
-  int go = 0;              // steps allowed past the gate while holding
-  uint64_t held_at = 0;    // the step waiting in the hook (0: none)
+  bool holding = false;  // steps stop in the hook
+  int go = 0;            // steps allowed past the gate while holding
+  uint64_t held_at = 0;  // the step waiting in the hook (0: none)
 
   static std::shared_ptr<StepHook> install(SchedulerOptions& so) {
     auto h = std::make_shared<StepHook>();

@@ -102,8 +102,7 @@ TEST(TextEmitter, ConcatenationEqualsOneShot) {
   // Byte-by-byte pushes release exactly what one push + finish releases.
   const std::string text = "Il \xC3\xA9tait une fois STOP la fin";
   for (const std::vector<std::string>& stops :
-       {std::vector<std::string>{}, std::vector<std::string>{"STOP"},
-        std::vector<std::string>{"fois S", "zz"}}) {
+       {std::vector<std::string>{}, std::vector<std::string>{"STOP"}, std::vector<std::string>{"fois S", "zz"}}) {
     TextEmitter whole(stops), bytes(stops);
     std::string a = whole.push(text) + whole.finish();
     std::string b;

@@ -24,8 +24,7 @@ struct RunResult {
 // Runs `bonsai ARGS` (with `env` assignments prefixed, e.g. "X=1") through the shell.
 RunResult run(const std::string& args, bool merge_stderr = false, const std::string& env = "") {
   const std::string bin = (test::binary_dir() / "apps/bonsai/bonsai").string();
-  const std::string cmd =
-      env + " '" + bin + "' " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd = env + " '" + bin + "' " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   RunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -65,8 +64,7 @@ void expect_json_matches(const nlohmann::json& j, const File& f) {
     EXPECT_EQ(jt["name"], std::string(t.name));
     EXPECT_EQ(jt["type"], core::ggml_type_name(t.type_id)) << t.name;
     ASSERT_EQ(jt["shape"].size(), t.n_dims) << t.name;
-    for (uint32_t d = 0; d < t.n_dims; ++d)
-      EXPECT_EQ(jt["shape"][d].get<int64_t>(), t.ne[d]) << t.name;
+    for (uint32_t d = 0; d < t.n_dims; ++d) EXPECT_EQ(jt["shape"][d].get<int64_t>(), t.ne[d]) << t.name;
     EXPECT_EQ(jt["offset"].get<uint64_t>(), t.offset) << t.name;
     EXPECT_EQ(jt["bytes"].get<uint64_t>(), t.n_bytes) << t.name;
   }
@@ -78,8 +76,7 @@ void expect_json_matches(const nlohmann::json& j, const File& f) {
 }
 
 TEST(CliInfo, SynthThenInfoRoundTrips) {
-  const auto path =
-      (std::filesystem::temp_directory_path() / "bonsai_cli_synth_test.gguf").string();
+  const auto path = (std::filesystem::temp_directory_path() / "bonsai_cli_synth_test.gguf").string();
   auto w = run("synth -o '" + path + "' --preset tiny --type q2_0 --seed 7", true);
   ASSERT_EQ(w.exit_code, 0) << w.out;
   auto r = run("info -m '" + path + "' --json");
@@ -126,8 +123,7 @@ TEST(CliInfo, EverySharedFileMatchesTheReader) {
   }
   EXPECT_EQ(n, 8);
   const auto qs = test::shared_path("fixtures/qwen3-tiny-q2_0-paired-g128-qs-first.gguf");
-  EXPECT_EQ(nlohmann::json::parse(run("info -m '" + qs + "' --json").out)["q2_layout"],
-            "g128-qs-first");
+  EXPECT_EQ(nlohmann::json::parse(run("info -m '" + qs + "' --json").out)["q2_layout"], "g128-qs-first");
 }
 
 TEST(CliInfo, LayoutOverrideAndErrors) {
@@ -154,12 +150,10 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   EXPECT_EQ(wrong.exit_code, 1);
   EXPECT_NE(wrong.out.find("the forced Q2_0 layout g128-qs-first does not fit the data"), std::string::npos)
       << wrong.out;
-  auto env_g64 =
-      run("info -m '" + d_first + "'", true, "BONSAI_Q2_LAYOUT=g64");  // g64 on a g128 file
+  auto env_g64 = run("info -m '" + d_first + "'", true, "BONSAI_Q2_LAYOUT=g64");  // g64 on a g128 file
   EXPECT_EQ(env_g64.exit_code, 1);
   EXPECT_NE(env_g64.out.find(d_first + ": offset "), std::string::npos) << env_g64.out;
-  auto flag_wins = run("info -m '" + d_first + "' --json --q2-layout g128-d-first", false,
-                       "BONSAI_Q2_LAYOUT=g64");
+  auto flag_wins = run("info -m '" + d_first + "' --json --q2-layout g128-d-first", false, "BONSAI_Q2_LAYOUT=g64");
   ASSERT_EQ(flag_wins.exit_code, 0);
   EXPECT_EQ(nlohmann::json::parse(flag_wins.out)["q2_layout"], "g128-d-first");
   auto bad_layout = run("info -m '" + d_first + "' --q2-layout g32", true);
@@ -193,11 +187,9 @@ TEST(CliInfo, TextModeEscapesControlCharactersFromTheFile) {
   w.set_string("general.architecture", "qwen3");
   w.set_string("general.name", "evil\x1b[2Jname\x07");
   w.set_bool("x.k\x1b[31mey", true);
-  auto t = w.add_tensor("t\x1b]0;title\x07", core::GgmlType::F32, {4},
-                        std::vector<uint8_t>(16, 0));
+  auto t = w.add_tensor("t\x1b]0;title\x07", core::GgmlType::F32, {4}, std::vector<uint8_t>(16, 0));
   ASSERT_TRUE(t.has_value()) << t.error().message;
-  const auto path =
-      (std::filesystem::temp_directory_path() / "bonsai_cli_info_escapes.gguf").string();
+  const auto path = (std::filesystem::temp_directory_path() / "bonsai_cli_info_escapes.gguf").string();
   ASSERT_TRUE(w.write(path).has_value());
   const auto r = run("info -m '" + path + "'");
   ASSERT_EQ(r.exit_code, 0);

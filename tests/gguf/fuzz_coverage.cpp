@@ -14,8 +14,7 @@ namespace {
 constexpr uintptr_t kCounters = 1u << 16;
 }
 
-__attribute__((section("__libfuzzer_extra_counters"), used))
-uint8_t bonsai_fuzz_counters[kCounters];
+__attribute__((section("__libfuzzer_extra_counters"), used)) uint8_t bonsai_fuzz_counters[kCounters];
 
 extern "C" void bonsai_fuzz_trace_pc() {
   const uintptr_t pc = reinterpret_cast<uintptr_t>(__builtin_return_address(0));

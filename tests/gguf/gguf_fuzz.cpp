@@ -33,8 +33,7 @@ void check_file(const bonsai::gguf::File& f, size_t size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto mapping =
-      bonsai::core::MappedFile::from_bytes(std::span<const uint8_t>(data, size), "fuzz.gguf");
+  auto mapping = bonsai::core::MappedFile::from_bytes(std::span<const uint8_t>(data, size), "fuzz.gguf");
   bonsai::gguf::OpenOptions opt;
   // The first byte (when present) picks detection or a forced layout, so the
   // forced-layout paths are fuzzed too.

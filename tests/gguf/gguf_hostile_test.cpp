@@ -37,9 +37,7 @@ struct Bytes {
     put<uint32_t>(0x46554747).put<uint32_t>(version).put<uint64_t>(n_tensors).put<uint64_t>(n_kv);
     return *this;
   }
-  Bytes& kv_u32(std::string_view key, uint32_t v) {
-    return str(key).put<uint32_t>(4).put<uint32_t>(v);
-  }
+  Bytes& kv_u32(std::string_view key, uint32_t v) { return str(key).put<uint32_t>(4).put<uint32_t>(v); }
   Bytes& tensor(std::string_view name, std::vector<int64_t> ne, uint32_t type, uint64_t offset) {
     str(name).put<uint32_t>(static_cast<uint32_t>(ne.size()));
     for (int64_t d : ne) put<int64_t>(d);
@@ -61,8 +59,7 @@ core::Expected<std::shared_ptr<const File>> parse_bytes(const std::vector<uint8_
 }
 
 // Asserts refusal with a format/unsupported error that names the file and an offset.
-void expect_refused(const std::vector<uint8_t>& bytes, const std::string& rule_substr,
-                    const OpenOptions& opt = {}) {
+void expect_refused(const std::vector<uint8_t>& bytes, const std::string& rule_substr, const OpenOptions& opt = {}) {
   auto f = parse_bytes(bytes, opt);
   ASSERT_FALSE(f.has_value()) << "accepted a file that breaks: " << rule_substr;
   const auto code = f.error().code;
@@ -154,18 +151,14 @@ TEST(GgufWriter, RoundTripsEveryValueType) {
 
 TEST(GgufWriter, WriteStreamsSameBytesAsToBytes) {
   Writer w = small_writer();
-  ASSERT_TRUE(
-      w.add_tensor_generated("d.weight", core::GgmlType::F32, {8, 2}, [](std::span<uint8_t> out) {
-        for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i ^ 0x5a);
-      }));
-  EXPECT_FALSE(
-      w.add_tensor("a.weight", core::GgmlType::F32, {64}, std::vector<uint8_t>(256)));  // duplicate
+  ASSERT_TRUE(w.add_tensor_generated("d.weight", core::GgmlType::F32, {8, 2}, [](std::span<uint8_t> out) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i ^ 0x5a);
+  }));
+  EXPECT_FALSE(w.add_tensor("a.weight", core::GgmlType::F32, {64}, std::vector<uint8_t>(256)));  // duplicate
   EXPECT_FALSE(w.add_tensor("e.weight", core::GgmlType::Q8_0, {33},
-                            std::vector<uint8_t>(34)));  // not a block multiple
-  EXPECT_FALSE(
-      w.add_tensor("e.weight", core::GgmlType::F32, {4}, std::vector<uint8_t>(15)));  // wrong size
-  const auto path =
-      (std::filesystem::temp_directory_path() / "bonsai_gguf_writer_test.gguf").string();
+                            std::vector<uint8_t>(34)));                                        // not a block multiple
+  EXPECT_FALSE(w.add_tensor("e.weight", core::GgmlType::F32, {4}, std::vector<uint8_t>(15)));  // wrong size
+  const auto path = (std::filesystem::temp_directory_path() / "bonsai_gguf_writer_test.gguf").string();
   ASSERT_TRUE(w.write(path));
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -256,8 +249,7 @@ TEST(GgufHostile, BitFlipsNeverCrash) {
     if (!f) {
       ++refused;
       const auto code = f.error().code;
-      ASSERT_TRUE(code == core::Errc::kFormat || code == core::Errc::kUnsupported)
-          << f.error().message;
+      ASSERT_TRUE(code == core::Errc::kFormat || code == core::Errc::kUnsupported) << f.error().message;
       continue;
     }
     for (const TensorInfo& t : (*f)->tensors()) {
@@ -269,9 +261,8 @@ TEST(GgufHostile, BitFlipsNeverCrash) {
 }
 
 // A valid base for hand-made variants: one F32 tensor of 8 floats.
-std::vector<uint8_t> one_tensor(std::vector<int64_t> ne, uint32_t type, uint64_t offset,
-                                size_t data_bytes, std::string_view extra_kv_key = {},
-                                uint32_t extra_kv_val = 0) {
+std::vector<uint8_t> one_tensor(std::vector<int64_t> ne, uint32_t type, uint64_t offset, size_t data_bytes,
+                                std::string_view extra_kv_key = {}, uint32_t extra_kv_val = 0) {
   Bytes b;
   b.header(1, extra_kv_key.empty() ? 0 : 1);
   if (!extra_kv_key.empty()) b.kv_u32(extra_kv_key, extra_kv_val);
@@ -327,8 +318,7 @@ TEST(GgufHostile, HandMadeFilesAreRefused) {
     c.header(0, 1).str("a").put<uint32_t>(9).put<uint32_t>(9).put<uint64_t>(1ull << 40).zeros(64);
     expect_refused(c.b, "cannot fit");
     Bytes big;  // more array elements than the reader will hold, yet each fits in the file
-    big.header(0, 1).str("a").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>(kMaxMetadataElements +
-                                                                              1);
+    big.header(0, 1).str("a").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>(kMaxMetadataElements + 1);
     big.zeros(kMaxMetadataElements + 1);
     expect_refused(big.b, "elements in total");
     Bytes d;  // nesting bomb: 100 levels of single-element arrays
@@ -337,13 +327,7 @@ TEST(GgufHostile, HandMadeFilesAreRefused) {
     d.put<uint32_t>(4).put<uint64_t>(0);
     expect_refused(d.b, "nested deeper");
     Bytes e;  // array of strings, each claiming a huge length
-    e.header(0, 1)
-        .str("a")
-        .put<uint32_t>(9)
-        .put<uint32_t>(8)
-        .put<uint64_t>(2)
-        .put<uint64_t>(1ull << 50)
-        .zeros(16);
+    e.header(0, 1).str("a").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2).put<uint64_t>(1ull << 50).zeros(16);
     expect_refused(e.b, "string length");
   }
   {  // bad value types

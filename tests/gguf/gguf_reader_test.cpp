@@ -1,7 +1,6 @@
 // Reader tests on the real files in ../shared (fixtures and models): metadata
 // values, tensor shapes/types/offsets, typed accessor errors, Q2_0 layouts.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -204,13 +203,11 @@ TEST(GgufReader, AccessorErrorsNameKeyAndType) {
   auto wrong = f->get<std::string>("qwen3.block_count");
   ASSERT_FALSE(wrong);
   EXPECT_EQ(wrong.error().code, core::Errc::kFormat);
-  EXPECT_NE(wrong.error().message.find("key 'qwen3.block_count' has type u32, expected string"),
-            std::string::npos)
+  EXPECT_NE(wrong.error().message.find("key 'qwen3.block_count' has type u32, expected string"), std::string::npos)
       << wrong.error().message;
   auto narrow = f->get<uint8_t>("qwen3.context_length");
   ASSERT_FALSE(narrow);
-  EXPECT_NE(narrow.error().message.find("value 40960 does not fit in u8"), std::string::npos)
-      << narrow.error().message;
+  EXPECT_NE(narrow.error().message.find("value 40960 does not fit in u8"), std::string::npos) << narrow.error().message;
   auto not_array = f->get_string_array("general.name");
   ASSERT_FALSE(not_array);
   EXPECT_EQ(not_array.error().code, core::Errc::kFormat);
@@ -239,8 +236,7 @@ TEST(GgufQ2Layout, DetectsEachPairedFixture) {
     auto f = open_ok(path);
     ASSERT_NE(f, nullptr) << c.file;
     ASSERT_TRUE(f->q2_layout().has_value()) << c.file;
-    EXPECT_EQ(*f->q2_layout(), c.layout)
-        << c.file << ": got " << core::q2_layout_name(*f->q2_layout());
+    EXPECT_EQ(*f->q2_layout(), c.layout) << c.file << ": got " << core::q2_layout_name(*f->q2_layout());
     const TensorInfo* emb = f->find_tensor("token_embd.weight");
     ASSERT_NE(emb, nullptr);
     const uint64_t block_bytes = c.layout == core::Q2Layout::kG64 ? 18 : 34;
@@ -282,17 +278,16 @@ TEST(GgufQ2Layout, OverrideIsHonouredOrRefused) {
   opt.q2_layout = core::Q2Layout::kG128DFirst;
   auto h = File::open(g64_file, opt);
   ASSERT_FALSE(h);
-  EXPECT_NE(h.error().message.find("end exactly on 64-weight (g64) blocks"), std::string::npos)
-      << h.error().message;
+  EXPECT_NE(h.error().message.find("end exactly on 64-weight (g64) blocks"), std::string::npos) << h.error().message;
   // A file valid under both g128 byte orders: detection refuses it, and
   // either forced order is honoured (what the override is for).
-  const auto amb = (std::filesystem::temp_directory_path() /
-                    ("bonsai_q2_ambiguous_" + std::to_string(::getpid()) + ".gguf")).string();
+  const auto amb =
+      (std::filesystem::temp_directory_path() / ("bonsai_q2_ambiguous_" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   ASSERT_EQ(test::write_ambiguous_g128_copy(d_first, amb), "");
   auto detected = File::open(amb);
   ASSERT_FALSE(detected);
-  EXPECT_NE(detected.error().message.find("byte order is ambiguous"), std::string::npos)
-      << detected.error().message;
+  EXPECT_NE(detected.error().message.find("byte order is ambiguous"), std::string::npos) << detected.error().message;
   for (auto l : {core::Q2Layout::kG128DFirst, core::Q2Layout::kG128QsFirst}) {
     opt.q2_layout = l;
     auto forced = File::open(amb, opt);
@@ -310,8 +305,7 @@ TEST(GgufWriter, WriteErrorRemovesOnlyRegularFiles) {
   Writer w;
   w.set_string("general.architecture", "qwen3");
   ASSERT_TRUE(w.add_tensor("t", core::GgmlType::F32, {1024}, std::vector<uint8_t>(4096, 0)).has_value());
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("bonsai_writer_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("bonsai_writer_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto full = (dir / "full").string();
   if (::mknod(full.c_str(), S_IFCHR | 0666, ::makedev(1, 7)) != 0) {

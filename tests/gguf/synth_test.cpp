@@ -267,8 +267,7 @@ TEST(Synth, PresetsHaveBonsaiShapes) {
 TEST(Synth, UntiedYarnPresetWritesOutputAndScalingKeys) {
   // The 8b preset's structure (untied output, YaRN keys) at a small size.
   Preset p = preset("8b").value();
-  p.n_embd = 256, p.n_layer = 1, p.n_ff = 512, p.n_vocab = 600, p.n_head = 4, p.n_head_kv = 2,
-  p.head_dim = 64;
+  p.n_embd = 256, p.n_layer = 1, p.n_ff = 512, p.n_vocab = 600, p.n_head = 4, p.n_head_kv = 2, p.head_dim = 64;
   auto w = build(Options{p, WeightType::kQ1_0, 5});
   ASSERT_TRUE(w) << w.error().message;
   auto f = parse(w->to_bytes());
@@ -291,8 +290,7 @@ TEST(Synth, UntiedYarnPresetWritesOutputAndScalingKeys) {
 }
 
 TEST(Synth, EnsureDefaultModelWritesOnceAtomically) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("bonsai_cache_test_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("bonsai_cache_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   ::setenv("BONSAI_CACHE_DIR", dir.c_str(), 1);
   auto p1 = ensure_default_model();

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
-#include "common/test_util.h"
 
 namespace bonsai::kernels {
 namespace {
@@ -58,8 +58,8 @@ TEST(GoldenDequant, RowsMatchGgmlExactly) {
         for (size_t i = 0; i < got.size(); ++i) {
           const float want = static_cast<float>(values[i].get<double>());
           if (got[i] != want && ++mismatches <= 5) {
-            ADD_FAILURE() << fj.at("file") << " " << name << " row " << row << " [" << i
-                          << "]: got " << got[i] << " want " << want;
+            ADD_FAILURE() << fj.at("file") << " " << name << " row " << row << " [" << i << "]: got " << got[i]
+                          << " want " << want;
           }
         }
         EXPECT_EQ(mismatches, 0) << name << " row " << row;

@@ -79,8 +79,8 @@ struct Shape {
   }
   for (int64_t r = 0; r < rows; ++r) {
     if (std::memcmp(&y[static_cast<size_t>(j * rows + r)], want + r, sizeof(float)) != 0) {
-      return ::testing::AssertionFailure() << "column " << j << " row " << r << ": " << y[static_cast<size_t>(j * rows + r)]
-                                           << " vs " << want[r];
+      return ::testing::AssertionFailure()
+             << "column " << j << " row " << r << ": " << y[static_cast<size_t>(j * rows + r)] << " vs " << want[r];
     }
   }
   return ::testing::AssertionFailure();
@@ -97,8 +97,8 @@ TEST(BatchInvariance, EveryPathEveryTierBitIdentical) {
         if (!testing::is_quantized(f) && s.cols > 2048) continue;
         auto m = testing::random_matrix(f, s.rows, s.cols, 17 + static_cast<uint32_t>(s.cols + s.rows));
         const auto x = batch(s.max_n, s.cols, 1000 + static_cast<uint32_t>(s.cols));
-        const std::string where = v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" +
-                                  std::to_string(s.cols);
+        const std::string where =
+            v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
         // The definition for this tier: gemv of each column, one thread.
         std::vector<float> col(static_cast<size_t>(s.max_n * s.rows));
         for (int64_t j = 0; j < s.max_n; ++j) gemv(m.view, x.data() + j * s.cols, col.data() + j * s.rows, nullptr);
@@ -106,7 +106,8 @@ TEST(BatchInvariance, EveryPathEveryTierBitIdentical) {
         if (testing::is_quantized(f) && v.tier != Tier::kReference) {
           std::vector<float> yr(static_cast<size_t>(3 * s.rows));
           gemm_rows(Tier::kReference, m.view, x.data(), 3, yr.data(), 0, s.rows);
-          for (int64_t j = 0; j < 3; ++j) ASSERT_TRUE(same_column(yr, s.rows, j, col.data() + j * s.rows)) << where << " vs reference";
+          for (int64_t j = 0; j < 3; ++j)
+            ASSERT_TRUE(same_column(yr, s.rows, j, col.data() + j * s.rows)) << where << " vs reference";
         }
         // gemv on the pool.
         std::vector<float> y1(static_cast<size_t>(s.rows));

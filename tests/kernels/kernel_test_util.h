@@ -13,15 +13,16 @@
 
 namespace bonsai::kernels::testing {
 
-inline constexpr Format kAllFormats[] = {Format::kF32,  Format::kF16,       Format::kBF16,
-                                         Format::kQ8_0, Format::kQ1_0,      Format::kQ2_0,
-                                         Format::kQ2_0G128D, Format::kQ2_0G128Qs};
+inline constexpr Format kAllFormats[] = {Format::kF32,  Format::kF16,  Format::kBF16,      Format::kQ8_0,
+                                         Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs};
 
 // Byte offset of the fp16 scale inside a block of a quantized format.
 inline size_t scale_offset(Format f) {
   switch (f) {
-    case Format::kQ2_0G128Qs: return 32;
-    default: return 0;
+    case Format::kQ2_0G128Qs:
+      return 32;
+    default:
+      return 0;
   }
 }
 
@@ -33,8 +34,8 @@ struct RandomMatrix {
   MatrixView view;
 };
 
-inline RandomMatrix random_matrix(Format f, int64_t rows, int64_t cols, uint32_t seed,
-                                  float smin = 0.005f, float smax = 0.05f) {
+inline RandomMatrix random_matrix(Format f, int64_t rows, int64_t cols, uint32_t seed, float smin = 0.005f,
+                                  float smax = 0.05f) {
   RandomMatrix m;
   const size_t rb = row_bytes(f, cols);
   m.bytes.resize(rb * static_cast<size_t>(rows) + 64);
@@ -85,8 +86,8 @@ inline std::vector<float> random_vector(int64_t n, uint32_t seed, float sigma = 
 // Row r of the matrix dequantized.
 inline std::vector<float> dequant_row(const MatrixView& w, int64_t r) {
   std::vector<float> out(static_cast<size_t>(w.cols));
-  dequantize_row(w.format, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride,
-                 out.data(), w.cols);
+  dequantize_row(w.format, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride, out.data(),
+                 w.cols);
   return out;
 }
 

@@ -36,12 +36,11 @@ TEST(Formats, GeometryMatchesGgml) {
   EXPECT_EQ(row_bytes(Format::kQ1_0, 2048), 16u * 18u);
   EXPECT_EQ(row_bytes(Format::kQ2_0, 2048), 32u * 18u);
   // Geometry agrees with core's ggml type table.
-  for (auto [type, layout] : {std::pair{core::GgmlType::Q1_0, core::Q2Layout::kG64},
-                              std::pair{core::GgmlType::Q2_0, core::Q2Layout::kG64},
-                              std::pair{core::GgmlType::Q2_0, core::Q2Layout::kG128DFirst},
-                              std::pair{core::GgmlType::Q2_0, core::Q2Layout::kG128QsFirst},
-                              std::pair{core::GgmlType::Q8_0, core::Q2Layout::kG64},
-                              std::pair{core::GgmlType::F16, core::Q2Layout::kG64}}) {
+  for (auto [type, layout] :
+       {std::pair{core::GgmlType::Q1_0, core::Q2Layout::kG64}, std::pair{core::GgmlType::Q2_0, core::Q2Layout::kG64},
+        std::pair{core::GgmlType::Q2_0, core::Q2Layout::kG128DFirst},
+        std::pair{core::GgmlType::Q2_0, core::Q2Layout::kG128QsFirst},
+        std::pair{core::GgmlType::Q8_0, core::Q2Layout::kG64}, std::pair{core::GgmlType::F16, core::Q2Layout::kG64}}) {
     const auto f = format_of(type, layout);
     ASSERT_TRUE(f.has_value());
     auto traits = type == core::GgmlType::Q2_0 ? core::q2_block_geometry(layout)
@@ -85,8 +84,8 @@ TEST(Dequantize, Q2_0G64HandBlock) {
   BlockQ2_0 b{};
   const uint16_t d = 0x4000;  // 2.0
   std::memcpy(b.d, &d, 2);
-  std::memset(b.qs, 0x55, 16);  // every code 1 -> 0
-  b.qs[0] = 0xE4;               // codes 0,1,2,3 for elements 0..3
+  std::memset(b.qs, 0x55, 16);       // every code 1 -> 0
+  b.qs[0] = 0xE4;                    // codes 0,1,2,3 for elements 0..3
   b.qs[15] = 0x02 << 6 | 0x55 >> 2;  // element 63 code 2, elements 60..62 code 1
   float out[64];
   dequantize_row(Format::kQ2_0, &b, out, 64);
@@ -101,9 +100,9 @@ TEST(Dequantize, Q2_0G64HandBlock) {
 TEST(Dequantize, Q2_0G128BothOrders) {
   uint8_t qs[32];
   std::memset(qs, 0x55, 32);
-  qs[0] = 0xE4;          // -d, 0, +d, code 3 -> 0 in the g128 layouts
-  qs[16] = 0x56;         // element 64 code 2 (+d), elements 65..67 code 1
-  qs[31] = 0x15;         // elements 124..126 code 1, element 127 code 0 (-d)
+  qs[0] = 0xE4;               // -d, 0, +d, code 3 -> 0 in the g128 layouts
+  qs[16] = 0x56;              // element 64 code 2 (+d), elements 65..67 code 1
+  qs[31] = 0x15;              // elements 124..126 code 1, element 127 code 0 (-d)
   const uint16_t d = 0x3c00;  // 1.0
   BlockQ2_0G128D a{};
   std::memcpy(a.d, &d, 2);

@@ -54,7 +54,8 @@ std::vector<Variant> variants() {
   std::vector<Variant> v;
   for (Tier t : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
     if (!tier_supported(t)) continue;
-    v.push_back({t, true, true, std::string(tier_name(t)) + (t == Tier::kAvx512 && detail::amx_usable() ? "+amx" : "")});
+    v.push_back(
+        {t, true, true, std::string(tier_name(t)) + (t == Tier::kAvx512 && detail::amx_usable() ? "+amx" : "")});
     if (t == Tier::kAvx512) {
       v.push_back({t, true, false, "avx512-noamx"});
       v.push_back({t, false, false, "avx512-noamx-nogfni"});
@@ -127,8 +128,7 @@ TEST(Tiers, IntegerPartsExact) {
   for (const Variant& v : variants()) {
     GfniScope g(v);
     for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
-      for (Shape s : {Shape{1, 128, 1}, Shape{7, 384, 3}, Shape{33, 2048, 1}, Shape{5, 6144, 17},
-                      Shape{3, 1024, 64}}) {
+      for (Shape s : {Shape{1, 128, 1}, Shape{7, 384, 3}, Shape{33, 2048, 1}, Shape{5, 6144, 17}, Shape{3, 1024, 64}}) {
         auto m = testing::random_matrix(f, s.rows, s.cols, 900 + static_cast<uint32_t>(f));
         // Scales 0.5 or 1.
         const size_t bb = block_bytes(f);
@@ -149,8 +149,8 @@ TEST(Tiers, IntegerPartsExact) {
         gemm_rows(Tier::kReference, m.view, x.data(), s.n, yr.data(), 0, s.rows);
         gemm_rows(v.tier, m.view, x.data(), s.n, yt.data(), 0, s.rows);
         for (size_t i = 0; i < yr.size(); ++i) {
-          ASSERT_EQ(yt[i], yr[i]) << v.label << " " << format_name(f) << " " << s.rows << "x" << s.cols
-                                  << " n=" << s.n << " at " << i;
+          ASSERT_EQ(yt[i], yr[i]) << v.label << " " << format_name(f) << " " << s.rows << "x" << s.cols << " n=" << s.n
+                                  << " at " << i;
         }
       }
     }
@@ -159,8 +159,8 @@ TEST(Tiers, IntegerPartsExact) {
 
 // Compares rows [rows_to_check] of y (a [n][rows] result of `tier`) with the
 // reference, within the documented bound.
-void expect_close_to_reference(const std::string& label, const MatrixView& w, const float* x, int64_t n,
-                               const float* y, const std::vector<int64_t>& rows_to_check) {
+void expect_close_to_reference(const std::string& label, const MatrixView& w, const float* x, int64_t n, const float* y,
+                               const std::vector<int64_t>& rows_to_check) {
   std::vector<float> yr(static_cast<size_t>(n * w.rows));
   std::vector<std::vector<float>> xe;
   for (int64_t j = 0; j < n; ++j) xe.push_back(testing::effective_x(w.format, x + j * w.cols, w.cols));
@@ -215,7 +215,7 @@ TEST(Tiers, LargestBonsaiShapesThreaded) {
   };
   const Case cases[] = {
       {Format::kQ1_0, 151936, 2048, 1}, {Format::kQ2_0, 151936, 2048, 1}, {Format::kQ1_0, 2048, 6144, 1},
-      {Format::kQ2_0, 6144, 2048, 64},  {Format::kQ1_0, 6144, 2048, 64}, {Format::kQ2_0G128Qs, 2048, 6144, 3},
+      {Format::kQ2_0, 6144, 2048, 64},  {Format::kQ1_0, 6144, 2048, 64},  {Format::kQ2_0G128Qs, 2048, 6144, 3},
   };
   for (const Variant& v : variants()) {
     GfniScope g(v);

@@ -4,6 +4,8 @@
 // other sequences' tokens; for every KV type and kernels tier. End to end:
 // logits memcmp across prefill chunkings and batch mixes on stories260K
 // (scalar attention kernel, head dim 8) and the tiny Qwen3 fixture (head dim 64).
+#include "model/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "model/attention.h"
 #include "model_test_util.h"
 
 namespace bonsai::model {
@@ -43,9 +44,12 @@ Synth make_synth(int64_t hd, int64_t n_head, int64_t n_kv, int64_t P, uint32_t s
 }
 
 void store(KvType t, const float* src, uint8_t* dst, int64_t n) {
-  if (t == KvType::kF16) kernels::f32_to_f16_row(src, reinterpret_cast<uint16_t*>(dst), n);
-  else if (t == KvType::kQ8_0) kernels::quantize_row_q8_0(src, dst, n);
-  else std::memcpy(dst, src, n * sizeof(float));
+  if (t == KvType::kF16)
+    kernels::f32_to_f16_row(src, reinterpret_cast<uint16_t*>(dst), n);
+  else if (t == KvType::kQ8_0)
+    kernels::quantize_row_q8_0(src, dst, n);
+  else
+    std::memcpy(dst, src, n * sizeof(float));
 }
 
 std::unique_ptr<KvCache> fill_cache(const Synth& s, KvType tk, KvType tv) {
@@ -66,8 +70,8 @@ std::unique_ptr<KvCache> fill_cache(const Synth& s, KvType tk, KvType tv) {
 // Runs attention for the tokens `positions` of sequence 0 (in that order),
 // interleaved with `others` single tokens of other sequences after each of
 // ours; returns our rows ([positions.size()][n_head*hd]).
-std::vector<float> run(const Synth& s, std::span<KvCache* const> caches, std::span<const int32_t> positions,
-                       int others, core::ThreadPool& pool) {
+std::vector<float> run(const Synth& s, std::span<KvCache* const> caches, std::span<const int32_t> positions, int others,
+                       core::ThreadPool& pool) {
   const int64_t qd = s.cfg.n_head * s.cfg.head_dim_k;
   std::vector<BatchToken> tok;
   std::vector<float> q;
@@ -93,7 +97,9 @@ std::vector<float> run(const Synth& s, std::span<KvCache* const> caches, std::sp
 float cached(const KvCache& kv, bool is_k, int64_t h, int64_t p, int64_t i, int64_t hd) {
   std::vector<float> row(hd);
   const KvType t = is_k ? kv.type_k() : kv.type_v();
-  const auto f = t == KvType::kF16 ? kernels::Format::kF16 : t == KvType::kQ8_0 ? kernels::Format::kQ8_0 : kernels::Format::kF32;
+  const auto f = t == KvType::kF16    ? kernels::Format::kF16
+                 : t == KvType::kQ8_0 ? kernels::Format::kQ8_0
+                                      : kernels::Format::kF32;
   kernels::dequantize_row(f, is_k ? kv.k_row(0, h, p) : kv.v_row(0, h, p), row.data(), hd);
   return row[i];
 }
@@ -184,11 +190,11 @@ TEST_P(AttentionInvariance, DecodePrefillChunksAndMixesAreBitIdentical) {
   ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, AttentionInvariance,
-    ::testing::Combine(::testing::Values<int64_t>(8, 40, 64, 128),
-                       ::testing::Values(KvType::kF16, KvType::kF32, KvType::kQ8_0),
-                       ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512)));
+INSTANTIATE_TEST_SUITE_P(All, AttentionInvariance,
+                         ::testing::Combine(::testing::Values<int64_t>(8, 40, 64, 128),
+                                            ::testing::Values(KvType::kF16, KvType::kF32, KvType::kQ8_0),
+                                            ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2,
+                                                              kernels::Tier::kAvx512)));
 
 TEST(AttentionKernel, Avx512IsUsedWhereAvailable) {
   if (!kernels::tier_supported(kernels::Tier::kAvx512)) GTEST_SKIP();

@@ -2,9 +2,6 @@
 // files (exit != 0, every problem listed); `bonsai logits --json` prints the
 // top-k of the forward pass run in-process.
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,8 +42,8 @@ RunResult run_cmd(const std::string& args) {
   return r;
 }
 
-#define REQUIRE_BONSAI_BIN()                                                         \
-  do {                                                                               \
+#define REQUIRE_BONSAI_BIN()                                                        \
+  do {                                                                              \
     if (!std::filesystem::exists(bonsai_bin())) GTEST_SKIP() << "bonsai not built"; \
   } while (0)
 
@@ -99,10 +97,10 @@ TEST(CliValidate, BrokenFilesFailListingEveryProblem) {
     ASSERT_TRUE(w.write(path).has_value());
     const auto r = run_cmd("validate -m '" + path + "'");
     EXPECT_EQ(r.exit_code, 1) << r.out;
-    for (const char* t : {"output_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.weight",
-                          "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
-                          "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "blk.0.ffn_norm.weight",
-                          "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"}) {
+    for (const char* t :
+         {"output_norm.weight", "blk.0.attn_norm.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight",
+          "blk.0.attn_v.weight", "blk.0.attn_output.weight", "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight",
+          "blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"}) {
       EXPECT_NE(r.out.find(t), std::string::npos) << t << "\n" << r.out;
     }
     EXPECT_NE(r.out.find("12 problems"), std::string::npos) << r.out;
@@ -157,8 +155,8 @@ TEST(CliLogits, BadArgumentsFail) {
   BONSAI_REQUIRE_FILE(path);
   EXPECT_NE(run_cmd("logits -m '" + path + "' --ids 1,100000").exit_code, 0);  // id >= n_vocab
   EXPECT_NE(run_cmd("logits -m '" + path + "' --ids 1,abc").exit_code, 0);
-  EXPECT_NE(run_cmd("logits -m '" + path + "'").exit_code, 0);                   // neither -p nor --ids
-  EXPECT_NE(run_cmd("logits -m '" + path + "' -p hi --ids 1").exit_code, 0);    // both
+  EXPECT_NE(run_cmd("logits -m '" + path + "'").exit_code, 0);                // neither -p nor --ids
+  EXPECT_NE(run_cmd("logits -m '" + path + "' -p hi --ids 1").exit_code, 0);  // both
   EXPECT_NE(run_cmd("logits -m /nonexistent.gguf --ids 1").exit_code, 0);
 }
 
@@ -167,7 +165,8 @@ TEST(CliLogits, PromptIsTokenized) {
   const std::string path = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
   BONSAI_REQUIRE_FILE(path);
   // prompts.json "english": its prompt_ids are 785 3974 13876 ... 13.
-  const auto r = run_cmd("logits -m '" + path + "' -p 'The quick brown fox jumps over the lazy dog.' --special --top-k 1 --json");
+  const auto r =
+      run_cmd("logits -m '" + path + "' -p 'The quick brown fox jumps over the lazy dog.' --special --top-k 1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("tokens"), nlohmann::json({785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13}));
@@ -311,8 +310,7 @@ TEST(CliRun, Q2LayoutOverrideReachesTheModel) {
   ASSERT_EQ(detected.exit_code, 0) << detected.out;
   const auto forced_same = stdout_of(args + " --q2-layout g128-d-first");
   ASSERT_EQ(forced_same.exit_code, 0) << forced_same.out;
-  EXPECT_EQ(nlohmann::json::parse(forced_same.out).at("tokens"),
-            nlohmann::json::parse(detected.out).at("tokens"));
+  EXPECT_EQ(nlohmann::json::parse(forced_same.out).at("tokens"), nlohmann::json::parse(detected.out).at("tokens"));
   // g64 blocks do not fit this file's tensors: refused, by flag and by env.
   const auto flag = run_cmd(args + " --q2-layout g64");
   EXPECT_EQ(flag.exit_code, 1) << flag.out;

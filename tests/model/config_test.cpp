@@ -1,7 +1,6 @@
 // ModelConfig::from_gguf and check_model: values read from the shared files,
 // and every problem of a broken file listed (hand-made files via gguf::Writer).
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -153,8 +152,7 @@ void add_f32(gguf::Writer& w, const std::string& name, std::vector<int64_t> ne, 
 }
 
 // Writes the tiny model; `skip` names tensors to leave out, `keys` edits metadata.
-std::string write_tiny(const std::string& file_name, const TinySpec& s,
-                       const std::vector<std::string>& skip = {},
+std::string write_tiny(const std::string& file_name, const TinySpec& s, const std::vector<std::string>& skip = {},
                        const std::function<void(gguf::Writer&)>& keys = {}) {
   gguf::Writer w;
   const std::string a = s.arch;
@@ -196,9 +194,9 @@ std::string write_tiny(const std::string& file_name, const TinySpec& s,
     add(p + "ffn_up.weight", {s.n_embd, s.n_ff});
     add(p + "ffn_down.weight", {s.n_ff, s.n_embd});
   }
-  const auto path = (std::filesystem::temp_directory_path() /
-                     ("bonsai_model_test_" + std::to_string(::getpid()) + "_" + file_name))
-                        .string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bonsai_model_test_" + std::to_string(::getpid()) + "_" + file_name))
+          .string();
   auto r = w.write(path);
   EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
   return path;
@@ -241,9 +239,9 @@ TEST(CheckModel, TinyValidModelLoadsAndRuns) {
 TEST(CheckModel, ListsEveryProblem) {
   TinySpec s;
   // Missing tensors, a wrong shape and a missing required key in one file.
-  const auto path = write_tiny(
-      "broken.gguf", s, {"blk.1.ffn_up.weight", "output_norm.weight", "blk.0.attn_k_norm.weight"},
-      [](gguf::Writer&) {});
+  const auto path =
+      write_tiny("broken.gguf", s, {"blk.1.ffn_up.weight", "output_norm.weight", "blk.0.attn_k_norm.weight"},
+                 [](gguf::Writer&) {});
   auto f = open_or_fail(path);
   ASSERT_TRUE(f);
   const auto problems = check_model(*f);
@@ -261,9 +259,8 @@ TEST(CheckModel, WrongShapeIsNamed) {
   TinySpec s;
   s.n_ff = 64;
   // Declare a different feed_forward_length than the tensors have.
-  const auto path = write_tiny("shape.gguf", s, {}, [](gguf::Writer& w) {
-    w.set_u32("qwen3.feed_forward_length", 48);
-  });
+  const auto path =
+      write_tiny("shape.gguf", s, {}, [](gguf::Writer& w) { w.set_u32("qwen3.feed_forward_length", 48); });
   auto f = open_or_fail(path);
   ASSERT_TRUE(f);
   const auto problems = check_model(*f);
@@ -277,8 +274,8 @@ TEST(CheckModel, WrongShapeIsNamed) {
 TEST(CheckModel, BadKeysAreNamed) {
   TinySpec s;
   const auto path = write_tiny("keys.gguf", s, {}, [](gguf::Writer& w) {
-    w.set_u32("qwen3.attention.head_count_kv", 3);       // 4 % 3 != 0
-    w.set_string("qwen3.context_length", "long");        // wrong type
+    w.set_u32("qwen3.attention.head_count_kv", 3);        // 4 % 3 != 0
+    w.set_string("qwen3.context_length", "long");         // wrong type
     w.set_string("qwen3.rope.scaling.type", "longrope");  // unsupported
   });
   auto f = open_or_fail(path);
@@ -314,9 +311,9 @@ TEST(CheckModel, MissingKeysAndArchitecture) {
     auto f = open_or_fail(path);
     ASSERT_TRUE(f);
     const auto problems = check_model(*f);
-    for (const char* key : {"llama.block_count", "llama.context_length", "llama.embedding_length",
-                            "llama.feed_forward_length", "llama.attention.head_count",
-                            "llama.attention.layer_norm_rms_epsilon", "token_embd.weight"}) {
+    for (const char* key :
+         {"llama.block_count", "llama.context_length", "llama.embedding_length", "llama.feed_forward_length",
+          "llama.attention.head_count", "llama.attention.layer_norm_rms_epsilon", "token_embd.weight"}) {
       EXPECT_TRUE(any_contains(problems, key)) << key << "\n" << join(problems);
     }
     std::filesystem::remove(path);
@@ -327,10 +324,15 @@ TEST(CheckModel, MissingKeysAndArchitecture) {
 // file is either refused with problems listed, or it loads and runs. Never a
 // crash (run under ASan/UBSan too).
 TEST(CheckModel, RandomHyperParametersNeverCrash) {
-  const std::vector<std::string> keys = {
-      "block_count", "embedding_length", "feed_forward_length", "attention.head_count",
-      "attention.head_count_kv", "attention.key_length", "attention.value_length",
-      "rope.dimension_count", "context_length"};
+  const std::vector<std::string> keys = {"block_count",
+                                         "embedding_length",
+                                         "feed_forward_length",
+                                         "attention.head_count",
+                                         "attention.head_count_kv",
+                                         "attention.key_length",
+                                         "attention.value_length",
+                                         "rope.dimension_count",
+                                         "context_length"};
   const std::vector<uint64_t> values = {0, 1, 2, 3, 4, 6, 7, 8, 16, 32, 40, 64, 1ull << 31, (1ull << 32) + 5};
   uint64_t rng = 12345;
   auto next = [&rng] {
@@ -459,9 +461,8 @@ TEST(CheckModel, TokenizerLargerThanEmbeddingIsNamed) {
     }
     return t;
   };
-  const auto big = write_tiny("vocab_big.gguf", s, {}, [&](gguf::Writer& w) {
-    w.set_string_array("tokenizer.ggml.tokens", tokens(41));
-  });
+  const auto big = write_tiny("vocab_big.gguf", s, {},
+                              [&](gguf::Writer& w) { w.set_string_array("tokenizer.ggml.tokens", tokens(41)); });
   auto f = open_or_fail(big);
   ASSERT_TRUE(f);
   const auto problems = check_model(*f);
@@ -471,9 +472,8 @@ TEST(CheckModel, TokenizerLargerThanEmbeddingIsNamed) {
   EXPECT_FALSE(ModelConfig::from_gguf(*f).has_value());
   std::filesystem::remove(big);
   for (int n : {40, 39}) {
-    const auto ok = write_tiny("vocab_ok.gguf", s, {}, [&](gguf::Writer& w) {
-      w.set_string_array("tokenizer.ggml.tokens", tokens(n));
-    });
+    const auto ok = write_tiny("vocab_ok.gguf", s, {},
+                               [&](gguf::Writer& w) { w.set_string_array("tokenizer.ggml.tokens", tokens(n)); });
     auto g = open_or_fail(ok);
     ASSERT_TRUE(g);
     EXPECT_TRUE(check_model(*g).empty()) << n << ": " << join(check_model(*g));
@@ -486,9 +486,7 @@ TEST(CheckModel, TokenizerLargerThanEmbeddingIsNamed) {
 // "wrong number of tensors"). Unused tensors are now one named problem.
 TEST(CheckModel, TensorsBeyondBlockCountAreNamed) {
   TinySpec s;  // 2 layers of tensors
-  const auto path = write_tiny("unused.gguf", s, {}, [](gguf::Writer& w) {
-    w.set_u32("qwen3.block_count", 1);
-  });
+  const auto path = write_tiny("unused.gguf", s, {}, [](gguf::Writer& w) { w.set_u32("qwen3.block_count", 1); });
   auto f = open_or_fail(path);
   ASSERT_TRUE(f);
   const auto problems = check_model(*f);

@@ -4,12 +4,11 @@
 // an error, never a crash.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "model_test_util.h"
@@ -219,24 +218,24 @@ TEST(Forward, BadInputIsAnErrorNotACrash) {
     return r ? core::Errc::kInternal : r.error().code;
   };
   Batch b;
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // empty
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // empty
   b.add(static_cast<int32_t>(V), 0, 0, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // token id
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // token id
   b.clear(), b.add(-1, 0, 0, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // token id
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // token id
   b.clear(), b.add(1, 0, 1, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // seq id
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // seq id
   b.clear(), b.add(1, 0, -1, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // seq id
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // seq id
   b.clear(), b.add(1, 3, 0, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // gap
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // gap
   b.clear(), b.add(1, 0, 0, false), b.add(2, 2, 0, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // not consecutive
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // not consecutive
   b = Batch::for_sequence(std::vector<int32_t>(9, 1), 0, 0, false);
-  EXPECT_EQ(code_of(b), core::Errc::kOutOfRange);                                   // beyond n_ctx
+  EXPECT_EQ(code_of(b), core::Errc::kOutOfRange);  // beyond n_ctx
   b = Batch::for_sequence(std::vector<int32_t>(3, 1), 0, 0, true);
-  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);                              // logits too small
-  EXPECT_EQ(cache->size(), 0);  // nothing written on error
+  EXPECT_EQ(code_of(b), core::Errc::kInvalidArgument);  // logits too small
+  EXPECT_EQ(cache->size(), 0);                          // nothing written on error
 
   // The cache of another model is refused.
   BONSAI_REQUIRE_FILE(q1_path());

@@ -9,14 +9,13 @@
 // Plus: the three paired Q2_0 layouts give the same logits.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -132,21 +131,22 @@ TEST_P(GoldenTest, TeacherForcedLogitsMatchLlamaCpp) {
     max_rms = std::max(max_rms, rms);
     EXPECT_LT(rms, gc.rms_tol) << "last-position rms difference";
   }
-  std::printf("[golden] %s: max |topk diff| %.4f over %d logits, last-position rms max %.4f "
-              "(max |diff| %.4f), argmax checked at %d positions\n",
-              gc.fixture.c_str(), max_topk_diff, n_topk, max_rms, max_last_abs, n_argmax_checked);
+  std::printf(
+      "[golden] %s: max |topk diff| %.4f over %d logits, last-position rms max %.4f "
+      "(max |diff| %.4f), argmax checked at %d positions\n",
+      gc.fixture.c_str(), max_topk_diff, n_topk, max_rms, max_last_abs, n_argmax_checked);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, GoldenTest,
-    ::testing::Values(GoldenCase{"qwen3-tiny-q1_0", 1.0f, 0.2f}, GoldenCase{"qwen3-tiny-q2_0", 1.0f, 0.2f},
-                      GoldenCase{"qwen3-tiny-f16", 0.25f, 0.05f},
-                      GoldenCase{"qwen3-tiny-q2_0-paired-g64", 1.0f, 0.2f}),
-    [](const ::testing::TestParamInfo<GoldenCase>& info) {
-      std::string s = info.param.fixture;
-      std::replace(s.begin(), s.end(), '-', '_');
-      return s;
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
+                         ::testing::Values(GoldenCase{"qwen3-tiny-q1_0", 1.0f, 0.2f},
+                                           GoldenCase{"qwen3-tiny-q2_0", 1.0f, 0.2f},
+                                           GoldenCase{"qwen3-tiny-f16", 0.25f, 0.05f},
+                                           GoldenCase{"qwen3-tiny-q2_0-paired-g64", 1.0f, 0.2f}),
+                         [](const ::testing::TestParamInfo<GoldenCase>& info) {
+                           std::string s = info.param.fixture;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
 
 // The same weights in the three type-42 layouts give the same logits.
 TEST(GoldenPaired, G128LayoutsMatchG64) {
@@ -183,8 +183,8 @@ TEST(GoldenPaired, G128LayoutsMatchG64) {
       argmax_diff += argmax(std::span<const float>(got).subspan(pos * V, V)) !=
                      argmax(std::span<const float>(ref).subspan(pos * V, V));
     }
-    std::printf("[paired] %s vs g64: max |logit diff| %.3g, rms %.3g over %zu logits, %d argmax differ\n",
-                layout, max_diff, rms, ref.size(), argmax_diff);
+    std::printf("[paired] %s vs g64: max |logit diff| %.3g, rms %.3g over %zu logits, %d argmax differ\n", layout,
+                max_diff, rms, ref.size(), argmax_diff);
     // The kernels accumulate a g128 block exactly as two g64 blocks with the
     // same scale (per 64-weight half, in every tier), so within the active
     // tier the three layouts must give bit-identical logits.

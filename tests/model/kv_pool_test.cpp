@@ -183,7 +183,7 @@ TEST(KvPool, ParkedBlockSharedWithARunningCacheIsNotFreed) {
   idle.park();
   EXPECT_EQ(pool->usage().pinned, 1);  // live pins the shared block
   auto other = *KvCache::create(pool, 64);
-  ASSERT_TRUE(other.prepare(0, 1).has_value());   // the free block
+  ASSERT_TRUE(other.prepare(0, 1).has_value());    // the free block
   EXPECT_FALSE(other.prepare(0, 33).has_value());  // evicting idle's reference frees nothing
   EXPECT_TRUE(holds(live, 0, 32, 21));
 }

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
-#include "common/test_util.h"
 
 namespace bonsai::model::testing {
 
@@ -23,9 +23,8 @@ inline std::shared_ptr<const Model> load_or_fail(const std::string& path) {
 
 // Runs `ids` as one batch at positions pos0.. on sequence 0 of `cache`;
 // returns logits for every token ([n][n_vocab]) if all_logits, else the last.
-inline std::vector<float> run_sequence(const Model& m, std::span<const int32_t> ids, int32_t pos0,
-                                       KvCache& cache, Workspace& ws, core::ThreadPool& pool,
-                                       bool all_logits) {
+inline std::vector<float> run_sequence(const Model& m, std::span<const int32_t> ids, int32_t pos0, KvCache& cache,
+                                       Workspace& ws, core::ThreadPool& pool, bool all_logits) {
   Batch b = Batch::for_sequence(ids, pos0, 0, all_logits);
   std::vector<float> logits(b.n_wanted() * static_cast<size_t>(m.config().n_vocab));
   KvCache* caches[] = {&cache};

@@ -204,8 +204,7 @@ TEST(ServeCli, Q2LayoutFlagEnvAndConfigReachTheLoader) {
   // g64 blocks do not fit this file's tensors: the load is refused (exit 1),
   // whichever way g64 was asked for.
   const fs::path g64_toml = write_toml("g64.toml", "q2-layout = \"g64\"\n");
-  for (const auto& [args, env] :
-       std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
+  for (const auto& [args, env] : std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>>{
            {{"-m", m, "--q2-layout", "g64"}, {}},
            {{"-m", m}, {"BONSAI_Q2_LAYOUT=g64"}},
            {{"-m", m, "--config", g64_toml.string()}, {}}}) {
@@ -220,8 +219,7 @@ TEST(ServeCli, UnknownQ2LayoutIsExitCode2) {
   const std::string m = "d=" + kDFirst;
   const auto [flag_code, flag_err] = startup_error({"-m", m, "--q2-layout", "g32"});
   EXPECT_EQ(flag_code, 2) << flag_err;
-  EXPECT_EQ(flag_err,
-            "bonsai serve: unknown Q2_0 layout 'g32' (expected g64, g128-d-first or g128-qs-first)\n");
+  EXPECT_EQ(flag_err, "bonsai serve: unknown Q2_0 layout 'g32' (expected g64, g128-d-first or g128-qs-first)\n");
   const auto [env_code, env_err] = startup_error({"-m", m}, {"BONSAI_Q2_LAYOUT=G64"});
   EXPECT_EQ(env_code, 2) << env_err;
   EXPECT_NE(env_err.find("unknown Q2_0 layout 'G64'"), std::string::npos) << env_err;
@@ -280,8 +278,8 @@ TEST(ServeCli, AdminLoadTakesQ2Layout) {
     return "timeout; last /admin/models: " + last;
   };
   auto complete = [&](const std::string& model) {
-    auto [st, j] = post("/v1/completions", json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 6},
-                                                 {"temperature", 0}});
+    auto [st, j] =
+        post("/v1/completions", json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 6}, {"temperature", 0}});
     EXPECT_EQ(st, 200) << j.dump();
     return j.is_object() && j.contains("choices") ? j["choices"][0]["text"].get<std::string>() : std::string("<error>");
   };
@@ -289,8 +287,10 @@ TEST(ServeCli, AdminLoadTakesQ2Layout) {
   const std::string reference = complete("g64");
   ASSERT_NE(reference, "<error>");
 
-  for (const auto& [bad, type] : std::vector<std::pair<json, std::string>>{
-           {"g32", "invalid_value"}, {"G128-D-FIRST", "invalid_value"}, {7, "invalid_type"}, {json::array(), "invalid_type"}}) {
+  for (const auto& [bad, type] : std::vector<std::pair<json, std::string>>{{"g32", "invalid_value"},
+                                                                           {"G128-D-FIRST", "invalid_value"},
+                                                                           {7, "invalid_type"},
+                                                                           {json::array(), "invalid_type"}}) {
     auto [st, j] = post("/admin/models/load", json{{"id", "x"}, {"path", kDFirst}, {"q2_layout", bad}});
     EXPECT_EQ(st, 400) << j.dump();
     EXPECT_EQ(j["error"]["param"], "q2_layout") << j.dump();
@@ -350,15 +350,16 @@ TEST(ServeCli, CacheTypeFlagsAndAdminLoadFields) {
     return {r->status, json::parse(r->body, nullptr, false)};
   };
   auto complete = [&](const std::string& model) {
-    auto [st, j] = post("/v1/completions", json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 4},
-                                                 {"temperature", 0}});
+    auto [st, j] =
+        post("/v1/completions", json{{"model", model}, {"prompt", "Hello"}, {"max_tokens", 4}, {"temperature", 0}});
     EXPECT_EQ(st, 200) << j.dump();
     return st;
   };
   EXPECT_EQ(complete("g64"), 200);  // served with q8_0 caches
-  for (const auto& [field, bad, type] : std::vector<std::tuple<std::string, json, std::string>>{
-           {"cache_type_k", "q4_0", "invalid_value"}, {"cache_type_v", "F16", "invalid_value"},
-           {"cache_type_k", 8, "invalid_type"}}) {
+  for (const auto& [field, bad, type] :
+       std::vector<std::tuple<std::string, json, std::string>>{{"cache_type_k", "q4_0", "invalid_value"},
+                                                               {"cache_type_v", "F16", "invalid_value"},
+                                                               {"cache_type_k", 8, "invalid_type"}}) {
     auto [st, j] = post("/admin/models/load", json{{"id", "x"}, {"path", kG64}, {field, bad}});
     EXPECT_EQ(st, 400) << j.dump();
     EXPECT_EQ(j["error"]["param"], field) << j.dump();
@@ -368,8 +369,12 @@ TEST(ServeCli, CacheTypeFlagsAndAdminLoadFields) {
                                            "' is not supported (f16, f32, q8_0).");
     }
   }
-  auto [st, j] = post("/admin/models/load", json{{"id", "f"}, {"path", kG64}, {"cache_type_k", "f32"},
-                                                 {"cache_type_v", "f16"}, {"pool_size", 1}, {"ctx_size", 128}});
+  auto [st, j] = post("/admin/models/load", json{{"id", "f"},
+                                                 {"path", kG64},
+                                                 {"cache_type_k", "f32"},
+                                                 {"cache_type_v", "f16"},
+                                                 {"pool_size", 1},
+                                                 {"ctx_size", 128}});
   ASSERT_EQ(st, 202) << j.dump();
   for (int i = 0; i < 300; ++i) {
     auto [cst, cj] = post("/v1/completions", json{{"model", "f"}, {"prompt", "Hi"}, {"max_tokens", 2}});

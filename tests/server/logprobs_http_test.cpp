@@ -6,19 +6,19 @@
 // a teacher-forced prompt of the Qwen3 fixture (runs the built binary).
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/test_util.h"
-#include "engine/engine_pool.h"  // gguf_model_loader
-#include "engine/model_pool.h"   // ModelPool
+#include "engine/engine_pool.h"    // gguf_model_loader
+#include "engine/model_pool.h"     // ModelPool
 #include "server/routes_tokens.h"  // base64_encode
 #include "server/server.h"
 
@@ -165,8 +165,8 @@ TEST_F(LogprobsHttp, ChatShapeStreamedEqualsNonStreamed) {
 
 TEST_F(LogprobsHttp, CompletionsLegacyShapeWithEchoStreamedAndNot) {
   const std::string prompt = "Once upon a time";
-  json body{{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 2},
-            {"echo", true}};
+  json body{{"prompt", prompt},   {"max_tokens", 5}, {"temperature", 0},
+            {"ignore_eos", true}, {"logprobs", 2},   {"echo", true}};
   auto [st, j] = srv_->post("/v1/completions", body);
   ASSERT_EQ(st, 200) << j.dump();
   const std::string text = j["choices"][0]["text"];
@@ -240,7 +240,8 @@ TEST_F(LogprobsHttp, CompletionsLegacyShapeWithEchoStreamedAndNot) {
   for (int c = 0; c < 2; ++c) {
     const json& l = j4["choices"][c]["logprobs"];
     ASSERT_EQ(l["tokens"].size(), n) << c;
-    for (size_t i = 0; i < static_cast<size_t>(n_prompt); ++i) EXPECT_EQ(l["token_logprobs"][i], lp["token_logprobs"][i]);
+    for (size_t i = 0; i < static_cast<size_t>(n_prompt); ++i)
+      EXPECT_EQ(l["token_logprobs"][i], lp["token_logprobs"][i]);
   }
 }
 
@@ -344,8 +345,9 @@ TEST_F(LogprobsHttp, LogitBiasSteersBothRoutes) {
   ASSERT_NE(p300, p301);
   for (const bool chat : {false, true}) {
     const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
-    json body = chat ? chat_body(4)
-                     : json{{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
+    json body = chat
+                    ? chat_body(4)
+                    : json{{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}};
     body["logprobs"] = chat ? json(true) : json(0);
     json bias = json::object();
     for (int id = 0; id < 512; ++id)
@@ -369,8 +371,8 @@ TEST_F(LogprobsHttp, LogitBiasSteersBothRoutes) {
     ASSERT_EQ(st3, 200);
     auto [dst, dj] = srv_->post("/detokenize", json{{"tokens", {300, 300, 300, 300}}});
     ASSERT_EQ(dst, 200);
-    std::string text = chat ? j3["choices"][0]["message"]["content"].get<std::string>()
-                            : j3["choices"][0]["text"].get<std::string>();
+    std::string text =
+        chat ? j3["choices"][0]["message"]["content"].get<std::string>() : j3["choices"][0]["text"].get<std::string>();
     std::string want = dj["content"];
     for (auto* s : {&text, &want})
       while (!s->empty() && (*s)[0] == ' ') s->erase(0, 1);
@@ -434,7 +436,9 @@ TEST_F(LogprobsHttp, EmbeddingsShapeNormAndDeterminism) {
   }
   // usage counts every input's tokens.
   int64_t total = 0;
-  for (const json& s : inputs) total += static_cast<int64_t>(srv_->post("/tokenize", json{{"content", s}, {"add_special", true}}).second["tokens"].size());
+  for (const json& s : inputs)
+    total += static_cast<int64_t>(
+        srv_->post("/tokenize", json{{"content", s}, {"add_special", true}}).second["tokens"].size());
   EXPECT_EQ(j["usage"]["prompt_tokens"], total);
   EXPECT_EQ(j["usage"]["total_tokens"], total);
   // Token-id input = the same text; base64 = the same floats, little-endian.
@@ -444,9 +448,9 @@ TEST_F(LogprobsHttp, EmbeddingsShapeNormAndDeterminism) {
   const std::string raw(reinterpret_cast<const char*>(v[0].data()), v[0].size() * sizeof(float));
   EXPECT_EQ(j2["data"][0]["embedding"].get<std::string>(), base64_encode(raw));
   // Errors name the field.
-  for (const json& bad : {json{{"input", ""}}, json{{"input", json::array()}}, json{{"input", {1, 99999}}},
-                          json{{"input", "x"}, {"encoding_format", "hex"}}, json{{"input", "x"}, {"dimensions", 8}},
-                          json::object()}) {
+  for (const json& bad :
+       {json{{"input", ""}}, json{{"input", json::array()}}, json{{"input", {1, 99999}}},
+        json{{"input", "x"}, {"encoding_format", "hex"}}, json{{"input", "x"}, {"dimensions", 8}}, json::object()}) {
     auto [bst, bj] = srv_->post("/v1/embeddings", bad);
     EXPECT_EQ(bst, 400) << bad.dump() << bj.dump();
   }
@@ -524,8 +528,8 @@ TEST(Cors, OffByDefaultAllowedOriginsAndPreflight) {
   ASSERT_TRUE(r401);
   EXPECT_EQ(r401->status, 401);
   EXPECT_EQ(r401->get_header_value("Access-Control-Allow-Origin"), "https://app.example");
-  auto t401 = kc.Post("/tokenize", {{"Origin", "https://app.example"}}, json{{"content", "x"}}.dump(),
-                      "application/json");
+  auto t401 =
+      kc.Post("/tokenize", {{"Origin", "https://app.example"}}, json{{"content", "x"}}.dump(), "application/json");
   ASSERT_TRUE(t401);
   EXPECT_EQ(t401->status, 401);  // /tokenize and /detokenize need the key too
 }
@@ -552,8 +556,8 @@ TEST(LogprobsAcceptance, EqualBonsaiLogitsAtEveryTeacherForcedPosition) {
   ASSERT_EQ(tst, 200);
   const std::vector<int32_t> prompt = tj["tokens"].get<std::vector<int32_t>>();
   ASSERT_GE(prompt.size(), 10u);
-  json body{{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}, {"ignore_eos", true},
-            {"logprobs", 5}, {"echo", true}};
+  json body{{"prompt", prompt},   {"max_tokens", 1}, {"temperature", 0},
+            {"ignore_eos", true}, {"logprobs", 5},   {"echo", true}};
   auto [st, j] = srv.post("/v1/completions", body);
   ASSERT_EQ(st, 200) << j.dump();
   const json& lp = j["choices"][0]["logprobs"];

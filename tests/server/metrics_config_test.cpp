@@ -132,8 +132,8 @@ TEST(Config, TomlErrorsNameFileAndKey) {
 // Regression: int keys were truncated from int64 (port = 2^32 + 8080 served
 // on 8080, pool-size = 2^32 + 1 gave 1 replica) instead of being refused.
 TEST(Config, TomlIntegersTooLargeForTheirKeyAreRefused) {
-  for (const char* text : {"port = 4294975376\n", "pool-size = 4294967297\n", "ctx-size = 9999999999\n",
-                           "queue-factor = 2147483648\n"}) {
+  for (const char* text :
+       {"port = 4294975376\n", "pool-size = 4294967297\n", "ctx-size = 9999999999\n", "queue-factor = 2147483648\n"}) {
     ServeConfig c;
     auto r = apply_serve_toml(text, "s.toml", c);
     ASSERT_FALSE(r.has_value()) << text << " -> port " << c.port << ", pool " << c.pool_size;

@@ -116,7 +116,8 @@ struct ToolCase {
 
 TEST(OpenAiParse, MalformedToolsAndToolChoiceAre400NamingTheField) {
   const ToolCase cases[] = {
-      {R"("tools":[5])", "tools[0]", "invalid_type", "Invalid type for 'tools[0]': expected an object, but got integer."},
+      {R"("tools":[5])", "tools[0]", "invalid_type",
+       "Invalid type for 'tools[0]': expected an object, but got integer."},
       {R"("tools":{"type":"function"})", "tools", "invalid_type",
        "Invalid type for 'tools': expected an array, but got object."},
       {R"("tools":[{"type":"function","function":{"name":"f"}},"g"])", "tools[1]", "invalid_type",
@@ -137,17 +138,15 @@ TEST(OpenAiParse, MalformedToolsAndToolChoiceAre400NamingTheField) {
        "Invalid type for 'tools[0].function.name': expected a string, but got integer."},
       {R"("tools":[{"type":"function","function":{"name":""}}])", "tools[0].function.name", "empty_string",
        "Invalid 'tools[0].function.name': empty string. Expected a string with minimum length 1."},
-      {R"("tools":[{"type":"function","function":{"name":"get weather"}}])", "tools[0].function.name",
-       "invalid_value",
+      {R"("tools":[{"type":"function","function":{"name":"get weather"}}])", "tools[0].function.name", "invalid_value",
        "Invalid 'tools[0].function.name': string does not match pattern. Expected a string that matches the "
        "pattern '^[a-zA-Z0-9_-]{1,64}$'."},
       {R"("tools":[{"type":"function","function":{"name":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}}])",
        "tools[0].function.name", "invalid_value",
        "Invalid 'tools[0].function.name': string does not match pattern. Expected a string that matches the "
        "pattern '^[a-zA-Z0-9_-]{1,64}$'."},
-      {R"("tools":[{"type":"function","function":{"name":"f","description":["d"]}}])",
-       "tools[0].function.description", "invalid_type",
-       "Invalid type for 'tools[0].function.description': expected a string, but got array."},
+      {R"("tools":[{"type":"function","function":{"name":"f","description":["d"]}}])", "tools[0].function.description",
+       "invalid_type", "Invalid type for 'tools[0].function.description': expected a string, but got array."},
       {R"("tools":[{"type":"function","function":{"name":"f","parameters":"{}"}}])", "tools[0].function.parameters",
        "invalid_type",
        "Invalid type for 'tools[0].function.parameters': expected an object (a JSON Schema), but got string."},
@@ -190,8 +189,8 @@ TEST(OpenAiParse, WellFormedToolsAndToolChoiceAreAccepted) {
       R"([{"type":"function","function":{"name":"get_weather","description":"Weather","strict":true,)"
       R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},)"
       R"({"type":"function","function":{"name":"now"}}])";
-  for (const char* choice : {R"("auto")", R"("none")", R"("required")", R"({"type":"function","function":{"name":"now"}})",
-                             "null"}) {
+  for (const char* choice :
+       {R"("auto")", R"("none")", R"("required")", R"({"type":"function","function":{"name":"now"}})", "null"}) {
     const std::string body = R"({"messages":[{"role":"user","content":"x"}],"tools":)" + tools +
                              R"(,"parallel_tool_calls":false,"tool_choice":)" + choice + "}";
     CompletionRequest r;
@@ -205,7 +204,8 @@ TEST(OpenAiParse, WellFormedToolsAndToolChoiceAreAccepted) {
   }
   // "tools": [] and "tool_choice": "none"/"auto" without tools are fine.
   CompletionRequest r;
-  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[],"tool_choice":"none"})", Endpoint::kChat, r));
+  EXPECT_FALSE(
+      parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[],"tool_choice":"none"})", Endpoint::kChat, r));
   EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})", Endpoint::kChat, r));
 }
 
@@ -248,10 +248,11 @@ TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
   }
   // The well-formed variants pass.
   CompletionRequest r;
-  for (const char* body :
-       {R"({"messages":[{"role":"user","content":"x","name":"bob"}],"response_format":{"type":"json_object"},"user":"u","logprobs":false,"top_logprobs":0})",
-        R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"},"strict":true}}})",
-        R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"}})"}) {
+  for (
+      const char* body :
+      {R"({"messages":[{"role":"user","content":"x","name":"bob"}],"response_format":{"type":"json_object"},"user":"u","logprobs":false,"top_logprobs":0})",
+       R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"},"strict":true}}})",
+       R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"}})"}) {
     auto e = parse(body, Endpoint::kChat, r);
     EXPECT_FALSE(e.has_value()) << body << " -> " << e->message;
   }
@@ -264,12 +265,13 @@ TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
 // before they were computed); suffix and best_of > 1 still are refused.
 TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
   CompletionRequest r;
-  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})",
-                     Endpoint::kChat, r)
-                   .has_value());
+  ASSERT_FALSE(
+      parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})", Endpoint::kChat, r)
+          .has_value());
   EXPECT_EQ(r.logprobs, 3);
   CompletionRequest r0;
-  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, r0).has_value());
+  ASSERT_FALSE(
+      parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, r0).has_value());
   EXPECT_EQ(r0.logprobs, 0);  // the sampled token's only
   CompletionRequest r1;
   ASSERT_FALSE(parse(R"({"prompt":"x","logprobs":5,"echo":true})", Endpoint::kCompletion, r1).has_value());
@@ -307,9 +309,9 @@ TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
   }
   std::optional<ApiError> e;
   // Values that ask for nothing pass.
-  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0})",
-                     Endpoint::kChat, r)
-                   .has_value());
+  EXPECT_FALSE(
+      parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0})", Endpoint::kChat, r)
+          .has_value());
   EXPECT_FALSE(parse(R"({"prompt":"x","logprobs":null,"echo":false})", Endpoint::kCompletion, r).has_value());
   EXPECT_FALSE(parse(R"({"prompt":"x","suffix":"","best_of":1})", Endpoint::kCompletion, r).has_value());
   EXPECT_FALSE(parse(R"({"prompt":"x","suffix":null})", Endpoint::kCompletion, r).has_value());
@@ -421,9 +423,9 @@ TEST(OpenAiParse, DeepNestingIsRefusedNotACrash) {
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->code, "invalid_json");
   // Ordinary nesting, and brackets inside strings, are fine.
-  EXPECT_FALSE(parse(R"({"prompt":"[[[[[[{{{{\"]]]","extra":)" + nested(kMaxJsonDepth - 1) + "}",
-                     Endpoint::kCompletion, r)
-                   .has_value());
+  EXPECT_FALSE(
+      parse(R"({"prompt":"[[[[[[{{{{\"]]]","extra":)" + nested(kMaxJsonDepth - 1) + "}", Endpoint::kCompletion, r)
+          .has_value());
   EXPECT_TRUE(json_nesting_exceeds(nested(kMaxJsonDepth + 1), kMaxJsonDepth));
   EXPECT_FALSE(json_nesting_exceeds(nested(kMaxJsonDepth), kMaxJsonDepth));
   EXPECT_FALSE(json_nesting_exceeds(R"(["[[[[", "\"[[["])", 1));

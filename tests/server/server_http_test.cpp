@@ -2,15 +2,12 @@
 // 127.0.0.1 (any free port) over a ModelPool with the real stories260K model
 // (1 MiB, fast), driven with httplib::Client. Regression tests for bugs that
 // real clients hit and the unit tests (openai_test.cpp) cannot see.
-#include "server/server.h"
-
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
-#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -19,6 +16,7 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +25,7 @@
 #include "engine/engine_pool.h"  // model_footprint
 #include "gguf/gguf.h"           // File (KV layout check)
 #include "model/config.h"        // ModelConfig
+#include "server/server.h"
 
 namespace bonsai::server {
 namespace {
@@ -197,7 +196,8 @@ TEST_F(ServerHttp, RefusedAdminLoadDoesNotRepointAServedModel) {
 
   auto [st_load, j_load] = post("/admin/models/load", json{{"id", "stories"}, {"path", garbage}}.dump());
   EXPECT_GE(st_load, 400) << j_load.dump();
-  auto [st_load2, j_load2] = post("/admin/models/load", json{{"id", "stories"}, {"path", stories_}, {"ctx_size", 8}}.dump());
+  auto [st_load2, j_load2] =
+      post("/admin/models/load", json{{"id", "stories"}, {"path", stories_}, {"ctx_size", 8}}.dump());
   EXPECT_EQ(st_load2, 409) << j_load2.dump();
 
   auto [st_unload, j_unload] = post("/admin/models/unload", json{{"id", "stories"}}.dump());
@@ -338,7 +338,8 @@ TEST_F(ServerHttp, AdminLoadRefusesContextBeyondTheModel) {
     EXPECT_EQ(st, 400) << bad << ": " << j.dump();
     EXPECT_EQ(j["error"]["param"], "ctx_size");
   }
-  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", fp->max_ctx}}.dump());
+  std::tie(st, j) =
+      post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", fp->max_ctx}}.dump());
   ASSERT_EQ(st, 202) << j.dump();
   pool_->wait_background();
   auto lm = pool_->peek("big");
@@ -375,7 +376,8 @@ TEST_F(ServerHttpMemLimit, AdminLoadRefusesKvCachesAboveTheLimit) {
   ASSERT_TRUE(cfg.has_value());
   ASSERT_EQ(per_position_, static_cast<uint64_t>(cfg->n_layer * 2 * cfg->n_head_kv * cfg->head_dim_k * 2));
   // 256 positions x 3 replicas: 1.5x the limit.
-  auto [st, j] = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", 3}}.dump());
+  auto [st, j] =
+      post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", 3}}.dump());
   EXPECT_EQ(st, 400) << j.dump();
   EXPECT_EQ(j["error"]["param"], "ctx_size");
   EXPECT_EQ(j["error"]["code"], "insufficient_memory");
@@ -387,12 +389,14 @@ TEST_F(ServerHttpMemLimit, AdminLoadRefusesKvCachesAboveTheLimit) {
   EXPECT_NE(msg.find("At most ctx_size 170 fits with 3 replica(s)."), std::string::npos) << msg;
   EXPECT_EQ(pool_->list().size(), 1u);
   // Only pool_size in the body (ctx from the registration): pool_size is named.
-  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"pool_size", 3}, {"ctx_size", nullptr}}.dump());
+  std::tie(st, j) = post("/admin/models/load",
+                         json{{"id", "big"}, {"path", stories_}, {"pool_size", 3}, {"ctx_size", nullptr}}.dump());
   // The server default context is the registration's 256 (spec_).
   EXPECT_EQ(st, 400) << j.dump();
   EXPECT_EQ(j["error"]["param"], "pool_size");
   // Exactly the limit fits.
-  std::tie(st, j) = post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", 2}}.dump());
+  std::tie(st, j) =
+      post("/admin/models/load", json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", 2}}.dump());
   EXPECT_EQ(st, 202) << j.dump();
   pool_->wait_background();
   auto lm = pool_->peek("big");
@@ -434,13 +438,14 @@ TEST_F(ServerHttpBudget, AdminLoadRefusesAModelAboveTheBudget) {
   const std::string msg = j["error"]["message"];
   EXPECT_NE(msg.find("more than the memory budget (--mem-budget) of 2.0 MiB."), std::string::npos) << msg;
   const uint64_t fit = (budget - fp->mapped_bytes) / (fp->kv_bytes_per_position * replicas);
-  EXPECT_NE(msg.find("At most ctx_size " + std::to_string(fit) + " fits with " + std::to_string(replicas) +
-                     " replica(s)."),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("At most ctx_size " + std::to_string(fit) + " fits with " + std::to_string(replicas) + " replica(s)."),
+      std::string::npos)
       << msg;
   // One replica fewer fits (after evicting the idle 'stories').
-  std::tie(st, j) = post("/admin/models/load",
-                         json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", replicas - 1}}.dump());
+  std::tie(st, j) =
+      post("/admin/models/load",
+           json{{"id", "big"}, {"path", stories_}, {"ctx_size", 256}, {"pool_size", replicas - 1}}.dump());
   EXPECT_EQ(st, 202) << j.dump();
 }
 
@@ -600,7 +605,8 @@ TEST_F(ServerHttp, ContextLengthExceededNamesPromptOrMessages) {
   EXPECT_EQ(st, 400);
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_EQ(j["error"]["param"], "prompt");
-  json chat{{"model", "stories"}, {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})},
+  json chat{{"model", "stories"},
+            {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})},
             {"max_tokens", 10000}};
   std::tie(st, j) = post("/v1/chat/completions", chat.dump());
   EXPECT_EQ(st, 400);
@@ -629,8 +635,8 @@ TEST_F(ServerHttp, PromptByteCapIs400NamingTheFieldBeforeTokenizing) {
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_EQ(j["error"]["message"].get<std::string>().rfind("This model's maximum context length is 256 tokens.", 0), 0u)
       << j.dump();
-  json chat{{"model", "stories"}, {"messages", json::array({json{{"role", "user"}, {"content", text}}})},
-            {"max_tokens", 4}};
+  json chat{
+      {"model", "stories"}, {"messages", json::array({json{{"role", "user"}, {"content", text}}})}, {"max_tokens", 4}};
   std::tie(st, j) = post("/v1/chat/completions", chat.dump());
   EXPECT_EQ(st, 400) << j.dump();
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
@@ -736,8 +742,10 @@ TEST_F(ServerHttp, StopLeavesARequestInFlightToBeAnswered) {
   const int fd = connect_local(port_, 10);
   ASSERT_GE(fd, 0);
   const std::string body = completion_body("Once upon a time", 4).dump();
-  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
   const std::string first = head + body.substr(0, body.size() / 2);
   ASSERT_EQ(::send(fd, first.data(), first.size(), 0), static_cast<ssize_t>(first.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the handler is reading the body
@@ -910,15 +918,18 @@ TEST_F(ServerHttp, NonStreamedGenerationStopsWhenTheClientHangsUp) {
   addr.sin_port = htons(static_cast<uint16_t>(port_));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string msg = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string msg =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, msg.data(), msg.size(), 0), static_cast<ssize_t>(msg.size()));
   // Hang up as soon as the generation is under way.
   for (int i = 0; i < 2000 && pool_->peek("stories")->pool->available() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ::close(fd);
   // The replica comes back well before 2000 tokens could be generated.
-  for (int i = 0; i < 5000 && m.value("bonsai_generations_cancelled_total", {{"reason", "client_gone"}}) == gone_before; ++i)
+  for (int i = 0; i < 5000 && m.value("bonsai_generations_cancelled_total", {{"reason", "client_gone"}}) == gone_before;
+       ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(m.value("bonsai_generations_cancelled_total", {{"reason", "client_gone"}}), gone_before + 1);
   const double generated = m.value("bonsai_completion_tokens_total", {{"model", "stories"}}) - tokens_before;

@@ -174,8 +174,9 @@ TEST(StructuredOutput, ParseCompletionRequestCarriesTheGrammar) {
   ASSERT_NE(cr.grammar, nullptr);
   EXPECT_TRUE(cr.forced_tool_call);
   EXPECT_TRUE(accepts(cr.grammar, kNow));
-  e = parse_completion_request(R"({"prompt": "x", "json_schema": {"type": "object", "properties": {"a": {"not": {}}}}})",
-                               Endpoint::kCompletion, cr);
+  e = parse_completion_request(
+      R"({"prompt": "x", "json_schema": {"type": "object", "properties": {"a": {"not": {}}}}})", Endpoint::kCompletion,
+      cr);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "json_schema");
   e = parse_completion_request(R"({"prompt": "x"})", Endpoint::kCompletion, cr);

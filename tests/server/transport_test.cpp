@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -24,16 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 namespace bonsai::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // A raw client socket with a receive timeout.
 class Sock {
@@ -148,11 +145,14 @@ class TransportFixture : public ::testing::Test {
     o.host = "127.0.0.1";
     o.port = 0;
     t_ = std::make_unique<HttpTransport>(o);
-    t_->route("GET", "/health", [](const std::shared_ptr<Exchange>& ex) {
-      HttpResponse r;
-      r.body = "ok";
-      ex->respond(std::move(r));
-    }, Dispatch::kInline);
+    t_->route(
+        "GET", "/health",
+        [](const std::shared_ptr<Exchange>& ex) {
+          HttpResponse r;
+          r.body = "ok";
+          ex->respond(std::move(r));
+        },
+        Dispatch::kInline);
     t_->route("POST", "/echo", [](const std::shared_ptr<Exchange>& ex) {
       HttpResponse r;
       r.body = std::to_string(ex->request().body.size());
@@ -269,7 +269,8 @@ TEST_F(TransportFixture, RoutesAndKeepAlive) {
   r = s.read_response();
   EXPECT_EQ(body_of(r), "0");
   // Chunked body.
-  ASSERT_TRUE(s.send_all("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"));
+  ASSERT_TRUE(s.send_all(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"));
   EXPECT_EQ(body_of(s.read_response()), "5");
   // Expect: 100-continue gets the interim answer, then the final one.
   ASSERT_TRUE(s.send_all("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"));
@@ -369,8 +370,8 @@ TEST_F(TransportFixture, ContentLengthAndChunkedAbuseAnsweredAtOnce) {
       {"huge", post + "Content-Length: 99999999999999999999\r\n\r\n", 400},
       {"2^64-1", post + "Content-Length: 18446744073709551615\r\n\r\n", 413},
       {"shorter than sent, client half-closed", post + "Content-Length: 50\r\n\r\nhello", 400, true},
-      {"chunked + content-length", post + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-       400},
+      {"chunked + content-length",
+       post + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 400},
       {"chunk over the limit", post + "Transfer-Encoding: chunked\r\n\r\n100001\r\n", 413},
       {"chunk size overflow", post + "Transfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n", 400},
       {"chunk size not hex", post + "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", 400},
@@ -508,8 +509,8 @@ TEST_F(TransportFixture, SlowlorisDoesNotStarveOthers) {
   EXPECT_GE(t_->connections(), kSlow);  // all slow ones still held open
   EXPECT_LT(worst_health, 1000);
   EXPECT_LT(worst_echo, 1000);
-  std::printf("slowloris: %d slow connections, %d rounds, worst /health %.1f ms, worst POST %.1f ms\n", kSlow,
-              rounds, worst_health, worst_echo);
+  std::printf("slowloris: %d slow connections, %d rounds, worst /health %.1f ms, worst POST %.1f ms\n", kSlow, rounds,
+              worst_health, worst_echo);
 }
 
 TEST_F(TransportFixture, DisconnectRunsTheCancelCallback) {
@@ -533,7 +534,7 @@ TEST_F(TransportFixture, StreamingBackPressureIsBounded) {
   Sock s(port_);
   int rcv = 64 << 10;
   ::setsockopt(s.fd(), SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv);
-  s.send_all("GET /stream?n=256 HTTP/1.1\r\n\r\n");  // 16 MiB
+  s.send_all("GET /stream?n=256 HTTP/1.1\r\n\r\n");             // 16 MiB
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // not reading: the producer must pause
   EXPECT_GT(paused_.load(), 0);
   const std::string r = s.read_response(30000);

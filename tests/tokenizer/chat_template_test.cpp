@@ -3,9 +3,8 @@
 // included, and injection safety of user-supplied text.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -44,8 +43,7 @@ TEST(ChatTemplate, GoldenConversationsByteForByte) {
     EXPECT_EQ(tok->encode_chat(*rendered), c.at("prompt_ids").get<std::vector<TokenId>>()) << name;
     // Same ids as tokenizing the whole prompt with special tokens parsed
     // (true for benign content).
-    EXPECT_EQ(tok->encode(rendered->text(), true), c.at("prompt_ids").get<std::vector<TokenId>>())
-        << name;
+    EXPECT_EQ(tok->encode(rendered->text(), true), c.at("prompt_ids").get<std::vector<TokenId>>()) << name;
   }
 }
 
@@ -99,8 +97,7 @@ TEST(ChatTemplate, UserTextCannotInjectSpecialTokens) {
   EXPECT_EQ(std::count(unsafe.begin(), unsafe.end(), 151645), 2);
 
   // A tool response cannot close its turn either.
-  std::vector<ChatMessage> tool_msgs = {{.role = "user", .content = "hi"},
-                                        {.role = "tool", .content = "x<|im_end|>y"}};
+  std::vector<ChatMessage> tool_msgs = {{.role = "user", .content = "hi"}, {.role = "tool", .content = "x<|im_end|>y"}};
   auto r2 = tok->chat_template().render(tool_msgs);
   ASSERT_TRUE(r2.has_value());
   const auto ids2 = tok->encode_chat(*r2);
@@ -111,9 +108,8 @@ TEST(ChatTemplate, ReasoningAndThinkingRules) {
   const ChatTemplate t = ChatTemplate::from_text("{{ '<|im_start|>' }} <think> reasoning_content");
   ASSERT_EQ(t.family(), ChatTemplate::Family::kQwen3);
   // The last assistant turn (after the last user query) keeps its reasoning.
-  std::vector<ChatMessage> msgs = {
-      {.role = "user", .content = "Q"},
-      {.role = "assistant", .content = "<think>\nR\n</think>\n\nA"}};
+  std::vector<ChatMessage> msgs = {{.role = "user", .content = "Q"},
+                                   {.role = "assistant", .content = "<think>\nR\n</think>\n\nA"}};
   ChatOptions opt;
   opt.add_generation_prompt = false;
   auto r = t.render(msgs, opt);
@@ -152,8 +148,7 @@ TEST(ChatTemplate, PlainChatMLFallbackAndErrors) {
 }
 
 TEST(ChatTemplate, PythonStyleJson) {
-  const auto j = nlohmann::ordered_json::parse(
-      R"({"b": [1, 2.5, true, null], "a": "x\"y\n\u0001é", "c": {}})");
+  const auto j = nlohmann::ordered_json::parse(R"({"b": [1, 2.5, true, null], "a": "x\"y\n\u0001é", "c": {}})");
   EXPECT_EQ(to_python_json(j), "{\"b\": [1, 2.5, true, null], \"a\": \"x\\\"y\\n\\u0001é\", \"c\": {}}");
 }
 

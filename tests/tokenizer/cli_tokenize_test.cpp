@@ -3,10 +3,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -27,8 +26,8 @@ CliResult run_bonsai(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("bonsai_tokenize_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string bin = (bonsai::test::binary_dir() / "apps" / "bonsai" / "bonsai").string();
-  const std::string cmd = "'" + bin + "' " + args + " >'" + (dir / "out").string() + "' 2>'" +
-                          (dir / "err").string() + "'";
+  const std::string cmd =
+      "'" + bin + "' " + args + " >'" + (dir / "out").string() + "' 2>'" + (dir / "err").string() + "'";
   CliResult r;
   const int status = std::system(cmd.c_str());
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

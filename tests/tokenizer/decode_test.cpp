@@ -47,11 +47,11 @@ TEST(QwenDecode, PiecesAndSpecialTokens) {
   BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
   auto tok = load_tokenizer(kQwenGguf);
   ASSERT_NE(tok, nullptr);
-  EXPECT_EQ(tok->token_to_bytes(21927), " Hello");  // "ĠHello"
-  EXPECT_EQ(tok->token_to_bytes(198), "\n");        // "Ċ"
-  EXPECT_EQ(tok->token_to_bytes(151645), "");       // <|im_end|>: control, not printed
+  EXPECT_EQ(tok->token_to_bytes(21927), " Hello");    // "ĠHello"
+  EXPECT_EQ(tok->token_to_bytes(198), "\n");          // "Ċ"
+  EXPECT_EQ(tok->token_to_bytes(151645), "");         // <|im_end|>: control, not printed
   EXPECT_EQ(tok->token_to_bytes(151667), "<think>");  // user-defined: printed
-  EXPECT_EQ(tok->token_to_bytes(151700), "");       // [PAD]: unused
+  EXPECT_EQ(tok->token_to_bytes(151700), "");         // [PAD]: unused
   EXPECT_EQ(tok->token_to_bytes(-1), "");
   EXPECT_EQ(tok->token_to_bytes(1 << 30), "");
   EXPECT_EQ(tok->token_text(1 << 30), "");
@@ -65,9 +65,12 @@ TEST(QwenDecode, IncrementalDecoderNeverSplitsCharacters) {
   BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
   auto tok = load_tokenizer(kQwenGguf);
   ASSERT_NE(tok, nullptr);
-  const std::vector<std::string> texts = {
-      "🦙🦙 llamas", "😶‍🌫️ (multiple emojis concatenated) ✅", "我想在apple工作1314151天～",
-      "កាន់តែពិសេសអាច", "Ελληνικά и кириллица", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧‍👦"};
+  const std::vector<std::string> texts = {"🦙🦙 llamas",
+                                          "😶‍🌫️ (multiple emojis concatenated) ✅",
+                                          "我想在apple工作1314151天～",
+                                          "កាន់តែពិសេសអាច",
+                                          "Ελληνικά и кириллица",
+                                          "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧‍👦"};
   int held_back = 0;
   for (const std::string& text : texts) {
     const auto ids = tok->encode(text);
@@ -123,10 +126,16 @@ TEST(QwenDecode, RandomTextRoundTrips) {
   BONSAI_REQUIRE_FILE(test::shared_path(testing::kQwenGguf));
   auto tok = testing::load_tokenizer(testing::kQwenGguf);
   ASSERT_NE(tok, nullptr);
-  const std::vector<std::string> atoms = {
-      "a", "Z", " ", "  ", "\n", "\t", "\r\n", "7", "42", "'s", "'LL", "->", "!!", "é", "e\xCC\x81",
-      "\xC3\x85", "A\xCC\x8A", "猫", "世界", "🦙", "😶\u200d🌫️", "👍🏽", "\u00A0", "\u3000", "\u0085",
-      "<|im_end|>", "<think>", "Ω", "ﬁ", "\xF0\x9D\x94\x98"};
+  const std::vector<std::string> atoms = {"a",        "Z",          " ",
+                                          "  ",       "\n",         "\t",
+                                          "\r\n",     "7",          "42",
+                                          "'s",       "'LL",        "->",
+                                          "!!",       "é",          "e\xCC\x81",
+                                          "\xC3\x85", "A\xCC\x8A",  "猫",
+                                          "世界",     "🦙",       "😶\u200d🌫️",
+                                          "👍🏽", "\u00A0",     "\u3000",
+                                          "\u0085",   "<|im_end|>", "<think>",
+                                          "Ω",        "ﬁ",          "\xF0\x9D\x94\x98"};
   uint64_t state = 0x9E3779B97F4A7C15ull;  // splitmix64, fixed seed
   auto next = [&] {
     uint64_t z = (state += 0x9E3779B97F4A7C15ull);

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -30,8 +29,8 @@ TEST(StoriesTokenizer, SpecialIdsFromGguf) {
   EXPECT_TRUE(tok->add_bos_token());   // llama default
   EXPECT_TRUE(tok->is_eog(2));
   EXPECT_FALSE(tok->is_eog(1));
-  EXPECT_EQ(tok->token_to_bytes(1), "");      // <s> is control: not printed
-  EXPECT_EQ(tok->token_to_bytes(13), "\n");   // <0x0A> byte token
+  EXPECT_EQ(tok->token_to_bytes(1), "");     // <s> is control: not printed
+  EXPECT_EQ(tok->token_to_bytes(13), "\n");  // <0x0A> byte token
   EXPECT_EQ(tok->token_to_bytes(403), " Once");
 }
 

@@ -3,12 +3,11 @@
 // ../shared/fixtures/README.md).
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
+#include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tok_test_util.h"
@@ -111,16 +110,16 @@ TEST(QwenTokenizer, Qwen3Corpus) {
     const std::string text = c.at("text").get<std::string>();
     const bool has_hf = c.contains("ids_hf_js");
     const auto want_special = has_hf ? ids_of(c["ids_hf_js"]) : ids_of(c.at("ids"));
-    const auto want_plain = has_hf ? ids_of(c["ids_hf_js"])
-                                   : (c.contains("ids_plain") ? ids_of(c["ids_plain"]) : ids_of(c["ids"]));
+    const auto want_plain =
+        has_hf ? ids_of(c["ids_hf_js"]) : (c.contains("ids_plain") ? ids_of(c["ids_plain"]) : ids_of(c["ids"]));
     checked_hf += has_hf;
     checked_plain += c.contains("ids_plain");
     const auto got_special = tok->encode(text, /*parse_special=*/true);
     const auto got_plain = tok->encode(text, /*parse_special=*/false);
-    EXPECT_EQ(got_special, want_special) << "case " << i << " '" << text << "' (special)\n got:"
-                                         << show(got_special) << "\nwant:" << show(want_special);
-    EXPECT_EQ(got_plain, want_plain) << "case " << i << " '" << text << "' (plain)\n got:"
-                                     << show(got_plain) << "\nwant:" << show(want_plain);
+    EXPECT_EQ(got_special, want_special) << "case " << i << " '" << text << "' (special)\n got:" << show(got_special)
+                                         << "\nwant:" << show(want_special);
+    EXPECT_EQ(got_plain, want_plain) << "case " << i << " '" << text << "' (plain)\n got:" << show(got_plain)
+                                     << "\nwant:" << show(want_plain);
     if (c.at("roundtrip_ok").get<bool>()) {
       // Plain encoding keeps control-token text as characters, so decoding
       // gives the text back (NFC-normalized, as the tokenizer normalizes).
@@ -230,7 +229,10 @@ TEST(QwenTokenizer, InvalidUtf8BecomesReplacementCharacter) {
   auto tok = load_tokenizer(kQwenGguf);
   ASSERT_NE(tok, nullptr);
   // llama.cpp maps each invalid byte to U+FFFD before pre-tokenization.
-  EXPECT_EQ(tok->encode("a\xFF" "b"), tok->encode("a\xEF\xBF\xBD" "b"));
+  EXPECT_EQ(tok->encode("a\xFF"
+                        "b"),
+            tok->encode("a\xEF\xBF\xBD"
+                        "b"));
   EXPECT_EQ(tok->decode(tok->encode("x\xC3")), "x\xEF\xBF\xBD");
 }
 

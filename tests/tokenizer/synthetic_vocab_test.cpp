@@ -52,9 +52,12 @@ gguf::Writer spm_writer() {
   gguf::Writer w;
   w.set_string("tokenizer.ggml.model", "llama");
   // ids: 0 <unk>, 1 <s>, 2 </s>, 3 <0x41> ('A'), 4 ▁, 5 a, 6 b, 7 ▁a, 8 ab, 9 ▁ab
-  w.set_string_array("tokenizer.ggml.tokens",
-                     {"<unk>", "<s>", "</s>", "<0x41>", "\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a",
-                      "ab", "\xE2\x96\x81" "ab"});
+  w.set_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "<0x41>", "\xE2\x96\x81", "a", "b",
+                                               "\xE2\x96\x81"
+                                               "a",
+                                               "ab",
+                                               "\xE2\x96\x81"
+                                               "ab"});
   w.set_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 6, 1, 1, 1, 1, 1, 1});
   // Higher score merges first: "ab" (-1) beats "▁a" (-2).
   w.set_f32_array("tokenizer.ggml.scores", {0, 0, 0, 0, -10, -10, -10, -2, -1, -3});
@@ -75,7 +78,7 @@ TEST(SyntheticSpm, ScoreDecidesAndBytesFallBack) {
   EXPECT_EQ((*t)->encode("Z"), (std::vector<TokenId>{4, 0}));
   EXPECT_EQ((*t)->decode(std::vector<TokenId>{4, 3}), "A");
   EXPECT_EQ((*t)->decode(std::vector<TokenId>{1, 9}), " ab");  // space kept after BOS (llama.cpp)
-  EXPECT_EQ((*t)->decode(std::vector<TokenId>{9}), "ab");       // leading space removed
+  EXPECT_EQ((*t)->decode(std::vector<TokenId>{9}), "ab");      // leading space removed
 }
 
 TEST(SyntheticLoad, BrokenMetadataIsAnError) {

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <string>
 
-#include "gguf/gguf.h"
 #include "common/test_util.h"
+#include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bonsai::tokenizer::testing {
