@@ -11,6 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
 JOBS="$(nproc)"
+# -O2 with line tables only (-g1): reports keep file:line stacks, and the
+# builds compile ~25% faster than with full -g (server.cpp under ASan: 98 s
+# against 134 s here), which is most of a cold CI run's sanitizer phase.
+OPT_FLAGS="-O2 -g1 -DNDEBUG"
 
 # Every sanitizer report fails the test that triggered it.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
@@ -21,7 +25,7 @@ run_asan() {
   local dir="${ASAN_BUILD_DIR:-build-asan}"
   echo "sanitize: ASan+UBSan build in $dir"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBONSAI_SANITIZE=ON \
-    -DBONSAI_BUILD_BENCH=OFF >/dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$OPT_FLAGS" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$OPT_FLAGS" -DBONSAI_BUILD_BENCH=OFF >/dev/null
   cmake --build "$dir" -j "$JOBS"
   ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 1200
 }
@@ -37,7 +41,7 @@ run_tsan() {
   local dir="${TSAN_BUILD_DIR:-build-tsan}"
   echo "sanitize: TSan build in $dir"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBONSAI_TSAN=ON \
-    -DBONSAI_BUILD_BENCH=OFF >/dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$OPT_FLAGS" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$OPT_FLAGS" -DBONSAI_BUILD_BENCH=OFF >/dev/null
   local targets
   targets=$(ninja -C "$dir" -t targets all | sed -n 's/^\([a-z_]*\): phony$/\1/p' | grep -E "${TSAN_TESTS}" | sort -u)
   [ -n "$targets" ] || { echo "sanitize: no TSan test targets found" >&2; exit 1; }
