@@ -306,7 +306,11 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
       __m512i wv[R];
       for (int i = 0; i < R; ++i) wv[i] = gplane<F, kGf>(q[i], m, c);
       for (int k = 0; k < C; ++k) {
-        const __m512i xv = _mm512_load_si512(col[k].x + g * (P * 64) + m * 64);
+        __m512i xv = _mm512_load_si512(col[k].x + g * (P * 64) + m * 64);
+        // One load per plane and column, kept in a register for the R
+        // VPDPBUSDs: GCC otherwise folds it into each of them (R loads of
+        // the same line; the load ports then bound the batch kernels).
+        __asm__("" : "+v"(xv));
         for (int i = 0; i < R; ++i) acc[i][k] = _mm512_dpbusd_epi32(acc[i][k], wv[i], xv);
       }
     }
@@ -323,26 +327,34 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
     for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = reduce16(out[i][k]);
 }
 
-// Rows this pass covers before moving to the next tile of columns (cache
-// blocking for batches): kRowBlock rows of weights (<= 64 KiB at 6144
-// columns of Q2_0) stay in L2 while every column tile streams over them,
-// and a tile of kColTile columns' activations (<= ~0.5 MiB) stays in L2
-// while the rows stream.
+// Cache blocking for batches: a block of kRowBlock rows of weights (<= 54
+// KiB at 6144 columns) stays in L1/L2 while every column tile passes over
+// it, and within a tile the loop runs register blocks of kBC columns over
+// all the block's rows, so those columns' activations (kBC x ~2.5 KiB at
+// 2048 columns) stay in L1 while the rows pass. (Rows outer, columns inner
+// re-read a whole tile of activations, ~160 KiB, from L2 for every two
+// rows: L2 bandwidth then capped N >= 32 at ~40% of the int8 peak on Zen 5;
+// columns outer measured +30-45% there.) A tile of kColTile columns'
+// activations (<= ~0.5 MiB) stays in L2.
 constexpr int64_t kRowBlock = 32;
 constexpr int64_t kColTile = 64;
 
-// Columns [j0, j1) of rows [r, r + R) in register blocks of 4, then 2, 1.
-template <int F, bool kGf, bool kVbmi, int R>
-void gcols(const uint8_t* row0, size_t st, int64_t units, const QuantAct& a, int64_t j0, int64_t j1, float* y,
-           int64_t y_ld, int64_t r, const GConsts& c) {
-  int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) gmicro<F, kGf, kVbmi, R, 4>(row0, st, units, a, j, y, y_ld, r, c);
-  if (j + 2 <= j1) {
-    gmicro<F, kGf, kVbmi, R, 2>(row0, st, units, a, j, y, y_ld, r, c);
-    j += 2;
-  }
-  if (j < j1) gmicro<F, kGf, kVbmi, R, 1>(row0, st, units, a, j, y, y_ld, r, c);
+// Rows [rb, re) of columns [j, j + C): register blocks of R rows, then 1.
+template <int F, bool kGf, bool kVbmi, int R, int C>
+void grows(const uint8_t* base, size_t st, int64_t units, const QuantAct& a, int64_t j, float* y, int64_t y_ld,
+           int64_t rb, int64_t re, const GConsts& c) {
+  int64_t r = rb;
+  for (; r + R <= re; r += R) gmicro<F, kGf, kVbmi, R, C>(base + r * st, st, units, a, j, y, y_ld, r, c);
+  for (; r < re; ++r) gmicro<F, kGf, kVbmi, 1, C>(base + r * st, st, units, a, j, y, y_ld, r, c);
 }
+
+// Register block of the batch path: kBR rows x kBC columns (2 x 6: 12 int32
+// and 12 fp32 accumulators, the two rows' packed weights and scales, one
+// expanded plane per row and one activation vector: 31 of the 32 zmm).
+// Measured on Zen 5 (1 thread, weights in L2): 2 x 6 ran Q1_0 ~11% and Q2_0
+// ~3% faster than 2 x 4; 3 x 4 was between; 2 x 8, 3 x 6 and 4 x 4 spill and
+// ran Q1_0 10-20% slower than 2 x 4.
+constexpr int kBR = 2, kBC = 6;
 
 template <int F, bool kGf, bool kVbmi>
 void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
@@ -359,16 +371,27 @@ void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, i
     if (r < r1) gmicro<F, kGf, kVbmi, 1, 1>(base + r * st, st, units, a, 0, y, w.rows, r, c);
     return;
   }
-  // Batches: two rows x four columns per register block (each expanded
-  // plane feeds four VPDPBUSDs per row, each activation load two), rows in
-  // blocks of kRowBlock, columns in tiles of kColTile.
+  // Batches: row blocks, column tiles, then column blocks of kBC (then 4,
+  // 2, 1 for the rest) each over all the block's rows (see kRowBlock).
   for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
     const int64_t re = rb + kRowBlock < r1 ? rb + kRowBlock : r1;
     for (int64_t jt = 0; jt < n; jt += kColTile) {
       const int64_t je = jt + kColTile < n ? jt + kColTile : n;
-      int64_t r = rb;
-      for (; r + 2 <= re; r += 2) gcols<F, kGf, kVbmi, 2>(base + r * st, st, units, a, jt, je, y, w.rows, r, c);
-      if (r < re) gcols<F, kGf, kVbmi, 1>(base + r * st, st, units, a, jt, je, y, w.rows, r, c);
+      int64_t j = jt;
+      for (; j + kBC <= je; j += kBC) grows<F, kGf, kVbmi, kBR, kBC>(base, st, units, a, j, y, w.rows, rb, re, c);
+      if constexpr (kBC > 4) {
+        if (j + 4 <= je) {
+          grows<F, kGf, kVbmi, kBR, 4>(base, st, units, a, j, y, w.rows, rb, re, c);
+          j += 4;
+        }
+      }
+      if constexpr (kBC > 2) {
+        if (j + 2 <= je) {
+          grows<F, kGf, kVbmi, kBR, 2>(base, st, units, a, j, y, w.rows, rb, re, c);
+          j += 2;
+        }
+      }
+      if (j < je) grows<F, kGf, kVbmi, kBR, 1>(base, st, units, a, j, y, w.rows, rb, re, c);
     }
   }
 }
