@@ -371,6 +371,14 @@ struct Tile {
   int64_t last_pos = 0;  // position of its last token (cost ~ last_pos)
 };
 
+// Requests the cache lines of [p, p + bytes) into L2 (read, moderate
+// locality: they are converted once, right after). A hint: never faults.
+inline void prefetch_l2(const uint8_t* p, size_t bytes) {
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const auto last = reinterpret_cast<uintptr_t>(p) + bytes;
+  for (uintptr_t a = first; a < last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 2);
+}
+
 // Per-thread scratch, grown on demand.
 struct Scratch {
   std::vector<float> k, v, state;
@@ -426,8 +434,19 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
       }
       for (int64_t kb = 0; kb <= tl.last_pos; kb += kKeyBlock) {
         const int64_t nk_all = std::min(kKeyBlock, tl.last_pos + 1 - kb);
+        // The next key block's K and V rows are requested into L2 while this
+        // one is converted and applied: at long context the cache is read
+        // from memory once per token, and without it each block waited for
+        // its own misses (decode at depth 4096, 1.7B shape: 55% of the time
+        // in the f16 -> f32 row conversion). Hints only; no result changes.
+        // K's requests go out before this block's K conversion and V's after
+        // it, so the misses in flight never fill the core's miss queue at once.
+        const int64_t kn = kb + kKeyBlock;
+        const int64_t nk_next = kn <= tl.last_pos ? std::min(kKeyBlock, tl.last_pos + 1 - kn) : 0;
+        if (nk_next > 0) prefetch_l2(kv.k_row(layer, kvh, kn), static_cast<size_t>(nk_next) * kv.k_row_bytes());
         // One head's rows are contiguous, so the block is one row of nk_all * hd values.
         load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
+        if (nk_next > 0) prefetch_l2(kv.v_row(layer, kvh, kn), static_cast<size_t>(nk_next) * kv.v_row_bytes());
         load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
         for (int64_t qi = 0; qi < tl.count; ++qi) {
           const int64_t pos = p_first + qi;
