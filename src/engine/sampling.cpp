@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#if defined(__SSE2__)
+#include <emmintrin.h>  // _mm_max_ps, _mm_cmpeq_ps (argmax)
+#endif
 
 #include "engine/logprobs.h"  // kMaxTopLogprobs
 
@@ -127,11 +130,47 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> history, 
 }
 
 int32_t argmax(std::span<const float> logits) {
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
+  // The scalar definition is "the first i with logits[i] > logits[best]",
+  // best starting at 0: the first index whose value equals the largest
+  // non-NaN value (NaN never compares greater; a NaN at index 0 stays the
+  // answer; -0 == +0, so the earlier zero wins). Two vector passes compute
+  // exactly that: the maximum, then the first index equal to it. One scalar
+  // compare chain over 151,936 logits was ~0.3 ms per sampled row.
+  const float* p = logits.data();
+  const size_t n = logits.size();
+  const float first = p[0];
+  if (std::isnan(first)) return 0;
+  float m = first;
+  size_t i = 0;
+#if defined(__SSE2__)
+  // _mm_max_ps(x, a) = x > a ? x : a: a NaN x leaves a unchanged, as the scalar compare does.
+  __m128 a0 = _mm_set1_ps(first), a1 = a0, a2 = a0, a3 = a0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm_max_ps(_mm_loadu_ps(p + i), a0);
+    a1 = _mm_max_ps(_mm_loadu_ps(p + i + 4), a1);
+    a2 = _mm_max_ps(_mm_loadu_ps(p + i + 8), a2);
+    a3 = _mm_max_ps(_mm_loadu_ps(p + i + 12), a3);
   }
-  return static_cast<int32_t>(best);
+  float lane[16];
+  _mm_storeu_ps(lane, a0);
+  _mm_storeu_ps(lane + 4, a1);
+  _mm_storeu_ps(lane + 8, a2);
+  _mm_storeu_ps(lane + 12, a3);
+  for (const float l : lane) m = l > m ? l : m;
+#endif
+  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
+  size_t k = 0;
+#if defined(__SSE2__)
+  const __m128 mv = _mm_set1_ps(m);
+  for (; k + 16 <= n; k += 16) {
+    const __m128 e01 = _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + k), mv), _mm_cmpeq_ps(_mm_loadu_ps(p + k + 4), mv));
+    const __m128 e23 = _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + k + 8), mv), _mm_cmpeq_ps(_mm_loadu_ps(p + k + 12), mv));
+    if (_mm_movemask_ps(_mm_or_ps(e01, e23)) != 0) break;  // the first match is in this block of 16
+  }
+#endif
+  for (; k < n; ++k)
+    if (p[k] == m) return static_cast<int32_t>(k);
+  return 0;  // unreachable: m is one of the values
 }
 
 std::vector<Candidate> filter_candidates(std::span<const float> logits, const SamplingParams& params) {
@@ -227,12 +266,22 @@ std::vector<Candidate> filter_candidates(std::span<const float> logits, const Sa
 // ---- Sampler -------------------------------------------------------------------------
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  scratch_.assign(logits.begin(), logits.end());
-  apply_logit_bias(scratch_, params_);
-  apply_penalties(scratch_, history, params_);
-  if (params_.temperature <= 0.0f) return argmax(scratch_);
+  // Stages 0-1 work on a copy; when both are no-ops (no logit_bias, neutral
+  // or windowless penalties: the usual request) the chain reads `logits`
+  // itself (the copy was 0.6 MB per sampled row at a 151,936-token vocabulary).
+  const bool penalised = params_.repeat_last_n != 0 && !history.empty() &&
+                         (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                          params_.frequency_penalty != 0.0f);
+  std::span<const float> in = logits;
+  if (!params_.logit_bias.empty() || penalised) {
+    scratch_.assign(logits.begin(), logits.end());
+    apply_logit_bias(scratch_, params_);
+    apply_penalties(scratch_, history, params_);
+    in = scratch_;
+  }
+  if (params_.temperature <= 0.0f) return argmax(in);
 
-  const std::vector<Candidate> c = filter_candidates(scratch_, params_);
+  const std::vector<Candidate> c = filter_candidates(in, params_);
   // 7. One uniform draw; walk the cumulative distribution in sorted order.
   // The cumulative sum is recomputed in double from the float p's so the
   // walk is exactly reproducible from filter_candidates' output.
