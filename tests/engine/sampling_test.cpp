@@ -187,6 +187,54 @@ TEST(Filter, TiesBreakByLowestId) {
   EXPECT_EQ(argmax(tie), 1);
 }
 
+TEST(Argmax, EqualsTheScalarScanOnEdgeCases) {
+  // argmax is vectorised (max, then the first index equal to it); it must
+  // return what the scalar "first i with l[i] > l[best]" scan returns:
+  // lowest id on ties, -0 == +0, NaN never wins unless it is at index 0,
+  // every length (the 16-wide blocks and the scalar tail).
+  auto scalar = [](const std::vector<float>& l) {
+    size_t best = 0;
+    for (size_t i = 1; i < l.size(); ++i)
+      if (l[i] > l[best]) best = i;
+    return static_cast<int32_t>(best);
+  };
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::vector<float>> fixed = {
+      {nan, 5, 7}, {1, nan, 7, nan}, {-0.0f, 0.0f}, {0.0f, -0.0f}, {-inf, -inf, -inf}, {2, 2, 2, 2}, {inf, 1, inf}};
+  for (const auto& l : fixed) EXPECT_EQ(argmax(l), scalar(l));
+  Rng r(11);
+  for (int t = 0; t < 3000; ++t) {
+    std::vector<float> l(1 + r.next_u64() % 300);
+    for (auto& x : l) {
+      const uint64_t k = r.next_u64() % 10;
+      x = k == 0 ? nan : k == 1 ? 0.0f : k == 2 ? -0.0f : k == 3 ? -inf : k == 4 ? inf
+                                                                           : static_cast<float>(r.next_u64() % 7) - 3.0f;
+    }
+    ASSERT_EQ(argmax(l), scalar(l)) << "case " << t << " size " << l.size();
+  }
+  std::vector<float> big(151936);
+  for (auto& x : big) x = static_cast<float>(r.next_double() * 20.0 - 10.0);
+  big[151935] = 11.0f;  // the maximum in the scalar tail... or the last block
+  EXPECT_EQ(argmax(big), scalar(big));
+  big[77] = 11.0f;  // tie: the lower id
+  EXPECT_EQ(argmax(big), 77);
+}
+
+TEST(Sampler, GreedyWithAndWithoutTheLogitsCopyAgree) {
+  // No logit_bias and neutral penalties: the chain reads the logits in place;
+  // a penalty (copy path) must still change only what it should.
+  std::vector<float> l(1000);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = static_cast<float>((i * 37) % 101) / 10.0f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  Sampler plain(p);
+  const std::vector<int32_t> hist = {static_cast<int32_t>(argmax(l))};
+  EXPECT_EQ(plain.sample(l, hist), argmax(l));
+  p.repeat_penalty = 1000.0f;  // the previous best is pushed down
+  Sampler pen(p);
+  EXPECT_NE(pen.sample(l, hist), argmax(l));
+}
+
 TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
   // The partial-sort fast path must keep exactly the prefix a full sort keeps.
   Rng r(3);
