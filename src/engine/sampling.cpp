@@ -175,18 +175,37 @@ int32_t argmax(std::span<const float> logits) {
 
 std::vector<Candidate> filter_candidates(std::span<const float> logits, const SamplingParams& params) {
   const auto n = static_cast<int64_t>(logits.size());
-  std::vector<Candidate> c(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    c[static_cast<size_t>(i)] = {static_cast<int32_t>(i), logits[static_cast<size_t>(i)], 0.0f};
-  if (c.empty()) return c;
-
-  // 3. top_k: keep the k first in sorted order.
+  std::vector<Candidate> c;
   bool sorted = false;
   if (params.top_k > 0 && params.top_k < n) {
-    std::partial_sort(c.begin(), c.begin() + params.top_k, c.end(), before);
-    c.resize(static_cast<size_t>(params.top_k));
+    // 3. top_k: keep the k first in sorted order. Heap selection straight
+    // from the logits (what std::partial_sort does, without first writing
+    // all n candidates: 1.8 MB per row at 151,936 tokens, ~60% of this
+    // stage's time). The heap's front is its last entry in sorted order;
+    // logit i (i larger than every id in the heap) enters only when it is
+    // strictly greater than that entry's logit (a tie loses on the id, a
+    // NaN never enters). The order is a strict total order, so the k kept
+    // and their order are those of a full sort.
+    const auto k = static_cast<size_t>(params.top_k);
+    c.resize(k);
+    for (size_t i = 0; i < k; ++i) c[i] = {static_cast<int32_t>(i), logits[i], 0.0f};
+    std::make_heap(c.begin(), c.end(), before);
+    float worst = c.front().logit;
+    for (size_t i = k; i < logits.size(); ++i) {
+      if (!(logits[i] > worst)) continue;
+      std::pop_heap(c.begin(), c.end(), before);
+      c.back() = {static_cast<int32_t>(i), logits[i], 0.0f};
+      std::push_heap(c.begin(), c.end(), before);
+      worst = c.front().logit;
+    }
+    std::sort_heap(c.begin(), c.end(), before);
     sorted = true;
+  } else {
+    c.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      c[static_cast<size_t>(i)] = {static_cast<int32_t>(i), logits[static_cast<size_t>(i)], 0.0f};
   }
+  if (c.empty()) return c;
 
   float max_l = c[0].logit;
   for (const auto& x : c) max_l = std::max(max_l, x.logit);
@@ -269,9 +288,9 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   // Stages 0-1 work on a copy; when both are no-ops (no logit_bias, neutral
   // or windowless penalties: the usual request) the chain reads `logits`
   // itself (the copy was 0.6 MB per sampled row at a 151,936-token vocabulary).
-  const bool penalised = params_.repeat_last_n != 0 && !history.empty() &&
-                         (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                          params_.frequency_penalty != 0.0f);
+  const bool penalised =
+      params_.repeat_last_n != 0 && !history.empty() &&
+      (params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f);
   std::span<const float> in = logits;
   if (!params_.logit_bias.empty() || penalised) {
     scratch_.assign(logits.begin(), logits.end());

@@ -199,16 +199,20 @@ TEST(Argmax, EqualsTheScalarScanOnEdgeCases) {
     return static_cast<int32_t>(best);
   };
   const float nan = std::nanf(""), inf = INFINITY;
-  const std::vector<std::vector<float>> fixed = {
-      {nan, 5, 7}, {1, nan, 7, nan}, {-0.0f, 0.0f}, {0.0f, -0.0f}, {-inf, -inf, -inf}, {2, 2, 2, 2}, {inf, 1, inf}};
+  const std::vector<std::vector<float>> fixed = {{nan, 5, 7},        {1, nan, 7, nan}, {-0.0f, 0.0f}, {0.0f, -0.0f},
+                                                 {-inf, -inf, -inf}, {2, 2, 2, 2},     {inf, 1, inf}};
   for (const auto& l : fixed) EXPECT_EQ(argmax(l), scalar(l));
   Rng r(11);
   for (int t = 0; t < 3000; ++t) {
     std::vector<float> l(1 + r.next_u64() % 300);
     for (auto& x : l) {
       const uint64_t k = r.next_u64() % 10;
-      x = k == 0 ? nan : k == 1 ? 0.0f : k == 2 ? -0.0f : k == 3 ? -inf : k == 4 ? inf
-                                                                           : static_cast<float>(r.next_u64() % 7) - 3.0f;
+      x = k == 0   ? nan
+          : k == 1 ? 0.0f
+          : k == 2 ? -0.0f
+          : k == 3 ? -inf
+          : k == 4 ? inf
+                   : static_cast<float>(r.next_u64() % 7) - 3.0f;
     }
     ASSERT_EQ(argmax(l), scalar(l)) << "case " << t << " size " << l.size();
   }
@@ -218,6 +222,24 @@ TEST(Argmax, EqualsTheScalarScanOnEdgeCases) {
   EXPECT_EQ(argmax(big), scalar(big));
   big[77] = 11.0f;  // tie: the lower id
   EXPECT_EQ(argmax(big), 77);
+}
+
+TEST(Filter, LargeVocabularyTopKMatchesNaiveFullSort) {
+  // The heap selection must keep exactly a full sort's first k, in order
+  // (logit desc, id asc), ties included (values on a coarse grid).
+  Rng r(5);
+  std::vector<float> l(151936);
+  for (auto& x : l) x = static_cast<float>(r.next_u64() % 64) / 4.0f - 8.0f;
+  std::vector<int32_t> ids(l.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  for (int32_t k : {1, 40, 1000}) {
+    SamplingParams p = off();
+    p.top_k = k;
+    const auto c = filter_candidates(l, p);
+    ASSERT_EQ(c.size(), static_cast<size_t>(k));
+    for (int32_t i = 0; i < k; ++i) ASSERT_EQ(c[static_cast<size_t>(i)].id, ids[static_cast<size_t>(i)]) << "k " << k;
+  }
 }
 
 TEST(Sampler, GreedyWithAndWithoutTheLogitsCopyAgree) {
