@@ -13,8 +13,10 @@
 
 namespace bonsai::app {
 
-core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag) {
+core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag, bool no_repack) {
   gguf::OpenOptions options;
+  const char* no_repack_env = std::getenv("BONSAI_NO_REPACK");
+  options.repack = !no_repack && !(no_repack_env != nullptr && std::string_view(no_repack_env) == "1");
   std::string layout = flag;
   if (layout.empty()) {
     if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
@@ -46,7 +48,7 @@ core::Expected<Runtime> init_runtime(std::string_view cmd, const RuntimeFlags& f
     return core::fail(core::Errc::kInvalidArgument, std::move(msg));
   }
   rt.tier = kernels::active_tier();
-  auto open = open_options_from_cli(flags.q2_layout);
+  auto open = open_options_from_cli(flags.q2_layout, flags.no_repack);
   if (!open) return std::unexpected(open.error());
   rt.open_options = *open;
   rt.threads = flags.threads > 0 ? std::min(flags.threads, core::ThreadPool::kMaxThreads)
@@ -199,7 +201,7 @@ core::Expected<std::shared_ptr<const model::Model>> load_model(const std::string
   Progress progress("loading " + path, 0, Progress::Unit::kBytes, rt.progress);
   progress.tick_in_background();
   auto model = model::Model::load(path, rt.open_options);
-  progress.finish();
+  progress.finish(model ? "loaded " + path + ": " + model::describe((*model)->repack_stats()) : std::string());
   return model;
 }
 

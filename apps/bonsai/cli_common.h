@@ -29,10 +29,15 @@ namespace bonsai::app {
 inline constexpr int kExitUsage = 2;
 
 // GGUF open options from the `--q2-layout` value (`flag`), else env
-// BONSAI_Q2_LAYOUT, else none (the reader detects the layout). Errors:
-// kInvalidArgument "unknown Q2_0 layout 'X' (expected g64, g128-d-first or
-// g128-qs-first)".
-core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag);
+// BONSAI_Q2_LAYOUT, else none (the reader detects the layout); `no_repack`
+// (`--no-repack`, or env BONSAI_NO_REPACK=1) clears OpenOptions::repack.
+// Errors: kInvalidArgument "unknown Q2_0 layout 'X' (expected g64,
+// g128-d-first or g128-qs-first)".
+core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag, bool no_repack = false);
+
+// Help text of `--no-repack`, shared by every command that loads a model.
+inline constexpr const char* kNoRepackHelp =
+    "Keep every weight a zero-copy view of the file (no load-time repacked layout; env BONSAI_NO_REPACK=1)";
 
 // The flags every command that opens or computes on a model shares.
 struct RuntimeFlags {
@@ -40,7 +45,8 @@ struct RuntimeFlags {
   // process-wide pool (core::global_pool) when `size_global_pool`.
   int threads = 0;
   bool size_global_pool = true;
-  std::string q2_layout;  // --q2-layout; empty: env BONSAI_Q2_LAYOUT, else detected per file
+  std::string q2_layout;   // --q2-layout; empty: env BONSAI_Q2_LAYOUT, else detected per file
+  bool no_repack = false;  // --no-repack (see open_options_from_cli)
 };
 
 // The runtime settings a command runs with, resolved once by init_runtime.
@@ -120,7 +126,9 @@ class Progress {
 };
 
 // Model::load(path, rt.open_options) with a progress line ("loading <path>",
-// elapsed time) while it runs, when rt.progress. Errors: those of Model::load.
+// elapsed time) while it runs, when rt.progress; the line is then replaced
+// by "loaded <path>: <model::describe(repack stats)>". Errors: those of
+// Model::load.
 core::Expected<std::shared_ptr<const model::Model>> load_model(const std::string& path, const Runtime& rt);
 
 }  // namespace bonsai::app

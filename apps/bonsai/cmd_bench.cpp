@@ -75,6 +75,7 @@ struct BenchFlags {
   std::string output = "md";
   bool no_warmup = false;
   std::string q2_layout;
+  bool no_repack = false;  // --no-repack
   int bw_mib = 1024;
   std::string cache_type_k = "f16";  // -ctk (model::parse_kv_type)
   std::string cache_type_v = "f16";  // -ctv
@@ -500,6 +501,7 @@ int bench_main(const BenchFlags& f) {
   RuntimeFlags rf;
   rf.size_global_pool = false;
   rf.q2_layout = f.q2_layout;
+  rf.no_repack = f.no_repack;
   auto rt = init_runtime_or_report("bench", rf);
   if (!rt) return kExitUsage;
   if (thread_list->empty()) thread_list->push_back(rt->threads);
@@ -656,6 +658,7 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-warmup", f->no_warmup, "Skip the untimed warm-up run of each test");
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
+  cmd->add_flag("--no-repack", f->no_repack, kNoRepackHelp);
   cmd->add_option("--bw-mib", f->bw_mib, "Buffer streamed by the read-bandwidth measurement, MiB")
       ->capture_default_str();
   cmd->callback([f] { set_exit_code(bench_main(*f)); });

@@ -51,6 +51,7 @@ struct LogitsOptions {
   bool json = false;
   int threads = 0;
   std::string q2_layout;
+  bool no_repack = false;  // --no-repack
 };
 
 // "1,2, 3" -> {1, 2, 3}. Errors name the bad item.
@@ -85,7 +86,9 @@ int run_logits(const LogitsOptions& o) {
   }
   // BONSAI_KERNEL, --q2-layout, -t (this command's own pool): usage errors.
   const auto rt = init_runtime_or_report(
-      "logits", RuntimeFlags{.threads = o.threads, .size_global_pool = false, .q2_layout = o.q2_layout});
+      "logits",
+      RuntimeFlags{
+          .threads = o.threads, .size_global_pool = false, .q2_layout = o.q2_layout, .no_repack = o.no_repack});
   if (!rt) return kExitUsage;
   auto model = load_model(o.model_path, *rt);
   if (!model) {
@@ -204,6 +207,7 @@ void register_logits(CLI::App& app) {
       ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
   cmd->add_option("--q2-layout", o->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
+  cmd->add_flag("--no-repack", o->no_repack, kNoRepackHelp);
   cmd->callback([o] { set_exit_code(run_logits(*o)); });
 }
 

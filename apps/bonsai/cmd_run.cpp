@@ -95,6 +95,7 @@ struct GenOptions {
   bool ignore_eos = false;
   std::vector<std::string> stop;
   std::string q2_layout;             // --q2-layout, else env BONSAI_Q2_LAYOUT (as info/validate/logits)
+  bool no_repack = false;            // --no-repack: weights stay zero-copy views
   std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
   std::string cache_type_v = "f16";  // -ctv
 };
@@ -121,6 +122,7 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--stop", o.stop, "Stop string (repeatable); not printed");
   cmd->add_option("--q2-layout", o.q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
+  cmd->add_flag("--no-repack", o.no_repack, kNoRepackHelp);
   const auto kv_type_ok = [](const std::string& s) {
     const auto t = model::parse_kv_type(s);
     return t ? std::string() : t.error().message;
@@ -179,7 +181,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": no -m given; using the built-in default model " << path
               << " (a tiny synthetic model: its text is not meaningful)\n";
   }
-  const auto open_options = open_options_from_cli(o.q2_layout);
+  const auto open_options = open_options_from_cli(o.q2_layout, o.no_repack);
   if (!open_options) {
     std::cerr << "bonsai " << cmd << ": " << open_options.error().message << "\n";
     return std::nullopt;
@@ -312,7 +314,9 @@ core::Expected<std::string> read_prompt_file(const std::string& path) {
 // --q2-layout / BONSAI_Q2_LAYOUT): a bad value is a usage error (exit 2, as
 // in every command), reported before anything is loaded.
 bool runtime_usage_ok(const char* cmd, const GenOptions& g) {
-  return init_runtime_or_report(cmd, RuntimeFlags{.threads = g.threads, .q2_layout = g.q2_layout}).has_value();
+  return init_runtime_or_report(cmd,
+                                RuntimeFlags{.threads = g.threads, .q2_layout = g.q2_layout, .no_repack = g.no_repack})
+      .has_value();
 }
 
 int run_main(RunOptions o) {

@@ -3,7 +3,7 @@
 //   bonsai serve [-m [ID=]FILE ...] [--pool-size N] [--models-max K]
 //                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
-//                [--q2-layout g64|g128-d-first|g128-qs-first]
+//                [--q2-layout g64|g128-d-first|g128-qs-first] [--no-repack]
 //                [-s SEED] [-b BATCH] [--no-cache-prompt]
 //                [--reasoning-format deepseek|none] [--cors-origin ORIGINS]
 //
@@ -18,6 +18,10 @@
 // detected per file (as run/info/validate/logits). Models loaded later with
 // POST /admin/models/load and a new path are detected unless the body gives
 // "q2_layout". An unknown layout name exits with code 2.
+// Weights are repacked at load where the kernels compute them faster in
+// another layout (model::RepackStats, printed in the "loaded" line);
+// --no-repack, env BONSAI_NO_REPACK=1 or the config's no-repack = true keep
+// them zero-copy views (an admin load may say "repack": false).
 #include <malloc.h>
 #include <signal.h>
 
@@ -39,7 +43,7 @@
 #include "core/thread_pool.h"    // set_global_thread_count
 #include "engine/engine_pool.h"  // default_cpu_pool_size
 #include "engine/model_pool.h"   // ModelPool, gguf_model_loader
-#include "model/model.h"         // Model::file (the Q2_0 layout used)
+#include "model/model.h"         // Model::file (the Q2_0 layout used), describe(RepackStats)
 #include "server/config.h"       // ServeConfig, load_serve_toml
 #include "server/server.h"       // Server
 #include "server/shutdown.h"     // ShutdownSignals
@@ -62,6 +66,7 @@ struct ServeFlags {
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv (empty: the config's, else f16)
   double timeout = 0;
   std::string q2_layout;                      // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
+  bool no_repack = false;                     // --no-repack, or the config's no-repack
   uint64_t seed = 0;                          // -s/--seed: default seed of requests without one (given: reproducible)
   int batch_size = 0;                         // -b/--batch-size: tokens per scheduler step (0: 512)
   bool no_cache_prompt = false;               // --no-cache-prompt: no prompt-prefix reuse across requests
@@ -108,7 +113,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
   // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
-  const auto rt = init_runtime_or_report("serve", RuntimeFlags{.size_global_pool = false, .q2_layout = f.q2_layout});
+  const auto rt = init_runtime_or_report(
+      "serve", RuntimeFlags{.size_global_pool = false, .q2_layout = f.q2_layout, .no_repack = f.no_repack});
   if (!rt) return kExitUsage;
   std::optional<core::Q2Layout> q2_layout = rt->open_options.q2_layout;
   if (!cfg.q2_layout.empty()) {
@@ -171,6 +177,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   base.kv_budget_tokens = cfg.kv_budget_tokens;
   base.batch_size = f.batch_size;
   base.prompt_cache = !f.no_cache_prompt;
+  base.repack = rt->open_options.repack && !cfg.no_repack;  // --no-repack / BONSAI_NO_REPACK=1, or the config's
   for (const auto& m : cfg.models) {
     engine::ModelSpec spec = base;
     spec.path = m.path;
@@ -203,6 +210,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
+    if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
     preloaded.push_back({id, m->shared(), std::move(line)});
     m->release();
   }
@@ -305,6 +313,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--q2-layout", f->q2_layout,
                   "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
                   "(env BONSAI_Q2_LAYOUT; default: detected)");
+  cmd->add_flag("--no-repack", f->no_repack, kNoRepackHelp);
   cmd->add_option("-s,--seed", f->seed, "Seed of requests that give none (default: a fresh random seed per request)");
   cmd->add_option("--kv-budget-tokens", f->kv_budget_tokens,
                   "KV cache budget per model in tokens, shared by all its sequences in blocks as they grow "

@@ -65,6 +65,18 @@ std::shared_ptr<const MappedFile> MappedFile::from_bytes(std::span<const uint8_t
   return f;
 }
 
+size_t MappedFile::release(const void* p, size_t n) const {
+  if (!mmapped_ || p == nullptr || n == 0) return 0;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
+  const auto lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  if (begin < lo || end > hi) return 0;
+  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;  // page-aligned interior
+  if (b <= a) return 0;
+  if (::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) != 0) return 0;
+  return b - a;
+}
+
 MappedFile::~MappedFile() {
   if (mmapped_ && data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

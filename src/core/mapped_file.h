@@ -35,6 +35,15 @@ class MappedFile {
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
 
+  // Drops the resident pages that lie wholly inside [p, p + n) (a range of
+  // this mapping), madvise(MADV_DONTNEED): resident memory falls, and a
+  // later read of those bytes faults them back in from the file unchanged
+  // (the mapping is read-only and private, so there are no dirty pages to
+  // lose). For a model whose tensors were repacked into a copy at load
+  // (DESIGN.md "Weights"). Returns the bytes released: 0 for a from_bytes
+  // buffer (heap memory, never released) or a range smaller than a page.
+  size_t release(const void* p, size_t n) const;
+
  private:
   MappedFile() = default;
   const uint8_t* data_ = nullptr;

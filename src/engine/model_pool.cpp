@@ -532,6 +532,7 @@ ModelPool::Loader gguf_model_loader() {
   return [](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
+    open.repack = spec.repack;
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size, open,
                                       spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
     if (!built) return std::unexpected(built.error());
@@ -560,6 +561,7 @@ ModelPool::Estimator gguf_model_estimator() {
   return [](const ModelSpec& spec) {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
+    open.repack = spec.repack;
     return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
                                 spec.kv_budget_tokens);
   };

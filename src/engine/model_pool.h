@@ -65,6 +65,10 @@ struct ModelSpec {
   // cache-type-k / cache-type-v, admin load fields cache_type_k / cache_type_v).
   model::KvType kv_type_k = model::KvType::kF16;
   model::KvType kv_type_v = model::KvType::kF16;
+  // Repack the weights the kernels compute faster in another layout
+  // (gguf::OpenOptions::repack; `serve --no-repack`, config key no-repack,
+  // admin load field repack); false: zero-copy views only.
+  bool repack = true;
 };
 
 // A resident model: weights (one shared mapping), tokenizer and the replica

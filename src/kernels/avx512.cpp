@@ -403,6 +403,9 @@ void rows_grouped_dispatch(const MatrixView& w, const QuantAct& a, int64_t n, fl
   return rows_grouped<F, false, false>(w, a, n, y, r0, r1);
 }
 
+// ---- Packed row-quad layout (load-time repacked weights) ----------------------------------
+#include "kernels/avx512_packed.inc"
+
 // ---- Q8_0 weights: natural activation order, 256-bit VNNI ------------------------------
 
 void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
@@ -626,6 +629,9 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     amx_rows(w, *a, n, y, r0, r1);
     return;
   }
+  if (w.packing == Packing::kAvx512RowQuad && w.packed != nullptr && a != nullptr && w.format != Format::kQ8_0) {
+    return rows_packed_dispatch(w, *a, n, y, r0, r1);
+  }
   switch (w.format) {
     case Format::kF32:
       return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
@@ -733,6 +739,8 @@ bool set_avx512_amx(bool enabled) {
   return prev;
 }
 
+bool avx512_amx_in_use() { return g_use_amx && amx_usable(); }
+
 // The hooks only flip flags: they run on CPUs without AVX-512 too (the tier
 // tests call them everywhere), so they must not touch init_once(), whose
 // table setup is AVX-512 code (it raised SIGILL on an AVX2-only Zen 3).
@@ -755,6 +763,7 @@ const TierOps* avx512_ops() {
 namespace bonsai::kernels::detail {
 bool set_avx512_gfni(bool) { return false; }
 bool set_avx512_amx(bool) { return false; }
+bool avx512_amx_in_use() { return false; }
 const TierOps* avx512_ops() { return nullptr; }
 }  // namespace bonsai::kernels::detail
 

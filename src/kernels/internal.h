@@ -164,6 +164,35 @@ void amx_fill_columns(Format f, QuantAct& a, int64_t j0, int64_t j1);
 // Rows [r0, r1) of Y = W X with the AMX layout of `a`.
 void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1);
 
+// Test hook / query: whether the AVX-512 tier would send batches to AMX
+// (set_avx512_amx not cleared; the CPU and OS allow AMX). Packings of that
+// tier are not made then (amx_rows reads the stored layout).
+bool avx512_amx_in_use();
+
+// ---- Packed row-quad layout (Packing::kAvx512RowQuad; packing.cpp writes it,
+// avx512_packed.inc reads it) -----------------------------------------------
+// The AVX-512 grouped kernel (avx512.cpp "Grouped layout") gathers, per row
+// and group of four weight units (Q1_0 blocks of 128, or 64-weight Q2_0
+// units: g64 blocks, g128 halves), the 4 x 16 packed bytes into one vector Q
+// and the four fp16 scales into a lane vector. The packed layout stores
+// those gathers, made once at load:
+//   U = units per row (cols / 128 for Q1_0, cols / 64 for Q2_0), G =
+//   ceil(U / 4) groups, quads of 4 rows (the last one padded with zero rows),
+//   each quad ceil(G / 2) pairs of groups of kPackPairBytes:
+//     [Q(2p): 4 rows x 64 B][Q(2p+1): 4 x 64 B][S(2p): 4 rows x 4 fp16][S(2p+1)]
+//   Q row i, bytes 16u..16u+15 = unit 4g+u's packed bytes (g128: codes 3
+//   rewritten to 1, both meaning 0); S row i, fp16 u = unit 4g+u's scale.
+//   Units, groups and rows past the matrix are zero (zero scale, zero
+//   codes), which the kernel computes exactly like the stored layout's
+//   masked tail (lanes past the row add +0).
+// Every Q is 64-byte aligned and a quad is one sequential stream (one
+// prefetch stream instead of four rows' unaligned 72-byte groups; no
+// VPERMT2B / VPERMT2W per group and row). Same bytes as the stored layout,
+// up to the padding.
+inline constexpr size_t kPackQBytes = 256;     // Q of one group: 4 rows x 64 B
+inline constexpr size_t kPackSBytes = 32;      // S of one group: 4 rows x 4 fp16
+inline constexpr size_t kPackPairBytes = 576;  // 2 x (Q + S)
+
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }
 

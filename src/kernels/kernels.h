@@ -90,16 +90,49 @@ void quantize_row_q1_0(const float* src, void* dst, int64_t n);
 void quantize_row_q2_0(const float* src, void* dst, int64_t n);
 
 // ---- Matrix products -------------------------------------------------------------
+// A load-time repacked layout of a quantized weight matrix (issue 8,
+// decision 2: allowed where measurably faster; DESIGN.md "Weights"). A
+// packing belongs to one tier, which reads the packed copy; every other tier
+// reads the matrix in its stored layout, so a packed view is correct under
+// any tier. Bit-identical results either way (the canonical order of
+// internal.h does not depend on the layout).
+enum class Packing : uint8_t {
+  kNone,
+  // AVX-512 tier, Q1_0 and the three Q2_0 layouts (see internal.h "Packed
+  // row-quad layout"): per quad of 4 rows, the group gathers of the grouped
+  // kernel done once at load, 64-byte aligned, in one stream with the scales.
+  kAvx512RowQuad,
+};
+std::string_view packing_name(Packing p);  // "none", "avx512-row-quad"
+
 // A row-major weight matrix in one Format: `rows` rows of `cols` elements,
 // row r at (const uint8_t*)data + r * row_stride. Borrowed (points into the
 // model mapping); must outlive the call.
+// `packed`, when not null, is a copy of the same matrix in layout `packing`
+// (pack_matrix), owned by whoever owns the view (the Model) and read only by
+// the tier that defines `packing`; `data` stays valid (pages released after
+// packing fault back in from the file if another tier reads them).
 struct MatrixView {
   const void* data = nullptr;
   Format format = Format::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
-  size_t row_stride = 0;  // bytes
+  size_t row_stride = 0;             // bytes
+  const void* packed = nullptr;      // 64-byte aligned, packed_bytes(*this, packing) bytes
+  Packing packing = Packing::kNone;  // layout of `packed`
 };
+
+// The packing the active tier computes `w` faster with, kNone where there is
+// none (float and Q8_0 formats, tiers without a packing, the AVX-512 tier
+// when its AMX path is in use: AMX reads the stored layout) or where the
+// layout's padding would add more than 1/32 of the tensor's bytes.
+Packing packing_for(const MatrixView& w);
+// Bytes of w's copy in layout p (0 for kNone); a multiple of 64.
+size_t packed_bytes(const MatrixView& w, Packing p);
+// Writes w's copy in layout p to dst (packed_bytes(w, p) bytes, 64-byte
+// aligned), reading w.data; rows are split over `pool` (nullptr: the calling
+// thread). p must be packing_for(w) (a layout defined for w.format), not kNone.
+void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool);
 
 namespace detail {
 struct QuantAct;

@@ -5,14 +5,19 @@
 // `forward`: one layer loop, each step commented with its formula.
 #include "model/model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
 #include <unordered_set>
 
 #include "core/fp16.h"
+#include "core/mapped_file.h"  // MappedFile::release
 #include "core/thread_pool.h"
 #include "model/attention.h"  // attention
 #include "model/model_internal.h"
@@ -326,10 +331,78 @@ std::vector<std::string> check_model(const gguf::File& file) {
 core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path, const gguf::OpenOptions& options) {
   auto file = gguf::File::open(path, options);
   if (!file) return std::unexpected(file.error());
-  return from_file(std::move(*file));
+  return from_file(std::move(*file), options.repack);
 }
 
-core::Expected<std::shared_ptr<const Model>> Model::from_file(std::shared_ptr<const gguf::File> file) {
+std::string describe(const RepackStats& st) {
+  if (st.packing == kernels::Packing::kNone || st.tensors == 0) return "weights not repacked (zero-copy)";
+  char buf[256];
+  const double mib = static_cast<double>(st.bytes) / (1 << 20);
+  std::snprintf(buf, sizeof buf,
+                "repacked %d tensors (%s), %.1f MiB in %.0f ms on %d thread%s (%.2f s/GB), %.1f MiB of mapped pages "
+                "released",
+                st.tensors, std::string(kernels::packing_name(st.packing)).c_str(), mib, st.seconds * 1e3, st.threads,
+                st.threads == 1 ? "" : "s", st.bytes > 0 ? st.seconds / (static_cast<double>(st.bytes) / 1e9) : 0.0,
+                static_cast<double>(st.released_bytes) / (1 << 20));
+  return buf;
+}
+
+core::Expected<void> Model::repack_weights() {
+  // The products' matrices; token_embd stays in its stored layout (rows are
+  // dequantized on lookup; when tied, `output` is repacked and the few
+  // looked-up rows fault back in from the file).
+  std::vector<kernels::MatrixView*> mats;
+  for (LayerWeights& L : weights_.layers) {
+    for (kernels::MatrixView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) mats.push_back(m);
+  }
+  mats.push_back(&weights_.output);
+  struct Job {
+    kernels::MatrixView* m;
+    kernels::Packing p;
+    size_t offset;
+  };
+  std::vector<Job> jobs;
+  size_t total = 0;
+  for (kernels::MatrixView* m : mats) {
+    const kernels::Packing p = kernels::packing_for(*m);
+    if (p == kernels::Packing::kNone) continue;
+    jobs.push_back({m, p, total});
+    total += (kernels::packed_bytes(*m, p) + 63) / 64 * 64;
+  }
+  if (jobs.empty()) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  // Anonymous memory, huge-page advised (the packed streams then cost one
+  // TLB entry per 2 MiB); unmapped when the last owner of the model drops it.
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t mapped = (total + kHuge - 1) / kHuge * kHuge;
+  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) {
+    return core::fail(core::Errc::kResourceExhausted, file_->path() + ": cannot map " + std::to_string(mapped >> 20) +
+                                                          " MiB for the repacked weights (use --no-repack)");
+  }
+#ifdef MADV_HUGEPAGE
+  ::madvise(base, mapped, MADV_HUGEPAGE);
+#endif
+  packed_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(base), [mapped](uint8_t* p) { ::munmap(p, mapped); });
+  core::ThreadPool& pool = core::global_pool();
+  RepackStats st;
+  st.threads = pool.size();
+  for (const Job& j : jobs) {
+    uint8_t* dst = packed_.get() + j.offset;
+    kernels::pack_matrix(*j.m, j.p, dst, &pool);
+    st.released_bytes += file_->mapping()->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
+    j.m->packed = dst;
+    j.m->packing = j.p;
+    st.packing = j.p;
+    st.bytes += kernels::packed_bytes(*j.m, j.p);
+    ++st.tensors;
+  }
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  repack_stats_ = st;
+  return {};
+}
+
+core::Expected<std::shared_ptr<const Model>> Model::from_file(std::shared_ptr<const gguf::File> file, bool repack) {
   if (!file) return core::fail(core::Errc::kInvalidArgument, "Model::from_file: null file");
   Checked r = check_all(*file);
   if (!r.errors.empty()) return std::unexpected(join_errors(r.errors));
@@ -339,6 +412,9 @@ core::Expected<std::shared_ptr<const Model>> Model::from_file(std::shared_ptr<co
   m->weights_ = std::move(r.weights);
   m->weight_bytes_ = r.weight_bytes;
   // NormWeight::data may point into `owned`, which a vector move keeps in place.
+  if (repack) {
+    if (auto ok = m->repack_weights(); !ok) return std::unexpected(ok.error());
+  }
   return std::shared_ptr<const Model>(std::move(m));
 }
 

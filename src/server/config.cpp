@@ -124,6 +124,9 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
        : key == "cache-type-v" ? config.cache_type_v
        : key == "cors-origin"  ? config.cors_origin
                                : config.q2_layout) = *s;
+    } else if (key == "no-repack") {
+      if (!node.is_boolean()) return core::fail(core::Errc::kInvalidArgument, where + ": expected true or false");
+      config.no_repack = *node.value<bool>();
     } else if (key == "timeout") {
       if (!node.is_number()) return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
       config.timeout_s = *node.value<double>();
@@ -161,7 +164,7 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
                         where +
                             ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
                             "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
-                            "cache-type-k, cache-type-v, cors-origin)");
+                            "cache-type-k, cache-type-v, cors-origin, no-repack)");
     }
   }
   return {};

@@ -60,6 +60,9 @@ struct ServeConfig {
   // validate_serve_config (model::parse_kv_type), as q2_layout.
   std::string cache_type_k = "f16";
   std::string cache_type_v = "f16";
+  // no-repack = true: every model's weights stay zero-copy views of the file
+  // (`serve --no-repack`; gguf::OpenOptions::repack, DESIGN.md "Weights").
+  bool no_repack = false;
 };
 
 // Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").

@@ -189,6 +189,13 @@ struct AdminRoutes {
                                                "' (expected g64, g128-d-first or g128-qs-first).",
                                            "q2_layout", "invalid_value"));
     }
+    // repack: false keeps the weights zero-copy views (as `bonsai serve
+    // --no-repack`); absent or null keeps the registration's / the server's.
+    if (auto it = body.find("repack"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean())
+        return send_error(res, bad_request("Invalid type for 'repack': expected a boolean.", "repack", "invalid_type"));
+      spec.repack = it->get<bool>();
+    }
     // cache_type_k / cache_type_v: KV cache types (as `bonsai serve -ctk / -ctv`);
     // absent or null keeps the registration's (a new path: the server's).
     for (const char* f : {"cache_type_k", "cache_type_v"}) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"  // packing_for
 #include "model_test_util.h"
 
 namespace bonsai::model {
@@ -322,6 +323,65 @@ TEST(CliRun, Q2LayoutOverrideReachesTheModel) {
   const auto bad = run_cmd(args + " --q2-layout g32");
   EXPECT_EQ(bad.exit_code, 2) << bad.out;  // a usage error, as in validate / logits / serve
   EXPECT_NE(bad.out.find("unknown Q2_0 layout 'g32'"), std::string::npos) << bad.out;
+}
+
+// --no-repack (and env BONSAI_NO_REPACK=1) keeps the zero-copy path; the
+// logits, run's tokens and the load line say so; results equal the repacked
+// model's exactly (issue 8 decision 2).
+TEST(CliRepack, NoRepackGivesIdenticalResultsAndSaysZeroCopy) {
+  REQUIRE_BONSAI_BIN();
+  for (const char* fx : {"fixtures/qwen3-tiny-q1_0.gguf", "fixtures/qwen3-tiny-q2_0-paired-g128-qs-first.gguf"}) {
+    const std::string path = test::shared_path(fx);
+    BONSAI_REQUIRE_FILE(path);
+    const std::string logits = "logits -m '" + path + "' --ids 1,17,300,5,42 --top-k 5 --json -t 2";
+    const auto packed = run_cmd(logits + " 2>/dev/null");
+    const auto plain = run_cmd(logits + " --no-repack 2>/dev/null");
+    ASSERT_EQ(packed.exit_code, 0) << packed.out;
+    ASSERT_EQ(plain.exit_code, 0) << plain.out;
+    EXPECT_EQ(packed.out, plain.out) << fx;  // logits printed with full precision: bit-identical
+    ::setenv("BONSAI_NO_REPACK", "1", 1);
+    const auto env = run_cmd(logits + " 2>/dev/null");
+    ::unsetenv("BONSAI_NO_REPACK");
+    EXPECT_EQ(env.out, plain.out) << fx;
+    // The load line (shown with progress) names what loading did.
+    ::setenv("BONSAI_PROGRESS", "1", 1);
+    const auto shown = run_cmd(logits + " --no-repack");
+    const auto shown_packed = run_cmd(logits);
+    ::unsetenv("BONSAI_PROGRESS");
+    EXPECT_NE(shown.out.find("loaded " + path + ": weights not repacked (zero-copy)"), std::string::npos) << shown.out;
+    (void)kernels::init_tier_from_env();  // the tier the binary runs
+    if (kernels::packing_for(kernels::MatrixView{path.data(), kernels::Format::kQ1_0, 1, 128, 18}) !=
+        kernels::Packing::kNone) {
+      EXPECT_NE(shown_packed.out.find("loaded " + path + ": repacked "), std::string::npos) << shown_packed.out;
+    }
+    // Every kernel tier (BONSAI_KERNEL): repacked or not, the same logits.
+    for (kernels::Tier t :
+         {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512, kernels::Tier::kNeon}) {
+      if (!kernels::tier_supported(t)) continue;
+      const std::string env_tier = "BONSAI_KERNEL=" + std::string(kernels::tier_name(t)) + " ";
+      const std::string cmd = "sh -c \"" + env_tier + "'" + bonsai_bin() + "' " + logits;
+      auto out_of = [](const std::string& c) {
+        std::string out;
+        FILE* p = ::popen(c.c_str(), "r");
+        if (p == nullptr) return out;
+        std::array<char, 4096> buf{};
+        size_t n;
+        while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+        ::pclose(p);
+        return out;
+      };
+      const std::string a = out_of(cmd + " 2>/dev/null\"");
+      const std::string b = out_of(cmd + " --no-repack 2>/dev/null\"");
+      EXPECT_FALSE(a.empty()) << kernels::tier_name(t);
+      EXPECT_EQ(a, b) << fx << " " << kernels::tier_name(t);
+    }
+    const std::string run = "run -m '" + path + "' -p hello -n 6 --temp 0 -t 2 --json 2>/dev/null";
+    const auto r1 = run_cmd(run);
+    const auto r2 = run_cmd(run + " --no-repack");
+    ASSERT_EQ(r1.exit_code, 0) << r1.out;
+    ASSERT_EQ(r2.exit_code, 0) << r2.out;
+    EXPECT_EQ(nlohmann::json::parse(r1.out).at("tokens"), nlohmann::json::parse(r2.out).at("tokens")) << fx;
+  }
 }
 
 // -c beyond the model's training context was accepted silently (llama.cpp

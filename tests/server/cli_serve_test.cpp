@@ -160,6 +160,24 @@ fs::path write_toml(const std::string& name, const std::string& text) {
   return p;
 }
 
+// The "loaded" line says what loading did about repacked weights; --no-repack,
+// env BONSAI_NO_REPACK=1 and the config's no-repack = true keep them zero-copy.
+TEST(ServeCli, NoRepackFlagEnvAndConfigKeepZeroCopy) {
+  BONSAI_REQUIRE_FILE(kDFirst);
+  const std::string m = "d=" + kDFirst;
+  const std::string zero_copy = "; weights not repacked (zero-copy)";
+  const std::string def = loaded_line("d", {"-m", m});
+  EXPECT_TRUE(def.find("; repacked ") != std::string::npos || def.find(zero_copy) != std::string::npos) << def;
+  EXPECT_NE(loaded_line("d", {"-m", m, "--no-repack"}).find(zero_copy), std::string::npos);
+  EXPECT_NE(loaded_line("d", {"-m", m}, {"BONSAI_NO_REPACK=1"}).find(zero_copy), std::string::npos);
+  const fs::path toml = write_toml("norepack.toml", "no-repack = true\n");
+  EXPECT_NE(loaded_line("d", {"-m", m, "--config", toml.string()}).find(zero_copy), std::string::npos);
+  const fs::path bad = write_toml("norepack-bad.toml", "no-repack = \"yes\"\n");
+  const auto [code, err] = startup_error({"-m", m, "--config", bad.string()});
+  EXPECT_NE(code, 0) << err;
+  EXPECT_NE(err.find("no-repack"), std::string::npos) << err;
+}
+
 TEST(ServeCli, Q2LayoutFlagEnvAndConfigReachTheLoader) {
   BONSAI_REQUIRE_FILE(kDFirst);
   const std::string m = "d=" + kDFirst;

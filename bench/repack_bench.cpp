@@ -1,0 +1,134 @@
+// bonsai_bench_repack: A/B of the load-time repacked weight layout
+// (kernels::Packing, issue 8 decision 2) against the stored layout, on one
+// matrix shape, same binary, alternating rounds.
+//
+// Usage: bonsai_bench_repack THREADS q1|q2 ROWS COLS N [ROUNDS]
+//   Prints one line: the median time per product (and min..max over the
+//   rounds) of the stored and the packed layout, weight GB/s (stored bytes
+//   per second), the speed-up, whether every output was bit-identical, and
+//   the packing cost (s per GB) on THREADS threads.
+// Memory, not cache: the matrix is copied across a 512 MiB arena (both
+// layouts, huge-page advised as the model's packed copies are) and each
+// product reads the next copy, so the weights stream from DRAM. The active
+// tier's packing is used (BONSAI_KERNEL applies); with none the packed
+// column repeats the stored one.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace {
+
+namespace kn = bonsai::kernels;
+
+uint8_t* huge_alloc(size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t sz = (n + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, sz);
+  madvise(p, sz, MADV_HUGEPAGE);
+  return static_cast<uint8_t*>(p);
+}
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: %s THREADS q1|q2 ROWS COLS N [ROUNDS]\n", argv[0]);
+    return 2;
+  }
+  if (auto t = kn::init_tier_from_env(); !t) {
+    std::fprintf(stderr, "%s\n", t.error().message.c_str());
+    return 2;
+  }
+  const int threads = std::atoi(argv[1]);
+  const bool q1 = std::string(argv[2]) == "q1";
+  const int64_t rows = std::atoll(argv[3]), cols = std::atoll(argv[4]), n = std::atoll(argv[5]);
+  const int rounds = argc > 6 ? std::atoi(argv[6]) : 7;
+  const kn::Format f = q1 ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
+  const size_t stride = kn::row_bytes(f, cols), mb = stride * static_cast<size_t>(rows);
+  const kn::MatrixView w0{nullptr, f, rows, cols, stride};
+  const size_t pb = (std::max<size_t>(kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad), mb) + 63) / 64 * 64;
+  const int copies = static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
+  uint8_t* a = huge_alloc(mb * static_cast<size_t>(copies));
+  uint8_t* b = huge_alloc(pb * static_cast<size_t>(copies));
+  const kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});
+  std::mt19937_64 rng(1);
+  for (size_t i = 0; i + 8 <= mb; i += 8) {
+    const uint64_t z = rng();
+    std::memcpy(a + i, &z, 8);
+  }
+  for (size_t blk = 0; blk < mb; blk += 18) {
+    const uint16_t h = bonsai::core::fp32_to_fp16(0.01f + 0.0001f * static_cast<float>(a[blk + 1]));
+    std::memcpy(a + blk, &h, 2);
+  }
+  for (int k = 1; k < copies; ++k) std::memcpy(a + k * mb, a, mb);
+  bonsai::core::ThreadPool pool(threads);
+  bonsai::core::ThreadPool* tp = threads > 1 ? &pool : nullptr;
+  std::vector<kn::MatrixView> stored(static_cast<size_t>(copies)), packed(static_cast<size_t>(copies));
+  double pack_s = 0;
+  for (int k = 0; k < copies; ++k) {
+    stored[k] = kn::MatrixView{a + k * mb, f, rows, cols, stride};
+    packed[k] = stored[k];
+    if (packing == kn::Packing::kNone) continue;
+    const double t0 = now_s();
+    kn::pack_matrix(stored[k], packing, b + k * pb, tp);
+    if (k > 0) pack_s += now_s() - t0;  // (copy 0 also faults the pages in)
+    packed[k].packed = b + k * pb;
+    packed[k].packing = packing;
+  }
+  std::vector<float> x(static_cast<size_t>(n * cols)), y0(static_cast<size_t>(n * rows)), y1(y0.size());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = nd(rng);
+  kn::ActScratch scratch;
+  auto product = [&](const kn::MatrixView& w, float* y) {
+    if (n == 1) {
+      kn::gemv(w, x.data(), y, tp, &scratch);
+    } else {
+      kn::gemm(w, x.data(), n, y, tp, &scratch);
+    }
+  };
+  bool same = true;
+  const int iters = static_cast<int>(std::max<int64_t>(8, (int64_t{1} << 30) / static_cast<int64_t>(mb) / n));
+  std::vector<double> ts, tq;
+  for (int r = 0; r < rounds; ++r) {
+    double t0 = now_s();
+    for (int i = 0; i < iters; ++i) product(stored[static_cast<size_t>(i % copies)], y0.data());
+    double t1 = now_s();
+    for (int i = 0; i < iters; ++i) product(packed[static_cast<size_t>(i % copies)], y1.data());
+    double t2 = now_s();
+    ts.push_back((t1 - t0) / iters);
+    tq.push_back((t2 - t1) / iters);
+    same = same && std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0;
+  }
+  const double ms = median(ts), mq = median(tq);
+  std::printf(
+      "%s %s %lldx%lld N=%lld t=%d: stored %.1f us [%.1f..%.1f] %.1f GB/s | %s %.1f us [%.1f..%.1f] %.1f GB/s | "
+      "speed-up %.3f | bit-identical %s | pack %.2f s/GB\n",
+      std::string(kn::tier_name(kn::active_tier())).c_str(), q1 ? "Q1_0" : "Q2_0", static_cast<long long>(rows),
+      static_cast<long long>(cols), static_cast<long long>(n), threads, ms * 1e6,
+      *std::min_element(ts.begin(), ts.end()) * 1e6, *std::max_element(ts.begin(), ts.end()) * 1e6, mb / ms / 1e9,
+      std::string(kn::packing_name(packing)).c_str(), mq * 1e6, *std::min_element(tq.begin(), tq.end()) * 1e6,
+      *std::max_element(tq.begin(), tq.end()) * 1e6, mb / mq / 1e9, ms / mq, same ? "yes" : "NO",
+      copies > 1 && pack_s > 0 ? pack_s / (static_cast<double>(mb) * (copies - 1) / 1e9) : 0.0);
+  std::free(a);
+  std::free(b);
+  return same ? 0 : 1;
+}

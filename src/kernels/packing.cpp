@@ -1,0 +1,130 @@
+// Load-time repacked weight layouts (kernels.h Packing; internal.h "Packed
+// row-quad layout"): which packing a matrix gets, its size, and the packing
+// itself. Portable code (no ISA flags): packing is byte moves.
+#include <algorithm>
+#include <cstring>
+
+#include "core/thread_pool.h"
+#include "kernels/formats.h"
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace bonsai::kernels {
+
+namespace {
+
+bool is_q1_or_q2(Format f) {
+  return f == Format::kQ1_0 || f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
+}
+
+// Weight units of the grouped kernel per row: Q1_0 blocks, or 64-weight Q2_0 units.
+int64_t rq_units(const MatrixView& w) { return w.cols / (w.format == Format::kQ1_0 ? 128 : 64); }
+int64_t rq_groups(const MatrixView& w) { return (rq_units(w) + 3) / 4; }
+size_t rq_quad_bytes(const MatrixView& w) {
+  return static_cast<size_t>((rq_groups(w) + 1) / 2) * detail::kPackPairBytes;
+}
+
+// Byte offsets of unit t's 16 packed bytes and of its fp16 scale within a
+// stored row (t counts 64-weight units for the Q2_0 layouts).
+size_t unit_q_offset(Format f, int64_t t) {
+  switch (f) {
+    case Format::kQ2_0G128D:
+      return static_cast<size_t>(34 * (t / 2) + 2 + 16 * (t % 2));
+    case Format::kQ2_0G128Qs:
+      return static_cast<size_t>(34 * (t / 2) + 16 * (t % 2));
+    default:  // Q1_0, Q2_0 g64: 18-byte blocks, d first
+      return static_cast<size_t>(18 * t + 2);
+  }
+}
+size_t unit_d_offset(Format f, int64_t t) {
+  switch (f) {
+    case Format::kQ2_0G128D:
+      return static_cast<size_t>(34 * (t / 2));
+    case Format::kQ2_0G128Qs:
+      return static_cast<size_t>(34 * (t / 2) + 32);
+    default:
+      return static_cast<size_t>(18 * t);
+  }
+}
+
+// Quads [q0, q1) of w in the row-quad layout.
+void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
+  const int64_t units = rq_units(w), groups = rq_groups(w);
+  const size_t qb = rq_quad_bytes(w);
+  const bool g128 = w.format == Format::kQ2_0G128D || w.format == Format::kQ2_0G128Qs;
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t q = q0; q < q1; ++q) {
+    uint8_t* quad = dst + static_cast<size_t>(q) * qb;
+    std::memset(quad, 0, qb);
+    for (int64_t i = 0; i < 4 && 4 * q + i < w.rows; ++i) {
+      const uint8_t* row = src + static_cast<size_t>(4 * q + i) * w.row_stride;
+      for (int64_t g = 0; g < groups; ++g) {
+        uint8_t* pair = quad + static_cast<size_t>(g / 2) * detail::kPackPairBytes;
+        uint8_t* qd = pair + static_cast<size_t>(g % 2) * detail::kPackQBytes + static_cast<size_t>(i) * 64;
+        uint8_t* sd = pair + 2 * detail::kPackQBytes + static_cast<size_t>(g % 2) * detail::kPackSBytes +
+                      static_cast<size_t>(i) * 8;
+        for (int64_t u = 0; u < 4 && 4 * g + u < units; ++u) {
+          const int64_t t = 4 * g + u;
+          std::memcpy(qd + 16 * u, row + unit_q_offset(w.format, t), 16);
+          std::memcpy(sd + 2 * u, row + unit_d_offset(w.format, t), 2);
+          if (g128) {
+            // Code 3 means 0 in the g128 layouts, as code 1 does: store 1, so
+            // the kernel treats every Q2_0 layout as g64 (whose 3 is +2).
+            for (int k = 0; k < 16; ++k) {
+              const uint8_t b = qd[16 * u + k];
+              qd[16 * u + k] = static_cast<uint8_t>(b & ~((b << 1) & 0xAA));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::string_view packing_name(Packing p) {
+  switch (p) {
+    case Packing::kNone:
+      return "none";
+    case Packing::kAvx512RowQuad:
+      return "avx512-row-quad";
+  }
+  return "?";
+}
+
+Packing packing_for(const MatrixView& w) {
+  if (!is_q1_or_q2(w.format) || w.rows <= 0 || w.cols <= 0 || w.data == nullptr) return Packing::kNone;
+  if (active_tier() != Tier::kAvx512 || detail::avx512_amx_in_use()) return Packing::kNone;
+  // Resident memory must stay about the file size: no packing where padding
+  // (rows to quads, units to groups, groups to pairs) would add more than
+  // 1/32 of the tensor. The Bonsai shapes (2048 / 6144 columns) pad nothing;
+  // e.g. 384 columns of Q1_0 (3 units in a pair of 8) would take 2.7x.
+  const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
+  if (packed_bytes(w, Packing::kAvx512RowQuad) > stored + stored / 32) return Packing::kNone;
+  return Packing::kAvx512RowQuad;
+}
+
+size_t packed_bytes(const MatrixView& w, Packing p) {
+  switch (p) {
+    case Packing::kNone:
+      return 0;
+    case Packing::kAvx512RowQuad:
+      return static_cast<size_t>((w.rows + 3) / 4) * rq_quad_bytes(w);
+  }
+  return 0;
+}
+
+void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
+  if (p != Packing::kAvx512RowQuad || !is_q1_or_q2(w.format)) return;
+  auto* out = static_cast<uint8_t*>(dst);
+  const int64_t quads = (w.rows + 3) / 4;
+  if (pool == nullptr || pool->size() <= 1) {
+    pack_row_quads(w, out, 0, quads);
+    return;
+  }
+  pool->parallel_for(
+      quads, [&w, out](int64_t q0, int64_t q1) { pack_row_quads(w, out, q0, q1); }, 16);
+}
+
+}  // namespace bonsai::kernels

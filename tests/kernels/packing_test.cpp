@@ -1,0 +1,208 @@
+// Load-time repacked layouts (kernels.h Packing, issue 8 decision 2): a
+// packed view gives bit-identical products to the stored layout on every
+// path (gemv, gemm at N = 1 .. 512, gemm_multi mixing packed and stored
+// views, 1 and 2 threads, row ranges that cut quads), every AVX-512 hook
+// variant, odd shapes (rows not a multiple of 4, units not a multiple of 4,
+// an odd number of groups); other tiers ignore the packing (they read the
+// stored bytes) and give their own results unchanged.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernel_test_util.h"
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace bonsai::kernels {
+namespace {
+
+constexpr Format kPackFormats[] = {Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs};
+
+// A packed copy of m (64-byte aligned) and the view that carries it.
+struct Packed {
+  std::unique_ptr<uint8_t[], void (*)(uint8_t*)> buf{nullptr,
+                                                     [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }};
+  MatrixView view;
+};
+
+Packed pack(const MatrixView& w, core::ThreadPool* pool) {
+  Packed p;
+  const size_t n = packed_bytes(w, Packing::kAvx512RowQuad);
+  p.buf.reset(static_cast<uint8_t*>(::operator new[](n, std::align_val_t(64))));
+  std::memset(p.buf.get(), 0xCD, n);  // packing must write every byte
+  pack_matrix(w, Packing::kAvx512RowQuad, p.buf.get(), pool);
+  p.view = w;
+  p.view.packed = p.buf.get();
+  p.view.packing = Packing::kAvx512RowQuad;
+  return p;
+}
+
+std::vector<float> batch(int64_t n, int64_t cols, uint32_t seed) {
+  std::vector<float> x;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto v = testing::random_vector(cols, seed + static_cast<uint32_t>(j), 0.3f + 0.2f * (j % 7));
+    x.insert(x.end(), v.begin(), v.end());
+  }
+  return x;
+}
+
+struct Variant {
+  Tier tier;
+  bool gfni;
+  std::string label;
+};
+
+struct Scope {
+  explicit Scope(const Variant& v)
+      : tier(active_tier()), gfni(detail::set_avx512_gfni(v.gfni)), amx(detail::set_avx512_amx(false)) {
+    EXPECT_TRUE(set_active_tier(v.tier).has_value());
+  }
+  ~Scope() {
+    detail::set_avx512_gfni(gfni);
+    detail::set_avx512_amx(amx);
+    (void)set_active_tier(tier);
+  }
+  Tier tier;
+  bool gfni, amx;
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v{{Tier::kReference, true, "reference"}};
+  if (tier_supported(Tier::kAvx512)) {
+    v.push_back({Tier::kAvx512, true, "avx512"});
+    v.push_back({Tier::kAvx512, false, "avx512-nogfni"});
+  }
+  if (tier_supported(Tier::kAvx2)) v.push_back({Tier::kAvx2, true, "avx2"});
+  if (tier_supported(Tier::kNeon)) v.push_back({Tier::kNeon, true, "neon"});
+  return v;
+}
+
+bool same(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Packing, NameAndChoice) {
+  EXPECT_EQ(packing_name(Packing::kNone), "none");
+  EXPECT_EQ(packing_name(Packing::kAvx512RowQuad), "avx512-row-quad");
+  auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);  // 2 units: padded to a pair of groups (4x)
+  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);
+  auto q2w = testing::random_matrix(Format::kQ2_0G128Qs, 12, 2048, 1);
+  auto f32 = testing::random_matrix(Format::kF32, 8, 256, 1);
+  auto q8 = testing::random_matrix(Format::kQ8_0, 8, 256, 1);
+  for (const Variant& v : variants()) {
+    Scope s(v);
+    const bool want = v.tier == Tier::kAvx512;  // AMX is off in the scope
+    EXPECT_EQ(packing_for(q1w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(q1.view), Packing::kNone) << v.label << ": padding would cost more than 1/32";
+    EXPECT_EQ(packing_for(f32.view), Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(q8.view), Packing::kNone) << v.label;
+  }
+  // Sizes: the stored bytes plus the padding of rows to quads, units to groups, groups to pairs.
+  EXPECT_EQ(packed_bytes(q1.view, Packing::kNone), 0u);
+  EXPECT_EQ(packed_bytes(q1.view, Packing::kAvx512RowQuad), 2 * detail::kPackPairBytes);  // 2 quads x 1 pair
+  auto big = testing::random_matrix(Format::kQ1_0, 6144, 2048, 2);
+  EXPECT_EQ(packed_bytes(big.view, Packing::kAvx512RowQuad), 6144u * row_bytes(Format::kQ1_0, 2048));
+}
+
+// The AVX-512 tier really reads the packed copy, and every other tier the
+// stored bytes: with the packed copy zeroed (zero scales) the AVX-512
+// product is exactly 0, the others are unchanged.
+TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
+  auto m = testing::random_matrix(Format::kQ1_0, 12, 512, 3);
+  Packed p = pack(m.view, nullptr);
+  std::memset(p.buf.get(), 0, packed_bytes(m.view, Packing::kAvx512RowQuad));
+  const auto x = batch(3, 512, 5);
+  for (const Variant& v : variants()) {
+    Scope scope(v);
+    std::vector<float> want(36), got(36);
+    gemm(m.view, x.data(), 3, want.data(), nullptr);
+    gemm(p.view, x.data(), 3, got.data(), nullptr);
+    if (v.tier == Tier::kAvx512) {
+      EXPECT_EQ(got, std::vector<float>(36, 0.0f)) << v.label;
+    } else {
+      EXPECT_TRUE(same(want, got)) << v.label;
+    }
+  }
+}
+
+TEST(Packing, BitIdenticalOnEveryPath) {
+  core::ThreadPool pool2(2);
+  struct Shape {
+    int64_t rows, cols, max_n;
+  };
+  // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96.
+  const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 16}, {70, 2048, 64}, {5, 6144, 16}};
+  const int64_t ns[] = {1, 2, 3, 8, 16, 64, 512};
+  for (const Variant& v : variants()) {
+    Scope scope(v);
+    for (Format f : kPackFormats) {
+      for (const Shape& s : shapes) {
+        auto m = testing::random_matrix(f, s.rows, s.cols, 5 + static_cast<uint32_t>(s.rows * 7 + s.cols));
+        const Packed p = pack(m.view, &pool2);
+        {  // the packing does not depend on the thread count
+          const Packed p1 = pack(m.view, nullptr);
+          ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, Packing::kAvx512RowQuad)), 0);
+        }
+        const auto x = batch(s.max_n, s.cols, 300 + static_cast<uint32_t>(s.cols));
+        const std::string where =
+            v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
+        for (int64_t n : ns) {
+          if (n > s.max_n) continue;
+          std::vector<float> want(static_cast<size_t>(n * s.rows)), got(want.size());
+          gemm(m.view, x.data(), n, want.data(), nullptr);  // stored layout, one thread
+          for (core::ThreadPool* tp : {static_cast<core::ThreadPool*>(nullptr), &pool2}) {
+            std::fill(got.begin(), got.end(), -1.0f);
+            if (n == 1) {
+              gemv(p.view, x.data(), got.data(), tp);
+            } else {
+              gemm(p.view, x.data(), n, got.data(), tp);
+            }
+            ASSERT_TRUE(same(want, got)) << where << " n=" << n << (tp ? " 2 threads" : " 1 thread");
+          }
+          // Row ranges that start and end inside quads.
+          std::fill(got.begin(), got.end(), -1.0f);
+          const int64_t cut1 = s.rows / 3, cut2 = cut1 + 1 + s.rows / 5 < s.rows ? cut1 + 1 + s.rows / 5 : s.rows;
+          gemm_rows(v.tier, p.view, x.data(), n, got.data(), 0, cut1);
+          gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut1, cut2);
+          gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut2, s.rows);
+          ASSERT_TRUE(same(want, got)) << where << " row split n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// gemm_multi over a packed and a stored matrix (one dispatch, chunks spanning both).
+TEST(Packing, GemmMultiMixesPackedAndStored) {
+  core::ThreadPool pool2(2);
+  for (const Variant& v : variants()) {
+    Scope scope(v);
+    for (Format f : kPackFormats) {
+      auto a = testing::random_matrix(f, 203, 512, 41);
+      auto b = testing::random_matrix(f, 70, 512, 42);
+      const Packed pa = pack(a.view, &pool2);
+      const MatrixView ws[2] = {pa.view, b.view};
+      for (int64_t n : {1, 2, 5, 16, 64}) {
+        const auto x = batch(n, 512, 99);
+        std::vector<float> ya(static_cast<size_t>(n * 203)), yb(static_cast<size_t>(n * 70));
+        std::vector<float> wa(ya.size()), wb(yb.size());
+        float* ys[2] = {ya.data(), yb.data()};
+        gemm_multi(ws, 2, x.data(), n, ys, &pool2);
+        gemm(a.view, x.data(), n, wa.data(), nullptr);
+        gemm(b.view, x.data(), n, wb.data(), nullptr);
+        ASSERT_TRUE(same(ya, wa)) << v.label << " " << format_name(f) << " n=" << n;
+        ASSERT_TRUE(same(yb, wb)) << v.label << " " << format_name(f) << " n=" << n;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bonsai::kernels
