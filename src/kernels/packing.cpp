@@ -98,8 +98,10 @@ Packing packing_for(const MatrixView& w) {
   if (active_tier() != Tier::kAvx512 || detail::avx512_amx_in_use()) return Packing::kNone;
   // Resident memory must stay about the file size: no packing where padding
   // (rows to quads, units to groups, groups to pairs) would add more than
-  // 1/32 of the tensor. The Bonsai shapes (2048 / 6144 columns) pad nothing;
-  // e.g. 384 columns of Q1_0 (3 units in a pair of 8) would take 2.7x.
+  // 1/32 of the tensor. The Bonsai shapes (2048 / 6144 columns) of Q1_0 and
+  // Q2_0 g64 pad nothing; e.g. 384 columns of Q1_0 (3 units in a pair of 8)
+  // would take 2.7x, and the g128 Q2_0 layouts +5.9% (one scale per 64
+  // weights instead of 128), so those stay zero-copy.
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   if (packed_bytes(w, Packing::kAvx512RowQuad) > stored + stored / 32) return Packing::kNone;
   return Packing::kAvx512RowQuad;

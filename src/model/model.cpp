@@ -381,7 +381,7 @@ core::Expected<void> Model::repack_weights() {
                                                           " MiB for the repacked weights (use --no-repack)");
   }
 #ifdef MADV_HUGEPAGE
-  ::madvise(base, mapped, MADV_HUGEPAGE);
+  if (mapped >= (size_t{64} << 20)) ::madvise(base, mapped, MADV_HUGEPAGE);  // (a small model: 4 KiB pages, no waste)
 #endif
   packed_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(base), [mapped](uint8_t* p) { ::munmap(p, mapped); });
   core::ThreadPool& pool = core::global_pool();
