@@ -59,15 +59,6 @@ struct VariantScope {
   bool gfni, amx, vnni;
 };
 
-std::vector<float> batch(int64_t n, int64_t cols, uint32_t seed) {
-  std::vector<float> x;
-  for (int64_t j = 0; j < n; ++j) {
-    const auto v = testing::random_vector(cols, seed + static_cast<uint32_t>(j), 0.3f + 0.2f * (j % 7));
-    x.insert(x.end(), v.begin(), v.end());
-  }
-  return x;
-}
-
 struct Shape {
   int64_t rows, cols, max_n;
 };
@@ -96,7 +87,7 @@ TEST(BatchInvariance, EveryPathEveryTierBitIdentical) {
       for (const Shape& s : shapes) {
         if (!testing::is_quantized(f) && s.cols > 2048) continue;
         auto m = testing::random_matrix(f, s.rows, s.cols, 17 + static_cast<uint32_t>(s.cols + s.rows));
-        const auto x = batch(s.max_n, s.cols, 1000 + static_cast<uint32_t>(s.cols));
+        const auto x = testing::random_batch(s.max_n, s.cols, 1000 + static_cast<uint32_t>(s.cols));
         const std::string where =
             v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
         // The definition for this tier: gemv of each column, one thread.
@@ -152,7 +143,7 @@ TEST(BatchInvariance, GemmMultiEqualsGemvColumns) {
       auto b = testing::random_matrix(f, 72, 512, 32);
       const MatrixView ws[2] = {a.view, b.view};
       for (int64_t n : {1, 2, 5, 16, 64}) {
-        const auto x = batch(n, 512, 77);
+        const auto x = testing::random_batch(n, 512, 77);
         std::vector<float> ya(static_cast<size_t>(n * 200)), yb(static_cast<size_t>(n * 72));
         float* ys[2] = {ya.data(), yb.data()};
         gemm_multi(ws, 2, x.data(), n, ys, &pool2);

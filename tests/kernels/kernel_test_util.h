@@ -83,6 +83,18 @@ inline std::vector<float> random_vector(int64_t n, uint32_t seed, float sigma = 
   return v;
 }
 
+// n activation columns of `cols` floats each, column j = random_vector(cols,
+// seed + j) with a spread that varies by column ([n][cols], column-major by
+// column, as gemm takes it).
+inline std::vector<float> random_batch(int64_t n, int64_t cols, uint32_t seed) {
+  std::vector<float> x;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto v = random_vector(cols, seed + static_cast<uint32_t>(j), 0.3f + 0.2f * (j % 7));
+    x.insert(x.end(), v.begin(), v.end());
+  }
+  return x;
+}
+
 // Row r of the matrix dequantized.
 inline std::vector<float> dequant_row(const MatrixView& w, int64_t r) {
   std::vector<float> out(static_cast<size_t>(w.cols));

@@ -43,15 +43,6 @@ Packed pack(const MatrixView& w, core::ThreadPool* pool) {
   return p;
 }
 
-std::vector<float> batch(int64_t n, int64_t cols, uint32_t seed) {
-  std::vector<float> x;
-  for (int64_t j = 0; j < n; ++j) {
-    const auto v = testing::random_vector(cols, seed + static_cast<uint32_t>(j), 0.3f + 0.2f * (j % 7));
-    x.insert(x.end(), v.begin(), v.end());
-  }
-  return x;
-}
-
 struct Variant {
   Tier tier;
   bool gfni;
@@ -122,7 +113,7 @@ TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
   auto m = testing::random_matrix(Format::kQ1_0, 12, 512, 3);
   Packed p = pack(m.view, nullptr);
   std::memset(p.buf.get(), 0, packed_bytes(m.view, Packing::kAvx512RowQuad));
-  const auto x = batch(3, 512, 5);
+  const auto x = testing::random_batch(3, 512, 5);
   for (const Variant& v : variants()) {
     Scope scope(v);
     std::vector<float> want(36), got(36);
@@ -154,7 +145,7 @@ TEST(Packing, BitIdenticalOnEveryPath) {
           const Packed p1 = pack(m.view, nullptr);
           ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, Packing::kAvx512RowQuad)), 0);
         }
-        const auto x = batch(s.max_n, s.cols, 300 + static_cast<uint32_t>(s.cols));
+        const auto x = testing::random_batch(s.max_n, s.cols, 300 + static_cast<uint32_t>(s.cols));
         const std::string where =
             v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
         for (int64_t n : ns) {
@@ -194,7 +185,7 @@ TEST(Packing, GemmMultiMixesPackedAndStored) {
       const Packed pa = pack(a.view, &pool2);
       const MatrixView ws[2] = {pa.view, b.view};
       for (int64_t n : {1, 2, 5, 16, 64}) {
-        const auto x = batch(n, 512, 99);
+        const auto x = testing::random_batch(n, 512, 99);
         std::vector<float> ya(static_cast<size_t>(n * 203)), yb(static_cast<size_t>(n * 70));
         std::vector<float> wa(ya.size()), wb(yb.size());
         float* ys[2] = {ya.data(), yb.data()};
