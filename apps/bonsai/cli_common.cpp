@@ -15,8 +15,16 @@ namespace bonsai::app {
 
 core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag, bool no_repack) {
   gguf::OpenOptions options;
-  const char* no_repack_env = std::getenv("BONSAI_NO_REPACK");
-  options.repack = !no_repack && !(no_repack_env != nullptr && std::string_view(no_repack_env) == "1");
+  bool env_no_repack = false;
+  if (const char* env = std::getenv("BONSAI_NO_REPACK"); env != nullptr && *env != '\0') {
+    const std::string_view v(env);
+    if (v != "1" && v != "0") {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "BONSAI_NO_REPACK='" + std::string(v) + "' is not a switch (expected 1 or 0)");
+    }
+    env_no_repack = v == "1";
+  }
+  options.repack = !no_repack && !env_no_repack;
   std::string layout = flag;
   if (layout.empty()) {
     if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;

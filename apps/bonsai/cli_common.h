@@ -30,9 +30,11 @@ inline constexpr int kExitUsage = 2;
 
 // GGUF open options from the `--q2-layout` value (`flag`), else env
 // BONSAI_Q2_LAYOUT, else none (the reader detects the layout); `no_repack`
-// (`--no-repack`, or env BONSAI_NO_REPACK=1) clears OpenOptions::repack.
+// (`--no-repack`, or env BONSAI_NO_REPACK=1) clears OpenOptions::repack;
+// BONSAI_NO_REPACK unset, empty or 0 leaves it set.
 // Errors: kInvalidArgument "unknown Q2_0 layout 'X' (expected g64,
-// g128-d-first or g128-qs-first)".
+// g128-d-first or g128-qs-first)"; kInvalidArgument "BONSAI_NO_REPACK='X' is
+// not a switch (expected 1 or 0)" for any other value of the variable.
 core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag, bool no_repack = false);
 
 // Help text of `--no-repack`, shared by every command that loads a model.

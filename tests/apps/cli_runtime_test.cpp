@@ -40,6 +40,33 @@ TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommand) {
   }
 }
 
+// BONSAI_NO_REPACK is a switch: 1 or 0 (or unset/empty). Any other value is a
+// usage error in every command that loads a model, not silently "repack on".
+TEST(CliRuntime, BadNoRepackValueIsExitCode2InEveryCommand) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string m = " -m '" + kStories + "'";
+  const std::vector<std::pair<std::string, std::string>> commands = {
+      {"run", "run" + m + " -p Hi -n 2"},   {"bench", "bench" + m + " -p 8 -n 0 -r 1"},
+      {"serve", "serve" + m + " --port 0"}, {"logits", "logits" + m + " --ids 1,2"},
+      {"validate", "validate" + m},
+  };
+  for (const auto& [name, args] : commands) {
+    for (const char* value : {"yes", "true", "2"}) {
+      const auto r = run_bonsai(args, std::string("BONSAI_NO_REPACK=") + value + " ");
+      EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
+      EXPECT_EQ(r.err, "bonsai " + name + ": BONSAI_NO_REPACK='" + value + "' is not a switch (expected 1 or 0)\n")
+          << args;
+      EXPECT_EQ(r.out, "") << args;
+    }
+  }
+  // 0 and empty mean "repack as usual": the command runs.
+  for (const char* value : {"0", ""}) {
+    const auto r = run_bonsai("logits" + m + " --ids 1,2", std::string("BONSAI_NO_REPACK=") + value + " ");
+    EXPECT_EQ(r.rc, 0) << value << "\n" << r.err;
+    EXPECT_FALSE(r.out.empty()) << value;
+  }
+}
+
 // llama.cpp's -ctk / -ctv (multi-letter single-dash names CLI11 cannot
 // register; main() rewrites them to --cache-type-k / --cache-type-v).
 TEST(CliRuntime, LlamaCppShortCacheTypeFlagsInRun) {
