@@ -33,6 +33,8 @@ for every N measured:
   aggregate(N) >= 0.8 x N x aggregate(1) x T(1) / T(N)
 where T(N) is the summed time of the N-column products (T(1) = the GEMVs):
 the scheduler must deliver 80% of what batching the products allows.
+After the levels it prints the server's resident memory against issue 8's bound (VmRSS <= file size + the
+model's KV capacity + 5%; also against the KV bytes in use): `--clients 1,2,4` gives the 4-slot figure.
 The load average before and after every level is in the JSON (a shared
 machine's other work slows levels unevenly).
 """
@@ -104,6 +106,47 @@ def product_times(kbench, levels, threads, fmt):
         if all((r, c, n) in t for r, c, _ in PRODUCTS):
             totals[n] = sum(k * t[(r, c, n)] for r, c, k in PRODUCTS)
     return totals
+
+
+def resident_memory(pid, url, model_path):
+    """Resident memory of the server process against issue 8's bound: VmRSS <= file size + the model's KV
+    capacity + 5%. Reads /proc/PID/status (VmRSS, RssAnon, RssFile, in kB) and /admin/models
+    (kv_capacity_bytes: the KV block pool's budget; kv_used_bytes: the blocks held now, running sequences and
+    cached prefixes). Returns a dict of MiB figures and whether the bound (and the tighter one counting only
+    the KV bytes in use) holds; None where /proc is unreadable."""
+    fields = {}
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                    fields[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        return None
+    models = json.loads(urllib.request.urlopen(url + "/admin/models", timeout=10).read())
+    rows = models.get("data", models) if isinstance(models, dict) else models
+    kv_cap = sum(m.get("kv_capacity_bytes", 0) for m in rows)
+    kv_used = sum(m.get("kv_used_bytes", 0) for m in rows)
+    file_bytes = os.path.getsize(model_path)
+    mib = lambda b: round(b / 2**20, 1)
+    bound = 1.05 * (file_bytes + kv_cap)
+    tight = 1.05 * (file_bytes + kv_used)
+    return {"vm_rss_mib": mib(fields.get("VmRSS", 0)), "vm_hwm_mib": mib(fields.get("VmHWM", 0)),
+            "rss_anon_mib": mib(fields.get("RssAnon", 0)), "rss_file_mib": mib(fields.get("RssFile", 0)),
+            "file_mib": mib(file_bytes), "kv_capacity_mib": mib(kv_cap), "kv_used_mib": mib(kv_used),
+            "bound_mib": mib(bound), "met": fields.get("VmRSS", 0) <= bound,
+            "tight_bound_mib": mib(tight), "tight_met": fields.get("VmRSS", 0) <= tight}
+
+
+def print_resident_memory(r, pool_size):
+    if r is None:
+        print("resident memory: /proc unreadable")
+        return
+    print("resident memory of serve (%d slots): VmRSS %.1f MiB (peak %.1f; anon %.1f, file %.1f) <= 1.05 x (file %.1f + "
+          "KV capacity %.1f) = %.1f MiB: %s; counting only the KV in use (%.1f MiB): <= %.1f MiB: %s" %
+          (pool_size, r["vm_rss_mib"], r["vm_hwm_mib"], r["rss_anon_mib"], r["rss_file_mib"], r["file_mib"],
+           r["kv_capacity_mib"], r["bound_mib"], "met" if r["met"] else "NOT met", r["kv_used_mib"],
+           r["tight_bound_mib"], "met" if r["tight_met"] else "NOT met"), flush=True)
 
 
 def steady_rate(out, n):
@@ -246,8 +289,10 @@ def main():
                       (n, row["aggregate_decode_tok_s"], n, one["aggregate_decode_tok_s"], gain, 0.8 * bound,
                        100 * paired[-1]["fraction_of_kernel_bound"], tb[1] / 1000, ta[1] / 1000, tb[n] / 1000,
                        ta[n] / 1000, "met" if ok else "NOT met"), flush=True)
+            rss = resident_memory(srv.pid, url, a.model)
+            print_resident_memory(rss, max(levels))
             result = {"cpu": cpu_model(), "cores": os.cpu_count(), "model": a.model, "flags": cmd[2:],
-                      "command": sys.argv, "max_tokens": a.max_tokens, "paired": paired}
+                      "command": sys.argv, "max_tokens": a.max_tokens, "paired": paired, "resident_memory": rss}
             if a.out:
                 os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
                 with open(a.out, "w") as f:
@@ -282,12 +327,14 @@ def main():
                       "kernel bound): %s" % (n, r["aggregate_decode_tok_s"], n, single, gain, need,
                                              100 * crit[-1]["fraction_of_kernel_bound"], "met" if ok else "NOT met"),
                       flush=True)
+        rss = resident_memory(srv.pid, url, a.model)
+        print_resident_memory(rss, max(levels))
         metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
         steps = [l for l in metrics.splitlines() if l.startswith("bonsai_batch_tokens_per_step_")]
         result = {"cpu": cpu_model(), "cores": os.cpu_count(), "model": a.model, "flags": cmd[2:],
                   "command": sys.argv, "max_tokens": a.max_tokens, "rows": rows,
                   "product_us": {str(n): round(v, 1) for n, v in totals.items()}, "criterion": crit,
-                  "step_histogram": steps}
+                  "step_histogram": steps, "resident_memory": rss}
         if a.out:
             os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
             with open(a.out, "w") as f:
