@@ -10,6 +10,17 @@
 //   l' = l c + sum_t p_t,    acc' = acc c + sum_t p_t v_t      (t ascending)
 // and at the end out = acc * (1 / l). Only keys t <= pos enter; rows past a
 // query's position are never read for it.
+//
+// Q8_0 keys (-ctk q8_0) take an integer path instead of the fp32 rows, as
+// ggml's CPU flash attention does (it quantizes q to K's vec_dot type): each
+// query head's q is quantized once per task to Q8_0 blocks of 32 (see
+// quantize_q8 below) and the score of key t is
+//   isum_tb = sum_{i<32} qq_{32b+i} * kq_{t,32b+i}                (int32, exact)
+//   s_t = ((isum_t0 * (dq_0 * dk_t0) + isum_t1 * (dq_1 * dk_t1)) + ...) * scale
+// with each * and + one fp32 rounding in that order (no fma; the file is
+// compiled with -ffp-contract=off). score_q8_ref defines it; every tier's
+// scorer (16 keys per vector with VNNI on AVX-512, one key at a time on AVX2)
+// returns the same bits, so a score depends on nothing but q and the key.
 #include "model/attention.h"
 
 #include <immintrin.h>
@@ -29,6 +40,8 @@ namespace bonsai::model {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Largest head dim of the Q8_0-key path (a larger one converts K rows to fp32).
+constexpr int64_t kMaxHeadDim = 512;
 
 // One (query head, key block) step of the online softmax.
 //   q: [hd_k] query, k: [nk][hd_k] and v: [nk][hd_v] fp32 rows of the block,
@@ -36,18 +49,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using BlockFn = void (*)(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
                          float scale, float* state);
 
-// Portable reference of the step (std::exp, plain loops).
-void block_scalar(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v, float scale,
-                  float* state) {
-  float s[kKeyBlock];
+// The softmax + V part of the step for scores s[0..nk) (already scaled):
+// portable reference (std::exp, plain loops). s is overwritten.
+void update_scalar(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
   float mb = kNegInf;
-  for (int64_t t = 0; t < nk; ++t) {
-    const float* kt = k + t * hd_k;
-    float d = 0.0f;
-    for (int64_t i = 0; i < hd_k; ++i) d += q[i] * kt[i];
-    s[t] = d * scale;
-    mb = std::max(mb, s[t]);
-  }
+  for (int64_t t = 0; t < nk; ++t) mb = std::max(mb, s[t]);
   const float m_new = std::max(state[0], mb);
   const float corr = std::exp(state[0] - m_new);  // 0 on the first block (m = -inf)
   float l = 0.0f;
@@ -62,6 +68,86 @@ void block_scalar(const float* q, const float* k, const float* v, int64_t nk, in
   for (int64_t t = 0; t < nk; ++t) {
     const float* vt = v + t * hd_v;
     for (int64_t i = 0; i < hd_v; ++i) acc[i] += s[t] * vt[i];
+  }
+}
+
+// Portable reference of the step (std::exp, plain loops).
+void block_scalar(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v, float scale,
+                  float* state) {
+  float s[kKeyBlock];
+  for (int64_t t = 0; t < nk; ++t) {
+    const float* kt = k + t * hd_k;
+    float d = 0.0f;
+    for (int64_t i = 0; i < hd_k; ++i) d += q[i] * kt[i];
+    s[t] = d * scale;
+  }
+  update_scalar(s, v, nk, hd_v, state);
+}
+
+// A query head's q quantized for Q8_0 keys: ggml's quantize_row_q8_0 per
+// block of 32 (d = amax / 127, q = round-to-nearest-even(x * (1 / d)) with
+// the unrounded d, d then rounded to fp16), plus each block's sum of q (the
+// AVX-512 scorer's unsigned-operand correction). Scalar on every tier, so
+// the integer parts are the same everywhere.
+struct QuantQ {
+  int8_t q[kMaxHeadDim];
+  float d[kMaxHeadDim / 32];
+  int32_t sum[kMaxHeadDim / 32];
+};
+
+inline int8_t round_i8(float v) {
+  if (!(v == v)) return -128;  // NaN: as cvtps2dq's integer indefinite (kernels' round_to_i8)
+  const float r = std::nearbyint(v);
+  return static_cast<int8_t>(r > 127.0f ? 127.0f : (r < -128.0f ? -128.0f : r));
+}
+
+void quantize_q8(const float* x, int64_t hd, QuantQ& out) {
+  for (int64_t b = 0; b < hd / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      out.q[32 * b + i] = round_i8(xb[i] * id);
+      sum += out.q[32 * b + i];
+    }
+    out.d[b] = core::fp16_to_fp32(core::fp32_to_fp16(d));
+    out.sum[b] = sum;
+  }
+}
+
+// The score formula of the header comment for key row `k` (ggml block_q8_0
+// x hd/32) from its block sums; every scorer ends in exactly these fp32 ops.
+inline float combine_q8(const int32_t* isum, const QuantQ& q, const uint8_t* k, int64_t nb, float scale) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint16_t dh;
+    std::memcpy(&dh, k + 34 * b, 2);
+    const float term = static_cast<float>(isum[b]) * (q.d[b] * core::fp16_to_fp32(dh));
+    acc = b == 0 ? term : acc + term;
+  }
+  return acc * scale;
+}
+
+// Reference scorer: s[t] for keys t < nk of a block of Q8_0 rows (row_bytes
+// apart) against each of the nq quantized query heads; s is [nq][kKeyBlock].
+void score_q8_ref(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs, int64_t nq, float scale,
+                  float* s) {
+  const int64_t nb = hd / 32;
+  int32_t isum[kMaxHeadDim / 32];
+  for (int64_t j = 0; j < nq; ++j) {
+    for (int64_t t = 0; t < nk; ++t) {
+      const uint8_t* kt = k + t * row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const auto* kq = reinterpret_cast<const int8_t*>(kt + 34 * b + 2);
+        int32_t acc = 0;
+        for (int i = 0; i < 32; ++i) acc += int32_t{qs[j].q[32 * b + i]} * int32_t{kq[i]};
+        isum[b] = acc;
+      }
+      s[j * kKeyBlock + t] = combine_q8(isum, qs[j], kt, nb, scale);
+    }
   }
 }
 
@@ -94,14 +180,6 @@ BONSAI_AVX512 inline __m512 exp_neg_ps512(__m512 x) {
   return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 
-// score of one key: sum over 16-wide chunks c of q_c * k_c (fma chain in
-// chunk order), then the fixed reduction tree of _mm512_reduce_add_ps.
-BONSAI_AVX512 inline float dot_chain(const float* q, const float* kt, int64_t nc) {
-  __m512 d = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kt));
-  for (int64_t c = 1; c < nc; ++c) d = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(kt + 16 * c), d);
-  return _mm512_reduce_add_ps(d);
-}
-
 // acc[0..16*NC) = acc * corr + sum_t p_t v_t[0..16*NC), t ascending.
 template <int NC>
 BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, int64_t hd_v, __m512 corr, float* acc) {
@@ -115,31 +193,19 @@ BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, 
   for (int j = 0; j < NC; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
 }
 
-// The step with AVX-512; head dims multiples of 16.
-BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
-                                float scale, float* state) {
+// The softmax + V part of the step with AVX-512: s[0..32) holds the scaled
+// scores of keys < nk and -inf past them (overwritten); hd_v % 16 == 0.
+BONSAI_AVX512 void update_avx512(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
   static_assert(kKeyBlock == 32);
-  alignas(64) float s[kKeyBlock];
-  const int64_t nc = hd_k / 16;
-  int64_t t = 0;
-  for (; t + 4 <= nk; t += 4) {  // four independent chains for ILP; same per-key arithmetic
-    const float* kt = k + t * hd_k;
-    s[t] = dot_chain(q, kt, nc) * scale;
-    s[t + 1] = dot_chain(q, kt + hd_k, nc) * scale;
-    s[t + 2] = dot_chain(q, kt + 2 * hd_k, nc) * scale;
-    s[t + 3] = dot_chain(q, kt + 3 * hd_k, nc) * scale;
-  }
-  for (; t < nk; ++t) s[t] = dot_chain(q, k + t * hd_k, nc) * scale;
-  for (; t < kKeyBlock; ++t) s[t] = kNegInf;
-  __m512 s0 = _mm512_load_ps(s), s1 = _mm512_load_ps(s + 16);
+  __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
   const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
   const float m_new = std::max(state[0], mb);
   const __m512 mv = _mm512_set1_ps(m_new);
   const __m512 corr = exp_neg_ps512(_mm512_set1_ps(state[0] - m_new));  // 0 on the first block
   s0 = exp_neg_ps512(_mm512_sub_ps(s0, mv));                            // masked keys: exp(-inf) = 0
   s1 = exp_neg_ps512(_mm512_sub_ps(s1, mv));
-  _mm512_store_ps(s, s0);
-  _mm512_store_ps(s + 16, s1);
+  _mm512_storeu_ps(s, s0);
+  _mm512_storeu_ps(s + 16, s1);
   state[0] = m_new;
   state[1] = state[1] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
   float* acc = state + 2;
@@ -150,6 +216,141 @@ BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, 
   if (j + 2 <= ncv) pv_chunks<2>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j), j += 2;
   if (j < ncv) pv_chunks<1>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
 }
+
+// Sixteen keys' dot products at once: d[u] holds key u's 16 lane partials;
+// returns key u's sum in lane u. A fixed tree whose every output element
+// comes from one input vector (unpack/shuffle pick, add combines the same
+// key's partials), so key u's sum depends on d[u] alone, not on the others:
+//   per 128-bit quarter (l0+l2)+(l1+l3), then quarters (q0+q1)+(q2+q3).
+BONSAI_AVX512 inline __m512 hsum16x16(const __m512 d[16]) {
+  __m512 e[8];
+  for (int u = 0; u < 8; ++u) {
+    e[u] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * u], d[2 * u + 1]), _mm512_unpackhi_ps(d[2 * u], d[2 * u + 1]));
+  }
+  __m512 f[4];
+  for (int u = 0; u < 4; ++u) {
+    const __m512d a = _mm512_castps_pd(e[2 * u]), b = _mm512_castps_pd(e[2 * u + 1]);
+    f[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // f[u]: per quarter, keys 4u..4u+3's sums over that quarter.
+  const __m512 g0 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 g1 = _mm512_add_ps(_mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The step with AVX-512; head dims multiples of 16. Key t's score: the fma
+// chain over 16-wide chunks in chunk order, hsum16x16's tree, * scale. k
+// must hold kKeyBlock rows (rows >= nk are read but masked: every lane of
+// hsum16x16 depends on its own key only).
+BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                                float scale, float* state) {
+  static_assert(kKeyBlock == 32);
+  alignas(64) float s[kKeyBlock];
+  const int64_t nc = hd_k / 16;
+  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(kNegInf);
+  for (int64_t t0 = 0; t0 < kKeyBlock; t0 += 16) {
+    if (t0 >= nk) {
+      _mm512_store_ps(s + t0, ninf);
+      continue;
+    }
+    const float* kg = k + t0 * hd_k;
+    __m512 d[16];
+    const __m512 q0 = _mm512_loadu_ps(q);
+    for (int u = 0; u < 16; ++u) d[u] = _mm512_mul_ps(q0, _mm512_loadu_ps(kg + u * hd_k));
+    for (int64_t c = 1; c < nc; ++c) {
+      const __m512 qc = _mm512_loadu_ps(q + 16 * c);
+      for (int u = 0; u < 16; ++u) d[u] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kg + u * hd_k + 16 * c), d[u]);
+    }
+    const __mmask16 live = nk - t0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - t0)) - 1u);
+    _mm512_store_ps(s + t0, _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum16x16(d), vscale)));
+  }
+  update_avx512(s, v, nk, hd_v, state);
+}
+
+#define BONSAI_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
+
+// Block sum of one key (32 int8 at kq) against q's block (qb): exact int32.
+// (k + 128) as the unsigned operand of vpdpbusd, minus 128 * sum(q).
+BONSAI_AVX512VNNI inline int32_t isum_one_vnni(const uint8_t* kq, const int8_t* qb, int32_t qsum) {
+  const __m256i k = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kq)), _mm256_set1_epi8(-128));
+  const __m256i d =
+      _mm256_dpbusd_epi32(_mm256_setzero_si256(), k, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)));
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+  return _mm_cvtsi128_si32(x) - 128 * qsum;
+}
+
+// score_q8_ref with AVX-512 VNNI, the same bits. Sixteen keys at a time:
+// per block b, eight vectors each hold block b of two keys (t, t+4 | t+8,
+// t+12 pattern below), vpdpbusd gives 8 partial lanes per key, and a fixed
+// unpack/add tree leaves key t0+i's block sum in lane i, so the fp32 part
+// (combine_q8's ops, lane-wise) needs no per-key horizontal reduction. Keys
+// past the last whole group of 16 are scored one at a time.
+BONSAI_AVX512VNNI void score_q8_avx512(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs,
+                                       int64_t nq, float scale, float* s) {
+  const int64_t nb = hd / 32;
+  const __m512i bias = _mm512_set1_epi8(-128);
+  const __m512i didx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  int64_t t0 = 0;
+  for (; t0 + 16 <= nk; t0 += 16) {
+    const uint8_t* kg = k + t0 * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      // P[j] = [key r_j block b | key r_j + 4 block b], r = 0,1,2,3,8,9,10,11.
+      __m512i P[8];
+      for (int j = 0; j < 8; ++j) {
+        const int64_t r = j < 4 ? j : j + 4;
+        const uint8_t* lo = kg + r * row_bytes + 34 * b + 2;
+        const uint8_t* hi = lo + 4 * row_bytes;
+        const __m512i x =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+        P[j] = _mm512_xor_si512(x, bias);
+      }
+      // The 16 keys' fp16 d of block b (dword gather, low half kept).
+      const __m512i dw = _mm512_i32gather_epi32(didx, kg + 34 * b, 1);
+      const __m512 dk = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+      for (int64_t j = 0; j < nq; ++j) {
+        const QuantQ& q = qs[j];
+        const __m512i qb = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.q + 32 * b)));
+        __m512i D[8];
+        for (int u = 0; u < 8; ++u) D[u] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), P[u], qb);
+        // Per 128-bit quarter: [a0+a2, b0+b2, a1+a3, b1+b3] of the pair (a, b).
+        __m512i E[4];
+        for (int u = 0; u < 4; ++u) {
+          E[u] = _mm512_add_epi32(_mm512_unpacklo_epi32(D[2 * u], D[2 * u + 1]),
+                                  _mm512_unpackhi_epi32(D[2 * u], D[2 * u + 1]));
+        }
+        // Per quarter: the four keys' sums over that quarter's 4 lanes.
+        const __m512i F0 = _mm512_add_epi32(_mm512_unpacklo_epi64(E[0], E[1]), _mm512_unpackhi_epi64(E[0], E[1]));
+        const __m512i F1 = _mm512_add_epi32(_mm512_unpacklo_epi64(E[2], E[3]), _mm512_unpackhi_epi64(E[2], E[3]));
+        // Quarters 0+1 (the low key of each P) and 2+3 (the high key): lanes = keys t0..t0+15.
+        const __m512i S = _mm512_add_epi32(_mm512_shuffle_i32x4(F0, F1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                           _mm512_shuffle_i32x4(F0, F1, _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512i isum = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * q.sum[b]));
+        const __m512 term = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_set1_ps(q.d[b]), dk));
+        float* sj = s + j * kKeyBlock + t0;
+        __m512 acc = b == 0 ? term : _mm512_add_ps(_mm512_loadu_ps(sj), term);
+        if (b == nb - 1) acc = _mm512_mul_ps(acc, vscale);
+        _mm512_storeu_ps(sj, acc);
+      }
+    }
+  }
+  int32_t isum[kMaxHeadDim / 32];
+  for (; t0 < nk; ++t0) {
+    const uint8_t* kt = k + t0 * row_bytes;
+    for (int64_t j = 0; j < nq; ++j) {
+      for (int64_t b = 0; b < nb; ++b) isum[b] = isum_one_vnni(kt + 34 * b + 2, qs[j].q + 32 * b, qs[j].sum[b]);
+      s[j * kKeyBlock + t0] = combine_q8(isum, qs[j], kt, nb, scale);
+    }
+  }
+}
+
 // Row conversion to fp32 scratch (exact; kernels::dequantize_row is scalar
 // for F16 and was most of the cost at long context).
 BONSAI_AVX512 void f16_to_f32_avx512(const uint16_t* src, float* dst, int64_t n) {
@@ -256,6 +457,8 @@ BONSAI_AVX2 inline void pv_chunks8(const float* p, int64_t nk, const float* v, i
   for (int j = 0; j < NC; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
 }
 
+BONSAI_AVX2 void update_avx2(float* s, const float* v, int64_t nk, int64_t hd_v, float* state);
+
 // The step with AVX2 + FMA; head dims multiples of 8. Scores of keys 8b..8b+7
 // are reduced together when all eight are present, else one by one; both
 // give the same bits (see hsum8), so the result does not depend on nk's
@@ -283,8 +486,14 @@ BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int6
     s[t] = _mm_cvtss_f32(_mm256_castps256_ps128(_mm256_mul_ps(one, sc)));
   }
   for (; t < kKeyBlock; ++t) s[t] = kNegInf;
+  update_avx2(s, v, nk, hd_v, state);
+}
+
+// The softmax + V part of the step with AVX2 + FMA: s[0..32) holds the scaled
+// scores of keys < nk and -inf past them (overwritten); hd_v % 8 == 0.
+BONSAI_AVX2 void update_avx2(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
   __m256 sv[4];
-  for (int i = 0; i < 4; ++i) sv[i] = _mm256_load_ps(s + 8 * i);
+  for (int i = 0; i < 4; ++i) sv[i] = _mm256_loadu_ps(s + 8 * i);
   const __m256 mx = _mm256_max_ps(_mm256_max_ps(sv[0], sv[1]), _mm256_max_ps(sv[2], sv[3]));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
@@ -294,7 +503,7 @@ BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int6
   const __m256 corr = exp_neg_ps256(_mm256_set1_ps(state[0] - m_new));  // 0 on the first block
   for (int i = 0; i < 4; ++i) {
     sv[i] = exp_neg_ps256(_mm256_sub_ps(sv[i], mv));  // masked keys: exp(-inf) = 0
-    _mm256_store_ps(s + 8 * i, sv[i]);
+    _mm256_storeu_ps(s + 8 * i, sv[i]);
   }
   const __m256 lsum = _mm256_add_ps(_mm256_add_ps(sv[0], sv[1]), _mm256_add_ps(sv[2], sv[3]));
   const __m128 l_corr = _mm_mul_ss(_mm_set_ss(state[1]), _mm256_castps256_ps128(corr));
@@ -307,6 +516,32 @@ BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int6
   if (j + 4 <= ncv) pv_chunks8<4>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j), j += 4;
   if (j + 2 <= ncv) pv_chunks8<2>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j), j += 2;
   if (j < ncv) pv_chunks8<1>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j);
+}
+
+// score_q8_ref with AVX2, the same bits: per key and block, |q| (unsigned)
+// times k with q's sign (vpsignb) by vpmaddubsw (pairs, |sum| <= 2 * 127 * 127,
+// no saturation), vpmaddwd with ones, a lane sum; then combine_q8.
+BONSAI_AVX2 void score_q8_avx2(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs, int64_t nq,
+                               float scale, float* s) {
+  const int64_t nb = hd / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  int32_t isum[kMaxHeadDim / 32];
+  for (int64_t t = 0; t < nk; ++t) {
+    const uint8_t* kt = k + t * row_bytes;
+    for (int64_t j = 0; j < nq; ++j) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + 34 * b + 2));
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs[j].q + 32 * b));
+        const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qv, qv), _mm256_sign_epi8(kv, qv));
+        const __m256i p32 = _mm256_madd_epi16(p16, ones);
+        __m128i x = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256(p32, 1));
+        x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+        x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+        isum[b] = _mm_cvtsi128_si32(x);
+      }
+      s[j * kKeyBlock + t] = combine_q8(isum, qs[j], kt, nb, scale);
+    }
+  }
 }
 #endif
 
@@ -352,6 +587,28 @@ BlockFn pick_block_fn(int64_t hd_k, int64_t hd_v) {
   return block_scalar;
 }
 
+// The Q8_0-key path's scorer (score_q8_ref's signature) and softmax + V
+// update of the active kernel; they pair with pick_block_fn's choice.
+using ScoreQ8Fn = void (*)(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs, int64_t nq,
+                           float scale, float* s);
+using UpdateFn = void (*)(float* s, const float* v, int64_t nk, int64_t hd_v, float* state);
+
+ScoreQ8Fn pick_score_q8(int64_t hd_k, int64_t hd_v) {
+#if defined(__x86_64__)
+  if (use_avx512(hd_k, hd_v)) return score_q8_avx512;
+  if (use_avx2(hd_k, hd_v)) return score_q8_avx2;
+#endif
+  return score_q8_ref;
+}
+
+UpdateFn pick_update(int64_t hd_k, int64_t hd_v) {
+#if defined(__x86_64__)
+  if (use_avx512(hd_k, hd_v)) return update_avx512;
+  if (use_avx2(hd_k, hd_v)) return update_avx2;
+#endif
+  return update_scalar;
+}
+
 kernels::Format row_format(KvType t) {
   switch (t) {
     case KvType::kF16:
@@ -382,6 +639,8 @@ inline void prefetch_l2(const uint8_t* p, size_t bytes) {
 // Per-thread scratch, grown on demand.
 struct Scratch {
   std::vector<float> k, v, state;
+  std::vector<float> s;    // [tile queries * group][kKeyBlock] scores (Q8_0-key path)
+  std::vector<QuantQ> qq;  // [tile queries * group] quantized q (Q8_0-key path)
 };
 
 }  // namespace
@@ -389,6 +648,13 @@ struct Scratch {
 const char* attention_kernel_name(int64_t head_dim_k, int64_t head_dim_v) {
   if (use_avx512(head_dim_k, head_dim_v)) return "avx512";
   return use_avx2(head_dim_k, head_dim_v) ? "avx2" : "scalar";
+}
+
+void attention_q8_scores(const float* q, const uint8_t* k_rows, size_t row_bytes, int64_t nk, int64_t hd, float scale,
+                         float* s) {
+  QuantQ qq;
+  quantize_q8(q, hd, qq);
+  pick_score_q8(hd, hd)(k_rows, row_bytes, nk, hd, &qq, 1, scale, s);
 }
 
 void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok, std::span<KvCache* const> caches,
@@ -399,6 +665,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
   const int64_t q_stride = c.n_head * hd_k, o_stride = c.n_head * hd_v;
   const int64_t st_len = 2 + hd_v;
   const BlockFn block = pick_block_fn(hd_k, hd_v);
+  const ScoreQ8Fn score_q8 = pick_score_q8(hd_k, hd_v);
+  const UpdateFn update = pick_update(hd_k, hd_v);
 
   // Tiles: maximal runs of adjacent tokens of one sequence (their positions
   // are consecutive, forward() checked), cut every kQueryTile tokens; the
@@ -421,16 +689,27 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
     if (sc.state.size() < static_cast<size_t>(kQueryTile * group * st_len)) {
       sc.state.resize(kQueryTile * group * st_len);
     }
+    if (sc.s.size() < static_cast<size_t>(kQueryTile * group * kKeyBlock)) {
+      sc.s.resize(kQueryTile * group * kKeyBlock);
+      sc.qq.resize(kQueryTile * group);
+    }
     for (int64_t task = b; task < e; ++task) {
       const Tile& tl = tiles[static_cast<size_t>(task / n_head_kv)];
       const int64_t kvh = task % n_head_kv;
       const KvCache& kv = *caches[tok[tl.first].seq];
       const kernels::Format kf = row_format(kv.type_k()), vf = row_format(kv.type_v());
+      const bool q8k = kv.type_k() == KvType::kQ8_0 && hd_k <= kMaxHeadDim;
       const int64_t p_first = tok[tl.first].pos;
       for (int64_t s = 0; s < tl.count * group; ++s) {
         float* st = sc.state.data() + s * st_len;
         st[0] = kNegInf;
         std::fill(st + 1, st + st_len, 0.0f);
+      }
+      if (q8k) {  // each query head's q quantized once for the whole key walk
+        for (int64_t qi = 0; qi < tl.count; ++qi) {
+          const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
+          for (int64_t g = 0; g < group; ++g) quantize_q8(qrow + g * hd_k, hd_k, sc.qq[qi * group + g]);
+        }
       }
       for (int64_t kb = 0; kb <= tl.last_pos; kb += kKeyBlock) {
         const int64_t nk_all = std::min(kKeyBlock, tl.last_pos + 1 - kb);
@@ -445,9 +724,25 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         const int64_t nk_next = kn <= tl.last_pos ? std::min(kKeyBlock, tl.last_pos + 1 - kn) : 0;
         if (nk_next > 0) prefetch_l2(kv.k_row(layer, kvh, kn), static_cast<size_t>(nk_next) * kv.k_row_bytes());
         // One head's rows are contiguous, so the block is one row of nk_all * hd values.
-        load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
+        if (!q8k) load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
         if (nk_next > 0) prefetch_l2(kv.v_row(layer, kvh, kn), static_cast<size_t>(nk_next) * kv.v_row_bytes());
         load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
+        if (q8k) {
+          // Scores of keys kb..kb+nk_all for the tile's queries that reach
+          // this block (positions are consecutive: the first ones may not).
+          const int64_t qi0 = std::max<int64_t>(0, kb - p_first);
+          score_q8(kv.k_row(layer, kvh, kb), kv.k_row_bytes(), nk_all, hd_k, sc.qq.data() + qi0 * group,
+                   (tl.count - qi0) * group, scale, sc.s.data() + qi0 * group * kKeyBlock);
+          for (int64_t qi = qi0; qi < tl.count; ++qi) {
+            const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);
+            for (int64_t g = 0; g < group; ++g) {
+              float* srow = sc.s.data() + (qi * group + g) * kKeyBlock;
+              std::fill(srow + nk, srow + kKeyBlock, kNegInf);
+              update(srow, sc.v.data(), nk, hd_v, sc.state.data() + (qi * group + g) * st_len);
+            }
+          }
+          continue;
+        }
         for (int64_t qi = 0; qi < tl.count; ++qi) {
           const int64_t pos = p_first + qi;
           if (pos < kb) continue;

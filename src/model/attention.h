@@ -48,4 +48,12 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
 // For tests and logs.
 const char* attention_kernel_name(int64_t head_dim_k, int64_t head_dim_v);
 
+// The Q8_0-key scores of the active kernels tier (attention.cpp's header
+// comment gives the formula): q [hd] floats is quantized to Q8_0 blocks, then
+// s[t] = score of q against key row t for t < nk (rows of ggml block_q8_0 x
+// hd/32, row_bytes apart, 1 <= nk <= kKeyBlock, hd a multiple of 32, <= 512).
+// Every tier returns the same bits (tests memcmp them). For tests.
+void attention_q8_scores(const float* q, const uint8_t* k_rows, size_t row_bytes, int64_t nk, int64_t hd, float scale,
+                         float* s);
+
 }  // namespace bonsai::model

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "core/fp16.h"  // fp16_to_fp32
 #include "kernels/kernels.h"
 #include "model_test_util.h"
 
@@ -132,17 +133,25 @@ TEST_P(AttentionInvariance, DecodePrefillChunksAndMixesAreBitIdentical) {
     const auto r = run(s, caches, one, 0, pool);
     decode.insert(decode.end(), r.begin(), r.end());
   }
-  // Reference: double-precision softmax over the cached values.
+  // Reference: double-precision softmax over the cached values. With Q8_0
+  // keys the scores use q quantized to Q8_0 (attention.cpp's integer path,
+  // as ggml's): the reference takes that q, dequantized.
   double worst = 0.0;
   const KvCache& kv = *caches[0];
   for (int32_t p = 0; p < P; p += 7) {
     for (int64_t h = 0; h < s.cfg.n_head; ++h) {
       const int64_t kvh = h / 2;
+      std::vector<float> qh(s.q.begin() + p * row + h * hd, s.q.begin() + p * row + (h + 1) * hd);
+      if (type == KvType::kQ8_0) {
+        std::vector<uint8_t> blocks(kernels::row_bytes(kernels::Format::kQ8_0, hd));
+        kernels::quantize_row_q8_0(qh.data(), blocks.data(), hd);
+        kernels::dequantize_row(kernels::Format::kQ8_0, blocks.data(), qh.data(), hd);
+      }
       std::vector<double> sc(p + 1);
       double m = -1e300;
       for (int32_t t = 0; t <= p; ++t) {
         double d = 0;
-        for (int64_t i = 0; i < hd; ++i) d += double(s.q[p * row + h * hd + i]) * cached(kv, true, kvh, t, i, hd);
+        for (int64_t i = 0; i < hd; ++i) d += double(qh[i]) * cached(kv, true, kvh, t, i, hd);
         sc[t] = d / std::sqrt(double(hd));
         m = std::max(m, sc[t]);
       }
@@ -195,6 +204,61 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionInvariance,
                                             ::testing::Values(KvType::kF16, KvType::kF32, KvType::kQ8_0),
                                             ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2,
                                                               kernels::Tier::kAvx512)));
+
+// The Q8_0-key scores (integer dot + one fp32 formula) are the same bits on
+// every tier, for every key count of a block (16-key groups and the tail)
+// and head dim; and they equal the formula written out here.
+TEST(AttentionKernel, Q8ScoresBitIdenticalAcrossTiers) {
+  const kernels::Tier saved = kernels::active_tier();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t hd : {32, 64, 128, 256}) {
+    const size_t rb = kernels::row_bytes(kernels::Format::kQ8_0, hd);
+    std::vector<float> q(hd), k(kKeyBlock * hd);
+    for (auto& x : q) x = 3.0f * nd(rng);
+    for (auto& x : k) x = nd(rng);
+    q[5] = 0.0f;  // a zero and an all-zero block of q
+    if (hd >= 64) std::fill(q.begin() + 32, q.begin() + 64, 0.0f);
+    std::vector<uint8_t> rows(kKeyBlock * rb);
+    for (int64_t t = 0; t < kKeyBlock; ++t) kernels::quantize_row_q8_0(&k[t * hd], &rows[t * rb], hd);
+    // The formula, from the public quantizers.
+    std::vector<uint8_t> qb(rb);
+    kernels::quantize_row_q8_0(q.data(), qb.data(), hd);
+    const float scale = 0.0883883f;
+    std::vector<float> want(kKeyBlock);
+    for (int64_t t = 0; t < kKeyBlock; ++t) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < hd / 32; ++b) {
+        const uint8_t* kb = &rows[t * rb + 34 * b];
+        const uint8_t* qblk = &qb[34 * b];
+        int32_t isum = 0;
+        for (int i = 0; i < 32; ++i) isum += int32_t(int8_t(qblk[2 + i])) * int32_t(int8_t(kb[2 + i]));
+        uint16_t dq, dk;
+        std::memcpy(&dq, qblk, 2), std::memcpy(&dk, kb, 2);
+        const float fdq = core::fp16_to_fp32(dq), fdk = core::fp16_to_fp32(dk);
+        // volatile: one rounding per operation, never a fused multiply-add.
+        const volatile float w = fdq * fdk;
+        const volatile float term = float(isum) * w;
+        acc = b == 0 ? term : acc + term;
+      }
+      want[t] = acc * scale;
+    }
+    for (kernels::Tier tier : {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512}) {
+      if (!kernels::tier_supported(tier)) continue;
+      ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
+      for (int64_t nk = 1; nk <= kKeyBlock; ++nk) {
+        std::vector<float> s(kKeyBlock, -1.0f);
+        attention_q8_scores(q.data(), rows.data(), rb, nk, hd, scale, s.data());
+        EXPECT_EQ(std::memcmp(s.data(), want.data(), nk * sizeof(float)), 0)
+            << "hd " << hd << " nk " << nk << " tier " << kernels::tier_name(tier);
+        if (nk < kKeyBlock) {
+          EXPECT_EQ(s[nk], -1.0f) << "wrote past nk " << nk;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
+}
 
 TEST(AttentionKernel, Avx512IsUsedWhereAvailable) {
   if (!kernels::tier_supported(kernels::Tier::kAvx512)) GTEST_SKIP();
