@@ -29,9 +29,10 @@ using testing::load_or_fail;
 using testing::run_sequence;
 
 struct GoldenCase {
-  std::string fixture;  // file stem
-  float topk_tol;       // max |ours - golden| for recorded top-k logits
-  float rms_tol;        // rms over the full last-position vector
+  std::string fixture;       // file stem
+  float topk_tol;            // max |ours - golden| for recorded top-k logits
+  float rms_tol;             // rms over the full last-position vector
+  KvType kv = KvType::kF16;  // -ctk/-ctv (the goldens were recorded with f16)
 };
 
 std::vector<float> read_f32_file(const std::string& path) {
@@ -77,7 +78,7 @@ TEST_P(GoldenTest, TeacherForcedLogitsMatchLlamaCpp) {
     std::vector<int32_t> ids = prompt;
     ids.insert(ids.end(), greedy.begin(), greedy.end() - 1);
 
-    auto cache = KvCache::create(model->config(), static_cast<int64_t>(ids.size()) + 8);
+    auto cache = KvCache::create(model->config(), static_cast<int64_t>(ids.size()) + 8, gc.kv);
     ASSERT_TRUE(cache.has_value());
     const std::vector<float> logits = run_sequence(*model, ids, 0, *cache, ws, pool, true);
     ASSERT_EQ(logits.size(), ids.size() * static_cast<size_t>(n_vocab));
@@ -134,16 +135,19 @@ TEST_P(GoldenTest, TeacherForcedLogitsMatchLlamaCpp) {
   std::printf(
       "[golden] %s: max |topk diff| %.4f over %d logits, last-position rms max %.4f "
       "(max |diff| %.4f), argmax checked at %d positions\n",
-      gc.fixture.c_str(), max_topk_diff, n_topk, max_rms, max_last_abs, n_argmax_checked);
+      (gc.fixture + " kv " + kv_type_name(gc.kv)).c_str(), max_topk_diff, n_topk, max_rms, max_last_abs,
+      n_argmax_checked);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Values(GoldenCase{"qwen3-tiny-q1_0", 1.0f, 0.2f},
                                            GoldenCase{"qwen3-tiny-q2_0", 1.0f, 0.2f},
                                            GoldenCase{"qwen3-tiny-f16", 0.25f, 0.05f},
-                                           GoldenCase{"qwen3-tiny-q2_0-paired-g64", 1.0f, 0.2f}),
+                                           GoldenCase{"qwen3-tiny-q2_0-paired-g64", 1.0f, 0.2f},
+                                           // Q8_0 KV (attention's int8-q scores): the Q1_0 bounds still hold.
+                                           GoldenCase{"qwen3-tiny-q1_0", 1.0f, 0.2f, KvType::kQ8_0}),
                          [](const ::testing::TestParamInfo<GoldenCase>& info) {
-                           std::string s = info.param.fixture;
+                           std::string s = info.param.fixture + (info.param.kv == KvType::kQ8_0 ? "-kv-q8_0" : "");
                            std::replace(s.begin(), s.end(), '-', '_');
                            return s;
                          });
