@@ -74,6 +74,10 @@ struct InferenceEngine::Impl {
     const TokenTrie* vocab = nullptr;
     bool keep_tail = false;       // StartOptions::keep_tail
     std::vector<int32_t> replay;  // after suspend(): the tokens to recompute (positions 0..)
+    // start_embedding: the prompt is the input; its hidden rows are pooled.
+    bool embed = false;
+    std::vector<double> emb_acc;  // [n_embd] sum of the rows of positions [0, emb_rows)
+    int64_t emb_rows = 0;
   } seq;
   int32_t tail = -1;  // a finished generation's last sampled token, not yet in the cache (keep_tail)
 
@@ -352,7 +356,7 @@ std::span<const int32_t> InferenceEngine::next_input(int64_t max_prompt) const {
 
 bool InferenceEngine::logits_wanted(int64_t n) const {
   const Impl::Seq& q = impl_->seq;
-  if (!q.active || q.done) return false;
+  if (!q.active || q.done || q.embed) return false;
   if (!q.replay.empty()) return false;  // recomputing KV after suspend(): no sampling
   if (q.prefilled) return true;         // a decode token
   return n >= pending_prompt();
@@ -370,7 +374,67 @@ bool InferenceEngine::inputs_done(int64_t n) {
   if (pending_prompt() > 0) return false;
   m.seq.prefilled = true;
   m.seq.t_prefilled = Clock::now();
+  if (m.seq.embed) {
+    // The whole input ran: the embedding is complete.
+    if (m.seq.emb_rows == static_cast<int64_t>(m.seq.prompt.size())) m.seq.res.finish_reason = FinishReason::kStop;
+    m.seq.done = true;
+    return false;
+  }
   return true;
+}
+
+core::Expected<void> InferenceEngine::start_embedding(std::span<const int32_t> tokens,
+                                                      const std::atomic<bool>* cancel) {
+  Impl& m = *impl_;
+  const Clock::time_point t_start = Clock::now();
+  if (m.seq.active) return core::fail(core::Errc::kInvalidArgument, "embed: a generation is in progress");
+  if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "embed: no tokens");
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n > m.cache.n_ctx()) {
+    return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
+                                                   " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, "embed: token " + std::to_string(tokens[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
+    }
+  }
+  reset();  // claims the cache, drops a pending tail
+  Impl::Seq& q = m.seq;
+  q = Impl::Seq();
+  q.active = true;
+  q.embed = true;
+  q.t_start = t_start;
+  q.prompt.assign(tokens.begin(), tokens.end());
+  q.cancel = cancel;
+  q.own_tracker = RequestRateTracker(t_start);
+  q.tracker = &q.own_tracker;
+  q.emb_acc.assign(static_cast<size_t>(m.model->config().n_embd), 0.0);
+  q.res.prompt_tokens = static_cast<int32_t>(n);
+  q.res.finish_reason = FinishReason::kLength;  // kStop once every row is pooled
+  return {};
+}
+
+bool InferenceEngine::wants_hidden_rows() const {
+  const Impl::Seq& q = impl_->seq;
+  return q.active && !q.done && q.embed && pending_prompt() > 0;
+}
+
+void InferenceEngine::record_hidden_rows(std::span<const float> rows) {
+  Impl& m = *impl_;
+  Impl::Seq& q = m.seq;
+  if (!wants_hidden_rows()) return;
+  const size_t dim = q.emb_acc.size();
+  const auto k = static_cast<int64_t>(rows.size() / dim);
+  const auto pos0 = static_cast<int64_t>(m.history.size());
+  // Rows of positions already pooled (replayed after a suspend()) are
+  // skipped; the rest are added in position order, as mean_pool_l2 does.
+  if (pos0 > q.emb_rows) return;  // a gap (never expected): the embedding stays incomplete (kLength)
+  const int64_t skip = std::min<int64_t>(q.emb_rows - pos0, k);
+  pool_add_rows(q.emb_acc, rows.subspan(static_cast<size_t>(skip) * dim, static_cast<size_t>(k - skip) * dim));
+  q.emb_rows += k - skip;
 }
 
 bool InferenceEngine::wants_prompt_rows() const {
@@ -554,6 +618,15 @@ GenerationResult InferenceEngine::finish() {
   Impl::Seq& q = m.seq;
   GenerationResult res = std::move(q.res);
   if (!q.active) return res;
+  if (q.embed) {
+    // No text, no sampling stats: the pooled rows, when complete.
+    if (res.finish_reason == FinishReason::kStop) res.embedding = pool_finish(q.emb_acc, q.emb_rows);
+    const Clock::time_point t_end = Clock::now();
+    if (!q.prefilled) q.t_prefilled = t_end;
+    res.prompt_ms = ms_since(q.t_start, q.t_prefilled);
+    abandon();  // idle: the cache (holding the input) is parked, as after embed()
+    return res;
+  }
   if (const std::string rest = q.emitter.finish(); !rest.empty() && q.on_token)
     q.on_token(TokenEvent{-1, q.n_sampled, rest});
   const Clock::time_point t_end = Clock::now();

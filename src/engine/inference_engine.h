@@ -140,6 +140,10 @@ struct GenerationResult {
   // context). Empty otherwise, and for a sibling choice started from another
   // choice's prompt logits (StartOptions::prompt_logits).
   std::vector<TokenLogprob> prompt_logprobs;
+  // An embedding (start_embedding) that ran to its end (finish_reason
+  // kStop): InferenceEngine::embed's vector, [n_embd]. Empty otherwise
+  // (a generation, or an embedding cancelled or stopped by a deadline).
+  std::vector<float> embedding;
 };
 
 // The general form every generate* maps onto (the server uses it directly).
@@ -321,6 +325,28 @@ class InferenceEngine {
   // a generation in progress), kOutOfRange (longer than max_seq_len()), the
   // model's forward errors.
   core::Expected<std::vector<float>> embed(std::span<const int32_t> tokens);
+
+  // ---- Stepwise embedding (what the scheduler drives) -------------------
+  // embed() in the stepwise moves, so that an embedding's tokens share the
+  // scheduler's forward steps: start_embedding(tokens) clears the cache (no
+  // prefix is reused: every token's hidden row is needed); next_input /
+  // next_pos / pending_prompt / suspend / stop_now / poll_cancel work as for
+  // a generation's prompt; the driver asks forward() for the hidden row of
+  // every token it feeds (BatchToken::hidden) and passes them to
+  // record_hidden_rows before inputs_done, which never wants logits. Once
+  // the last token ran the embedding is finished() (kStop) and finish()
+  // returns it in GenerationResult::embedding, equal bit for bit to
+  // embed(tokens) (rows are pooled in position order, in double, as
+  // mean_pool_l2; after a suspend() the replayed rows are not added twice).
+  // No sampling, no stats or request metrics; the cache then holds
+  // `tokens`, parked, as after embed(). `cancel`: optional, as
+  // GenerateRequest::cancel. Errors: those of embed().
+  core::Expected<void> start_embedding(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
+  // An embedding is in progress and has tokens left to run.
+  bool wants_hidden_rows() const;
+  // `rows`: [k][n_embd] final-normed hidden states of the first k tokens of
+  // next_input, from a forward that ran them. No effect unless wants_hidden_rows().
+  void record_hidden_rows(std::span<const float> rows);
 
   // ---- State and introspection ------------------------------------------
   const SamplingParams& params() const;

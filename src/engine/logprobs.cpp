@@ -50,10 +50,14 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t
   return r;
 }
 
-std::vector<float> mean_pool_l2(std::span<const float> hidden, int64_t rows, int64_t dim) {
-  std::vector<double> acc(static_cast<size_t>(std::max<int64_t>(dim, 0)), 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < dim; ++d) acc[static_cast<size_t>(d)] += hidden[static_cast<size_t>(r * dim + d)];
+void pool_add_rows(std::span<double> acc, std::span<const float> rows) {
+  const size_t dim = acc.size();
+  if (dim == 0) return;
+  for (size_t r = 0; r + dim <= rows.size(); r += dim)
+    for (size_t d = 0; d < dim; ++d) acc[d] += rows[r + d];
+}
+
+std::vector<float> pool_finish(std::span<double> acc, int64_t rows) {
   double norm2 = 0.0;
   for (double& v : acc) {
     v /= static_cast<double>(std::max<int64_t>(rows, 1));
@@ -63,6 +67,12 @@ std::vector<float> mean_pool_l2(std::span<const float> hidden, int64_t rows, int
   std::vector<float> out(acc.size());
   for (size_t d = 0; d < acc.size(); ++d) out[d] = static_cast<float>(acc[d] * inv);
   return out;
+}
+
+std::vector<float> mean_pool_l2(std::span<const float> hidden, int64_t rows, int64_t dim) {
+  std::vector<double> acc(static_cast<size_t>(std::max<int64_t>(dim, 0)), 0.0);
+  pool_add_rows(acc, hidden.first(static_cast<size_t>(std::max<int64_t>(rows, 0) * static_cast<int64_t>(acc.size()))));
+  return pool_finish(acc, rows);
 }
 
 }  // namespace bonsai::engine

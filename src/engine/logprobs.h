@@ -49,4 +49,13 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t
 // /v1/embeddings is this over every token's final-normed hidden state.
 std::vector<float> mean_pool_l2(std::span<const float> hidden, int64_t rows, int64_t dim);
 
+// mean_pool_l2 in two moves, for rows that arrive in pieces (the scheduler's
+// chunked prefill): pool_add_rows adds `rows` ([k][acc.size()]) to `acc`,
+// row after row, in double; pool_finish divides by `rows` (the total added)
+// and L2-normalises. Adding the rows in their order, in any number of
+// calls, then pool_finish gives mean_pool_l2 of all of them bit for bit
+// (mean_pool_l2 is these two calls).
+void pool_add_rows(std::span<double> acc, std::span<const float> rows);
+std::vector<float> pool_finish(std::span<double> acc, int64_t rows);
+
 }  // namespace bonsai::engine

@@ -69,6 +69,12 @@ struct Scheduler::Job {
   std::vector<float> prompt_logits;     // [n_vocab] once choice 0's prompt ran (n > 1)
   InferenceEngine* source = nullptr;    // choice 0's engine while it runs (holds the prompt's KV)
   std::vector<TokenLogprob> prompt_lp;  // choice 0's prompt logprobs once its prompt ran (prompt_logprobs >= 0)
+  // An embedding job (submit_embedding): choice i embeds inputs[i]; req.n = inputs.size().
+  bool embed = false;
+  std::vector<std::vector<int32_t>> inputs;
+  std::span<const int32_t> prompt_of(int choice) const {
+    return embed ? std::span<const int32_t>(inputs[static_cast<size_t>(choice)]) : std::span<const int32_t>(req.prompt);
+  }
 };
 
 struct Scheduler::Live {
@@ -79,6 +85,7 @@ struct Scheduler::Live {
   int64_t fed = 0;  // tokens put in this step's batch
   bool wants_row = false;
   bool all_rows = false;                 // this step's tokens all want logits rows (prompt logprobs)
+  bool hidden_rows = false;              // this step's tokens all want hidden rows (an embedding)
   std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
   bool suspended = false;                // preempted for lack of KV: waits to resume (replays its tokens)
   bool prompt_lp_sent = false;           // the prompt logprobs went out with a kText
@@ -131,6 +138,30 @@ core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit(CompletionJob req, 
   if (auto ok = req.params.validate(); !ok) return std::unexpected(ok.error());
   auto job = std::make_shared<Job>();
   job->req = std::move(req);
+  return enqueue(std::move(job), max_queue);
+}
+
+core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit_embedding(EmbeddingJob req, size_t max_queue) {
+  if (req.inputs.empty()) return core::fail(core::Errc::kInvalidArgument, "submit_embedding: no input");
+  for (size_t i = 0; i < req.inputs.size(); ++i) {
+    if (req.inputs[i].empty())
+      return core::fail(core::Errc::kInvalidArgument, "submit_embedding: input " + std::to_string(i) + " is empty");
+    if (static_cast<int64_t>(req.inputs[i].size()) > n_ctx_)
+      return core::fail(core::Errc::kInvalidArgument, "submit_embedding: input " + std::to_string(i) + " has " +
+                                                          std::to_string(req.inputs[i].size()) +
+                                                          " tokens, more than the context of " +
+                                                          std::to_string(n_ctx_));
+  }
+  auto job = std::make_shared<Job>();
+  job->embed = true;
+  job->req.n = static_cast<int>(req.inputs.size());
+  job->req.deadline = req.deadline;
+  job->req.submitted = req.submitted;
+  job->inputs = std::move(req.inputs);
+  return enqueue(std::move(job), max_queue);
+}
+
+core::Expected<std::shared_ptr<JobHandle>> Scheduler::enqueue(std::shared_ptr<Job> job, size_t max_queue) {
   job->handle = std::make_shared<JobHandle>();
   job->handle->waker_ = waker_;
   std::shared_ptr<JobHandle> h = job->handle;
@@ -158,6 +189,7 @@ SchedulerStats Scheduler::stats() const {
   s.cached_tokens = cached_tokens_.load();
   s.cache_hits = cache_hits_.load();
   s.sequences = sequences_.load();
+  s.embeddings = embeddings_.load();
   s.kv_used = kv_used_.load();
   s.kv_cached = kv_cached_.load();
   s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size()
@@ -192,7 +224,7 @@ void Scheduler::sweep_queue(Clock::time_point now) {
       for (; job.next_choice < job.req.n; ++job.next_choice) {
         GenerationResult r;
         r.finish_reason = FinishReason::kCancelled;
-        r.prompt_tokens = static_cast<int32_t>(job.req.prompt.size());
+        r.prompt_tokens = static_cast<int32_t>(job.prompt_of(job.next_choice).size());
         job.handle->push(JobEvent{.kind = JobEvent::Kind::kDone, .choice = job.next_choice, .result = std::move(r)});
         ++job.done;
       }
@@ -213,6 +245,20 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   live->tracker = RequestRateTracker(job.req.submitted);
   live->tracker.on_start();
   InferenceEngine& e = lease.engine();
+  if (job.embed) {
+    if (auto ok = e.start_embedding(job.prompt_of(choice), &job.handle->cancel_); !ok) {
+      fail_job(job, ok.error());
+      return false;
+    }
+    sequences_.fetch_add(1);
+    embeddings_.fetch_add(1);
+    ++job.next_choice;
+    ++job.live;
+    n_running_.fetch_add(1);
+    live->lease.emplace(std::move(lease));
+    live_.push_back(std::move(live));
+    return true;
+  }
   const auto n_prompt = static_cast<int64_t>(job.req.prompt.size());
   StartOptions so;
   so.reuse_prefix = opt_.prompt_cache || choice > 0;
@@ -275,21 +321,26 @@ void Scheduler::admit(Clock::time_point now) {
     const std::shared_ptr<Job>& jp = queue_[qi];
     Job& job = *jp;
     while (!job.failed && job.next_choice < job.req.n) {
-      // Siblings wait for choice 0's prompt logits (one prefill per job).
-      if (job.next_choice > 0 && job.prompt_logits.empty()) break;
+      // Siblings wait for choice 0's prompt logits (one prefill per job);
+      // an embedding job's inputs are independent sequences.
+      if (!job.embed && job.next_choice > 0 && job.prompt_logits.empty()) break;
       if (opt_.kv_pool && !live_.empty()) {
         // KV room: preempted sequences resume first; a new prompt needs its
         // blocks (a sibling shares the prompt's: one block for its copy-on-write).
         for (const auto& l : live_)
           if (l->suspended) return;
-        const int64_t positions = std::min<int64_t>(static_cast<int64_t>(job.req.prompt.size()) + 1, n_ctx_);
-        const int64_t need = job.next_choice > 0 ? 1 : opt_.kv_pool->blocks_for(positions);
+        const int64_t positions =
+            std::min<int64_t>(static_cast<int64_t>(job.prompt_of(job.next_choice).size()) + 1, n_ctx_);
+        const int64_t need = job.next_choice > 0 && !job.embed ? 1 : opt_.kv_pool->blocks_for(positions);
         if (kv_available() < need) return;  // the queue waits (FIFO)
       }
       const std::span<const int32_t> prompt = job.req.prompt;
+      const bool embed = job.embed;
       auto lease = opt_.prompt_cache || job.next_choice > 0
                        ? pool_->acquire_best(Clock::now(),
-                                             [prompt, this](const InferenceEngine& e) {
+                                             [prompt, embed, this](const InferenceEngine& e) {
+                                               // An embedding reuses nothing: the slot holding the least.
+                                               if (embed) return -static_cast<int64_t>(e.history().size());
                                                // As llama.cpp's slot_prompt_similarity (0.5): a slot whose
                                                // cache is at least half this prompt's prefix is reused, the
                                                // longest prefix first; otherwise the slot holding the least
@@ -465,6 +516,7 @@ void Scheduler::step() {
     l->fed = 0;
     l->wants_row = false;
     l->all_rows = false;
+    l->hidden_rows = false;
     if (!l->suspended && l->lease->engine().pending_prompt() == 0) ++decoders;
   }
   int64_t budget = std::max<int64_t>(1, opt_.batch_size - decoders);
@@ -485,6 +537,7 @@ void Scheduler::step() {
     if (prefill && budget <= 0) continue;
     // Prompt logprobs: every prompt token's logits row, in smaller chunks.
     const bool all_rows = prefill && e.wants_prompt_rows();
+    const bool hidden_rows = prefill && e.wants_hidden_rows();  // an embedding: every token's hidden row
     std::span<const int32_t> in = e.next_input(prefill ? (all_rows ? std::min(budget, kPromptRowsChunk) : budget) : 1);
     if (in.empty()) continue;
     const int64_t pos = e.next_pos();
@@ -498,9 +551,10 @@ void Scheduler::step() {
     const bool wants = e.logits_wanted(static_cast<int64_t>(in.size()));
     for (size_t k = 0; k < in.size(); ++k)
       sc.batch.add(in[k], static_cast<int32_t>(pos + static_cast<int64_t>(k)), static_cast<int32_t>(si),
-                   all_rows || (wants && k + 1 == in.size()));
+                   all_rows || (wants && k + 1 == in.size()), hidden_rows);
     l.fed = static_cast<int64_t>(in.size());
     l.all_rows = all_rows;
+    l.hidden_rows = hidden_rows;
     l.wants_row = wants;
     if (prefill) {
       budget -= l.fed;
@@ -525,10 +579,13 @@ void Scheduler::step() {
     return;
   }
   const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
+  const size_t n_embd = static_cast<size_t>(model_->config().n_embd);
   const size_t rows = sc.batch.n_wanted();
   if (logits_.size() < rows * n_vocab) logits_.resize(rows * n_vocab);
+  const size_t hrows = sc.batch.n_hidden();
+  if (hidden_.size() < hrows * n_embd) hidden_.resize(hrows * n_embd);
   core::ThreadPool& tp = opt_.pool != nullptr ? *opt_.pool : core::global_pool();
-  auto ok = model_->forward(sc.batch, sc.caches, sc.ws, logits_, tp);
+  auto ok = model_->forward(sc.batch, sc.caches, sc.ws, logits_, hidden_, tp);
   steps_.fetch_add(1);
   step_tokens_.fetch_add(sc.batch.size());
   prompt_tokens_.fetch_add(static_cast<uint64_t>(prompt_fed));
@@ -548,11 +605,17 @@ void Scheduler::step() {
       l->lease->engine().stop_now(FinishReason::kCancelled);
     }
   } else {
-    size_t row = 0;  // logits rows come in batch order, i.e. sc.order
+    size_t row = 0;   // logits rows come in batch order, i.e. sc.order
+    size_t hrow = 0;  // hidden rows likewise
     for (const size_t si : sc.order) {
       auto& l = live_[si];
       if (l->fed == 0) continue;
       InferenceEngine& e = l->lease->engine();
+      if (l->hidden_rows) {  // rows [hrow, hrow + fed) are this embedding's
+        e.record_hidden_rows(
+            std::span<const float>(hidden_.data() + hrow * n_embd, static_cast<size_t>(l->fed) * n_embd));
+        hrow += static_cast<size_t>(l->fed);
+      }
       if (l->all_rows) {  // rows [row, row + fed) are this sequence's; the last one may be sampled from
         e.record_prompt_rows(
             std::span<const float>(logits_.data() + row * n_vocab, static_cast<size_t>(l->fed) * n_vocab));

@@ -39,6 +39,16 @@
 // copy of the prompt's KV (or already hold it), sampling from those logits.
 // Choice i samples with seed + i.
 //
+// Embeddings (submit_embedding): each input of the job is one sequence,
+// admitted like a choice (its own slot, the same queue, KV admission,
+// deadline and cancellation rules); its tokens are fed as prompt chunks in
+// the same steps (every row's final hidden state wanted: BatchToken::hidden)
+// and its kDone carries the mean-pooled, L2-normalised vector
+// (InferenceEngine::start_embedding; equal to InferenceEngine::embed). An
+// embedding reuses no cached prefix (every token's row is needed); with the
+// prompt cache on it takes the idle slot holding the least, so other
+// conversations' caches stay warm.
+//
 // Cancellation: JobHandle::cancel() wakes the loop; the job stops within one
 // step whether queued, prefilling or decoding.
 //
@@ -108,6 +118,17 @@ struct CompletionJob {
   Clock::time_point submitted = Clock::now();  // TTFT / queue time are measured from here
 };
 
+// What one embedding request asks for (/v1/embeddings).
+struct EmbeddingJob {
+  // Token ids per input (BOS included when wanted); at least one input,
+  // each non-empty and at most n_ctx tokens. Input i is the job's choice i.
+  std::vector<std::vector<int32_t>> inputs;
+  // Still queued at the deadline: kFailed with kTimeout. Running past it:
+  // the input ends with finish_reason kLength, timed_out and no embedding.
+  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point submitted = Clock::now();
+};
+
 // One event of a job. Per choice, kText events come in order and a kDone
 // ends the choice; kFailed ends the whole job (no more events follow).
 struct JobEvent {
@@ -125,7 +146,9 @@ struct JobEvent {
   // the prompt's log probabilities (GenerationResult::prompt_logprobs; the
   // same for every choice), so a stream can echo the prompt before the answer.
   std::vector<TokenLogprob> prompt_logprobs;
-  GenerationResult result;  // kDone
+  // kDone. An embedding job's: result.embedding ([n_embd]) when the input
+  // ran to its end (finish_reason kStop), result.prompt_tokens its length.
+  GenerationResult result;
   // kFailed: kTimeout (still queued at the deadline), kCancelled (cancelled,
   // or the scheduler stopped), kResourceExhausted (the engine pool closed:
   // the model is unloading or the server shutting down), or an engine error.
@@ -183,6 +206,7 @@ struct SchedulerStats {
   uint64_t cached_tokens = 0;  // prompt tokens reused from the cache (or a sibling's KV)
   uint64_t cache_hits = 0;     // sequences that reused >= 1 cached token
   uint64_t sequences = 0;      // sequences started
+  uint64_t embeddings = 0;     // of which embedding sequences (one per input of an EmbeddingJob)
   // KV in positions. With a KV pool: kv_used = positions of the blocks held
   // by running sequences (pinned), kv_cached = of blocks held only as
   // prompt cache (evictable), kv_capacity = the pool's budget. Without:
@@ -214,6 +238,10 @@ class Scheduler {
   // params), kResourceExhausted when `max_queue` (> 0) jobs are queued
   // already, kCancelled after the scheduler stopped.
   core::Expected<std::shared_ptr<JobHandle>> submit(CompletionJob job, size_t max_queue = 0);
+  // Queues an embedding job (one queue entry whatever its number of
+  // inputs; input i's kDone has choice i). Errors: kInvalidArgument (no
+  // input, an empty one, one longer than n_ctx), then as submit().
+  core::Expected<std::shared_ptr<JobHandle>> submit_embedding(EmbeddingJob job, size_t max_queue = 0);
 
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return opt_; }
@@ -224,6 +252,7 @@ class Scheduler {
   struct Live;
   void loop();
   void wake();
+  core::Expected<std::shared_ptr<JobHandle>> enqueue(std::shared_ptr<Job> job, size_t max_queue);
   // The loop's parts (loop thread only).
   void sweep_queue(Clock::time_point now);
   void admit(Clock::time_point now);
@@ -255,12 +284,14 @@ class Scheduler {
   std::vector<std::unique_ptr<Live>> live_;  // admission order: oldest first
   std::vector<EngineLease> tails_;           // finished slots running their last token (keep_tail)
   std::vector<float> logits_;
+  std::vector<float> hidden_;  // [embedding rows of a step][n_embd]
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
 
   std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0}, kv_cached_{0};
   std::atomic<uint64_t> preemptions_{0};
-  std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0};
+  std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0},
+      embeddings_{0};
   std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};
   std::thread thread_;  // last: starts after everything above exists
 };

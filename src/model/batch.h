@@ -16,6 +16,10 @@ struct BatchToken {
   int32_t pos = 0;      // position in its sequence (RoPE angle and KV-cache slot)
   int32_t seq = 0;      // sequence id: index into forward()'s `caches`
   bool logits = false;  // whether forward() writes this token's logits
+  // Whether forward() writes this token's final hidden state after the
+  // output norm (its `hidden` output; Model::forward's second form): the
+  // embedding rows of a scheduler step. Independent of `logits`.
+  bool hidden = false;
 };
 
 // Tokens in processing order. Rules forward() checks (an error, never a
@@ -27,13 +31,19 @@ struct Batch {
   void clear() { tokens.clear(); }
   size_t size() const { return tokens.size(); }
   bool empty() const { return tokens.empty(); }
-  void add(int32_t token, int32_t pos, int32_t seq, bool logits) {
-    tokens.push_back(BatchToken{token, pos, seq, logits});
+  void add(int32_t token, int32_t pos, int32_t seq, bool logits, bool hidden = false) {
+    tokens.push_back(BatchToken{token, pos, seq, logits, hidden});
   }
   // Number of tokens with logits == true (rows of forward()'s logits output).
   size_t n_wanted() const {
     size_t n = 0;
     for (const auto& t : tokens) n += t.logits ? 1 : 0;
+    return n;
+  }
+  // Number of tokens with hidden == true (rows of forward()'s hidden output).
+  size_t n_hidden() const {
+    size_t n = 0;
+    for (const auto& t : tokens) n += t.hidden ? 1 : 0;
     return n;
   }
 

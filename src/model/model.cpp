@@ -430,19 +430,26 @@ size_t Workspace::bytes() const {
 
 core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
                                     std::span<float> logits, core::ThreadPool& pool) const {
-  return forward_impl(batch, caches, ws, logits, pool, /*hidden=*/false);
+  return forward_impl(batch, caches, ws, logits, {}, pool, /*as_hidden=*/false);
+}
+
+core::Expected<void> Model::forward(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                                    std::span<float> logits, std::span<float> hidden, core::ThreadPool& pool) const {
+  return forward_impl(batch, caches, ws, logits, hidden, pool, /*as_hidden=*/false);
 }
 
 core::Expected<void> Model::forward_hidden(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
                                            std::span<float> hidden, core::ThreadPool& pool) const {
-  return forward_impl(batch, caches, ws, hidden, pool, /*hidden=*/true);
+  return forward_impl(batch, caches, ws, hidden, {}, pool, /*as_hidden=*/true);
 }
 
 core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
-                                         std::span<float> logits, core::ThreadPool& pool, bool hidden) const {
+                                         std::span<float> logits, std::span<float> hidden_rows, core::ThreadPool& pool,
+                                         bool hidden) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(batch.size());
   const int64_t n_wanted = static_cast<int64_t>(batch.n_wanted());
+  const int64_t n_hidden = static_cast<int64_t>(batch.n_hidden());
   const int64_t row = hidden ? c.n_embd : c.n_vocab;  // floats per output row
 
   // ---- Validate everything before touching any state. ----
@@ -452,6 +459,11 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
                                                         " span holds " + std::to_string(logits.size()) +
                                                         " floats, need " + std::to_string(n_wanted) + " x " +
                                                         std::to_string(row));
+  }
+  if (static_cast<uint64_t>(hidden_rows.size()) < static_cast<uint64_t>(n_hidden) * c.n_embd) {
+    return core::fail(core::Errc::kInvalidArgument, "forward: hidden span holds " + std::to_string(hidden_rows.size()) +
+                                                        " floats, need " + std::to_string(n_hidden) + " x " +
+                                                        std::to_string(c.n_embd));
   }
   ws.seq_next_.assign(caches.size(), -1);
   ws.seq_first_.assign(caches.size(), -1);  // next expected position per sequence (-1: none yet)
@@ -508,10 +520,14 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
   // ---- Run, in slices of at most kMaxUbatch tokens. ----
   const std::span<const BatchToken> all(batch.tokens);
   float* out_logits = logits.data();
+  float* out_hidden = hidden_rows.data();
   for (int64_t b0 = 0; b0 < n; b0 += kMaxUbatch) {
     const auto slice = all.subspan(static_cast<size_t>(b0), static_cast<size_t>(std::min(kMaxUbatch, n - b0)));
-    run_ubatch(slice, caches, ws, out_logits, pool, hidden);
-    for (const auto& t : slice) out_logits += t.logits ? row : 0;
+    run_ubatch(slice, caches, ws, out_logits, out_hidden, pool, hidden);
+    for (const auto& t : slice) {
+      out_logits += t.logits ? row : 0;
+      out_hidden += t.hidden ? c.n_embd : 0;
+    }
   }
 
   // Each sequence's cache now ends after its last token in this batch.
@@ -522,7 +538,7 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
 }
 
 void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws, float* logits,
-                       core::ThreadPool& pool, bool hidden) const {
+                       float* hidden_rows, core::ThreadPool& pool, bool hidden) const {
   const ModelConfig& c = config_;
   const Weights& W = weights_;
   const int64_t n = static_cast<int64_t>(tok.size());
@@ -665,6 +681,12 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       ++j;
     }
     if (!hidden) matmul(W.output, out, n_wanted, logits, pool, ws.act_);
+  }
+  // Embedding rows (BatchToken::hidden): out_j = RMSNorm(x_i) * output_norm, no product.
+  for (int64_t i = 0, j = 0; i < n; ++i) {
+    if (!tok[i].hidden) continue;
+    rms_norm(x + i * E, W.output_norm.data, hidden_rows + j * E, E, c.rms_eps);
+    ++j;
   }
 }
 

@@ -164,6 +164,14 @@ class Model {
   // been attached, sizes and rows are unchanged).
   core::Expected<void> forward(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
                                std::span<float> logits, core::ThreadPool& pool) const;
+  // forward() that also writes, for every token with BatchToken::hidden, its
+  // final hidden state after the output norm (as forward_hidden below):
+  // `hidden` is [batch.n_hidden()][n_embd] floats, rows in batch order. A
+  // scheduler step mixing completions (logits rows) and embeddings (hidden
+  // rows). Each row is the one forward / forward_hidden give for that token
+  // alone (batch invariance). Same checks and errors, plus a hidden span too small.
+  core::Expected<void> forward(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
+                               std::span<float> logits, std::span<float> hidden, core::ThreadPool& pool) const;
 
   // forward() that writes, instead of logits, the final hidden state of
   // each wanted token after the output norm (RMSNorm(x) * output_norm.weight,
@@ -183,10 +191,14 @@ class Model {
   // The transformer on one validated slice of a batch; writes the slice's
   // wanted logits rows to `logits`.
   // hidden: write the final-normed rows ([n_wanted][n_embd]) instead of logits.
+  // as_hidden: the rows of tokens with `logits` are written to `logits` as
+  // final-normed hidden rows ([n][n_embd], forward_hidden) instead of logits.
+  // hidden_rows: where the rows of tokens with `hidden` go ([n][n_embd]).
   void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches, Workspace& ws, float* logits,
-                  core::ThreadPool& pool, bool hidden = false) const;
+                  float* hidden_rows, core::ThreadPool& pool, bool as_hidden) const;
   core::Expected<void> forward_impl(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
-                                    std::span<float> out, core::ThreadPool& pool, bool hidden) const;
+                                    std::span<float> out, std::span<float> hidden_rows, core::ThreadPool& pool,
+                                    bool as_hidden) const;
   // Packs the matrices packing_for picks into packed_ and releases their
   // mapped pages (RepackStats). Errors: kResourceExhausted (no memory).
   core::Expected<void> repack_weights();

@@ -214,6 +214,7 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kCacheHits, "Sequences that reused a cached prompt prefix.", MetricType::kCounter);
   m.declare(kCachedTokens, "Prompt tokens reused from the prompt cache.", MetricType::kCounter);
   m.declare(kComputedPrompt, "Prompt tokens computed by forward steps (not cached).", MetricType::kCounter);
+  m.declare(kEmbeddingSeqs, "Embedding inputs run as scheduler sequences (/v1/embeddings).", MetricType::kCounter);
   m.declare(kVllmRunning, "Requests running (vLLM-compatible name).", MetricType::kGauge);
   m.declare(kVllmWaiting, "Requests waiting (vLLM-compatible name).", MetricType::kGauge);
   m.declare(kVllmKvUsage, "KV-cache usage, 1 = full (vLLM-compatible name).", MetricType::kGauge);
@@ -250,6 +251,7 @@ void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models)
       reg.set(kCacheHits, l, static_cast<double>(ss.cache_hits));
       reg.set(kCachedTokens, l, static_cast<double>(ss.cached_tokens));
       reg.set(kComputedPrompt, l, static_cast<double>(ss.prompt_tokens));
+      reg.set(kEmbeddingSeqs, l, static_cast<double>(ss.embeddings));
       reg.set_histogram(kStepTokens, l, ss.step_hist, static_cast<double>(ss.step_tokens));
     }
   }

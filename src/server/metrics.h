@@ -111,6 +111,7 @@ inline constexpr const char* kStepTokens = "bonsai_batch_tokens_per_step";
 inline constexpr const char* kCacheHits = "bonsai_prompt_cache_hits_total";
 inline constexpr const char* kCachedTokens = "bonsai_prompt_cache_tokens_total";
 inline constexpr const char* kComputedPrompt = "bonsai_prompt_tokens_computed_total";
+inline constexpr const char* kEmbeddingSeqs = "bonsai_embedding_sequences_total";
 inline constexpr const char* kVllmRunning = "vllm:num_requests_running";
 inline constexpr const char* kVllmWaiting = "vllm:num_requests_waiting";
 inline constexpr const char* kVllmKvUsage = "vllm:kv_cache_usage_perc";

@@ -7,11 +7,14 @@
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "core/error.h"
 #include "engine/model_pool.h"  // ModelPool
+#include "engine/scheduler.h"   // JobHandle
 #include "server/metrics.h"     // MetricsRegistry
 #include "server/openai.h"      // ApiError
 #include "server/server.h"      // ServerOptions
@@ -32,6 +35,15 @@ struct ServerContext {
   MetricsRegistry metrics;                  // thread-safe
   std::atomic<bool> stopping{false};        // set once by Server::stop()
   const int64_t started_unix = unix_now();  // `created` of models without their own
+  // Scheduler jobs answered outside the completion pumps (/v1/embeddings):
+  // Server::stop() cancels them, so their clients get the shutting_down
+  // error within one scheduler step. Guarded by jobs_mu.
+  std::mutex jobs_mu;
+  std::set<std::shared_ptr<engine::JobHandle>> side_jobs;
+  void cancel_side_jobs() {
+    std::lock_guard lock(jobs_mu);
+    for (const auto& h : side_jobs) h->cancel();
+  }
 };
 
 // Answers `res` with `status` and `body` (invalid UTF-8 replaced).

@@ -7,13 +7,16 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "engine/engine_pool.h"       // EnginePool leases
-#include "engine/inference_engine.h"  // InferenceEngine::embed
+#include "engine/inference_engine.h"  // GenerationResult::embedding
 #include "engine/model_pool.h"        // LoadedModel
+#include "engine/scheduler.h"         // Scheduler::submit_embedding, JobHandle
+#include "server/metrics.h"           // kRejected
 #include "server/openai.h"            // ApiError, bad_request
 #include "tokenizer/tokenizer.h"      // Tokenizer
 #include "tokenizer/unicode.h"        // valid_utf8_prefix
@@ -146,40 +149,154 @@ void handle_detokenize(ServerContext& ctx, const std::string& text, HttpResponse
   send_json(res, 200, json{{"content", tok.decode(ids)}});
 }
 
-// Embedding requests holding a worker thread (waiting for a replica or
-// running) and how many may: the rest get 503, so that they never take every
-// worker thread the streamed answers need.
-struct EmbedSlots {
-  std::atomic<int> busy{0};
-  int limit = 1;
+// One /v1/embeddings request after its submission: a job of the model's
+// scheduler (HTTP threads never run the model), answered from the job's
+// events. The handle's notify (on the scheduler's loop thread) posts run()
+// to a transport worker; run() takes the events and, once every input is
+// done or the job failed, answers. A client that disconnects cancels the
+// job (it stops within one scheduler step); Server::stop() cancels it
+// through ServerContext::side_jobs. Kept alive by the notify callback
+// until it answers (then the callback is removed).
+struct EmbedAnswer : std::enable_shared_from_this<EmbedAnswer> {
+  ServerContext* ctx = nullptr;
+  HttpTransport* http = nullptr;
+  std::shared_ptr<engine::ModelPool> pool;  // outlives `model` (declared first)
+  engine::ModelHandle model;                // the model stays loaded until answered
+  std::shared_ptr<engine::JobHandle> handle;
+  std::shared_ptr<Exchange> ex;
+  std::string model_id;
+  bool base64 = false;
+  int64_t total_tokens = 0;
+  std::atomic<bool> client_gone{false};
+  std::mutex mu;                                              // guards everything below (one run() at a time)
+  std::vector<std::optional<engine::GenerationResult>> done;  // per input
+  size_t n_done = 0;
+  std::optional<core::Error> failed;
+  bool answered = false;
+
+  void run() {
+    std::lock_guard lock(mu);
+    if (answered) return;
+    const bool ended_before = handle->ended();  // read before wait(): then every event is there
+    std::vector<engine::JobEvent> evs;
+    handle->wait(evs, engine::Clock::now());
+    for (auto& e : evs) {
+      if (e.kind == engine::JobEvent::Kind::kDone) {
+        auto& d = done[static_cast<size_t>(e.choice)];
+        if (!d) ++n_done;
+        d = std::move(e.result);
+      } else if (e.kind == engine::JobEvent::Kind::kFailed) {
+        failed = e.error;
+      }
+    }
+    if (ended_before && n_done < done.size() && !failed)
+      failed = core::Error{core::Errc::kInternal, "the request ended without an embedding for every input"};
+    if (!failed && n_done < done.size()) return;
+    answered = true;
+    handle->set_notify(nullptr);  // breaks the handle -> callback -> this cycle
+    {
+      std::lock_guard jl(ctx->jobs_mu);
+      ctx->side_jobs.erase(handle);
+    }
+    HttpResponse res;
+    answer(res);
+    ex->respond(std::move(res));
+  }
+
+  // Why the job was cut (cancelled): the client left (nginx's 499, nobody
+  // reads it) or the server stops.
+  ApiError cut_error() const {
+    if (client_gone.load() && !ctx->stopping) {
+      ApiError e;
+      e.status = 499;
+      e.type = "client_closed_request";
+      e.message = "The client closed the connection before the answer was ready.";
+      return e;
+    }
+    return overloaded("The server is shutting down.", "shutting_down", 5);
+  }
+
+  void answer(HttpResponse& res) {
+    if (failed) {
+      switch (failed->code) {
+        case core::Errc::kTimeout:
+          return send_error(res, overloaded("The request timed out waiting for an engine replica.", "timeout", 1));
+        case core::Errc::kCancelled:
+          return send_error(res, cut_error());
+        case core::Errc::kResourceExhausted:
+          return send_error(res, ctx->stopping ? overloaded("The server is shutting down.", "shutting_down", 5)
+                                               : overloaded("No engine replica became free: " + failed->message + ".",
+                                                            "overloaded", 1));
+        default:
+          return send_error(res, from_core_error(*failed, 500));
+      }
+    }
+    json data = json::array();
+    for (size_t k = 0; k < done.size(); ++k) {
+      const engine::GenerationResult& r = *done[k];
+      if (r.finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error());
+      if (r.timed_out)
+        return send_error(res, overloaded("The request timed out before its embeddings were computed.", "timeout", 1));
+      if (r.embedding.empty())
+        return send_error(res, from_core_error(core::Error{core::Errc::kInternal, "input " + std::to_string(k) +
+                                                                                      " ended without an embedding"},
+                                               500));
+      json vec;
+      if (base64) {
+        static_assert(std::endian::native == std::endian::little, "base64 embeddings are little-endian float32");
+        vec = base64_encode(
+            std::string_view(reinterpret_cast<const char*>(r.embedding.data()), r.embedding.size() * sizeof(float)));
+      } else {
+        vec = r.embedding;
+      }
+      data.push_back({{"object", "embedding"}, {"index", k}, {"embedding", std::move(vec)}});
+    }
+    send_json(res, 200,
+              json{{"object", "list"},
+                   {"data", std::move(data)},
+                   {"model", model_id},
+                   {"usage", {{"prompt_tokens", total_tokens}, {"total_tokens", total_tokens}}}});
+  }
 };
 
-void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string& text, HttpResponse& res) {
-  if (ctx.stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(std::min(ctx.opt.timeout_s, 1e9)));
+// Parses, validates and tokenizes the request and submits it to the model's
+// scheduler. Returns the answer in the making, or nullptr with the answer
+// (an error) in `res`.
+std::shared_ptr<EmbedAnswer> handle_embeddings(ServerContext& ctx, const std::string& text, HttpResponse& res) {
+  auto fail = [&res](const ApiError& e) -> std::shared_ptr<EmbedAnswer> {
+    send_error(res, e);
+    return nullptr;
+  };
+  if (ctx.stopping) return fail(overloaded("The server is shutting down.", "shutting_down", 5));
+  const engine::Clock::time_point admitted = engine::Clock::now();
+  // Saturated as the completions' deadline: a huge, infinite or NaN timeout is 10^9 s.
+  const double timeout_s = !(ctx.opt.timeout_s < 1e9) ? 1e9 : std::max(ctx.opt.timeout_s, 0.0);
+  const engine::Clock::time_point deadline =
+      admitted + std::chrono::duration_cast<engine::Clock::duration>(std::chrono::duration<double>(timeout_s));
   json body;
-  if (auto e = parse_object(text, body)) return send_error(res, *e);
+  if (auto e = parse_object(text, body)) return fail(*e);
   std::string model_id, format = "float";
-  if (auto e = opt_string(body, "model", model_id)) return send_error(res, *e);
-  if (auto e = opt_string(body, "encoding_format", format)) return send_error(res, *e);
+  if (auto e = opt_string(body, "model", model_id)) return fail(*e);
+  if (auto e = opt_string(body, "encoding_format", format)) return fail(*e);
   if (format != "float" && format != "base64")
-    return send_error(
-        res, bad_request("Invalid value for 'encoding_format': '" + format + "' (expected 'float' or 'base64').",
-                         "encoding_format", "invalid_value"));
+    return fail(bad_request("Invalid value for 'encoding_format': '" + format + "' (expected 'float' or 'base64').",
+                            "encoding_format", "invalid_value"));
   if (auto it = body.find("dimensions"); it != body.end() && !it->is_null())
-    return send_error(res, bad_request("'dimensions' is not supported by this server (embeddings have the model's "
-                                       "n_embd dimensions); omit it.",
-                                       "dimensions", "unsupported_value"));
+    return fail(
+        bad_request("'dimensions' is not supported by this server (embeddings have the model's "
+                    "n_embd dimensions); omit it.",
+                    "dimensions", "unsupported_value"));
   auto in = body.find("input");
   if (in == body.end() || in->is_null())
-    return send_error(res, bad_request("'input' is required.", "input", "missing_required_parameter"));
+    return fail(bad_request("'input' is required.", "input", "missing_required_parameter"));
+  auto answer = std::make_shared<EmbedAnswer>();
+  answer->ctx = &ctx;
+  answer->pool = ctx.models;
   auto m = acquire_model(ctx, model_id);
-  if (!m) return send_error(res, m.error());
-  const engine::ModelHandle hold = std::move(*m);  // gives the model back on every path
-  const engine::LoadedModel& lm = *hold;
-  if (!lm.tokenizer || !lm.pool) return send_error(res, overloaded("The model is not ready.", "model_loading"));
+  if (!m) return fail(m.error());
+  answer->model = std::move(*m);  // gives the model back on every path
+  const engine::LoadedModel& lm = *answer->model;
+  if (!lm.tokenizer || !lm.pool || !lm.scheduler) return fail(overloaded("The model is not ready.", "model_loading"));
   const tokenizer::Tokenizer& tok = *lm.tokenizer;
 
   // The inputs as token sequences: a string, an array of strings, one token
@@ -194,7 +311,7 @@ void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string&
     inputs.push_back(from_string(*in));
   } else if (in->is_array() && !in->empty() && (*in)[0].is_number()) {
     inputs.emplace_back();
-    if (auto e = token_array(*in, "input", "input", tok.n_vocab(), inputs.back())) return send_error(res, *e);
+    if (auto e = token_array(*in, "input", "input", tok.n_vocab(), inputs.back())) return fail(*e);
   } else if (in->is_array() && !in->empty()) {
     for (size_t k = 0; k < in->size(); ++k) {
       const json& item = (*in)[k];
@@ -203,71 +320,78 @@ void handle_embeddings(ServerContext& ctx, EmbedSlots& slots, const std::string&
       } else if (item.is_array()) {
         inputs.emplace_back();
         if (auto e = token_array(item, "input[" + std::to_string(k) + "]", "input", tok.n_vocab(), inputs.back()))
-          return send_error(res, *e);
+          return fail(*e);
       } else {
-        return send_error(res, bad_request("Invalid type for 'input[" + std::to_string(k) +
-                                               "]': expected a string or an array of token ids.",
-                                           "input", "invalid_type"));
+        return fail(bad_request(
+            "Invalid type for 'input[" + std::to_string(k) + "]': expected a string or an array of token ids.", "input",
+            "invalid_type"));
       }
     }
   } else {
-    return send_error(res, bad_request("'input' must be a non-empty string, array of strings, array of token ids, "
-                                       "or array of token-id arrays.",
-                                       "input", "invalid_type"));
+    return fail(
+        bad_request("'input' must be a non-empty string, array of strings, array of token ids, "
+                    "or array of token-id arrays.",
+                    "input", "invalid_type"));
   }
   int64_t total = 0;
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k].empty())
-      return send_error(
-          res, bad_request("Invalid 'input[" + std::to_string(k) + "]': it is empty.", "input", "invalid_value"));
+      return fail(bad_request("Invalid 'input[" + std::to_string(k) + "]': it is empty.", "input", "invalid_value"));
     if (static_cast<int64_t>(inputs[k].size()) > lm.n_ctx)
-      return send_error(
-          res, bad_request("Invalid 'input[" + std::to_string(k) + "]': " + std::to_string(inputs[k].size()) +
-                               " tokens exceed the model's context length of " + std::to_string(lm.n_ctx) + ".",
-                           "input", "context_length_exceeded"));
+      return fail(bad_request("Invalid 'input[" + std::to_string(k) + "]': " + std::to_string(inputs[k].size()) +
+                                  " tokens exceed the model's context length of " + std::to_string(lm.n_ctx) + ".",
+                              "input", "context_length_exceeded"));
     total += static_cast<int64_t>(inputs[k].size());
   }
 
-  // One replica for the whole request (the scheduler's step loop uses the others meanwhile).
-  struct Busy {
-    std::atomic<int>& n;
-    ~Busy() { n.fetch_sub(1); }
-  } busy{slots.busy};
-  if (slots.busy.fetch_add(1) >= slots.limit)
-    return send_error(res, overloaded("Too many embedding requests are running (at most " +
-                                          std::to_string(slots.limit) + " at a time). Retry later.",
-                                      "overloaded", 1));
-  auto lease = lm.pool->acquire(deadline);
-  if (!lease)
-    return send_error(
-        res, overloaded(std::string("No engine replica became free: ") + engine::pool_error_name(lease.error()) + ".",
-                        "overloaded", 1));
-  json data = json::array();
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    if (ctx.stopping) return send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
-    auto emb = lease->engine().embed(inputs[k]);
-    if (!emb) return send_error(res, from_core_error(emb.error(), 500));
-    json vec;
-    if (format == "base64") {
-      static_assert(std::endian::native == std::endian::little, "base64 embeddings are little-endian float32");
-      vec = base64_encode(std::string_view(reinterpret_cast<const char*>(emb->data()), emb->size() * sizeof(float)));
-    } else {
-      vec = *emb;
+  // Bounded admission, as completions: the model's scheduler queues the job
+  // (503 + Retry-After when queue_factor x pool size jobs already wait).
+  const size_t n_inputs = inputs.size();
+  engine::EmbeddingJob job;
+  job.inputs = std::move(inputs);
+  job.deadline = deadline;
+  job.submitted = admitted;
+  auto handle = lm.scheduler->submit_embedding(
+      std::move(job), static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * static_cast<size_t>(lm.pool->size()));
+  if (!handle) {
+    if (handle.error().code == core::Errc::kResourceExhausted) {
+      ctx.metrics.inc(metric::kRejected, {{"model", lm.id}});
+      return fail(overloaded("Model '" + lm.id + "' is overloaded: " + handle.error().message + ". Retry later.",
+                             "overloaded", 1));
     }
-    data.push_back({{"object", "embedding"}, {"index", k}, {"embedding", std::move(vec)}});
+    return fail(from_core_error(handle.error(), 500));
   }
-  send_json(res, 200,
-            json{{"object", "list"},
-                 {"data", std::move(data)},
-                 {"model", lm.id},
-                 {"usage", {{"prompt_tokens", total}, {"total_tokens", total}}}});
+  answer->handle = std::move(*handle);
+  answer->model_id = lm.id;
+  answer->base64 = format == "base64";
+  answer->total_tokens = total;
+  answer->done.assign(n_inputs, std::nullopt);
+  return answer;
+}
+
+// Answers `a` through `ex` from now on (see EmbedAnswer).
+void start_answer(HttpTransport& http, const std::shared_ptr<Exchange>& ex, std::shared_ptr<EmbedAnswer> a) {
+  a->http = &http;
+  a->ex = ex;
+  {
+    std::lock_guard lock(a->ctx->jobs_mu);
+    a->ctx->side_jobs.insert(a->handle);
+  }
+  if (a->ctx->stopping) a->handle->cancel();  // stop() may have swept side_jobs before the insert
+  std::weak_ptr<EmbedAnswer> weak = a;
+  ex->on_disconnect([weak] {
+    if (auto p = weak.lock()) {
+      p->client_gone.store(true);
+      p->handle->cancel();
+    }
+  });
+  // Strong: the callback keeps the answer alive until run() removes it.
+  a->handle->set_notify([a] { a->http->post([a] { a->run(); }); });
 }
 
 }  // namespace
 
 void add_token_routes(HttpTransport& http, ServerContext& ctx) {
-  auto slots = std::make_shared<EmbedSlots>();
-  slots->limit = std::max(1, (ctx.opt.http_threads > 0 ? ctx.opt.http_threads : 8) / 2);
   auto bad_body = [](const HttpRequest&, HttpResponse& res) {
     send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
   };
@@ -279,12 +403,20 @@ void add_token_routes(HttpTransport& http, ServerContext& ctx) {
       "/detokenize",
       [&ctx](const HttpRequest&, const std::string& body, HttpResponse& res) { handle_detokenize(ctx, body, res); },
       bad_body);
-  http.post_json(
-      "/v1/embeddings",
-      [&ctx, slots](const HttpRequest&, const std::string& body, HttpResponse& res) {
-        handle_embeddings(ctx, *slots, body, res);
-      },
-      bad_body);
+  // Answered later, from the scheduler job's events (EmbedAnswer).
+  http.route("POST", "/v1/embeddings", [&ctx, &http, bad_body](const std::shared_ptr<Exchange>& ex) {
+    const HttpRequest& req = ex->request();
+    HttpResponse res;
+    std::string type = req.header("Content-Type");
+    for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (type.rfind("multipart/form-data", 0) == 0) {
+      bad_body(req, res);
+      return ex->respond(std::move(res));
+    }
+    auto answer = handle_embeddings(ctx, req.body, res);
+    if (!answer) return ex->respond(std::move(res));
+    start_answer(http, ex, std::move(answer));
+  });
 }
 
 }  // namespace bonsai::server

@@ -13,8 +13,11 @@
 //                      {"prompt_tokens", "total_tokens"}}
 // "model" picks the model (default: the server's default model). An
 // embedding is the mean over the input's tokens of the model's final hidden
-// state after the output norm, L2-normalised (InferenceEngine::embed); it
-// runs on one of the model's replicas, leased from its EnginePool.
+// state after the output norm, L2-normalised (InferenceEngine::embed's
+// definition); it runs as a job of the model's scheduler (one sequence per
+// input, sharing forward steps with the running streams; the same queue
+// bound, deadline and disconnect cancellation as completions), never on
+// the HTTP thread.
 #pragma once
 
 #include <string>

@@ -806,6 +806,7 @@ void Server::stop() {
   if (!impl_) return;
   impl_->ctx.stopping = true;
   impl_->cut_all_pumps();
+  impl_->ctx.cancel_side_jobs();
   impl_->ctx.models->close_all();
   impl_->http.stop();
 }

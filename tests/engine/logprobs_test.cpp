@@ -16,7 +16,9 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/test_util.h"
@@ -395,6 +397,197 @@ TEST(EngineEmbed, ForwardHiddenTimesOutputMatrixIsTheLogits) {
   std::vector<float> y(logits.size());
   kernels::gemm(m.weights().output, hidden.data(), static_cast<int64_t>(seq.size()), y.data(), nullptr);
   EXPECT_EQ(y, logits);
+}
+
+// The stepwise embedding (what the scheduler drives) equals embed() bit for
+// bit, in uneven chunks and after a suspend() in the middle (the replayed
+// rows are not pooled twice), and the hidden rows of Model::forward's
+// second form equal forward_hidden's.
+TEST(EngineEmbed, StepwiseEqualsEmbedWithChunksAndSuspend) {
+  REQUIRE_STORIES();
+  const auto a = stories().tok->encode_prompt("The cat sat on the mat. Then it ran after a little red ball.");
+  auto want = make_engine().embed(a);
+  ASSERT_TRUE(want.has_value());
+  const model::Model& m = *stories().model;
+  const auto E = static_cast<size_t>(m.config().n_embd);
+  for (const int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{512}}) {
+    for (const bool do_suspend : {false, true}) {
+      InferenceEngine e = make_engine();
+      ASSERT_TRUE(e.start_embedding(a).has_value());
+      EXPECT_FALSE(e.start_embedding(a).has_value());  // one at a time
+      model::Workspace ws;
+      std::vector<float> hidden;
+      bool suspended = false;
+      int steps = 0;
+      while (!e.finished() && steps++ < 1000) {
+        ASSERT_TRUE(e.wants_hidden_rows());
+        const auto in = e.next_input(chunk);
+        model::Batch b;
+        for (size_t k = 0; k < in.size(); ++k)
+          b.add(in[k], static_cast<int32_t>(e.next_pos() + static_cast<int64_t>(k)), 0, false, true);
+        EXPECT_FALSE(e.logits_wanted(static_cast<int64_t>(in.size())));
+        hidden.assign(in.size() * E, 0.0f);
+        model::KvCache* caches[] = {&e.kv_cache()};
+        ASSERT_TRUE(m.forward(b, caches, ws, {}, hidden, core::global_pool()).has_value());
+        e.record_hidden_rows(hidden);
+        EXPECT_FALSE(e.inputs_done(static_cast<int64_t>(in.size())));
+        if (do_suspend && !suspended && e.next_pos() * 2 >= static_cast<int64_t>(a.size()) && !e.finished()) {
+          e.suspend();  // preempted: the whole input runs again from position 0
+          suspended = true;
+          EXPECT_EQ(e.next_pos(), 0);
+        }
+      }
+      ASSERT_TRUE(e.finished());
+      const GenerationResult r = e.finish();
+      EXPECT_EQ(r.finish_reason, FinishReason::kStop);
+      EXPECT_EQ(r.prompt_tokens, static_cast<int32_t>(a.size()));
+      EXPECT_EQ(r.embedding, *want) << "chunk " << chunk << " suspend " << do_suspend;
+      EXPECT_EQ(e.cached_prefix(a), static_cast<int64_t>(a.size()));  // the cache holds the input, as after embed()
+    }
+  }
+  // Cancelled or stopped: no embedding.
+  InferenceEngine e = make_engine();
+  std::atomic<bool> cancel{false};
+  ASSERT_TRUE(e.start_embedding(a, &cancel).has_value());
+  cancel = true;
+  EXPECT_TRUE(e.poll_cancel());
+  const GenerationResult r = e.finish();
+  EXPECT_EQ(r.finish_reason, FinishReason::kCancelled);
+  EXPECT_TRUE(r.embedding.empty());
+  EXPECT_FALSE(e.start_embedding({}).has_value());
+  const std::vector<int32_t> bad = {1, 100000};
+  EXPECT_FALSE(e.start_embedding(bad).has_value());
+}
+
+// Collects a job's events until it ended (or 120 s): kDone results by choice, the failure if any.
+struct Collected {
+  std::map<int, GenerationResult> done;
+  std::optional<core::Error> failed;
+  std::vector<uint64_t> text_steps;  // scheduler step of each kText
+};
+Collected collect(JobHandle& h, size_t n) {
+  Collected c;
+  const auto until = Clock::now() + 120s;
+  while (c.done.size() < n && !c.failed && Clock::now() < until) {
+    std::vector<JobEvent> evs;
+    h.wait(evs, Clock::now() + 100ms);
+    for (auto& ev : evs) {
+      if (ev.kind == JobEvent::Kind::kText) c.text_steps.push_back(ev.step);
+      if (ev.kind == JobEvent::Kind::kDone) c.done[ev.choice] = std::move(ev.result);
+      if (ev.kind == JobEvent::Kind::kFailed) c.failed = ev.error;
+    }
+  }
+  return c;
+}
+
+// An embedding job in the scheduler: its inputs are prefilled in chunks in
+// the same forward steps as a running completion, and each input's vector
+// equals embed() bit for bit; the completion's tokens equal its answer alone.
+TEST(SchedulerEmbed, SharesStepsWithACompletionAndEqualsEmbed) {
+  REQUIRE_STORIES();
+  auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, 256, 3);
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  auto pool = std::make_shared<EnginePool>(std::move(b->pool));
+  SchedulerOptions so;
+  so.batch_size = 5;  // small: the inputs take several steps beside the decode
+  so.kv_pool = b->kv_pool;
+  Scheduler sched(pool, b->model, b->n_ctx, so);
+  const std::vector<std::vector<int32_t>> inputs = {
+      stories().tok->encode_prompt("The cat sat on the mat. Then it ran after a little red ball."),
+      stories().tok->encode_prompt("A bird flew over the sea."),
+      stories().tok->encode_prompt("The cat sat on the mat. Then it ran after a little red ball.")};
+  CompletionJob cj;
+  cj.prompt = stories().tok->encode_prompt("Once upon a time");
+  cj.params.temperature = 0.0f;
+  cj.params.max_tokens = 40;
+  cj.params.ignore_eos = true;
+  InferenceEngine alone = make_engine();
+  auto want_text = alone.generate_with_params(cj.prompt, cj.params);
+  ASSERT_TRUE(want_text.has_value());
+  auto hc = sched.submit(cj);
+  ASSERT_TRUE(hc.has_value());
+  // Let the completion start decoding, then submit the embeddings.
+  while (sched.stats().steps < 3) std::this_thread::sleep_for(1ms);
+  EmbeddingJob ej;
+  ej.inputs = inputs;
+  auto he = sched.submit_embedding(ej);
+  ASSERT_TRUE(he.has_value()) << he.error().message;
+  const Collected ce = collect(**he, inputs.size());
+  const Collected cc = collect(**hc, 1);
+  ASSERT_FALSE(ce.failed) << ce.failed->message;
+  ASSERT_FALSE(cc.failed) << cc.failed->message;
+  ASSERT_EQ(ce.done.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto want = make_engine().embed(inputs[i]);
+    ASSERT_TRUE(want.has_value());
+    const GenerationResult& r = ce.done.at(static_cast<int>(i));
+    EXPECT_EQ(r.finish_reason, FinishReason::kStop);
+    EXPECT_EQ(r.prompt_tokens, static_cast<int32_t>(inputs[i].size()));
+    EXPECT_EQ(r.embedding, *want) << "input " << i;
+  }
+  EXPECT_EQ(ce.done.at(0).embedding, ce.done.at(2).embedding);
+  ASSERT_EQ(cc.done.size(), 1u);
+  EXPECT_EQ(cc.done.at(0).tokens, want_text->tokens);
+  const SchedulerStats st = sched.stats();
+  EXPECT_EQ(st.embeddings, inputs.size());
+  EXPECT_EQ(st.sequences, inputs.size() + 1);
+  // The embedding tokens went through the step loop: 5-token steps, so the
+  // 2 x ~16 + 8 input tokens took many steps, during which the completion decoded.
+  size_t embed_tokens = 0;
+  for (const auto& in : inputs) embed_tokens += in.size();
+  EXPECT_GE(st.prompt_tokens, embed_tokens + cj.prompt.size());
+  EXPECT_GE(st.steps, embed_tokens / 5);
+  // Shared steps: the embeddings' >= 8 steps of prompt chunks ran inside the
+  // completion's decode steps (run one after the other, the loop would have
+  // needed >= 8 steps more than the completion's last token).
+  ASSERT_FALSE(cc.text_steps.empty());
+  EXPECT_LE(st.steps, cc.text_steps.back() + 2);
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.kv_used, 0);  // every block unpinned (parked as prompt cache)
+}
+
+// Queue rules: an embedding job waits in the queue while every slot is
+// busy; at its deadline it fails with kTimeout, a cancelled one with
+// kCancelled (it gives up its place); invalid jobs are refused at submit.
+TEST(SchedulerEmbed, QueuedDeadlineCancelAndValidation) {
+  REQUIRE_STORIES();
+  auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, 256, 1);
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  auto pool = std::make_shared<EnginePool>(std::move(b->pool));
+  Scheduler sched(pool, b->model, b->n_ctx);
+  EXPECT_FALSE(sched.submit_embedding(EmbeddingJob{}).has_value());
+  EXPECT_FALSE(sched.submit_embedding(EmbeddingJob{.inputs = {{1, 2}, {}}}).has_value());
+  EXPECT_FALSE(sched.submit_embedding(EmbeddingJob{.inputs = {std::vector<int32_t>(300, 5)}}).has_value());
+  // The one slot is busy (its lease held here, as a running sequence would).
+  std::optional<EngineLease> held;
+  {
+    auto l = pool->acquire(Clock::now() + 10s);
+    ASSERT_TRUE(l.has_value());
+    held.emplace(std::move(*l));
+  }
+  const std::vector<int32_t> in = stories().tok->encode_prompt("A bird flew over the sea.");
+  auto late = sched.submit_embedding(EmbeddingJob{.inputs = {in}, .deadline = Clock::now() + 30ms});
+  auto gone = sched.submit_embedding(EmbeddingJob{.inputs = {in, in}});
+  ASSERT_TRUE(late.has_value() && gone.has_value());
+  EXPECT_EQ(sched.stats().waiting, 2);
+  (*gone)->cancel();
+  const Collected cl = collect(**late, 1);
+  const Collected cg = collect(**gone, 2);
+  ASSERT_TRUE(cl.failed);
+  EXPECT_EQ(cl.failed->code, core::Errc::kTimeout);
+  ASSERT_TRUE(cg.failed);
+  EXPECT_EQ(cg.failed->code, core::Errc::kCancelled);
+  EXPECT_EQ(sched.stats().embeddings, 0u);  // neither started
+  for (int i = 0; i < 1000 && sched.stats().waiting > 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(sched.stats().waiting, 0);  // both left the queue
+  held.reset();
+  // Free again: an embedding runs.
+  auto ok = sched.submit_embedding(EmbeddingJob{.inputs = {in}});
+  ASSERT_TRUE(ok.has_value());
+  const Collected co = collect(**ok, 1);
+  ASSERT_FALSE(co.failed);
+  EXPECT_EQ(co.done.at(0).embedding, *make_engine().embed(in));
+  EXPECT_EQ(sched.stats().embeddings, 1u);
 }
 
 // The scheduler's batched step: several jobs share forwards (decodes plus

@@ -456,6 +456,100 @@ TEST_F(LogprobsHttp, EmbeddingsShapeNormAndDeterminism) {
   }
 }
 
+// An embeddings request while a streamed completion runs: both are jobs of
+// the model's scheduler (the embedding's tokens share forward steps with the
+// stream's decode), and both answers equal what each gives alone.
+TEST_F(LogprobsHttp, EmbeddingsBesideAStreamingCompletion) {
+  ASSERT_EQ(srv_->post("/tokenize", json{{"content", "x"}}).first, 200);  // loads the model
+  const auto lm = srv_->models().peek("stories");
+  ASSERT_TRUE(lm && lm->scheduler);
+  const json emb_body = {{"input", {"The cat sat on the mat.", "A bird flew over the sea."}}};
+  auto [st0, alone] = srv_->post("/v1/embeddings", emb_body);
+  ASSERT_EQ(st0, 200) << alone.dump();
+  json cbody = chat_body(150);
+  auto [st1, text_alone] = srv_->post("/v1/chat/completions", cbody);
+  ASSERT_EQ(st1, 200) << text_alone.dump();
+  const uint64_t embeddings_before = lm->scheduler->stats().embeddings;
+  EXPECT_EQ(embeddings_before, 2u);  // the two inputs above ran as scheduler sequences
+
+  cbody["stream"] = true;
+  std::vector<json> chunks;
+  const uint64_t seq0 = lm->scheduler->stats().sequences;
+  std::thread streamer([&] { chunks = srv_->stream("/v1/chat/completions", cbody); });
+  // Once the stream runs, the embeddings arrive.
+  for (int i = 0; i < 5000 && lm->scheduler->stats().sequences == seq0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto [st2, beside] = srv_->post("/v1/embeddings", emb_body);
+  streamer.join();
+  ASSERT_EQ(st2, 200) << beside.dump();
+  ASSERT_EQ(beside["data"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(beside["data"][i]["embedding"], alone["data"][i]["embedding"]) << i;
+  std::string streamed;
+  for (const json& c : chunks)
+    if (c.contains("choices") && !c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
+      streamed += c["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_EQ(streamed, text_alone["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(lm->scheduler->stats().embeddings, embeddings_before + 2);
+}
+
+// A busy model (every replica leased): an embeddings request waits in the
+// model's scheduler queue (the HTTP thread does not run it), is answered
+// once a slot frees, and a client that leaves while queued gives up its place.
+TEST_F(LogprobsHttp, EmbeddingsQueueInTheSchedulerWhenBusy) {
+  ASSERT_EQ(srv_->post("/tokenize", json{{"content", "x"}}).first, 200);  // loads the model
+  const auto lm = srv_->models().peek("stories");
+  ASSERT_TRUE(lm && lm->scheduler && lm->pool);
+  auto hold_all = [&] {
+    std::vector<engine::EngineLease> held;
+    for (size_t i = 0; i < static_cast<size_t>(lm->pool->size()); ++i) {
+      auto l = lm->pool->acquire(engine::Clock::now() + std::chrono::seconds(10));
+      EXPECT_TRUE(l.has_value());
+      if (l) held.push_back(std::move(*l));
+    }
+    return held;
+  };
+  auto wait_for = [&](auto pred) {
+    for (int i = 0; i < 5000 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return pred();
+  };
+  const uint64_t before = lm->scheduler->stats().embeddings;
+  {
+    std::vector<engine::EngineLease> held = hold_all();
+    std::pair<int, json> got;
+    std::thread client([&] { got = srv_->post("/v1/embeddings", json{{"input", {"one", "two", "three"}}}); });
+    EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 1; }));  // queued as one job
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(lm->scheduler->stats().embeddings, before);  // not started while every slot is busy
+    EXPECT_EQ(lm->scheduler->stats().waiting, 1);
+    held.clear();  // slots free: the scheduler runs it
+    client.join();
+    ASSERT_EQ(got.first, 200) << got.second.dump();
+    ASSERT_EQ(got.second["data"].size(), 3u);  // batch input: one vector per string, in order
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got.second["data"][i]["index"], i);
+    EXPECT_EQ(lm->scheduler->stats().embeddings, before + 3);
+    // The same count in /metrics.
+    auto metrics = srv_->client().Get("/metrics");
+    ASSERT_TRUE(metrics);
+    const std::string name = "bonsai_embedding_sequences_total{model=\"stories\"} ";
+    const size_t at = metrics->body.find(name);
+    ASSERT_NE(at, std::string::npos) << metrics->body;
+    EXPECT_EQ(std::stod(metrics->body.substr(at + name.size())), static_cast<double>(before + 3));
+  }
+  {
+    std::vector<engine::EngineLease> held = hold_all();
+    httplib::Client c = srv_->client();
+    c.set_read_timeout(0, 200000);  // leaves after 200 ms, while queued
+    std::thread client([&] {
+      auto r = c.Post("/v1/embeddings", json{{"input", "gone"}}.dump(), "application/json");
+      EXPECT_FALSE(r);
+    });
+    EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 1; }));
+    client.join();
+    EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 0; }));  // cancelled: left the queue
+    EXPECT_EQ(lm->scheduler->stats().embeddings, before + 3);                    // never started
+  }
+}
+
 TEST(Base64, Rfc4648Vectors) {
   EXPECT_EQ(base64_encode(""), "");
   EXPECT_EQ(base64_encode("f"), "Zg==");
