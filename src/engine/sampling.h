@@ -149,6 +149,25 @@ std::vector<Candidate> filter_candidates(std::span<const float> logits, const Sa
 // Arg-max (lowest id on ties). `logits` must not be empty.
 int32_t argmax(std::span<const float> logits);
 
+// Stage 7: walks the cumulative distribution of `c` (filter_candidates'
+// output, sorted) with the uniform draw `u` in [0, 1): the first candidate
+// whose cumulative p (summed in double) exceeds u, else the last one.
+int32_t walk(std::span<const Candidate> c, double u);
+
+// Stage 7 for temperature-only parameters (top_k off or >= n_vocab, top_p
+// 1, min_p 0) without sorting the vocabulary: the token that
+// filter_candidates(logits, params) followed by the cumulative walk with
+// the uniform draw `u` returns, exactly, or -1 when it cannot tell cheaply
+// (a NaN or non-finite maximum, or `u` beyond the mass of the candidates
+// within e^-38 of the top: then run the reference). `temp` > 0. `scratch`:
+// grown as needed (n keys, n key copies, n doubles). Why the result is the
+// reference's: see sampling.cpp. Exposed for tests.
+struct TemperedScratch {
+  std::vector<uint32_t> keys, tmp;
+  std::vector<double> e;
+};
+int32_t sample_tempered(std::span<const float> logits, float temp, double u, TemperedScratch& scratch);
+
 // The sampler: SamplingParams plus the RNG. One per engine replica; not
 // thread-safe (an engine is used by one caller at a time).
 class Sampler {
@@ -175,6 +194,7 @@ class Sampler {
   SamplingParams params_;
   Rng rng_;
   std::vector<float> scratch_;  // penalised copy of the logits, reused
+  TemperedScratch tempered_;    // temperature-only sampling (sample_tempered), reused
 };
 
 }  // namespace bonsai::engine

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iterator>
+#include <string>
 #include <vector>
 
 namespace bonsai::engine {
@@ -286,6 +288,134 @@ TEST(Filter, LargeVocabularyTopPMatchesNaiveFullSort) {
     ASSERT_EQ(c.size(), keep) << "top_p " << top_p;
     for (size_t i = 0; i < keep; ++i) ASSERT_EQ(c[i].id, ids[i]) << "top_p " << top_p << " rank " << i;
   }
+}
+
+// ---- Temperature-only sampling without the full sort (sample_tempered) ----------------
+
+// The old algorithm, kept in the code as the reference: filter_candidates
+// (full sort, softmax in sorted order) and walk. The draws of a Sampler with
+// temperature only must equal it token for token, RNG state included.
+void expect_tempered_equals_reference(const std::vector<float>& l, float temp, uint64_t seed, int draws,
+                                      const std::string& what) {
+  SamplingParams p = off();
+  p.temperature = temp;
+  p.seed = seed;
+  Sampler s(p);
+  Rng r(seed);
+  const std::vector<Candidate> c = filter_candidates(l, p);
+  for (int d = 0; d < draws; ++d) {
+    const int32_t want = walk(c, r.next_double());
+    ASSERT_EQ(s.sample(l, {}), want) << what << " draw " << d;
+  }
+  EXPECT_EQ(s.rng().state(), r.state()) << what;  // one draw per sample, as before
+}
+
+// Logit vectors with what the fast path must get right: ties (a coarse grid),
+// -inf entries (the overflow branch), +0 / -0, repeated maxima, denormals,
+// spreads from 0.01 to 1000.
+std::vector<float> random_logits(Rng& r, size_t n, int kind) {
+  std::vector<float> l(n);
+  const double scale = std::array<double, 5>{0.01, 1.0, 4.0, 30.0, 1000.0}[r.next_u64() % 5];
+  for (auto& x : l) {
+    switch (kind) {
+      case 0:  // continuous
+        x = static_cast<float>((r.next_double() * 2 - 1) * scale);
+        break;
+      case 1:  // a coarse grid: many ties
+        x = static_cast<float>(static_cast<int>(r.next_u64() % 16) - 8) * 0.5f;
+        break;
+      case 2:  // continuous with -inf and zero entries of both signs
+        x = r.next_u64() % 7 == 0   ? -INFINITY
+            : r.next_u64() % 9 == 0 ? (r.next_u64() % 2 != 0 ? 0.0f : -0.0f)
+                                    : static_cast<float>((r.next_double() * 2 - 1) * scale);
+        break;
+      default:  // tiny values (denormals) and exact duplicates
+        x = r.next_u64() % 3 == 0 ? 1e-40f * static_cast<float>(r.next_u64() % 5)
+                                  : static_cast<float>(r.next_u64() % 4);
+        break;
+    }
+  }
+  if (n > 3 && r.next_u64() % 2 != 0) l[n / 2] = l[n / 3] = *std::max_element(l.begin(), l.end());  // tied maxima
+  return l;
+}
+
+TEST(SampleTempered, EqualsTheFullSortReferenceOnRandomVectors) {
+  Rng r(20261202);
+  const float temps[] = {1e-30f, 0.01f, 0.3f, 0.7f, 1.0f, 1.5f, 3.0f, 100.0f};
+  int cases = 0;
+  for (const size_t n : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{64}, size_t{1000}, size_t{5000}}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      for (int rep = 0; rep < 6; ++rep) {
+        const std::vector<float> l = random_logits(r, n, kind);
+        const float t = temps[r.next_u64() % std::size(temps)];
+        expect_tempered_equals_reference(
+            l, t, r.next_u64(), 20,
+            "n " + std::to_string(n) + " kind " + std::to_string(kind) + " T " + std::to_string(t));
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 7 * 4 * 6);
+}
+
+TEST(SampleTempered, EqualsTheFullSortReferenceAtVocabularySize) {
+  // Qwen3's 151,936 entries: logits shaped like a model's (a few large, a
+  // normal-ish bulk), plus ties and -inf (a grammar-like mask).
+  Rng r(7);
+  for (int rep = 0; rep < 4; ++rep) {
+    std::vector<float> l(151936);
+    for (auto& x : l) x = static_cast<float>((r.next_double() + r.next_double() + r.next_double() - 1.5) * 6.0);
+    for (int k = 0; k < 20; ++k) l[r.next_u64() % l.size()] = static_cast<float>(10 + r.next_u64() % 8);
+    if (rep >= 2)
+      for (size_t i = 0; i < l.size(); i += 3) l[i] = -INFINITY;
+    if (rep == 3) l[5] = l[77] = l[151935] = *std::max_element(l.begin(), l.end());
+    for (const float t : {0.6f, 1.0f, 1.3f})
+      expect_tempered_equals_reference(l, t, 1000 + static_cast<uint64_t>(rep), 25,
+                                       "rep " + std::to_string(rep) + " T " + std::to_string(t));
+  }
+}
+
+TEST(SampleTempered, DecidesOrDefersNeverDiffers) {
+  // Direct: for draws u across [0, 1), including the largest double below 1
+  // (beyond the candidates' float mass: may defer with -1), the fast path
+  // returns the reference's token or -1; it defers only at the very top.
+  Rng r(11);
+  TemperedScratch sc;
+  for (int rep = 0; rep < 20; ++rep) {
+    const std::vector<float> l = random_logits(r, 300, rep % 4);
+    const float t = std::array<float, 3>{0.8f, 2.0f, 1e-30f}[rep % 3];  // 1e-30: l / T overflows (the other branch)
+    SamplingParams p = off();
+    p.temperature = t;
+    const auto c = filter_candidates(l, p);
+    for (const double u : {0.0, 0.25, 0.5, 0.999, r.next_double(), 1.0 - 0x1.0p-53}) {
+      const int32_t got = sample_tempered(l, t, u, sc);
+      if (u < 0.999) {
+        EXPECT_EQ(got, walk(c, u)) << rep << " u " << u;
+      } else {
+        EXPECT_TRUE(got == -1 || got == walk(c, u)) << rep << " u " << u;
+      }
+    }
+  }
+  // NaN (no strict order) and a non-finite maximum: deferred, and the Sampler
+  // then runs the reference (same token, same RNG use).
+  std::vector<float> nan_l = {1.0f, NAN, 2.0f};
+  EXPECT_EQ(sample_tempered(nan_l, 1.0f, 0.5, sc), -1);
+  std::vector<float> all_ninf = {-INFINITY, -INFINITY};
+  EXPECT_EQ(sample_tempered(all_ninf, 1.0f, 0.5, sc), -1);
+  std::vector<float> pinf = {1.0f, INFINITY, 2.0f};
+  EXPECT_EQ(sample_tempered(pinf, 1.0f, 0.5, sc), -1);
+  expect_tempered_equals_reference(nan_l, 1.0f, 3, 10, "nan");
+  expect_tempered_equals_reference(all_ninf, 1.0f, 3, 10, "all -inf");
+  expect_tempered_equals_reference(pinf, 1.0f, 3, 10, "+inf");
+  // top_k >= n_vocab is temperature only too.
+  SamplingParams p = off();
+  p.top_k = 5;
+  p.temperature = 0.9f;
+  p.seed = 9;
+  Sampler s(p);
+  Rng ref(9);
+  const auto c = filter_candidates(kRamp, p);
+  for (int d = 0; d < 50; ++d) EXPECT_EQ(s.sample(kRamp, {}), walk(c, ref.next_double()));
 }
 
 TEST(Penalties, RepeatPenaltyDividesPositiveMultipliesNegative) {
