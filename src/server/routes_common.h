@@ -6,10 +6,10 @@
 #include <atomic>
 #include <cstdint>
 #include <expected>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -35,14 +35,16 @@ struct ServerContext {
   MetricsRegistry metrics;                  // thread-safe
   std::atomic<bool> stopping{false};        // set once by Server::stop()
   const int64_t started_unix = unix_now();  // `created` of models without their own
-  // Scheduler jobs answered outside the completion pumps (/v1/embeddings):
-  // Server::stop() cancels them, so their clients get the shutting_down
-  // error within one scheduler step. Guarded by jobs_mu.
+  // Scheduler jobs answered outside the completion pumps (/v1/embeddings),
+  // each with the object answering it (owned here until it has answered,
+  // so nothing outlives the server): Server::stop() cancels them, so their
+  // clients get the shutting_down error within one scheduler step. Guarded
+  // by jobs_mu.
   std::mutex jobs_mu;
-  std::set<std::shared_ptr<engine::JobHandle>> side_jobs;
+  std::map<std::shared_ptr<engine::JobHandle>, std::shared_ptr<void>> side_jobs;
   void cancel_side_jobs() {
     std::lock_guard lock(jobs_mu);
-    for (const auto& h : side_jobs) h->cancel();
+    for (const auto& [h, owner] : side_jobs) h->cancel();
   }
 };
 

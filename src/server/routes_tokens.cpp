@@ -155,8 +155,8 @@ void handle_detokenize(ServerContext& ctx, const std::string& text, HttpResponse
 // to a transport worker; run() takes the events and, once every input is
 // done or the job failed, answers. A client that disconnects cancels the
 // job (it stops within one scheduler step); Server::stop() cancels it
-// through ServerContext::side_jobs. Kept alive by the notify callback
-// until it answers (then the callback is removed).
+// through ServerContext::side_jobs, which owns the answer until it has
+// answered (the callbacks hold weak references).
 struct EmbedAnswer : std::enable_shared_from_this<EmbedAnswer> {
   ServerContext* ctx = nullptr;
   HttpTransport* http = nullptr;
@@ -193,7 +193,7 @@ struct EmbedAnswer : std::enable_shared_from_this<EmbedAnswer> {
       failed = core::Error{core::Errc::kInternal, "the request ended without an embedding for every input"};
     if (!failed && n_done < done.size()) return;
     answered = true;
-    handle->set_notify(nullptr);  // breaks the handle -> callback -> this cycle
+    handle->set_notify(nullptr);
     {
       std::lock_guard jl(ctx->jobs_mu);
       ctx->side_jobs.erase(handle);
@@ -375,7 +375,7 @@ void start_answer(HttpTransport& http, const std::shared_ptr<Exchange>& ex, std:
   a->ex = ex;
   {
     std::lock_guard lock(a->ctx->jobs_mu);
-    a->ctx->side_jobs.insert(a->handle);
+    a->ctx->side_jobs.emplace(a->handle, a);
   }
   if (a->ctx->stopping) a->handle->cancel();  // stop() may have swept side_jobs before the insert
   std::weak_ptr<EmbedAnswer> weak = a;
@@ -385,8 +385,12 @@ void start_answer(HttpTransport& http, const std::shared_ptr<Exchange>& ex, std:
       p->handle->cancel();
     }
   });
-  // Strong: the callback keeps the answer alive until run() removes it.
-  a->handle->set_notify([a] { a->http->post([a] { a->run(); }); });
+  a->handle->set_notify([weak] {
+    if (auto p = weak.lock())
+      p->http->post([weak] {
+        if (auto q = weak.lock()) q->run();
+      });
+  });
 }
 
 }  // namespace
