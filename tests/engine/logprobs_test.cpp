@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -491,6 +492,15 @@ TEST(SchedulerEmbed, SharesStepsWithACompletionAndEqualsEmbed) {
   SchedulerOptions so;
   so.batch_size = 5;  // small: the inputs take several steps beside the decode
   so.kv_pool = b->kv_pool;
+  // The loop pauses after its 3rd step until the embeddings are submitted,
+  // so they arrive while the completion has ~37 tokens to go, whatever the load.
+  std::atomic<int> steps_seen{0}, max_seqs{0};
+  std::atomic<bool> submitted{false};
+  so.on_step = [&](int64_t, int64_t seqs) {
+    max_seqs = std::max<int>(max_seqs, static_cast<int>(seqs));
+    if (++steps_seen == 3)
+      for (int i = 0; i < 10000 && !submitted; ++i) std::this_thread::sleep_for(1ms);
+  };
   Scheduler sched(pool, b->model, b->n_ctx, so);
   const std::vector<std::vector<int32_t>> inputs = {
       stories().tok->encode_prompt("The cat sat on the mat. Then it ran after a little red ball."),
@@ -506,11 +516,12 @@ TEST(SchedulerEmbed, SharesStepsWithACompletionAndEqualsEmbed) {
   ASSERT_TRUE(want_text.has_value());
   auto hc = sched.submit(cj);
   ASSERT_TRUE(hc.has_value());
-  // Let the completion start decoding, then submit the embeddings.
-  while (sched.stats().steps < 3) std::this_thread::sleep_for(1ms);
+  // Once the completion decodes (the loop waits in on_step), the embeddings.
+  while (steps_seen < 3) std::this_thread::sleep_for(1ms);
   EmbeddingJob ej;
   ej.inputs = inputs;
   auto he = sched.submit_embedding(ej);
+  submitted = true;
   ASSERT_TRUE(he.has_value()) << he.error().message;
   const Collected ce = collect(**he, inputs.size());
   const Collected cc = collect(**hc, 1);
@@ -542,6 +553,7 @@ TEST(SchedulerEmbed, SharesStepsWithACompletionAndEqualsEmbed) {
   // needed >= 8 steps more than the completion's last token).
   ASSERT_FALSE(cc.text_steps.empty());
   EXPECT_LE(st.steps, cc.text_steps.back() + 2);
+  EXPECT_GE(max_seqs, 2);  // steps with the completion and embedding sequences together
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.kv_used, 0);  // every block unpinned (parked as prompt cache)
 }
