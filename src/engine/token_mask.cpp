@@ -13,6 +13,7 @@ namespace {
 constexpr int32_t kUnknown = -1;
 constexpr int32_t kDeadId = -2;
 constexpr int32_t kOverflowId = -3;
+constexpr int32_t kNonUniform = -4;  // class_next: plain characters lead to different places
 
 struct StateHash {
   size_t operator()(const MatchState& s) const {
@@ -27,6 +28,81 @@ struct StateHash {
 }  // namespace
 
 // ---- TokenTrie ---------------------------------------------------------------
+
+namespace {
+// Longest plain token kept out of the residual trie, in code points; longer
+// plain tokens (rare: runs of spaces or dashes) are walked like the rest.
+constexpr int32_t kMaxPlainLen = 32;
+
+// The plain class: code points a JSON string holds unescaped (json_schema's
+// `strchar`, [^"\\\x7F\x00-\x1F]) less the surrogates, which valid UTF-8
+// never encodes. Sorted, disjoint, inclusive.
+constexpr std::pair<uint32_t, uint32_t> kPlainClass[] = {
+    {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x7E}, {0x80, 0xD7FF}, {0xE000, 0x10FFFF}};
+
+bool in_plain_class(uint32_t cp) {
+  for (auto [lo, hi] : kPlainClass) {
+    if (cp < lo) return false;
+    if (cp <= hi) return true;
+  }
+  return false;
+}
+
+// Code points in `b` when it is complete, valid UTF-8 (the matcher's rules:
+// no overlong form, surrogate or value above U+10FFFF) of plain-class code
+// points only and at most kMaxPlainLen of them; 0 otherwise.
+int32_t plain_length(std::string_view b) {
+  static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
+  int32_t n = 0;
+  for (size_t i = 0; i < b.size();) {
+    const auto c = static_cast<uint8_t>(b[i]);
+    const size_t len = c < 0x80                 ? 1
+                       : c >= 0xC2 && c <= 0xDF ? 2
+                       : c >= 0xE0 && c <= 0xEF ? 3
+                       : c >= 0xF0 && c <= 0xF4 ? 4
+                                                : 0;
+    if (len == 0 || i + len > b.size()) return 0;
+    uint32_t cp = len == 1 ? c : c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+    for (size_t k = 1; k < len; ++k) {
+      const auto d = static_cast<uint8_t>(b[i + k]);
+      if ((d & 0xC0) != 0x80) return 0;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    if (!in_plain_class(cp)) return 0;
+    if (++n > kMaxPlainLen) return 0;
+    i += len;
+  }
+  return n;
+}
+}  // namespace
+
+void TokenTrie::Nodes::build(const std::vector<int32_t>& order, const std::vector<std::string>& bytes) {
+  std::vector<uint32_t> open;  // nodes on the current path, waiting for end_
+  std::string_view prev;
+  for (int32_t id : order) {
+    std::string_view b = bytes[static_cast<size_t>(id)];
+    size_t lcp = 0;
+    while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+    for (size_t d = lcp + 1; d <= b.size(); ++d) {
+      const auto idx = static_cast<uint32_t>(byte_.size());
+      while (!open.empty() && depth_[open.back()] >= d) {
+        end_[open.back()] = idx;
+        open.pop_back();
+      }
+      byte_.push_back(static_cast<uint8_t>(b[d - 1]));
+      depth_.push_back(static_cast<uint16_t>(d));
+      end_.push_back(0);
+      tok_.push_back(static_cast<uint32_t>(tok_ids_.size()));
+      open.push_back(idx);
+      max_depth_ = std::max<uint16_t>(max_depth_, static_cast<uint16_t>(d));
+    }
+    tok_ids_.push_back(id);
+    prev = b;
+  }
+  for (uint32_t i : open) end_[i] = static_cast<uint32_t>(byte_.size());
+  tok_.push_back(static_cast<uint32_t>(tok_ids_.size()));
+}
 
 core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_bytes, std::span<const int32_t> eos_ids,
                                            std::span<const int32_t> special_ids) {
@@ -50,6 +126,7 @@ core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_by
     t.eos_.push_back(id);
   }
   std::vector<int32_t> order;
+  t.plain_len_.assign(static_cast<size_t>(n), 0);
   for (int32_t id = 0; id < n; ++id) {
     const auto& b = t.bytes_[static_cast<size_t>(id)];
     if (b.empty()) t.excluded_[static_cast<size_t>(id)] = 1;
@@ -59,33 +136,26 @@ core::Expected<TokenTrie> TokenTrie::build(std::span<const std::string> token_by
                         "token_trie: token " + std::to_string(id) + " longer than 65535 bytes");
     }
     order.push_back(id);
+    const int32_t pl = plain_length(b);
+    t.plain_len_[static_cast<size_t>(id)] = static_cast<uint8_t>(pl);
+    t.max_plain_len_ = std::max(t.max_plain_len_, pl);
   }
   std::sort(order.begin(), order.end(),
             [&](int32_t a, int32_t b) { return t.bytes_[static_cast<size_t>(a)] < t.bytes_[static_cast<size_t>(b)]; });
-  std::vector<uint32_t> open;  // nodes on the current path, waiting for end_
-  std::string_view prev;
+  t.full_.build(order, t.bytes_);
+  std::vector<int32_t> rest;
   for (int32_t id : order) {
-    std::string_view b = t.bytes_[static_cast<size_t>(id)];
-    size_t lcp = 0;
-    while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
-    for (size_t d = lcp + 1; d <= b.size(); ++d) {
-      const auto idx = static_cast<uint32_t>(t.byte_.size());
-      while (!open.empty() && t.depth_[open.back()] >= d) {
-        t.end_[open.back()] = idx;
-        open.pop_back();
-      }
-      t.byte_.push_back(static_cast<uint8_t>(b[d - 1]));
-      t.depth_.push_back(static_cast<uint16_t>(d));
-      t.end_.push_back(0);
-      t.tok_.push_back(static_cast<uint32_t>(t.tok_ids_.size()));
-      open.push_back(idx);
-      t.max_depth_ = std::max<uint16_t>(t.max_depth_, static_cast<uint16_t>(d));
-    }
-    t.tok_ids_.push_back(id);
-    prev = b;
+    if (t.plain_len_[static_cast<size_t>(id)] == 0) rest.push_back(id);
   }
-  for (uint32_t i : open) t.end_[i] = static_cast<uint32_t>(t.byte_.size());
-  t.tok_.push_back(static_cast<uint32_t>(t.tok_ids_.size()));
+  t.rest_.build(rest, t.bytes_);
+  const size_t words = (static_cast<size_t>(n) + 31) / 32;
+  t.plain_le_.assign(static_cast<size_t>(t.max_plain_len_) + 1, std::vector<uint32_t>(words, 0));
+  for (int32_t id = 0; id < n; ++id) {
+    const int32_t pl = t.plain_len_[static_cast<size_t>(id)];
+    for (int32_t k = pl; pl > 0 && k <= t.max_plain_len_; ++k) {
+      t.plain_le_[static_cast<size_t>(k)][static_cast<uint32_t>(id) >> 5] |= 1u << (static_cast<uint32_t>(id) & 31);
+    }
+  }
   return t;
 }
 
@@ -220,6 +290,73 @@ class MatcherCache {
     return v;
   }
 
+  // From whole-character state `s`: the one result (a whole state id or
+  // kDeadId) that every plain-class code point leads to, or kNonUniform when
+  // they differ (or a stack limit is hit, or the stack set is too large for
+  // exact signatures). Exact: advance_cp's result depends only on which stacks
+  // take the code point, and that set is constant between consecutive range
+  // bounds of the stack tops' character sets, so one representative per such
+  // interval covers the class. Cached per state.
+  int32_t class_next(int32_t s) {
+    if (class_next_.size() < states.size()) class_next_.resize(states.size(), kUnknown);
+    if (class_next_[static_cast<size_t>(s)] != kUnknown) return class_next_[static_cast<size_t>(s)];
+    const auto& elems = matcher.grammar().elems();
+    const auto& sets = matcher.grammar().charsets();
+    std::vector<uint32_t> cuts;
+    for (auto [lo, hi] : kPlainClass) cuts.push_back(lo);
+    size_t count = 0;
+    {
+      const MatchState& st = states[static_cast<size_t>(s)];
+      for (size_t i = 0; i < st.stacks.size(); i += st.stacks[i] + 1, ++count) {
+        const uint32_t len = st.stacks[i];
+        if (len == 0) continue;
+        for (auto [lo, hi] : sets[elems[st.stacks[i + len]].arg].ranges) {
+          cuts.push_back(lo);
+          cuts.push_back(hi + 1);
+        }
+      }
+    }
+    int32_t result = kUnknown;
+    if (count >= 64) {
+      result = kNonUniform;
+    } else {
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (uint32_t cp : cuts) {
+        if (!in_plain_class(cp)) continue;
+        const int32_t v = whole_advance(s, cp);  // kDeadId when no stack takes cp
+        if (v == kOverflowId || (result != kUnknown && v != result)) {
+          result = kNonUniform;
+          break;
+        }
+        result = v;
+      }
+    }
+    if (class_next_.size() < states.size()) class_next_.resize(states.size(), kUnknown);
+    class_next_[static_cast<size_t>(s)] = result;
+    return result;
+  }
+
+  // For whole-character state `s`, how plain tokens fare (see TokenTrie):
+  // every plain token of at most `k` code points is accepted; longer ones are
+  // all rejected (`tail` kDeadId), all accepted (`tail` >= 0: the chain reached
+  // a state that loops on the class) or need a walk (`tail` kNonUniform).
+  // `max_len` caps the chain (the trie's longest plain token).
+  struct PlainReach {
+    int32_t k;
+    int32_t tail;
+  };
+  PlainReach plain_reach(int32_t s, int32_t max_len) {
+    int32_t cur = s;
+    for (int32_t i = 0; i < max_len; ++i) {
+      const int32_t next = class_next(cur);
+      if (next < 0) return {i, next};
+      if (next == cur) return {max_len, next};
+      cur = next;
+    }
+    return {max_len, cur};
+  }
+
   size_t bytes_used() const { return trans.size() * 4 + ptrans.size() * 4 + states.size() * 64 + partials.size() * 32; }
 
   // Drops everything once the soft caps are passed (between walks only, so
@@ -233,6 +370,7 @@ class MatcherCache {
     partial_ids_.clear();
     ptrans.clear();
     by_sig_.clear();
+    class_next_.clear();
     masks.clear();
     ++generation;
   }
@@ -255,6 +393,7 @@ class MatcherCache {
     }
   };
   std::unordered_map<std::pair<int32_t, uint64_t>, int32_t, PairHash> by_sig_;  // (state, stacks taking cp) -> next
+  std::vector<int32_t> class_next_;  // [states.size()] class_next results, kUnknown until computed
 };
 
 // ---- GrammarState --------------------------------------------------------------
@@ -357,28 +496,20 @@ bool GrammarState::accepts_token(const TokenTrie& trie, int32_t id) {
   return true;
 }
 
-void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask) {
-  const size_t words = (static_cast<size_t>(trie.n_vocab()) + 31) / 32;
-  if (finished_) {
-    bitmask.assign(words, 0);
-    return;
-  }
-  cache_->reset_if_full();
-  MatcherCache& c = *cache_;
-  const int32_t root = state_id();
-  if (auto it = c.masks.find(root); it != c.masks.end() && it->second.size() == words) {
-    bitmask = it->second;
-    return;
-  }
-  bitmask.assign(words, 0);
-  std::vector<int32_t> at(static_cast<size_t>(trie.max_depth_) + 1);
+namespace {
+// Walks trie `t` from cursor `root`, setting the bit of every token whose
+// bytes the grammar accepts from there. `at` is scratch (resized). Returns
+// true when some subtree was cut because it overflowed the stack limits.
+bool walk_trie(const TokenTrie::Nodes& t, MatcherCache& c, int32_t root, std::vector<uint32_t>& bitmask,
+               std::vector<int32_t>& at) {
+  at.resize(static_cast<size_t>(t.max_depth_) + 1);
   at[0] = root;
-  const uint32_t n = static_cast<uint32_t>(trie.byte_.size());
-  const uint8_t* bytes = trie.byte_.data();
-  const uint16_t* depth = trie.depth_.data();
-  const uint32_t* end = trie.end_.data();
-  const uint32_t* tok = trie.tok_.data();
-  const int32_t* ids = trie.tok_ids_.data();
+  const auto n = static_cast<uint32_t>(t.byte_.size());
+  const uint8_t* bytes = t.byte_.data();
+  const uint16_t* depth = t.depth_.data();
+  const uint32_t* end = t.end_.data();
+  const uint32_t* tok = t.tok_.data();
+  const int32_t* ids = t.tok_ids_.data();
   bool overflow = false;
   for (uint32_t i = 0; i < n;) {
     const int32_t parent = at[depth[i] - 1];
@@ -403,6 +534,36 @@ void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask
       bitmask[id >> 5] |= 1u << (id & 31);
     }
     ++i;
+  }
+  return overflow;
+}
+}  // namespace
+
+void GrammarState::allowed(const TokenTrie& trie, std::vector<uint32_t>& bitmask) {
+  const size_t words = (static_cast<size_t>(trie.n_vocab()) + 31) / 32;
+  if (finished_) {
+    bitmask.assign(words, 0);
+    return;
+  }
+  cache_->reset_if_full();
+  MatcherCache& c = *cache_;
+  const int32_t root = state_id();
+  if (auto it = c.masks.find(root); it != c.masks.end() && it->second.size() == words) {
+    bitmask = it->second;
+    return;
+  }
+  // Plain tokens by length where the class is uniform from here (strings);
+  // otherwise the whole trie.
+  MatcherCache::PlainReach reach{0, kNonUniform};
+  if (!is_partial(root) && trie.max_plain_len_ > 0) reach = c.plain_reach(root, trie.max_plain_len_);
+  std::vector<int32_t> at;
+  bool overflow;
+  if (reach.tail != kNonUniform) {
+    bitmask = trie.plain_le_[static_cast<size_t>(reach.k)];
+    overflow = walk_trie(trie.rest_, c, root, bitmask, at);
+  } else {
+    bitmask.assign(words, 0);
+    overflow = walk_trie(trie.full_, c, root, bitmask, at);
   }
   if (overflow) {
     overflow_note_ =

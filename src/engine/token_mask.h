@@ -22,6 +22,13 @@ namespace bonsai::engine {
 // so a mask walk is one forward scan that skips dead subtrees. Built once per
 // model; immutable and thread-safe afterwards (share by const reference; it
 // must outlive every GrammarState call that takes it).
+//
+// Plain tokens (complete UTF-8, every code point a printable JSON-string
+// character: most of a BPE vocabulary) are also classified by length, so in
+// a state where every plain character leads to one and the same next state
+// (inside a JSON string) the mask is "plain tokens of at most K characters"
+// (a precomputed bitmask) plus a walk of the small residual trie of the other
+// tokens, instead of a walk over all ~333k nodes.
 class TokenTrie {
  public:
   // token_bytes[id] = the raw bytes the token prints as (byte-level BPE tokens
@@ -32,26 +39,49 @@ class TokenTrie {
                                          std::span<const int32_t> special_ids = {});
 
   int32_t n_vocab() const { return static_cast<int32_t>(bytes_.size()); }
-  size_t node_count() const { return byte_.size(); }
+  size_t node_count() const { return full_.byte_.size(); }
   std::string_view token_bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   bool is_eos(int32_t id) const;
   // True for ids a grammar never allows (empty bytes or listed special).
   bool is_excluded(int32_t id) const { return excluded_[static_cast<size_t>(id)] != 0; }
   const std::vector<int32_t>& eos_ids() const { return eos_; }
 
-  // Preorder node arrays (node 0 is the first child of the implicit root):
+  // Number of tokens in the residual trie (tokens that are not plain; see
+  // below) and the longest plain token in code points.
+  size_t residual_token_count() const { return rest_.tok_ids_.size(); }
+  int32_t max_plain_len() const { return max_plain_len_; }
+  // Plain-token length of `id` in code points: > 0 when the token is complete,
+  // valid UTF-8 whose every code point is in the plain class (kPlainClass in
+  // token_mask.cpp: printable JSON-string characters, i.e. not '"', '\\',
+  // DEL, C0 controls), at most kMaxPlainLen code points; 0 otherwise.
+  int32_t plain_len(int32_t id) const { return plain_len_[static_cast<size_t>(id)]; }
+
+  // A trie in preorder node arrays (node 0 is the first child of the implicit
+  // root):
   //   byte_[i]   the byte on the edge into node i
   //   depth_[i]  1 for children of the root
   //   end_[i]    one past the last node of i's subtree
   //   tok_[i], tok_[i+1]: range in tok_ids_ of tokens whose bytes end at node i
-  std::vector<uint8_t> byte_;
-  std::vector<uint16_t> depth_;
-  std::vector<uint32_t> end_;
-  std::vector<uint32_t> tok_;
-  std::vector<int32_t> tok_ids_;
-  uint16_t max_depth_ = 0;
+  struct Nodes {
+    std::vector<uint8_t> byte_;
+    std::vector<uint16_t> depth_;
+    std::vector<uint32_t> end_;
+    std::vector<uint32_t> tok_;
+    std::vector<int32_t> tok_ids_;
+    uint16_t max_depth_ = 0;
+    // Builds the arrays from `order` (ids sorted by their bytes).
+    void build(const std::vector<int32_t>& order, const std::vector<std::string>& bytes);
+  };
 
  private:
+  friend class GrammarState;
+  Nodes full_;  // every allowed-able token (not excluded, not EOS)
+  Nodes rest_;  // the same minus the plain tokens (plain_len_ > 0)
+  // plain_le_[n]: bitmask (ceil(n_vocab / 32) words) of plain tokens with
+  // plain_len in [1, n]; n in [0, max_plain_len_].
+  std::vector<std::vector<uint32_t>> plain_le_;
+  std::vector<uint8_t> plain_len_;  // [n_vocab]
+  int32_t max_plain_len_ = 0;
   std::vector<std::string> bytes_;
   std::vector<uint8_t> excluded_;
   std::vector<int32_t> eos_;

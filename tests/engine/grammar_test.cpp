@@ -388,5 +388,74 @@ TEST(TokenMask, QwenVocabMaskEqualsBruteForce) {
   EXPECT_TRUE(st->can_end());
 }
 
+// The plain-token fast path (plain tokens by length + the residual trie) on
+// the real Qwen3 vocabulary: free strings (json_object: the class loops),
+// maxLength strings (a chain of K states ending dead), a string right after an
+// escape, a pattern class (not uniform: the full walk) and keys; each mask
+// equals brute force.
+TEST(TokenMask, QwenVocabPlainFastPathEqualsBruteForce) {
+  auto file = gguf::File::open(std::string(BONSAI_SHARED_DIR) + "/fixtures/qwen3-tiny-q1_0.gguf");
+  if (!file) GTEST_SKIP() << "fixture missing: " << file.error().message;
+  auto tok = tokenizer::Tokenizer::from_gguf(**file);
+  ASSERT_TRUE(tok);
+  const auto& t = **tok;
+  std::vector<std::string> bytes(static_cast<size_t>(t.n_vocab()));
+  std::vector<int32_t> eos, special;
+  for (int32_t id = 0; id < t.n_vocab(); ++id) {
+    bytes[static_cast<size_t>(id)] = t.token_to_bytes(id);
+    if (t.is_eog(id)) {
+      eos.push_back(id);
+    } else if (t.token_type(id) == tokenizer::TokenType::kUserDefined) {
+      special.push_back(id);
+    }
+  }
+  auto trie = TokenTrie::build(bytes, eos, special);
+  ASSERT_TRUE(trie);
+  // Most of the vocabulary is plain; the residual trie is the rest.
+  size_t plain = 0;
+  for (int32_t id = 0; id < trie->n_vocab(); ++id) plain += trie->plain_len(id) > 0;
+  EXPECT_GT(plain, 100000u);
+  size_t walkable = 0;  // every token a grammar may allow is plain or in the residual trie
+  for (int32_t id = 0; id < trie->n_vocab(); ++id) walkable += !trie->is_eos(id) && !trie->is_excluded(id);
+  EXPECT_EQ(plain + trie->residual_token_count(), walkable);
+  EXPECT_EQ(trie->plain_len(static_cast<int32_t>(t.encode("hello")[0])), 5);
+  auto schema = json_schema_to_gbnf(
+      R"({"type":"object","properties":{"s":{"type":"string","maxLength":5},"z":{"type":"string","pattern":"^[0-9]{3}$"},"f":{"type":"string"}},"required":["s","z","f"]})");
+  ASSERT_TRUE(schema);
+  struct Case {
+    std::string gbnf;
+    std::vector<std::string> chunks;
+  };
+  const std::vector<Case> cases = {
+      {json_object_gbnf(), {"", "{\"", "ab", "c d", "\\n", "\\u00e9", "x\"", ": \"", "q"}},
+      {*schema,
+       {"", "{\"s\": \"", "a", "bc", "d", "e", "\", \"z\": \"", "1", "23\", \"f\": \"", "long text here", "\\t"}},
+  };
+  for (const auto& cs : cases) {
+    auto g = compile(cs.gbnf);
+    auto st = GrammarState::create(g);
+    ASSERT_TRUE(st);
+    for (const auto& c : cs.chunks) {
+      ASSERT_TRUE(st->accept_bytes(c)) << c;
+      std::vector<uint32_t> mask;
+      st->allowed(*trie, mask);
+      for (int32_t id = 0; id < trie->n_vocab(); ++id) {
+        bool expect;
+        if (trie->is_eos(id)) {
+          expect = st->can_end();
+        } else if (trie->is_excluded(id)) {
+          expect = false;
+        } else {
+          GrammarState cl = st->clone();
+          expect = cl.accept_bytes(bytes[static_cast<size_t>(id)]).has_value();
+        }
+        const bool got = (mask[static_cast<uint32_t>(id) >> 5] >> (id & 31)) & 1;
+        ASSERT_EQ(got, expect) << "token " << id << " '" << bytes[static_cast<size_t>(id)] << "' after chunk '" << c
+                               << "'";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bonsai::engine
