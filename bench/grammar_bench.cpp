@@ -153,17 +153,22 @@ int main(int argc, char** argv) {
     }
     for (const char* mode : {"forced", "random"}) {
       std::vector<double> ms, acc_us;
+      std::vector<std::pair<double, std::string>> slow;  // (ms, text so far) of the slowest steps, when verbose
+      const bool verbose = std::getenv("BONSAI_GRAMMAR_BENCH_VERBOSE") != nullptr;
+      std::string text;
       size_t tokens = 0, allowed_sum = 0;
       int finished = 0;
       for (int r = 0; r < runs; ++r) {
         auto st = engine::GrammarState::create(*grammar);
         if (!st) return 1;
         std::mt19937 rng(static_cast<uint32_t>(r + 1));
+        text.clear();
         std::vector<uint32_t> mask;
         for (size_t step = 0; step < 512; ++step) {
           auto a = Clock::now();
           st->allowed(*trie, mask);
           ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+          if (verbose) slow.emplace_back(ms.back(), text);
           int32_t next;
           if (mode[0] == 'f') {
             if (step == ids.size()) {
@@ -193,6 +198,7 @@ int main(int argc, char** argv) {
             return 1;
           }
           ++tokens;
+          if (verbose && !trie->is_eos(next)) text += trie->token_bytes(next);
           if (st->finished()) {
             ++finished;
             break;
@@ -208,6 +214,12 @@ int main(int argc, char** argv) {
           runs,
           mode[0] == 'r' ? (" (mean allowed " + std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")").c_str()
                          : "");
+      if (verbose) {
+        std::sort(slow.begin(), slow.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        for (size_t i = 0; i < std::min<size_t>(slow.size(), 6); ++i) {
+          std::printf("    slow step %.3f ms after '%s'\n", slow[i].first, slow[i].second.c_str());
+        }
+      }
     }
   }
   std::printf(

@@ -48,9 +48,16 @@ bool in_plain_class(uint32_t cp) {
   return false;
 }
 
-// Code points in `b` when it is complete, valid UTF-8 (the matcher's rules:
-// no overlong form, surrogate or value above U+10FFFF) of plain-class code
-// points only and at most kMaxPlainLen of them; 0 otherwise.
+// The plain length of token bytes `b`: its number of code points when it is
+// valid UTF-8 (the matcher's rules: no overlong form, surrogate or value above
+// U+10FFFF) of plain-class code points only, where the last character may be
+// cut short, counting as one, provided every code point it could still become
+// is plain (so not ED A0.. or a lone ED, which could only or also become
+// surrogates). 0 when not plain or longer than kMaxPlainLen. From a state
+// whose plain-class successors are uniform (MatcherCache::class_next) such a
+// token is accepted exactly when a complete plain token of the same length is:
+// each byte of a cut character is checked against the code points it may still
+// become, all plain.
 int32_t plain_length(std::string_view b) {
   static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
   int32_t n = 0;
@@ -61,17 +68,28 @@ int32_t plain_length(std::string_view b) {
                        : c >= 0xE0 && c <= 0xEF ? 3
                        : c >= 0xF0 && c <= 0xF4 ? 4
                                                 : 0;
-    if (len == 0 || i + len > b.size()) return 0;
+    if (len == 0) return 0;
     uint32_t cp = len == 1 ? c : c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-    for (size_t k = 1; k < len; ++k) {
+    const size_t have = std::min(len, b.size() - i);
+    for (size_t k = 1; k < have; ++k) {
       const auto d = static_cast<uint8_t>(b[i + k]);
       if ((d & 0xC0) != 0x80) return 0;
       cp = (cp << 6) | (d & 0x3F);
     }
-    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    if (!in_plain_class(cp)) return 0;
+    if (have < len) {
+      // A cut character (the token's last): the range it can still become.
+      const auto need = static_cast<uint32_t>(len - have);
+      uint32_t lo = cp << (6 * need);
+      uint32_t hi = lo | ((1u << (6 * need)) - 1);
+      lo = std::max(lo, kMinForLen[len]);
+      hi = std::min(hi, 0x10FFFFu);
+      if (lo > hi || (lo <= 0xDFFF && hi >= 0xD800)) return 0;
+    } else {
+      if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+      if (!in_plain_class(cp)) return 0;
+    }
     if (++n > kMaxPlainLen) return 0;
-    i += len;
+    i += have;
   }
   return n;
 }
@@ -179,6 +197,33 @@ struct Partial {
 };
 }  // namespace
 
+// Rows of `kWidth` transition slots (kUnknown until computed), allocated in
+// fixed blocks of kRowsPerBlock rows so growing never moves or copies the
+// rows already there (a flat vector's doubling copied megabytes and touched
+// fresh pages in the middle of a mask walk: a p99 spike).
+template <size_t kWidth>
+class RowTable {
+ public:
+  static constexpr size_t kRowsPerBlock = 64;
+  void add_row() {
+    if (rows_.size() % kRowsPerBlock == 0) {
+      blocks_.push_back(std::make_unique<int32_t[]>(kRowsPerBlock * kWidth));
+      std::fill_n(blocks_.back().get(), kRowsPerBlock * kWidth, kUnknown);
+    }
+    rows_.push_back(blocks_.back().get() + (rows_.size() % kRowsPerBlock) * kWidth);
+  }
+  int32_t* row(int32_t i) { return rows_[static_cast<size_t>(i)]; }
+  size_t bytes() const { return blocks_.size() * kRowsPerBlock * kWidth * sizeof(int32_t); }
+  void clear() {
+    rows_.clear();
+    blocks_.clear();
+  }
+
+ private:
+  std::vector<std::unique_ptr<int32_t[]>> blocks_;
+  std::vector<int32_t*> rows_;  // [rows] pointers into blocks_
+};
+
 class MatcherCache {
  public:
   MatcherCache(std::shared_ptr<const Grammar> g, GrammarLimits limits)
@@ -189,7 +234,7 @@ class MatcherCache {
     auto [it, inserted] = ids_.try_emplace(s, static_cast<int32_t>(states.size()));
     if (inserted) {
       states.push_back(s);
-      trans.resize(trans.size() + 256, kUnknown);
+      trans.add_row();
     }
     return it->second;
   }
@@ -198,7 +243,7 @@ class MatcherCache {
     auto [it, inserted] = partial_ids_.try_emplace(key, static_cast<int32_t>(partials.size()));
     if (inserted) {
       partials.push_back({whole, acc, need, len});
-      ptrans.resize(ptrans.size() + 64, kUnknown);
+      ptrans.add_row();
     }
     return encode_partial(it->second);
   }
@@ -225,18 +270,18 @@ class MatcherCache {
   int32_t next(int32_t cur, uint8_t b) {
     int32_t* slot;
     if (!is_partial(cur)) {
-      slot = &trans[static_cast<size_t>(cur) * 256 + b];
+      slot = &trans.row(cur)[b];
     } else {
       if ((b & 0xC0) != 0x80) return kDeadId;
-      slot = &ptrans[static_cast<size_t>(partial_index(cur)) * 64 + (b & 0x3F)];
+      slot = &ptrans.row(partial_index(cur))[b & 0x3F];
     }
     if (*slot != kUnknown) return *slot;
     const int32_t v = compute(cur, b);
     // Re-index: interning may have grown the tables.
     if (!is_partial(cur)) {
-      trans[static_cast<size_t>(cur) * 256 + b] = v;
+      trans.row(cur)[b] = v;
     } else {
-      ptrans[static_cast<size_t>(partial_index(cur)) * 64 + (b & 0x3F)] = v;
+      ptrans.row(partial_index(cur))[b & 0x3F] = v;
     }
     return v;
   }
@@ -357,7 +402,7 @@ class MatcherCache {
     return {max_len, cur};
   }
 
-  size_t bytes_used() const { return trans.size() * 4 + ptrans.size() * 4 + states.size() * 64 + partials.size() * 32; }
+  size_t bytes_used() const { return trans.bytes() + ptrans.bytes() + states.size() * 64 + partials.size() * 32; }
 
   // Drops everything once the soft caps are passed (between walks only, so
   // cursors held by a running walk stay valid).
@@ -378,9 +423,9 @@ class MatcherCache {
   Matcher matcher;
   uint64_t generation = 1;
   std::vector<MatchState> states;  // whole-character states (utf8_need == 0)
-  std::vector<int32_t> trans;      // [states.size() * 256]
+  RowTable<256> trans;             // [states.size()][256 bytes]
   std::vector<Partial> partials;
-  std::vector<int32_t> ptrans;                               // [partials.size() * 64], by continuation byte & 0x3F
+  RowTable<64> ptrans;                                       // [partials.size()][continuation byte & 0x3F]
   std::unordered_map<int32_t, std::vector<uint32_t>> masks;  // cursor -> bitmask
   GrammarLimits limits_;
 
@@ -516,9 +561,9 @@ bool walk_trie(const TokenTrie::Nodes& t, MatcherCache& c, int32_t root, std::ve
     const uint8_t b = bytes[i];
     int32_t s;
     if (!is_partial(parent)) {
-      s = c.trans[static_cast<size_t>(parent) * 256 + b];
+      s = c.trans.row(parent)[b];
     } else if ((b & 0xC0) == 0x80) {
-      s = c.ptrans[static_cast<size_t>(partial_index(parent)) * 64 + (b & 0x3F)];
+      s = c.ptrans.row(partial_index(parent))[b & 0x3F];
     } else {
       s = kDeadId;
     }

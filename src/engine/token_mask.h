@@ -50,10 +50,12 @@ class TokenTrie {
   // below) and the longest plain token in code points.
   size_t residual_token_count() const { return rest_.tok_ids_.size(); }
   int32_t max_plain_len() const { return max_plain_len_; }
-  // Plain-token length of `id` in code points: > 0 when the token is complete,
-  // valid UTF-8 whose every code point is in the plain class (kPlainClass in
+  // Plain-token length of `id` in code points: > 0 when the token is valid
+  // UTF-8 whose every code point is in the plain class (kPlainClass in
   // token_mask.cpp: printable JSON-string characters, i.e. not '"', '\\',
-  // DEL, C0 controls), at most kMaxPlainLen code points; 0 otherwise.
+  // DEL, C0 controls, surrogates), the last one possibly cut short (it counts
+  // as one) if all it can still become is plain; at most kMaxPlainLen (32).
+  // 0 otherwise.
   int32_t plain_len(int32_t id) const { return plain_len_[static_cast<size_t>(id)]; }
 
   // A trie in preorder node arrays (node 0 is the first child of the implicit

@@ -263,6 +263,36 @@ TEST(TokenMask, EosOnlyWhenCanEndAndSpecialNever) {
   EXPECT_FALSE(st->accept_token(v.trie, 7));
 }
 
+// Plain lengths: complete plain UTF-8, or cut short in its last character
+// when everything that character can become is plain.
+TEST(TokenMask, PlainLengthCountsCodePointsAndCutCharacters) {
+  std::vector<std::string> bytes{"ab",
+                                 "\xC3\xA9x",
+                                 "\xE4\xBD",
+                                 "a\xE4",
+                                 "\xF0\x9F",
+                                 "\xED\x9F",
+                                 "\xED",
+                                 "\xED\xA0",
+                                 "\xF4\x90",
+                                 "\xE0\x80",
+                                 "a\"",
+                                 "\\n",
+                                 "\x7F",
+                                 "\n",
+                                 "\xA0",
+                                 "\xFF",
+                                 "a\xE4"
+                                 "b"};
+  std::vector<int32_t> eos;
+  auto t = TokenTrie::build(bytes, eos);
+  ASSERT_TRUE(t);
+  const std::vector<int32_t> want{2, 2, 1, 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  for (size_t i = 0; i < bytes.size(); ++i) EXPECT_EQ(t->plain_len(static_cast<int32_t>(i)), want[i]) << i;
+  EXPECT_EQ(t->residual_token_count(), 11u);
+  EXPECT_EQ(t->max_plain_len(), 2);
+}
+
 TEST(TokenMask, TrieBuildValidatesIds) {
   std::vector<std::string> bytes{"a", "b"};
   std::vector<int32_t> eos{5};
@@ -427,7 +457,7 @@ TEST(TokenMask, QwenVocabPlainFastPathEqualsBruteForce) {
     std::vector<std::string> chunks;
   };
   const std::vector<Case> cases = {
-      {json_object_gbnf(), {"", "{\"", "ab", "c d", "\\n", "\\u00e9", "x\"", ": \"", "q"}},
+      {json_object_gbnf(), {"", "{\"", "ab", "c d", "\\n", "\\u00e9", "x\xE4", "\xBD\xA0\"", ": \"", "q"}},
       {*schema,
        {"", "{\"s\": \"", "a", "bc", "d", "e", "\", \"z\": \"", "1", "23\", \"f\": \"", "long text here", "\\t"}},
   };
