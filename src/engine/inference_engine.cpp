@@ -383,24 +383,34 @@ bool InferenceEngine::inputs_done(int64_t n) {
   return true;
 }
 
+// The checks embed() and start_embedding() share: no generation in
+// progress, 1..n_ctx tokens, every id inside the vocabulary. Errors:
+// kInvalidArgument (busy, empty, bad id), kOutOfRange (longer than n_ctx).
+static core::Expected<void> check_embed_input(bool busy, int64_t n_ctx, int64_t n_vocab,
+                                              std::span<const int32_t> tokens) {
+  if (busy) return core::fail(core::Errc::kInvalidArgument, "embed: a generation is in progress");
+  if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "embed: no tokens");
+  if (const auto n = static_cast<int64_t>(tokens.size()); n > n_ctx) {
+    return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
+                                                   " tokens but the context holds " + std::to_string(n_ctx));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, "embed: token " + std::to_string(tokens[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(n_vocab) + ")");
+    }
+  }
+  return {};
+}
+
 core::Expected<void> InferenceEngine::start_embedding(std::span<const int32_t> tokens,
                                                       const std::atomic<bool>* cancel) {
   Impl& m = *impl_;
   const Clock::time_point t_start = Clock::now();
-  if (m.seq.active) return core::fail(core::Errc::kInvalidArgument, "embed: a generation is in progress");
-  if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "embed: no tokens");
+  if (auto ok = check_embed_input(m.seq.active, m.cache.n_ctx(), m.n_vocab, tokens); !ok)
+    return std::unexpected(ok.error());
   const auto n = static_cast<int64_t>(tokens.size());
-  if (n > m.cache.n_ctx()) {
-    return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
-                                                   " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
-      return core::fail(core::Errc::kInvalidArgument, "embed: token " + std::to_string(tokens[i]) + " at index " +
-                                                          std::to_string(i) + " is outside the vocabulary [0, " +
-                                                          std::to_string(m.n_vocab) + ")");
-    }
-  }
   reset();  // claims the cache, drops a pending tail
   Impl::Seq& q = m.seq;
   q = Impl::Seq();
@@ -703,20 +713,9 @@ core::Expected<void> InferenceEngine::copy_prefix_from(const InferenceEngine& sr
 
 core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_t> tokens) {
   Impl& m = *impl_;
-  if (m.seq.active) return core::fail(core::Errc::kInvalidArgument, "embed: a generation is in progress");
-  if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "embed: no tokens");
+  if (auto ok = check_embed_input(m.seq.active, m.cache.n_ctx(), m.n_vocab, tokens); !ok)
+    return std::unexpected(ok.error());
   const auto n = static_cast<int64_t>(tokens.size());
-  if (n > m.cache.n_ctx()) {
-    return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
-                                                   " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= m.n_vocab) {
-      return core::fail(core::Errc::kInvalidArgument, "embed: token " + std::to_string(tokens[i]) + " at index " +
-                                                          std::to_string(i) + " is outside the vocabulary [0, " +
-                                                          std::to_string(m.n_vocab) + ")");
-    }
-  }
   const int64_t dim = m.model->config().n_embd;
   std::vector<float> hidden(static_cast<size_t>(n * dim));
   reset();
