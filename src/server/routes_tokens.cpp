@@ -411,9 +411,7 @@ void add_token_routes(HttpTransport& http, ServerContext& ctx) {
   http.route("POST", "/v1/embeddings", [&ctx, &http, bad_body](const std::shared_ptr<Exchange>& ex) {
     const HttpRequest& req = ex->request();
     HttpResponse res;
-    std::string type = req.header("Content-Type");
-    for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (type.rfind("multipart/form-data", 0) == 0) {
+    if (req.is_multipart()) {
       bad_body(req, res);
       return ex->respond(std::move(res));
     }

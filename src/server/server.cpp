@@ -257,9 +257,7 @@ struct Server::Impl {
       return [this, bad_body, endpoint](const std::shared_ptr<Exchange>& ex) {
         const HttpRequest& req = ex->request();
         HttpResponse res;
-        std::string type = req.header("Content-Type");
-        for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        if (type.rfind("multipart/form-data", 0) == 0) {
+        if (req.is_multipart()) {
           bad_body(req, res);
           return ex->respond(std::move(res));
         }

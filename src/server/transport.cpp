@@ -832,14 +832,18 @@ void HttpTransport::get(std::string path, SyncHandler handler, Dispatch dispatch
       dispatch);
 }
 
+bool HttpRequest::is_multipart() const {
+  std::string type = header("Content-Type");
+  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return type.rfind("multipart/form-data", 0) == 0;
+}
+
 void HttpTransport::post_json(std::string path, BodyHandler handler, SyncHandler multipart_error) {
   route("POST", std::move(path),
         [h = std::move(handler), mp = std::move(multipart_error)](const std::shared_ptr<Exchange>& ex) {
           HttpResponse res;
           const HttpRequest& req = ex->request();
-          std::string type = req.header("Content-Type");
-          for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-          if (type.rfind("multipart/form-data", 0) == 0 && mp)
+          if (req.is_multipart() && mp)
             mp(req, res);
           else
             h(req, req.body, res);

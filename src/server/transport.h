@@ -89,6 +89,9 @@ struct HttpRequest {
   // The first header named `name` (case-insensitive), or "" if none.
   std::string header(std::string_view name) const;
   bool has_header(std::string_view name) const;
+  // Whether Content-Type starts with multipart/form-data (case-insensitive):
+  // the body routes that take JSON refuse it (HttpTransport::post_json).
+  bool is_multipart() const;
 };
 
 // One whole response. Content-Length and Connection are set by the transport.
