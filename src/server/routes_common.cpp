@@ -78,4 +78,33 @@ std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, c
   return std::unexpected(e);
 }
 
+ApiError job_cut_error(bool client_gone) {
+  if (client_gone) {
+    ApiError e;
+    e.status = 499;
+    e.type = "client_closed_request";
+    e.message = "The client closed the connection before the answer was ready.";
+    return e;
+  }
+  return overloaded("The server is shutting down.", "shutting_down", 5);
+}
+
+ApiError job_failure_error(const ServerContext& ctx, const core::Error& e, const std::string& model_id,
+                           bool client_gone) {
+  switch (e.code) {
+    case core::Errc::kTimeout:
+      return overloaded("The request timed out waiting for an engine replica.", "timeout", 1);
+    case core::Errc::kCancelled:
+      return job_cut_error(client_gone);
+    case core::Errc::kResourceExhausted:
+      if (ctx.stopping) return overloaded("The server is shutting down.", "shutting_down", 5);
+      return overloaded("Model '" + model_id +
+                            "' was unloaded (by /admin/models/unload, or to make room for another model) before "
+                            "this request started. Send it again to load the model again.",
+                        "model_unloaded", 1);
+    default:
+      return from_core_error(e, 500);
+  }
+}
+
 }  // namespace bonsai::server

@@ -64,4 +64,21 @@ ApiError from_core_error(const core::Error& e, int default_status = 400);
 // model_load_failed. The handle gives the model back when dropped.
 std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, const std::string& id);
 
+// The error of a scheduler job that was cut (a choice ended kCancelled, or
+// the job failed kCancelled): 499 client_closed_request when the cut was the
+// client leaving (`client_gone`; nobody reads it, it labels the request in
+// /metrics, as nginx's 499), else 503 shutting_down (Retry-After 5).
+ApiError job_cut_error(bool client_gone);
+
+// The error of a scheduler job of model `model_id` that failed before it
+// produced an answer (JobEvent::kFailed, scheduler.h), for `what` (e.g.
+// "its embeddings"): kTimeout (still queued at its deadline) 503 timeout
+// (Retry-After 1); kCancelled job_cut_error(client_gone); kResourceExhausted (the
+// model's engine pool closed before the job started) 503 shutting_down when
+// the server stops, else 503 model_unloaded (the model was unloaded or
+// evicted meanwhile; sending the request again loads it again; Retry-After
+// 1); anything else from_core_error(e, 500).
+ApiError job_failure_error(const ServerContext& ctx, const core::Error& e, const std::string& model_id,
+                           bool client_gone);
+
 }  // namespace bonsai::server

@@ -203,38 +203,13 @@ struct EmbedAnswer : std::enable_shared_from_this<EmbedAnswer> {
     ex->respond(std::move(res));
   }
 
-  // Why the job was cut (cancelled): the client left (nginx's 499, nobody
-  // reads it) or the server stops.
-  ApiError cut_error() const {
-    if (client_gone.load() && !ctx->stopping) {
-      ApiError e;
-      e.status = 499;
-      e.type = "client_closed_request";
-      e.message = "The client closed the connection before the answer was ready.";
-      return e;
-    }
-    return overloaded("The server is shutting down.", "shutting_down", 5);
-  }
-
   void answer(HttpResponse& res) {
-    if (failed) {
-      switch (failed->code) {
-        case core::Errc::kTimeout:
-          return send_error(res, overloaded("The request timed out waiting for an engine replica.", "timeout", 1));
-        case core::Errc::kCancelled:
-          return send_error(res, cut_error());
-        case core::Errc::kResourceExhausted:
-          return send_error(res, ctx->stopping ? overloaded("The server is shutting down.", "shutting_down", 5)
-                                               : overloaded("No engine replica became free: " + failed->message + ".",
-                                                            "overloaded", 1));
-        default:
-          return send_error(res, from_core_error(*failed, 500));
-      }
-    }
+    const bool gone = client_gone.load() && !ctx->stopping;
+    if (failed) return send_error(res, job_failure_error(*ctx, *failed, model_id, gone));
     json data = json::array();
     for (size_t k = 0; k < done.size(); ++k) {
       const engine::GenerationResult& r = *done[k];
-      if (r.finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error());
+      if (r.finish_reason == engine::FinishReason::kCancelled) return send_error(res, job_cut_error(gone));
       if (r.timed_out)
         return send_error(res, overloaded("The request timed out before its embeddings were computed.", "timeout", 1));
       if (r.embedding.empty())

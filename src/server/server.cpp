@@ -429,32 +429,6 @@ struct Server::Impl {
     }
   }
 
-  // The error for a job that failed before it produced an answer.
-  ApiError failure_error(const core::Error& e, CutReason cut) const {
-    switch (e.code) {
-      case core::Errc::kTimeout:
-        return overloaded("The request timed out waiting for an engine replica.", "timeout", 1);
-      case core::Errc::kCancelled:
-        return cut_error(cut);
-      case core::Errc::kResourceExhausted:
-        return ctx.stopping ? overloaded("The server is shutting down.", "shutting_down", 5)
-                            : overloaded("No engine replica became free: " + e.message + ".", "overloaded", 1);
-      default:
-        return from_core_error(e, 500);
-    }
-  }
-
-  static ApiError cut_error(CutReason cut) {
-    if (cut == CutReason::kClientGone) {
-      ApiError e;  // nobody reads it; the status labels the request in /metrics (nginx's 499)
-      e.status = 499;
-      e.type = "client_closed_request";
-      e.message = "The client closed the connection before the answer was ready.";
-      return e;
-    }
-    return overloaded("The server is shutting down.", "shutting_down", 5);
-  }
-
   // finish_reason of a choice: a timed-out one is "length" (the answer so far).
   static std::string finish_name(const engine::GenerationResult& r) {
     return engine::finish_reason_name(r.finish_reason);
@@ -475,12 +449,14 @@ struct Server::Impl {
 
   // A non-streamed answer from a finished job's progress.
   void answer_whole(HttpResponse& res, Job& job, Progress& pr) {
-    if (pr.failed) return send_error(res, failure_error(*pr.failed, pr.cut));
+    if (pr.failed)
+      return send_error(res, job_failure_error(ctx, *pr.failed, job.meta.model, pr.cut == CutReason::kClientGone));
     std::vector<Choice> choices;
     Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
     usage.cached_tokens = pr.done.empty() || !pr.done.front() ? 0 : pr.done.front()->cached_tokens;
     for (auto& d : pr.done) {
-      if (!d || d->finish_reason == engine::FinishReason::kCancelled) return send_error(res, cut_error(pr.cut));
+      if (!d || d->finish_reason == engine::FinishReason::kCancelled)
+        return send_error(res, job_cut_error(pr.cut == CutReason::kClientGone));
       usage.completion_tokens += d->completion_tokens;
       Choice ch{std::move(d->text), finish_name(*d), {}, {}};
       if (job.logprobs >= 0) {
@@ -728,7 +704,9 @@ struct Server::Impl {
     void end_stream() {
       if (alive && pr.failed) {
         // The stream ends with the error event: no usage chunk and no [DONE] after it.
-        if (pr.cut != CutReason::kClientGone) write(sse_event(impl->failure_error(*pr.failed, pr.cut).to_json()));
+        if (pr.cut != CutReason::kClientGone)
+          write(sse_event(
+              job_failure_error(impl->ctx, *pr.failed, job->meta.model, pr.cut == CutReason::kClientGone).to_json()));
         alive = false;
       }
       const bool chat = job->meta.endpoint == Endpoint::kChat;
@@ -737,7 +715,8 @@ struct Server::Impl {
       for (int i = 0; i < job->n && alive; ++i) {
         const auto& d = pr.done[static_cast<size_t>(i)];
         if (!d || d->finish_reason == engine::FinishReason::kCancelled) {
-          if (pr.cut != CutReason::kClientGone) write(sse_event(cut_error(pr.cut).to_json()));
+          if (pr.cut != CutReason::kClientGone)
+            write(sse_event(job_cut_error(pr.cut == CutReason::kClientGone).to_json()));
           alive = false;
           break;
         }

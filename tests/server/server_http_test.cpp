@@ -938,6 +938,60 @@ TEST_F(ServerHttp, NonStreamedGenerationStopsWhenTheClientHangsUp) {
   EXPECT_EQ(st, 200) << j.dump();
 }
 
+// An admin unload while requests are in flight: the running generation
+// finishes (its model is freed only when it lets go), and a request still
+// queued behind it gets a 503 that says the model was unloaded, not a
+// client-gone 499 nor "shutting down".
+TEST_F(ServerHttp, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueuedOne) {
+  ASSERT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
+  ASSERT_EQ(post("/admin/models/load", json{{"id", "stories"}, {"ctx_size", 2048}}.dump()).first, 202);
+  pool_->wait_background();
+  auto lm = pool_->peek("stories");
+  ASSERT_NE(lm, nullptr);
+  json long_req = completion_body("Once upon a time", 1900);
+  long_req["ignore_eos"] = true;
+  std::pair<int, json> running, queued, embed;
+  std::thread t_run([&] { running = post("/v1/completions", long_req.dump()); });
+  // Wait until the long generation holds the only replica.
+  for (int i = 0; i < 5000 && lm->pool->available() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(lm->pool->available(), 0);
+  std::thread t_queued([&] { queued = post("/v1/completions", completion_body("Once upon a time", 4).dump()); });
+  std::thread t_embed([&] { embed = post("/v1/embeddings", json{{"model", "stories"}, {"input", "hello"}}.dump()); });
+  int streamed_status = 0;
+  std::string streamed;
+  std::thread t_stream([&] {
+    json req = completion_body("Once upon a time", 4);
+    req["stream"] = true;
+    auto c = client();
+    if (auto r = c.Post("/v1/completions", req.dump(), "application/json")) {
+      streamed_status = r->status;
+      streamed = r->body;
+    }
+  });
+  // All three wait in the model's queue (the long one still runs: 1,900 tokens).
+  for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(lm->scheduler->stats().waiting, 3);
+  EXPECT_EQ(lm->pool->available(), 0);
+  EXPECT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);  // threads join below
+  t_queued.join();
+  t_embed.join();
+  t_stream.join();
+  t_run.join();
+  EXPECT_EQ(running.first, 200) << running.second.dump();
+  EXPECT_EQ(running.second["usage"]["completion_tokens"], 1900) << running.second.dump();
+  for (const auto* r : {&queued, &embed}) {
+    EXPECT_EQ(r->first, 503) << r->second.dump();
+    EXPECT_EQ(r->second["error"]["code"], "model_unloaded") << r->second.dump();
+    EXPECT_NE(r->second["error"]["message"].get<std::string>().find("'stories'"), std::string::npos)
+        << r->second.dump();
+  }
+  // Streamed (its 200 and headers are out once it is queued): one error event, no [DONE].
+  EXPECT_EQ(streamed_status, 200) << streamed;
+  EXPECT_EQ(streamed.rfind("data: {\"error\":{\"code\":\"model_unloaded\"", 0), 0u) << streamed;
+  EXPECT_EQ(streamed.find("[DONE]"), std::string::npos) << streamed;
+}
+
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
 // overflow into the past, so every request timed out at once (503).
 class ServerHttpHugeTimeout : public ServerHttp, public ::testing::WithParamInterface<double> {
