@@ -42,6 +42,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Largest head dim of the Q8_0-key path (a larger one converts K rows to fp32).
 constexpr int64_t kMaxHeadDim = 512;
+// At most this many query heads of a task (tile queries x GQA group) read K/V
+// rows in place on the AVX-512 path; more convert each block once to fp32.
+constexpr int64_t kDirectHeads = 4;
 
 // One (query head, key block) step of the online softmax.
 //   q: [hd_k] query, k: [nk][hd_k] and v: [nk][hd_v] fp32 rows of the block,
@@ -373,6 +376,203 @@ BONSAI_AVX512 void q8_0_to_f32_avx512(const uint8_t* src, float* dst, int64_t n)
     _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1))));
   }
 }
+
+// ---- Group step (AVX-512): the query heads of one KV head share each K/V load ----
+// The ops per head are exactly those of block_avx512 / update_avx512 (the same
+// fma chains, hsum16x16 tree, softmax and pv_chunks order), so every head gets
+// the bits it would get alone; only the loads are shared: each K chunk feeds
+// two heads' score chains and each V chunk every head's accumulators. K and V
+// may also be read straight from the cache rows (fp16 -> fp32 and q8_0 d * q
+// are exact, the values load_rows would have stored), which attention() does
+// when few queries share the block (decode): converting to scratch first only
+// cost a store and a reload.
+
+// Row sources: row t's fp32 elements [16c, 16c + 16).
+struct RowsF32 {
+  const float* p;
+  int64_t stride;  // floats between rows
+};
+struct RowsF16 {
+  const uint8_t* p;
+  size_t stride;  // bytes between rows
+};
+struct RowsQ8 {  // ggml block_q8_0 rows
+  const uint8_t* p;
+  size_t stride;  // bytes between rows
+};
+
+BONSAI_AVX512 inline __m512 load16(const RowsF32& r, int64_t t, int64_t c) {
+  return _mm512_loadu_ps(r.p + t * r.stride + 16 * c);
+}
+BONSAI_AVX512 inline __m512 load16(const RowsF16& r, int64_t t, int64_t c) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.p + t * r.stride + 32 * c)));
+}
+BONSAI_AVX512 inline __m512 load16(const RowsQ8& r, int64_t t, int64_t c) {
+  const uint8_t* b = r.p + t * r.stride + 34 * (c >> 1);
+  uint16_t dh;
+  std::memcpy(&dh, b, 2);
+  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<int16_t>(dh)));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * (c & 1)));
+  return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));  // as q8_0_to_f32_avx512
+}
+
+// Scores of NQ heads (q rows hd_k floats apart) against keys t0 .. t0+15:
+// block_avx512's chains (mul, then fma over chunks in order), 8 keys at a time
+// so the NQ x 8 chains stay in registers. d[j][u]: head j, key t0 + u.
+template <int NQ, class KR>
+BONSAI_AVX512 inline void chains16(const float* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&d)[NQ][16]) {
+  const int64_t nc = hd_k / 16;
+  for (int h = 0; h < 16; h += 8) {
+    __m512 a[NQ][8];
+    __m512 qc[NQ];
+    for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q + j * hd_k);
+    for (int u = 0; u < 8; ++u) {
+      const __m512 kv = load16(k, t0 + h + u, 0);
+      for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_mul_ps(qc[j], kv);
+    }
+    for (int64_t c = 1; c < nc; ++c) {
+      for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q + j * hd_k + 16 * c);
+      for (int u = 0; u < 8; ++u) {
+        const __m512 kv = load16(k, t0 + h + u, c);
+        for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_fmadd_ps(qc[j], kv, a[j][u]);
+      }
+    }
+    for (int j = 0; j < NQ; ++j) {
+      for (int u = 0; u < 8; ++u) d[j][h + u] = a[j][u];
+    }
+  }
+}
+
+// s[j][0..32) = head j's scaled scores of keys < nk, -inf past them (the
+// values block_avx512 computes). Rows up to the 16-key group holding nk - 1
+// are read (masked lanes; each lane depends on its own key only).
+template <int NQ, class KR>
+BONSAI_AVX512 void scores_group(const float* q, int64_t hd_k, const KR& k, int64_t nk, float scale, float* s) {
+  static_assert(kKeyBlock == 32);
+  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(kNegInf);
+  for (int64_t t0 = 0; t0 < kKeyBlock; t0 += 16) {
+    if (t0 >= nk) {
+      for (int j = 0; j < NQ; ++j) _mm512_storeu_ps(s + j * kKeyBlock + t0, ninf);
+      continue;
+    }
+    __m512 d[NQ][16];
+    chains16<NQ>(q, hd_k, k, t0, d);
+    const __mmask16 live = nk - t0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - t0)) - 1u);
+    for (int j = 0; j < NQ; ++j) {
+      _mm512_storeu_ps(s + j * kKeyBlock + t0, _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum16x16(d[j]), vscale)));
+    }
+  }
+}
+
+// update_avx512's softmax part for one head: s[0..32) scaled scores (-inf
+// past nk) -> p (overwritten), state's m and l updated; returns corr.
+BONSAI_AVX512 inline __m512 softmax_avx512(float* s, float* state) {
+  __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
+  const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+  const float m_new = std::max(state[0], mb);
+  const __m512 mv = _mm512_set1_ps(m_new);
+  const __m512 corr = exp_neg_ps512(_mm512_set1_ps(state[0] - m_new));  // 0 on the first block
+  s0 = exp_neg_ps512(_mm512_sub_ps(s0, mv));                            // masked keys: exp(-inf) = 0
+  s1 = exp_neg_ps512(_mm512_sub_ps(s1, mv));
+  _mm512_storeu_ps(s, s0);
+  _mm512_storeu_ps(s + 16, s1);
+  state[0] = m_new;
+  state[1] = state[1] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return corr;
+}
+
+// pv_chunks for NQ heads at once over V chunks [c0, c0 + NC): per head j,
+// acc_j = acc_j * corr_j, then acc_j = fma(p_jt, v_t, acc_j) for t ascending.
+// p: [NQ][kKeyBlock]; acc[j]: head j's accumulator (hd_v floats).
+template <int NQ, int NC, class VR>
+BONSAI_AVX512 inline void pv_group(const float* p, int64_t nk, const VR& v, int64_t c0, const __m512* corr,
+                                   float* const* acc) {
+  __m512 a[NQ][NC];
+  for (int j = 0; j < NQ; ++j) {
+    for (int c = 0; c < NC; ++c) a[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[j] + 16 * (c0 + c)), corr[j]);
+  }
+  for (int64_t t = 0; t < nk; ++t) {
+    __m512 pt[NQ];
+    for (int j = 0; j < NQ; ++j) pt[j] = _mm512_set1_ps(p[j * kKeyBlock + t]);
+    for (int c = 0; c < NC; ++c) {
+      const __m512 vv = load16(v, t, c0 + c);
+      for (int j = 0; j < NQ; ++j) a[j][c] = _mm512_fmadd_ps(pt[j], vv, a[j][c]);
+    }
+  }
+  for (int j = 0; j < NQ; ++j) {
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc[j] + 16 * (c0 + c), a[j][c]);
+  }
+}
+
+template <int NQ, class VR>
+BONSAI_AVX512 void pv_heads(const float* p, int64_t nk, const VR& v, int64_t hd_v, const __m512* corr,
+                            float* const* acc) {
+  const int64_t ncv = hd_v / 16;
+  int64_t c = 0;
+  for (; c + 8 <= ncv; c += 8) pv_group<NQ, 8>(p, nk, v, c, corr, acc);
+  if (c + 4 <= ncv) pv_group<NQ, 4>(p, nk, v, c, corr, acc), c += 4;
+  if (c + 2 <= ncv) pv_group<NQ, 2>(p, nk, v, c, corr, acc), c += 2;
+  if (c < ncv) pv_group<NQ, 1>(p, nk, v, c, corr, acc);
+}
+
+// One (query, key block) step for the `group` query heads of one KV head:
+// scores (from q against k, or already in s when k is null: Q8_0 keys),
+// softmax, V. s: [group][kKeyBlock] scratch; state of head g at st + g * st_len.
+template <class KR, class VR>
+BONSAI_AVX512 void step_group(const float* q, int64_t group, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
+                              int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  for (int64_t g = 0; g < group; g += 2) {
+    float* sg = s + g * kKeyBlock;
+    float* stg = st + g * st_len;
+    if (g + 1 < group) {
+      if (k) scores_group<2>(q + g * hd_k, hd_k, *k, nk, scale, sg);
+      const __m512 corr[2] = {softmax_avx512(sg, stg), softmax_avx512(sg + kKeyBlock, stg + st_len)};
+      float* const acc[2] = {stg + 2, stg + st_len + 2};
+      pv_heads<2>(sg, nk, v, hd_v, corr, acc);
+    } else {
+      if (k) scores_group<1>(q + g * hd_k, hd_k, *k, nk, scale, sg);
+      const __m512 corr[1] = {softmax_avx512(sg, stg)};
+      float* const acc[1] = {stg + 2};
+      pv_heads<1>(sg, nk, v, hd_v, corr, acc);
+    }
+  }
+}
+
+// A block of cache rows (or of fp32 scratch: format kF32) as attention() hands
+// it to step_avx512.
+struct RowsRef {
+  kernels::Format f;
+  const uint8_t* p;
+  size_t stride;  // bytes between rows
+};
+
+template <class KR>
+BONSAI_AVX512 void step_v(const float* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
+                          int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  switch (v.f) {
+    case kernels::Format::kF16:
+      return step_group(q, group, k, RowsF16{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
+    case kernels::Format::kQ8_0:
+      return step_group(q, group, k, RowsQ8{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
+    default:
+      return step_group(q, group, k,
+                        RowsF32{reinterpret_cast<const float*>(v.p), static_cast<int64_t>(v.stride / sizeof(float))},
+                        nk, hd_k, hd_v, scale, s, st, st_len);
+  }
+}
+
+// step_group with the row types chosen at run time; k null: Q8_0 keys, the
+// scores are already in s (-inf past nk).
+BONSAI_AVX512 void step_avx512(const float* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
+                               int64_t hd_k, int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  if (!k) return step_v<RowsF32>(q, group, nullptr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+  if (k->f == kernels::Format::kF16) {
+    const RowsF16 kr{k->p, k->stride};
+    return step_v(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+  }
+  const RowsF32 kr{reinterpret_cast<const float*>(k->p), static_cast<int64_t>(k->stride / sizeof(float))};
+  return step_v(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+}
 #pragma GCC diagnostic pop
 
 BONSAI_AVX2 void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
@@ -667,6 +867,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
   const BlockFn block = pick_block_fn(hd_k, hd_v);
   const ScoreQ8Fn score_q8 = pick_score_q8(hd_k, hd_v);
   const UpdateFn update = pick_update(hd_k, hd_v);
+  const bool fused = use_avx512(hd_k, hd_v);  // step_avx512: the group's heads share each K/V load
 
   // Tiles: maximal runs of adjacent tokens of one sequence (their positions
   // are consecutive, forward() checked), cut every kQueryTile tokens; the
@@ -711,6 +912,11 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
           for (int64_t g = 0; g < group; ++g) quantize_q8(qrow + g * hd_k, hd_k, sc.qq[qi * group + g]);
         }
       }
+      // AVX-512 reads K/V straight from the cache rows when at most
+      // kDirectHeads query heads share the block (decode), and converts them
+      // once to fp32 scratch otherwise (prefill tiles): the same values.
+      const bool direct = fused && tl.count * group <= kDirectHeads;
+      const bool direct_k = direct && kf != kernels::Format::kQ8_0;
       for (int64_t kb = 0; kb <= tl.last_pos; kb += kKeyBlock) {
         const int64_t nk_all = std::min(kKeyBlock, tl.last_pos + 1 - kb);
         // The next key block's K and V rows are requested into L2 while this
@@ -719,31 +925,56 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         // its own misses (decode at depth 4096, 1.7B shape: 55% of the time
         // in the f16 -> f32 row conversion). Hints only; no result changes.
         // The requests are spread over the block's phases (K before this
-        // block's K conversion and V after it; with Q8_0 keys, which are not
-        // converted, K in two halves around V's conversion and V in two
-        // halves around the scoring and the V update), so the misses in
-        // flight never fill the core's miss queue at once: a burst of both
-        // halves stalled on the prefetch instructions (perf, q8_0 at depth
-        // 4096: 11% of the time on them; spread: tg64 28.2/22.9 -> 32.7/31.7).
+        // block's K conversion and V after it; when K is not converted (Q8_0
+        // keys, or rows read in place), K in two halves around V's
+        // conversion and V in two halves around the scoring and the V
+        // update), so the misses in flight never fill the core's miss queue
+        // at once: a burst of both halves stalled on the prefetch
+        // instructions (perf, q8_0 at depth 4096: 11% of the time on them;
+        // spread: tg64 28.2/22.9 -> 32.7/31.7).
+        const bool k_conv = !q8k && !direct_k;
         const int64_t kn = kb + kKeyBlock;
         const int64_t nk_next = kn <= tl.last_pos ? std::min(kKeyBlock, tl.last_pos + 1 - kn) : 0;
         const size_t kbytes = static_cast<size_t>(nk_next) * kv.k_row_bytes();
         const size_t vbytes = static_cast<size_t>(nk_next) * kv.v_row_bytes();
         const uint8_t* k_next = nk_next > 0 ? kv.k_row(layer, kvh, kn) : nullptr;
         const uint8_t* v_next = nk_next > 0 ? kv.v_row(layer, kvh, kn) : nullptr;
-        if (k_next) prefetch_l2(k_next, q8k ? kbytes / 2 : kbytes);
+        if (k_next) prefetch_l2(k_next, k_conv ? kbytes : kbytes / 2);
         // One head's rows are contiguous, so the block is one row of nk_all * hd values.
-        if (!q8k) load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
-        if (v_next && !q8k) prefetch_l2(v_next, vbytes);
-        load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
-        if (k_next && q8k) prefetch_l2(k_next + kbytes / 2, kbytes - kbytes / 2);
+        if (k_conv) load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
+        if (v_next && k_conv) prefetch_l2(v_next, vbytes);
+        if (!direct) load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
+        if (k_next && !k_conv) prefetch_l2(k_next + kbytes / 2, kbytes - kbytes / 2);
+        const int64_t qi0 = std::max<int64_t>(0, kb - p_first);  // first query reaching this block
         if (q8k) {
           // Scores of keys kb..kb+nk_all for the tile's queries that reach
           // this block (positions are consecutive: the first ones may not).
-          const int64_t qi0 = std::max<int64_t>(0, kb - p_first);
           score_q8(kv.k_row(layer, kvh, kb), kv.k_row_bytes(), nk_all, hd_k, sc.qq.data() + qi0 * group,
                    (tl.count - qi0) * group, scale, sc.s.data() + qi0 * group * kKeyBlock);
-          if (v_next) prefetch_l2(v_next, vbytes / 2);
+        }
+        if (v_next && !k_conv) prefetch_l2(v_next, vbytes / 2);
+        if (false) {
+#if defined(__x86_64__)
+        } else if (fused) {
+          const RowsRef kref = direct_k ? RowsRef{kf, kv.k_row(layer, kvh, kb), kv.k_row_bytes()}
+                                        : RowsRef{kernels::Format::kF32, reinterpret_cast<const uint8_t*>(sc.k.data()),
+                                                  static_cast<size_t>(hd_k) * sizeof(float)};
+          const RowsRef vref = direct ? RowsRef{vf, kv.v_row(layer, kvh, kb), kv.v_row_bytes()}
+                                      : RowsRef{kernels::Format::kF32, reinterpret_cast<const uint8_t*>(sc.v.data()),
+                                                static_cast<size_t>(hd_v) * sizeof(float)};
+          for (int64_t qi = qi0; qi < tl.count; ++qi) {
+            const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);
+            float* srow = sc.s.data() + qi * group * kKeyBlock;
+            if (q8k) {
+              for (int64_t g = 0; g < group; ++g)
+                std::fill(srow + g * kKeyBlock + nk, srow + (g + 1) * kKeyBlock, kNegInf);
+            }
+            const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
+            step_avx512(qrow, group, q8k ? nullptr : &kref, vref, nk, hd_k, hd_v, scale, srow,
+                        sc.state.data() + qi * group * st_len, st_len);
+          }
+#endif
+        } else if (q8k) {
           for (int64_t qi = qi0; qi < tl.count; ++qi) {
             const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);
             for (int64_t g = 0; g < group; ++g) {
@@ -752,19 +983,17 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
               update(srow, sc.v.data(), nk, hd_v, sc.state.data() + (qi * group + g) * st_len);
             }
           }
-          if (v_next) prefetch_l2(v_next + vbytes / 2, vbytes - vbytes / 2);
-          continue;
-        }
-        for (int64_t qi = 0; qi < tl.count; ++qi) {
-          const int64_t pos = p_first + qi;
-          if (pos < kb) continue;
-          const int64_t nk = std::min(kKeyBlock, pos + 1 - kb);
-          const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
-          for (int64_t g = 0; g < group; ++g) {
-            block(qrow + g * hd_k, sc.k.data(), sc.v.data(), nk, hd_k, hd_v, scale,
-                  sc.state.data() + (qi * group + g) * st_len);
+        } else {
+          for (int64_t qi = qi0; qi < tl.count; ++qi) {
+            const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);
+            const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
+            for (int64_t g = 0; g < group; ++g) {
+              block(qrow + g * hd_k, sc.k.data(), sc.v.data(), nk, hd_k, hd_v, scale,
+                    sc.state.data() + (qi * group + g) * st_len);
+            }
           }
         }
+        if (v_next && !k_conv) prefetch_l2(v_next + vbytes / 2, vbytes - vbytes / 2);
       }
       for (int64_t qi = 0; qi < tl.count; ++qi) {
         float* orow = out + (tl.first + qi) * o_stride + kvh * group * hd_v;
