@@ -416,29 +416,30 @@ BONSAI_AVX512 inline __m512 load16(const RowsQ8& r, int64_t t, int64_t c) {
   return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));  // as q8_0_to_f32_avx512
 }
 
-// Scores of NQ heads (q rows hd_k floats apart) against keys t0 .. t0+15:
-// block_avx512's chains (mul, then fma over chunks in order), 8 keys at a time
-// so the NQ x 8 chains stay in registers. d[j][u]: head j, key t0 + u.
+// Scores of NQ heads (q rows at q[j]) against keys t0 .. t0+15:
+// block_avx512's chains (mul, then fma over chunks in order), KU keys at a
+// time so the NQ x KU chains stay in registers. d[j][u]: head j, key t0 + u.
 template <int NQ, class KR>
-BONSAI_AVX512 inline void chains16(const float* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&d)[NQ][16]) {
+BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&d)[NQ][16]) {
+  constexpr int KU = NQ <= 2 ? 8 : 4;
   const int64_t nc = hd_k / 16;
-  for (int h = 0; h < 16; h += 8) {
-    __m512 a[NQ][8];
+  for (int h = 0; h < 16; h += KU) {
+    __m512 a[NQ][KU];
     __m512 qc[NQ];
-    for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q + j * hd_k);
-    for (int u = 0; u < 8; ++u) {
+    for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q[j]);
+    for (int u = 0; u < KU; ++u) {
       const __m512 kv = load16(k, t0 + h + u, 0);
       for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_mul_ps(qc[j], kv);
     }
     for (int64_t c = 1; c < nc; ++c) {
-      for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q + j * hd_k + 16 * c);
-      for (int u = 0; u < 8; ++u) {
+      for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q[j] + 16 * c);
+      for (int u = 0; u < KU; ++u) {
         const __m512 kv = load16(k, t0 + h + u, c);
         for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_fmadd_ps(qc[j], kv, a[j][u]);
       }
     }
     for (int j = 0; j < NQ; ++j) {
-      for (int u = 0; u < 8; ++u) d[j][h + u] = a[j][u];
+      for (int u = 0; u < KU; ++u) d[j][h + u] = a[j][u];
     }
   }
 }
@@ -447,7 +448,7 @@ BONSAI_AVX512 inline void chains16(const float* q, int64_t hd_k, const KR& k, in
 // values block_avx512 computes). Rows up to the 16-key group holding nk - 1
 // are read (masked lanes; each lane depends on its own key only).
 template <int NQ, class KR>
-BONSAI_AVX512 void scores_group(const float* q, int64_t hd_k, const KR& k, int64_t nk, float scale, float* s) {
+BONSAI_AVX512 void scores_group(const float* const* q, int64_t hd_k, const KR& k, int64_t nk, float scale, float* s) {
   static_assert(kKeyBlock == 32);
   const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(kNegInf);
   for (int64_t t0 = 0; t0 < kKeyBlock; t0 += 16) {
@@ -509,33 +510,44 @@ BONSAI_AVX512 void pv_heads(const float* p, int64_t nk, const VR& v, int64_t hd_
                             float* const* acc) {
   const int64_t ncv = hd_v / 16;
   int64_t c = 0;
-  for (; c + 8 <= ncv; c += 8) pv_group<NQ, 8>(p, nk, v, c, corr, acc);
-  if (c + 4 <= ncv) pv_group<NQ, 4>(p, nk, v, c, corr, acc), c += 4;
+  if constexpr (NQ <= 2) {
+    for (; c + 8 <= ncv; c += 8) pv_group<NQ, 8>(p, nk, v, c, corr, acc);
+  }
+  for (; c + 4 <= ncv; c += 4) pv_group<NQ, 4>(p, nk, v, c, corr, acc);
   if (c + 2 <= ncv) pv_group<NQ, 2>(p, nk, v, c, corr, acc), c += 2;
   if (c < ncv) pv_group<NQ, 1>(p, nk, v, c, corr, acc);
 }
 
-// One (query, key block) step for the `group` query heads of one KV head:
-// scores (from q against k, or already in s when k is null: Q8_0 keys),
-// softmax, V. s: [group][kKeyBlock] scratch; state of head g at st + g * st_len.
-template <class KR, class VR>
-BONSAI_AVX512 void step_group(const float* q, int64_t group, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
-                              int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
-  for (int64_t g = 0; g < group; g += 2) {
-    float* sg = s + g * kKeyBlock;
-    float* stg = st + g * st_len;
-    if (g + 1 < group) {
-      if (k) scores_group<2>(q + g * hd_k, hd_k, *k, nk, scale, sg);
-      const __m512 corr[2] = {softmax_avx512(sg, stg), softmax_avx512(sg + kKeyBlock, stg + st_len)};
-      float* const acc[2] = {stg + 2, stg + st_len + 2};
-      pv_heads<2>(sg, nk, v, hd_v, corr, acc);
-    } else {
-      if (k) scores_group<1>(q + g * hd_k, hd_k, *k, nk, scale, sg);
-      const __m512 corr[1] = {softmax_avx512(sg, stg)};
-      float* const acc[1] = {stg + 2};
-      pv_heads<1>(sg, nk, v, hd_v, corr, acc);
-    }
+// One key block step for nh query heads that reach the same keys (nk): the
+// GQA group of one query, or of two queries whose positions both pass the
+// block. Scores from q[j] against k, or already in s when k is null (Q8_0
+// keys); then softmax and V. Heads go 4 (else 2, 1) at a time through the
+// kernels above. s: [nh][kKeyBlock] scratch; head j's state at st + j * st_len.
+template <int NQ, class KR, class VR>
+BONSAI_AVX512 inline void step_heads(const float* const* q, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
+                                     int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  if (k) scores_group<NQ>(q, hd_k, *k, nk, scale, s);
+  __m512 corr[NQ];
+  float* acc[NQ];
+  for (int j = 0; j < NQ; ++j) {
+    corr[j] = softmax_avx512(s + j * kKeyBlock, st + j * st_len);
+    acc[j] = st + j * st_len + 2;
   }
+  pv_heads<NQ>(s, nk, v, hd_v, corr, acc);
+}
+
+template <class KR, class VR>
+BONSAI_AVX512 void step_group(const float* const* q, int64_t nh, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
+                              int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  int64_t j = 0;
+  for (; j + 4 <= nh; j += 4) {
+    step_heads<4>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+  }
+  if (j + 2 <= nh) {
+    step_heads<2>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+    j += 2;
+  }
+  if (j < nh) step_heads<1>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
 }
 
 // A block of cache rows (or of fp32 scratch: format kF32) as attention() hands
@@ -547,7 +559,7 @@ struct RowsRef {
 };
 
 template <class KR>
-BONSAI_AVX512 void step_v(const float* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
+BONSAI_AVX512 void step_v(const float* const* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
                           int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
   switch (v.f) {
     case kernels::Format::kF16:
@@ -563,7 +575,7 @@ BONSAI_AVX512 void step_v(const float* q, int64_t group, const KR* k, const Rows
 
 // step_group with the row types chosen at run time; k null: Q8_0 keys, the
 // scores are already in s (-inf past nk).
-BONSAI_AVX512 void step_avx512(const float* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
+BONSAI_AVX512 void step_avx512(const float* const* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
                                int64_t hd_k, int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
   if (!k) return step_v<RowsF32>(q, group, nullptr, v, nk, hd_k, hd_v, scale, s, st, st_len);
   if (k->f == kernels::Format::kF16) {
@@ -839,8 +851,9 @@ inline void prefetch_l2(const uint8_t* p, size_t bytes) {
 // Per-thread scratch, grown on demand.
 struct Scratch {
   std::vector<float> k, v, state;
-  std::vector<float> s;    // [tile queries * group][kKeyBlock] scores (Q8_0-key path)
-  std::vector<QuantQ> qq;  // [tile queries * group] quantized q (Q8_0-key path)
+  std::vector<float> s;          // [tile queries * group][kKeyBlock] scores (Q8_0-key path)
+  std::vector<QuantQ> qq;        // [tile queries * group] quantized q (Q8_0-key path)
+  std::vector<const float*> qp;  // [tile queries * group] q rows of the task's heads
 };
 
 }  // namespace
@@ -893,6 +906,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
     if (sc.s.size() < static_cast<size_t>(kQueryTile * group * kKeyBlock)) {
       sc.s.resize(kQueryTile * group * kKeyBlock);
       sc.qq.resize(kQueryTile * group);
+      sc.qp.resize(kQueryTile * group);
     }
     for (int64_t task = b; task < e; ++task) {
       const Tile& tl = tiles[static_cast<size_t>(task / n_head_kv)];
@@ -905,6 +919,11 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         float* st = sc.state.data() + s * st_len;
         st[0] = kNegInf;
         std::fill(st + 1, st + st_len, 0.0f);
+      }
+      for (int64_t qi = 0; qi < tl.count; ++qi) {
+        for (int64_t g = 0; g < group; ++g) {
+          sc.qp[qi * group + g] = q + (tl.first + qi) * q_stride + (kvh * group + g) * hd_k;
+        }
       }
       if (q8k) {  // each query head's q quantized once for the whole key walk
         for (int64_t qi = 0; qi < tl.count; ++qi) {
@@ -962,16 +981,21 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
           const RowsRef vref = direct ? RowsRef{vf, kv.v_row(layer, kvh, kb), kv.v_row_bytes()}
                                       : RowsRef{kernels::Format::kF32, reinterpret_cast<const uint8_t*>(sc.v.data()),
                                                 static_cast<size_t>(hd_v) * sizeof(float)};
-          for (int64_t qi = qi0; qi < tl.count; ++qi) {
+          // Two queries at a time where both see the whole block (every
+          // block but the diagonal one), so their 2 x group heads share the
+          // loads; the diagonal block one query at a time (nk differs).
+          for (int64_t qi = qi0; qi < tl.count;) {
             const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);
+            const int64_t n_q = nk == kKeyBlock && qi + 1 < tl.count ? 2 : 1;
             float* srow = sc.s.data() + qi * group * kKeyBlock;
-            if (q8k) {
-              for (int64_t g = 0; g < group; ++g)
-                std::fill(srow + g * kKeyBlock + nk, srow + (g + 1) * kKeyBlock, kNegInf);
+            if (q8k && nk < kKeyBlock) {
+              for (int64_t j = 0; j < n_q * group; ++j) {
+                std::fill(srow + j * kKeyBlock + nk, srow + (j + 1) * kKeyBlock, kNegInf);
+              }
             }
-            const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
-            step_avx512(qrow, group, q8k ? nullptr : &kref, vref, nk, hd_k, hd_v, scale, srow,
-                        sc.state.data() + qi * group * st_len, st_len);
+            step_avx512(sc.qp.data() + qi * group, n_q * group, q8k ? nullptr : &kref, vref, nk, hd_k, hd_v, scale,
+                        srow, sc.state.data() + qi * group * st_len, st_len);
+            qi += n_q;
           }
 #endif
         } else if (q8k) {
