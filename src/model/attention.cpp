@@ -21,6 +21,16 @@
 // compiled with -ffp-contract=off). score_q8_ref defines it; every tier's
 // scorer (16 keys per vector with VNNI on AVX-512, one key at a time on AVX2)
 // returns the same bits, so a score depends on nothing but q and the key.
+//
+// On the AVX-512 tier (step_avx512) the heads that see the same keys of a
+// block — the GQA group of a query, and two queries' groups on every block
+// but the diagonal one — go through the step together, 4 (else 2, 1) at a
+// time: each K and V chunk is loaded once for all of them, while every head
+// keeps exactly its own ops (the chains, trees and order of block_avx512 /
+// update_avx512), so the bits do not depend on the grouping. When at most
+// kDirectHeads heads share a block (decode) the K/V rows are read in place
+// from the cache (f16 -> fp32 and q8_0 d * q in registers: the same values
+// as the scratch), which saves the conversion's store and reload.
 #include "model/attention.h"
 
 #include <immintrin.h>
@@ -153,6 +163,14 @@ void score_q8_ref(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, co
     }
   }
 }
+
+// A block of cache rows (or of fp32 scratch: format kF32) as attention() hands
+// it to step_avx512.
+struct RowsRef {
+  kernels::Format f;
+  const uint8_t* p;
+  size_t stride;  // bytes between rows
+};
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 intrinsics (set1, reduce_*) start from _mm512_undefined_ps,
@@ -550,14 +568,6 @@ BONSAI_AVX512 void step_group(const float* const* q, int64_t nh, const KR* k, co
   if (j < nh) step_heads<1>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
 }
 
-// A block of cache rows (or of fp32 scratch: format kF32) as attention() hands
-// it to step_avx512.
-struct RowsRef {
-  kernels::Format f;
-  const uint8_t* p;
-  size_t stride;  // bytes between rows
-};
-
 template <class KR>
 BONSAI_AVX512 void step_v(const float* const* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
                           int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
@@ -755,6 +765,10 @@ BONSAI_AVX2 void score_q8_avx2(const uint8_t* k, size_t row_bytes, int64_t nk, i
     }
   }
 }
+#else
+// No AVX-512 tier off x86: attention() never takes the fused path (fused is false).
+void step_avx512(const float* const*, int64_t, const RowsRef*, const RowsRef&, int64_t, int64_t, int64_t, float, float*,
+                 float*, int64_t) {}
 #endif
 
 // n values of consecutive cache rows of type f -> fp32 (exact).
@@ -972,9 +986,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
                    (tl.count - qi0) * group, scale, sc.s.data() + qi0 * group * kKeyBlock);
         }
         if (v_next && !k_conv) prefetch_l2(v_next, vbytes / 2);
-        if (false) {
-#if defined(__x86_64__)
-        } else if (fused) {
+        if (fused) {
           const RowsRef kref = direct_k ? RowsRef{kf, kv.k_row(layer, kvh, kb), kv.k_row_bytes()}
                                         : RowsRef{kernels::Format::kF32, reinterpret_cast<const uint8_t*>(sc.k.data()),
                                                   static_cast<size_t>(hd_k) * sizeof(float)};
@@ -997,7 +1009,6 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
                         srow, sc.state.data() + qi * group * st_len, st_len);
             qi += n_q;
           }
-#endif
         } else if (q8k) {
           for (int64_t qi = qi0; qi < tl.count; ++qi) {
             const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);

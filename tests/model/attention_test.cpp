@@ -205,6 +205,61 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionInvariance,
                                             ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2,
                                                               kernels::Tier::kAvx512)));
 
+// Three query heads per KV head (the AVX-512 step takes heads 4, 2 and 1 at
+// a time: decode runs 2 + 1, two whole-block queries 4 + 2) and tiles of 2
+// tokens (K/V read in place or converted): a query's output is the same bits
+// however its heads and queries were grouped, on every tier.
+TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
+  const kernels::Tier saved = kernels::active_tier();
+  core::ThreadPool pool(2);
+  std::vector<float> ref[2];  // the reference tier's decode outputs, per KV type
+  for (kernels::Tier tier : {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512}) {
+    if (!kernels::tier_supported(tier)) continue;
+    ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
+    for (KvType type : {KvType::kF16, KvType::kQ8_0}) {
+      const int64_t P = 100, hd = 64;
+      const Synth s = make_synth(hd, 6, 2, P, 5u);
+      std::vector<std::unique_ptr<KvCache>> owned;
+      std::vector<KvCache*> caches;
+      for (int i = 0; i < 3; ++i) {
+        owned.push_back(fill_cache(s, type, type));
+        caches.push_back(owned.back().get());
+      }
+      std::vector<int32_t> all(P);
+      for (int32_t p = 0; p < P; ++p) all[p] = p;
+      std::vector<float> decode;
+      for (int32_t p = 0; p < P; ++p) {
+        const int32_t one[] = {p};
+        const auto r = run(s, caches, one, 0, pool);
+        decode.insert(decode.end(), r.begin(), r.end());
+      }
+      // Sanity: a softmax average of V, so |out| <= max |v| (a wrong head
+      // mapping would still pass the memcmps below).
+      float vmax = 0.0f;
+      for (float x : s.v) vmax = std::max(vmax, std::fabs(x));
+      for (float x : decode) ASSERT_LE(std::fabs(x), vmax * 1.01f);
+      // And each tier within fp32 rounding of the scalar reference (the same
+      // Q8_0 scores on every tier; the fp32 orders differ).
+      std::vector<float>& r0 = ref[type == KvType::kF16 ? 0 : 1];
+      if (tier == kernels::Tier::kReference) r0 = decode;
+      ASSERT_EQ(r0.size(), decode.size());
+      for (size_t i = 0; i < decode.size(); ++i) ASSERT_NEAR(decode[i], r0[i], 1e-5f) << i;
+      for (int chunk : {2, 5, static_cast<int>(P)}) {
+        std::vector<float> got;
+        for (int32_t p0 = 0; p0 < P; p0 += chunk) {
+          const auto part = std::span<const int32_t>(all).subspan(p0, std::min<int64_t>(chunk, P - p0));
+          const auto r = run(s, caches, part, chunk == 2 ? 1 : 0, pool);
+          got.insert(got.end(), r.begin(), r.end());
+        }
+        ASSERT_EQ(got.size(), decode.size());
+        EXPECT_EQ(std::memcmp(got.data(), decode.data(), got.size() * sizeof(float)), 0)
+            << "chunk " << chunk << " " << kv_type_name(type) << " tier " << kernels::tier_name(tier);
+      }
+    }
+  }
+  ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
+}
+
 // The Q8_0-key scores (integer dot + one fp32 formula) are the same bits on
 // every tier, for every key count of a block (16-key groups and the tail)
 // and head dim; and they equal the formula written out here.
