@@ -29,7 +29,15 @@
 // allows), peak = cols/s / (the column rate the int8 peak allows, rows x
 // cols MACs per column), roof = cols/s / min(both) (the issue 8 target).
 //
-// Usage: bonsai_bench_kernels [--arena_mb=N] [--huge_pages=0|1] [google-benchmark flags]
+// Layouts: products run on the layout the model runs (kernels::packing_for:
+// the AVX-512 tier's load-time repacked copy, made with pack_matrix from the
+// stored copies into a second huge-page buffer of >= 768 MiB of copies per
+// shape; the label names it); --repack=0 keeps the stored layout (the
+// model's --no-repack). Q2_0 runs as g64 (format "Q2_0") and, for GEMV, as
+// the two g128 layouts ("Q2_0(g128-d-first)" and "Q2_0(g128-qs-first)",
+// copies with valid scales in their own buffer).
+//
+// Usage: bonsai_bench_kernels [--arena_mb=N] [--huge_pages=0|1] [--repack=0|1] [google-benchmark flags]
 // The kernel tier is the best supported one unless BONSAI_KERNEL is set.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -61,6 +69,34 @@ namespace kn = bonsai::kernels;
 
 size_t g_arena_bytes = size_t{1536} << 20;
 bool g_huge_pages = true;
+bool g_repack = true;
+
+// 2 MiB-aligned, huge-page advised (unless --huge_pages=0) allocation of n bytes.
+uint8_t* huge_alloc(size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t sz = (n + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, sz);
+  if (p == nullptr) {
+    std::fprintf(stderr, "bonsai_bench_kernels: cannot allocate %zu MiB\n", sz >> 20);
+    std::exit(1);
+  }
+  if (g_huge_pages) madvise(p, sz, MADV_HUGEPAGE);
+  return static_cast<uint8_t*>(p);
+}
+
+// AnonHugePages of this process (kB, /proc/self/smaps_rollup), -1 if unknown:
+// printed so a run shows whether the weight streams really got 2 MiB pages.
+long anon_huge_kb() {
+  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb;
+}
 
 // One arena of random bytes shared by every benchmark. Every 18-byte block
 // gets a sane fp16 scale at offset 0, which is where Q1_0 and Q2_0 (g64)
@@ -70,16 +106,13 @@ struct Arena {
   size_t size = 0;
   Arena() {
     size = g_arena_bytes / 18 * 18;
-    constexpr size_t kHuge = size_t{2} << 20;
-    void* p = std::aligned_alloc(kHuge, (size + kHuge - 1) / kHuge * kHuge);
-    data = static_cast<uint8_t*>(p);
+    data = huge_alloc(size);
     // Transparent huge pages where the kernel allows them (Debian's default
     // is "madvise"), as bonsai asks for its model mappings: without them
     // every 4 KiB of a stream costs a TLB miss (a two-level walk under a
     // hypervisor) and the hardware prefetchers stop at each page boundary.
     // The read-bandwidth benchmark streams the same arena, so the ratios
-    // compare like with like. --huge_pages=0 turns it off.
-    if (g_huge_pages) madvise(p, (size + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+    // compare like with like. --huge_pages=0 turns it off (huge_alloc).
     uint64_t s = 0x243f6a8885a308d3ull;
     for (size_t i = 0; i + 8 <= size; i += 8) {
       uint64_t z = (s += 0x9e3779b97f4a7c15ull);
@@ -236,16 +269,99 @@ void BM_Int8Peak(benchmark::State& state) {
   g_peak[threads] = std::max(g_peak[threads], best);
 }
 
-// range: format (0 = Q1_0, 1 = Q2_0), rows, cols, threads, n (1 = gemv)
+// Benchmark format ids (range 0).
+kn::Format format_of_id(int64_t id) {
+  switch (id) {
+    case 0:
+      return kn::Format::kQ1_0;
+    case 1:
+      return kn::Format::kQ2_0;
+    case 2:
+      return kn::Format::kQ2_0G128D;
+    default:
+      return kn::Format::kQ2_0G128Qs;
+  }
+}
+
+// The copies of one (format, rows, cols) matrix the products stream: the
+// arena's (Q1_0, Q2_0 g64), or a buffer of g128 copies with valid scales,
+// each with its packed copy when the active tier packs it (--repack=1).
+// One shape is kept at a time (the benchmarks of a shape run together).
+struct Copies {
+  kn::Format f = kn::Format::kF32;
+  int64_t rows = 0, cols = 0;
+  size_t mat = 0, count = 0;
+  uint8_t* own = nullptr;  // g128 copies (else the arena's)
+  uint8_t* packed = nullptr;
+  size_t packed_stride = 0;
+  kn::Packing packing = kn::Packing::kNone;
+  ~Copies() {
+    std::free(own);
+    std::free(packed);
+  }
+  kn::MatrixView view(size_t i) const {
+    const uint8_t* base = own != nullptr ? own : arena().data;
+    kn::MatrixView w{base + (i % count) * mat, f, rows, cols, kn::row_bytes(f, cols)};
+    if (packed != nullptr) {
+      w.packed = packed + (i % count) * packed_stride;
+      w.packing = packing;
+    }
+    return w;
+  }
+};
+
+const Copies& copies_of(kn::Format f, int64_t rows, int64_t cols) {
+  static std::unique_ptr<Copies> cur;
+  if (cur && cur->f == f && cur->rows == rows && cur->cols == cols) return *cur;
+  cur.reset();
+  auto c = std::make_unique<Copies>();
+  c->f = f;
+  c->rows = rows;
+  c->cols = cols;
+  const size_t rb = kn::row_bytes(f, cols);
+  c->mat = rb * static_cast<size_t>(rows);
+  Arena& a = arena();
+  if (f == kn::Format::kQ2_0G128D || f == kn::Format::kQ2_0G128Qs) {
+    // 34-byte blocks: random codes (from the arena), a sane fp16 d at offset
+    // 0 (d first) or 32 (qs first).
+    c->count = std::max<size_t>(2, (size_t{768} << 20) / c->mat);
+    c->own = huge_alloc(c->mat * c->count);
+    const size_t dof = f == kn::Format::kQ2_0G128D ? 0 : 32;
+    for (size_t i = 0; i < c->count; ++i) {
+      uint8_t* m = c->own + i * c->mat;
+      std::memcpy(m, a.data + (i * c->mat) % (a.size - c->mat), c->mat);
+      for (size_t b = 0; b + 34 <= c->mat; b += 34) {
+        const uint16_t h = bonsai::core::fp32_to_fp16(0.01f + 0.0001f * static_cast<float>(m[b + 17]));
+        std::memcpy(m + b + dof, &h, 2);
+      }
+    }
+  } else {
+    c->count = std::max<size_t>(1, a.size / c->mat);
+  }
+  const kn::MatrixView w0 = c->view(0);
+  c->packing = g_repack ? kn::packing_for(w0) : kn::Packing::kNone;
+  if (c->packing != kn::Packing::kNone) {
+    c->packed_stride = (kn::packed_bytes(w0, c->packing) + 63) / 64 * 64;
+    // >= 768 MiB of packed copies (many times the L3), at most one per stored copy.
+    c->count = std::min(c->count, std::max<size_t>(2, (size_t{768} << 20) / c->packed_stride));
+    c->packed = huge_alloc(c->packed_stride * c->count);
+    for (size_t i = 0; i < c->count; ++i) {
+      kn::pack_matrix(c->view(i), c->packing, c->packed + i * c->packed_stride, &pool(2));
+    }
+  }
+  cur = std::move(c);
+  return *cur;
+}
+
+// range: format id (format_of_id), rows, cols, threads, n (1 = gemv)
 void BM_Matmul(benchmark::State& state) {
-  const kn::Format f = state.range(0) == 0 ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
+  const kn::Format f = format_of_id(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2);
   const int threads = static_cast<int>(state.range(3));
   const int64_t n = state.range(4);
   Arena& a = arena();
-  const size_t rb = kn::row_bytes(f, cols);
-  const size_t mat = rb * static_cast<size_t>(rows);
-  const size_t copies = std::max<size_t>(1, a.size / mat);
+  const Copies& cp = copies_of(f, rows, cols);
+  const size_t mat = cp.mat;
   std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * rows));
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 2.0f;
   ThreadPool& tp = pool(threads);
@@ -256,7 +372,7 @@ void BM_Matmul(benchmark::State& state) {
   size_t it = 0;
   double secs = 0, iters = 0, il_secs = 0, il_read = 0;
   for (auto _ : state) {
-    const kn::MatrixView w{a.data + (it % copies) * mat, f, rows, cols, rb};
+    const kn::MatrixView w = cp.view(it);
     const auto t0 = std::chrono::steady_clock::now();
     if (n == 1) {
       kn::gemv(w, x.data(), y.data(), &tp);
@@ -284,6 +400,7 @@ void BM_Matmul(benchmark::State& state) {
     il_ratio = gbps / (il_read / il_secs / 1e9);
     state.counters["bw_ratio_il"] = il_ratio;
   }
+  state.SetLabel(std::string(kn::packing_name(cp.packing)));
   g_results[{std::string(kn::format_name(f)), rows, cols, threads, n}].push_back(Result{cps, gbps, il_ratio});
 }
 
@@ -321,12 +438,14 @@ void register_bandwidth() {
 // both, so a busy moment on a shared machine does not inflate the ratios).
 void register_all() {
   register_bandwidth();
-  for (int fmt : {0, 1}) {
+  for (int fmt : {0, 1, 2, 3}) {
     for (const auto& s : kShapes) {
       for (int64_t n : kNs) {
         if (!runs(s, n)) continue;
+        if (fmt >= 2 && n > 1) continue;  // g128 layouts: GEMV (their batches run the g64 code)
         for (int t : {1, 2}) {
-          const std::string name = std::string(fmt == 0 ? "Q1_0" : "Q2_0") + (n == 1 ? "/gemv" : "/gemm");
+          static const char* const kNames[] = {"Q1_0", "Q2_0", "Q2_0g128d", "Q2_0g128qs"};
+          const std::string name = std::string(kNames[fmt]) + (n == 1 ? "/gemv" : "/gemm");
           benchmark::RegisterBenchmark(name.c_str(), BM_Matmul)
               ->Args({fmt, s[0], s[1], t, n})
               ->ArgNames({"fmt", "rows", "cols", "threads", "n"})
@@ -347,16 +466,18 @@ Result median(std::vector<Result> v) {
 void print_summary() {
   std::printf(
       "\nSummary (tier %s; medians of repetitions; read bandwidth 1 thread %.2f GB/s, 2 threads %.2f GB/s;"
-      " int8 %s peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s)\n",
+      " int8 %s peak 1 thread %.1f GMAC/s, 2 threads %.1f GMAC/s; repack %s; AnonHugePages %ld kB)\n",
       std::string(kn::tier_name(kn::active_tier())).c_str(), g_bw[1], g_bw[2], g_peak_isa.c_str(), g_peak[1] / 1e9,
-      g_peak[2] / 1e9);
+      g_peak[2] / 1e9, g_repack ? "on" : "off", anon_huge_kb());
   std::printf(
       "bw = cols/s / (N x bandwidth column rate); peak = cols/s / int8-peak column rate; "
       "roof = cols/s / min(N x bandwidth rate, peak rate)\n");
-  std::printf("%-6s %14s %3s %4s %11s %9s %12s %7s %7s %7s\n", "format", "rows x cols", "thr", "N", "time us", "GB/s",
+  std::printf("%-19s %14s %3s %4s %11s %9s %12s %7s %7s %7s\n", "format", "rows x cols", "thr", "N", "time us", "GB/s",
               "cols/s", "bw", "peak", "roof");
-  for (const char* fname : {"Q1_0", "Q2_0"}) {
-    const kn::Format f = std::string(fname) == "Q1_0" ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
+  for (int fid : {0, 1, 2, 3}) {
+    const kn::Format f = format_of_id(fid);
+    const std::string fstr(kn::format_name(f));
+    const char* fname = fstr.c_str();
     for (const auto& s : kShapes) {
       for (int t : {1, 2}) {
         for (int64_t n : kNs) {
@@ -369,7 +490,7 @@ void print_summary() {
           const double roof = peak_rate > 0 ? std::min(bw_rate, peak_rate) : bw_rate;
           char shape[32];
           std::snprintf(shape, sizeof(shape), "%ldx%ld", static_cast<long>(s[0]), static_cast<long>(s[1]));
-          std::printf("%-6s %14s %3d %4ld %11.1f %9.2f %12.0f %6.1f%% %6.1f%% %6.1f%%\n", fname, shape, t,
+          std::printf("%-19s %14s %3d %4ld %11.1f %9.2f %12.0f %6.1f%% %6.1f%% %6.1f%%\n", fname, shape, t,
                       static_cast<long>(n), 1e6 * static_cast<double>(n) / r.cols_per_s, r.gbps, r.cols_per_s,
                       100.0 * r.cols_per_s / bw_rate, peak_rate > 0 ? 100.0 * r.cols_per_s / peak_rate : 0.0,
                       100.0 * r.cols_per_s / roof);
@@ -389,6 +510,8 @@ int main(int argc, char** argv) {
       g_arena_bytes = static_cast<size_t>(std::atol(argv[i] + 11)) << 20;
     } else if (std::strncmp(argv[i], "--huge_pages=", 13) == 0) {
       g_huge_pages = std::atoi(argv[i] + 13) != 0;
+    } else if (std::strncmp(argv[i], "--repack=", 9) == 0) {
+      g_repack = std::atoi(argv[i] + 9) != 0;
     } else {
       args.push_back(argv[i]);
     }

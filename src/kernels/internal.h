@@ -178,20 +178,27 @@ bool avx512_amx_in_use();
 // those gathers, made once at load:
 //   U = units per row (cols / 128 for Q1_0, cols / 64 for Q2_0), G =
 //   ceil(U / 4) groups, quads of 4 rows (the last one padded with zero rows),
-//   each quad ceil(G / 2) pairs of groups of kPackPairBytes:
-//     [Q(2p): 4 rows x 64 B][Q(2p+1): 4 x 64 B][S(2p): 4 rows x 4 fp16][S(2p+1)]
+//   each quad ceil(G / K) blocks of K groups:
+//     [Q(Kb): 4 rows x 64 B] ... [Q(Kb+K-1)][S(Kb)] ... [S(Kb+K-1)]
 //   Q row i, bytes 16u..16u+15 = unit 4g+u's packed bytes (g128: codes 3
-//   rewritten to 1, both meaning 0); S row i, fp16 u = unit 4g+u's scale.
+//   rewritten to 1, both meaning 0).
+//   Q1_0 and Q2_0 g64 (one scale per unit): S = 4 rows x 4 fp16 (32 B), row
+//   i's fp16 u = unit 4g+u's scale; K = 2 (a "pair", kPackPairBytes).
+//   Q2_0 g128 layouts (one scale per two units): S = 4 rows x 2 fp16 (16 B),
+//   row i's fp16 h = the scale of the 128-weight block of units 4g+2h and
+//   4g+2h+1; K = 4 (kPackG128BlockBytes). Same bytes as the stored g128 rows.
 //   Units, groups and rows past the matrix are zero (zero scale, zero
 //   codes), which the kernel computes exactly like the stored layout's
 //   masked tail (lanes past the row add +0).
-// Every Q is 64-byte aligned and a quad is one sequential stream (one
-// prefetch stream instead of four rows' unaligned 72-byte groups; no
-// VPERMT2B / VPERMT2W per group and row). Same bytes as the stored layout,
-// up to the padding.
-inline constexpr size_t kPackQBytes = 256;     // Q of one group: 4 rows x 64 B
-inline constexpr size_t kPackSBytes = 32;      // S of one group: 4 rows x 4 fp16
-inline constexpr size_t kPackPairBytes = 576;  // 2 x (Q + S)
+// Every Q is 64-byte aligned (K S's fill one 64-byte line) and a quad is one
+// sequential stream (one prefetch stream instead of four rows' unaligned
+// 72-/68-byte groups; no VPERMT2B / VPERMT2W per group and row). Same bytes
+// as the stored layout, up to the padding.
+inline constexpr size_t kPackQBytes = 256;           // Q of one group: 4 rows x 64 B
+inline constexpr size_t kPackSBytes = 32;            // S of one group (Q1_0, g64): 4 rows x 4 fp16
+inline constexpr size_t kPackPairBytes = 576;        // Q1_0, g64 block: 2 x (Q + S)
+inline constexpr size_t kPackG128SBytes = 16;        // S of one group (g128): 4 rows x 2 fp16
+inline constexpr size_t kPackG128BlockBytes = 1088;  // g128 block: 4 x (Q + S)
 
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }

@@ -20,8 +20,15 @@ bool is_q1_or_q2(Format f) {
 // Weight units of the grouped kernel per row: Q1_0 blocks, or 64-weight Q2_0 units.
 int64_t rq_units(const MatrixView& w) { return w.cols / (w.format == Format::kQ1_0 ? 128 : 64); }
 int64_t rq_groups(const MatrixView& w) { return (rq_units(w) + 3) / 4; }
+bool is_g128(Format f) { return f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs; }
+// Groups per block (K) and block bytes of w's layout (internal.h).
+int64_t rq_block_groups(const MatrixView& w) { return is_g128(w.format) ? 4 : 2; }
+size_t rq_block_bytes(const MatrixView& w) {
+  return is_g128(w.format) ? detail::kPackG128BlockBytes : detail::kPackPairBytes;
+}
 size_t rq_quad_bytes(const MatrixView& w) {
-  return static_cast<size_t>((rq_groups(w) + 1) / 2) * detail::kPackPairBytes;
+  const int64_t k = rq_block_groups(w);
+  return static_cast<size_t>((rq_groups(w) + k - 1) / k) * rq_block_bytes(w);
 }
 
 // Byte offsets of unit t's 16 packed bytes and of its fp16 scale within a
@@ -51,7 +58,10 @@ size_t unit_d_offset(Format f, int64_t t) {
 void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
   const int64_t units = rq_units(w), groups = rq_groups(w);
   const size_t qb = rq_quad_bytes(w);
-  const bool g128 = w.format == Format::kQ2_0G128D || w.format == Format::kQ2_0G128Qs;
+  const bool g128 = is_g128(w.format);
+  const int64_t k = rq_block_groups(w);
+  const size_t bb = rq_block_bytes(w);
+  const size_t sb = g128 ? detail::kPackG128SBytes : detail::kPackSBytes;  // S bytes per group
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t q = q0; q < q1; ++q) {
     uint8_t* quad = dst + static_cast<size_t>(q) * qb;
@@ -59,14 +69,15 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
     for (int64_t i = 0; i < 4 && 4 * q + i < w.rows; ++i) {
       const uint8_t* row = src + static_cast<size_t>(4 * q + i) * w.row_stride;
       for (int64_t g = 0; g < groups; ++g) {
-        uint8_t* pair = quad + static_cast<size_t>(g / 2) * detail::kPackPairBytes;
-        uint8_t* qd = pair + static_cast<size_t>(g % 2) * detail::kPackQBytes + static_cast<size_t>(i) * 64;
-        uint8_t* sd = pair + 2 * detail::kPackQBytes + static_cast<size_t>(g % 2) * detail::kPackSBytes +
-                      static_cast<size_t>(i) * 8;
+        uint8_t* blk = quad + static_cast<size_t>(g / k) * bb;
+        uint8_t* qd = blk + static_cast<size_t>(g % k) * detail::kPackQBytes + static_cast<size_t>(i) * 64;
+        uint8_t* sd = blk + static_cast<size_t>(k) * detail::kPackQBytes + static_cast<size_t>(g % k) * sb +
+                      static_cast<size_t>(i) * (sb / 4);
         for (int64_t u = 0; u < 4 && 4 * g + u < units; ++u) {
           const int64_t t = 4 * g + u;
           std::memcpy(qd + 16 * u, row + unit_q_offset(w.format, t), 16);
-          std::memcpy(sd + 2 * u, row + unit_d_offset(w.format, t), 2);
+          // g128: one fp16 per 128-weight block (units 2h, 2h + 1 share it).
+          if (!g128 || u % 2 == 0) std::memcpy(sd + 2 * (g128 ? u / 2 : u), row + unit_d_offset(w.format, t), 2);
           if (g128) {
             // Code 3 means 0 in the g128 layouts, as code 1 does: store 1, so
             // the kernel treats every Q2_0 layout as g64 (whose 3 is +2).
@@ -98,10 +109,10 @@ Packing packing_for(const MatrixView& w) {
   if (active_tier() != Tier::kAvx512 || detail::avx512_amx_in_use()) return Packing::kNone;
   // Resident memory must stay about the file size: no packing where padding
   // (rows to quads, units to groups, groups to pairs) would add more than
-  // 1/32 of the tensor. The Bonsai shapes (2048 / 6144 columns) of Q1_0 and
-  // Q2_0 g64 pad nothing; e.g. 384 columns of Q1_0 (3 units in a pair of 8)
-  // would take 2.7x, and the g128 Q2_0 layouts +5.9% (one scale per 64
-  // weights instead of 128), so those stay zero-copy.
+  // 1/32 of the tensor. The Bonsai shapes (2048 .. 12288 columns) of every
+  // layout pad nothing (g128 keeps its one scale per 128 weights, in blocks
+  // of four groups); e.g. 384 columns of Q1_0 (3 units in a pair of 8)
+  // would take 2.7x, so those stay zero-copy.
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   if (packed_bytes(w, Packing::kAvx512RowQuad) > stored + stored / 32) return Packing::kNone;
   return Packing::kAvx512RowQuad;

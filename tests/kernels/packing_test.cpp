@@ -84,9 +84,12 @@ TEST(Packing, NameAndChoice) {
   auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);  // 2 units: padded to a pair of groups (4x)
   auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);
   auto q2w = testing::random_matrix(Format::kQ2_0, 12, 2048, 1);
-  // g128 layouts keep one scale per 128 weights; the packing stores one per
-  // 64 (the grouped kernel's units): +5.9%, more than 1/32, so not packed.
+  // g128 layouts: packed with their one scale per 128 weights (blocks of
+  // four groups), the stored bytes exactly at 2048 columns; 640 columns (10
+  // units: 3 groups in a block of 4) would add 1/3, so not packed.
   auto g128 = testing::random_matrix(Format::kQ2_0G128Qs, 12, 2048, 1);
+  auto g128d = testing::random_matrix(Format::kQ2_0G128D, 12, 2048, 1);
+  auto g128odd = testing::random_matrix(Format::kQ2_0G128D, 12, 640, 1);
   auto f32 = testing::random_matrix(Format::kF32, 8, 256, 1);
   auto q8 = testing::random_matrix(Format::kQ8_0, 8, 256, 1);
   for (const Variant& v : variants()) {
@@ -95,7 +98,9 @@ TEST(Packing, NameAndChoice) {
     EXPECT_EQ(packing_for(q1w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q1.view), Packing::kNone) << v.label << ": padding would cost more than 1/32";
-    EXPECT_EQ(packing_for(g128.view), Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(g128.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(g128d.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(g128odd.view), Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(f32.view), Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q8.view), Packing::kNone) << v.label;
   }
@@ -104,6 +109,8 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packed_bytes(q1.view, Packing::kAvx512RowQuad), 2 * detail::kPackPairBytes);  // 2 quads x 1 pair
   auto big = testing::random_matrix(Format::kQ1_0, 6144, 2048, 2);
   EXPECT_EQ(packed_bytes(big.view, Packing::kAvx512RowQuad), 6144u * row_bytes(Format::kQ1_0, 2048));
+  EXPECT_EQ(packed_bytes(g128.view, Packing::kAvx512RowQuad), 12u * row_bytes(Format::kQ2_0G128Qs, 2048));
+  EXPECT_EQ(packed_bytes(g128odd.view, Packing::kAvx512RowQuad), 3 * detail::kPackG128BlockBytes);  // 3 quads x 1 block
 }
 
 // The AVX-512 tier really reads the packed copy, and every other tier the
