@@ -495,21 +495,35 @@ float scalar_bf16(const uint8_t* p) {
 // Q8_0 quantization of one vector, bit-identical to quantize_act_ref: amax
 // exact, d = amax / 127 (IEEE division), id = 1/d, q = cvtps2dq(x * id)
 // (round to nearest even), d rounded through fp16 (vcvtps2ph, nearest even).
+// Sixteen blocks at a time: their amax (per block, as before), then the two
+// divisions and the fp16 rounding of d on one vector (each lane the same
+// IEEE operation as the scalar form; `!=` is unordered-or-unequal as in C++),
+// then the blocks' quants.
 void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const __m512 v0 = _mm512_loadu_ps(x + 32 * b);
-    const __m512 v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    const __m512 m = _mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign));
-    const float amax = _mm512_reduce_max_ps(m);
-    const float dd = amax / 127.0f;
-    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    const __m512 vid = _mm512_set1_ps(id);
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
-    d[b] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(dd), _MM_FROUND_TO_NEAREST_INT)));
+  const int64_t nb = cols / 32;
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const int64_t cnt = nb - b0 < 16 ? nb - b0 : 16;
+    alignas(64) float amax[16] = {}, id[16];
+    for (int64_t k = 0; k < cnt; ++k) {
+      const float* xb = x + 32 * (b0 + k);
+      const __m512 m =
+          _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb), sign), _mm512_and_ps(_mm512_loadu_ps(xb + 16), sign));
+      amax[k] = _mm512_reduce_max_ps(m);
+    }
+    const __m512 dd = _mm512_div_ps(_mm512_load_ps(amax), _mm512_set1_ps(127.0f));
+    const __mmask16 nz = _mm512_cmp_ps_mask(dd, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    _mm512_store_ps(id, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), dd));
+    const __m512 dh = _mm512_cvtph_ps(_mm512_cvtps_ph(dd, _MM_FROUND_TO_NEAREST_INT));
+    _mm512_mask_storeu_ps(d + b0, static_cast<__mmask16>((1u << cnt) - 1), dh);
+    for (int64_t k = 0; k < cnt; ++k) {
+      const int64_t b = b0 + k;
+      const __m512 vid = _mm512_set1_ps(id[k]);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b), vid));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b + 16), vid));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * b + 16), _mm512_cvtsepi32_epi8(q1));
+    }
   }
 }
 
@@ -524,6 +538,16 @@ int family_of(Format f) {
     default:
       return kFamQ8;
   }
+}
+
+// out[m] lane k = in[k] lane m (a 4 x 4 transpose of 128-bit lanes).
+inline void transpose_lanes4(const __m512i* in, __m512i* out) {
+  const __m512i t0 = _mm512_shuffle_i64x2(in[0], in[1], 0x44), t1 = _mm512_shuffle_i64x2(in[0], in[1], 0xEE);
+  const __m512i t2 = _mm512_shuffle_i64x2(in[2], in[3], 0x44), t3 = _mm512_shuffle_i64x2(in[2], in[3], 0xEE);
+  out[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);
+  out[1] = _mm512_shuffle_i64x2(t0, t2, 0xDD);
+  out[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+  out[3] = _mm512_shuffle_i64x2(t1, t3, 0xDD);
 }
 
 // Grouped activation layout of columns [j0, j1) for weight family fam (see
@@ -561,7 +585,41 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
     const int64_t lanes = units * E / W;
     std::memset(neg + lanes, 0, static_cast<size_t>(ls - lanes) * sizeof(int32_t));
     std::memset(dl + lanes, 0, static_cast<size_t>(ls - lanes) * sizeof(float));
-    for (int64_t u = 0; u < units; ++u) {
+    // Whole groups with VBMI: the four units' plane-major transposes, a 4 x 4
+    // transpose of their 128-bit lanes into the P plane vectors (stored
+    // whole), and the lanes' quant sums from those planes (lane L of plane m
+    // holds 4 of lane L's W quants, so the P planes' VPDPBUSDs with ones sum
+    // exactly the lane's chunk). Then the units of a last partial group (or
+    // every unit without VBMI) one at a time below.
+    int64_t u_done = 0;
+    if (use_vbmi()) {
+      const int64_t full = units / 4;
+      for (int64_t g = 0; g < full; ++g) {
+        __m512i lo[4], hi[4];  // unit 4g + k: planes 0..3 / 4..7, 16 bytes each
+        for (int k = 0; k < 4; ++k) {
+          const int8_t* qu = q + (4 * g + k) * E;
+          if (q1) {
+            const __m512i s0 = _mm512_loadu_si512(qu), s1 = _mm512_loadu_si512(qu + 64);
+            lo[k] = _mm512_permutex2var_epi8(s0, i0, s1);
+            hi[k] = _mm512_permutex2var_epi8(s0, i1, s1);
+          } else {
+            lo[k] = _mm512_permutexvar_epi8(i0, _mm512_loadu_si512(qu));
+          }
+        }
+        __m512i pl[8];
+        transpose_lanes4(lo, pl);
+        if (q1) transpose_lanes4(hi, pl + 4);
+        int8_t* xg = x + g * (P * 64);
+        __m512i sum = _mm512_setzero_si512();
+        for (int m = 0; m < P; ++m) {
+          _mm512_storeu_si512(xg + m * 64, pl[m]);
+          sum = _mm512_dpbusd_epi32(sum, ones, pl[m]);
+        }
+        _mm512_storeu_si512(neg + g * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+      }
+      u_done = full * 4;
+    }
+    for (int64_t u = u_done; u < units; ++u) {
       int8_t* xg = x + (u / 4) * (P * 64) + (u % 4) * 16;
       if (!use_vbmi()) {
         // Same bytes, one at a time: plane m, packed byte i of unit u.
@@ -585,8 +643,8 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
         for (int m = 0; m < 4; ++m) std::memcpy(xg + m * 64, b0 + 16 * m, 16);
       }
     }
-    // Lane sums (negated) of W consecutive quants, and lane scales.
-    for (int64_t c0 = 0; c0 < units * E; c0 += 64) {
+    // Lane sums (negated) of W consecutive quants (the units not done above), and lane scales.
+    for (int64_t c0 = u_done * E; c0 < units * E; c0 += 64) {
       alignas(64) int32_t s4[16];
       _mm512_store_si512(s4, _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q + c0)));
       const int per = W / 4;  // dwords per lane
@@ -596,7 +654,11 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
         neg[c0 / W + l] = -sum;
       }
     }
-    for (int64_t l = 0; l < lanes; ++l) dl[l] = d[l * W / 32];
+    if (q1) {
+      std::memcpy(dl, d, static_cast<size_t>(lanes) * sizeof(float));  // W = 32: one lane per sub-block
+    } else {
+      for (int64_t l = 0; l < lanes; ++l) dl[l] = d[l * W / 32];
+    }
   }
 }
 
