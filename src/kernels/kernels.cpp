@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/cpu_features.h"
 #include "core/fp16.h"
@@ -457,6 +458,40 @@ void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, floa
         }
       },
       chunk_rows(ws[0], n, total, *pool));
+}
+
+void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, int64_t units,
+                void (*epilogue)(void* ctx, int64_t u0, int64_t u1), void* ctx, core::ThreadPool* pool,
+                ActScratch* scratch) {
+  if (count <= 0 || n <= 0 || units <= 0) return;
+  bool same = true;
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    same = same && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols && ws[i].rows % units == 0;
+    total += ws[i].rows;
+  }
+  const TierOps* ops = active_ops();
+  if (!same) {
+    for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
+    epilogue(ctx, 0, units);
+    return;
+  }
+  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch);
+  auto slice = [&](int64_t u0, int64_t u1) {
+    for (int i = 0; i < count; ++i) {
+      const int64_t ru = ws[i].rows / units;
+      ops->rows(ws[i], x, a, n, ys[i], u0 * ru, u1 * ru);
+    }
+    epilogue(ctx, u0, u1);
+  };
+  if (pool == nullptr || pool->size() <= 1) {
+    slice(0, units);
+    return;
+  }
+  // Runs of units as long as gemm's row chunks of the concatenated matrices.
+  const int64_t unit_rows = std::max<int64_t>(1, total / units);
+  const int64_t per_chunk = std::max<int64_t>(1, (chunk_rows(ws[0], n, total, *pool) + unit_rows - 1) / unit_rows);
+  pool->parallel_for(units, std::move(slice), per_chunk);
 }
 
 void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y, int64_t row_begin,

@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/ggml_types.h"
@@ -179,6 +180,34 @@ void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::Thread
 // calls. Results equal the separate gemm calls exactly.
 void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, core::ThreadPool* pool,
                 ActScratch* scratch = nullptr);
+
+// Several matrices applied to the same activations, computed in `units`
+// aligned slices with an epilogue per slice, in one pool dispatch:
+// Y_i = W_i X for i < count (X: [n][cols], ys[i]: [n][ws[i].rows]); unit u
+// covers rows [u * R_i, (u + 1) * R_i) of every matrix i, R_i = ws[i].rows /
+// units (every ws[i].rows must be a multiple of `units`). Once a run of units
+// [u0, u1) is computed for all n columns, epilogue(ctx, u0, u1) runs on the
+// same thread, so per-slice work that needs the slice of every output (QK-norm
+// + RoPE + cache store + attention of a KV head; silu(gate) * up) rides the
+// product's hand-off instead of a dispatch of its own. Each unit reaches the
+// epilogue exactly once; the epilogue may call pool->parallel_for (it runs
+// inline inside a pool task, in parallel when there is no pool split). Runs of
+// units are sized like gemm's row chunks (one per thread for GEMV and small
+// batches). Products equal the separate gemm calls exactly (a row split never
+// changes a result). Matrices of different formats or cols: the products run
+// one by one, then epilogue(ctx, 0, units) once on the calling thread.
+void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, int64_t units,
+                void (*epilogue)(void* ctx, int64_t u0, int64_t u1), void* ctx, core::ThreadPool* pool,
+                ActScratch* scratch = nullptr);
+
+// gemm_units with any callable epilogue(u0, u1) (must not throw).
+template <class F>
+void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, int64_t units,
+                F&& epilogue, core::ThreadPool* pool, ActScratch* scratch = nullptr) {
+  auto tramp = [](void* c, int64_t u0, int64_t u1) { (*static_cast<std::remove_reference_t<F>*>(c))(u0, u1); };
+  gemm_units(ws, count, x, n, ys, units, +tramp, const_cast<void*>(static_cast<const void*>(std::addressof(epilogue))),
+             pool, scratch);
+}
 
 // Same as gemv/gemm but on rows [row_begin, row_end) with an explicit tier,
 // single-threaded; for tests and benchmarks. The tier must be supported.

@@ -885,7 +885,7 @@ void attention_q8_scores(const float* q, const uint8_t* k_rows, size_t row_bytes
 }
 
 void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok, std::span<KvCache* const> caches,
-               const float* q, float* out, float scale, core::ThreadPool& pool) {
+               const float* q, float* out, float scale, core::ThreadPool& pool, int64_t kvh_begin, int64_t kvh_end) {
   const int64_t n = static_cast<int64_t>(tok.size());
   const int64_t hd_k = c.head_dim_k, hd_v = c.head_dim_v;
   const int64_t n_head_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
@@ -910,7 +910,10 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
   }
   std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.last_pos > b.last_pos; });
 
-  pool.parallel_for(static_cast<int64_t>(tiles.size()) * n_head_kv, [&](int64_t b, int64_t e) {
+  if (kvh_end < 0) kvh_end = n_head_kv;
+  const int64_t n_kvh = kvh_end - kvh_begin;  // KV heads computed here
+  if (n_kvh <= 0) return;
+  pool.parallel_for(static_cast<int64_t>(tiles.size()) * n_kvh, [&](int64_t b, int64_t e) {
     thread_local Scratch sc;
     if (sc.k.size() < static_cast<size_t>(kKeyBlock * hd_k)) sc.k.resize(kKeyBlock * hd_k);
     if (sc.v.size() < static_cast<size_t>(kKeyBlock * hd_v)) sc.v.resize(kKeyBlock * hd_v);
@@ -923,8 +926,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
       sc.qp.resize(kQueryTile * group);
     }
     for (int64_t task = b; task < e; ++task) {
-      const Tile& tl = tiles[static_cast<size_t>(task / n_head_kv)];
-      const int64_t kvh = task % n_head_kv;
+      const Tile& tl = tiles[static_cast<size_t>(task / n_kvh)];
+      const int64_t kvh = kvh_begin + task % n_kvh;
       const KvCache& kv = *caches[tok[tl.first].seq];
       const kernels::Format kf = row_format(kv.type_k()), vf = row_format(kv.type_v());
       const bool q8k = kv.type_k() == KvType::kQ8_0 && hd_k <= kMaxHeadDim;

@@ -37,8 +37,12 @@ inline constexpr int64_t kQueryTile = 32;
 // The cache rows 0..pos_i of layer `layer` of caches[tok[i].seq] must hold
 // the keys/values (forward() writes a ubatch's rows before calling this).
 // Runs (tile of one sequence's consecutive tokens) x KV head tasks on `pool`.
+// Only KV heads [kvh_begin, kvh_end) (and their query heads) are computed;
+// kvh_end < 0 means n_head_kv. A head's result does not depend on the range
+// (the fused decode step runs one range per pool task, inline).
 void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> tok, std::span<KvCache* const> caches,
-               const float* q, float* out, float scale, core::ThreadPool& pool);
+               const float* q, float* out, float scale, core::ThreadPool& pool, int64_t kvh_begin = 0,
+               int64_t kvh_end = -1);
 
 // Which inner kernel attention() uses for these head dims under the active
 // kernels tier: "avx512" (head dims multiples of 16, AVX-512 tier), "avx2"

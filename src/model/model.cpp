@@ -568,7 +568,8 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
   float* proj = ws.proj_.data();
   float* gate = ws.gate_.data();
   float* up = ws.up_.data();
-  constexpr int64_t kTokChunk = 4;  // tokens per task for the cheap per-token steps
+  constexpr int64_t kTokChunk = 4;         // tokens per task for the cheap per-token steps
+  constexpr int64_t kFusedMaxTokens = 16;  // largest batch whose attention rides the QKV dispatch
 
   // x[i] = token_embd[token_i]   (row dequantized from its stored type; no FP32 table)
   // and the RoPE angles of each token's position.
@@ -587,6 +588,15 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
       kTokChunk);
 
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd_k));
+  const int64_t group = n_head / n_head_kv;  // query heads per KV head
+  // Decode-sized batches run the QKV product, the per-head steps and
+  // attention as one pool dispatch per layer, split by KV head; that needs
+  // enough KV heads for every thread (two runs each). Larger batches keep
+  // attention's finer (tile x head) split.
+  const bool fuse_attention = n <= kFusedMaxTokens && n_head_kv >= 2 * pool.size();
+  // Rows per slice of the fused gate/up product: 64 where n_ff allows.
+  int64_t ff_unit = 64;
+  while (c.n_ff % ff_unit != 0) ff_unit /= 2;
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const LayerWeights& L = W.layers[static_cast<size_t>(l)];
@@ -601,44 +611,55 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
         kTokChunk);
 
     // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
-    // once, one pool dispatch); equal to three separate products bit for bit.
-    {
-      const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
-      float* const outs[] = {q, k, v};
-      kernels::gemm_multi(qkv, 3, xb, n, outs, &pool, &ws.act_);
-    }
-
-    // Per token: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm, k_h likewise, per
-    // head), then RoPE on q and k, then store k and v in the sequence's cache
-    // at slot = position.
-    pool.parallel_for(
-        n,
-        [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) {
-            float* qi = q + i * c.q_dim();
-            float* ki = k + i * c.k_dim();
-            const float* vi = v + i * c.v_dim();
-            const float* cs = ws.rope_.data() + i * c.n_rot;
-            for (int64_t h = 0; h < n_head; ++h) {
-              if (c.qk_norm) rms_norm(qi + h * hd_k, L.q_norm.data, qi + h * hd_k, hd_k, c.rms_eps);
-              apply_rope(c.rope_type, cs, c.n_rot, qi + h * hd_k);
-            }
-            KvCache& kv = *caches[tok[i].seq];
-            for (int64_t h = 0; h < n_head_kv; ++h) {
-              if (c.qk_norm) rms_norm(ki + h * hd_k, L.k_norm.data, ki + h * hd_k, hd_k, c.rms_eps);
-              apply_rope(c.rope_type, cs, c.n_rot, ki + h * hd_k);
-              uint8_t* kdst = kv.k_row(l, h, tok[i].pos);
-              uint8_t* vdst = kv.v_row(l, h, tok[i].pos);
-              store_kv_row(kv.type_k(), ki + h * hd_k, kdst, hd_k);
-              store_kv_row(kv.type_v(), vi + h * hd_v, vdst, hd_v);
-            }
-          }
-        },
-        kTokChunk);
-
+    // once); equal to three separate products bit for bit. Then per token and
+    // KV head h: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm for the query
+    // heads of h's group, k_h likewise), RoPE on those q and k heads, k_h and
+    // v_h stored in the sequence's cache at slot = position; then
     // att = causal grouped-query attention of q over the cached k, v
     // (attention.h: tiled online softmax, batch invariant).
-    attention(c, l, tok, caches, q, att, kq_scale, pool);
+    auto qk_rope_store = [&](int64_t i, int64_t h) {
+      float* qi = q + i * c.q_dim();
+      float* ki = k + i * c.k_dim() + h * hd_k;
+      const float* cs = ws.rope_.data() + i * c.n_rot;
+      for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
+        if (c.qk_norm) rms_norm(qi + qh * hd_k, L.q_norm.data, qi + qh * hd_k, hd_k, c.rms_eps);
+        apply_rope(c.rope_type, cs, c.n_rot, qi + qh * hd_k);
+      }
+      if (c.qk_norm) rms_norm(ki, L.k_norm.data, ki, hd_k, c.rms_eps);
+      apply_rope(c.rope_type, cs, c.n_rot, ki);
+      KvCache& kv = *caches[tok[i].seq];
+      store_kv_row(kv.type_k(), ki, kv.k_row(l, h, tok[i].pos), hd_k);
+      store_kv_row(kv.type_v(), v + i * c.v_dim() + h * hd_v, kv.v_row(l, h, tok[i].pos), hd_v);
+    };
+    const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
+    float* const qkv_out[] = {q, k, v};
+    if (fuse_attention) {
+      // Decode-sized batches: one pool dispatch per layer for all of it, each
+      // task a run of KV heads (their q, k, v rows, then the per-head steps,
+      // then attention for those heads, inline). Every token's keys of head
+      // h are stored before head h's attention reads them: both run in the
+      // task that owns h.
+      kernels::gemm_units(
+          qkv, 3, xb, n, qkv_out, n_head_kv,
+          [&](int64_t h0, int64_t h1) {
+            for (int64_t i = 0; i < n; ++i) {
+              for (int64_t h = h0; h < h1; ++h) qk_rope_store(i, h);
+            }
+            attention(c, l, tok, caches, q, att, kq_scale, pool, h0, h1);
+          },
+          &pool, &ws.act_);
+    } else {
+      kernels::gemm_multi(qkv, 3, xb, n, qkv_out, &pool, &ws.act_);
+      pool.parallel_for(
+          n,
+          [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) {
+              for (int64_t h = 0; h < n_head_kv; ++h) qk_rope_store(i, h);
+            }
+          },
+          kTokChunk);
+      attention(c, l, tok, caches, q, att, kq_scale, pool);
+    }
 
     // x = x + Wo att
     matmul(L.wo, att, n, proj, pool, ws.act_);
@@ -653,17 +674,22 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
         },
         kTokChunk);
     // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
+    // (the product in slices of ff_unit rows of both; each slice's silu * up
+    // right after it, on the same thread: no dispatch of its own)
     {
       const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
       float* const outs[] = {gate, up};
-      kernels::gemm_multi(gu, 2, xb, n, outs, &pool, &ws.act_);
+      kernels::gemm_units(
+          gu, 2, xb, n, outs, c.n_ff / ff_unit,
+          [&](int64_t u0, int64_t u1) {
+            for (int64_t i = 0; i < n; ++i) {
+              float* g = gate + i * c.n_ff;
+              const float* u = up + i * c.n_ff;
+              for (int64_t j = u0 * ff_unit; j < u1 * ff_unit; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+            }
+          },
+          &pool, &ws.act_);
     }
-    pool.parallel_for(
-        n * c.n_ff,
-        [&](int64_t b, int64_t e) {
-          for (int64_t j = b; j < e; ++j) gate[j] = gate[j] / (1.0f + std::exp(-gate[j])) * up[j];
-        },
-        4096);
     // x = x + W_down gate
     matmul(L.w_down, gate, n, proj, pool, ws.act_);
     for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
