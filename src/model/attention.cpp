@@ -214,10 +214,9 @@ BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, 
   for (int j = 0; j < NC; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
 }
 
-// The softmax + V part of the step with AVX-512: s[0..32) holds the scaled
-// scores of keys < nk and -inf past them (overwritten); hd_v % 16 == 0.
-BONSAI_AVX512 void update_avx512(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
-  static_assert(kKeyBlock == 32);
+// The softmax part of an AVX-512 step for one head: s[0..32) scaled scores (-inf
+// past nk) -> p (overwritten), state's m and l updated; returns corr.
+BONSAI_AVX512 inline __m512 softmax_avx512(float* s, float* state) {
   __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
   const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
   const float m_new = std::max(state[0], mb);
@@ -229,6 +228,14 @@ BONSAI_AVX512 void update_avx512(float* s, const float* v, int64_t nk, int64_t h
   _mm512_storeu_ps(s + 16, s1);
   state[0] = m_new;
   state[1] = state[1] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return corr;
+}
+
+// The softmax + V part of the step with AVX-512: s[0..32) holds the scaled
+// scores of keys < nk and -inf past them (overwritten); hd_v % 16 == 0.
+BONSAI_AVX512 void update_avx512(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
+  static_assert(kKeyBlock == 32);
+  const __m512 corr = softmax_avx512(s, state);
   float* acc = state + 2;
   int64_t j = 0;
   const int64_t ncv = hd_v / 16;
@@ -481,23 +488,6 @@ BONSAI_AVX512 void scores_group(const float* const* q, int64_t hd_k, const KR& k
       _mm512_storeu_ps(s + j * kKeyBlock + t0, _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum16x16(d[j]), vscale)));
     }
   }
-}
-
-// update_avx512's softmax part for one head: s[0..32) scaled scores (-inf
-// past nk) -> p (overwritten), state's m and l updated; returns corr.
-BONSAI_AVX512 inline __m512 softmax_avx512(float* s, float* state) {
-  __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
-  const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
-  const float m_new = std::max(state[0], mb);
-  const __m512 mv = _mm512_set1_ps(m_new);
-  const __m512 corr = exp_neg_ps512(_mm512_set1_ps(state[0] - m_new));  // 0 on the first block
-  s0 = exp_neg_ps512(_mm512_sub_ps(s0, mv));                            // masked keys: exp(-inf) = 0
-  s1 = exp_neg_ps512(_mm512_sub_ps(s1, mv));
-  _mm512_storeu_ps(s, s0);
-  _mm512_storeu_ps(s + 16, s1);
-  state[0] = m_new;
-  state[1] = state[1] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-  return corr;
 }
 
 // pv_chunks for NQ heads at once over V chunks [c0, c0 + NC): per head j,
