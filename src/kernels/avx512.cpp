@@ -54,7 +54,7 @@ bool g_use_amx = true;    // test hook (set_avx512_amx)
 // measured best; in one sweep of the grouped Q1_0 GEMV on Sapphire Rapids
 // (2 MiB pages) 4 KiB / 1 KiB came out ahead of 8 / 2, 16 / 2, 8 / 4,
 // 2 / 0.5, 4 / 0.5, 3 / 1 and 6 / 1 KiB, by 2-6% (run-to-run noise ~3%).
-constexpr int64_t kPrefetchL2Bytes = 4096;
+constexpr int64_t kPrefetchL2Bytes = 16384;
 constexpr int64_t kPrefetchL1Bytes = 1024;
 
 void init_tables() {
@@ -261,6 +261,22 @@ inline float reduce16(__m512 v) {
   return _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2)));
 }
 
+// reduce16 of four vectors at once, into y[0..3]: the same pairs in the same
+// order for each (float addition is commutative, so which operand comes first
+// does not change a bit), with the four rows side by side in one register
+// instead of four horizontal chains and four scalar stores.
+inline void reduce16x4(__m512 v0, __m512 v1, __m512 v2, __m512 v3, float* y) {
+  // (i, i+8): 256-bit halves of two rows per register.
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, 0x44), _mm512_shuffle_f32x4(v0, v1, 0xEE));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, 0x44), _mm512_shuffle_f32x4(v2, v3, 0xEE));
+  // (i, i+4): 128-bit chunk r = row r.
+  const __m512 a4 = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+  // (i, i+2), then (0, 1), within each chunk.
+  const __m512 a2 = _mm512_add_ps(a4, _mm512_permute_ps(a4, 0x0E));
+  const __m512 a1 = _mm512_add_ps(a2, _mm512_permute_ps(a2, 0x01));
+  _mm_storeu_ps(y, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, a1)));
+}
+
 // Prepared grouped activations of column j: X planes, lane negsums, lane scales.
 struct GCol {
   const int8_t* x;
@@ -323,8 +339,12 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
   };
   for (int64_t g = 0; g < full; ++g) body(g, std::false_type{});
   if (full < ng) body(full, std::true_type{});
-  for (int i = 0; i < R; ++i)
-    for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = reduce16(out[i][k]);
+  if constexpr (R == 4) {
+    for (int k = 0; k < C; ++k) reduce16x4(out[0][k], out[1][k], out[2][k], out[3][k], y + (j0 + k) * y_ld + r);
+  } else {
+    for (int i = 0; i < R; ++i)
+      for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = reduce16(out[i][k]);
+  }
 }
 
 // Cache blocking for batches: a block of kRowBlock rows of weights (<= 54
