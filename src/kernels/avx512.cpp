@@ -54,7 +54,7 @@ bool g_use_amx = true;    // test hook (set_avx512_amx)
 // measured best; in one sweep of the grouped Q1_0 GEMV on Sapphire Rapids
 // (2 MiB pages) 4 KiB / 1 KiB came out ahead of 8 / 2, 16 / 2, 8 / 4,
 // 2 / 0.5, 4 / 0.5, 3 / 1 and 6 / 1 KiB, by 2-6% (run-to-run noise ~3%).
-constexpr int64_t kPrefetchL2Bytes = 16384;
+constexpr int64_t kPrefetchL2Bytes = 4096;
 constexpr int64_t kPrefetchL1Bytes = 1024;
 
 void init_tables() {
