@@ -18,6 +18,26 @@ inline void cpu_relax() {
   asm volatile("yield");
 #endif
 }
+
+// Polls done() until it returns true or `limit` has passed; returns which.
+// Each poll waits with the pause hint (x86 PAUSE, ~40 ns on Sapphire Rapids)
+// and the clock is read only once per 32 polls, first at poll 31, so a
+// short wait reads it not at all: a spinning thread neither floods
+// clock_gettime (per-poll reads were ~6% of a decode profile) nor starves a
+// hyper-thread sibling, and still reacts within ~0.1 us.
+template <class Done>
+bool spin_for(std::chrono::microseconds limit, Done done) {
+  std::chrono::steady_clock::time_point until{};
+  for (int polls = 0;; ++polls) {
+    if (done()) return true;
+    if (polls % 32 == 31) {
+      const auto now = std::chrono::steady_clock::now();
+      if (polls == 31) until = now + limit;
+      if (now >= until) return false;
+    }
+    cpu_relax();
+  }
+}
 }  // namespace
 
 namespace {
@@ -106,26 +126,16 @@ void ThreadPool::run(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx, 
   // After the erase no worker can newly pick the job; wait until those that
   // did have let go, so the stack-allocated Job outlives every access.
   // The wait is usually a few microseconds (the other threads' last chunks):
-  // spin with the pause hint for up to kCallerSpin, then yield the core
-  // (another caller's thread may need it). Yielding at once cost a
+  // spin for up to 50 us, then yield the core between polls (another
+  // caller's thread may need it). Yielding from the 65th poll on cost a
   // sched_yield system call per poll: 3-7% of a 1.7B decode profile on a
   // paravirtualized Zen 5 VM, where each one is a hypervisor round trip,
   // and the caller noticed the end of the job one return later.
-  constexpr auto kCallerSpin = std::chrono::microseconds(50);
-  std::chrono::steady_clock::time_point spin_until{};
-  for (int polls = 0;
-       job.done.load(std::memory_order_acquire) < job.n_chunks || job.active.load(std::memory_order_acquire) != 0;
-       ++polls) {
-    if (polls % 32 == 31) {
-      const auto now = std::chrono::steady_clock::now();
-      if (polls == 31) spin_until = now + kCallerSpin;
-      if (now >= spin_until) {
-        std::this_thread::yield();
-        continue;
-      }
-    }
-    cpu_relax();
-  }
+  auto finished = [&job] {
+    return job.done.load(std::memory_order_acquire) >= job.n_chunks && job.active.load(std::memory_order_acquire) == 0;
+  };
+  if (spin_for(std::chrono::microseconds(50), finished)) return;
+  while (!finished()) std::this_thread::yield();
 }
 
 void ThreadPool::worker_loop() {
@@ -150,23 +160,13 @@ void ThreadPool::worker_loop() {
       job->active.fetch_sub(1, std::memory_order_release);
       continue;
     }
-    // Nothing to do: spin on the epoch for a while, then sleep.
-    // The clock is read once per 32 polls and each poll waits with a CPU
-    // pause hint (x86 PAUSE, ~40 ns on Sapphire Rapids), so an idle worker
-    // neither floods clock_gettime (it was ~6% of a decode profile) nor
-    // starves a hyper-thread sibling, and still reacts within ~0.1 us.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
-    bool woke = false;
-    for (int polls = 0;; ++polls) {
+    // Nothing to do: spin on the epoch for up to 200 us, then sleep.
+    const bool woke = spin_for(std::chrono::microseconds(200), [&] {
       const uint64_t e = epoch_.load(std::memory_order_acquire);
-      if (e != seen) {
-        seen = e;
-        woke = true;
-        break;
-      }
-      if (polls % 32 == 31 && std::chrono::steady_clock::now() >= spin_until) break;
-      cpu_relax();
-    }
+      if (e == seen) return false;
+      seen = e;
+      return true;
+    });
     if (woke) continue;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] {

@@ -277,6 +277,18 @@ inline void reduce16x4(__m512 v0, __m512 v1, __m512 v2, __m512 v3, float* y) {
   _mm_storeu_ps(y, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, a1)));
 }
 
+// The end of an R-row x C-column micro-kernel: row i of column j0 + k is
+// reduce16(out[i][k]), written to y[(j0 + k) * y_ld + row + i].
+template <int R, int C>
+inline void store_rows(const __m512 (&out)[R][C], float* y, int64_t y_ld, int64_t j0, int64_t row) {
+  if constexpr (R == 4) {
+    for (int k = 0; k < C; ++k) reduce16x4(out[0][k], out[1][k], out[2][k], out[3][k], y + (j0 + k) * y_ld + row);
+  } else {
+    for (int i = 0; i < R; ++i)
+      for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + row + i] = reduce16(out[i][k]);
+  }
+}
+
 // Prepared grouped activations of column j: X planes, lane negsums, lane scales.
 struct GCol {
   const int8_t* x;
@@ -339,12 +351,7 @@ void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a
   };
   for (int64_t g = 0; g < full; ++g) body(g, std::false_type{});
   if (full < ng) body(full, std::true_type{});
-  if constexpr (R == 4) {
-    for (int k = 0; k < C; ++k) reduce16x4(out[0][k], out[1][k], out[2][k], out[3][k], y + (j0 + k) * y_ld + r);
-  } else {
-    for (int i = 0; i < R; ++i)
-      for (int k = 0; k < C; ++k) y[(j0 + k) * y_ld + r + i] = reduce16(out[i][k]);
-  }
+  store_rows(out, y, y_ld, j0, r);
 }
 
 // Cache blocking for batches: a block of kRowBlock rows of weights (<= 54
