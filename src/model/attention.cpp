@@ -245,28 +245,33 @@ BONSAI_AVX512 void update_avx512(float* s, const float* v, int64_t nk, int64_t h
   if (j < ncv) pv_chunks<1>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
 }
 
-// Sixteen keys' dot products at once: d[u] holds key u's 16 lane partials;
-// returns key u's sum in lane u. A fixed tree whose every output element
-// comes from one input vector (unpack/shuffle pick, add combines the same
-// key's partials), so key u's sum depends on d[u] alone, not on the others:
-//   per 128-bit quarter (l0+l2)+(l1+l3), then quarters (q0+q1)+(q2+q3).
-BONSAI_AVX512 inline __m512 hsum16x16(const __m512 d[16]) {
-  __m512 e[8];
-  for (int u = 0; u < 8; ++u) {
-    e[u] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * u], d[2 * u + 1]), _mm512_unpackhi_ps(d[2 * u], d[2 * u + 1]));
-  }
-  __m512 f[4];
-  for (int u = 0; u < 4; ++u) {
-    const __m512d a = _mm512_castps_pd(e[2 * u]), b = _mm512_castps_pd(e[2 * u + 1]);
-    f[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  // f[u]: per quarter, keys 4u..4u+3's sums over that quarter.
+// hsum16x16's first two levels for keys 4u..4u+3 (d = &d[4u]): f[u], per
+// 128-bit quarter the four keys' sums over that quarter.
+BONSAI_AVX512 inline __m512 hsum4of16(const __m512* d) {
+  const __m512 e0 = _mm512_add_ps(_mm512_unpacklo_ps(d[0], d[1]), _mm512_unpackhi_ps(d[0], d[1]));
+  const __m512 e1 = _mm512_add_ps(_mm512_unpacklo_ps(d[2], d[3]), _mm512_unpackhi_ps(d[2], d[3]));
+  const __m512d a = _mm512_castps_pd(e0), b = _mm512_castps_pd(e1);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+
+// hsum16x16's last level: the quarters of f[0..4) summed, key u in lane u.
+BONSAI_AVX512 inline __m512 hsum_finish(const __m512* f) {
   const __m512 g0 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                   _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
   const __m512 g1 = _mm512_add_ps(_mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(2, 0, 2, 0)),
                                   _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_add_ps(_mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Sixteen keys' dot products at once: d[u] holds key u's 16 lane partials;
+// returns key u's sum in lane u. A fixed tree whose every output element
+// comes from one input vector (unpack/shuffle pick, add combines the same
+// key's partials), so key u's sum depends on d[u] alone, not on the others:
+//   per 128-bit quarter (l0+l2)+(l1+l3), then quarters (q0+q1)+(q2+q3).
+BONSAI_AVX512 inline __m512 hsum16x16(const __m512 d[16]) {
+  const __m512 f[4] = {hsum4of16(d), hsum4of16(d + 4), hsum4of16(d + 8), hsum4of16(d + 12)};
+  return hsum_finish(f);
 }
 
 // The step with AVX-512; head dims multiples of 16. Key t's score: the fma
@@ -443,9 +448,12 @@ BONSAI_AVX512 inline __m512 load16(const RowsQ8& r, int64_t t, int64_t c) {
 
 // Scores of NQ heads (q rows at q[j]) against keys t0 .. t0+15:
 // block_avx512's chains (mul, then fma over chunks in order), KU keys at a
-// time so the NQ x KU chains stay in registers. d[j][u]: head j, key t0 + u.
+// time so the NQ x KU chains stay in registers, each group of 4 keys reduced
+// right away by hsum16x16's first two levels (hsum4of16: the same ops, so the
+// same bits) instead of keeping all 16 keys' chains (NQ x 16 registers:
+// they spilled). f[j][u]: head j, keys t0 + 4u .. t0 + 4u + 3.
 template <int NQ, class KR>
-BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&d)[NQ][16]) {
+BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&f)[NQ][4]) {
   constexpr int KU = NQ <= 2 ? 8 : 4;
   const int64_t nc = hd_k / 16;
   for (int h = 0; h < 16; h += KU) {
@@ -464,7 +472,7 @@ BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR
       }
     }
     for (int j = 0; j < NQ; ++j) {
-      for (int u = 0; u < KU; ++u) d[j][h + u] = a[j][u];
+      for (int u = 0; u < KU; u += 4) f[j][(h + u) / 4] = hsum4of16(&a[j][u]);
     }
   }
 }
@@ -481,11 +489,12 @@ BONSAI_AVX512 void scores_group(const float* const* q, int64_t hd_k, const KR& k
       for (int j = 0; j < NQ; ++j) _mm512_storeu_ps(s + j * kKeyBlock + t0, ninf);
       continue;
     }
-    __m512 d[NQ][16];
-    chains16<NQ>(q, hd_k, k, t0, d);
+    __m512 f[NQ][4];
+    chains16<NQ>(q, hd_k, k, t0, f);
     const __mmask16 live = nk - t0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - t0)) - 1u);
     for (int j = 0; j < NQ; ++j) {
-      _mm512_storeu_ps(s + j * kKeyBlock + t0, _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum16x16(d[j]), vscale)));
+      _mm512_storeu_ps(s + j * kKeyBlock + t0,
+                       _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum_finish(f[j]), vscale)));
     }
   }
 }
@@ -903,7 +912,11 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
   if (kvh_end < 0) kvh_end = n_head_kv;
   const int64_t n_kvh = kvh_end - kvh_begin;  // KV heads computed here
   if (n_kvh <= 0) return;
-  pool.parallel_for(static_cast<int64_t>(tiles.size()) * n_kvh, [&](int64_t b, int64_t e) {
+  // Tasks KV-head-major: consecutive tasks (one thread's chunk) walk the same
+  // head's K/V rows for every tile, so those rows stay in cache between
+  // tiles instead of all heads' rows passing through once per tile.
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  pool.parallel_for(n_tiles * n_kvh, [&](int64_t b, int64_t e) {
     thread_local Scratch sc;
     if (sc.k.size() < static_cast<size_t>(kKeyBlock * hd_k)) sc.k.resize(kKeyBlock * hd_k);
     if (sc.v.size() < static_cast<size_t>(kKeyBlock * hd_v)) sc.v.resize(kKeyBlock * hd_v);
@@ -916,8 +929,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
       sc.qp.resize(kQueryTile * group);
     }
     for (int64_t task = b; task < e; ++task) {
-      const Tile& tl = tiles[static_cast<size_t>(task / n_kvh)];
-      const int64_t kvh = kvh_begin + task % n_kvh;
+      const Tile& tl = tiles[static_cast<size_t>(task % n_tiles)];
+      const int64_t kvh = kvh_begin + task / n_tiles;
       const KvCache& kv = *caches[tok[tl.first].seq];
       const kernels::Format kf = row_format(kv.type_k()), vf = row_format(kv.type_v());
       const bool q8k = kv.type_k() == KvType::kQ8_0 && hd_k <= kMaxHeadDim;
