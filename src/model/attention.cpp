@@ -26,8 +26,9 @@
 // block — the GQA group of a query, and two queries' groups on every block
 // but the diagonal one — go through the step together, 4 (else 2, 1) at a
 // time: each K and V chunk is loaded once for all of them, while every head
-// keeps exactly its own ops (the chains, trees and order of block_avx512 /
-// update_avx512), so the bits do not depend on the grouping. When at most
+// keeps exactly its own ops (its fma chains, reduction tree, softmax and PV
+// order: chains16, hsum4of16 / hsum_finish, softmax_avx512, pv_group), so the
+// bits do not depend on the grouping. When at most
 // kDirectHeads heads share a block (decode) the K/V rows are read in place
 // from the cache (f16 -> fp32 and q8_0 d * q in registers: the same values
 // as the scratch), which saves the conversion's store and reload.
@@ -201,19 +202,6 @@ BONSAI_AVX512 inline __m512 exp_neg_ps512(__m512 x) {
   return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
 }
 
-// acc[0..16*NC) = acc * corr + sum_t p_t v_t[0..16*NC), t ascending.
-template <int NC>
-BONSAI_AVX512 inline void pv_chunks(const float* p, int64_t nk, const float* v, int64_t hd_v, __m512 corr, float* acc) {
-  __m512 a[NC];
-  for (int j = 0; j < NC; ++j) a[j] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * j), corr);
-  for (int64_t t = 0; t < nk; ++t) {
-    const __m512 pt = _mm512_set1_ps(p[t]);
-    const float* vt = v + t * hd_v;
-    for (int j = 0; j < NC; ++j) a[j] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * j), a[j]);
-  }
-  for (int j = 0; j < NC; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
-}
-
 // The softmax part of an AVX-512 step for one head: s[0..32) scaled scores (-inf
 // past nk) -> p (overwritten), state's m and l updated; returns corr.
 BONSAI_AVX512 inline __m512 softmax_avx512(float* s, float* state) {
@@ -231,22 +219,14 @@ BONSAI_AVX512 inline __m512 softmax_avx512(float* s, float* state) {
   return corr;
 }
 
-// The softmax + V part of the step with AVX-512: s[0..32) holds the scaled
-// scores of keys < nk and -inf past them (overwritten); hd_v % 16 == 0.
-BONSAI_AVX512 void update_avx512(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
-  static_assert(kKeyBlock == 32);
-  const __m512 corr = softmax_avx512(s, state);
-  float* acc = state + 2;
-  int64_t j = 0;
-  const int64_t ncv = hd_v / 16;
-  for (; j + 8 <= ncv; j += 8) pv_chunks<8>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
-  if (j + 4 <= ncv) pv_chunks<4>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j), j += 4;
-  if (j + 2 <= ncv) pv_chunks<2>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j), j += 2;
-  if (j < ncv) pv_chunks<1>(s, nk, v + 16 * j, hd_v, corr, acc + 16 * j);
-}
-
-// hsum16x16's first two levels for keys 4u..4u+3 (d = &d[4u]): f[u], per
-// 128-bit quarter the four keys' sums over that quarter.
+// The lane reduction of a key's score on the AVX-512 tier: one fixed tree,
+//   per 128-bit quarter (l0+l2)+(l1+l3), then quarters (q0+q1)+(q2+q3),
+// computed for 16 keys at once in two parts. Every output element comes from
+// one input vector (unpack/shuffle pick, add combines the same key's
+// partials), so key u's sum depends on its own 16 lane partials alone, not on
+// the other keys in the vector (nor on whether they exist: masked rows).
+// hsum4of16: the first two levels for four keys (d[0..4): their 16-lane
+// partials) -> per 128-bit quarter, the four keys' sums over that quarter.
 BONSAI_AVX512 inline __m512 hsum4of16(const __m512* d) {
   const __m512 e0 = _mm512_add_ps(_mm512_unpacklo_ps(d[0], d[1]), _mm512_unpackhi_ps(d[0], d[1]));
   const __m512 e1 = _mm512_add_ps(_mm512_unpacklo_ps(d[2], d[3]), _mm512_unpackhi_ps(d[2], d[3]));
@@ -254,7 +234,7 @@ BONSAI_AVX512 inline __m512 hsum4of16(const __m512* d) {
   return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
 }
 
-// hsum16x16's last level: the quarters of f[0..4) summed, key u in lane u.
+// The last level: f[u] = hsum4of16 of keys 4u..4u+3 -> key u's sum in lane u.
 BONSAI_AVX512 inline __m512 hsum_finish(const __m512* f) {
   const __m512 g0 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                   _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
@@ -262,45 +242,6 @@ BONSAI_AVX512 inline __m512 hsum_finish(const __m512* f) {
                                   _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_add_ps(_mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// Sixteen keys' dot products at once: d[u] holds key u's 16 lane partials;
-// returns key u's sum in lane u. A fixed tree whose every output element
-// comes from one input vector (unpack/shuffle pick, add combines the same
-// key's partials), so key u's sum depends on d[u] alone, not on the others:
-//   per 128-bit quarter (l0+l2)+(l1+l3), then quarters (q0+q1)+(q2+q3).
-BONSAI_AVX512 inline __m512 hsum16x16(const __m512 d[16]) {
-  const __m512 f[4] = {hsum4of16(d), hsum4of16(d + 4), hsum4of16(d + 8), hsum4of16(d + 12)};
-  return hsum_finish(f);
-}
-
-// The step with AVX-512; head dims multiples of 16. Key t's score: the fma
-// chain over 16-wide chunks in chunk order, hsum16x16's tree, * scale. k
-// must hold kKeyBlock rows (rows >= nk are read but masked: every lane of
-// hsum16x16 depends on its own key only).
-BONSAI_AVX512 void block_avx512(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
-                                float scale, float* state) {
-  static_assert(kKeyBlock == 32);
-  alignas(64) float s[kKeyBlock];
-  const int64_t nc = hd_k / 16;
-  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(kNegInf);
-  for (int64_t t0 = 0; t0 < kKeyBlock; t0 += 16) {
-    if (t0 >= nk) {
-      _mm512_store_ps(s + t0, ninf);
-      continue;
-    }
-    const float* kg = k + t0 * hd_k;
-    __m512 d[16];
-    const __m512 q0 = _mm512_loadu_ps(q);
-    for (int u = 0; u < 16; ++u) d[u] = _mm512_mul_ps(q0, _mm512_loadu_ps(kg + u * hd_k));
-    for (int64_t c = 1; c < nc; ++c) {
-      const __m512 qc = _mm512_loadu_ps(q + 16 * c);
-      for (int u = 0; u < 16; ++u) d[u] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kg + u * hd_k + 16 * c), d[u]);
-    }
-    const __mmask16 live = nk - t0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - t0)) - 1u);
-    _mm512_store_ps(s + t0, _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum16x16(d), vscale)));
-  }
-  update_avx512(s, v, nk, hd_v, state);
 }
 
 #define BONSAI_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
@@ -408,9 +349,10 @@ BONSAI_AVX512 void q8_0_to_f32_avx512(const uint8_t* src, float* dst, int64_t n)
 }
 
 // ---- Group step (AVX-512): the query heads of one KV head share each K/V load ----
-// The ops per head are exactly those of block_avx512 / update_avx512 (the same
-// fma chains, hsum16x16 tree, softmax and pv_chunks order), so every head gets
-// the bits it would get alone; only the loads are shared: each K chunk feeds
+// Per head, the ops of the tier's step (below: the fma chains of chains16,
+// the hsum4of16 / hsum_finish tree, softmax_avx512, pv_group's order) do not
+// depend on which other heads share the call, so every head gets the bits it
+// would get alone; only the loads are shared: each K chunk feeds
 // two heads' score chains and each V chunk every head's accumulators. K and V
 // may also be read straight from the cache rows (fp16 -> fp32 and q8_0 d * q
 // are exact, the values load_rows would have stored), which attention() does
@@ -446,12 +388,12 @@ BONSAI_AVX512 inline __m512 load16(const RowsQ8& r, int64_t t, int64_t c) {
   return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));  // as q8_0_to_f32_avx512
 }
 
-// Scores of NQ heads (q rows at q[j]) against keys t0 .. t0+15:
-// block_avx512's chains (mul, then fma over chunks in order), KU keys at a
-// time so the NQ x KU chains stay in registers, each group of 4 keys reduced
-// right away by hsum16x16's first two levels (hsum4of16: the same ops, so the
-// same bits) instead of keeping all 16 keys' chains (NQ x 16 registers:
-// they spilled). f[j][u]: head j, keys t0 + 4u .. t0 + 4u + 3.
+// Scores of NQ heads (q rows at q[j]) against keys t0 .. t0+15. Key t's
+// partials: lane l = q[l] * k[l], then fma(q[16c + l], k[16c + l], .) for the
+// 16-wide chunks c = 1, 2, ... in order. KU keys at a time, so the NQ x KU
+// chains stay in registers; each group of 4 keys is reduced right away by the
+// tree's first two levels (hsum4of16) instead of keeping all 16 keys' chains
+// (NQ x 16 registers: they spilled). f[j][u]: head j, keys t0 + 4u .. + 3.
 template <int NQ, class KR>
 BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&f)[NQ][4]) {
   constexpr int KU = NQ <= 2 ? 8 : 4;
@@ -477,9 +419,10 @@ BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR
   }
 }
 
-// s[j][0..32) = head j's scaled scores of keys < nk, -inf past them (the
-// values block_avx512 computes). Rows up to the 16-key group holding nk - 1
-// are read (masked lanes; each lane depends on its own key only).
+// s[j][0..32) = head j's scaled scores of keys < nk (chains16, the tree
+// finished by hsum_finish, then * scale), -inf past them. Rows up to the
+// 16-key group holding nk - 1 are read (masked lanes; each lane depends on
+// its own key only).
 template <int NQ, class KR>
 BONSAI_AVX512 void scores_group(const float* const* q, int64_t hd_k, const KR& k, int64_t nk, float scale, float* s) {
   static_assert(kKeyBlock == 32);
@@ -499,7 +442,7 @@ BONSAI_AVX512 void scores_group(const float* const* q, int64_t hd_k, const KR& k
   }
 }
 
-// pv_chunks for NQ heads at once over V chunks [c0, c0 + NC): per head j,
+// The PV part for NQ heads at once over V chunks [c0, c0 + NC): per head j,
 // acc_j = acc_j * corr_j, then acc_j = fma(p_jt, v_t, acc_j) for t ascending.
 // p: [NQ][kKeyBlock]; acc[j]: head j's accumulator (hd_v floats).
 template <int NQ, int NC, class VR>
@@ -804,9 +747,11 @@ bool use_avx2(int64_t hd_k, int64_t hd_v) {
 #endif
 }
 
+// The per-head step of the unfused path. The AVX-512 tier has none: whenever
+// use_avx512 holds, attention() takes the fused path (step_avx512), and
+// otherwise (head dims not multiples of 16) neither AVX path applies.
 BlockFn pick_block_fn(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
-  if (use_avx512(hd_k, hd_v)) return block_avx512;
   if (use_avx2(hd_k, hd_v)) return block_avx2;
 #endif
   return block_scalar;
@@ -828,7 +773,6 @@ ScoreQ8Fn pick_score_q8(int64_t hd_k, int64_t hd_v) {
 
 UpdateFn pick_update(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
-  if (use_avx512(hd_k, hd_v)) return update_avx512;
   if (use_avx2(hd_k, hd_v)) return update_avx2;
 #endif
   return update_scalar;
