@@ -551,7 +551,7 @@ ModelPool::Loader gguf_model_loader() {
     so.batch_size = spec.batch_size > 0 ? spec.batch_size : kPrefillChunk;
     so.prompt_cache = spec.prompt_cache;
     so.kv_pool = built->kv_pool;
-    m->scheduler = std::make_shared<Scheduler>(m->pool, m->model, built->n_ctx, so);
+    m->scheduler = Scheduler::create(m->pool, m->model, built->n_ctx, so);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes;
     return m;
   };

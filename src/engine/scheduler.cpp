@@ -111,6 +111,19 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
   thread_ = std::thread([this] { loop(); });
 }
 
+std::shared_ptr<Scheduler> Scheduler::create(std::shared_ptr<EnginePool> pool,
+                                             std::shared_ptr<const model::Model> model, int64_t n_ctx,
+                                             SchedulerOptions options) {
+  return std::shared_ptr<Scheduler>(new Scheduler(std::move(pool), std::move(model), n_ctx, std::move(options)),
+                                    [](Scheduler* s) {
+                                      if (std::this_thread::get_id() == s->thread_.get_id()) {
+                                        std::thread([s] { delete s; }).detach();
+                                      } else {
+                                        delete s;
+                                      }
+                                    });
+}
+
 Scheduler::~Scheduler() {
   {
     std::lock_guard lock(waker_->mu);

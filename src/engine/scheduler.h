@@ -229,7 +229,18 @@ class Scheduler {
   // scheduler leases its replicas, which must all run `model`).
   Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
             SchedulerOptions options = {});
+  // The same, owned by a shared_ptr that may be released on any thread,
+  // including the loop thread itself: a job's notify callback
+  // (JobHandle::set_notify) runs there and can drop the last reference to
+  // the request and, through it, to the model that owns this scheduler
+  // (an unloaded model whose last request just finished). A thread cannot
+  // join itself, so that one release hands the deletion to a short-lived
+  // detached thread, which stops and joins the loop once the callback has
+  // returned. Every scheduler that request code can outlive is made here.
+  static std::shared_ptr<Scheduler> create(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model,
+                                           int64_t n_ctx, SchedulerOptions options = {});
   // Stops the loop: queued and running jobs end with kFailed kCancelled.
+  // Must not run on the loop thread (see create()).
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;

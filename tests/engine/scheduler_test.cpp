@@ -282,6 +282,60 @@ TEST_F(SchedulerTest, NotifierRunsForEveryEvent) {
   h->set_notify(nullptr);
 }
 
+// The last reference to a scheduler made by Scheduler::create may go away on
+// its own loop thread: here a job's notify callback (which runs there) holds
+// the only one and drops it when the job is done, as the server's request
+// pump does when an unloaded model's last request finishes. A thread cannot
+// join itself (std::thread::join threw EDEADLK from ~Scheduler and the
+// process terminated); the deletion must move off the loop thread and stop
+// the loop, after the job has ended with kDone.
+TEST_F(SchedulerTest, LastReferenceReleasedOnTheLoopThreadStopsTheLoopCleanly) {
+  build(1, 128);
+  sched_.reset();
+  const long holders = pool_.use_count();  // the scheduler adds one while it exists
+  std::shared_ptr<Scheduler> owned = Scheduler::create(pool_, model_, 128);
+  ASSERT_EQ(pool_.use_count(), holders + 1);
+  CompletionJob j;
+  j.prompt = prompts(1)[0];
+  j.params = greedy(6);
+  auto h = owned->submit(std::move(j));
+  ASSERT_TRUE(h.has_value()) << h.error().message;
+  std::shared_ptr<JobHandle> handle = *h;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released = false, done = false;
+  std::thread::id released_on;
+  // The callback owns the scheduler; `owned` gives its reference up below.
+  auto holder = std::make_shared<std::shared_ptr<Scheduler>>(std::move(owned));
+  handle->set_notify([holder, &handle, &mu, &cv, &released, &released_on, &done] {
+    std::vector<JobEvent> evs;
+    handle->wait(evs, Clock::now());  // never blocks
+    bool finished = false;
+    for (const auto& e : evs) finished = finished || e.kind == JobEvent::Kind::kDone;
+    if (!finished || !*holder) return;
+    holder->reset();  // the last reference, on the loop thread
+    std::lock_guard lock(mu);
+    done = true;
+    released = true;
+    released_on = std::this_thread::get_id();
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return released; }));
+    EXPECT_NE(released_on, std::this_thread::get_id());
+  }
+  // The deferred deletion ran to its end: the scheduler's own reference to
+  // the engine pool is gone, and with it every lease (the replica is free).
+  ASSERT_TRUE(eventually([&] { return pool_.use_count() == holders; }));
+  EXPECT_EQ(pool_->available(), 1);
+  {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(done);
+  }
+  handle->set_notify(nullptr);
+}
+
 // A seeded request at temperature > 0 reproduces exactly whatever shares its
 // steps; different seeds give different text.
 TEST_F(SchedulerTest, SeededSamplingReproducesUnderLoad) {
