@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "core/thread_pool.h"  // ThreadPool, global_pool
@@ -117,7 +119,12 @@ std::shared_ptr<Scheduler> Scheduler::create(std::shared_ptr<EnginePool> pool,
   return std::shared_ptr<Scheduler>(new Scheduler(std::move(pool), std::move(model), n_ctx, std::move(options)),
                                     [](Scheduler* s) {
                                       if (std::this_thread::get_id() == s->thread_.get_id()) {
-                                        std::thread([s] { delete s; }).detach();
+                                        try {
+                                          std::thread([s] { delete s; }).detach();
+                                        } catch (const std::system_error&) {
+                                          // No thread could start: leave the scheduler
+                                          // (idle) rather than terminate the process.
+                                        }
                                       } else {
                                         delete s;
                                       }

@@ -236,7 +236,8 @@ class Scheduler {
   // (an unloaded model whose last request just finished). A thread cannot
   // join itself, so that one release hands the deletion to a short-lived
   // detached thread, which stops and joins the loop once the callback has
-  // returned. Every scheduler that request code can outlive is made here.
+  // returned (if no thread can be started, that scheduler is left running,
+  // idle, instead). Every scheduler that request code can outlive is made here.
   static std::shared_ptr<Scheduler> create(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model,
                                            int64_t n_ctx, SchedulerOptions options = {});
   // Stops the loop: queued and running jobs end with kFailed kCancelled.
