@@ -136,7 +136,7 @@ void expect_batched_decode_equals_single(const std::string& path, std::vector<st
 
   // Alone: each sequence greedy-decodes kSteps tokens on its own cache.
   std::vector<std::vector<std::vector<float>>> alone(S);
-  // (Filled by push_back: the sized constructor of a vector of vectors trips
+  // (One emplace_back per sequence: the sized constructor of a vector of vectors trips
   // GCC 12's -Wfree-nonheap-object false positive here.)
   std::vector<std::vector<int32_t>> alone_tokens;
   for (size_t s = 0; s < S; ++s) alone_tokens.emplace_back();
