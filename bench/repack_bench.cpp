@@ -2,14 +2,16 @@
 // (kernels::Packing, issue 8 decision 2) against the stored layout, on one
 // matrix shape, same binary, alternating rounds.
 //
-// Usage: bonsai_bench_repack THREADS q1|q2 ROWS COLS N [ROUNDS]
+// Usage: bonsai_bench_repack THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES]
 //   Prints one line: the median time per product (and min..max over the
 //   rounds) of the stored and the packed layout, weight GB/s (stored bytes
 //   per second), the speed-up, whether every output was bit-identical, and
 //   the packing cost (s per GB) on THREADS threads.
 // Memory, not cache: the matrix is copied across a 512 MiB arena (both
 // layouts, huge-page advised as the model's packed copies are) and each
-// product reads the next copy, so the weights stream from DRAM. The active
+// product reads the next copy, so the weights stream from DRAM. COPIES (>= 1)
+// overrides the count: 1 keeps a small matrix in cache, which measures the
+// kernel's instruction throughput without the memory stream. The active
 // tier's packing is used (BONSAI_KERNEL applies); with none the packed
 // column repeats the stored one.
 #include <sys/mman.h>
@@ -51,7 +53,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s THREADS q1|q2 ROWS COLS N [ROUNDS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES]\n", argv[0]);
     return 2;
   }
   if (auto t = kn::init_tier_from_env(); !t) {
@@ -66,7 +68,8 @@ int main(int argc, char** argv) {
   const size_t stride = kn::row_bytes(f, cols), mb = stride * static_cast<size_t>(rows);
   const kn::MatrixView w0{nullptr, f, rows, cols, stride};
   const size_t pb = (std::max<size_t>(kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad), mb) + 63) / 64 * 64;
-  const int copies = static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
+  const int copies = argc > 7 ? std::max(1, std::atoi(argv[7]))
+                              : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
   uint8_t* a = huge_alloc(mb * static_cast<size_t>(copies));
   uint8_t* b = huge_alloc(pb * static_cast<size_t>(copies));
   const kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});
