@@ -2,7 +2,7 @@
 // (kernels::Packing, issue 8 decision 2) against the stored layout, on one
 // matrix shape, same binary, alternating rounds.
 //
-// Usage: bonsai_bench_repack THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES]
+// Usage: bonsai_bench_repack THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES] [PACKING]
 //   Prints one line: the median time per product (and min..max over the
 //   rounds) of the stored and the packed layout, weight GB/s (stored bytes
 //   per second), the speed-up, whether every output was bit-identical, and
@@ -12,7 +12,9 @@
 // product reads the next copy, so the weights stream from DRAM. COPIES (>= 1)
 // overrides the count: 1 keeps a small matrix in cache, which measures the
 // kernel's instruction throughput without the memory stream. The active
-// tier's packing is used (BONSAI_KERNEL applies); with none the packed
+// tier's packing is used (BONSAI_KERNEL applies), or PACKING (a
+// packing_name: "avx512-row-quad", "avx512-tile16") when given and defined
+// for the shape, so that two layouts compare in one binary; with none the packed
 // column repeats the stored one.
 #include <sys/mman.h>
 
@@ -53,7 +55,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES] [PACKING]\n", argv[0]);
     return 2;
   }
   if (auto t = kn::init_tier_from_env(); !t) {
@@ -67,12 +69,30 @@ int main(int argc, char** argv) {
   const kn::Format f = q1 ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
   const size_t stride = kn::row_bytes(f, cols), mb = stride * static_cast<size_t>(rows);
   const kn::MatrixView w0{nullptr, f, rows, cols, stride};
-  const size_t pb = (std::max<size_t>(kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad), mb) + 63) / 64 * 64;
+  const size_t pb = (std::max({kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad),
+                                kn::packed_bytes(w0, kn::Packing::kAvx512Tile16), mb}) +
+                      63) /
+                     64 * 64;
   const int copies = argc > 7 ? std::max(1, std::atoi(argv[7]))
                               : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
   uint8_t* a = huge_alloc(mb * static_cast<size_t>(copies));
   uint8_t* b = huge_alloc(pb * static_cast<size_t>(copies));
-  const kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});
+  kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});
+  if (argc > 8) {
+    bool found = false;
+    for (size_t i = 0; i < kn::kPackingCount; ++i) {
+      const auto p = static_cast<kn::Packing>(i);
+      if (kn::packing_name(p) != argv[8]) continue;
+      if (p != kn::Packing::kNone && kn::packed_bytes(w0, p) == 0) break;  // not defined for this shape
+      packing = p;
+      found = true;
+    }
+    if (!found) {
+      std::fprintf(stderr, "PACKING '%s': not a packing name defined for %s %lldx%lld\n", argv[8], argv[2],
+                   static_cast<long long>(rows), static_cast<long long>(cols));
+      return 2;
+    }
+  }
   std::mt19937_64 rng(1);
   for (size_t i = 0; i + 8 <= mb; i += 8) {
     const uint64_t z = rng();

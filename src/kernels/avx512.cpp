@@ -32,8 +32,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 
 namespace bonsai::kernels::detail {
 namespace {
@@ -432,6 +434,7 @@ void rows_grouped_dispatch(const MatrixView& w, const QuantAct& a, int64_t n, fl
 
 // ---- Packed row-quad layout (load-time repacked weights) ----------------------------------
 #include "kernels/avx512_packed.inc"
+#include "kernels/avx512_tile.inc"
 
 // ---- Q8_0 weights: natural activation order, 256-bit VNNI ------------------------------
 
@@ -693,6 +696,7 @@ void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
   if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
+  a.lut_ready = a.want_lut && f == Format::kQ1_0 && n <= kLutMaxCols && use_vbmi();
 }
 
 void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a) {
@@ -703,7 +707,7 @@ void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a)
     return;
   }
   const int fam = family_of(f);
-  if (fam == kFamQ8) return;
+  if (fam == kFamQ8 || (a.lut_ready && a.lut_only)) return;  // (the tables are built from q by rows_tile)
   prepare_cols_grouped(fam, j0, j1, a);
 }
 
@@ -720,6 +724,9 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
   }
   if (w.packing == Packing::kAvx512RowQuad && w.packed != nullptr && a != nullptr && w.format != Format::kQ8_0) {
     return rows_packed_dispatch(w, *a, n, y, r0, r1);
+  }
+  if (w.packing == Packing::kAvx512Tile16 && w.packed != nullptr && a != nullptr && w.format == Format::kQ1_0) {
+    return rows_tile(w, *a, n, y, r0, r1);
   }
   switch (w.format) {
     case Format::kF32:
@@ -830,6 +837,8 @@ bool set_avx512_amx(bool enabled) {
 
 bool avx512_amx_in_use() { return g_use_amx && amx_usable(); }
 
+bool avx512_vbmi_in_use() { return g_use_gfni && __builtin_cpu_supports("avx512vbmi"); }
+
 // The hooks only flip flags: they run on CPUs without AVX-512 too (the tier
 // tests call them everywhere), so they must not touch init_once(), whose
 // table setup is AVX-512 code (it raised SIGILL on an AVX2-only Zen 3).
@@ -853,6 +862,7 @@ namespace bonsai::kernels::detail {
 bool set_avx512_gfni(bool) { return false; }
 bool set_avx512_amx(bool) { return false; }
 bool avx512_amx_in_use() { return false; }
+bool avx512_vbmi_in_use() { return false; }
 const TierOps* avx512_ops() { return nullptr; }
 }  // namespace bonsai::kernels::detail
 

@@ -91,9 +91,20 @@ struct QuantAct {
                                 //   16-value piece, per column of the group
   float* amx_dx = nullptr;      // [groups][cols/32][16] activation scales
   bool amx_ready = false;
+  // Set by the caller before prepare: some weight matrix of this product is
+  // kAvx512Tile16-packed. The AVX-512 tier then sets lut_ready (n small
+  // enough, VBMI): its tile16 path builds the lookup tables of q on each
+  // thread that runs rows (avx512_tile.inc), once per prepare (`gen`).
+  bool want_lut = false;
+  // Set with want_lut: every matrix of the product is tile16-packed, so
+  // with lut_ready the grouped layout (qp, lane_neg, lane_d) is not built.
+  bool lut_only = false;
+  bool lut_ready = false;
+  // Unique per resize() (so per prepare), process-wide.
+  uint64_t gen = 0;
 
   // Sets n, cols and makes every buffer at least that large (64-byte
-  // aligned); clears amx_ready.
+  // aligned); clears amx_ready and lut_ready, takes a new gen.
   void resize(int64_t n_vectors, int64_t n_cols);
   // Sizes the AMX buffers for `groups` groups of 16 columns (after resize).
   void resize_amx(int64_t groups);
@@ -199,6 +210,40 @@ inline constexpr size_t kPackSBytes = 32;            // S of one group (Q1_0, g6
 inline constexpr size_t kPackPairBytes = 576;        // Q1_0, g64 block: 2 x (Q + S)
 inline constexpr size_t kPackG128SBytes = 16;        // S of one group (g128): 4 rows x 2 fp16
 inline constexpr size_t kPackG128BlockBytes = 1088;  // g128 block: 4 x (Q + S)
+
+// ---- Packed tile16 layout (Packing::kAvx512Tile16; packing.cpp writes it,
+// avx512_tile.inc reads it) ---------------------------------------------------
+// Q1_0 rows of at most kTileMaxUnits units. Rows in tiles of 16 (the last
+// padded with zero rows); U = cols / 128 units (blocks) per row, padded to
+// even (a zero unit). A tile is U / 2 unit pairs of kTilePairBytes, tiles
+// back to back:
+//   [S: unit 2p's 16 fp16 scales (row order), unit 2p+1's 16 (64 B)]
+//   [W(2p, k) for k = 0..3: 64 B each][W(2p+1, k) for k = 0..3]
+//   W(u, k) dword r = row r's packed bytes 4k .. 4k+3 of unit u (ggml order:
+//   bit b of byte i is element 8i + b), i.e. the 32 weights of sub-block k,
+//   the canonical chunk of lane 4 (u mod 4) + k (see "Canonical order").
+// One 64-byte vector is thus one chunk of each of 16 rows, and byte j of a
+// row's dword holds two groups of 4 weights: elements 8j..8j+3 in its low
+// nibble, 8j+4..8j+7 in its high one. The GEMV looks each nibble up in a
+// 16-entry table of that group's signed sums (+-1 weights times the int8
+// activations) with VPERMB, four groups per 64-entry table: the exact
+// integer chunk sum, so results are bit-identical to every other path.
+// Same bytes as the stored layout, up to the padding.
+inline constexpr int64_t kTileRows = 16;
+inline constexpr size_t kTileUnitBytes = 256;   // W of one unit: 4 x 64 B
+inline constexpr size_t kTilePairBytes = 576;   // S + 2 units' W
+inline constexpr size_t kLutBytesPerValue = 8;  // table bytes per activation value
+// Longest row (in units) that gets the layout: 2,048 columns, whose tables
+// (16 KiB) stay in L1 beside the weight stream (avx512_tile.inc).
+inline constexpr int64_t kTileMaxUnits = 16;
+// Largest batch that the tile16 path runs column by column on the tables
+// (measured faster than the row-quad kernel up to 16 columns); larger
+// batches run the row-quad kernel on tiles converted per row block.
+inline constexpr int64_t kLutMaxCols = 16;
+
+// Whether the AVX-512 tier runs VBMI code (CPUID and the set_avx512_gfni
+// hook), so it can read kAvx512Tile16. Safe on any CPU (no AVX-512 code).
+bool avx512_vbmi_in_use();
 
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }

@@ -377,16 +377,27 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
 }
 
+// How many of ws[0 .. count) are tile16-packed: 0 none, 1 some, 2 all (its
+// tier then wants the lookup tables of the activations; QuantAct::want_lut).
+int tile16_use(const MatrixView* ws, int count) {
+  int k = 0;
+  for (int i = 0; i < count; ++i) k += ws[i].packing == Packing::kAvx512Tile16 && ws[i].packed != nullptr ? 1 : 0;
+  return k == 0 ? 0 : k == count ? 2 : 1;
+}
+
 // Quantizes x for weights of format f into the calling thread's scratch
 // (in parallel for batches) and returns it; nullptr for float formats.
+// tile16: tile16_use of the product's matrices (QuantAct::want_lut, lut_only).
 const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, const float* x, int64_t n,
-                                    core::ThreadPool* pool, ActScratch* scratch) {
+                                    core::ThreadPool* pool, ActScratch* scratch, int tile16) {
   if (!detail::is_quantized(f)) return nullptr;
   // Without a caller's scratch (tests, benchmarks): the calling thread's.
   thread_local detail::QuantAct own;
   // (A pointer, not the name: a lambda naming a thread_local variable would
   // reach each worker's own instance.)
   detail::QuantAct* ap = scratch != nullptr ? &scratch->act() : &own;
+  ap->want_lut = tile16 > 0;
+  ap->lut_only = tile16 == 2;
   if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
     // Batches: quantize / lay out the columns in parallel.
     ops->prepare_setup(f, n, cols, *ap);
@@ -401,7 +412,7 @@ const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, 
 void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool,
               ActScratch* scratch) {
   if (w.rows <= 0 || n <= 0) return;
-  const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool, scratch);
+  const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool, scratch, tile16_use(&w, 1));
   RowsCtx ctx{ops, &w, x, a, n, y};
   if (pool == nullptr || pool->size() <= 1) {
     ops->rows(w, x, a, n, y, 0, w.rows);
@@ -442,7 +453,7 @@ void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, floa
     for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
     return;
   }
-  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch);
+  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch, tile16_use(ws, count));
   // Global row index over the concatenated matrices; a chunk may span several.
   pool->parallel_for(
       total,
@@ -476,7 +487,7 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
     epilogue(ctx, 0, units);
     return;
   }
-  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch);
+  const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch, tile16_use(ws, count));
   auto slice = [&](int64_t u0, int64_t u1) {
     for (int i = 0; i < count; ++i) {
       const int64_t ru = ws[i].rows / units;
@@ -501,6 +512,7 @@ void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float*
   thread_local detail::QuantAct act;
   const detail::QuantAct* a = nullptr;
   if (detail::is_quantized(w.format)) {
+    act.want_lut = act.lut_only = tile16_use(&w, 1) == 2;
     ops->prepare(w.format, x, n, w.cols, act);
     a = &act;
   }
@@ -547,6 +559,9 @@ void QuantAct::resize(int64_t n_vectors, int64_t n_cols) {
   lane_neg = lane_neg_buf_.data();
   sub_sum = sub_sum_buf_.data();
   amx_ready = false;
+  lut_ready = false;
+  static std::atomic<uint64_t> next_gen{1};
+  gen = next_gen.fetch_add(1, std::memory_order_relaxed);
 }
 
 void QuantAct::resize_amx(int64_t groups) {

@@ -92,6 +92,31 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
   }
 }
 
+// Unit pairs per row and bytes per 16-row tile of the tile16 layout (Q1_0).
+int64_t tile_pairs(const MatrixView& w) { return (w.cols / 128 + 1) / 2; }
+size_t tile_bytes(const MatrixView& w) { return static_cast<size_t>(tile_pairs(w)) * detail::kTilePairBytes; }
+
+// Tiles [t0, t1) of Q1_0 matrix w in the tile16 layout (internal.h).
+void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1) {
+  const int64_t units = w.cols / 128;
+  const size_t tb = tile_bytes(w);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t t = t0; t < t1; ++t) {
+    uint8_t* tile = dst + static_cast<size_t>(t) * tb;
+    std::memset(tile, 0, tb);
+    const int64_t nr = std::min(detail::kTileRows, w.rows - t * detail::kTileRows);
+    for (int64_t u = 0; u < units; ++u) {
+      uint8_t* pair = tile + static_cast<size_t>(u / 2) * detail::kTilePairBytes;
+      uint8_t* wu = pair + 64 + static_cast<size_t>(u % 2) * detail::kTileUnitBytes;
+      for (int64_t r = 0; r < nr; ++r) {
+        const uint8_t* blk = src + static_cast<size_t>(t * detail::kTileRows + r) * w.row_stride + 18 * u;
+        std::memcpy(pair + 32 * (u % 2) + 2 * r, blk, 2);  // fp16 d
+        for (int k = 0; k < 4; ++k) std::memcpy(wu + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string_view packing_name(Packing p) {
@@ -100,6 +125,8 @@ std::string_view packing_name(Packing p) {
       return "none";
     case Packing::kAvx512RowQuad:
       return "avx512-row-quad";
+    case Packing::kAvx512Tile16:
+      return "avx512-tile16";
   }
   return "?";
 }
@@ -113,9 +140,16 @@ Packing packing_for(const MatrixView& w) {
   // layout pad nothing (g128 keeps its one scale per 128 weights, in blocks
   // of four groups); e.g. 384 columns of Q1_0 (3 units in a pair of 8)
   // would take 2.7x, so those stay zero-copy.
+  // Q1_0 rows of up to 2,048 columns with VBMI: the tile16 layout (the
+  // table-lookup kernel; avx512_tile.inc), under the same padding rule
+  // (rows to 16, units to even); else row quads.
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
-  if (packed_bytes(w, Packing::kAvx512RowQuad) > stored + stored / 32) return Packing::kNone;
-  return Packing::kAvx512RowQuad;
+  const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
+  if (w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits && detail::avx512_vbmi_in_use() &&
+      fits(Packing::kAvx512Tile16)) {
+    return Packing::kAvx512Tile16;
+  }
+  return fits(Packing::kAvx512RowQuad) ? Packing::kAvx512RowQuad : Packing::kNone;
 }
 
 size_t packed_bytes(const MatrixView& w, Packing p) {
@@ -124,13 +158,27 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
       return 0;
     case Packing::kAvx512RowQuad:
       return static_cast<size_t>((w.rows + 3) / 4) * rq_quad_bytes(w);
+    case Packing::kAvx512Tile16:
+      return w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits
+                 ? static_cast<size_t>((w.rows + detail::kTileRows - 1) / detail::kTileRows) * tile_bytes(w)
+                 : 0;
   }
   return 0;
 }
 
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
-  if (p != Packing::kAvx512RowQuad || !is_q1_or_q2(w.format)) return;
   auto* out = static_cast<uint8_t*>(dst);
+  if (p == Packing::kAvx512Tile16 && w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits) {
+    const int64_t tiles = (w.rows + detail::kTileRows - 1) / detail::kTileRows;
+    if (pool == nullptr || pool->size() <= 1) {
+      pack_tiles(w, out, 0, tiles);
+      return;
+    }
+    pool->parallel_for(
+        tiles, [&w, out](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1); }, 4);
+    return;
+  }
+  if (p != Packing::kAvx512RowQuad || !is_q1_or_q2(w.format)) return;
   const int64_t quads = (w.rows + 3) / 4;
   if (pool == nullptr || pool->size() <= 1) {
     pack_row_quads(w, out, 0, quads);

@@ -336,12 +336,21 @@ core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path
 
 std::string describe(const RepackStats& st) {
   if (st.packing == kernels::Packing::kNone || st.tensors == 0) return "weights not repacked (zero-copy)";
-  char buf[256];
+  std::string layouts;  // "169 avx512-tile16, 28 avx512-row-quad", or the one layout's name
+  int kinds = 0;
+  for (size_t i = 1; i < st.by_packing.size(); ++i) kinds += st.by_packing[i] > 0 ? 1 : 0;
+  for (size_t i = 1; i < st.by_packing.size(); ++i) {
+    if (st.by_packing[i] == 0) continue;
+    const std::string name(kernels::packing_name(static_cast<kernels::Packing>(i)));
+    layouts += (layouts.empty() ? "" : ", ") + (kinds > 1 ? std::to_string(st.by_packing[i]) + " " + name : name);
+  }
+  if (layouts.empty()) layouts = std::string(kernels::packing_name(st.packing));
+  char buf[320];
   const double mib = static_cast<double>(st.bytes) / (1 << 20);
   std::snprintf(buf, sizeof buf,
                 "repacked %d tensors (%s), %.1f MiB in %.0f ms on %d thread%s (%.2f s/GB), %.1f MiB of mapped pages "
                 "released",
-                st.tensors, std::string(kernels::packing_name(st.packing)).c_str(), mib, st.seconds * 1e3, st.threads,
+                st.tensors, layouts.c_str(), mib, st.seconds * 1e3, st.threads,
                 st.threads == 1 ? "" : "s", st.bytes > 0 ? st.seconds / (static_cast<double>(st.bytes) / 1e9) : 0.0,
                 static_cast<double>(st.released_bytes) / (1 << 20));
   return buf;
@@ -393,7 +402,8 @@ core::Expected<void> Model::repack_weights() {
     st.released_bytes += file_->mapping()->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
     j.m->packed = dst;
     j.m->packing = j.p;
-    st.packing = j.p;
+    if (st.packing == kernels::Packing::kNone) st.packing = j.p;
+    if (static_cast<size_t>(j.p) < st.by_packing.size()) ++st.by_packing[static_cast<size_t>(j.p)];
     st.bytes += kernels::packed_bytes(*j.m, j.p);
     ++st.tensors;
   }

@@ -11,6 +11,7 @@
 //   (*model)->forward(b, caches, ws, logits, pool);
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -101,14 +102,17 @@ class Workspace {
 // memory stays about the file size. Shared by every replica and request
 // (it lives in the one Model).
 struct RepackStats {
-  kernels::Packing packing = kernels::Packing::kNone;  // kNone: nothing repacked
+  kernels::Packing packing = kernels::Packing::kNone;  // kNone: nothing repacked; else the first layout used
   int tensors = 0;                                     // matrices repacked
+  // Matrices per layout (index: the Packing value): one model can mix them
+  // (Q1_0 rows of up to 2,048 columns as tile16, longer ones as row quads).
+  std::array<int, kernels::kPackingCount> by_packing{};
   uint64_t bytes = 0;                                  // bytes of the packed copies
   uint64_t released_bytes = 0;                         // mapped bytes released (MADV_DONTNEED)
   double seconds = 0;                                  // wall time (packing and release)
   int threads = 1;                                     // compute threads it ran on
 };
-// One log line, e.g. "repacked 197 tensors (avx512-row-quad), 231.4 MiB in
+// One log line, e.g. "repacked 197 tensors (169 avx512-tile16, 28 avx512-row-quad), 231.4 MiB in
 // 85 ms on 2 threads (0.37 s/GB), 231.2 MiB of mapped pages released";
 // "weights not repacked (zero-copy)" when nothing was.
 std::string describe(const RepackStats& stats);

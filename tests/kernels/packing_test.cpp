@@ -1,13 +1,17 @@
 // Load-time repacked layouts (kernels.h Packing, issue 8 decision 2): a
-// packed view gives bit-identical products to the stored layout on every
-// path (gemv, gemm at N = 1 .. 512, gemm_multi mixing packed and stored
-// views, 1 and 2 threads, row ranges that cut quads), every AVX-512 hook
-// variant, odd shapes (rows not a multiple of 4, units not a multiple of 4,
-// an odd number of groups); other tiers ignore the packing (they read the
-// stored bytes) and give their own results unchanged.
+// packed view (row quads; tile16 for Q1_0 rows of up to 2,048 columns) gives
+// bit-identical products to the stored layout on every path (gemv, gemm at
+// N = 1 .. 512: tile16's table lookup up to kLutMaxCols columns and its
+// converted row quads above; gemm_multi mixing packed and stored views, 1
+// and 2 threads, row ranges that cut quads and tiles), every AVX-512 hook
+// variant, odd shapes (rows not a multiple of 4 or 16, units not a multiple
+// of 4, an odd number of units or groups); other tiers ignore the packing
+// (they read the stored bytes) and give their own results unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -31,16 +35,23 @@ struct Packed {
   MatrixView view;
 };
 
-Packed pack(const MatrixView& w, core::ThreadPool* pool) {
+Packed pack(const MatrixView& w, core::ThreadPool* pool, Packing packing = Packing::kAvx512RowQuad) {
   Packed p;
-  const size_t n = packed_bytes(w, Packing::kAvx512RowQuad);
+  const size_t n = packed_bytes(w, packing);
   p.buf.reset(static_cast<uint8_t*>(::operator new[](n, std::align_val_t(64))));
   std::memset(p.buf.get(), 0xCD, n);  // packing must write every byte
-  pack_matrix(w, Packing::kAvx512RowQuad, p.buf.get(), pool);
+  pack_matrix(w, packing, p.buf.get(), pool);
   p.view = w;
   p.view.packed = p.buf.get();
-  p.view.packing = Packing::kAvx512RowQuad;
+  p.view.packing = packing;
   return p;
+}
+
+// The layouts defined for a matrix of format f with `cols` columns.
+std::vector<Packing> packings(Format f, int64_t cols) {
+  std::vector<Packing> v{Packing::kAvx512RowQuad};
+  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) v.push_back(Packing::kAvx512Tile16);
+  return v;
 }
 
 struct Variant {
@@ -81,8 +92,11 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packing_name(Packing::kNone), "none");
   EXPECT_EQ(packing_name(Packing::kAvx512RowQuad), "avx512-row-quad");
+  EXPECT_EQ(packing_name(Packing::kAvx512Tile16), "avx512-tile16");
   auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);  // 2 units: padded to a pair of groups (4x)
-  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);
+  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);  // 8 rows: a tile of 16 would double them
+  auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);   // tile16: two whole tiles
+  auto q1long = testing::random_matrix(Format::kQ1_0, 32, 4096, 1);  // rows past kTileMaxUnits: row quads
   auto q2w = testing::random_matrix(Format::kQ2_0, 12, 2048, 1);
   // g128 layouts: packed with their one scale per 128 weights (blocks of
   // four groups), the stored bytes exactly at 2048 columns; 640 columns (10
@@ -96,6 +110,10 @@ TEST(Packing, NameAndChoice) {
     Scope s(v);
     const bool want = v.tier == Tier::kAvx512;  // AMX is off in the scope
     EXPECT_EQ(packing_for(q1w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    const bool vbmi = want && detail::avx512_vbmi_in_use();  // (off in the nogfni variant)
+    EXPECT_EQ(packing_for(q1t.view), vbmi ? Packing::kAvx512Tile16 : want ? Packing::kAvx512RowQuad : Packing::kNone)
+        << v.label;
+    EXPECT_EQ(packing_for(q1long.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q1.view), Packing::kNone) << v.label << ": padding would cost more than 1/32";
     EXPECT_EQ(packing_for(g128.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
@@ -111,6 +129,12 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packed_bytes(big.view, Packing::kAvx512RowQuad), 6144u * row_bytes(Format::kQ1_0, 2048));
   EXPECT_EQ(packed_bytes(g128.view, Packing::kAvx512RowQuad), 12u * row_bytes(Format::kQ2_0G128Qs, 2048));
   EXPECT_EQ(packed_bytes(g128odd.view, Packing::kAvx512RowQuad), 3 * detail::kPackG128BlockBytes);  // 3 quads x 1 block
+  // tile16: rows to tiles of 16, units to even; only rows of <= kTileMaxUnits units.
+  EXPECT_EQ(packed_bytes(q1t.view, Packing::kAvx512Tile16), 32u * row_bytes(Format::kQ1_0, 2048));
+  auto q1odd = testing::random_matrix(Format::kQ1_0, 17, 384, 1);  // 2 tiles x 2 pairs (3 units + 1 zero unit)
+  EXPECT_EQ(packed_bytes(q1odd.view, Packing::kAvx512Tile16), 2 * 2 * detail::kTilePairBytes);
+  EXPECT_EQ(packed_bytes(q1long.view, Packing::kAvx512Tile16), 0u);
+  EXPECT_EQ(packed_bytes(q2w.view, Packing::kAvx512Tile16), 0u);
 }
 
 // The AVX-512 tier really reads the packed copy, and every other tier the
@@ -118,18 +142,22 @@ TEST(Packing, NameAndChoice) {
 // product is exactly 0, the others are unchanged.
 TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
   auto m = testing::random_matrix(Format::kQ1_0, 12, 512, 3);
-  Packed p = pack(m.view, nullptr);
-  std::memset(p.buf.get(), 0, packed_bytes(m.view, Packing::kAvx512RowQuad));
-  const auto x = testing::random_batch(3, 512, 5);
-  for (const Variant& v : variants()) {
-    Scope scope(v);
-    std::vector<float> want(36), got(36);
-    gemm(m.view, x.data(), 3, want.data(), nullptr);
-    gemm(p.view, x.data(), 3, got.data(), nullptr);
-    if (v.tier == Tier::kAvx512) {
-      EXPECT_EQ(got, std::vector<float>(36, 0.0f)) << v.label;
-    } else {
-      EXPECT_TRUE(same(want, got)) << v.label;
+  const auto x = testing::random_batch(20, 512, 5);
+  for (Packing packing : packings(Format::kQ1_0, 512)) {
+    Packed p = pack(m.view, nullptr, packing);
+    std::memset(p.buf.get(), 0, packed_bytes(m.view, packing));
+    for (const Variant& v : variants()) {
+      Scope scope(v);
+      for (int64_t n : {1, 3, 20}) {  // (tile16: the lookup path, and the converted row quads)
+        std::vector<float> want(static_cast<size_t>(12 * n)), got(want.size());
+        gemm(m.view, x.data(), n, want.data(), nullptr);
+        gemm(p.view, x.data(), n, got.data(), nullptr);
+        if (v.tier == Tier::kAvx512) {
+          EXPECT_EQ(got, std::vector<float>(want.size(), 0.0f)) << v.label << " " << packing_name(packing) << " n=" << n;
+        } else {
+          EXPECT_TRUE(same(want, got)) << v.label << " " << packing_name(packing) << " n=" << n;
+        }
+      }
     }
   }
 }
@@ -140,21 +168,23 @@ TEST(Packing, BitIdenticalOnEveryPath) {
     int64_t rows, cols, max_n;
   };
   // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96.
-  const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 16}, {70, 2048, 64}, {5, 6144, 16}};
-  const int64_t ns[] = {1, 2, 3, 8, 16, 64, 512};
+  const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 17},
+                          {70, 2048, 64}, {5, 6144, 16}, {48, 1920, 17}};
+  const int64_t ns[] = {1, 2, 3, 8, 16, 17, 64, 512};
   for (const Variant& v : variants()) {
     Scope scope(v);
     for (Format f : kPackFormats) {
       for (const Shape& s : shapes) {
+       for (Packing packing : packings(f, s.cols)) {
         auto m = testing::random_matrix(f, s.rows, s.cols, 5 + static_cast<uint32_t>(s.rows * 7 + s.cols));
-        const Packed p = pack(m.view, &pool2);
+        const Packed p = pack(m.view, &pool2, packing);
         {  // the packing does not depend on the thread count
-          const Packed p1 = pack(m.view, nullptr);
-          ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, Packing::kAvx512RowQuad)), 0);
+          const Packed p1 = pack(m.view, nullptr, packing);
+          ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, packing)), 0);
         }
         const auto x = testing::random_batch(s.max_n, s.cols, 300 + static_cast<uint32_t>(s.cols));
-        const std::string where =
-            v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
+        const std::string where = v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" +
+                                  std::to_string(s.cols) + " " + std::string(packing_name(packing));
         for (int64_t n : ns) {
           if (n > s.max_n) continue;
           std::vector<float> want(static_cast<size_t>(n * s.rows)), got(want.size());
@@ -176,6 +206,7 @@ TEST(Packing, BitIdenticalOnEveryPath) {
           gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut2, s.rows);
           ASSERT_TRUE(same(want, got)) << where << " row split n=" << n;
         }
+       }
       }
     }
   }
@@ -189,20 +220,64 @@ TEST(Packing, GemmMultiMixesPackedAndStored) {
     for (Format f : kPackFormats) {
       auto a = testing::random_matrix(f, 203, 512, 41);
       auto b = testing::random_matrix(f, 70, 512, 42);
-      const Packed pa = pack(a.view, &pool2);
-      const MatrixView ws[2] = {pa.view, b.view};
-      for (int64_t n : {1, 2, 5, 16, 64}) {
-        const auto x = testing::random_batch(n, 512, 99);
-        std::vector<float> ya(static_cast<size_t>(n * 203)), yb(static_cast<size_t>(n * 70));
-        std::vector<float> wa(ya.size()), wb(yb.size());
-        float* ys[2] = {ya.data(), yb.data()};
-        gemm_multi(ws, 2, x.data(), n, ys, &pool2);
-        gemm(a.view, x.data(), n, wa.data(), nullptr);
-        gemm(b.view, x.data(), n, wb.data(), nullptr);
-        ASSERT_TRUE(same(ya, wa)) << v.label << " " << format_name(f) << " n=" << n;
-        ASSERT_TRUE(same(yb, wb)) << v.label << " " << format_name(f) << " n=" << n;
+      for (Packing packing : packings(f, 512)) {
+        const Packed pa = pack(a.view, &pool2, packing);
+        const Packed pb = pack(b.view, &pool2, packing);
+        // Packed + stored, and both packed (tile16: the tables alone, no grouped layout).
+        for (const MatrixView& second : {b.view, pb.view}) {
+          const MatrixView ws[2] = {pa.view, second};
+          for (int64_t n : {1, 2, 5, 16, 17, 64}) {
+            const auto x = testing::random_batch(n, 512, 99);
+            std::vector<float> ya(static_cast<size_t>(n * 203)), yb(static_cast<size_t>(n * 70));
+            std::vector<float> wa(ya.size()), wb(yb.size());
+            float* ys[2] = {ya.data(), yb.data()};
+            gemm_multi(ws, 2, x.data(), n, ys, &pool2);
+            gemm(a.view, x.data(), n, wa.data(), nullptr);
+            gemm(b.view, x.data(), n, wb.data(), nullptr);
+            const std::string where = v.label + " " + std::string(format_name(f)) + " " +
+                                      std::string(packing_name(packing)) +
+                                      (second.packed != nullptr ? " both packed" : " one packed") +
+                                      " n=" + std::to_string(n);
+            ASSERT_TRUE(same(ya, wa)) << where;
+            ASSERT_TRUE(same(yb, wb)) << where;
+          }
+        }
       }
     }
+  }
+}
+
+// tile16's lookup tables are built per thread from the prepared activations
+// and reused until the next prepare: products with other activations (or
+// other columns counts) in any order, on one scratch and on the calling
+// thread's, never see stale tables.
+TEST(Packing, Tile16TablesFollowEveryPrepare) {
+  if (!tier_supported(Tier::kAvx512) || !detail::avx512_vbmi_in_use()) GTEST_SKIP() << "no AVX-512 VBMI";
+  Scope scope(Variant{Tier::kAvx512, true, "avx512"});
+  core::ThreadPool pool2(2);
+  auto m = testing::random_matrix(Format::kQ1_0, 96, 1024, 7);
+  const Packed p = pack(m.view, &pool2, Packing::kAvx512Tile16);
+  const auto x1 = testing::random_batch(3, 1024, 11), x2 = testing::random_batch(3, 1024, 12);
+  std::vector<float> w1(3 * 96), w2(3 * 96), got(3 * 96);
+  gemm(m.view, x1.data(), 3, w1.data(), nullptr);
+  gemm(m.view, x2.data(), 3, w2.data(), nullptr);
+  ActScratch scratch;
+  struct Step {
+    const std::vector<float>* x;
+    const std::vector<float>* want;
+    int64_t n;
+    core::ThreadPool* pool;
+    ActScratch* scratch;
+  };
+  const Step steps[] = {{&x1, &w1, 3, &pool2, &scratch}, {&x2, &w2, 3, &pool2, &scratch}, {&x1, &w1, 1, nullptr, nullptr},
+                        {&x2, &w2, 1, nullptr, &scratch}, {&x2, &w2, 2, &pool2, nullptr}, {&x1, &w1, 3, nullptr, &scratch},
+                        {&x1, &w1, 3, &pool2, &scratch}};
+  for (size_t i = 0; i < std::size(steps); ++i) {
+    const Step& st = steps[i];
+    std::fill(got.begin(), got.end(), -1.0f);
+    gemm(p.view, st.x->data(), st.n, got.data(), st.pool, st.scratch);
+    ASSERT_EQ(std::memcmp(got.data(), st.want->data(), static_cast<size_t>(st.n * 96) * sizeof(float)), 0)
+        << "step " << i;
   }
 }
 
