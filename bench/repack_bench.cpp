@@ -9,8 +9,8 @@
 //   the packing cost (s per GB) on THREADS threads.
 // Memory, not cache: the matrix is copied across a 512 MiB arena (both
 // layouts, huge-page advised as the model's packed copies are) and each
-// product reads the next copy, so the weights stream from DRAM. COPIES (>= 1)
-// overrides the count: 1 keeps a small matrix in cache, which measures the
+// product reads the next copy, so the weights stream from DRAM. COPIES (> 0)
+// overrides the count (0: the default): 1 keeps a small matrix in cache, which measures the
 // kernel's instruction throughput without the memory stream. The active
 // tier's packing is used (BONSAI_KERNEL applies), or PACKING (a
 // packing_name: "avx512-row-quad", "avx512-tile16") when given and defined
@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
                                 kn::packed_bytes(w0, kn::Packing::kAvx512Tile16), mb}) +
                       63) /
                      64 * 64;
-  const int copies = argc > 7 ? std::max(1, std::atoi(argv[7]))
-                              : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
+  const int copies = argc > 7 && std::atoi(argv[7]) > 0 ? std::atoi(argv[7])
+                                                        : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
   uint8_t* a = huge_alloc(mb * static_cast<size_t>(copies));
   uint8_t* b = huge_alloc(pb * static_cast<size_t>(copies));
   kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});

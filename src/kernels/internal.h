@@ -237,9 +237,12 @@ inline constexpr size_t kLutBytesPerValue = 8;  // table bytes per activation va
 // (16 KiB) stay in L1 beside the weight stream (avx512_tile.inc).
 inline constexpr int64_t kTileMaxUnits = 16;
 // Largest batch that the tile16 path runs column by column on the tables
-// (measured faster than the row-quad kernel up to 16 columns); larger
-// batches run the row-quad kernel on tiles converted per row block.
-inline constexpr int64_t kLutMaxCols = 16;
+// (measured 1.1-1.45x the row-quad kernel at 2..64 columns and still 1.35x
+// at 512, Zen 5). It bounds the per-thread tables: kLutMaxCols x 2,048 x
+// kLutBytesPerValue = 1 MiB per compute thread at most, which keeps a
+// server's resident memory within its budget; larger batches (prompt
+// chunks) run the row-quad kernel on tiles converted per row block.
+inline constexpr int64_t kLutMaxCols = 64;
 
 // Whether the AVX-512 tier runs VBMI code (CPUID and the set_avx512_gfni
 // hook), so it can read kAvx512Tile16. Safe on any CPU (no AVX-512 code).

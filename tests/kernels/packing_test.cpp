@@ -142,13 +142,13 @@ TEST(Packing, NameAndChoice) {
 // product is exactly 0, the others are unchanged.
 TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
   auto m = testing::random_matrix(Format::kQ1_0, 12, 512, 3);
-  const auto x = testing::random_batch(20, 512, 5);
+  const auto x = testing::random_batch(70, 512, 5);
   for (Packing packing : packings(Format::kQ1_0, 512)) {
     Packed p = pack(m.view, nullptr, packing);
     std::memset(p.buf.get(), 0, packed_bytes(m.view, packing));
     for (const Variant& v : variants()) {
       Scope scope(v);
-      for (int64_t n : {1, 3, 20}) {  // (tile16: the lookup path, and the converted row quads)
+      for (int64_t n : {1, 3, 70}) {  // (tile16: the lookup path, and the converted row quads)
         std::vector<float> want(static_cast<size_t>(12 * n)), got(want.size());
         gemm(m.view, x.data(), n, want.data(), nullptr);
         gemm(p.view, x.data(), n, got.data(), nullptr);
@@ -169,8 +169,8 @@ TEST(Packing, BitIdenticalOnEveryPath) {
   };
   // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96.
   const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 17},
-                          {70, 2048, 64}, {5, 6144, 16}, {48, 1920, 17}};
-  const int64_t ns[] = {1, 2, 3, 8, 16, 17, 64, 512};
+                          {70, 2048, 65}, {5, 6144, 16}, {48, 1920, 17}};
+  const int64_t ns[] = {1, 2, 3, 8, 17, 64, 65, 512};
   for (const Variant& v : variants()) {
     Scope scope(v);
     for (Format f : kPackFormats) {
@@ -226,7 +226,7 @@ TEST(Packing, GemmMultiMixesPackedAndStored) {
         // Packed + stored, and both packed (tile16: the tables alone, no grouped layout).
         for (const MatrixView& second : {b.view, pb.view}) {
           const MatrixView ws[2] = {pa.view, second};
-          for (int64_t n : {1, 2, 5, 16, 17, 64}) {
+          for (int64_t n : {1, 2, 5, 16, 64, 65}) {
             const auto x = testing::random_batch(n, 512, 99);
             std::vector<float> ya(static_cast<size_t>(n * 203)), yb(static_cast<size_t>(n * 70));
             std::vector<float> wa(ya.size()), wb(yb.size());
