@@ -696,7 +696,7 @@ void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
   if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
-  a.lut_ready = a.want_lut && f == Format::kQ1_0 && n <= kLutMaxCols && use_vbmi();
+  a.lut_ready = a.want_lut && f == Format::kQ1_0 && use_vbmi();
 }
 
 void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a) {

@@ -92,12 +92,13 @@ struct QuantAct {
   float* amx_dx = nullptr;      // [groups][cols/32][16] activation scales
   bool amx_ready = false;
   // Set by the caller before prepare: some weight matrix of this product is
-  // kAvx512Tile16-packed. The AVX-512 tier then sets lut_ready (n small
-  // enough, VBMI): its tile16 path builds the lookup tables of q on each
-  // thread that runs rows (avx512_tile.inc), once per prepare (`gen`).
+  // kAvx512Tile16-packed. The AVX-512 tier then sets lut_ready (Q1_0, VBMI):
+  // its tile16 path builds the lookup tables of q on each thread that runs
+  // rows (avx512_tile.inc), once per prepare (`gen`) and column group.
   bool want_lut = false;
   // Set with want_lut: every matrix of the product is tile16-packed, so
-  // with lut_ready the grouped layout (qp, lane_neg, lane_d) is not built.
+  // with lut_ready the grouped layout (qp, lane_neg, lane_d) is not built
+  // (only a CPU without VBMI converts tiles for the row-quad kernel).
   bool lut_only = false;
   bool lut_ready = false;
   // Unique per resize() (so per prepare), process-wide.
@@ -236,12 +237,12 @@ inline constexpr size_t kLutBytesPerValue = 8;  // table bytes per activation va
 // Longest row (in units) that gets the layout: 2,048 columns, whose tables
 // (16 KiB) stay in L1 beside the weight stream (avx512_tile.inc).
 inline constexpr int64_t kTileMaxUnits = 16;
-// Largest batch that the tile16 path runs column by column on the tables
-// (measured 1.1-1.45x the row-quad kernel at 2..64 columns and still 1.35x
-// at 512, Zen 5). It bounds the per-thread tables: kLutMaxCols x 2,048 x
-// kLutBytesPerValue = 1 MiB per compute thread at most, which keeps a
-// server's resident memory within its budget; larger batches (prompt
-// chunks) run the row-quad kernel on tiles converted per row block.
+// Columns per group of the tile16 path: it runs a batch column by column,
+// on each thread's tables of one group at a time (measured 1.1-1.45x the
+// row-quad kernel at 2..64 columns and 1.35x at 512, Zen 5). It bounds the
+// per-thread tables: kLutMaxCols x 2,048 x kLutBytesPerValue = 1 MiB per
+// compute thread at most, which keeps a server's resident memory within
+// its budget.
 inline constexpr int64_t kLutMaxCols = 64;
 
 // Whether the AVX-512 tier runs VBMI code (CPUID and the set_avx512_gfni

@@ -1,8 +1,8 @@
 // Load-time repacked layouts (kernels.h Packing, issue 8 decision 2): a
 // packed view (row quads; tile16 for Q1_0 rows of up to 2,048 columns) gives
 // bit-identical products to the stored layout on every path (gemv, gemm at
-// N = 1 .. 512: tile16's table lookup up to kLutMaxCols columns and its
-// converted row quads above; gemm_multi mixing packed and stored views, 1
+// N = 1 .. 512: tile16's table lookup in groups of kLutMaxCols columns, and
+// its row quads converted per block without VBMI; gemm_multi mixing packed and stored views, 1
 // and 2 threads, row ranges that cut quads and tiles), every AVX-512 hook
 // variant, odd shapes (rows not a multiple of 4 or 16, units not a multiple
 // of 4, an odd number of units or groups); other tiers ignore the packing
@@ -148,7 +148,7 @@ TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
     std::memset(p.buf.get(), 0, packed_bytes(m.view, packing));
     for (const Variant& v : variants()) {
       Scope scope(v);
-      for (int64_t n : {1, 3, 70}) {  // (tile16: the lookup path, and the converted row quads)
+      for (int64_t n : {1, 3, 70}) {  // (tile16: one and two column groups)
         std::vector<float> want(static_cast<size_t>(12 * n)), got(want.size());
         gemm(m.view, x.data(), n, want.data(), nullptr);
         gemm(p.view, x.data(), n, got.data(), nullptr);
