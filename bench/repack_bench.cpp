@@ -70,11 +70,12 @@ int main(int argc, char** argv) {
   const size_t stride = kn::row_bytes(f, cols), mb = stride * static_cast<size_t>(rows);
   const kn::MatrixView w0{nullptr, f, rows, cols, stride};
   const size_t pb = (std::max({kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad),
-                                kn::packed_bytes(w0, kn::Packing::kAvx512Tile16), mb}) +
-                      63) /
-                     64 * 64;
-  const int copies = argc > 7 && std::atoi(argv[7]) > 0 ? std::atoi(argv[7])
-                                                        : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
+                               kn::packed_bytes(w0, kn::Packing::kAvx512Tile16), mb}) +
+                     63) /
+                    64 * 64;
+  const int copies = argc > 7 && std::atoi(argv[7]) > 0
+                         ? std::atoi(argv[7])
+                         : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
   uint8_t* a = huge_alloc(mb * static_cast<size_t>(copies));
   uint8_t* b = huge_alloc(pb * static_cast<size_t>(copies));
   kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});

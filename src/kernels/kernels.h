@@ -109,7 +109,7 @@ enum class Packing : uint8_t {
   kAvx512Tile16,
 };
 inline constexpr size_t kPackingCount = 3;  // values of Packing (0 .. kPackingCount - 1)
-std::string_view packing_name(Packing p);    // "none", "avx512-row-quad", "avx512-tile16"
+std::string_view packing_name(Packing p);   // "none", "avx512-row-quad", "avx512-tile16"
 
 // A row-major weight matrix in one Format: `rows` rows of `cols` elements,
 // row r at (const uint8_t*)data + r * row_stride. Borrowed (points into the

@@ -350,8 +350,8 @@ std::string describe(const RepackStats& st) {
   std::snprintf(buf, sizeof buf,
                 "repacked %d tensors (%s), %.1f MiB in %.0f ms on %d thread%s (%.2f s/GB), %.1f MiB of mapped pages "
                 "released",
-                st.tensors, layouts.c_str(), mib, st.seconds * 1e3, st.threads,
-                st.threads == 1 ? "" : "s", st.bytes > 0 ? st.seconds / (static_cast<double>(st.bytes) / 1e9) : 0.0,
+                st.tensors, layouts.c_str(), mib, st.seconds * 1e3, st.threads, st.threads == 1 ? "" : "s",
+                st.bytes > 0 ? st.seconds / (static_cast<double>(st.bytes) / 1e9) : 0.0,
                 static_cast<double>(st.released_bytes) / (1 << 20));
   return buf;
 }

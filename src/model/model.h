@@ -107,10 +107,10 @@ struct RepackStats {
   // Matrices per layout (index: the Packing value): one model can mix them
   // (Q1_0 rows of up to 2,048 columns as tile16, longer ones as row quads).
   std::array<int, kernels::kPackingCount> by_packing{};
-  uint64_t bytes = 0;                                  // bytes of the packed copies
-  uint64_t released_bytes = 0;                         // mapped bytes released (MADV_DONTNEED)
-  double seconds = 0;                                  // wall time (packing and release)
-  int threads = 1;                                     // compute threads it ran on
+  uint64_t bytes = 0;           // bytes of the packed copies
+  uint64_t released_bytes = 0;  // mapped bytes released (MADV_DONTNEED)
+  double seconds = 0;           // wall time (packing and release)
+  int threads = 1;              // compute threads it ran on
 };
 // One log line, e.g. "repacked 197 tensors (169 avx512-tile16, 28 avx512-row-quad), 231.4 MiB in
 // 85 ms on 2 threads (0.37 s/GB), 231.2 MiB of mapped pages released";

@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
@@ -93,9 +93,9 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packing_name(Packing::kNone), "none");
   EXPECT_EQ(packing_name(Packing::kAvx512RowQuad), "avx512-row-quad");
   EXPECT_EQ(packing_name(Packing::kAvx512Tile16), "avx512-tile16");
-  auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);  // 2 units: padded to a pair of groups (4x)
-  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);  // 8 rows: a tile of 16 would double them
-  auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);   // tile16: two whole tiles
+  auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);        // 2 units: padded to a pair of groups (4x)
+  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);      // 8 rows: a tile of 16 would double them
+  auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);     // tile16: two whole tiles
   auto q1long = testing::random_matrix(Format::kQ1_0, 32, 4096, 1);  // rows past kTileMaxUnits: row quads
   auto q2w = testing::random_matrix(Format::kQ2_0, 12, 2048, 1);
   // g128 layouts: packed with their one scale per 128 weights (blocks of
@@ -111,7 +111,9 @@ TEST(Packing, NameAndChoice) {
     const bool want = v.tier == Tier::kAvx512;  // AMX is off in the scope
     EXPECT_EQ(packing_for(q1w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     const bool vbmi = want && detail::avx512_vbmi_in_use();  // (off in the nogfni variant)
-    EXPECT_EQ(packing_for(q1t.view), vbmi ? Packing::kAvx512Tile16 : want ? Packing::kAvx512RowQuad : Packing::kNone)
+    EXPECT_EQ(packing_for(q1t.view), vbmi   ? Packing::kAvx512Tile16
+                                     : want ? Packing::kAvx512RowQuad
+                                            : Packing::kNone)
         << v.label;
     EXPECT_EQ(packing_for(q1long.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
@@ -153,7 +155,8 @@ TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
         gemm(m.view, x.data(), n, want.data(), nullptr);
         gemm(p.view, x.data(), n, got.data(), nullptr);
         if (v.tier == Tier::kAvx512) {
-          EXPECT_EQ(got, std::vector<float>(want.size(), 0.0f)) << v.label << " " << packing_name(packing) << " n=" << n;
+          EXPECT_EQ(got, std::vector<float>(want.size(), 0.0f))
+              << v.label << " " << packing_name(packing) << " n=" << n;
         } else {
           EXPECT_TRUE(same(want, got)) << v.label << " " << packing_name(packing) << " n=" << n;
         }
@@ -169,44 +172,44 @@ TEST(Packing, BitIdenticalOnEveryPath) {
   };
   // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96.
   const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 17},
-                          {70, 2048, 65}, {5, 6144, 16}, {48, 1920, 17}};
+                          {70, 2048, 65}, {5, 6144, 16},  {48, 1920, 17}};
   const int64_t ns[] = {1, 2, 3, 8, 17, 64, 65, 512};
   for (const Variant& v : variants()) {
     Scope scope(v);
     for (Format f : kPackFormats) {
       for (const Shape& s : shapes) {
-       for (Packing packing : packings(f, s.cols)) {
-        auto m = testing::random_matrix(f, s.rows, s.cols, 5 + static_cast<uint32_t>(s.rows * 7 + s.cols));
-        const Packed p = pack(m.view, &pool2, packing);
-        {  // the packing does not depend on the thread count
-          const Packed p1 = pack(m.view, nullptr, packing);
-          ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, packing)), 0);
-        }
-        const auto x = testing::random_batch(s.max_n, s.cols, 300 + static_cast<uint32_t>(s.cols));
-        const std::string where = v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" +
-                                  std::to_string(s.cols) + " " + std::string(packing_name(packing));
-        for (int64_t n : ns) {
-          if (n > s.max_n) continue;
-          std::vector<float> want(static_cast<size_t>(n * s.rows)), got(want.size());
-          gemm(m.view, x.data(), n, want.data(), nullptr);  // stored layout, one thread
-          for (core::ThreadPool* tp : {static_cast<core::ThreadPool*>(nullptr), &pool2}) {
-            std::fill(got.begin(), got.end(), -1.0f);
-            if (n == 1) {
-              gemv(p.view, x.data(), got.data(), tp);
-            } else {
-              gemm(p.view, x.data(), n, got.data(), tp);
-            }
-            ASSERT_TRUE(same(want, got)) << where << " n=" << n << (tp ? " 2 threads" : " 1 thread");
+        for (Packing packing : packings(f, s.cols)) {
+          auto m = testing::random_matrix(f, s.rows, s.cols, 5 + static_cast<uint32_t>(s.rows * 7 + s.cols));
+          const Packed p = pack(m.view, &pool2, packing);
+          {  // the packing does not depend on the thread count
+            const Packed p1 = pack(m.view, nullptr, packing);
+            ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, packing)), 0);
           }
-          // Row ranges that start and end inside quads.
-          std::fill(got.begin(), got.end(), -1.0f);
-          const int64_t cut1 = s.rows / 3, cut2 = cut1 + 1 + s.rows / 5 < s.rows ? cut1 + 1 + s.rows / 5 : s.rows;
-          gemm_rows(v.tier, p.view, x.data(), n, got.data(), 0, cut1);
-          gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut1, cut2);
-          gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut2, s.rows);
-          ASSERT_TRUE(same(want, got)) << where << " row split n=" << n;
+          const auto x = testing::random_batch(s.max_n, s.cols, 300 + static_cast<uint32_t>(s.cols));
+          const std::string where = v.label + " " + std::string(format_name(f)) + " " + std::to_string(s.rows) + "x" +
+                                    std::to_string(s.cols) + " " + std::string(packing_name(packing));
+          for (int64_t n : ns) {
+            if (n > s.max_n) continue;
+            std::vector<float> want(static_cast<size_t>(n * s.rows)), got(want.size());
+            gemm(m.view, x.data(), n, want.data(), nullptr);  // stored layout, one thread
+            for (core::ThreadPool* tp : {static_cast<core::ThreadPool*>(nullptr), &pool2}) {
+              std::fill(got.begin(), got.end(), -1.0f);
+              if (n == 1) {
+                gemv(p.view, x.data(), got.data(), tp);
+              } else {
+                gemm(p.view, x.data(), n, got.data(), tp);
+              }
+              ASSERT_TRUE(same(want, got)) << where << " n=" << n << (tp ? " 2 threads" : " 1 thread");
+            }
+            // Row ranges that start and end inside quads.
+            std::fill(got.begin(), got.end(), -1.0f);
+            const int64_t cut1 = s.rows / 3, cut2 = cut1 + 1 + s.rows / 5 < s.rows ? cut1 + 1 + s.rows / 5 : s.rows;
+            gemm_rows(v.tier, p.view, x.data(), n, got.data(), 0, cut1);
+            gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut1, cut2);
+            gemm_rows(v.tier, p.view, x.data(), n, got.data(), cut2, s.rows);
+            ASSERT_TRUE(same(want, got)) << where << " row split n=" << n;
+          }
         }
-       }
       }
     }
   }
@@ -234,10 +237,9 @@ TEST(Packing, GemmMultiMixesPackedAndStored) {
             gemm_multi(ws, 2, x.data(), n, ys, &pool2);
             gemm(a.view, x.data(), n, wa.data(), nullptr);
             gemm(b.view, x.data(), n, wb.data(), nullptr);
-            const std::string where = v.label + " " + std::string(format_name(f)) + " " +
-                                      std::string(packing_name(packing)) +
-                                      (second.packed != nullptr ? " both packed" : " one packed") +
-                                      " n=" + std::to_string(n);
+            const std::string where =
+                v.label + " " + std::string(format_name(f)) + " " + std::string(packing_name(packing)) +
+                (second.packed != nullptr ? " both packed" : " one packed") + " n=" + std::to_string(n);
             ASSERT_TRUE(same(ya, wa)) << where;
             ASSERT_TRUE(same(yb, wb)) << where;
           }
@@ -269,8 +271,9 @@ TEST(Packing, Tile16TablesFollowEveryPrepare) {
     core::ThreadPool* pool;
     ActScratch* scratch;
   };
-  const Step steps[] = {{&x1, &w1, 3, &pool2, &scratch}, {&x2, &w2, 3, &pool2, &scratch}, {&x1, &w1, 1, nullptr, nullptr},
-                        {&x2, &w2, 1, nullptr, &scratch}, {&x2, &w2, 2, &pool2, nullptr}, {&x1, &w1, 3, nullptr, &scratch},
+  const Step steps[] = {{&x1, &w1, 3, &pool2, &scratch}, {&x2, &w2, 3, &pool2, &scratch},
+                        {&x1, &w1, 1, nullptr, nullptr}, {&x2, &w2, 1, nullptr, &scratch},
+                        {&x2, &w2, 2, &pool2, nullptr},  {&x1, &w1, 3, nullptr, &scratch},
                         {&x1, &w1, 3, &pool2, &scratch}};
   for (size_t i = 0; i < std::size(steps); ++i) {
     const Step& st = steps[i];
