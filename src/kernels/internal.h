@@ -100,6 +100,9 @@ struct QuantAct {
   // with lut_ready the grouped layout (qp, lane_neg, lane_d) is not built
   // (only a CPU without VBMI converts tiles for the row-quad kernel).
   bool lut_only = false;
+  // Set by the AVX-512 tier's prepare_setup: want_lut, Q1_0 and VBMI; its
+  // tile16 rows then take the lookup path (and, with lut_only, the grouped
+  // layout is not built).
   bool lut_ready = false;
   // Unique per resize() (so per prepare), process-wide.
   uint64_t gen = 0;
@@ -133,7 +136,8 @@ struct TierOps {
   void (*axpy_f16)(float alpha, const uint16_t* x, float* y, int64_t n);
   void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n);
   // Optional (may be nullptr): the same work split so that batches can be
-  // prepared in parallel: prepare_setup sizes `a` for n columns on one
+  // prepared in parallel (both read a.want_lut / a.lut_only, which the
+  // caller sets first): prepare_setup sizes `a` for n columns on one
   // thread, then prepare_cols fills columns [j0, j1) (x is the whole [n][cols]
   // batch); disjoint column ranges may run concurrently.
   void (*prepare_setup)(Format f, int64_t n, int64_t cols, QuantAct& a);
@@ -225,7 +229,7 @@ inline constexpr size_t kPackG128BlockBytes = 1088;  // g128 block: 4 x (Q + S)
 //   the canonical chunk of lane 4 (u mod 4) + k (see "Canonical order").
 // One 64-byte vector is thus one chunk of each of 16 rows, and byte j of a
 // row's dword holds two groups of 4 weights: elements 8j..8j+3 in its low
-// nibble, 8j+4..8j+7 in its high one. The GEMV looks each nibble up in a
+// nibble, 8j+4..8j+7 in its high one. The products look each nibble up in a
 // 16-entry table of that group's signed sums (+-1 weights times the int8
 // activations) with VPERMB, four groups per 64-entry table: the exact
 // integer chunk sum, so results are bit-identical to every other path.

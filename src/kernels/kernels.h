@@ -103,13 +103,15 @@ enum class Packing : uint8_t {
   // row-quad layout"): per quad of 4 rows, the group gathers of the grouped
   // kernel done once at load, 64-byte aligned, in one stream with the scales.
   kAvx512RowQuad,
-  // AVX-512 tier with VBMI, Q1_0 only (see internal.h "Packed tile16
-  // layout"): 16-row tiles whose 64-byte vectors hold one 32-weight
-  // sub-block of each of the 16 rows, for the table-lookup GEMV (VPERMB).
+  // AVX-512 tier with VBMI, Q1_0 rows of up to 2,048 columns (see
+  // internal.h "Packed tile16 layout"): 16-row tiles whose 64-byte vectors
+  // hold one 32-weight sub-block of each of the 16 rows, for the
+  // table-lookup products (VPERMB), any number of columns.
   kAvx512Tile16,
 };
 inline constexpr size_t kPackingCount = 3;  // values of Packing (0 .. kPackingCount - 1)
-std::string_view packing_name(Packing p);   // "none", "avx512-row-quad", "avx512-tile16"
+static_assert(kPackingCount == static_cast<size_t>(Packing::kAvx512Tile16) + 1, "kPackingCount: update with Packing");
+std::string_view packing_name(Packing p);  // "none", "avx512-row-quad", "avx512-tile16"
 
 // A row-major weight matrix in one Format: `rows` rows of `cols` elements,
 // row r at (const uint8_t*)data + r * row_stride. Borrowed (points into the
@@ -133,7 +135,8 @@ struct MatrixView {
 // when its AMX path is in use: AMX reads the stored layout) or where the
 // layout's padding would add more than 1/32 of the tensor's bytes.
 Packing packing_for(const MatrixView& w);
-// Bytes of w's copy in layout p (0 for kNone); a multiple of 64.
+// Bytes of w's copy in layout p (0 for kNone, and for a layout not defined
+// for w's format or shape); a multiple of 64.
 size_t packed_bytes(const MatrixView& w, Packing p);
 // Writes w's copy in layout p to dst (packed_bytes(w, p) bytes, 64-byte
 // aligned), reading w.data; rows are split over `pool` (nullptr: the calling

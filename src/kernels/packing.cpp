@@ -1,6 +1,6 @@
 // Load-time repacked weight layouts (kernels.h Packing; internal.h "Packed
-// row-quad layout"): which packing a matrix gets, its size, and the packing
-// itself. Portable code (no ISA flags): packing is byte moves.
+// row-quad layout" and "Packed tile16 layout"): which packing a matrix
+// gets, its size, and the packing itself. Portable code (no ISA flags): packing is byte moves.
 #include <algorithm>
 #include <cstring>
 

@@ -5,6 +5,7 @@
 // (its mapping plus the packed copies) stays within the file size + 5%.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -80,8 +81,23 @@ TEST(Repack, LogitsBitIdenticalWithAndWithoutRepack) {
       ++repacked_models;
       EXPECT_NE(st.packing, kernels::Packing::kNone) << fx;
       int packed_views = 0;
-      for (const kernels::MatrixView* w : matrices(*packed)) packed_views += w->packed != nullptr ? 1 : 0;
+      std::array<int, kernels::kPackingCount> by{};  // the views' layouts, against by_packing
+      for (const kernels::MatrixView* w : matrices(*packed)) {
+        packed_views += w->packed != nullptr ? 1 : 0;
+        if (w->packed != nullptr) ++by[static_cast<size_t>(w->packing)];
+      }
       EXPECT_EQ(packed_views, st.tensors) << fx;
+      EXPECT_EQ(by, st.by_packing) << fx;
+      int kinds = 0;
+      for (size_t i = 1; i < by.size(); ++i) kinds += by[i] > 0 ? 1 : 0;
+      if (kinds > 1) {  // e.g. "(169 avx512-tile16, 28 avx512-row-quad)"
+        for (size_t i = 1; i < by.size(); ++i) {
+          if (by[i] == 0) continue;
+          const std::string part =
+              std::to_string(by[i]) + " " + std::string(kernels::packing_name(static_cast<kernels::Packing>(i)));
+          EXPECT_NE(describe(st).find(part), std::string::npos) << describe(st);
+        }
+      }
       EXPECT_GT(st.bytes, 0u);
       EXPECT_NE(describe(st).find("repacked " + std::to_string(st.tensors) + " tensors"), std::string::npos)
           << describe(st);
