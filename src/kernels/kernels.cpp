@@ -388,6 +388,12 @@ int tile16_use(const MatrixView* ws, int count) {
   return k == 0 ? 0 : k == count ? 2 : 1;
 }
 
+// Marks a for a product whose matrices' tile16_use is `use` (before prepare).
+void mark_tile16(detail::QuantAct& a, int use) {
+  a.want_lut = use > 0;
+  a.lut_only = use == 2;
+}
+
 // Quantizes x for weights of format f into the calling thread's scratch
 // (in parallel for batches) and returns it; nullptr for float formats.
 // tile16: tile16_use of the product's matrices (QuantAct::want_lut, lut_only).
@@ -399,8 +405,7 @@ const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, 
   // (A pointer, not the name: a lambda naming a thread_local variable would
   // reach each worker's own instance.)
   detail::QuantAct* ap = scratch != nullptr ? &scratch->act() : &own;
-  ap->want_lut = tile16 > 0;
-  ap->lut_only = tile16 == 2;
+  mark_tile16(*ap, tile16);
   if (ops->prepare_setup != nullptr && pool != nullptr && pool->size() > 1 && n >= 8) {
     // Batches: quantize / lay out the columns in parallel.
     ops->prepare_setup(f, n, cols, *ap);
@@ -515,7 +520,7 @@ void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float*
   thread_local detail::QuantAct act;
   const detail::QuantAct* a = nullptr;
   if (detail::is_quantized(w.format)) {
-    act.want_lut = act.lut_only = tile16_use(&w, 1) == 2;
+    mark_tile16(act, tile16_use(&w, 1));
     ops->prepare(w.format, x, n, w.cols, act);
     a = &act;
   }

@@ -3,6 +3,7 @@
 // gets, its size, and the packing itself. Portable code (no ISA flags): packing is byte moves.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/thread_pool.h"
 #include "kernels/formats.h"
@@ -92,6 +93,20 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
   }
 }
 
+// Whether the tile16 layout is defined for w: Q1_0 rows of at most kTileMaxUnits units.
+bool tile16_defined(const MatrixView& w) { return w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits; }
+
+// fn(i0, i1) over [0, count) on `pool` (grain: the smallest piece), or on
+// the calling thread without one.
+template <class F>
+void split(core::ThreadPool* pool, int64_t count, int64_t grain, F fn) {
+  if (pool == nullptr || pool->size() <= 1) {
+    fn(int64_t{0}, count);
+    return;
+  }
+  pool->parallel_for(count, std::move(fn), grain);
+}
+
 // Unit pairs per row and bytes per 16-row tile of the tile16 layout (Q1_0).
 int64_t tile_pairs(const MatrixView& w) { return (w.cols / 128 + 1) / 2; }
 size_t tile_bytes(const MatrixView& w) { return static_cast<size_t>(tile_pairs(w)) * detail::kTilePairBytes; }
@@ -103,8 +118,10 @@ void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1) {
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t t = t0; t < t1; ++t) {
     uint8_t* tile = dst + static_cast<size_t>(t) * tb;
-    std::memset(tile, 0, tb);
     const int64_t nr = std::min(detail::kTileRows, w.rows - t * detail::kTileRows);
+    // The loop below writes every byte of a whole tile with an even unit
+    // count; only padding (rows past the matrix, the zero unit) needs zeros.
+    if (nr < detail::kTileRows || units % 2 != 0) std::memset(tile, 0, tb);
     for (int64_t u = 0; u < units; ++u) {
       uint8_t* pair = tile + static_cast<size_t>(u / 2) * detail::kTilePairBytes;
       uint8_t* wu = pair + 64 + static_cast<size_t>(u % 2) * detail::kTileUnitBytes;
@@ -145,8 +162,7 @@ Packing packing_for(const MatrixView& w) {
   // (rows to 16, units to even); else row quads.
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
-  if (w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits && detail::avx512_vbmi_in_use() &&
-      fits(Packing::kAvx512Tile16)) {
+  if (tile16_defined(w) && detail::avx512_vbmi_in_use() && fits(Packing::kAvx512Tile16)) {
     return Packing::kAvx512Tile16;
   }
   return fits(Packing::kAvx512RowQuad) ? Packing::kAvx512RowQuad : Packing::kNone;
@@ -159,7 +175,7 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
     case Packing::kAvx512RowQuad:
       return static_cast<size_t>((w.rows + 3) / 4) * rq_quad_bytes(w);
     case Packing::kAvx512Tile16:
-      return w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits
+      return tile16_defined(w)
                  ? static_cast<size_t>((w.rows + detail::kTileRows - 1) / detail::kTileRows) * tile_bytes(w)
                  : 0;
   }
@@ -168,24 +184,12 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
 
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
   auto* out = static_cast<uint8_t*>(dst);
-  if (p == Packing::kAvx512Tile16 && w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits) {
-    const int64_t tiles = (w.rows + detail::kTileRows - 1) / detail::kTileRows;
-    if (pool == nullptr || pool->size() <= 1) {
-      pack_tiles(w, out, 0, tiles);
-      return;
-    }
-    pool->parallel_for(
-        tiles, [&w, out](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1); }, 4);
-    return;
+  if (p == Packing::kAvx512Tile16 && tile16_defined(w)) {
+    split(pool, (w.rows + detail::kTileRows - 1) / detail::kTileRows, 4,
+          [&w, out](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1); });
+  } else if (p == Packing::kAvx512RowQuad && is_q1_or_q2(w.format)) {
+    split(pool, (w.rows + 3) / 4, 16, [&w, out](int64_t q0, int64_t q1) { pack_row_quads(w, out, q0, q1); });
   }
-  if (p != Packing::kAvx512RowQuad || !is_q1_or_q2(w.format)) return;
-  const int64_t quads = (w.rows + 3) / 4;
-  if (pool == nullptr || pool->size() <= 1) {
-    pack_row_quads(w, out, 0, quads);
-    return;
-  }
-  pool->parallel_for(
-      quads, [&w, out](int64_t q0, int64_t q1) { pack_row_quads(w, out, q0, q1); }, 16);
 }
 
 }  // namespace bonsai::kernels

@@ -344,7 +344,6 @@ std::string describe(const RepackStats& st) {
     const std::string name(kernels::packing_name(static_cast<kernels::Packing>(i)));
     layouts += (layouts.empty() ? "" : ", ") + (kinds > 1 ? std::to_string(st.by_packing[i]) + " " + name : name);
   }
-  if (layouts.empty()) layouts = std::string(kernels::packing_name(st.packing));
   char buf[320];
   const double mib = static_cast<double>(st.bytes) / (1 << 20);
   std::snprintf(buf, sizeof buf,
