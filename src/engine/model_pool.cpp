@@ -528,8 +528,8 @@ void ModelPool::close_all() {
     if (z.model && z.model->pool) z.model->pool->close();
 }
 
-ModelPool::Loader gguf_model_loader() {
-  return [](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
+ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_scheduler) {
+  return [tune_scheduler = std::move(tune_scheduler)](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
@@ -551,6 +551,7 @@ ModelPool::Loader gguf_model_loader() {
     so.batch_size = spec.batch_size > 0 ? spec.batch_size : kPrefillChunk;
     so.prompt_cache = spec.prompt_cache;
     so.kv_pool = built->kv_pool;
+    if (tune_scheduler) tune_scheduler(so);
     m->scheduler = Scheduler::create(m->pool, m->model, built->n_ctx, so);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes;
     return m;

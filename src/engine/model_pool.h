@@ -316,7 +316,11 @@ class ModelPool {
 // The loader and estimator for real GGUF models: build_pool_from_gguf with
 // the spec's pool size, context, default sampling (seed = defaults.seed) and
 // Q2_0 layout, and estimate_model_bytes. Defined in model_pool.cpp.
-ModelPool::Loader gguf_model_loader();
+// `tune_scheduler`, if set, is called on each model's SchedulerOptions after
+// they are filled from the spec and before the scheduler starts (tests use
+// it to observe or hold forward steps through on_step); it runs on the
+// loading thread and is copied into the loader.
+ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_scheduler = {});
 ModelPool::Estimator gguf_model_estimator();
 
 }  // namespace bonsai::engine

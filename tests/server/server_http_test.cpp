@@ -11,11 +11,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <future>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -938,22 +940,71 @@ TEST_F(ServerHttp, NonStreamedGenerationStopsWhenTheClientHangsUp) {
   EXPECT_EQ(st, 200) << j.dump();
 }
 
+// Holds the scheduler loop of every model it is wired into after a forward
+// step while `hold` is set (through SchedulerOptions::on_step), so a test can
+// line up queued requests and admin calls behind a running generation
+// without racing its speed. release() lets it go; the fixture's TearDown
+// calls it too, so a failed assertion cannot leave the loop stuck.
+struct StepGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false;
+  int held = 0;  // steps that stopped at the gate
+
+  void on_step() {
+    std::unique_lock lock(mu);
+    if (!hold) return;
+    ++held;
+    cv.notify_all();
+    cv.wait(lock, [&] { return !hold; });
+  }
+  // Waits (up to 10 s) until a step has stopped at the gate; false if none did.
+  bool wait_held() {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return held > 0; });
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu);
+      hold = false;
+    }
+    cv.notify_all();
+  }
+};
+
+class ServerHttpHeldSteps : public ServerHttp {
+ protected:
+  engine::ModelPool::Loader loader() override {
+    return engine::gguf_model_loader(
+        [gate = gate_](engine::SchedulerOptions& so) { so.on_step = [gate](int64_t, int64_t) { gate->on_step(); }; });
+  }
+  void TearDown() override {
+    gate_->release();
+    ServerHttp::TearDown();
+  }
+  std::shared_ptr<StepGate> gate_ = std::make_shared<StepGate>();
+};
+
 // An admin unload while requests are in flight: the running generation
 // finishes (its model is freed only when it lets go), and a request still
 // queued behind it gets a 503 that says the model was unloaded, not a
-// client-gone 499 nor "shutting down".
-TEST_F(ServerHttp, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueuedOne) {
-  ASSERT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
-  ASSERT_EQ(post("/admin/models/load", json{{"id", "stories"}, {"ctx_size", 2048}}.dump()).first, 202);
-  pool_->wait_background();
+// client-gone 499 nor "shutting down". The running generation is held after
+// its first step until the unload has answered, so the order does not depend
+// on how fast it generates (it used to be a 1,900-token race, lost ~1 run in
+// 25 on a loaded machine).
+TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueuedOne) {
   auto lm = pool_->peek("stories");
   ASSERT_NE(lm, nullptr);
-  json long_req = completion_body("Once upon a time", 1900);
+  json long_req = completion_body("Once upon a time", 64);
   long_req["ignore_eos"] = true;
   std::pair<int, json> running, queued, embed;
+  {
+    std::lock_guard lock(gate_->mu);
+    gate_->hold = true;
+  }
   std::thread t_run([&] { running = post("/v1/completions", long_req.dump()); });
-  // Wait until the long generation holds the only replica.
-  for (int i = 0; i < 5000 && lm->pool->available() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The long generation holds the only replica, stopped after its first step.
+  EXPECT_TRUE(gate_->wait_held()) << "the running request never stepped";  // EXPECT: t_run must be joined
   EXPECT_EQ(lm->pool->available(), 0);
   std::thread t_queued([&] { queued = post("/v1/completions", completion_body("Once upon a time", 4).dump()); });
   std::thread t_embed([&] { embed = post("/v1/embeddings", json{{"model", "stories"}, {"input", "hello"}}.dump()); });
@@ -968,18 +1019,19 @@ TEST_F(ServerHttp, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueuedOne) {
       streamed = r->body;
     }
   });
-  // All three wait in the model's queue (the long one still runs: 1,900 tokens).
+  // All three wait in the model's queue (the loop is held, so nothing is admitted).
   for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(lm->scheduler->stats().waiting, 3);
   EXPECT_EQ(lm->pool->available(), 0);
-  EXPECT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);  // threads join below
+  EXPECT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
+  gate_->release();  // threads join below
   t_queued.join();
   t_embed.join();
   t_stream.join();
   t_run.join();
   EXPECT_EQ(running.first, 200) << running.second.dump();
-  EXPECT_EQ(running.second["usage"]["completion_tokens"], 1900) << running.second.dump();
+  EXPECT_EQ(running.second["usage"]["completion_tokens"], 64) << running.second.dump();
   for (const auto* r : {&queued, &embed}) {
     EXPECT_EQ(r->first, 503) << r->second.dump();
     EXPECT_EQ(r->second["error"]["code"], "model_unloaded") << r->second.dump();
