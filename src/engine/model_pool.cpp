@@ -529,7 +529,8 @@ void ModelPool::close_all() {
 }
 
 ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_scheduler) {
-  return [tune_scheduler = std::move(tune_scheduler)](const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
+  return [tune_scheduler = std::move(tune_scheduler)](
+             const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
     gguf::OpenOptions open;
     open.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
