@@ -29,8 +29,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 
 namespace bonsai::kernels::detail {
 namespace {
@@ -199,6 +201,8 @@ namespace vnni {
 }  // namespace vnni
 #pragma GCC pop_options
 
+#include "kernels/avx2_tile.inc"
+
 void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   const int64_t nb = w.cols / 32;
   const __m256i one16 = _mm256_set1_epi16(1);
@@ -305,6 +309,11 @@ void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
 void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
+  // Q1_0 weights packed as tile16 read tables built from q and d alone
+  // (avx2_tile.inc); when every matrix of the product is (lut_only), the
+  // pair layout below is not built.
+  a.lut_ready = a.want_lut && f == Format::kQ1_0;
+  const bool pair_layout = !(a.lut_ready && a.lut_only);
   int fam = kFamQ8;
   switch (f) {
     case Format::kQ1_0:
@@ -330,7 +339,7 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
     int8_t* q = a.q + j * cols;
     float* d = a.d + j * (cols / 32);
     quantize_act(x + j * cols, cols, q, d);
-    if (fam == kFamQ8) continue;
+    if (fam == kFamQ8 || !pair_layout) continue;
     int8_t* xp = a.qp + j * xs;
     int32_t* neg = a.lane_neg + j * ls;
     float* dl = a.lane_d + j * ls;
@@ -363,6 +372,9 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     case Format::kQ8_0:
       return rows_q8(w, *a, n, y, r0, r1);
     case Format::kQ1_0:
+      if (w.packing == Packing::kTile16 && w.packed != nullptr && a->lut_ready)
+        return rows_tile_avx2(w, *a, n, y, r0, r1);
+      // (Without tables, a packed matrix's stored bytes: prepare then built the pair layout.)
       return use_vnni() ? vnni::rows_fam<kFamQ1>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamQ1>(w, *a, n, y, r0, r1);
     case Format::kQ2_0:
       return use_vnni() ? vnni::rows_fam<kFamG64>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamG64>(w, *a, n, y, r0, r1);
@@ -450,6 +462,8 @@ bool set_avx2_vnni(bool enabled) {
   return prev;
 }
 
+bool avx2_vnni_in_use() { return use_vnni(); }
+
 const TierOps* avx2_ops() {
   static const TierOps ops{prepare, rows, dot_f32, dot_f16_f32_entry, axpy_f32, axpy_f16_entry, f32_to_f16};
   return &ops;
@@ -461,6 +475,7 @@ const TierOps* avx2_ops() {
 
 namespace bonsai::kernels::detail {
 bool set_avx2_vnni(bool) { return false; }
+bool avx2_vnni_in_use() { return false; }
 const TierOps* avx2_ops() { return nullptr; }
 }  // namespace bonsai::kernels::detail
 

@@ -725,7 +725,7 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
   if (w.packing == Packing::kAvx512RowQuad && w.packed != nullptr && a != nullptr && w.format != Format::kQ8_0) {
     return rows_packed_dispatch(w, *a, n, y, r0, r1);
   }
-  if (w.packing == Packing::kAvx512Tile16 && w.packed != nullptr && a != nullptr && w.format == Format::kQ1_0) {
+  if (w.packing == Packing::kTile16 && w.packed != nullptr && a != nullptr && w.format == Format::kQ1_0) {
     return rows_tile(w, *a, n, y, r0, r1);
   }
   switch (w.format) {

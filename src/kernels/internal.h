@@ -92,17 +92,19 @@ struct QuantAct {
   float* amx_dx = nullptr;      // [groups][cols/32][16] activation scales
   bool amx_ready = false;
   // Set by the caller before prepare: some weight matrix of this product is
-  // kAvx512Tile16-packed. The AVX-512 tier then sets lut_ready (Q1_0, VBMI):
-  // its tile16 path builds the lookup tables of q on each thread that runs
-  // rows (avx512_tile.inc), once per prepare (`gen`) and column group.
+  // kTile16-packed. The AVX-512 tier (Q1_0, VBMI) and the AVX2 tier (Q1_0)
+  // then set lut_ready: their tile16 paths build the lookup tables of q on
+  // each thread that runs rows (avx512_tile.inc, avx2_tile.inc), once per
+  // prepare (`gen`) and column group.
   bool want_lut = false;
   // Set with want_lut: every matrix of the product is tile16-packed, so
-  // with lut_ready the grouped layout (qp, lane_neg, lane_d) is not built
-  // (only a CPU without VBMI converts tiles for the row-quad kernel).
+  // with lut_ready the tier's other activation layout (AVX-512: grouped
+  // qp, lane_neg, lane_d; AVX2: the pair layout) is not built (only an
+  // AVX-512 CPU without VBMI converts tiles for the row-quad kernel).
   bool lut_only = false;
-  // Set by the AVX-512 tier's prepare_setup: want_lut, Q1_0 and VBMI; its
-  // tile16 rows then take the lookup path (and, with lut_only, the grouped
-  // layout is not built).
+  // Set by the tier's prepare (AVX-512: prepare_setup, with VBMI): want_lut
+  // and Q1_0; its tile16 rows then take the lookup path (and, with
+  // lut_only, the other layout is not built).
   bool lut_ready = false;
   // Unique per resize() (so per prepare), process-wide.
   uint64_t gen = 0;
@@ -216,8 +218,8 @@ inline constexpr size_t kPackPairBytes = 576;        // Q1_0, g64 block: 2 x (Q 
 inline constexpr size_t kPackG128SBytes = 16;        // S of one group (g128): 4 rows x 2 fp16
 inline constexpr size_t kPackG128BlockBytes = 1088;  // g128 block: 4 x (Q + S)
 
-// ---- Packed tile16 layout (Packing::kAvx512Tile16; packing.cpp writes it,
-// avx512_tile.inc reads it) ---------------------------------------------------
+// ---- Packed tile16 layout (Packing::kTile16; packing.cpp writes it,
+// avx512_tile.inc and avx2_tile.inc read it) ----------------------------------
 // Q1_0 rows of at most kTileMaxUnits units. Rows in tiles of 16 (the last
 // padded with zero rows); U = cols / 128 units (blocks) per row, padded to
 // even (a zero unit). A tile is U / 2 unit pairs of kTilePairBytes, tiles
@@ -231,8 +233,9 @@ inline constexpr size_t kPackG128BlockBytes = 1088;  // g128 block: 4 x (Q + S)
 // row's dword holds two groups of 4 weights: elements 8j..8j+3 in its low
 // nibble, 8j+4..8j+7 in its high one. The products look each nibble up in a
 // 16-entry table of that group's signed sums (+-1 weights times the int8
-// activations) with VPERMB, four groups per 64-entry table: the exact
-// integer chunk sum, so results are bit-identical to every other path.
+// activations) (AVX-512: VPERMB, four groups per 64-entry table; AVX2:
+// VPSHUFB, one group per 128-bit lane): the exact integer chunk sum, so
+// results are bit-identical to every other path.
 // Same bytes as the stored layout, up to the padding.
 inline constexpr int64_t kTileRows = 16;
 inline constexpr size_t kTileUnitBytes = 256;   // W of one unit: 4 x 64 B
@@ -250,8 +253,14 @@ inline constexpr int64_t kTileMaxUnits = 16;
 inline constexpr int64_t kLutMaxCols = 64;
 
 // Whether the AVX-512 tier runs VBMI code (CPUID and the set_avx512_gfni
-// hook), so it can read kAvx512Tile16. Safe on any CPU (no AVX-512 code).
+// hook), so it can read kTile16. Safe on any CPU (no AVX-512 code).
 bool avx512_vbmi_in_use();
+
+// Whether the AVX2 tier's products use AVX-VNNI (CPUID and the
+// set_avx2_vnni hook). Without it the AVX2 tier reads Q1_0 as tile16
+// (avx2_tile.inc); with it the pair-layout kernel was as fast or faster.
+// Safe on any CPU.
+bool avx2_vnni_in_use();
 
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
 inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }

@@ -374,7 +374,7 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   // tile16 matrices (the table-lookup path, any n): each chunk builds its
   // thread's tables of every group of kLutMaxCols columns once, so chunks
   // stay one per thread, whole 64-row blocks, as for GEMV.
-  if (n >= detail::kAmxMinCols && w.packing != Packing::kAvx512Tile16) return std::max<int64_t>(4, min_rows);
+  if (n >= detail::kAmxMinCols && w.packing != Packing::kTile16) return std::max<int64_t>(4, min_rows);
   const int64_t split = active_tier() == Tier::kAvx2 ? 4 : 1;
   const int64_t per_thread = (total_rows + pool.size() * split - 1) / (pool.size() * split);
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
@@ -384,7 +384,7 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
 // tier then wants the lookup tables of the activations; QuantAct::want_lut).
 int tile16_use(const MatrixView* ws, int count) {
   int k = 0;
-  for (int i = 0; i < count; ++i) k += ws[i].packing == Packing::kAvx512Tile16 && ws[i].packed != nullptr ? 1 : 0;
+  for (int i = 0; i < count; ++i) k += ws[i].packing == Packing::kTile16 && ws[i].packed != nullptr ? 1 : 0;
   return k == 0 ? 0 : k == count ? 2 : 1;
 }
 

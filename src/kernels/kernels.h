@@ -103,15 +103,16 @@ enum class Packing : uint8_t {
   // row-quad layout"): per quad of 4 rows, the group gathers of the grouped
   // kernel done once at load, 64-byte aligned, in one stream with the scales.
   kAvx512RowQuad,
-  // AVX-512 tier with VBMI, Q1_0 rows of up to 2,048 columns (see
-  // internal.h "Packed tile16 layout"): 16-row tiles whose 64-byte vectors
-  // hold one 32-weight sub-block of each of the 16 rows, for the
-  // table-lookup products (VPERMB), any number of columns.
-  kAvx512Tile16,
+  // Q1_0 rows of up to 2,048 columns (see internal.h "Packed tile16
+  // layout"): 16-row tiles whose 64-byte vectors hold one 32-weight
+  // sub-block of each of the 16 rows, for the table-lookup products, any
+  // number of columns: the AVX-512 tier with VBMI (VPERMB) and the AVX2
+  // tier without AVX-VNNI (VPSHUFB) choose it.
+  kTile16,
 };
 inline constexpr size_t kPackingCount = 3;  // values of Packing (0 .. kPackingCount - 1)
-static_assert(kPackingCount == static_cast<size_t>(Packing::kAvx512Tile16) + 1, "kPackingCount: update with Packing");
-std::string_view packing_name(Packing p);  // "none", "avx512-row-quad", "avx512-tile16"
+static_assert(kPackingCount == static_cast<size_t>(Packing::kTile16) + 1, "kPackingCount: update with Packing");
+std::string_view packing_name(Packing p);  // "none", "avx512-row-quad", "tile16"
 
 // A row-major weight matrix in one Format: `rows` rows of `cols` elements,
 // row r at (const uint8_t*)data + r * row_stride. Borrowed (points into the

@@ -142,15 +142,17 @@ std::string_view packing_name(Packing p) {
       return "none";
     case Packing::kAvx512RowQuad:
       return "avx512-row-quad";
-    case Packing::kAvx512Tile16:
-      return "avx512-tile16";
+    case Packing::kTile16:
+      return "tile16";
   }
   return "?";
 }
 
 Packing packing_for(const MatrixView& w) {
   if (!is_q1_or_q2(w.format) || w.rows <= 0 || w.cols <= 0 || w.data == nullptr) return Packing::kNone;
-  if (active_tier() != Tier::kAvx512 || detail::avx512_amx_in_use()) return Packing::kNone;
+  const Tier tier = active_tier();
+  if (tier != Tier::kAvx512 && tier != Tier::kAvx2) return Packing::kNone;
+  if (tier == Tier::kAvx512 && detail::avx512_amx_in_use()) return Packing::kNone;
   // Resident memory must stay about the file size: no packing where padding
   // (rows to quads, units to groups, groups to pairs) would add more than
   // 1/32 of the tensor. The Bonsai shapes (2048 .. 12288 columns) of every
@@ -162,8 +164,17 @@ Packing packing_for(const MatrixView& w) {
   // (rows to 16, units to even); else row quads.
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
-  if (tile16_defined(w) && detail::avx512_vbmi_in_use() && fits(Packing::kAvx512Tile16)) {
-    return Packing::kAvx512Tile16;
+  // The AVX2 tier without AVX-VNNI (Zen 2/3, Haswell..Comet Lake) reads
+  // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: 1.13-1.45x its
+  // PMADDUBSW kernel, measured on Zen 5 with AVX-VNNI switched off); with
+  // AVX-VNNI (Alder Lake and later) the pair kernel was as fast, so there
+  // every matrix stays zero-copy (without it, every matrix but these).
+  if (tier == Tier::kAvx2) {
+    return !detail::avx2_vnni_in_use() && tile16_defined(w) && fits(Packing::kTile16) ? Packing::kTile16
+                                                                                      : Packing::kNone;
+  }
+  if (tile16_defined(w) && detail::avx512_vbmi_in_use() && fits(Packing::kTile16)) {
+    return Packing::kTile16;
   }
   return fits(Packing::kAvx512RowQuad) ? Packing::kAvx512RowQuad : Packing::kNone;
 }
@@ -174,7 +185,7 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
       return 0;
     case Packing::kAvx512RowQuad:
       return static_cast<size_t>((w.rows + 3) / 4) * rq_quad_bytes(w);
-    case Packing::kAvx512Tile16:
+    case Packing::kTile16:
       return tile16_defined(w)
                  ? static_cast<size_t>((w.rows + detail::kTileRows - 1) / detail::kTileRows) * tile_bytes(w)
                  : 0;
@@ -184,7 +195,7 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
 
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
   auto* out = static_cast<uint8_t*>(dst);
-  if (p == Packing::kAvx512Tile16 && tile16_defined(w)) {
+  if (p == Packing::kTile16 && tile16_defined(w)) {
     split(pool, (w.rows + detail::kTileRows - 1) / detail::kTileRows, 4,
           [&w, out](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1); });
   } else if (p == Packing::kAvx512RowQuad && is_q1_or_q2(w.format)) {

@@ -336,7 +336,7 @@ core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path
 
 std::string describe(const RepackStats& st) {
   if (st.packing == kernels::Packing::kNone || st.tensors == 0) return "weights not repacked (zero-copy)";
-  std::string layouts;  // "169 avx512-tile16, 28 avx512-row-quad", or the one layout's name
+  std::string layouts;  // "169 tile16, 28 avx512-row-quad", or the one layout's name
   int kinds = 0;
   for (size_t i = 1; i < st.by_packing.size(); ++i) kinds += st.by_packing[i] > 0 ? 1 : 0;
   for (size_t i = 1; i < st.by_packing.size(); ++i) {

@@ -112,7 +112,7 @@ struct RepackStats {
   double seconds = 0;           // wall time (packing and release)
   int threads = 1;              // compute threads it ran on
 };
-// One log line, e.g. "repacked 197 tensors (169 avx512-tile16, 28 avx512-row-quad), 231.4 MiB in
+// One log line, e.g. "repacked 197 tensors (169 tile16, 28 avx512-row-quad), 231.4 MiB in
 // 85 ms on 2 threads (0.37 s/GB), 231.2 MiB of mapped pages released";
 // "weights not repacked (zero-copy)" when nothing was.
 std::string describe(const RepackStats& stats);

@@ -50,7 +50,7 @@ Packed pack(const MatrixView& w, core::ThreadPool* pool, Packing packing = Packi
 // The layouts defined for a matrix of format f with `cols` columns.
 std::vector<Packing> packings(Format f, int64_t cols) {
   std::vector<Packing> v{Packing::kAvx512RowQuad};
-  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) v.push_back(Packing::kAvx512Tile16);
+  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) v.push_back(Packing::kTile16);
   return v;
 }
 
@@ -58,20 +58,25 @@ struct Variant {
   Tier tier;
   bool gfni;
   std::string label;
+  bool vnni = true;  // AVX2 tier: AVX-VNNI where the CPU has it (set_avx2_vnni)
 };
 
 struct Scope {
   explicit Scope(const Variant& v)
-      : tier(active_tier()), gfni(detail::set_avx512_gfni(v.gfni)), amx(detail::set_avx512_amx(false)) {
+      : tier(active_tier()),
+        gfni(detail::set_avx512_gfni(v.gfni)),
+        amx(detail::set_avx512_amx(false)),
+        vnni(detail::set_avx2_vnni(v.vnni)) {
     EXPECT_TRUE(set_active_tier(v.tier).has_value());
   }
   ~Scope() {
     detail::set_avx512_gfni(gfni);
     detail::set_avx512_amx(amx);
+    detail::set_avx2_vnni(vnni);
     (void)set_active_tier(tier);
   }
   Tier tier;
-  bool gfni, amx;
+  bool gfni, amx, vnni;
 };
 
 std::vector<Variant> variants() {
@@ -80,7 +85,11 @@ std::vector<Variant> variants() {
     v.push_back({Tier::kAvx512, true, "avx512"});
     v.push_back({Tier::kAvx512, false, "avx512-nogfni"});
   }
-  if (tier_supported(Tier::kAvx2)) v.push_back({Tier::kAvx2, true, "avx2"});
+  if (tier_supported(Tier::kAvx2)) {
+    v.push_back({Tier::kAvx2, true, "avx2"});
+    // (AVX2-only CPUs: the tier that packs tile16; the same as "avx2" on a CPU without AVX-VNNI)
+    v.push_back({Tier::kAvx2, true, "avx2-novnni", false});
+  }
   if (tier_supported(Tier::kNeon)) v.push_back({Tier::kNeon, true, "neon"});
   return v;
 }
@@ -92,7 +101,7 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packing_name(Packing::kNone), "none");
   EXPECT_EQ(packing_name(Packing::kAvx512RowQuad), "avx512-row-quad");
-  EXPECT_EQ(packing_name(Packing::kAvx512Tile16), "avx512-tile16");
+  EXPECT_EQ(packing_name(Packing::kTile16), "tile16");
   auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);        // 2 units: padded to a pair of groups (4x)
   auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);      // 8 rows: a tile of 16 would double them
   auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);     // tile16: two whole tiles
@@ -110,8 +119,10 @@ TEST(Packing, NameAndChoice) {
     Scope s(v);
     const bool want = v.tier == Tier::kAvx512;  // AMX is off in the scope
     EXPECT_EQ(packing_for(q1w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
-    const bool vbmi = want && detail::avx512_vbmi_in_use();  // (off in the nogfni variant)
-    EXPECT_EQ(packing_for(q1t.view), vbmi   ? Packing::kAvx512Tile16
+    // tile16: the AVX-512 tier with VBMI (off in the nogfni variant) and the AVX2 tier without AVX-VNNI.
+    const bool tile16 =
+        (want && detail::avx512_vbmi_in_use()) || (v.tier == Tier::kAvx2 && !detail::avx2_vnni_in_use());
+    EXPECT_EQ(packing_for(q1t.view), tile16 ? Packing::kTile16
                                      : want ? Packing::kAvx512RowQuad
                                             : Packing::kNone)
         << v.label;
@@ -132,16 +143,16 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packed_bytes(g128.view, Packing::kAvx512RowQuad), 12u * row_bytes(Format::kQ2_0G128Qs, 2048));
   EXPECT_EQ(packed_bytes(g128odd.view, Packing::kAvx512RowQuad), 3 * detail::kPackG128BlockBytes);  // 3 quads x 1 block
   // tile16: rows to tiles of 16, units to even; only rows of <= kTileMaxUnits units.
-  EXPECT_EQ(packed_bytes(q1t.view, Packing::kAvx512Tile16), 32u * row_bytes(Format::kQ1_0, 2048));
+  EXPECT_EQ(packed_bytes(q1t.view, Packing::kTile16), 32u * row_bytes(Format::kQ1_0, 2048));
   auto q1odd = testing::random_matrix(Format::kQ1_0, 17, 384, 1);  // 2 tiles x 2 pairs (3 units + 1 zero unit)
-  EXPECT_EQ(packed_bytes(q1odd.view, Packing::kAvx512Tile16), 2 * 2 * detail::kTilePairBytes);
-  EXPECT_EQ(packed_bytes(q1long.view, Packing::kAvx512Tile16), 0u);
-  EXPECT_EQ(packed_bytes(q2w.view, Packing::kAvx512Tile16), 0u);
+  EXPECT_EQ(packed_bytes(q1odd.view, Packing::kTile16), 2 * 2 * detail::kTilePairBytes);
+  EXPECT_EQ(packed_bytes(q1long.view, Packing::kTile16), 0u);
+  EXPECT_EQ(packed_bytes(q2w.view, Packing::kTile16), 0u);
 }
 
-// The AVX-512 tier really reads the packed copy, and every other tier the
-// stored bytes: with the packed copy zeroed (zero scales) the AVX-512
-// product is exactly 0, the others are unchanged.
+// The tiers that own a layout really read the packed copy (AVX-512 both,
+// AVX2 tile16), and every other tier the stored bytes: with the packed copy
+// zeroed (zero scales) their product is exactly 0, the others are unchanged.
 TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
   auto m = testing::random_matrix(Format::kQ1_0, 12, 512, 3);
   const auto x = testing::random_batch(70, 512, 5);
@@ -154,7 +165,7 @@ TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
         std::vector<float> want(static_cast<size_t>(12 * n)), got(want.size());
         gemm(m.view, x.data(), n, want.data(), nullptr);
         gemm(p.view, x.data(), n, got.data(), nullptr);
-        if (v.tier == Tier::kAvx512) {
+        if (v.tier == Tier::kAvx512 || (v.tier == Tier::kAvx2 && packing == Packing::kTile16)) {
           EXPECT_EQ(got, std::vector<float>(want.size(), 0.0f))
               << v.label << " " << packing_name(packing) << " n=" << n;
         } else {
@@ -261,7 +272,7 @@ TEST(Packing, Tile16TablesFollowEveryPrepare) {
   Scope scope(Variant{Tier::kAvx512, true, "avx512"});
   core::ThreadPool pool2(2);
   auto m = testing::random_matrix(Format::kQ1_0, 96, 1024, 7);
-  const Packed p = pack(m.view, &pool2, Packing::kAvx512Tile16);
+  const Packed p = pack(m.view, &pool2, Packing::kTile16);
   const auto x1 = testing::random_batch(3, 1024, 11), x2 = testing::random_batch(3, 1024, 12);
   std::vector<float> w1(3 * 96), w2(3 * 96), got(3 * 96);
   gemm(m.view, x1.data(), 3, w1.data(), nullptr);

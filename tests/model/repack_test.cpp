@@ -90,7 +90,7 @@ TEST(Repack, LogitsBitIdenticalWithAndWithoutRepack) {
       EXPECT_EQ(by, st.by_packing) << fx;
       int kinds = 0;
       for (size_t i = 1; i < by.size(); ++i) kinds += by[i] > 0 ? 1 : 0;
-      if (kinds > 1) {  // e.g. "(169 avx512-tile16, 28 avx512-row-quad)"
+      if (kinds > 1) {  // e.g. "(169 tile16, 28 avx512-row-quad)"
         for (size_t i = 1; i < by.size(); ++i) {
           if (by[i] == 0) continue;
           const std::string part =
