@@ -165,7 +165,7 @@ Packing packing_for(const MatrixView& w) {
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
   // The AVX2 tier without AVX-VNNI (Zen 2/3, Haswell..Comet Lake) reads
-  // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: 1.13-1.45x its
+  // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: 1.11-1.41x its
   // PMADDUBSW kernel, measured on Zen 5 with AVX-VNNI switched off); with
   // AVX-VNNI (Alder Lake and later) the pair kernel was as fast, so there
   // every matrix stays zero-copy (without it, every matrix but these).
