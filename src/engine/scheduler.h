@@ -98,8 +98,9 @@ struct SchedulerOptions {
   // Called on the loop thread after every forward step with the number of
   // tokens and of sequences in it (metrics). Must be thread-safe and fast:
   // while it runs the loop is held (no sequence steps, nothing is admitted,
-  // requests still queue), which tests use to order events around a
-  // running generation (server_http_test's StepGate).
+  // no cancellation or deadline is swept, finished tails keep their
+  // replicas; requests still queue), which tests use to order events around
+  // a running generation (server_http_test's StepGate).
   std::function<void(int64_t tokens, int64_t sequences)> on_step;
   // The KV block pool the replicas' caches draw from (EngineOptions::kv_pool;
   // BuiltPool::kv_pool): the model's KV budget. Set: admission waits for KV

@@ -23,6 +23,9 @@
 // the integer sums use VPDPBUSD instead of PMADDUBSW + PMADDWD (the code in
 // avx2_rows.inc is compiled twice; same integer sums, bit-identical
 // results). Q8_0 weights: natural order, the canonical Q8_0 order.
+// Q1_0 matrices packed as tile16 (packing_for gives them to this tier on
+// CPUs without AVX-VNNI) run the table-lookup kernel of avx2_tile.inc
+// instead, on tables built from the natural-order quants; bit-identical.
 #include "kernels/internal.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

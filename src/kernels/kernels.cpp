@@ -371,11 +371,15 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   const size_t rb = std::max<size_t>(1, row_bytes(w.format, w.cols));
   const int64_t min_rows =
       static_cast<int64_t>((size_t{64} << 10) / (rb * static_cast<size_t>(std::max<int64_t>(1, n))));
-  // tile16 matrices (the table-lookup path, any n): each chunk builds its
-  // thread's tables of every group of kLutMaxCols columns once, so chunks
-  // stay one per thread, whole 64-row blocks, as for GEMV.
+  // tile16 matrices (the table-lookup path, any n): whole 64-row blocks, as
+  // for GEMV. A thread keeps the tables of its last (prepare, group of
+  // kLutMaxCols columns), so up to kLutMaxCols columns any number of chunks
+  // builds them once per thread (the AVX2 tier's four per thread below
+  // stay); with more columns each chunk rebuilds every group, so one chunk
+  // per thread.
   if (n >= detail::kAmxMinCols && w.packing != Packing::kTile16) return std::max<int64_t>(4, min_rows);
-  const int64_t split = active_tier() == Tier::kAvx2 ? 4 : 1;
+  const bool tile16_regroups = w.packing == Packing::kTile16 && n > detail::kLutMaxCols;
+  const int64_t split = active_tier() == Tier::kAvx2 && !tile16_regroups ? 4 : 1;
   const int64_t per_thread = (total_rows + pool.size() * split - 1) / (pool.size() * split);
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
 }

@@ -166,9 +166,11 @@ Packing packing_for(const MatrixView& w) {
   const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
   // The AVX2 tier without AVX-VNNI (Zen 2/3, Haswell..Comet Lake) reads
   // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: 1.11-1.41x its
-  // PMADDUBSW kernel, measured on Zen 5 with AVX-VNNI switched off); with
-  // AVX-VNNI (Alder Lake and later) the pair kernel was as fast, so there
-  // every matrix stays zero-copy (without it, every matrix but these).
+  // PMADDUBSW kernel, measured only on Zen 5 with AVX-VNNI switched off; on
+  // Intel cores before Ice Lake, with one shuffle port, the operation counts
+  // predict parity). With AVX-VNNI (Alder Lake and later) the pair kernel
+  // was as fast, so there every matrix stays zero-copy (without it, every
+  // matrix but these).
   if (tier == Tier::kAvx2) {
     return !detail::avx2_vnni_in_use() && tile16_defined(w) && fits(Packing::kTile16) ? Packing::kTile16
                                                                                       : Packing::kNone;

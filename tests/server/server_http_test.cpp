@@ -991,7 +991,8 @@ class ServerHttpHeldSteps : public ServerHttp {
 // client-gone 499 nor "shutting down". The running generation is held after
 // its first step until the unload has answered, so the order does not depend
 // on how fast it generates (it used to be a 1,900-token race, lost ~1 run in
-// 25 on a loaded machine).
+// 25 on a loaded machine). The unload therefore always lands between two
+// steps of a parked loop, not during a step or an admission.
 TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueuedOne) {
   auto lm = pool_->peek("stories");
   ASSERT_NE(lm, nullptr);
