@@ -133,7 +133,9 @@ TEST(Repack, LogitsBitIdenticalWithAndWithoutRepack) {
     ASSERT_TRUE(plain->forward(b, p2, w2, d2, pool).has_value());
     EXPECT_EQ(std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(float)), 0) << fx << " batched decode";
   }
-  if (kernels::packing_for(kernels::MatrixView{&ids, kernels::Format::kQ1_0, 1, 128, 18}) != kernels::Packing::kNone) {
+  // (A probe shape every packing takes: 16 rows of 2,048 Q1_0 columns, no padding.)
+  if (kernels::packing_for(kernels::MatrixView{&ids, kernels::Format::kQ1_0, 16, 2048, 288}) !=
+      kernels::Packing::kNone) {
     EXPECT_GT(repacked_models, 0) << "the active tier has a packing, but no fixture was repacked";
   }
 }
