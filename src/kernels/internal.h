@@ -252,6 +252,39 @@ inline constexpr int64_t kTileMaxUnits = 16;
 // its budget.
 inline constexpr int64_t kLutMaxCols = 64;
 
+// A growable 64-byte-aligned byte buffer for one thread's scratch (keep it
+// thread_local; freed at thread exit). Its members are defined out of line
+// in kernels.cpp, compiled without ISA flags, so the tier units share one
+// copy that any CPU can run. get() returns at least `bytes` bytes (the old
+// contents are not kept when it grows); throws std::bad_alloc.
+class ThreadScratch {
+ public:
+  ThreadScratch() = default;
+  ThreadScratch(const ThreadScratch&) = delete;
+  ThreadScratch& operator=(const ThreadScratch&) = delete;
+  ~ThreadScratch();
+  uint8_t* get(size_t bytes);
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Builds one column's tile16 lookup tables: q [cols] int8 quants (natural
+// order) -> lut [cols * kLutBytesPerValue] bytes in the tier's table order.
+using LutBuildFn = void (*)(const int8_t* q, int64_t cols, uint8_t* lut);
+
+// The calling thread's tables of columns [j0, min(n, j0 + kLutMaxCols)) of
+// `a` (a.cols * kLutBytesPerValue bytes per column, in that order), built
+// with `build` unless this thread's previous call had the same a.gen, j0
+// and build (so a GEMV or a batch of <= kLutMaxCols columns builds them once
+// per thread and prepare). Tables built on one thread are read by that
+// core only (tables built by the calling thread cost the other cores a
+// cache-to-cache transfer of 8 bytes per value, measured slower). Valid
+// until this thread's next call; at most kLutMaxCols columns are held.
+// Throws std::bad_alloc.
+const uint8_t* thread_luts(const QuantAct& a, int64_t n, int64_t j0, LutBuildFn build);
+
 // Whether the AVX-512 tier runs VBMI code (CPUID and the set_avx512_gfni
 // hook), so it can read kTile16. Safe on any CPU (no AVX-512 code).
 bool avx512_vbmi_in_use();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -574,6 +575,42 @@ void QuantAct::resize(int64_t n_vectors, int64_t n_cols) {
   lut_ready = false;
   static std::atomic<uint64_t> next_gen{1};
   gen = next_gen.fetch_add(1, std::memory_order_relaxed);
+}
+
+ThreadScratch::~ThreadScratch() {
+  if (p_ != nullptr) ::operator delete(p_, std::align_val_t(64));
+}
+
+uint8_t* ThreadScratch::get(size_t bytes) {
+  if (bytes > n_) {
+    if (p_ != nullptr) ::operator delete(p_, std::align_val_t(64));
+    p_ = nullptr;  // (if the allocation throws, nothing is freed twice)
+    n_ = 0;
+    p_ = static_cast<uint8_t*>(::operator new(bytes, std::align_val_t(64)));
+    n_ = bytes;
+  }
+  return p_;
+}
+
+const uint8_t* thread_luts(const QuantAct& a, int64_t n, int64_t j0, LutBuildFn build) {
+  struct Held {
+    uint64_t gen = 0;
+    int64_t j0 = -1;
+    LutBuildFn build = nullptr;
+    ThreadScratch buf;
+  };
+  thread_local Held held;
+  const int64_t lut_col = a.cols * static_cast<int64_t>(kLutBytesPerValue);
+  uint8_t* luts = held.buf.get(static_cast<size_t>(std::min(n, kLutMaxCols) * lut_col));
+  if (held.gen != a.gen || held.j0 != j0 || held.build != build) {
+    held.gen = 0;  // (stale until the build below has finished)
+    const int64_t j1 = std::min(n, j0 + kLutMaxCols);
+    for (int64_t j = j0; j < j1; ++j) build(a.q + j * a.cols, a.cols, luts + (j - j0) * lut_col);
+    held.gen = a.gen;
+    held.j0 = j0;
+    held.build = build;
+  }
+  return luts;
 }
 
 void QuantAct::resize_amx(int64_t groups) {
