@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <new>
 
 namespace bonsai::kernels::detail {
 namespace {
