@@ -165,9 +165,11 @@ Packing packing_for(const MatrixView& w) {
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
   // The AVX2 tier without AVX-VNNI (Zen 2/3, Haswell..Comet Lake) reads
-  // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: on Zen 3 0.9-1.24x
-  // its PMADDUBSW kernel per GEMV from DRAM and 1.07-1.17x the 1.7B's
-  // tg128, 1.12-1.25x its pp512, bench/results/tile16-avx2-2026-12-03-zen3.txt;
+  // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: on Zen 3 1.05-1.27x
+  // its PMADDUBSW kernel per GEMV from DRAM; the 1.7B's tg128 1.07-1.17x
+  // and pp512 1.12-1.25x --no-repack before the kernel's address-order
+  // read, which added 1.05-1.10x to tg128,
+  // bench/results/tile16-avx2-2026-12-03-zen3.txt;
   // 1.11-1.41x on Zen 5 with AVX-VNNI switched off; on Intel cores before
   // Ice Lake, with one shuffle port, the operation counts predict parity,
   // not measured). With AVX-VNNI (Alder Lake and later) the pair kernel
