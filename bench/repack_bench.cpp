@@ -13,7 +13,7 @@
 // overrides the count (0: the default): 1 keeps a small matrix in cache, which measures the
 // kernel's instruction throughput without the memory stream. The active
 // tier's packing is used (BONSAI_KERNEL applies), or PACKING (a
-// packing_name: "avx512-row-quad", "tile16") when given and defined
+// packing_name: "avx512-row-quad", "tile16", "avx2-tile16") when given and defined
 // for the shape, so that two layouts compare in one binary; with none the packed
 // column repeats the stored one.
 #include <sys/mman.h>
@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
   const size_t stride = kn::row_bytes(f, cols), mb = stride * static_cast<size_t>(rows);
   const kn::MatrixView w0{nullptr, f, rows, cols, stride};
   const size_t pb =
-      (std::max({kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad), kn::packed_bytes(w0, kn::Packing::kTile16), mb}) +
+      (std::max({kn::packed_bytes(w0, kn::Packing::kAvx512RowQuad), kn::packed_bytes(w0, kn::Packing::kTile16),
+                 kn::packed_bytes(w0, kn::Packing::kAvx2Tile16), mb}) +
        63) /
       64 * 64;
   const int copies = argc > 7 && std::atoi(argv[7]) > 0

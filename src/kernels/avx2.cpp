@@ -23,7 +23,7 @@
 // the integer sums use VPDPBUSD instead of PMADDUBSW + PMADDWD (the code in
 // avx2_rows.inc is compiled twice; same integer sums, bit-identical
 // results). Q8_0 weights: natural order, the canonical Q8_0 order.
-// Q1_0 matrices packed as tile16 (packing_for gives them to this tier on
+// Q1_0 matrices packed as avx2-tile16 (packing_for gives them to this tier on
 // CPUs without AVX-VNNI) run the table-lookup kernel of avx2_tile.inc
 // instead, on tables built from the natural-order quants; bit-identical.
 #include "kernels/internal.h"
@@ -311,7 +311,7 @@ void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
 void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
-  // Q1_0 weights packed as tile16 read tables built from q and d alone
+  // Q1_0 weights packed as avx2-tile16 read tables built from q and d alone
   // (avx2_tile.inc); when every matrix of the product is (lut_only), the
   // pair layout below is not built.
   a.lut_ready = a.want_lut && f == Format::kQ1_0;
@@ -374,7 +374,7 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     case Format::kQ8_0:
       return rows_q8(w, *a, n, y, r0, r1);
     case Format::kQ1_0:
-      if (w.packing == Packing::kTile16 && w.packed != nullptr && a->lut_ready)
+      if (w.packing == Packing::kAvx2Tile16 && w.packed != nullptr && a->lut_ready)
         return rows_tile_avx2(w, *a, n, y, r0, r1);
       // (Without tables, a packed matrix's stored bytes: prepare then built the pair layout.)
       return use_vnni() ? vnni::rows_fam<kFamQ1>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamQ1>(w, *a, n, y, r0, r1);

@@ -92,12 +92,13 @@ struct QuantAct {
   float* amx_dx = nullptr;      // [groups][cols/32][16] activation scales
   bool amx_ready = false;
   // Set by the caller before prepare: some weight matrix of this product is
-  // kTile16-packed. The AVX-512 tier (Q1_0, VBMI) and the AVX2 tier (Q1_0)
+  // packed in the active tier's lookup layout (AVX-512: kTile16, AVX2:
+  // kAvx2Tile16). The AVX-512 tier (Q1_0, VBMI) and the AVX2 tier (Q1_0)
   // then set lut_ready: their tile16 paths build the lookup tables of q on
   // each thread that runs rows (avx512_tile.inc, avx2_tile.inc), once per
   // prepare (`gen`) and column group.
   bool want_lut = false;
-  // Set with want_lut: every matrix of the product is tile16-packed, so
+  // Set with want_lut: every matrix of the product is so packed, so
   // with lut_ready the tier's other activation layout (AVX-512: grouped
   // qp, lane_neg, lane_d; AVX2: the pair layout) is not built (only an
   // AVX-512 CPU without VBMI converts tiles for the row-quad kernel).
@@ -219,7 +220,7 @@ inline constexpr size_t kPackG128SBytes = 16;        // S of one group (g128): 4
 inline constexpr size_t kPackG128BlockBytes = 1088;  // g128 block: 4 x (Q + S)
 
 // ---- Packed tile16 layout (Packing::kTile16; packing.cpp writes it,
-// avx512_tile.inc and avx2_tile.inc read it) ----------------------------------
+// avx512_tile.inc reads it; avx2_tile.inc reads its avx2-tile16 variant) -----
 // Q1_0 rows of at most kTileMaxUnits units. Rows in tiles of 16 (the last
 // padded with zero rows); U = cols / 128 units (blocks) per row, padded to
 // even (a zero unit). A tile is U / 2 unit pairs of kTilePairBytes, tiles
@@ -251,6 +252,27 @@ inline constexpr int64_t kTileMaxUnits = 16;
 // compute thread at most, which keeps a server's resident memory within
 // its budget.
 inline constexpr int64_t kLutMaxCols = 64;
+
+// ---- Packed avx2-tile16 layout (Packing::kAvx2Tile16; packing.cpp writes
+// it, avx2_tile.inc reads it) -------------------------------------------------
+// The tile16 layout above (same sizes, tiles, pairs, units and zero padding)
+// with two orders changed to those of the AVX2 VPSHUFB kernel:
+//   * each 64-byte W(u, k) is byte-major: bytes 16 j .. 16 j + 15 hold byte
+//     j (j = 0..3) of the 16 rows' dwords, row kAvx2TilePosRow[p] at byte
+//     16 j + p. One 32-byte load is then [byte 0 of the rows | byte 1], the
+//     next [byte 2 | byte 3]: the nibbles the kernel looks up, with no
+//     regrouping (tile16 costs it two PSHUFBs, two dword unpacks and two
+//     VPERMQs per 32 weights of 16 rows; measured on Zen 3, from cache,
+//     1.19-1.26x the tile16 kernel, bench/results/tile16-avx2-2026-12-03-zen3.txt);
+//   * each unit's 16 fp16 scales in the order kAvx2TileScaleRow, the order
+//     of the kernel's 32-bit chunk sums (two 8-row halves), so each half
+//     converts with one VCVTPH2PS.
+inline constexpr int kAvx2TilePosRow[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+inline constexpr int kAvx2TileScaleRow[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15};
+
+// Whether p is a table-lookup layout (tile16 or avx2-tile16), whose
+// products take any number of columns through per-thread lookup tables.
+inline bool is_lut_packing(Packing p) { return p == Packing::kTile16 || p == Packing::kAvx2Tile16; }
 
 // A growable 64-byte-aligned byte buffer for one thread's scratch (keep it
 // thread_local; freed at thread exit). Its members are defined out of line
@@ -290,7 +312,7 @@ const uint8_t* thread_luts(const QuantAct& a, int64_t n, int64_t j0, LutBuildFn 
 bool avx512_vbmi_in_use();
 
 // Whether the AVX2 tier's products use AVX-VNNI (CPUID and the
-// set_avx2_vnni hook). Without it the AVX2 tier reads Q1_0 as tile16
+// set_avx2_vnni hook). Without it the AVX2 tier reads Q1_0 as avx2-tile16
 // (avx2_tile.inc); with it the pair-layout kernel was as fast or faster.
 // Safe on any CPU.
 bool avx2_vnni_in_use();

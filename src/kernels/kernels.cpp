@@ -378,18 +378,25 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   // builds them once per thread (the AVX2 tier's four per thread below
   // stay); with more columns each chunk rebuilds every group, so one chunk
   // per thread.
-  if (n >= detail::kAmxMinCols && w.packing != Packing::kTile16) return std::max<int64_t>(4, min_rows);
-  const bool tile16_regroups = w.packing == Packing::kTile16 && n > detail::kLutMaxCols;
+  if (n >= detail::kAmxMinCols && !detail::is_lut_packing(w.packing)) return std::max<int64_t>(4, min_rows);
+  const bool tile16_regroups = detail::is_lut_packing(w.packing) && n > detail::kLutMaxCols;
   const int64_t split = active_tier() == Tier::kAvx2 && !tile16_regroups ? 4 : 1;
   const int64_t per_thread = (total_rows + pool.size() * split - 1) / (pool.size() * split);
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
 }
 
-// How many of ws[0 .. count) are tile16-packed: 0 none, 1 some, 2 all (its
-// tier then wants the lookup tables of the activations; QuantAct::want_lut).
+// How many of ws[0 .. count) are packed in the active tier's lookup layout
+// (AVX-512: tile16, AVX2: avx2-tile16; a layout of another tier is read
+// stored): 0 none, 1 some, 2 all (the tier then wants the lookup tables of
+// the activations; QuantAct::want_lut).
 int tile16_use(const MatrixView* ws, int count) {
+  const Tier tier = active_tier();
+  const Packing own = tier == Tier::kAvx512 ? Packing::kTile16
+                      : tier == Tier::kAvx2 ? Packing::kAvx2Tile16
+                                            : Packing::kNone;
+  if (own == Packing::kNone) return 0;
   int k = 0;
-  for (int i = 0; i < count; ++i) k += ws[i].packing == Packing::kTile16 && ws[i].packed != nullptr ? 1 : 0;
+  for (int i = 0; i < count; ++i) k += ws[i].packing == own && ws[i].packed != nullptr ? 1 : 0;
   return k == 0 ? 0 : k == count ? 2 : 1;
 }
 

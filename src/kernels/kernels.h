@@ -106,13 +106,18 @@ enum class Packing : uint8_t {
   // Q1_0 rows of up to 2,048 columns (see internal.h "Packed tile16
   // layout"): 16-row tiles whose 64-byte vectors hold one 32-weight
   // sub-block of each of the 16 rows, for the table-lookup products, any
-  // number of columns: the AVX-512 tier with VBMI (VPERMB) and the AVX2
-  // tier without AVX-VNNI (VPSHUFB) choose it.
+  // number of columns: the AVX-512 tier with VBMI (VPERMB) chooses it.
   kTile16,
+  // AVX2 tier without AVX-VNNI (VPSHUFB lookups), Q1_0 rows of up to 2,048
+  // columns: tile16 with each 64-byte vector byte-major (16 bytes per byte
+  // position, rows in the kernel's lane order) and the scales in the order
+  // of its sums (internal.h "Packed avx2-tile16 layout"), so the kernel
+  // loads what it looks up without regrouping.
+  kAvx2Tile16,
 };
-inline constexpr size_t kPackingCount = 3;  // values of Packing (0 .. kPackingCount - 1)
-static_assert(kPackingCount == static_cast<size_t>(Packing::kTile16) + 1, "kPackingCount: update with Packing");
-std::string_view packing_name(Packing p);  // "none", "avx512-row-quad", "tile16"
+inline constexpr size_t kPackingCount = 4;  // values of Packing (0 .. kPackingCount - 1)
+static_assert(kPackingCount == static_cast<size_t>(Packing::kAvx2Tile16) + 1, "kPackingCount: update with Packing");
+std::string_view packing_name(Packing p);  // "none", "avx512-row-quad", "tile16", "avx2-tile16"
 
 // A row-major weight matrix in one Format: `rows` rows of `cols` elements,
 // row r at (const uint8_t*)data + r * row_stride. Borrowed (points into the

@@ -2,6 +2,7 @@
 // row-quad layout" and "Packed tile16 layout"): which packing a matrix
 // gets, its size, and the packing itself. Portable code (no ISA flags): packing is byte moves.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <utility>
 
@@ -111,8 +112,19 @@ void split(core::ThreadPool* pool, int64_t count, int64_t grain, F fn) {
 int64_t tile_pairs(const MatrixView& w) { return (w.cols / 128 + 1) / 2; }
 size_t tile_bytes(const MatrixView& w) { return static_cast<size_t>(tile_pairs(w)) * detail::kTilePairBytes; }
 
-// Tiles [t0, t1) of Q1_0 matrix w in the tile16 layout (internal.h).
-void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1) {
+// The inverse of a permutation of the 16 rows of a tile (row -> position).
+constexpr std::array<int, 16> inverse16(const int (&pos_row)[16]) {
+  std::array<int, 16> row_pos{};
+  for (int p = 0; p < 16; ++p) row_pos[static_cast<size_t>(pos_row[p])] = p;
+  return row_pos;
+}
+
+// Tiles [t0, t1) of Q1_0 matrix w in the tile16 layout, or with `avx2` its
+// avx2-tile16 variant (internal.h: byte-major vectors, rows in
+// kAvx2TilePosRow order; scales in kAvx2TileScaleRow order).
+void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1, bool avx2) {
+  static constexpr std::array<int, 16> kPos = inverse16(detail::kAvx2TilePosRow);
+  static constexpr std::array<int, 16> kScalePos = inverse16(detail::kAvx2TileScaleRow);
   const int64_t units = w.cols / 128;
   const size_t tb = tile_bytes(w);
   const auto* src = static_cast<const uint8_t*>(w.data);
@@ -127,8 +139,15 @@ void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1) {
       uint8_t* wu = pair + 64 + static_cast<size_t>(u % 2) * detail::kTileUnitBytes;
       for (int64_t r = 0; r < nr; ++r) {
         const uint8_t* blk = src + static_cast<size_t>(t * detail::kTileRows + r) * w.row_stride + 18 * u;
-        std::memcpy(pair + 32 * (u % 2) + 2 * r, blk, 2);  // fp16 d
-        for (int k = 0; k < 4; ++k) std::memcpy(wu + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+        const auto ri = static_cast<size_t>(r);
+        std::memcpy(pair + 32 * (u % 2) + 2 * (avx2 ? kScalePos[ri] : r), blk, 2);  // fp16 d
+        for (int k = 0; k < 4; ++k) {
+          if (avx2) {
+            for (int j = 0; j < 4; ++j) wu[64 * k + 16 * j + kPos[ri]] = blk[2 + 4 * k + j];
+          } else {
+            std::memcpy(wu + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
+          }
+        }
       }
     }
   }
@@ -144,6 +163,8 @@ std::string_view packing_name(Packing p) {
       return "avx512-row-quad";
     case Packing::kTile16:
       return "tile16";
+    case Packing::kAvx2Tile16:
+      return "avx2-tile16";
   }
   return "?";
 }
@@ -176,8 +197,8 @@ Packing packing_for(const MatrixView& w) {
   // was as fast, so there every matrix stays zero-copy (without it, every
   // matrix but these).
   if (tier == Tier::kAvx2) {
-    return !detail::avx2_vnni_in_use() && tile16_defined(w) && fits(Packing::kTile16) ? Packing::kTile16
-                                                                                      : Packing::kNone;
+    return !detail::avx2_vnni_in_use() && tile16_defined(w) && fits(Packing::kAvx2Tile16) ? Packing::kAvx2Tile16
+                                                                                          : Packing::kNone;
   }
   if (tile16_defined(w) && detail::avx512_vbmi_in_use() && fits(Packing::kTile16)) {
     return Packing::kTile16;
@@ -192,6 +213,7 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
     case Packing::kAvx512RowQuad:
       return static_cast<size_t>((w.rows + 3) / 4) * rq_quad_bytes(w);
     case Packing::kTile16:
+    case Packing::kAvx2Tile16:
       return tile16_defined(w)
                  ? static_cast<size_t>((w.rows + detail::kTileRows - 1) / detail::kTileRows) * tile_bytes(w)
                  : 0;
@@ -201,9 +223,10 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
 
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
   auto* out = static_cast<uint8_t*>(dst);
-  if (p == Packing::kTile16 && tile16_defined(w)) {
+  if (detail::is_lut_packing(p) && tile16_defined(w)) {
+    const bool avx2 = p == Packing::kAvx2Tile16;
     split(pool, (w.rows + detail::kTileRows - 1) / detail::kTileRows, 4,
-          [&w, out](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1); });
+          [&w, out, avx2](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1, avx2); });
   } else if (p == Packing::kAvx512RowQuad && is_q1_or_q2(w.format)) {
     split(pool, (w.rows + 3) / 4, 16, [&w, out](int64_t q0, int64_t q1) { pack_row_quads(w, out, q0, q1); });
   }

@@ -1,5 +1,5 @@
 // Load-time repacked layouts (kernels.h Packing, issue 8 decision 2): a
-// packed view (row quads; tile16 for Q1_0 rows of up to 2,048 columns) gives
+// packed view (row quads; tile16 and avx2-tile16 for Q1_0 rows of up to 2,048 columns) gives
 // bit-identical products to the stored layout on every path (gemv, gemm at
 // N = 1 .. 512: tile16's table lookup in groups of kLutMaxCols columns, and
 // its row quads converted per block without VBMI; gemm_multi mixing packed and stored views, 1
@@ -17,6 +17,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -52,7 +53,10 @@ Packed pack(const MatrixView& w, core::ThreadPool* pool, Packing packing = Packi
 // The layouts defined for a matrix of format f with `cols` columns.
 std::vector<Packing> packings(Format f, int64_t cols) {
   std::vector<Packing> v{Packing::kAvx512RowQuad};
-  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) v.push_back(Packing::kTile16);
+  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) {
+    v.push_back(Packing::kTile16);
+    v.push_back(Packing::kAvx2Tile16);
+  }
   return v;
 }
 
@@ -105,6 +109,7 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packing_name(Packing::kNone), "none");
   EXPECT_EQ(packing_name(Packing::kAvx512RowQuad), "avx512-row-quad");
   EXPECT_EQ(packing_name(Packing::kTile16), "tile16");
+  EXPECT_EQ(packing_name(Packing::kAvx2Tile16), "avx2-tile16");
   auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);        // 2 units: padded to a pair of groups (4x)
   auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);      // 8 rows: a tile of 16 would double them
   auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);     // tile16: two whole tiles
@@ -122,12 +127,13 @@ TEST(Packing, NameAndChoice) {
     Scope s(v);
     const bool want = v.tier == Tier::kAvx512;  // AMX is off in the scope
     EXPECT_EQ(packing_for(q1w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
-    // tile16: the AVX-512 tier with VBMI (off in the nogfni variant) and the AVX2 tier without AVX-VNNI.
-    const bool tile16 =
-        (want && detail::avx512_vbmi_in_use()) || (v.tier == Tier::kAvx2 && !(v.vnni && core::cpu_features().avx_vnni));
-    EXPECT_EQ(packing_for(q1t.view), tile16 ? Packing::kTile16
-                                     : want ? Packing::kAvx512RowQuad
-                                            : Packing::kNone)
+    // tile16: the AVX-512 tier with VBMI (off in the nogfni variant); avx2-tile16: the AVX2 tier without AVX-VNNI.
+    const bool tile16 = want && detail::avx512_vbmi_in_use();
+    const bool avx2_tile16 = v.tier == Tier::kAvx2 && !(v.vnni && core::cpu_features().avx_vnni);
+    EXPECT_EQ(packing_for(q1t.view), tile16        ? Packing::kTile16
+                                     : avx2_tile16 ? Packing::kAvx2Tile16
+                                     : want        ? Packing::kAvx512RowQuad
+                                                   : Packing::kNone)
         << v.label;
     EXPECT_EQ(packing_for(q1long.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
@@ -151,6 +157,44 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packed_bytes(q1odd.view, Packing::kTile16), 2 * 2 * detail::kTilePairBytes);
   EXPECT_EQ(packed_bytes(q1long.view, Packing::kTile16), 0u);
   EXPECT_EQ(packed_bytes(q2w.view, Packing::kTile16), 0u);
+  // avx2-tile16: the same sizes (other byte orders).
+  for (const auto* m : {&q1t, &q1odd, &q1long, &q2w})
+    EXPECT_EQ(packed_bytes(m->view, Packing::kAvx2Tile16), packed_bytes(m->view, Packing::kTile16));
+}
+
+// The avx2-tile16 layout holds the tile16 bytes in its own orders
+// (internal.h): byte j of row r's dword of W(u, k) at 16 j + position(r),
+// scale of row r at kAvx2TileScaleRow's position of r; padding the same.
+TEST(Packing, Avx2Tile16IsTile16Reordered) {
+  auto m = testing::random_matrix(Format::kQ1_0, 21, 640, 8);  // 2 tiles (the second 5 rows), 5 units (+ 1 zero unit)
+  const Packed t = pack(m.view, nullptr, Packing::kTile16);
+  const Packed a = pack(m.view, nullptr, Packing::kAvx2Tile16);
+  const size_t n = packed_bytes(m.view, Packing::kTile16);
+  ASSERT_EQ(n, 2u * 3u * detail::kTilePairBytes);
+  int pos[16], spos[16];
+  for (int p = 0; p < 16; ++p) {
+    pos[detail::kAvx2TilePosRow[p]] = p;
+    spos[detail::kAvx2TileScaleRow[p]] = p;
+  }
+  for (size_t tile = 0; tile < 2; ++tile) {
+    for (size_t pair = 0; pair < 3; ++pair) {
+      const size_t base = (tile * 3 + pair) * detail::kTilePairBytes;
+      for (size_t h = 0; h < 2; ++h) {
+        for (int r = 0; r < 16; ++r) {
+          const size_t ts = base + 32 * h + 2 * static_cast<size_t>(r), as = base + 32 * h + 2 * spos[r];
+          ASSERT_EQ(std::memcmp(t.buf.get() + ts, a.buf.get() + as, 2), 0)
+              << tile << " " << pair << " " << h << " " << r;
+          for (size_t k = 0; k < 4; ++k) {
+            for (size_t j = 0; j < 4; ++j) {
+              const size_t w = base + 64 + h * detail::kTileUnitBytes + 64 * k;
+              ASSERT_EQ(t.buf[w + 4 * static_cast<size_t>(r) + j], a.buf[w + 16 * j + static_cast<size_t>(pos[r])])
+                  << "tile " << tile << " pair " << pair << " unit " << h << " row " << r << " k " << k << " j " << j;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // The tiers that own a layout really read the packed copy (AVX-512 both,
@@ -168,7 +212,9 @@ TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
         std::vector<float> want(static_cast<size_t>(12 * n)), got(want.size());
         gemm(m.view, x.data(), n, want.data(), nullptr);
         gemm(p.view, x.data(), n, got.data(), nullptr);
-        if (v.tier == Tier::kAvx512 || (v.tier == Tier::kAvx2 && packing == Packing::kTile16)) {
+        // (The AVX-512 tier reads its row quads and tile16, the AVX2 tier avx2-tile16.)
+        if ((v.tier == Tier::kAvx512 && packing != Packing::kAvx2Tile16) ||
+            (v.tier == Tier::kAvx2 && packing == Packing::kAvx2Tile16)) {
           EXPECT_EQ(got, std::vector<float>(want.size(), 0.0f))
               << v.label << " " << packing_name(packing) << " n=" << n;
         } else {
@@ -280,16 +326,18 @@ TEST(Packing, Tile16LookupsAreExactForQuantMinus128) {
   // A whole group of 4 (elements 4g .. 4g + 3) at -128: its signed sums reach +-512.
   for (int64_t j = 0; j < 3; ++j)
     for (int64_t e = 0; e < 4; ++e) x[static_cast<size_t>(j * 512 + 36 + 32 * j + e)] = std::nanf("");
-  const Packed p = pack(m.view, nullptr, Packing::kTile16);
   std::vector<float> want(3 * 40), got(want.size());
   for (const Variant& v : variants()) {
     Scope scope(v);
     for (int64_t n : {1, 3}) {
       gemm(m.view, x.data(), n, want.data(), nullptr);
-      std::fill(got.begin(), got.end(), -1.0f);
-      gemm(p.view, x.data(), n, got.data(), nullptr);
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n * 40) * sizeof(float)), 0)
-          << v.label << " n=" << n << ": " << got[0] << " vs " << want[0];
+      for (Packing packing : {Packing::kTile16, Packing::kAvx2Tile16}) {
+        const Packed p = pack(m.view, nullptr, packing);
+        std::fill(got.begin(), got.end(), -1.0f);
+        gemm(p.view, x.data(), n, got.data(), nullptr);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), static_cast<size_t>(n * 40) * sizeof(float)), 0)
+            << v.label << " " << packing_name(packing) << " n=" << n << ": " << got[0] << " vs " << want[0];
+      }
       EXPECT_TRUE(std::isfinite(want[0]))
           << v.label << " n=" << n << ": the NaN reached the output (" << want[0] << "), so -128 was not exercised";
     }
@@ -298,10 +346,10 @@ TEST(Packing, Tile16LookupsAreExactForQuantMinus128) {
 
 // One matrix, two inputs, a sequence of products with and without a pool
 // and scratch: each equals the stored layout's result for its input.
-void tables_follow_every_prepare() {
+void tables_follow_every_prepare(Packing packing) {
   core::ThreadPool pool2(2);
   auto m = testing::random_matrix(Format::kQ1_0, 96, 1024, 7);
-  const Packed p = pack(m.view, &pool2, Packing::kTile16);
+  const Packed p = pack(m.view, &pool2, packing);
   const auto x1 = testing::random_batch(3, 1024, 11), x2 = testing::random_batch(3, 1024, 12);
   std::vector<float> w1(3 * 96), w2(3 * 96), got(3 * 96);
   gemm(m.view, x1.data(), 3, w1.data(), nullptr);
@@ -330,14 +378,15 @@ void tables_follow_every_prepare() {
 // Each tier's per-thread tables (kept per prepare and column group) follow
 // every new prepare: the AVX-512 tier with VBMI and the AVX2 tier.
 TEST(Packing, Tile16TablesFollowEveryPrepare) {
-  std::vector<Variant> tiers;
-  if (tier_supported(Tier::kAvx512) && detail::avx512_vbmi_in_use()) tiers.push_back({Tier::kAvx512, true, "avx512"});
-  if (tier_supported(Tier::kAvx2)) tiers.push_back({Tier::kAvx2, true, "avx2-novnni", false});
-  if (tiers.empty()) GTEST_SKIP() << "no tier reads tile16 here";
-  for (const Variant& v : tiers) {
+  std::vector<std::pair<Variant, Packing>> tiers;
+  if (tier_supported(Tier::kAvx512) && detail::avx512_vbmi_in_use())
+    tiers.push_back({{Tier::kAvx512, true, "avx512"}, Packing::kTile16});
+  if (tier_supported(Tier::kAvx2)) tiers.push_back({{Tier::kAvx2, true, "avx2-novnni", false}, Packing::kAvx2Tile16});
+  if (tiers.empty()) GTEST_SKIP() << "no tier reads a lookup layout here";
+  for (const auto& [v, packing] : tiers) {
     SCOPED_TRACE(v.label);
     Scope scope(v);
-    tables_follow_every_prepare();
+    tables_follow_every_prepare(packing);
   }
 }
 
