@@ -36,6 +36,7 @@
 // invariant within the tier), tiers differ in fp32 order.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -255,8 +256,8 @@ inline constexpr int64_t kLutMaxCols = 64;
 
 // ---- Packed avx2-tile16 layout (Packing::kAvx2Tile16; packing.cpp writes
 // it, avx2_tile.inc reads it) -------------------------------------------------
-// The tile16 layout above (same sizes, tiles, pairs, units and zero padding)
-// with two orders changed to those of the AVX2 VPSHUFB kernel:
+// The tile16 layout above (same sizes, tiles, pairs, units and zero padding),
+// for Q1_0 rows of up to kAvx2TileMaxUnits units, with two orders changed to those of the AVX2 VPSHUFB kernel:
 //   * each 64-byte W(u, k) is byte-major: bytes 16 j .. 16 j + 15 hold byte
 //     j (j = 0..3) of the 16 rows' dwords, row kAvx2TilePosRow[p] at byte
 //     16 j + p. One 32-byte load is then [byte 0 of the rows | byte 1], the
@@ -267,6 +268,19 @@ inline constexpr int64_t kLutMaxCols = 64;
 //   * each unit's 16 fp16 scales in the order kAvx2TileScaleRow, the order
 //     of the kernel's 32-bit chunk sums (two 8-row halves), so each half
 //     converts with one VCVTPH2PS.
+// Longest row (in units) that gets the avx2-tile16 layout: 12,288 columns
+// (the 8B's ffn_down). Past 2,048 columns a column's tables (8 bytes per
+// value: 48 KiB at 6,144) outgrow L1 and are read from L2, and the kernel
+// still wins (Zen 3, 2 threads, from DRAM: 1.07-1.28x the stored kernel at
+// 2048 x 6144 for N = 1, 1.35-1.41x at 4096 columns, 1.12-1.53x for N = 4
+// and 16; bench/results/tile16-avx2-2026-12-03-zen3.txt section 5).
+inline constexpr int64_t kAvx2TileMaxUnits = 96;
+// Columns whose tables one thread holds at once (thread_luts) for rows of
+// `cols` values: kLutMaxCols up to 2,048 columns, fewer beyond, so a
+// thread's tables stay within kLutMaxCols x 2,048 x kLutBytesPerValue (1 MiB).
+inline int64_t lut_group_cols(int64_t cols) {
+  return cols <= 2048 ? kLutMaxCols : std::max<int64_t>(1, kLutMaxCols * 2048 / cols);
+}
 inline constexpr int kAvx2TilePosRow[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 inline constexpr int kAvx2TileScaleRow[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15};
 
@@ -296,14 +310,14 @@ class ThreadScratch {
 // order) -> lut [cols * kLutBytesPerValue] bytes in the tier's table order.
 using LutBuildFn = void (*)(const int8_t* q, int64_t cols, uint8_t* lut);
 
-// The calling thread's tables of columns [j0, min(n, j0 + kLutMaxCols)) of
-// `a` (a.cols * kLutBytesPerValue bytes per column, in that order), built
-// with `build` unless this thread's previous call had the same a.gen, j0
-// and build (so a GEMV or a batch of <= kLutMaxCols columns builds them once
-// per thread and prepare). Tables built on one thread are read by that
-// core only (tables built by the calling thread cost the other cores a
+// The calling thread's tables of columns [j0, min(n, j0 + G)) of `a`, G =
+// lut_group_cols(a.cols) (a.cols * kLutBytesPerValue bytes per column, in
+// that order), built with `build` unless this thread's previous call had
+// the same a.gen, j0 and build (so a GEMV or a batch of <= G columns builds
+// them once per thread and prepare). Tables built on one thread are read by
+// that core only (tables built by the calling thread cost the other cores a
 // cache-to-cache transfer of 8 bytes per value, measured slower). Valid
-// until this thread's next call; at most kLutMaxCols columns are held.
+// until this thread's next call; at most G columns are held.
 // Throws std::bad_alloc.
 const uint8_t* thread_luts(const QuantAct& a, int64_t n, int64_t j0, LutBuildFn build);
 

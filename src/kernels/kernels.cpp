@@ -379,7 +379,7 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   // stay); with more columns each chunk rebuilds every group, so one chunk
   // per thread.
   if (n >= detail::kAmxMinCols && !detail::is_lut_packing(w.packing)) return std::max<int64_t>(4, min_rows);
-  const bool tile16_regroups = detail::is_lut_packing(w.packing) && n > detail::kLutMaxCols;
+  const bool tile16_regroups = detail::is_lut_packing(w.packing) && n > detail::lut_group_cols(w.cols);
   const int64_t split = active_tier() == Tier::kAvx2 && !tile16_regroups ? 4 : 1;
   const int64_t per_thread = (total_rows + pool.size() * split - 1) / (pool.size() * split);
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
@@ -608,10 +608,11 @@ const uint8_t* thread_luts(const QuantAct& a, int64_t n, int64_t j0, LutBuildFn 
   };
   thread_local Held held;
   const int64_t lut_col = a.cols * static_cast<int64_t>(kLutBytesPerValue);
-  uint8_t* luts = held.buf.get(static_cast<size_t>(std::min(n, kLutMaxCols) * lut_col));
+  const int64_t group = lut_group_cols(a.cols);
+  uint8_t* luts = held.buf.get(static_cast<size_t>(std::min(n, group) * lut_col));
   if (held.gen != a.gen || held.j0 != j0 || held.build != build) {
     held.gen = 0;  // (stale until the build below has finished)
-    const int64_t j1 = std::min(n, j0 + kLutMaxCols);
+    const int64_t j1 = std::min(n, j0 + group);
     for (int64_t j = j0; j < j1; ++j) build(a.q + j * a.cols, a.cols, luts + (j - j0) * lut_col);
     held.gen = a.gen;
     held.j0 = j0;

@@ -108,7 +108,7 @@ enum class Packing : uint8_t {
   // sub-block of each of the 16 rows, for the table-lookup products, any
   // number of columns: the AVX-512 tier with VBMI (VPERMB) chooses it.
   kTile16,
-  // AVX2 tier without AVX-VNNI (VPSHUFB lookups), Q1_0 rows of up to 2,048
+  // AVX2 tier without AVX-VNNI (VPSHUFB lookups), Q1_0 rows of up to 12,288
   // columns: tile16 with each 64-byte vector byte-major (16 bytes per byte
   // position, rows in the kernel's lane order) and the scales in the order
   // of its sums (internal.h "Packed avx2-tile16 layout"), so the kernel

@@ -1,10 +1,15 @@
 // Load-time repacked weight layouts (kernels.h Packing; internal.h "Packed
 // row-quad layout" and "Packed tile16 layout"): which packing a matrix
-// gets, its size, and the packing itself. Portable code (no ISA flags): packing is byte moves.
+// gets, its size, and the packing itself. Portable code (no ISA flags; SSE2, x86-64's baseline, where the target has
+// it): packing is byte moves.
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "core/thread_pool.h"
 #include "kernels/formats.h"
@@ -94,8 +99,12 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
   }
 }
 
-// Whether the tile16 layout is defined for w: Q1_0 rows of at most kTileMaxUnits units.
-bool tile16_defined(const MatrixView& w) { return w.format == Format::kQ1_0 && w.cols / 128 <= detail::kTileMaxUnits; }
+// Whether layout p (tile16 or avx2-tile16) is defined for w: Q1_0 rows of
+// at most kTileMaxUnits (tile16) or kAvx2TileMaxUnits units.
+bool tile16_defined(const MatrixView& w, Packing p) {
+  return w.format == Format::kQ1_0 &&
+         w.cols / 128 <= (p == Packing::kAvx2Tile16 ? detail::kAvx2TileMaxUnits : detail::kTileMaxUnits);
+}
 
 // fn(i0, i1) over [0, count) on `pool` (grain: the smallest piece), or on
 // the calling thread without one.
@@ -119,11 +128,54 @@ constexpr std::array<int, 16> inverse16(const int (&pos_row)[16]) {
   return row_pos;
 }
 
+// out[16 i + p] = a[p][i] (i, p = 0..15): the 16 x 16 byte transpose that
+// makes an avx2-tile16 unit (internal.h) byte-major, a[p] holding the 16
+// packed bytes of the row at position p. SSE2 (x86-64's baseline) where
+// available: the bytes 16 at a time, 64 unpacks (the scalar loop made
+// repacking ~5x slower than tile16's, over issue 8's 0.5 s per GB).
+void transpose16(const uint8_t (&a)[16][16], uint8_t* out) {
+#if defined(__SSE2__)
+  __m128i t[16], u[16];
+  // t[i] / t[8 + i]: bytes 0..7 / 8..15 of positions 2i, 2i + 1, interleaved.
+  for (int i = 0; i < 8; ++i) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * i]));
+    const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * i + 1]));
+    t[i] = _mm_unpacklo_epi8(x, y);
+    t[8 + i] = _mm_unpackhi_epi8(x, y);
+  }
+  // u[8h + 2i + g]: bytes 8h + 4g .. + 3 of positions 4i .. 4i + 3.
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 4; ++i) {
+      u[8 * h + 2 * i] = _mm_unpacklo_epi16(t[8 * h + 2 * i], t[8 * h + 2 * i + 1]);
+      u[8 * h + 2 * i + 1] = _mm_unpackhi_epi16(t[8 * h + 2 * i], t[8 * h + 2 * i + 1]);
+    }
+  }
+  // Bytes 4c .. 4c + 3 (c = 2h + g) of positions 8m .. 8m + 7 (lo: 4c, 4c + 1;
+  // hi: 4c + 2, 4c + 3), then the two halves of the positions joined.
+  for (int c = 0; c < 4; ++c) {
+    const int h = c / 2, g = c % 2;
+    __m128i lo[2], hi[2];
+    for (int m = 0; m < 2; ++m) {
+      const __m128i x = u[8 * h + 4 * m + g], y = u[8 * h + 4 * m + 2 + g];
+      lo[m] = _mm_unpacklo_epi32(x, y);
+      hi[m] = _mm_unpackhi_epi32(x, y);
+    }
+    auto* o = reinterpret_cast<__m128i*>(out + 64 * c);
+    _mm_storeu_si128(o + 0, _mm_unpacklo_epi64(lo[0], lo[1]));
+    _mm_storeu_si128(o + 1, _mm_unpackhi_epi64(lo[0], lo[1]));
+    _mm_storeu_si128(o + 2, _mm_unpacklo_epi64(hi[0], hi[1]));
+    _mm_storeu_si128(o + 3, _mm_unpackhi_epi64(hi[0], hi[1]));
+  }
+#else
+  for (int i = 0; i < 16; ++i)
+    for (int p = 0; p < 16; ++p) out[16 * i + p] = a[p][i];
+#endif
+}
+
 // Tiles [t0, t1) of Q1_0 matrix w in the tile16 layout, or with `avx2` its
 // avx2-tile16 variant (internal.h: byte-major vectors, rows in
 // kAvx2TilePosRow order; scales in kAvx2TileScaleRow order).
 void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1, bool avx2) {
-  static constexpr std::array<int, 16> kPos = inverse16(detail::kAvx2TilePosRow);
   static constexpr std::array<int, 16> kScalePos = inverse16(detail::kAvx2TileScaleRow);
   const int64_t units = w.cols / 128;
   const size_t tb = tile_bytes(w);
@@ -134,20 +186,27 @@ void pack_tiles(const MatrixView& w, uint8_t* dst, int64_t t0, int64_t t1, bool 
     // The loop below writes every byte of a whole tile with an even unit
     // count; only padding (rows past the matrix, the zero unit) needs zeros.
     if (nr < detail::kTileRows || units % 2 != 0) std::memset(tile, 0, tb);
+    const uint8_t* rows = src + static_cast<size_t>(t * detail::kTileRows) * w.row_stride;
     for (int64_t u = 0; u < units; ++u) {
       uint8_t* pair = tile + static_cast<size_t>(u / 2) * detail::kTilePairBytes;
       uint8_t* wu = pair + 64 + static_cast<size_t>(u % 2) * detail::kTileUnitBytes;
-      for (int64_t r = 0; r < nr; ++r) {
-        const uint8_t* blk = src + static_cast<size_t>(t * detail::kTileRows + r) * w.row_stride + 18 * u;
-        const auto ri = static_cast<size_t>(r);
-        std::memcpy(pair + 32 * (u % 2) + 2 * (avx2 ? kScalePos[ri] : r), blk, 2);  // fp16 d
-        for (int k = 0; k < 4; ++k) {
-          if (avx2) {
-            for (int j = 0; j < 4; ++j) wu[64 * k + 16 * j + kPos[ri]] = blk[2 + 4 * k + j];
-          } else {
-            std::memcpy(wu + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
-          }
+      uint8_t* sc = pair + 32 * (u % 2);
+      if (avx2) {
+        uint8_t a[16][16] = {};  // the rows' packed bytes by position (zero rows past the matrix)
+        for (int p = 0; p < 16; ++p) {
+          const int64_t r = detail::kAvx2TilePosRow[p];
+          if (r < nr) std::memcpy(a[p], rows + static_cast<size_t>(r) * w.row_stride + 18 * u + 2, 16);
         }
+        transpose16(a, wu);
+        for (int64_t r = 0; r < nr; ++r)
+          std::memcpy(sc + 2 * kScalePos[static_cast<size_t>(r)], rows + static_cast<size_t>(r) * w.row_stride + 18 * u,
+                      2);
+        continue;
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        const uint8_t* blk = rows + static_cast<size_t>(r) * w.row_stride + 18 * u;
+        std::memcpy(sc + 2 * r, blk, 2);  // fp16 d
+        for (int k = 0; k < 4; ++k) std::memcpy(wu + 64 * k + 4 * r, blk + 2 + 4 * k, 4);
       }
     }
   }
@@ -186,21 +245,22 @@ Packing packing_for(const MatrixView& w) {
   const size_t stored = static_cast<size_t>(w.rows) * row_bytes(w.format, w.cols);
   const auto fits = [&](Packing p) { return packed_bytes(w, p) <= stored + stored / 32; };
   // The AVX2 tier without AVX-VNNI (Zen 2/3, Haswell..Comet Lake) reads
-  // tile16 (its VPSHUFB lookup kernel, avx2_tile.inc: on Zen 3 1.05-1.27x
-  // its PMADDUBSW kernel per GEMV from DRAM; the 1.7B's tg128 1.07-1.17x
-  // and pp512 1.12-1.25x --no-repack before the kernel's address-order
-  // read, which added 1.05-1.10x to tg128,
-  // bench/results/tile16-avx2-2026-12-03-zen3.txt;
-  // 1.11-1.41x on Zen 5 with AVX-VNNI switched off; on Intel cores before
-  // Ice Lake, with one shuffle port, the operation counts predict parity,
-  // not measured). With AVX-VNNI (Alder Lake and later) the pair kernel
-  // was as fast, so there every matrix stays zero-copy (without it, every
-  // matrix but these).
+  // avx2-tile16 (its VPSHUFB lookup kernel, avx2_tile.inc), Q1_0 rows of
+  // up to 12,288 columns: on Zen 3, 2 threads, from DRAM, 1.07-1.53x its
+  // PMADDUBSW kernel per product (2048..151936 rows, 2048..12288 columns,
+  // N = 1..16); the 1.7B's pp512 1.28-1.40x and the 8B's tg32 1.40-1.45x
+  // the tile16 build before it (bench/results/tile16-avx2-2026-12-03-zen3.txt
+  // section 5; tile16 itself was 1.11-1.41x on Zen 5 with AVX-VNNI switched
+  // off; on Intel cores before Ice Lake, with one shuffle port, the
+  // operation counts predict parity, not measured). With AVX-VNNI (Alder
+  // Lake and later) the pair kernel was as fast as tile16, so there every
+  // matrix stays zero-copy.
   if (tier == Tier::kAvx2) {
-    return !detail::avx2_vnni_in_use() && tile16_defined(w) && fits(Packing::kAvx2Tile16) ? Packing::kAvx2Tile16
-                                                                                          : Packing::kNone;
+    return !detail::avx2_vnni_in_use() && tile16_defined(w, Packing::kAvx2Tile16) && fits(Packing::kAvx2Tile16)
+               ? Packing::kAvx2Tile16
+               : Packing::kNone;
   }
-  if (tile16_defined(w) && detail::avx512_vbmi_in_use() && fits(Packing::kTile16)) {
+  if (tile16_defined(w, Packing::kTile16) && detail::avx512_vbmi_in_use() && fits(Packing::kTile16)) {
     return Packing::kTile16;
   }
   return fits(Packing::kAvx512RowQuad) ? Packing::kAvx512RowQuad : Packing::kNone;
@@ -214,7 +274,7 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
       return static_cast<size_t>((w.rows + 3) / 4) * rq_quad_bytes(w);
     case Packing::kTile16:
     case Packing::kAvx2Tile16:
-      return tile16_defined(w)
+      return tile16_defined(w, p)
                  ? static_cast<size_t>((w.rows + detail::kTileRows - 1) / detail::kTileRows) * tile_bytes(w)
                  : 0;
   }
@@ -223,7 +283,7 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
 
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
   auto* out = static_cast<uint8_t*>(dst);
-  if (detail::is_lut_packing(p) && tile16_defined(w)) {
+  if (detail::is_lut_packing(p) && tile16_defined(w, p)) {
     const bool avx2 = p == Packing::kAvx2Tile16;
     split(pool, (w.rows + detail::kTileRows - 1) / detail::kTileRows, 4,
           [&w, out, avx2](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1, avx2); });

@@ -53,10 +53,8 @@ Packed pack(const MatrixView& w, core::ThreadPool* pool, Packing packing = Packi
 // The layouts defined for a matrix of format f with `cols` columns.
 std::vector<Packing> packings(Format f, int64_t cols) {
   std::vector<Packing> v{Packing::kAvx512RowQuad};
-  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) {
-    v.push_back(Packing::kTile16);
-    v.push_back(Packing::kAvx2Tile16);
-  }
+  if (f == Format::kQ1_0 && cols / 128 <= detail::kTileMaxUnits) v.push_back(Packing::kTile16);
+  if (f == Format::kQ1_0 && cols / 128 <= detail::kAvx2TileMaxUnits) v.push_back(Packing::kAvx2Tile16);
   return v;
 }
 
@@ -110,10 +108,11 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packing_name(Packing::kAvx512RowQuad), "avx512-row-quad");
   EXPECT_EQ(packing_name(Packing::kTile16), "tile16");
   EXPECT_EQ(packing_name(Packing::kAvx2Tile16), "avx2-tile16");
-  auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);        // 2 units: padded to a pair of groups (4x)
-  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);      // 8 rows: a tile of 16 would double them
-  auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);     // tile16: two whole tiles
-  auto q1long = testing::random_matrix(Format::kQ1_0, 32, 4096, 1);  // rows past kTileMaxUnits: row quads
+  auto q1 = testing::random_matrix(Format::kQ1_0, 8, 256, 1);         // 2 units: padded to a pair of groups (4x)
+  auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);       // 8 rows: a tile of 16 would double them
+  auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);      // tile16: two whole tiles
+  auto q1long = testing::random_matrix(Format::kQ1_0, 32, 4096, 1);   // past kTileMaxUnits: row quads, avx2-tile16
+  auto q1huge = testing::random_matrix(Format::kQ1_0, 16, 12416, 1);  // past kAvx2TileMaxUnits too: row quads
   auto q2w = testing::random_matrix(Format::kQ2_0, 12, 2048, 1);
   // g128 layouts: packed with their one scale per 128 weights (blocks of
   // four groups), the stored bytes exactly at 2048 columns; 640 columns (10
@@ -135,7 +134,11 @@ TEST(Packing, NameAndChoice) {
                                      : want        ? Packing::kAvx512RowQuad
                                                    : Packing::kNone)
         << v.label;
-    EXPECT_EQ(packing_for(q1long.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(q1long.view), avx2_tile16 ? Packing::kAvx2Tile16
+                                        : want      ? Packing::kAvx512RowQuad
+                                                    : Packing::kNone)
+        << v.label;
+    EXPECT_EQ(packing_for(q1huge.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q1.view), Packing::kNone) << v.label << ": padding would cost more than 1/32";
     EXPECT_EQ(packing_for(g128.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
@@ -157,9 +160,11 @@ TEST(Packing, NameAndChoice) {
   EXPECT_EQ(packed_bytes(q1odd.view, Packing::kTile16), 2 * 2 * detail::kTilePairBytes);
   EXPECT_EQ(packed_bytes(q1long.view, Packing::kTile16), 0u);
   EXPECT_EQ(packed_bytes(q2w.view, Packing::kTile16), 0u);
-  // avx2-tile16: the same sizes (other byte orders).
-  for (const auto* m : {&q1t, &q1odd, &q1long, &q2w})
+  // avx2-tile16: the same sizes (other byte orders), for rows of up to kAvx2TileMaxUnits units.
+  for (const auto* m : {&q1t, &q1odd, &q2w})
     EXPECT_EQ(packed_bytes(m->view, Packing::kAvx2Tile16), packed_bytes(m->view, Packing::kTile16));
+  EXPECT_EQ(packed_bytes(q1long.view, Packing::kAvx2Tile16), 32u * row_bytes(Format::kQ1_0, 4096));
+  EXPECT_EQ(packed_bytes(q1huge.view, Packing::kAvx2Tile16), 0u);
 }
 
 // The avx2-tile16 layout holds the tile16 bytes in its own orders
@@ -230,9 +235,11 @@ TEST(Packing, BitIdenticalOnEveryPath) {
   struct Shape {
     int64_t rows, cols, max_n;
   };
-  // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96.
+  // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96,
+  // 15/30, 17/34 (avx2-tile16 past 2,048 columns: tables past L1, fewer
+  // columns per table group, lut_group_cols: 6,144 -> 21, so 65 is 4 groups).
   const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 17},
-                          {70, 2048, 65}, {5, 6144, 16},  {48, 1920, 17}};
+                          {70, 2048, 65}, {21, 6144, 65}, {48, 1920, 17}, {19, 2176, 65}};
   const int64_t ns[] = {1, 2, 3, 8, 17, 64, 65, 512};
   for (const Variant& v : variants()) {
     Scope scope(v);
