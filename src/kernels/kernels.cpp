@@ -372,9 +372,9 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   const size_t rb = std::max<size_t>(1, row_bytes(w.format, w.cols));
   const int64_t min_rows =
       static_cast<int64_t>((size_t{64} << 10) / (rb * static_cast<size_t>(std::max<int64_t>(1, n))));
-  // tile16 matrices (the table-lookup path, any n): whole 64-row blocks, as
-  // for GEMV. A thread keeps the tables of its last (prepare, group of
-  // kLutMaxCols columns), so up to kLutMaxCols columns any number of chunks
+  // tile16 / avx2-tile16 matrices (the table-lookup path, any n): whole
+  // 64-row blocks, as for GEMV. A thread keeps the tables of its last
+  // (prepare, group of G = lut_group_cols(cols) columns), so up to G columns any number of chunks
   // builds them once per thread (the AVX2 tier's four per thread below
   // stay); with more columns each chunk rebuilds every group, so one chunk
   // per thread.
