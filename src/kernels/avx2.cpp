@@ -374,7 +374,9 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     case Format::kQ8_0:
       return rows_q8(w, *a, n, y, r0, r1);
     case Format::kQ1_0:
-      if (w.packing == Packing::kAvx2Tile16 && w.packed != nullptr && a->lut_ready)
+      // (Rows past kAvx2TileMaxUnits are never so packed; the guard keeps a
+      // hand-made view off the kernel's fixed-size scale array.)
+      if (w.packing == Packing::kAvx2Tile16 && w.packed != nullptr && a->lut_ready && w.cols / 128 <= kAvx2TileMaxUnits)
         return rows_tile_avx2(w, *a, n, y, r0, r1);
       // (Without tables, a packed matrix's stored bytes: prepare then built the pair layout.)
       return use_vnni() ? vnni::rows_fam<kFamQ1>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamQ1>(w, *a, n, y, r0, r1);

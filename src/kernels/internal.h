@@ -251,7 +251,7 @@ inline constexpr int64_t kTileMaxUnits = 16;
 // row-quad kernel at 2..64 columns and 1.35x at 512, Zen 5). It bounds the
 // per-thread tables: kLutMaxCols x 2,048 x kLutBytesPerValue = 1 MiB per
 // compute thread at most, which keeps a server's resident memory within
-// its budget.
+// its budget (rows past 2,048 columns: fewer columns, lut_group_cols).
 inline constexpr int64_t kLutMaxCols = 64;
 
 // ---- Packed avx2-tile16 layout (Packing::kAvx2Tile16; packing.cpp writes

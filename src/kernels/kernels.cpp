@@ -385,12 +385,11 @@ int64_t chunk_rows(const MatrixView& w, int64_t n, int64_t total_rows, const cor
   return std::max<int64_t>({4, min_rows, (per_thread + 63) / 64 * 64});
 }
 
-// How many of ws[0 .. count) are packed in the active tier's lookup layout
-// (AVX-512: tile16, AVX2: avx2-tile16; a layout of another tier is read
-// stored): 0 none, 1 some, 2 all (the tier then wants the lookup tables of
-// the activations; QuantAct::want_lut).
-int tile16_use(const MatrixView* ws, int count) {
-  const Tier tier = active_tier();
+// How many of ws[0 .. count) are packed in the lookup layout of `tier`, the
+// tier that runs the product (AVX-512: tile16, AVX2: avx2-tile16; a layout
+// of another tier is read stored): 0 none, 1 some, 2 all (the tier then
+// wants the lookup tables of the activations; QuantAct::want_lut).
+int tile16_use(const MatrixView* ws, int count, Tier tier = active_tier()) {
   const Packing own = tier == Tier::kAvx512 ? Packing::kTile16
                       : tier == Tier::kAvx2 ? Packing::kAvx2Tile16
                                             : Packing::kNone;
@@ -527,12 +526,13 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
 
 void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                int64_t row_end) {
-  const TierOps* ops = tier_supported(tier) ? ops_of(tier) : detail::reference_ops();
+  const bool supported = tier_supported(tier);
+  const TierOps* ops = supported ? ops_of(tier) : detail::reference_ops();
   if (row_end <= row_begin || n <= 0) return;
   thread_local detail::QuantAct act;
   const detail::QuantAct* a = nullptr;
   if (detail::is_quantized(w.format)) {
-    mark_tile16(act, tile16_use(&w, 1));
+    mark_tile16(act, tile16_use(&w, 1, supported ? tier : Tier::kReference));
     ops->prepare(w.format, x, n, w.cols, act);
     a = &act;
   }

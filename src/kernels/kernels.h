@@ -139,7 +139,7 @@ struct MatrixView {
 // The packing the active tier computes `w` faster with, kNone where there is
 // none (float and Q8_0 formats, tiers without a packing, the AVX-512 tier
 // when its AMX path is in use: AMX reads the stored layout; the AVX2 tier
-// packs only Q1_0 tile16, and only without AVX-VNNI) or where the layout's
+// packs only Q1_0, as avx2-tile16, and only without AVX-VNNI) or where the layout's
 // padding would add more than 1/32 of the tensor's bytes.
 Packing packing_for(const MatrixView& w);
 // Bytes of w's copy in layout p (0 for kNone, and for a layout not defined

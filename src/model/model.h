@@ -105,7 +105,8 @@ struct RepackStats {
   kernels::Packing packing = kernels::Packing::kNone;  // kNone: nothing repacked; else the first layout used
   int tensors = 0;                                     // matrices repacked
   // Matrices per layout (index: the Packing value): one model can mix them
-  // (Q1_0 rows of up to 2,048 columns as tile16, longer ones as row quads).
+  // (AVX-512 with VBMI: Q1_0 rows of up to 2,048 columns as tile16, the rest
+  // as row quads; the AVX2 tier has one, avx2-tile16).
   std::array<int, kernels::kPackingCount> by_packing{};
   uint64_t bytes = 0;           // bytes of the packed copies
   uint64_t released_bytes = 0;  // mapped bytes released (MADV_DONTNEED)

@@ -1,7 +1,7 @@
 // Load-time repacked layouts (kernels.h Packing, issue 8 decision 2): a
-// packed view (row quads; tile16 and avx2-tile16 for Q1_0 rows of up to 2,048 columns) gives
+// packed view (row quads; tile16 for Q1_0 rows of up to 2,048 columns, avx2-tile16 up to 12,288) gives
 // bit-identical products to the stored layout on every path (gemv, gemm at
-// N = 1 .. 512: tile16's table lookup in groups of kLutMaxCols columns, and
+// N = 1 .. 512: the table lookups in groups of lut_group_cols columns, and
 // its row quads converted per block without VBMI; gemm_multi mixing packed and stored views, 1
 // and 2 threads, row ranges that cut quads and tiles), every AVX-512 hook
 // variant, odd shapes (rows not a multiple of 4 or 16, units not a multiple
@@ -203,7 +203,7 @@ TEST(Packing, Avx2Tile16IsTile16Reordered) {
 }
 
 // The tiers that own a layout really read the packed copy (AVX-512 both,
-// AVX2 tile16), and every other tier the stored bytes: with the packed copy
+// AVX2 avx2-tile16), and every other tier the stored bytes: with the packed copy
 // zeroed (zero scales) their product is exactly 0, the others are unchanged.
 TEST(Packing, OnlyTheOwningTierReadsThePackedCopy) {
   auto m = testing::random_matrix(Format::kQ1_0, 12, 512, 3);
@@ -237,9 +237,10 @@ TEST(Packing, BitIdenticalOnEveryPath) {
   };
   // Units per row (Q1_0 / Q2_0 g64): 1/2, 2/4, 3/6, 5/10, 16/32, 48/96,
   // 15/30, 17/34 (avx2-tile16 past 2,048 columns: tables past L1, fewer
-  // columns per table group, lut_group_cols: 6,144 -> 21, so 65 is 4 groups).
-  const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 17},
-                          {70, 2048, 65}, {21, 6144, 65}, {48, 1920, 17}, {19, 2176, 65}};
+  // columns per table group, lut_group_cols: 6,144 -> 21, so 65 is 4 groups;
+  // 12,288 (96 units, the layout's limit) -> 10, so 17 is 2).
+  const Shape shapes[] = {{67, 128, 512}, {130, 256, 64}, {33, 384, 512}, {9, 640, 17},   {70, 2048, 65},
+                          {21, 6144, 65}, {48, 1920, 17}, {19, 2176, 65}, {17, 12288, 17}};
   const int64_t ns[] = {1, 2, 3, 8, 17, 64, 65, 512};
   for (const Variant& v : variants()) {
     Scope scope(v);

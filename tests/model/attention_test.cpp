@@ -267,7 +267,8 @@ TEST(AttentionKernel, Q8ScoresBitIdenticalAcrossTiers) {
   const kernels::Tier saved = kernels::active_tier();
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int64_t hd : {32, 64, 128, 256}) {
+  // (160, 224: the AVX2 scorer's four-block sums with a tail of 1 and 3 blocks.)
+  for (int64_t hd : {32, 64, 128, 160, 224, 256}) {
     const size_t rb = kernels::row_bytes(kernels::Format::kQ8_0, hd);
     std::vector<float> q(hd), k(kKeyBlock * hd);
     for (auto& x : q) x = 3.0f * nd(rng);
