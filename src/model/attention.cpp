@@ -54,14 +54,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Largest head dim of the Q8_0-key path (a larger one converts K rows to fp32).
 constexpr int64_t kMaxHeadDim = 512;
 // At most this many query heads of a task (tile queries x GQA group) read K/V
-// rows in place on the AVX-512 path; more convert each block once to fp32.
+// rows in place on the AVX-512 and AVX2 paths; more convert each block once
+// to fp32.
 constexpr int64_t kDirectHeads = 4;
-
-// One (query head, key block) step of the online softmax.
-//   q: [hd_k] query, k: [nk][hd_k] and v: [nk][hd_v] fp32 rows of the block,
-//   1 <= nk <= kKeyBlock; state: [2 + hd_v] = m, l, acc (updated).
-using BlockFn = void (*)(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
-                         float scale, float* state);
 
 // The softmax + V part of the step for scores s[0..nk) (already scaled):
 // portable reference (std::exp, plain loops). s is overwritten.
@@ -85,7 +80,10 @@ void update_scalar(float* s, const float* v, int64_t nk, int64_t hd_v, float* st
   }
 }
 
-// Portable reference of the step (std::exp, plain loops).
+// One (query head, key block) step of the online softmax, portable (std::exp,
+// plain loops): the kernel where neither SIMD group step applies.
+//   q: [hd_k] query, k: [nk][hd_k] and v: [nk][hd_v] fp32 rows of the block,
+//   1 <= nk <= kKeyBlock; state: [2 + hd_v] = m, l, acc (updated).
 void block_scalar(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v, float scale,
                   float* state) {
   float s[kKeyBlock];
@@ -590,80 +588,109 @@ BONSAI_AVX2 inline __m256 exp_neg_ps256(__m256 x) {
   return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-// Partial score of one key: sum over 8-wide chunks c of q_c * k_c (fma chain
-// in chunk order), 8 lanes left to reduce.
-BONSAI_AVX2 inline __m256 dot8_chain(const float* q, const float* kt, int64_t nc) {
-  __m256 d = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kt));
-  for (int64_t c = 1; c < nc; ++c) d = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), _mm256_loadu_ps(kt + 8 * c), d);
-  return d;
+// ---- Group step (AVX2 + FMA + F16C): the tier's counterpart of step_avx512 ----
+// The same structure as the AVX-512 group step above, with 8-wide vectors
+// and the AVX2 tier's own fp32 order: a key's score is the fma chain over
+// its 8-wide chunks in order (lane l: q[l] * k[l], then fma(q[8c + l],
+// k[8c + l], .)), reduced by one fixed tree
+//   ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+// (hsum_keys: 8, 4 or 2 keys at once, every key's sum from its own lanes
+// only) and multiplied by scale; softmax_avx2 and pv_group8's order for the
+// rest. Heads that see the same keys share each K and V load; each keeps its
+// own ops, so the bits do not depend on how many heads share the call, nor
+// on whether the rows were read in place (f16 -> fp32 and q8_0 d * q in
+// registers) or from the fp32 scratch (the same values).
+
+BONSAI_AVX2 inline __m256 load8(const RowsF32& r, int64_t t, int64_t c) {
+  return _mm256_loadu_ps(r.p + t * r.stride + 8 * c);
+}
+BONSAI_AVX2 inline __m256 load8(const RowsF16& r, int64_t t, int64_t c) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.p + t * r.stride + 16 * c)));
+}
+// Q8_0 row t's block scale for chunk c (chunks 4b .. 4b + 3 share block b's).
+BONSAI_AVX2 inline __m256 q8_scale8(const RowsQ8& r, int64_t t, int64_t c) {
+  uint16_t dh;
+  std::memcpy(&dh, r.p + t * r.stride + 34 * (c >> 2), 2);
+  return _mm256_set1_ps(_cvtsh_ss(dh));
+}
+// d * q of chunk c (as q8_0_to_f32_avx2), with d = q8_scale8(r, t, c).
+BONSAI_AVX2 inline __m256 q8_chunk8(const RowsQ8& r, int64_t t, int64_t c, __m256 d) {
+  const __m128i q =
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r.p + t * r.stride + 34 * (c >> 2) + 2 + 8 * (c & 3)));
+  return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+}
+BONSAI_AVX2 inline __m256 load8(const RowsQ8& r, int64_t t, int64_t c) {
+  return q8_chunk8(r, t, c, q8_scale8(r, t, c));
 }
 
-// The lane reduction of every key, one fixed tree:
-//   ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
-// hsum8 (one key) and hsum8x8 (eight keys at once, transposed with hadd)
-// compute exactly that tree, so a key's score does not depend on which of
-// the two reduced it (float + is commutative bit for bit).
-BONSAI_AVX2 inline float hsum8(__m256 d) {
-  const __m256 h = _mm256_hadd_ps(d, d);   // [0+1, 2+3, 0+1, 2+3 | 4+5, 6+7, ..]
-  const __m256 h2 = _mm256_hadd_ps(h, h);  // [(01)+(23) x4 | (45)+(67) x4]
-  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
-}
-BONSAI_AVX2 inline __m256 hsum8x8(const __m256 d[8]) {
-  const __m256 h01 = _mm256_hadd_ps(d[0], d[1]), h23 = _mm256_hadd_ps(d[2], d[3]);
-  const __m256 h45 = _mm256_hadd_ps(d[4], d[5]), h67 = _mm256_hadd_ps(d[6], d[7]);
-  const __m256 a = _mm256_hadd_ps(h01, h23);  // [k0..k3 low-half sums | k0..k3 high-half sums]
-  const __m256 b = _mm256_hadd_ps(h45, h67);  // same for k4..k7
-  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
-// acc[0..8*NC) = acc * corr + sum_t p_t v_t[0..8*NC), t ascending.
-template <int NC>
-BONSAI_AVX2 inline void pv_chunks8(const float* p, int64_t nk, const float* v, int64_t hd_v, __m256 corr, float* acc) {
-  __m256 a[NC];
-  for (int j = 0; j < NC; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * j), corr);
-  for (int64_t t = 0; t < nk; ++t) {
-    const __m256 pt = _mm256_broadcast_ss(p + t);
-    const float* vt = v + t * hd_v;
-    for (int j = 0; j < NC; ++j) a[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), a[j]);
+// The tree above for KU keys' 8-lane partials d[0..KU) -> key u's sum in lane
+// u (KU = 8: all lanes; 4 and 2: the low 4 / 2 lanes hold the sums).
+template <int KU>
+BONSAI_AVX2 inline __m256 hsum_keys(const __m256* d) {
+  if constexpr (KU == 8) {
+    const __m256 h01 = _mm256_hadd_ps(d[0], d[1]), h23 = _mm256_hadd_ps(d[2], d[3]);
+    const __m256 h45 = _mm256_hadd_ps(d[4], d[5]), h67 = _mm256_hadd_ps(d[6], d[7]);
+    const __m256 a = _mm256_hadd_ps(h01, h23);  // [k0..k3 low-half sums | k0..k3 high-half sums]
+    const __m256 b = _mm256_hadd_ps(h45, h67);  // same for k4..k7
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  } else {
+    const __m256 h01 = _mm256_hadd_ps(d[0], d[1]);
+    const __m256 h23 = KU == 4 ? _mm256_hadd_ps(d[2], d[3]) : h01;
+    const __m256 a = _mm256_hadd_ps(h01, h23);
+    return _mm256_castps128_ps256(_mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
   }
-  for (int j = 0; j < NC; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
 }
 
-BONSAI_AVX2 void update_avx2(float* s, const float* v, int64_t nk, int64_t hd_v, float* state);
-
-// The step with AVX2 + FMA; head dims multiples of 8. Scores of keys 8b..8b+7
-// are reduced together when all eight are present, else one by one; both
-// give the same bits (see hsum8), so the result does not depend on nk's
-// alignment, i.e. on how far the query's position reaches into the block.
-BONSAI_AVX2 void block_avx2(const float* q, const float* k, const float* v, int64_t nk, int64_t hd_k, int64_t hd_v,
-                            float scale, float* state) {
+// s[j][0..32) = head j's scaled scores of keys < nk, -inf past them (NQ
+// heads, q rows at q[j]). KU keys at a time (NQ x KU chains in registers);
+// rows up to the KU-key group holding nk - 1 are read (their lanes are
+// masked: each lane depends on its own key only).
+template <int NQ, class KR>
+BONSAI_AVX2 void scores_group8(const float* const* q, int64_t hd_k, const KR& k, int64_t nk, float scale, float* s) {
   static_assert(kKeyBlock == 32);
-  alignas(32) float s[kKeyBlock];
+  constexpr int KU = NQ == 1 ? 8 : (NQ == 2 ? 4 : 2);
   const int64_t nc = hd_k / 8;
-  const __m256 sc = _mm256_set1_ps(scale);
-  int64_t t = 0;
-  for (; t + 8 <= nk; t += 8) {
-    const float* kt = k + t * hd_k;
-    __m256 d[8];
-    for (int u = 0; u < 8; ++u) d[u] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kt + u * hd_k));
-    for (int64_t c = 1; c < nc; ++c) {
-      const __m256 qc = _mm256_loadu_ps(q + 8 * c);
-      for (int u = 0; u < 8; ++u) d[u] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kt + u * hd_k + 8 * c), d[u]);
+  const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(kNegInf);
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t t0 = 0; t0 < kKeyBlock; t0 += KU) {
+    if (t0 >= nk) {
+      for (int j = 0; j < NQ; ++j) {
+        for (int u = 0; u < KU; ++u) s[j * kKeyBlock + t0 + u] = kNegInf;
+      }
+      continue;
     }
-    _mm256_store_ps(s + t, _mm256_mul_ps(hsum8x8(d), sc));
+    __m256 a[NQ][KU];
+    __m256 qc[NQ];
+    for (int j = 0; j < NQ; ++j) qc[j] = _mm256_loadu_ps(q[j]);
+    for (int u = 0; u < KU; ++u) {
+      const __m256 kv = load8(k, t0 + u, 0);
+      for (int j = 0; j < NQ; ++j) a[j][u] = _mm256_mul_ps(qc[j], kv);
+    }
+    for (int64_t c = 1; c < nc; ++c) {
+      for (int j = 0; j < NQ; ++j) qc[j] = _mm256_loadu_ps(q[j] + 8 * c);
+      for (int u = 0; u < KU; ++u) {
+        const __m256 kv = load8(k, t0 + u, c);
+        for (int j = 0; j < NQ; ++j) a[j][u] = _mm256_fmadd_ps(qc[j], kv, a[j][u]);
+      }
+    }
+    // Lanes u < nk - t0 are live keys.
+    const __m256 live = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk - t0)), _CMP_LT_OQ);
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 r = _mm256_blendv_ps(ninf, _mm256_mul_ps(hsum_keys<KU>(a[j]), vscale), live);
+      if constexpr (KU == 8) {
+        _mm256_storeu_ps(s + j * kKeyBlock + t0, r);
+      } else if constexpr (KU == 4) {
+        _mm_storeu_ps(s + j * kKeyBlock + t0, _mm256_castps256_ps128(r));
+      } else {
+        _mm_storel_pi(reinterpret_cast<__m64*>(s + j * kKeyBlock + t0), _mm256_castps256_ps128(r));
+      }
+    }
   }
-  for (; t < nk; ++t) {
-    // Same product as a lane of the 8-key path: (reduced dot) * scale, one rounding each.
-    const __m256 one = _mm256_set1_ps(hsum8(dot8_chain(q, k + t * hd_k, nc)));
-    s[t] = _mm_cvtss_f32(_mm256_castps256_ps128(_mm256_mul_ps(one, sc)));
-  }
-  for (; t < kKeyBlock; ++t) s[t] = kNegInf;
-  update_avx2(s, v, nk, hd_v, state);
 }
 
-// The softmax + V part of the step with AVX2 + FMA: s[0..32) holds the scaled
-// scores of keys < nk and -inf past them (overwritten); hd_v % 8 == 0.
-BONSAI_AVX2 void update_avx2(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
+// The softmax part of an AVX2 step for one head: s[0..32) scaled scores (-inf
+// past nk) -> p (overwritten), state's m and l updated; returns corr (all lanes).
+BONSAI_AVX2 inline __m256 softmax_avx2(float* s, float* state) {
   __m256 sv[4];
   for (int i = 0; i < 4; ++i) sv[i] = _mm256_loadu_ps(s + 8 * i);
   const __m256 mx = _mm256_max_ps(_mm256_max_ps(sv[0], sv[1]), _mm256_max_ps(sv[2], sv[3]));
@@ -677,73 +704,190 @@ BONSAI_AVX2 void update_avx2(float* s, const float* v, int64_t nk, int64_t hd_v,
     sv[i] = exp_neg_ps256(_mm256_sub_ps(sv[i], mv));  // masked keys: exp(-inf) = 0
     _mm256_storeu_ps(s + 8 * i, sv[i]);
   }
+  // The lane sum of the 32 p by hsum_keys' tree.
   const __m256 lsum = _mm256_add_ps(_mm256_add_ps(sv[0], sv[1]), _mm256_add_ps(sv[2], sv[3]));
-  const __m128 l_corr = _mm_mul_ss(_mm_set_ss(state[1]), _mm256_castps256_ps128(corr));
+  const __m256 h = _mm256_hadd_ps(lsum, lsum);
+  const __m256 h2 = _mm256_hadd_ps(h, h);
+  const float l = _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
   state[0] = m_new;
-  state[1] = _mm_cvtss_f32(_mm_add_ss(l_corr, _mm_set_ss(hsum8(lsum))));
-  float* acc = state + 2;
-  int64_t j = 0;
+  state[1] = _mm_cvtss_f32(_mm_add_ss(_mm_mul_ss(_mm_set_ss(state[1]), _mm256_castps256_ps128(corr)), _mm_set_ss(l)));
+  return corr;
+}
+
+// The PV part for NQ heads at once over V chunks [c0, c0 + NC): per head j,
+// acc_j = acc_j * corr_j, then acc_j = fma(p_jt, v_t, acc_j) for t ascending.
+// p: [NQ][kKeyBlock]; acc[j]: head j's accumulator (hd_v floats). Q8_0 rows:
+// c0 is a multiple of min(NC, 4), so chunks c .. c + min(NC, 4) - 1 share one
+// block scale, converted once.
+template <int NQ, int NC, class VR>
+BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64_t c0, const __m256* corr,
+                                  float* const* acc) {
+  __m256 a[NQ][NC];
+  for (int j = 0; j < NQ; ++j) {
+    for (int c = 0; c < NC; ++c) a[j][c] = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + 8 * (c0 + c)), corr[j]);
+  }
+  for (int64_t t = 0; t < nk; ++t) {
+    __m256 pt[NQ];
+    for (int j = 0; j < NQ; ++j) pt[j] = _mm256_broadcast_ss(p + j * kKeyBlock + t);
+    [[maybe_unused]] __m256 d;
+    for (int c = 0; c < NC; ++c) {
+      __m256 vv;
+      if constexpr (std::is_same_v<VR, RowsQ8>) {
+        if (c % (NC < 4 ? NC : 4) == 0) d = q8_scale8(v, t, c0 + c);
+        vv = q8_chunk8(v, t, c0 + c, d);
+      } else {
+        vv = load8(v, t, c0 + c);
+      }
+      for (int j = 0; j < NQ; ++j) a[j][c] = _mm256_fmadd_ps(pt[j], vv, a[j][c]);
+    }
+  }
+  for (int j = 0; j < NQ; ++j) {
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(acc[j] + 8 * (c0 + c), a[j][c]);
+  }
+}
+
+// Chunk runs of 8 (one head), 4 (two) or 2 (four) chunks, then halves: every
+// run starts at a multiple of its own length.
+template <int NQ, class VR>
+BONSAI_AVX2 void pv_heads8(const float* p, int64_t nk, const VR& v, int64_t hd_v, const __m256* corr,
+                           float* const* acc) {
+  constexpr int kRun = NQ == 1 ? 8 : (NQ == 2 ? 4 : 2);
   const int64_t ncv = hd_v / 8;
-  for (; j + 8 <= ncv; j += 8) pv_chunks8<8>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j);
-  if (j + 4 <= ncv) pv_chunks8<4>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j), j += 4;
-  if (j + 2 <= ncv) pv_chunks8<2>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j), j += 2;
-  if (j < ncv) pv_chunks8<1>(s, nk, v + 8 * j, hd_v, corr, acc + 8 * j);
+  int64_t c = 0;
+  for (; c + kRun <= ncv; c += kRun) pv_group8<NQ, kRun>(p, nk, v, c, corr, acc);
+  if constexpr (kRun >= 8) {
+    if (c + 4 <= ncv) pv_group8<NQ, 4>(p, nk, v, c, corr, acc), c += 4;
+  }
+  if constexpr (kRun >= 4) {
+    if (c + 2 <= ncv) pv_group8<NQ, 2>(p, nk, v, c, corr, acc), c += 2;
+  }
+  if (c < ncv) pv_group8<NQ, 1>(p, nk, v, c, corr, acc);
 }
 
-// Block b of Q8_0 key row kt against q: |q| x sign(k, q) in int32
-// pairs of pairs, the block's 8 partial sums.
-BONSAI_AVX2 inline __m256i q8_block_avx2(const uint8_t* kt, const QuantQ& q, __m256i ones, int64_t b) {
+template <int NQ, class KR, class VR>
+BONSAI_AVX2 inline void step_heads8(const float* const* q, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
+                                    int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  if (k) scores_group8<NQ>(q, hd_k, *k, nk, scale, s);
+  __m256 corr[NQ];
+  float* acc[NQ];
+  for (int j = 0; j < NQ; ++j) {
+    corr[j] = softmax_avx2(s + j * kKeyBlock, st + j * st_len);
+    acc[j] = st + j * st_len + 2;
+  }
+  pv_heads8<NQ>(s, nk, v, hd_v, corr, acc);
+}
+
+template <class KR, class VR>
+BONSAI_AVX2 void step_group8(const float* const* q, int64_t nh, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
+                             int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  int64_t j = 0;
+  for (; j + 4 <= nh; j += 4) {
+    step_heads8<4>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+  }
+  if (j + 2 <= nh) {
+    step_heads8<2>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+    j += 2;
+  }
+  if (j < nh) step_heads8<1>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+}
+
+template <class KR>
+BONSAI_AVX2 void step_v8(const float* const* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
+                         int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  switch (v.f) {
+    case kernels::Format::kF16:
+      return step_group8(q, group, k, RowsF16{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
+    case kernels::Format::kQ8_0:
+      return step_group8(q, group, k, RowsQ8{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
+    default:
+      return step_group8(q, group, k,
+                         RowsF32{reinterpret_cast<const float*>(v.p), static_cast<int64_t>(v.stride / sizeof(float))},
+                         nk, hd_k, hd_v, scale, s, st, st_len);
+  }
+}
+
+// step_avx512's contract on the AVX2 tier (head dims multiples of 8).
+BONSAI_AVX2 void step_avx2(const float* const* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
+                           int64_t hd_k, int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  if (!k) return step_v8<RowsF32>(q, group, nullptr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+  if (k->f == kernels::Format::kF16) {
+    const RowsF16 kr{k->p, k->stride};
+    return step_v8(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+  }
+  const RowsF32 kr{reinterpret_cast<const float*>(k->p), static_cast<int64_t>(k->stride / sizeof(float))};
+  return step_v8(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+}
+
+// Block b of Q8_0 key row kt against q (aq = |q|, qv = q): |q| x sign(k, q)
+// in int32 pairs of pairs, the block's 8 partial sums.
+BONSAI_AVX2 inline __m256i q8_block_avx2(const uint8_t* kt, __m256i aq, __m256i qv, __m256i ones, int64_t b) {
   const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kt + 34 * b + 2));
-  const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.q + 32 * b));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qv, qv), _mm256_sign_epi8(kv, qv)), ones);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(kv, qv)), ones);
 }
 
-// score_q8_ref with AVX2, the same bits: per key and block, |q| (unsigned)
-// times k with q's sign (vpsignb) by vpmaddubsw (pairs, |sum| <= 2 * 127 * 127,
-// no saturation), vpmaddwd with ones (q8_block_avx2); the block sums of four
-// blocks at once by three vphaddd and one lane add (exact integers, any
-// order); then combine_q8's float steps in its order, with the key's block
-// scales converted once per key (VCVTPH2PS, exact) for all nq heads. (It
-// replaced a horizontal sum per block and a scalar fp16 conversion per
-// head and block: 1.08-1.13x the 1.7B's decode at depth 4096 with Q8_0
-// keys, Zen 3, where this scorer was the largest attention cost.)
+// score_q8_ref with AVX2, the same bits. Integer part: per key and block,
+// |q| (unsigned) times k with q's sign (vpsignb) by vpmaddubsw (pairs,
+// |sum| <= 2 * 127 * 127, no saturation), vpmaddwd with ones; exact int32
+// sums in any order. Eight keys at a time: per block, the eight keys' 8
+// partial lanes are summed by a vphaddd tree that leaves key t0 + u's block
+// sum in lane u, and combine_q8's fp32 steps run lane-wise (the keys' block
+// scales converted 8 at a time, once for all heads). Keys past the last
+// whole group of 8 are scored one at a time. (Before: a horizontal sum and
+// a scalar combine per key and head.)
 BONSAI_AVX2 void score_q8_avx2(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs, int64_t nq,
                                float scale, float* s) {
   const int64_t nb = hd / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  int32_t isum[kMaxHeadDim / 32];
-  float dk[kMaxHeadDim / 32];
-  for (int64_t t = 0; t < nk; ++t) {
-    const uint8_t* kt = k + t * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      uint16_t dh;
-      std::memcpy(&dh, kt + 34 * b, 2);
-      dk[b] = _cvtsh_ss(dh);
+  const __m256 vscale = _mm256_set1_ps(scale);
+  alignas(16) uint16_t dh[kMaxHeadDim / 32][8];
+  int64_t t0 = 0;
+  for (; t0 + 8 <= nk; t0 += 8) {
+    const uint8_t* kg = k + t0 * row_bytes;
+    for (int u = 0; u < 8; ++u) {
+      for (int64_t b = 0; b < nb; ++b) std::memcpy(&dh[b][u], kg + u * row_bytes + 34 * b, 2);
     }
     for (int64_t j = 0; j < nq; ++j) {
-      int64_t b = 0;
-      for (; b + 4 <= nb; b += 4) {
-        const __m256i h = _mm256_hadd_epi32(
-            _mm256_hadd_epi32(q8_block_avx2(kt, qs[j], ones, b), q8_block_avx2(kt, qs[j], ones, b + 1)),
-            _mm256_hadd_epi32(q8_block_avx2(kt, qs[j], ones, b + 2), q8_block_avx2(kt, qs[j], ones, b + 3)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(isum + b),
-                         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+      const QuantQ& q = qs[j];
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q.q + 32 * b));
+        const __m256i aq = _mm256_sign_epi8(qv, qv);
+        __m256i p[8];
+        for (int u = 0; u < 8; ++u) p[u] = q8_block_avx2(kg + u * row_bytes, aq, qv, ones, b);
+        const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+        const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+        const __m256i x = _mm256_hadd_epi32(h01, h23), y = _mm256_hadd_epi32(h45, h67);
+        const __m256i isum =
+            _mm256_add_epi32(_mm256_permute2x128_si256(x, y, 0x20), _mm256_permute2x128_si256(x, y, 0x31));
+        const __m256 dk = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh[b])));
+        const __m256 term = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(q.d[b]), dk));
+        acc = b == 0 ? term : _mm256_add_ps(acc, term);
       }
-      for (; b < nb; ++b) {
-        const __m256i p32 = q8_block_avx2(kt, qs[j], ones, b);
+      _mm256_storeu_ps(s + j * kKeyBlock + t0, _mm256_mul_ps(acc, vscale));
+    }
+  }
+  int32_t isum[kMaxHeadDim / 32];
+  float dk[kMaxHeadDim / 32];
+  for (; t0 < nk; ++t0) {
+    const uint8_t* kt = k + t0 * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      uint16_t d16;
+      std::memcpy(&d16, kt + 34 * b, 2);
+      dk[b] = _cvtsh_ss(d16);
+    }
+    for (int64_t j = 0; j < nq; ++j) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs[j].q + 32 * b));
+        const __m256i p32 = q8_block_avx2(kt, _mm256_sign_epi8(qv, qv), qv, ones, b);
         __m128i x = _mm_add_epi32(_mm256_castsi256_si128(p32), _mm256_extracti128_si256(p32, 1));
         x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
         x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
         isum[b] = _mm_cvtsi128_si32(x);
       }
-      s[j * kKeyBlock + t] = combine_q8_dk(isum, qs[j], dk, nb, scale);
+      s[j * kKeyBlock + t0] = combine_q8_dk(isum, qs[j], dk, nb, scale);
     }
   }
 }
-#else
-// No AVX-512 tier off x86: attention() never takes the fused path (fused is false).
-void step_avx512(const float* const*, int64_t, const RowsRef*, const RowsRef&, int64_t, int64_t, int64_t, float, float*,
-                 float*, int64_t) {}
 #endif
 
 // n values of consecutive cache rows of type f -> fp32 (exact).
@@ -780,21 +924,25 @@ bool use_avx2(int64_t hd_k, int64_t hd_v) {
 #endif
 }
 
-// The per-head step of the unfused path. The AVX-512 tier has none: whenever
-// use_avx512 holds, attention() takes the fused path (step_avx512), and
-// otherwise (head dims not multiples of 16) neither AVX path applies.
-BlockFn pick_block_fn(int64_t hd_k, int64_t hd_v) {
+// The group step of the fused path (step_avx512's signature): the AVX-512
+// or AVX2 tier's, or null where neither applies (attention() then runs the
+// scalar per-head step, block_scalar / update_scalar).
+using StepFn = void (*)(const float* const* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
+                        int64_t hd_k, int64_t hd_v, float scale, float* s, float* st, int64_t st_len);
+
+StepFn pick_step(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
-  if (use_avx2(hd_k, hd_v)) return block_avx2;
+  if (use_avx512(hd_k, hd_v)) return step_avx512;
+  if (use_avx2(hd_k, hd_v)) return step_avx2;
+#else
+  (void)hd_k, (void)hd_v;
 #endif
-  return block_scalar;
+  return nullptr;
 }
 
-// The Q8_0-key path's scorer (score_q8_ref's signature) and softmax + V
-// update of the active kernel; they pair with pick_block_fn's choice.
+// The Q8_0-key path's scorer (score_q8_ref's signature) of the active tier.
 using ScoreQ8Fn = void (*)(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const QuantQ* qs, int64_t nq,
                            float scale, float* s);
-using UpdateFn = void (*)(float* s, const float* v, int64_t nk, int64_t hd_v, float* state);
 
 ScoreQ8Fn pick_score_q8(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
@@ -802,13 +950,6 @@ ScoreQ8Fn pick_score_q8(int64_t hd_k, int64_t hd_v) {
   if (use_avx2(hd_k, hd_v)) return score_q8_avx2;
 #endif
   return score_q8_ref;
-}
-
-UpdateFn pick_update(int64_t hd_k, int64_t hd_v) {
-#if defined(__x86_64__)
-  if (use_avx2(hd_k, hd_v)) return update_avx2;
-#endif
-  return update_scalar;
 }
 
 kernels::Format row_format(KvType t) {
@@ -867,10 +1008,9 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
   const int64_t n_head_kv = c.n_head_kv, group = c.n_head / c.n_head_kv;
   const int64_t q_stride = c.n_head * hd_k, o_stride = c.n_head * hd_v;
   const int64_t st_len = 2 + hd_v;
-  const BlockFn block = pick_block_fn(hd_k, hd_v);
   const ScoreQ8Fn score_q8 = pick_score_q8(hd_k, hd_v);
-  const UpdateFn update = pick_update(hd_k, hd_v);
-  const bool fused = use_avx512(hd_k, hd_v);  // step_avx512: the group's heads share each K/V load
+  const StepFn step = pick_step(hd_k, hd_v);  // null: scalar per-head steps
+  const bool fused = step != nullptr;         // the group's heads share each K/V load
 
   // Tiles: maximal runs of adjacent tokens of one sequence (their positions
   // are consecutive, forward() checked), cut every kQueryTile tokens; the
@@ -988,8 +1128,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
                 std::fill(srow + j * kKeyBlock + nk, srow + (j + 1) * kKeyBlock, kNegInf);
               }
             }
-            step_avx512(sc.qp.data() + qi * group, n_q * group, q8k ? nullptr : &kref, vref, nk, hd_k, hd_v, scale,
-                        srow, sc.state.data() + qi * group * st_len, st_len);
+            step(sc.qp.data() + qi * group, n_q * group, q8k ? nullptr : &kref, vref, nk, hd_k, hd_v, scale, srow,
+                 sc.state.data() + qi * group * st_len, st_len);
             qi += n_q;
           }
         } else if (q8k) {
@@ -998,7 +1138,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
             for (int64_t g = 0; g < group; ++g) {
               float* srow = sc.s.data() + (qi * group + g) * kKeyBlock;
               std::fill(srow + nk, srow + kKeyBlock, kNegInf);
-              update(srow, sc.v.data(), nk, hd_v, sc.state.data() + (qi * group + g) * st_len);
+              update_scalar(srow, sc.v.data(), nk, hd_v, sc.state.data() + (qi * group + g) * st_len);
             }
           }
         } else {
@@ -1006,8 +1146,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
             const int64_t nk = std::min(kKeyBlock, p_first + qi + 1 - kb);
             const float* qrow = q + (tl.first + qi) * q_stride + kvh * group * hd_k;
             for (int64_t g = 0; g < group; ++g) {
-              block(qrow + g * hd_k, sc.k.data(), sc.v.data(), nk, hd_k, hd_v, scale,
-                    sc.state.data() + (qi * group + g) * st_len);
+              block_scalar(qrow + g * hd_k, sc.k.data(), sc.v.data(), nk, hd_k, hd_v, scale,
+                           sc.state.data() + (qi * group + g) * st_len);
             }
           }
         }

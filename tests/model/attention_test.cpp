@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <utility>  // pair
 #include <vector>
 
 #include "core/fp16.h"  // fp16_to_fp32
@@ -205,24 +206,30 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionInvariance,
                                             ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2,
                                                               kernels::Tier::kAvx512)));
 
-// Three query heads per KV head (the AVX-512 step takes heads 4, 2 and 1 at
-// a time: decode runs 2 + 1, two whole-block queries 4 + 2) and tiles of 2
-// tokens (K/V read in place or converted): a query's output is the same bits
-// however its heads and queries were grouped, on every tier.
+// Three query heads per KV head (the AVX-512 and AVX2 steps take heads 4, 2
+// and 1 at a time: decode runs 2 + 1, two whole-block queries 4 + 2) and
+// tiles of 2 tokens (K/V read in place or converted), with K and V of the
+// same and of different types: a query's output is the same bits however its
+// heads and queries were grouped, on every tier.
 TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
   const kernels::Tier saved = kernels::active_tier();
   core::ThreadPool pool(2);
-  std::vector<float> ref[2];  // the reference tier's decode outputs, per KV type
+  const std::pair<KvType, KvType> kv_types[] = {{KvType::kF16, KvType::kF16},
+                                                {KvType::kQ8_0, KvType::kQ8_0},
+                                                {KvType::kQ8_0, KvType::kF16},
+                                                {KvType::kF16, KvType::kQ8_0}};
+  std::vector<float> ref[std::size(kv_types)];  // the reference tier's decode outputs, per (K, V) types
   for (kernels::Tier tier : {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512}) {
     if (!kernels::tier_supported(tier)) continue;
     ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
-    for (KvType type : {KvType::kF16, KvType::kQ8_0}) {
+    for (size_t ti = 0; ti < std::size(kv_types); ++ti) {
+      const auto [tk, tv] = kv_types[ti];
       const int64_t P = 100, hd = 64;
       const Synth s = make_synth(hd, 6, 2, P, 5u);
       std::vector<std::unique_ptr<KvCache>> owned;
       std::vector<KvCache*> caches;
       for (int i = 0; i < 3; ++i) {
-        owned.push_back(fill_cache(s, type, type));
+        owned.push_back(fill_cache(s, tk, tv));
         caches.push_back(owned.back().get());
       }
       std::vector<int32_t> all(P);
@@ -240,7 +247,7 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
       for (float x : decode) ASSERT_LE(std::fabs(x), vmax * 1.01f);
       // And each tier within fp32 rounding of the scalar reference (the same
       // Q8_0 scores on every tier; the fp32 orders differ).
-      std::vector<float>& r0 = ref[type == KvType::kF16 ? 0 : 1];
+      std::vector<float>& r0 = ref[ti];
       if (tier == kernels::Tier::kReference) r0 = decode;
       ASSERT_EQ(r0.size(), decode.size());
       for (size_t i = 0; i < decode.size(); ++i) ASSERT_NEAR(decode[i], r0[i], 1e-5f) << i;
@@ -253,7 +260,8 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
         }
         ASSERT_EQ(got.size(), decode.size());
         EXPECT_EQ(std::memcmp(got.data(), decode.data(), got.size() * sizeof(float)), 0)
-            << "chunk " << chunk << " " << kv_type_name(type) << " tier " << kernels::tier_name(tier);
+            << "chunk " << chunk << " K " << kv_type_name(tk) << " V " << kv_type_name(tv) << " tier "
+            << kernels::tier_name(tier);
       }
     }
   }
