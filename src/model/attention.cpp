@@ -19,8 +19,8 @@
 //   s_t = ((isum_t0 * (dq_0 * dk_t0) + isum_t1 * (dq_1 * dk_t1)) + ...) * scale
 // with each * and + one fp32 rounding in that order (no fma; the file is
 // compiled with -ffp-contract=off). score_q8_ref defines it; every tier's
-// scorer (16 keys per vector with VNNI on AVX-512, one key at a time on AVX2)
-// returns the same bits, so a score depends on nothing but q and the key.
+// scorer (16 keys per vector with VNNI on AVX-512, 8 with AVX2) returns the
+// same bits, so a score depends on nothing but q and the key.
 //
 // On the AVX-512 tier (step_avx512) the heads that see the same keys of a
 // block — the GQA group of a query, and two queries' groups on every block
@@ -31,7 +31,10 @@
 // bits do not depend on the grouping. When at most
 // kDirectHeads heads share a block (decode) the K/V rows are read in place
 // from the cache (f16 -> fp32 and q8_0 d * q in registers: the same values
-// as the scratch), which saves the conversion's store and reload.
+// as the scratch), which saves the conversion's store and reload. The AVX2
+// tier has the same group step (step_avx2) with 8-wide vectors and its own
+// fp32 order; elsewhere (the reference tier, head dims not multiples of 8)
+// each head runs the portable step (block_scalar / update_scalar).
 #include "model/attention.h"
 
 #include <immintrin.h>
@@ -407,19 +410,27 @@ BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR
   for (int h = 0; h < 16; h += KU) {
     __m512 a[NQ][KU];
     __m512 qc[NQ];
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q[j]);
+#pragma GCC unroll 16
     for (int u = 0; u < KU; ++u) {
       const __m512 kv = load16(k, t0 + h + u, 0);
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_mul_ps(qc[j], kv);
     }
     for (int64_t c = 1; c < nc; ++c) {
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q[j] + 16 * c);
+#pragma GCC unroll 16
       for (int u = 0; u < KU; ++u) {
         const __m512 kv = load16(k, t0 + h + u, c);
+#pragma GCC unroll 16
         for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_fmadd_ps(qc[j], kv, a[j][u]);
       }
     }
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 16
       for (int u = 0; u < KU; u += 4) f[j][(h + u) / 4] = hsum4of16(&a[j][u]);
     }
   }
@@ -435,12 +446,14 @@ BONSAI_AVX512 void scores_group(const float* const* q, int64_t hd_k, const KR& k
   const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(kNegInf);
   for (int64_t t0 = 0; t0 < kKeyBlock; t0 += 16) {
     if (t0 >= nk) {
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) _mm512_storeu_ps(s + j * kKeyBlock + t0, ninf);
       continue;
     }
     __m512 f[NQ][4];
     chains16<NQ>(q, hd_k, k, t0, f);
     const __mmask16 live = nk - t0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (nk - t0)) - 1u);
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) {
       _mm512_storeu_ps(s + j * kKeyBlock + t0,
                        _mm512_mask_mov_ps(ninf, live, _mm512_mul_ps(hsum_finish(f[j]), vscale)));
@@ -455,18 +468,25 @@ template <int NQ, int NC, class VR>
 BONSAI_AVX512 inline void pv_group(const float* p, int64_t nk, const VR& v, int64_t c0, const __m512* corr,
                                    float* const* acc) {
   __m512 a[NQ][NC];
+#pragma GCC unroll 16
   for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) a[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[j] + 16 * (c0 + c)), corr[j]);
   }
   for (int64_t t = 0; t < nk; ++t) {
     __m512 pt[NQ];
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) pt[j] = _mm512_set1_ps(p[j * kKeyBlock + t]);
+#pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) {
       const __m512 vv = load16(v, t, c0 + c);
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) a[j][c] = _mm512_fmadd_ps(pt[j], vv, a[j][c]);
     }
   }
+#pragma GCC unroll 16
   for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc[j] + 16 * (c0 + c), a[j][c]);
   }
 }
@@ -495,6 +515,7 @@ BONSAI_AVX512 inline void step_heads(const float* const* q, const KR* k, const V
   if (k) scores_group<NQ>(q, hd_k, *k, nk, scale, s);
   __m512 corr[NQ];
   float* acc[NQ];
+#pragma GCC unroll 16
   for (int j = 0; j < NQ; ++j) {
     corr[j] = softmax_avx512(s + j * kKeyBlock, st + j * st_len);
     acc[j] = st + j * st_len + 2;
@@ -654,27 +675,36 @@ BONSAI_AVX2 void scores_group8(const float* const* q, int64_t hd_k, const KR& k,
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t t0 = 0; t0 < kKeyBlock; t0 += KU) {
     if (t0 >= nk) {
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 16
         for (int u = 0; u < KU; ++u) s[j * kKeyBlock + t0 + u] = kNegInf;
       }
       continue;
     }
     __m256 a[NQ][KU];
     __m256 qc[NQ];
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) qc[j] = _mm256_loadu_ps(q[j]);
+#pragma GCC unroll 16
     for (int u = 0; u < KU; ++u) {
       const __m256 kv = load8(k, t0 + u, 0);
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) a[j][u] = _mm256_mul_ps(qc[j], kv);
     }
     for (int64_t c = 1; c < nc; ++c) {
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) qc[j] = _mm256_loadu_ps(q[j] + 8 * c);
+#pragma GCC unroll 16
       for (int u = 0; u < KU; ++u) {
         const __m256 kv = load8(k, t0 + u, c);
+#pragma GCC unroll 16
         for (int j = 0; j < NQ; ++j) a[j][u] = _mm256_fmadd_ps(qc[j], kv, a[j][u]);
       }
     }
     // Lanes u < nk - t0 are live keys.
     const __m256 live = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk - t0)), _CMP_LT_OQ);
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) {
       const __m256 r = _mm256_blendv_ps(ninf, _mm256_mul_ps(hsum_keys<KU>(a[j]), vscale), live);
       if constexpr (KU == 8) {
@@ -723,13 +753,17 @@ template <int NQ, int NC, class VR>
 BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64_t c0, const __m256* corr,
                                   float* const* acc) {
   __m256 a[NQ][NC];
+#pragma GCC unroll 16
   for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) a[j][c] = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + 8 * (c0 + c)), corr[j]);
   }
   for (int64_t t = 0; t < nk; ++t) {
     __m256 pt[NQ];
+#pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) pt[j] = _mm256_broadcast_ss(p + j * kKeyBlock + t);
     [[maybe_unused]] __m256 d;
+#pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) {
       __m256 vv;
       if constexpr (std::is_same_v<VR, RowsQ8>) {
@@ -738,10 +772,13 @@ BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64
       } else {
         vv = load8(v, t, c0 + c);
       }
+#pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) a[j][c] = _mm256_fmadd_ps(pt[j], vv, a[j][c]);
     }
   }
+#pragma GCC unroll 16
   for (int j = 0; j < NQ; ++j) {
+#pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) _mm256_storeu_ps(acc[j] + 8 * (c0 + c), a[j][c]);
   }
 }
@@ -770,6 +807,7 @@ BONSAI_AVX2 inline void step_heads8(const float* const* q, const KR* k, const VR
   if (k) scores_group8<NQ>(q, hd_k, *k, nk, scale, s);
   __m256 corr[NQ];
   float* acc[NQ];
+#pragma GCC unroll 16
   for (int j = 0; j < NQ; ++j) {
     corr[j] = softmax_avx2(s + j * kKeyBlock, st + j * st_len);
     acc[j] = st + j * st_len + 2;
