@@ -37,7 +37,9 @@
 // each head runs the portable step (block_scalar / update_scalar).
 #include "model/attention.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
