@@ -4,7 +4,7 @@
 // rows, next to the cache bytes it reads. The KV read per token at depth
 // 4096 rivals the weights (issue 8), so this is the attention share of a
 // decode step at depth, without the matrix products or a 4,096-token prefill.
-//   bonsai_bench_attention_decode THREADS DEPTH f16|q8_0 [f16|q8_0 (V)] [ROUNDS]
+//   bonsai_bench_attention_decode THREADS DEPTH f16|f32|q8_0 [V type, default K's] [ROUNDS]
 // Prints ms per token (all layers), GB/s of K/V rows read, and the kernel.
 #include <algorithm>
 #include <chrono>
@@ -54,7 +54,7 @@ void store_row(model::KvType t, std::mt19937& rng, uint8_t* dst, int64_t n) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s THREADS DEPTH f16|q8_0 [V type] [ROUNDS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s THREADS DEPTH f16|f32|q8_0 [V type] [ROUNDS]\n", argv[0]);
     return 2;
   }
   const int threads = std::atoi(argv[1]);

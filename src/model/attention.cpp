@@ -45,6 +45,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>  // is_same_v
 #include <vector>
 
 #include "core/fp16.h"  // fp16_to_fp32
@@ -177,7 +178,7 @@ void score_q8_ref(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, co
 }
 
 // A block of cache rows (or of fp32 scratch: format kF32) as attention() hands
-// it to step_avx512.
+// it to the group step (step_avx512 / step_avx2).
 struct RowsRef {
   kernels::Format f;
   const uint8_t* p;
@@ -370,7 +371,8 @@ BONSAI_AVX512 void q8_0_to_f32_avx512(const uint8_t* src, float* dst, int64_t n)
 // when few queries share the block (decode): converting to scratch first only
 // cost a store and a reload.
 
-// Row sources: row t's fp32 elements [16c, 16c + 16).
+// Row sources of the group steps: row t's fp32 elements [16c, 16c + 16)
+// (load16, AVX-512) or [8c, 8c + 8) (load8, AVX2).
 struct RowsF32 {
   const float* p;
   int64_t stride;  // floats between rows
@@ -641,9 +643,6 @@ BONSAI_AVX2 inline __m256 q8_chunk8(const RowsQ8& r, int64_t t, int64_t c, __m25
   const __m128i q =
       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r.p + t * r.stride + 34 * (c >> 2) + 2 + 8 * (c & 3)));
   return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-}
-BONSAI_AVX2 inline __m256 load8(const RowsQ8& r, int64_t t, int64_t c) {
-  return q8_chunk8(r, t, c, q8_scale8(r, t, c));
 }
 
 // The tree above for KU keys' 8-lane partials d[0..KU) -> key u's sum in lane
@@ -1022,7 +1021,7 @@ inline void prefetch_l2(const uint8_t* p, size_t bytes) {
 // Per-thread scratch, grown on demand.
 struct Scratch {
   std::vector<float> k, v, state;
-  std::vector<float> s;          // [tile queries * group][kKeyBlock] scores (Q8_0-key path)
+  std::vector<float> s;          // [tile queries * group][kKeyBlock] scores / probabilities (group step, Q8_0 keys)
   std::vector<QuantQ> qq;        // [tile queries * group] quantized q (Q8_0-key path)
   std::vector<const float*> qp;  // [tile queries * group] q rows of the task's heads
 };
@@ -1108,7 +1107,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
           for (int64_t g = 0; g < group; ++g) quantize_q8(qrow + g * hd_k, hd_k, sc.qq[qi * group + g]);
         }
       }
-      // AVX-512 reads K/V straight from the cache rows when at most
+      // The group step reads K/V straight from the cache rows when at most
       // kDirectHeads query heads share the block (decode), and converts them
       // once to fp32 scratch otherwise (prefill tiles): the same values.
       const bool direct = fused && tl.count * group <= kDirectHeads;

@@ -65,6 +65,18 @@ std::unique_ptr<KvCache> fill_cache(const Synth& s, KvType tk, KvType tv) {
       store(tv, &s.v[(p * n_kv + h) * hd], kv->v_row(0, h, p), hd);
     }
   }
+  // The rows past P up to the end of their 32-key block hold NaN (all bytes
+  // 0xFF: NaN in f16, f32 and a Q8_0 block's scale). Kernels may read them
+  // (lanes of keys past a query's position) but must not let them reach a
+  // live key's lane, which a NaN would show.
+  const int64_t pad = (32 - s.P % 32) % 32;
+  EXPECT_LE(s.P % kv->block_size() + pad, kv->block_size());
+  for (int64_t h = 0; h < n_kv; ++h) {
+    for (int64_t i = 1; i <= pad; ++i) {
+      std::memset(kv->k_row(0, h, s.P - 1) + i * kv->k_row_bytes(), 0xFF, kv->k_row_bytes());
+      std::memset(kv->v_row(0, h, s.P - 1) + i * kv->v_row_bytes(), 0xFF, kv->v_row_bytes());
+    }
+  }
   kv->set_size(s.P);
   return kv;
 }
@@ -206,11 +218,12 @@ INSTANTIATE_TEST_SUITE_P(All, AttentionInvariance,
                                             ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2,
                                                               kernels::Tier::kAvx512)));
 
-// Three query heads per KV head (the AVX-512 and AVX2 steps take heads 4, 2
-// and 1 at a time: decode runs 2 + 1, two whole-block queries 4 + 2) and
-// tiles of 2 tokens (K/V read in place or converted), with K and V of the
-// same and of different types: a query's output is the same bits however its
-// heads and queries were grouped, on every tier.
+// Three and four query heads per KV head (the AVX-512 and AVX2 steps take
+// heads 4, 2 and 1 at a time: decode runs 2 + 1 or 4, two whole-block
+// queries 4 + 2 or 4 + 4), tiles of 1 and 2 tokens (K/V read in place: at
+// most 4 heads) and longer ones (converted to fp32), head dims 64, 96 and
+// 256, with K and V of the same and of different types: a query's output is
+// the same bits however its heads and queries were grouped, on every tier.
 TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
   const kernels::Tier saved = kernels::active_tier();
   core::ThreadPool pool(2);
@@ -218,50 +231,56 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
                                                 {KvType::kQ8_0, KvType::kQ8_0},
                                                 {KvType::kQ8_0, KvType::kF16},
                                                 {KvType::kF16, KvType::kQ8_0}};
-  std::vector<float> ref[std::size(kv_types)];  // the reference tier's decode outputs, per (K, V) types
+  constexpr int64_t kShapes[][2] = {{3, 64}, {4, 64}, {3, 96}, {4, 256}};  // (GQA group, head dim)
+  // The reference tier's decode outputs, per shape and (K, V) types.
+  std::vector<float> ref[std::size(kShapes)][std::size(kv_types)];
   for (kernels::Tier tier : {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512}) {
     if (!kernels::tier_supported(tier)) continue;
     ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
-    for (size_t ti = 0; ti < std::size(kv_types); ++ti) {
-      const auto [tk, tv] = kv_types[ti];
-      const int64_t P = 100, hd = 64;
-      const Synth s = make_synth(hd, 6, 2, P, 5u);
-      std::vector<std::unique_ptr<KvCache>> owned;
-      std::vector<KvCache*> caches;
-      for (int i = 0; i < 3; ++i) {
-        owned.push_back(fill_cache(s, tk, tv));
-        caches.push_back(owned.back().get());
-      }
-      std::vector<int32_t> all(P);
-      for (int32_t p = 0; p < P; ++p) all[p] = p;
-      std::vector<float> decode;
-      for (int32_t p = 0; p < P; ++p) {
-        const int32_t one[] = {p};
-        const auto r = run(s, caches, one, 0, pool);
-        decode.insert(decode.end(), r.begin(), r.end());
-      }
-      // Sanity: a softmax average of V, so |out| <= max |v| (a wrong head
-      // mapping would still pass the memcmps below).
-      float vmax = 0.0f;
-      for (float x : s.v) vmax = std::max(vmax, std::fabs(x));
-      for (float x : decode) ASSERT_LE(std::fabs(x), vmax * 1.01f);
-      // And each tier within fp32 rounding of the scalar reference (the same
-      // Q8_0 scores on every tier; the fp32 orders differ).
-      std::vector<float>& r0 = ref[ti];
-      if (tier == kernels::Tier::kReference) r0 = decode;
-      ASSERT_EQ(r0.size(), decode.size());
-      for (size_t i = 0; i < decode.size(); ++i) ASSERT_NEAR(decode[i], r0[i], 1e-5f) << i;
-      for (int chunk : {2, 5, static_cast<int>(P)}) {
-        std::vector<float> got;
-        for (int32_t p0 = 0; p0 < P; p0 += chunk) {
-          const auto part = std::span<const int32_t>(all).subspan(p0, std::min<int64_t>(chunk, P - p0));
-          const auto r = run(s, caches, part, chunk == 2 ? 1 : 0, pool);
-          got.insert(got.end(), r.begin(), r.end());
+    for (size_t si = 0; si < std::size(kShapes); ++si) {
+      for (size_t ti = 0; ti < std::size(kv_types); ++ti) {
+        const auto [tk, tv] = kv_types[ti];
+        const int64_t P = 100, group = kShapes[si][0], hd = kShapes[si][1];
+        const Synth s = make_synth(hd, 2 * group, 2, P, 5u);
+        std::vector<std::unique_ptr<KvCache>> owned;
+        std::vector<KvCache*> caches;
+        for (int i = 0; i < 3; ++i) {
+          owned.push_back(fill_cache(s, tk, tv));
+          caches.push_back(owned.back().get());
         }
-        ASSERT_EQ(got.size(), decode.size());
-        EXPECT_EQ(std::memcmp(got.data(), decode.data(), got.size() * sizeof(float)), 0)
-            << "chunk " << chunk << " K " << kv_type_name(tk) << " V " << kv_type_name(tv) << " tier "
-            << kernels::tier_name(tier);
+        std::vector<int32_t> all(P);
+        for (int32_t p = 0; p < P; ++p) all[p] = p;
+        std::vector<float> decode;
+        for (int32_t p = 0; p < P; ++p) {
+          const int32_t one[] = {p};
+          const auto r = run(s, caches, one, 0, pool);
+          decode.insert(decode.end(), r.begin(), r.end());
+        }
+        // Sanity: a softmax average of V, so |out| <= max |v| (a wrong head
+        // mapping would still pass the memcmps below).
+        float vmax = 0.0f;
+        for (float x : s.v) vmax = std::max(vmax, std::fabs(x));
+        for (float x : decode) ASSERT_LE(std::fabs(x), vmax * 1.01f);
+        // And each tier within fp32 rounding of the scalar reference (the same
+        // Q8_0 scores on every tier; the fp32 orders differ).
+        std::vector<float>& r0 = ref[si][ti];
+        if (tier == kernels::Tier::kReference) r0 = decode;
+        ASSERT_EQ(r0.size(), decode.size());
+        for (size_t i = 0; i < decode.size(); ++i) ASSERT_NEAR(decode[i], r0[i], 1e-5f) << i;
+        // (chunk, other sequences' tokens after each of ours): chunk 2 with
+        // others interleaved runs tiles of 1 token, without them tiles of 2.
+        for (const auto& [chunk, others] : {std::pair{2, 1}, std::pair{2, 0}, std::pair{5, 0}, std::pair{int(P), 0}}) {
+          std::vector<float> got;
+          for (int32_t p0 = 0; p0 < P; p0 += chunk) {
+            const auto part = std::span<const int32_t>(all).subspan(p0, std::min<int64_t>(chunk, P - p0));
+            const auto r = run(s, caches, part, others, pool);
+            got.insert(got.end(), r.begin(), r.end());
+          }
+          ASSERT_EQ(got.size(), decode.size());
+          EXPECT_EQ(std::memcmp(got.data(), decode.data(), got.size() * sizeof(float)), 0)
+              << "chunk " << chunk << " others " << others << " group " << group << " hd " << hd << " K "
+              << kv_type_name(tk) << " V " << kv_type_name(tv) << " tier " << kernels::tier_name(tier);
+        }
       }
     }
   }
@@ -269,13 +288,14 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
 }
 
 // The Q8_0-key scores (integer dot + one fp32 formula) are the same bits on
-// every tier, for every key count of a block (16-key groups and the tail)
+// every tier, for every key count of a block (groups of 16 keys on AVX-512,
+// 8 on AVX2, and the tails)
 // and head dim; and they equal the formula written out here.
 TEST(AttentionKernel, Q8ScoresBitIdenticalAcrossTiers) {
   const kernels::Tier saved = kernels::active_tier();
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  // (160, 224: the AVX2 scorer's four-block sums with a tail of 1 and 3 blocks.)
+  // (160, 224: 5 and 7 blocks per key.)
   for (int64_t hd : {32, 64, 128, 160, 224, 256}) {
     const size_t rb = kernels::row_bytes(kernels::Format::kQ8_0, hd);
     std::vector<float> q(hd), k(kKeyBlock * hd);
