@@ -22,7 +22,7 @@
 // scorer (16 keys per vector with VNNI on AVX-512, 8 with AVX2) returns the
 // same bits, so a score depends on nothing but q and the key.
 //
-// On the AVX-512 tier (step_avx512) the heads that see the same keys of a
+// On the AVX-512 tier (step_heads, through step_rows) the heads that see the same keys of a
 // block — the GQA group of a query, and two queries' groups on every block
 // but the diagonal one — go through the step together, 4 (else 2, 1) at a
 // time: each K and V chunk is loaded once for all of them, while every head
@@ -32,7 +32,7 @@
 // kDirectHeads heads share a block (decode) the K/V rows are read in place
 // from the cache (f16 -> fp32 and q8_0 d * q in registers: the same values
 // as the scratch), which saves the conversion's store and reload. The AVX2
-// tier has the same group step (step_avx2) with 8-wide vectors and its own
+// tier has the same group step (step_heads8) with 8-wide vectors and its own
 // fp32 order; elsewhere (the reference tier, head dims not multiples of 8)
 // each head runs the portable step (block_scalar / update_scalar).
 #include "model/attention.h"
@@ -178,7 +178,7 @@ void score_q8_ref(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, co
 }
 
 // A block of cache rows (or of fp32 scratch: format kF32) as attention() hands
-// it to the group step (step_avx512 / step_avx2).
+// it to the group step (step_rows).
 struct RowsRef {
   kernels::Format f;
   const uint8_t* p;
@@ -508,11 +508,11 @@ BONSAI_AVX512 void pv_heads(const float* p, int64_t nk, const VR& v, int64_t hd_
   if (c < ncv) pv_group<NQ, 1>(p, nk, v, c, corr, acc);
 }
 
-// One key block step for nh query heads that reach the same keys (nk): the
+// One key block step for NQ query heads that reach the same keys (nk): the
 // GQA group of one query, or of two queries whose positions both pass the
-// block. Scores from q[j] against k, or already in s when k is null (Q8_0
-// keys); then softmax and V. Heads go 4 (else 2, 1) at a time through the
-// kernels above. s: [nh][kKeyBlock] scratch; head j's state at st + j * st_len.
+// block (step_rows below takes them 4, else 2, 1 at a time). Scores from
+// q[j] against k, or already in s when k is null (Q8_0 keys); then softmax
+// and V. s: [NQ][kKeyBlock] scratch; head j's state at st + j * st_len.
 template <int NQ, class KR, class VR>
 BONSAI_AVX512 inline void step_heads(const float* const* q, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
                                      int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
@@ -527,47 +527,14 @@ BONSAI_AVX512 inline void step_heads(const float* const* q, const KR* k, const V
   pv_heads<NQ>(s, nk, v, hd_v, corr, acc);
 }
 
-template <class KR, class VR>
-BONSAI_AVX512 void step_group(const float* const* q, int64_t nh, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
-                              int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
-  int64_t j = 0;
-  for (; j + 4 <= nh; j += 4) {
-    step_heads<4>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+// step_heads as the shared group step (step_rows below) calls it.
+struct Avx512Heads {
+  template <int NQ, class KR, class VR>
+  BONSAI_AVX512 static void run(const float* const* q, const KR* k, const VR& v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                                float scale, float* s, float* st, int64_t st_len) {
+    step_heads<NQ>(q, k, v, nk, hd_k, hd_v, scale, s, st, st_len);
   }
-  if (j + 2 <= nh) {
-    step_heads<2>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
-    j += 2;
-  }
-  if (j < nh) step_heads<1>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
-}
-
-template <class KR>
-BONSAI_AVX512 void step_v(const float* const* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
-                          int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
-  switch (v.f) {
-    case kernels::Format::kF16:
-      return step_group(q, group, k, RowsF16{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
-    case kernels::Format::kQ8_0:
-      return step_group(q, group, k, RowsQ8{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
-    default:
-      return step_group(q, group, k,
-                        RowsF32{reinterpret_cast<const float*>(v.p), static_cast<int64_t>(v.stride / sizeof(float))},
-                        nk, hd_k, hd_v, scale, s, st, st_len);
-  }
-}
-
-// step_group with the row types chosen at run time; k null: Q8_0 keys, the
-// scores are already in s (-inf past nk).
-BONSAI_AVX512 void step_avx512(const float* const* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
-                               int64_t hd_k, int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
-  if (!k) return step_v<RowsF32>(q, group, nullptr, v, nk, hd_k, hd_v, scale, s, st, st_len);
-  if (k->f == kernels::Format::kF16) {
-    const RowsF16 kr{k->p, k->stride};
-    return step_v(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
-  }
-  const RowsF32 kr{reinterpret_cast<const float*>(k->p), static_cast<int64_t>(k->stride / sizeof(float))};
-  return step_v(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
-}
+};
 #pragma GCC diagnostic pop
 
 BONSAI_AVX2 void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
@@ -613,7 +580,7 @@ BONSAI_AVX2 inline __m256 exp_neg_ps256(__m256 x) {
   return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-// ---- Group step (AVX2 + FMA + F16C): the tier's counterpart of step_avx512 ----
+// ---- Group step (AVX2 + FMA + F16C): the tier's counterpart of step_heads ----
 // The same structure as the AVX-512 group step above, with 8-wide vectors
 // and the AVX2 tier's own fp32 order: a key's score is the fma chain over
 // its 8-wide chunks in order (lane l: q[l] * k[l], then fma(q[8c + l],
@@ -816,45 +783,59 @@ BONSAI_AVX2 inline void step_heads8(const float* const* q, const KR* k, const VR
   pv_heads8<NQ>(s, nk, v, hd_v, corr, acc);
 }
 
-template <class KR, class VR>
-BONSAI_AVX2 void step_group8(const float* const* q, int64_t nh, const KR* k, const VR& v, int64_t nk, int64_t hd_k,
-                             int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+// step_heads8 as the shared group step (step_rows below) calls it.
+struct Avx2Heads {
+  template <int NQ, class KR, class VR>
+  BONSAI_AVX2 static void run(const float* const* q, const KR* k, const VR& v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                              float scale, float* s, float* st, int64_t st_len) {
+    step_heads8<NQ>(q, k, v, nk, hd_k, hd_v, scale, s, st, st_len);
+  }
+};
+
+// ---- The group step's row-type dispatch and head grouping, shared by the
+// tiers: Heads::run<NQ> (Avx512Heads, Avx2Heads) is the tier's step for NQ
+// heads. nh heads of one key block go 4 (else 2, 1) at a time; the rows'
+// types are chosen at run time; k null: Q8_0 keys, the scores already in s
+// (-inf past nk). s: [nh][kKeyBlock] scratch; head j's state at st + j * st_len.
+template <class Heads, class KR, class VR>
+void step_group(const float* const* q, int64_t nh, const KR* k, const VR& v, int64_t nk, int64_t hd_k, int64_t hd_v,
+                float scale, float* s, float* st, int64_t st_len) {
   int64_t j = 0;
   for (; j + 4 <= nh; j += 4) {
-    step_heads8<4>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+    Heads::template run<4>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
   }
   if (j + 2 <= nh) {
-    step_heads8<2>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+    Heads::template run<2>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
     j += 2;
   }
-  if (j < nh) step_heads8<1>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
+  if (j < nh) Heads::template run<1>(q + j, k, v, nk, hd_k, hd_v, scale, s + j * kKeyBlock, st + j * st_len, st_len);
 }
 
-template <class KR>
-BONSAI_AVX2 void step_v8(const float* const* q, int64_t group, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k,
-                         int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+template <class Heads, class KR>
+void step_v(const float* const* q, int64_t nh, const KR* k, const RowsRef& v, int64_t nk, int64_t hd_k, int64_t hd_v,
+            float scale, float* s, float* st, int64_t st_len) {
   switch (v.f) {
     case kernels::Format::kF16:
-      return step_group8(q, group, k, RowsF16{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
+      return step_group<Heads>(q, nh, k, RowsF16{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
     case kernels::Format::kQ8_0:
-      return step_group8(q, group, k, RowsQ8{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
+      return step_group<Heads>(q, nh, k, RowsQ8{v.p, v.stride}, nk, hd_k, hd_v, scale, s, st, st_len);
     default:
-      return step_group8(q, group, k,
-                         RowsF32{reinterpret_cast<const float*>(v.p), static_cast<int64_t>(v.stride / sizeof(float))},
-                         nk, hd_k, hd_v, scale, s, st, st_len);
+      return step_group<Heads>(
+          q, nh, k, RowsF32{reinterpret_cast<const float*>(v.p), static_cast<int64_t>(v.stride / sizeof(float))}, nk,
+          hd_k, hd_v, scale, s, st, st_len);
   }
 }
 
-// step_avx512's contract on the AVX2 tier (head dims multiples of 8).
-BONSAI_AVX2 void step_avx2(const float* const* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
-                           int64_t hd_k, int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
-  if (!k) return step_v8<RowsF32>(q, group, nullptr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+template <class Heads>
+void step_rows(const float* const* q, int64_t nh, const RowsRef* k, const RowsRef& v, int64_t nk, int64_t hd_k,
+               int64_t hd_v, float scale, float* s, float* st, int64_t st_len) {
+  if (!k) return step_v<Heads, RowsF32>(q, nh, nullptr, v, nk, hd_k, hd_v, scale, s, st, st_len);
   if (k->f == kernels::Format::kF16) {
     const RowsF16 kr{k->p, k->stride};
-    return step_v8(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+    return step_v<Heads>(q, nh, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
   }
   const RowsF32 kr{reinterpret_cast<const float*>(k->p), static_cast<int64_t>(k->stride / sizeof(float))};
-  return step_v8(q, group, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
+  return step_v<Heads>(q, nh, &kr, v, nk, hd_k, hd_v, scale, s, st, st_len);
 }
 
 // Block b of Q8_0 key row kt against q (aq = |q|, qv = q): |q| x sign(k, q)
@@ -963,7 +944,7 @@ bool use_avx2(int64_t hd_k, int64_t hd_v) {
 #endif
 }
 
-// The group step of the fused path (step_avx512's signature): the AVX-512
+// The group step of the fused path (step_rows<Heads>): the AVX-512
 // or AVX2 tier's, or null where neither applies (attention() then runs the
 // scalar per-head step, block_scalar / update_scalar).
 using StepFn = void (*)(const float* const* q, int64_t group, const RowsRef* k, const RowsRef& v, int64_t nk,
@@ -971,8 +952,8 @@ using StepFn = void (*)(const float* const* q, int64_t group, const RowsRef* k, 
 
 StepFn pick_step(int64_t hd_k, int64_t hd_v) {
 #if defined(__x86_64__)
-  if (use_avx512(hd_k, hd_v)) return step_avx512;
-  if (use_avx2(hd_k, hd_v)) return step_avx2;
+  if (use_avx512(hd_k, hd_v)) return step_rows<Avx512Heads>;
+  if (use_avx2(hd_k, hd_v)) return step_rows<Avx2Heads>;
 #else
   (void)hd_k, (void)hd_v;
 #endif
