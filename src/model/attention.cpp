@@ -630,58 +630,93 @@ BONSAI_AVX2 inline __m256 hsum_keys(const __m256* d) {
   }
 }
 
-// s[j][0..32) = head j's scaled scores of keys < nk, -inf past them (NQ
-// heads, q rows at q[j]). KU keys at a time (NQ x KU chains in registers);
-// rows up to the KU-key group holding nk - 1 are read (their lanes are
-// masked: each lane depends on its own key only).
+// Keys t0 .. t0 + KU - 1 against NQ heads: a[j][u] = head j's 8 lane
+// partials of key t0 + u (the chain above). Per chunk the KU key vectors are
+// loaded once and each head's q chunk streams through one register, so
+// NQ x KU + KU + 1 registers are live (16 at NQ = 4, KU = 3): q is not
+// folded into the fmas as memory operands (one load per fma: the loads, not
+// the fmas, bounded the loop).
+template <int NQ, int KU, class KR>
+BONSAI_AVX2 inline void chains8(const float* const* q, int64_t nc, const KR& k, int64_t t0, __m256 (&a)[NQ][KU]) {
+  {
+    __m256 kv[KU];
+#pragma GCC unroll 16
+    for (int u = 0; u < KU; ++u) kv[u] = load8(k, t0 + u, 0);
+#pragma GCC unroll 16
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 qc = _mm256_loadu_ps(q[j]);
+#pragma GCC unroll 16
+      for (int u = 0; u < KU; ++u) a[j][u] = _mm256_mul_ps(qc, kv[u]);
+    }
+  }
+  for (int64_t c = 1; c < nc; ++c) {
+    __m256 kv[KU];
+#pragma GCC unroll 16
+    for (int u = 0; u < KU; ++u) kv[u] = load8(k, t0 + u, c);
+#pragma GCC unroll 16
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 qc = _mm256_loadu_ps(q[j] + 8 * c);
+#pragma GCC unroll 16
+      for (int u = 0; u < KU; ++u) a[j][u] = _mm256_fmadd_ps(qc, kv[u], a[j][u]);
+    }
+  }
+}
+
+// s[j][t0 .. t0 + KU) (KU = 3: 4 floats stored, the 4th overwritten by the
+// next group) = head j's scaled scores, -inf for keys >= nk.
+template <int NQ, int KU, class KR>
+BONSAI_AVX2 inline void score_keys8(const float* const* q, int64_t nc, const KR& k, int64_t t0, int64_t nk,
+                                    float scale, float* s) {
+  __m256 a[NQ][KU];
+  chains8<NQ, KU>(q, nc, k, t0, a);
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 live = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk - t0)), _CMP_LT_OQ);
+  const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(kNegInf);
+#pragma GCC unroll 16
+  for (int j = 0; j < NQ; ++j) {
+    __m256 r;
+    if constexpr (KU == 3) {
+      const __m256 d[4] = {a[j][0], a[j][1], a[j][2], a[j][2]};
+      r = hsum_keys<4>(d);
+    } else {
+      r = hsum_keys<KU>(a[j]);
+    }
+    r = _mm256_blendv_ps(ninf, _mm256_mul_ps(r, vscale), live);
+    if constexpr (KU == 8) {
+      _mm256_storeu_ps(s + j * kKeyBlock + t0, r);
+    } else if constexpr (KU >= 3) {
+      _mm_storeu_ps(s + j * kKeyBlock + t0, _mm256_castps256_ps128(r));
+    } else {
+      _mm_storel_pi(reinterpret_cast<__m64*>(s + j * kKeyBlock + t0), _mm256_castps256_ps128(r));
+    }
+  }
+}
+
+// s[j][0..32) = head j's scaled scores of keys < nk (NQ heads, q rows at
+// q[j]), -inf past them. Keys in groups of KU (8 for one head, 4 for two, 3
+// then a last 2 for four); rows up to the group holding nk - 1 are read
+// (their lanes are masked: each lane depends on its own key only), all
+// inside the 32-key block.
 template <int NQ, class KR>
 BONSAI_AVX2 void scores_group8(const float* const* q, int64_t hd_k, const KR& k, int64_t nk, float scale, float* s) {
   static_assert(kKeyBlock == 32);
-  constexpr int KU = NQ == 1 ? 8 : (NQ == 2 ? 4 : 2);
+  constexpr int KU = NQ == 1 ? 8 : (NQ == 2 ? 4 : 3);
+  constexpr int64_t kFull = kKeyBlock / KU * KU;  // keys in whole KU groups (30 for KU = 3)
   const int64_t nc = hd_k / 8;
-  const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(kNegInf);
-  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int64_t t0 = 0; t0 < kKeyBlock; t0 += KU) {
+  for (int64_t t0 = 0; t0 < kFull; t0 += KU) {
     if (t0 >= nk) {
-#pragma GCC unroll 16
-      for (int j = 0; j < NQ; ++j) {
-#pragma GCC unroll 16
-        for (int u = 0; u < KU; ++u) s[j * kKeyBlock + t0 + u] = kNegInf;
-      }
-      continue;
+      std::fill(s + t0, s + kKeyBlock, kNegInf);
+      for (int j = 1; j < NQ; ++j) std::fill(s + j * kKeyBlock + t0, s + (j + 1) * kKeyBlock, kNegInf);
+      return;
     }
-    __m256 a[NQ][KU];
-    __m256 qc[NQ];
-#pragma GCC unroll 16
-    for (int j = 0; j < NQ; ++j) qc[j] = _mm256_loadu_ps(q[j]);
-#pragma GCC unroll 16
-    for (int u = 0; u < KU; ++u) {
-      const __m256 kv = load8(k, t0 + u, 0);
-#pragma GCC unroll 16
-      for (int j = 0; j < NQ; ++j) a[j][u] = _mm256_mul_ps(qc[j], kv);
-    }
-    for (int64_t c = 1; c < nc; ++c) {
-#pragma GCC unroll 16
-      for (int j = 0; j < NQ; ++j) qc[j] = _mm256_loadu_ps(q[j] + 8 * c);
-#pragma GCC unroll 16
-      for (int u = 0; u < KU; ++u) {
-        const __m256 kv = load8(k, t0 + u, c);
-#pragma GCC unroll 16
-        for (int j = 0; j < NQ; ++j) a[j][u] = _mm256_fmadd_ps(qc[j], kv, a[j][u]);
-      }
-    }
-    // Lanes u < nk - t0 are live keys.
-    const __m256 live = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(nk - t0)), _CMP_LT_OQ);
-#pragma GCC unroll 16
-    for (int j = 0; j < NQ; ++j) {
-      const __m256 r = _mm256_blendv_ps(ninf, _mm256_mul_ps(hsum_keys<KU>(a[j]), vscale), live);
-      if constexpr (KU == 8) {
-        _mm256_storeu_ps(s + j * kKeyBlock + t0, r);
-      } else if constexpr (KU == 4) {
-        _mm_storeu_ps(s + j * kKeyBlock + t0, _mm256_castps256_ps128(r));
-      } else {
-        _mm_storel_pi(reinterpret_cast<__m64*>(s + j * kKeyBlock + t0), _mm256_castps256_ps128(r));
-      }
+    score_keys8<NQ, KU>(q, nc, k, t0, nk, scale, s);
+  }
+  if constexpr (kFull < kKeyBlock) {
+    static_assert(kKeyBlock - kFull == 2);
+    if (kFull >= nk) {
+      for (int j = 0; j < NQ; ++j) std::fill(s + j * kKeyBlock + kFull, s + (j + 1) * kKeyBlock, kNegInf);
+    } else {
+      score_keys8<NQ, 2>(q, nc, k, kFull, nk, scale, s);
     }
   }
 }
@@ -726,22 +761,25 @@ BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64
 #pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) a[j][c] = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + 8 * (c0 + c)), corr[j]);
   }
+  // Per key: the NC value chunks loaded (converted) once, then each head's
+  // p broadcast through one register: NQ x NC + NC + 1 registers live.
   for (int64_t t = 0; t < nk; ++t) {
-    __m256 pt[NQ];
-#pragma GCC unroll 16
-    for (int j = 0; j < NQ; ++j) pt[j] = _mm256_broadcast_ss(p + j * kKeyBlock + t);
+    __m256 vv[NC];
     [[maybe_unused]] __m256 d;
 #pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) {
-      __m256 vv;
       if constexpr (std::is_same_v<VR, RowsQ8>) {
         if (c % (NC < 4 ? NC : 4) == 0) d = q8_scale8(v, t, c0 + c);
-        vv = q8_chunk8(v, t, c0 + c, d);
+        vv[c] = q8_chunk8(v, t, c0 + c, d);
       } else {
-        vv = load8(v, t, c0 + c);
+        vv[c] = load8(v, t, c0 + c);
       }
+    }
 #pragma GCC unroll 16
-      for (int j = 0; j < NQ; ++j) a[j][c] = _mm256_fmadd_ps(pt[j], vv, a[j][c]);
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 pt = _mm256_broadcast_ss(p + j * kKeyBlock + t);
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) a[j][c] = _mm256_fmadd_ps(pt, vv[c], a[j][c]);
     }
   }
 #pragma GCC unroll 16
@@ -751,20 +789,29 @@ BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64
   }
 }
 
-// Chunk runs of 8 (one head), 4 (two) or 2 (four) chunks, then halves: every
-// run starts at a multiple of its own length.
+// pv_group8 over all hd_v / 8 chunks in runs of NC. F32 / F16 rows: runs of
+// 12 / NQ chunks (12 accumulators: with 8, each fma chain's latency bounded
+// the loop), the rest in runs of 8 / 4 / 2 / 1 no longer than 12 / NQ (16
+// chunks, four heads: 3, 3, 3, 3, 2, 2). Q8_0 rows: runs of 8 / NQ (a run
+// never straddles a 4-chunk block: one scale per block), then halves. Each
+// accumulator's fma chain is the same whatever the runs: same bits.
 template <int NQ, class VR>
 BONSAI_AVX2 void pv_heads8(const float* p, int64_t nk, const VR& v, int64_t hd_v, const __m256* corr,
                            float* const* acc) {
-  constexpr int kRun = NQ == 1 ? 8 : (NQ == 2 ? 4 : 2);
+  constexpr bool kQ8 = std::is_same_v<VR, RowsQ8>;
+  constexpr int kRun = kQ8 ? 8 / NQ : 12 / NQ;
+  constexpr int kPow2 = kRun >= 8 ? 8 : (kRun >= 4 ? 4 : (kRun >= 2 ? 2 : 1));  // largest power of 2 <= kRun
   const int64_t ncv = hd_v / 8;
   int64_t c = 0;
-  for (; c + kRun <= ncv; c += kRun) pv_group8<NQ, kRun>(p, nk, v, c, corr, acc);
-  if constexpr (kRun >= 8) {
-    if (c + 4 <= ncv) pv_group8<NQ, 4>(p, nk, v, c, corr, acc), c += 4;
+  for (; ncv - c >= kRun && (kQ8 || ncv - c != kRun + 1); c += kRun) pv_group8<NQ, kRun>(p, nk, v, c, corr, acc);
+  if constexpr (kPow2 >= 8) {
+    if (ncv - c >= 8) pv_group8<NQ, 8>(p, nk, v, c, corr, acc), c += 8;
   }
-  if constexpr (kRun >= 4) {
-    if (c + 2 <= ncv) pv_group8<NQ, 2>(p, nk, v, c, corr, acc), c += 2;
+  if constexpr (kPow2 >= 4) {
+    if (ncv - c >= 4) pv_group8<NQ, 4>(p, nk, v, c, corr, acc), c += 4;
+  }
+  if constexpr (kPow2 >= 2) {
+    while (ncv - c >= 2) pv_group8<NQ, 2>(p, nk, v, c, corr, acc), c += 2;
   }
   if (c < ncv) pv_group8<NQ, 1>(p, nk, v, c, corr, acc);
 }
