@@ -665,8 +665,8 @@ BONSAI_AVX2 inline void chains8(const float* const* q, int64_t nc, const KR& k, 
 // s[j][t0 .. t0 + KU) (KU = 3: 4 floats stored, the 4th overwritten by the
 // next group) = head j's scaled scores, -inf for keys >= nk.
 template <int NQ, int KU, class KR>
-BONSAI_AVX2 inline void score_keys8(const float* const* q, int64_t nc, const KR& k, int64_t t0, int64_t nk,
-                                    float scale, float* s) {
+BONSAI_AVX2 inline void score_keys8(const float* const* q, int64_t nc, const KR& k, int64_t t0, int64_t nk, float scale,
+                                    float* s) {
   __m256 a[NQ][KU];
   chains8<NQ, KU>(q, nc, k, t0, a);
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
