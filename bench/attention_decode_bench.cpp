@@ -4,8 +4,12 @@
 // rows, next to the cache bytes it reads. The KV read per token at depth
 // 4096 rivals the weights (issue 8), so this is the attention share of a
 // decode step at depth, without the matrix products or a 4,096-token prefill.
-//   bonsai_bench_attention_decode THREADS DEPTH f16|f32|q8_0 [V type, default K's] [ROUNDS]
+//   bonsai_bench_attention_decode THREADS DEPTH f16|f32|q8_0 [V type, default K's] [ROUNDS] [QUERIES]
 // Prints ms per token (all layers), GB/s of K/V rows read, and the kernel.
+// QUERIES > 1 (a prefill ubatch, e.g. 512): the last QUERIES positions of
+// the cache are the queries, as the last chunk of a DEPTH-token prompt;
+// layer 0 only (every layer has the same shape), ms per layer and GFLOP/s
+// (2 flops per multiply-add of QK and PV over the keys each query sees).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -62,7 +66,8 @@ int main(int argc, char** argv) {
   const model::KvType tk = kv_type(argv[3]);
   const model::KvType tv = argc > 4 ? kv_type(argv[4]) : tk;
   const int rounds = argc > 5 ? std::atoi(argv[5]) : 20;
-  if (threads < 1 || depth < 1 || rounds < 1) return 2;
+  const int64_t queries = argc > 6 ? std::atoll(argv[6]) : 1;
+  if (threads < 1 || depth < 1 || rounds < 1 || queries < 1 || queries > depth) return 2;
 
   model::ModelConfig c;
   c.n_layer = 28, c.n_head = 16, c.n_head_kv = 8, c.head_dim_k = 128, c.head_dim_v = 128;
@@ -91,15 +96,17 @@ int main(int argc, char** argv) {
     }
   }
   kv.set_size(depth);
-  std::vector<float> q(c.n_head * c.head_dim_k), out(c.n_head * c.head_dim_v);
+  std::vector<float> q(queries * c.n_head * c.head_dim_k), out(queries * c.n_head * c.head_dim_v);
   std::normal_distribution<float> nd(0.0f, 2.0f);
   for (auto& x : q) x = nd(rng);
-  const model::BatchToken tok[] = {{0, static_cast<int32_t>(depth - 1), 0, false}};
+  std::vector<model::BatchToken> tok;
+  for (int64_t p = depth - queries; p < depth; ++p) tok.push_back({0, static_cast<int32_t>(p), 0, false});
   model::KvCache* caches[] = {&kv};
   core::ThreadPool pool(threads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim_k));
+  const int64_t layers = queries > 1 ? 1 : c.n_layer;
   auto token = [&] {
-    for (int64_t l = 0; l < c.n_layer; ++l) model::attention(c, l, tok, caches, q.data(), out.data(), scale, pool);
+    for (int64_t l = 0; l < layers; ++l) model::attention(c, l, tok, caches, q.data(), out.data(), scale, pool);
   };
   token();  // warm-up
   std::vector<double> ms;
@@ -112,6 +119,17 @@ int main(int argc, char** argv) {
   const double bytes =
       static_cast<double>(depth) * c.n_layer * c.n_head_kv * static_cast<double>(kv.k_row_bytes() + kv.v_row_bytes());
   const double med = ms[ms.size() / 2];
+  if (queries > 1) {
+    double flops = 0;  // QK and PV: 2 flops per multiply-add, per query head and key seen
+    for (const auto& t : tok) flops += (t.pos + 1.0) * c.n_head * (c.head_dim_k + c.head_dim_v) * 2.0;
+    std::printf(
+        "attention prefill: %lld queries at %lld..%lld K %s V %s threads %d kernel %s: median %.2f ms/layer "
+        "(min %.2f), %.1f GFLOP/s\n",
+        static_cast<long long>(queries), static_cast<long long>(depth - queries), static_cast<long long>(depth - 1),
+        model::kv_type_name(tk), model::kv_type_name(tv), threads,
+        model::attention_kernel_name(c.head_dim_k, c.head_dim_v), med, ms.front(), flops / (med * 1e-3) / 1e9);
+    return 0;
+  }
   std::printf(
       "attention decode: depth %lld K %s V %s threads %d kernel %s: median %.3f ms/token (min %.3f), "
       "%.1f MB K/V read, %.2f GB/s\n",
