@@ -761,25 +761,42 @@ BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64
 #pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) a[j][c] = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + 8 * (c0 + c)), corr[j]);
   }
-  // Per key: the NC value chunks loaded (converted) once, then each head's
-  // p broadcast through one register: NQ x NC + NC + 1 registers live.
-  for (int64_t t = 0; t < nk; ++t) {
-    __m256 vv[NC];
-    [[maybe_unused]] __m256 d;
-#pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) {
-      if constexpr (std::is_same_v<VR, RowsQ8>) {
-        if (c % (NC < 4 ? NC : 4) == 0) d = q8_scale8(v, t, c0 + c);
-        vv[c] = q8_chunk8(v, t, c0 + c, d);
-      } else {
-        vv[c] = load8(v, t, c0 + c);
-      }
+  // Value chunk c of key t (Q8_0: d is the run's current block scale,
+  // converted at the first chunk of each block of the run).
+  [[maybe_unused]] __m256 d;
+  auto value = [&](int64_t t, int c) BONSAI_AVX2 {
+    if constexpr (std::is_same_v<VR, RowsQ8>) {
+      if (c % (NC < 4 ? NC : 4) == 0) d = q8_scale8(v, t, c0 + c);
+      return q8_chunk8(v, t, c0 + c, d);
+    } else {
+      return load8(v, t, c0 + c);
     }
+  };
+  // Per key, whichever of the NQ p broadcasts and the NC value chunks are
+  // fewer is held in registers and the other streamed through one, so at
+  // most NQ x NC + min(NQ, NC) + 2 registers are live (no spills at 12
+  // accumulators: 4 heads x 3 chunks, 2 x 6, 1 x 12).
+  for (int64_t t = 0; t < nk; ++t) {
+    if constexpr (NQ <= NC) {
+      __m256 pt[NQ];
 #pragma GCC unroll 16
-    for (int j = 0; j < NQ; ++j) {
-      const __m256 pt = _mm256_broadcast_ss(p + j * kKeyBlock + t);
+      for (int j = 0; j < NQ; ++j) pt[j] = _mm256_broadcast_ss(p + j * kKeyBlock + t);
 #pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c) a[j][c] = _mm256_fmadd_ps(pt, vv[c], a[j][c]);
+      for (int c = 0; c < NC; ++c) {
+        const __m256 vv = value(t, c);
+#pragma GCC unroll 16
+        for (int j = 0; j < NQ; ++j) a[j][c] = _mm256_fmadd_ps(pt[j], vv, a[j][c]);
+      }
+    } else {
+      __m256 vv[NC];
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) vv[c] = value(t, c);
+#pragma GCC unroll 16
+      for (int j = 0; j < NQ; ++j) {
+        const __m256 pt = _mm256_broadcast_ss(p + j * kKeyBlock + t);
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; ++c) a[j][c] = _mm256_fmadd_ps(pt, vv[c], a[j][c]);
+      }
     }
   }
 #pragma GCC unroll 16
