@@ -64,6 +64,44 @@ constexpr int64_t kMaxHeadDim = 512;
 // to fp32.
 constexpr int64_t kDirectHeads = 4;
 
+// Prefetches of the next key block's K and V rows spread over the current
+// block's work, for decode (rows read in place). attention() points the
+// calling thread's cursor (t_spread) at the next block's rows; the group
+// step's inner loops call tick(n), which requests the next n cache lines
+// (K's, then V's) into L2. Spread like this the misses overlap the block's
+// arithmetic; issued in four bursts between the phases (the prefill path's
+// scheme, prefetch_l2) they did not: on Zen 3 decode attention at depth
+// 4096 with f16 K/V took about the sum of its compute time (rows in L2) and
+// its memory time, and 1.3-1.4x less with the spread requests
+// (bench/results/attention-prefill-avx2-2026-12-03-zen3-session16.txt).
+// Hints only: no result depends on them. Lines the kernels did not reach
+// are dropped when the cursor moves on.
+struct SpreadPrefetch {
+  const char* p[2] = {nullptr, nullptr};  // next line of K's rows, of V's rows
+  const char* end[2] = {nullptr, nullptr};
+  int64_t left = 0;  // lines not yet requested (both ranges): tick's cheap exit when 0
+  // [k, k + kbytes) and [v, v + vbytes) (null: none), from their first lines.
+  void set(const uint8_t* k, size_t kbytes, const uint8_t* v, size_t vbytes) {
+    const uint8_t* from[2] = {k, v};
+    const size_t bytes[2] = {k ? kbytes : 0, v ? vbytes : 0};
+    left = 0;
+    for (int i = 0; i < 2; ++i) {
+      end[i] = reinterpret_cast<const char*>(from[i]) + bytes[i];
+      p[i] = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(from[i]) & ~uintptr_t{63});
+      left += (end[i] - p[i] + 63) / 64;
+    }
+  }
+  void clear() { set(nullptr, 0, nullptr, 0); }
+  void tick(int n) {
+    if (left <= 0) return;
+    left -= n;
+    for (int i = 0; i < 2 && n > 0; ++i) {
+      for (; n > 0 && p[i] < end[i]; --n, p[i] += 64) __builtin_prefetch(p[i], 0, 2);
+    }
+  }
+};
+thread_local SpreadPrefetch t_spread;
+
 // The softmax + V part of the step for scores s[0..nk) (already scaled):
 // portable reference (std::exp, plain loops). s is overwritten.
 void update_scalar(float* s, const float* v, int64_t nk, int64_t hd_v, float* state) {
@@ -411,6 +449,7 @@ template <int NQ, class KR>
 BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&f)[NQ][4]) {
   constexpr int KU = NQ <= 2 ? 8 : 4;
   const int64_t nc = hd_k / 16;
+  SpreadPrefetch& pf = t_spread;
   for (int h = 0; h < 16; h += KU) {
     __m512 a[NQ][KU];
     __m512 qc[NQ];
@@ -423,6 +462,7 @@ BONSAI_AVX512 inline void chains16(const float* const* q, int64_t hd_k, const KR
       for (int j = 0; j < NQ; ++j) a[j][u] = _mm512_mul_ps(qc[j], kv);
     }
     for (int64_t c = 1; c < nc; ++c) {
+      pf.tick(2);
 #pragma GCC unroll 16
       for (int j = 0; j < NQ; ++j) qc[j] = _mm512_loadu_ps(q[j] + 16 * c);
 #pragma GCC unroll 16
@@ -477,7 +517,9 @@ BONSAI_AVX512 inline void pv_group(const float* p, int64_t nk, const VR& v, int6
 #pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) a[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[j] + 16 * (c0 + c)), corr[j]);
   }
+  SpreadPrefetch& pf = t_spread;
   for (int64_t t = 0; t < nk; ++t) {
+    pf.tick(NC < 4 ? 4 : NC);
     __m512 pt[NQ];
 #pragma GCC unroll 16
     for (int j = 0; j < NQ; ++j) pt[j] = _mm512_set1_ps(p[j * kKeyBlock + t]);
@@ -649,7 +691,9 @@ BONSAI_AVX2 inline void chains8(const float* const* q, int64_t nc, const KR& k, 
       for (int u = 0; u < KU; ++u) a[j][u] = _mm256_mul_ps(qc, kv[u]);
     }
   }
+  SpreadPrefetch& pf = t_spread;
   for (int64_t c = 1; c < nc; ++c) {
+    pf.tick(1);
     __m256 kv[KU];
 #pragma GCC unroll 16
     for (int u = 0; u < KU; ++u) kv[u] = load8(k, t0 + u, c);
@@ -776,7 +820,9 @@ BONSAI_AVX2 inline void pv_group8(const float* p, int64_t nk, const VR& v, int64
   // fewer is held in registers and the other streamed through one, so at
   // most NQ x NC + min(NQ, NC) + 2 registers are live (no spills at 12
   // accumulators: 4 heads x 3 chunks, 2 x 6, 1 x 12).
+  SpreadPrefetch& pf = t_spread;
   for (int64_t t = 0; t < nk; ++t) {
+    pf.tick(2);
     if constexpr (NQ <= NC) {
       __m256 pt[NQ];
 #pragma GCC unroll 16
@@ -1179,12 +1225,20 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         const size_t vbytes = static_cast<size_t>(nk_next) * kv.v_row_bytes();
         const uint8_t* k_next = nk_next > 0 ? kv.k_row(layer, kvh, kn) : nullptr;
         const uint8_t* v_next = nk_next > 0 ? kv.v_row(layer, kvh, kn) : nullptr;
-        if (k_next) prefetch_l2(k_next, k_conv ? kbytes : kbytes / 2);
+        // Decode (rows read in place by the group step): the next block's
+        // rows are requested as the step goes (SpreadPrefetch).
+        const bool spread = direct;
+        if (spread) {
+          t_spread.set(k_next, kbytes, v_next, vbytes);
+        } else {
+          t_spread.clear();
+        }
+        if (k_next && !spread) prefetch_l2(k_next, k_conv ? kbytes : kbytes / 2);
         // One head's rows are contiguous, so the block is one row of nk_all * hd values.
         if (k_conv) load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
-        if (v_next && k_conv) prefetch_l2(v_next, vbytes);
+        if (v_next && k_conv && !spread) prefetch_l2(v_next, vbytes);
         if (!direct) load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
-        if (k_next && !k_conv) prefetch_l2(k_next + kbytes / 2, kbytes - kbytes / 2);
+        if (k_next && !k_conv && !spread) prefetch_l2(k_next + kbytes / 2, kbytes - kbytes / 2);
         const int64_t qi0 = std::max<int64_t>(0, kb - p_first);  // first query reaching this block
         if (q8k) {
           // Scores of keys kb..kb+nk_all for the tile's queries that reach
@@ -1192,7 +1246,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
           score_q8(kv.k_row(layer, kvh, kb), kv.k_row_bytes(), nk_all, hd_k, sc.qq.data() + qi0 * group,
                    (tl.count - qi0) * group, scale, sc.s.data() + qi0 * group * kKeyBlock);
         }
-        if (v_next && !k_conv) prefetch_l2(v_next, vbytes / 2);
+        if (v_next && !k_conv && !spread) prefetch_l2(v_next, vbytes / 2);
         if (fused) {
           const RowsRef kref = direct_k ? RowsRef{kf, kv.k_row(layer, kvh, kb), kv.k_row_bytes()}
                                         : RowsRef{kernels::Format::kF32, reinterpret_cast<const uint8_t*>(sc.k.data()),
@@ -1235,7 +1289,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
             }
           }
         }
-        if (v_next && !k_conv) prefetch_l2(v_next + vbytes / 2, vbytes - vbytes / 2);
+        if (v_next && !k_conv && !spread) prefetch_l2(v_next + vbytes / 2, vbytes - vbytes / 2);
       }
       for (int64_t qi = 0; qi < tl.count; ++qi) {
         float* orow = out + (tl.first + qi) * o_stride + kvh * group * hd_v;
