@@ -1210,14 +1210,15 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         // from memory once per token, and without it each block waited for
         // its own misses (decode at depth 4096, 1.7B shape: 55% of the time
         // in the f16 -> f32 row conversion). Hints only; no result changes.
-        // The requests are spread over the block's phases (K before this
-        // block's K conversion and V after it; when K is not converted (Q8_0
-        // keys, or rows read in place), K in two halves around V's
-        // conversion and V in two halves around the scoring and the V
-        // update), so the misses in flight never fill the core's miss queue
-        // at once: a burst of both halves stalled on the prefetch
-        // instructions (perf, q8_0 at depth 4096: 11% of the time on them;
-        // spread: tg64 28.2/22.9 -> 32.7/31.7).
+        // Decode (rows read in place: `direct`): the requests go out a few
+        // lines at a time from the group step's inner loops (SpreadPrefetch).
+        // Prefill: they are spread over the block's phases (K before this
+        // block's K conversion and V after it; with Q8_0 keys, which are
+        // not converted, K in two halves around V's conversion and V in two
+        // halves around the scoring and the V update), so the misses in
+        // flight never fill the core's miss queue at once: a burst of both
+        // halves stalled on the prefetch instructions (perf, q8_0 at depth
+        // 4096: 11% of the time on them; spread: tg64 28.2/22.9 -> 32.7/31.7).
         const bool k_conv = !q8k && !direct_k;
         const int64_t kn = kb + kKeyBlock;
         const int64_t nk_next = kn <= tl.last_pos ? std::min(kKeyBlock, tl.last_pos + 1 - kn) : 0;
@@ -1225,8 +1226,6 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         const size_t vbytes = static_cast<size_t>(nk_next) * kv.v_row_bytes();
         const uint8_t* k_next = nk_next > 0 ? kv.k_row(layer, kvh, kn) : nullptr;
         const uint8_t* v_next = nk_next > 0 ? kv.v_row(layer, kvh, kn) : nullptr;
-        // Decode (rows read in place by the group step): the next block's
-        // rows are requested as the step goes (SpreadPrefetch).
         const bool spread = direct;
         if (spread) {
           t_spread.set(k_next, kbytes, v_next, vbytes);
