@@ -77,8 +77,8 @@ constexpr int64_t kDirectHeads = 4;
 // Hints only: no result depends on them. Lines the kernels did not reach
 // are dropped when the cursor moves on.
 struct SpreadPrefetch {
-  const char* p[2] = {nullptr, nullptr};  // next line of K's rows, of V's rows
-  const char* end[2] = {nullptr, nullptr};
+  uintptr_t p[2] = {0, 0};  // next line of K's rows, of V's rows (addresses)
+  uintptr_t end[2] = {0, 0};
   int64_t left = 0;  // lines not yet requested (both ranges): tick's cheap exit when 0
   // [k, k + kbytes) and [v, v + vbytes) (null: none), from their first lines.
   void set(const uint8_t* k, size_t kbytes, const uint8_t* v, size_t vbytes) {
@@ -86,17 +86,18 @@ struct SpreadPrefetch {
     const size_t bytes[2] = {k ? kbytes : 0, v ? vbytes : 0};
     left = 0;
     for (int i = 0; i < 2; ++i) {
-      end[i] = reinterpret_cast<const char*>(from[i]) + bytes[i];
-      p[i] = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(from[i]) & ~uintptr_t{63});
-      left += (end[i] - p[i] + 63) / 64;
+      end[i] = reinterpret_cast<uintptr_t>(from[i]) + bytes[i];
+      p[i] = reinterpret_cast<uintptr_t>(from[i]) & ~uintptr_t{63};
+      left += static_cast<int64_t>((end[i] - p[i] + 63) / 64);
     }
   }
   void clear() { set(nullptr, 0, nullptr, 0); }
+  // Requests the next n lines (none once all are requested).
   void tick(int n) {
     if (left <= 0) return;
     left -= n;
     for (int i = 0; i < 2 && n > 0; ++i) {
-      for (; n > 0 && p[i] < end[i]; --n, p[i] += 64) __builtin_prefetch(p[i], 0, 2);
+      for (; n > 0 && p[i] < end[i]; --n, p[i] += 64) __builtin_prefetch(reinterpret_cast<const void*>(p[i]), 0, 2);
     }
   }
 };
