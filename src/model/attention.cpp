@@ -73,7 +73,7 @@ constexpr int64_t kDirectHeads = 4;
 // scheme, prefetch_l2) they did not: on Zen 3 decode attention at depth
 // 4096 with f16 K/V took about the sum of its compute time (rows in L2) and
 // its memory time, and 1.3-1.4x less with the spread requests
-// (bench/results/attention-prefill-avx2-2026-12-03-zen3-session16.txt).
+// (bench/results/attention-avx2-2026-12-03-zen3-session16.txt).
 // Hints only: no result depends on them. Lines the kernels did not reach
 // are dropped when the cursor moves on.
 struct SpreadPrefetch {
