@@ -748,20 +748,16 @@ BONSAI_AVX2 void scores_group8(const float* const* q, int64_t hd_k, const KR& k,
   constexpr int KU = NQ == 1 ? 8 : (NQ == 2 ? 4 : 3);
   constexpr int64_t kFull = kKeyBlock / KU * KU;  // keys in whole KU groups (30 for KU = 3)
   const int64_t nc = hd_k / 8;
-  for (int64_t t0 = 0; t0 < kFull; t0 += KU) {
-    if (t0 >= nk) {
-      std::fill(s + t0, s + kKeyBlock, kNegInf);
-      for (int j = 1; j < NQ; ++j) std::fill(s + j * kKeyBlock + t0, s + (j + 1) * kKeyBlock, kNegInf);
+  for (int64_t t0 = 0; t0 < kKeyBlock; t0 += KU) {
+    if (t0 >= nk) {  // no live key from here on: every head's rest of the row is -inf
+      for (int j = 0; j < NQ; ++j) std::fill(s + j * kKeyBlock + t0, s + (j + 1) * kKeyBlock, kNegInf);
       return;
     }
-    score_keys8<NQ, KU>(q, nc, k, t0, nk, scale, s);
-  }
-  if constexpr (kFull < kKeyBlock) {
-    static_assert(kKeyBlock - kFull == 2);
-    if (kFull >= nk) {
-      for (int j = 0; j < NQ; ++j) std::fill(s + j * kKeyBlock + kFull, s + (j + 1) * kKeyBlock, kNegInf);
+    if (t0 < kFull) {
+      score_keys8<NQ, KU>(q, nc, k, t0, nk, scale, s);
     } else {
-      score_keys8<NQ, 2>(q, nc, k, kFull, nk, scale, s);
+      static_assert(kKeyBlock - kFull == 0 || kKeyBlock - kFull == 2);
+      score_keys8<NQ, 2>(q, nc, k, t0, nk, scale, s);  // the last 2 keys (KU = 3)
     }
   }
 }
@@ -1227,18 +1223,17 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
         const size_t vbytes = static_cast<size_t>(nk_next) * kv.v_row_bytes();
         const uint8_t* k_next = nk_next > 0 ? kv.k_row(layer, kvh, kn) : nullptr;
         const uint8_t* v_next = nk_next > 0 ? kv.v_row(layer, kvh, kn) : nullptr;
-        const bool spread = direct;
-        if (spread) {
+        if (direct) {
           t_spread.set(k_next, kbytes, v_next, vbytes);
         } else {
           t_spread.clear();
         }
-        if (k_next && !spread) prefetch_l2(k_next, k_conv ? kbytes : kbytes / 2);
+        if (k_next && !direct) prefetch_l2(k_next, k_conv ? kbytes : kbytes / 2);
         // One head's rows are contiguous, so the block is one row of nk_all * hd values.
         if (k_conv) load_rows(kf, kv.k_row(layer, kvh, kb), sc.k.data(), nk_all * hd_k);
-        if (v_next && k_conv && !spread) prefetch_l2(v_next, vbytes);
+        if (v_next && k_conv && !direct) prefetch_l2(v_next, vbytes);
         if (!direct) load_rows(vf, kv.v_row(layer, kvh, kb), sc.v.data(), nk_all * hd_v);
-        if (k_next && !k_conv && !spread) prefetch_l2(k_next + kbytes / 2, kbytes - kbytes / 2);
+        if (k_next && !k_conv && !direct) prefetch_l2(k_next + kbytes / 2, kbytes - kbytes / 2);
         const int64_t qi0 = std::max<int64_t>(0, kb - p_first);  // first query reaching this block
         if (q8k) {
           // Scores of keys kb..kb+nk_all for the tile's queries that reach
@@ -1246,7 +1241,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
           score_q8(kv.k_row(layer, kvh, kb), kv.k_row_bytes(), nk_all, hd_k, sc.qq.data() + qi0 * group,
                    (tl.count - qi0) * group, scale, sc.s.data() + qi0 * group * kKeyBlock);
         }
-        if (v_next && !k_conv && !spread) prefetch_l2(v_next, vbytes / 2);
+        if (v_next && !k_conv && !direct) prefetch_l2(v_next, vbytes / 2);
         if (fused) {
           const RowsRef kref = direct_k ? RowsRef{kf, kv.k_row(layer, kvh, kb), kv.k_row_bytes()}
                                         : RowsRef{kernels::Format::kF32, reinterpret_cast<const uint8_t*>(sc.k.data()),
@@ -1289,7 +1284,7 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
             }
           }
         }
-        if (v_next && !k_conv && !spread) prefetch_l2(v_next + vbytes / 2, vbytes - vbytes / 2);
+        if (v_next && !k_conv && !direct) prefetch_l2(v_next + vbytes / 2, vbytes - vbytes / 2);
       }
       for (int64_t qi = 0; qi < tl.count; ++qi) {
         float* orow = out + (tl.first + qi) * o_stride + kvh * group * hd_v;

@@ -107,6 +107,18 @@ std::vector<float> run(const Synth& s, std::span<KvCache* const> caches, std::sp
   return mine;
 }
 
+// Every position 0..P-1 of sequence 0 as its own call (decode), rows
+// concatenated ([P][n_head*hd]).
+std::vector<float> run_decode(const Synth& s, std::span<KvCache* const> caches, core::ThreadPool& pool) {
+  std::vector<float> out;
+  for (int32_t p = 0; p < static_cast<int32_t>(s.P); ++p) {
+    const int32_t one[] = {p};
+    const auto r = run(s, caches, one, 0, pool);
+    out.insert(out.end(), r.begin(), r.end());
+  }
+  return out;
+}
+
 // The cache's values as fp32 (what attention reads), for the reference.
 float cached(const KvCache& kv, bool is_k, int64_t h, int64_t p, int64_t i, int64_t hd) {
   std::vector<float> row(hd);
@@ -140,12 +152,7 @@ TEST_P(AttentionInvariance, DecodePrefillChunksAndMixesAreBitIdentical) {
   const int64_t row = s.cfg.n_head * hd;
 
   // Decode: one query per call.
-  std::vector<float> decode;
-  for (int32_t p = 0; p < P; ++p) {
-    const int32_t one[] = {p};
-    const auto r = run(s, caches, one, 0, pool);
-    decode.insert(decode.end(), r.begin(), r.end());
-  }
+  const std::vector<float> decode = run_decode(s, caches, pool);
   // Reference: double-precision softmax over the cached values. With Q8_0
   // keys the scores use q quantized to Q8_0 (attention.cpp's integer path,
   // as ggml's): the reference takes that q, dequantized.
@@ -250,12 +257,7 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
         }
         std::vector<int32_t> all(P);
         for (int32_t p = 0; p < P; ++p) all[p] = p;
-        std::vector<float> decode;
-        for (int32_t p = 0; p < P; ++p) {
-          const int32_t one[] = {p};
-          const auto r = run(s, caches, one, 0, pool);
-          decode.insert(decode.end(), r.begin(), r.end());
-        }
+        const std::vector<float> decode = run_decode(s, caches, pool);
         // Sanity: a softmax average of V, so |out| <= max |v| (a wrong head
         // mapping would still pass the memcmps below).
         float vmax = 0.0f;
