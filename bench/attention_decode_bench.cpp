@@ -57,17 +57,18 @@ void store_row(model::KvType t, std::mt19937& rng, uint8_t* dst, int64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: %s THREADS DEPTH f16|f32|q8_0 [V type] [ROUNDS]\n", argv[0]);
+  auto usage = [&] {
+    std::fprintf(stderr, "usage: %s THREADS DEPTH f16|f32|q8_0 [V type] [ROUNDS] [QUERIES <= DEPTH]\n", argv[0]);
     return 2;
-  }
+  };
+  if (argc < 4) return usage();
   const int threads = std::atoi(argv[1]);
   const int64_t depth = std::atoll(argv[2]);
   const model::KvType tk = kv_type(argv[3]);
   const model::KvType tv = argc > 4 ? kv_type(argv[4]) : tk;
   const int rounds = argc > 5 ? std::atoi(argv[5]) : 20;
   const int64_t queries = argc > 6 ? std::atoll(argv[6]) : 1;
-  if (threads < 1 || depth < 1 || rounds < 1 || queries < 1 || queries > depth) return 2;
+  if (threads < 1 || depth < 1 || rounds < 1 || queries < 1 || queries > depth) return usage();
 
   model::ModelConfig c;
   c.n_layer = 28, c.n_head = 16, c.n_head_kv = 8, c.head_dim_k = 128, c.head_dim_v = 128;
