@@ -5,20 +5,24 @@
 //
 // Each variant walks 64 keys of one 32-value Q8_0 block (int8 quants, an fp32
 // scale d per key, one probability p per key and head) and updates 2 heads x 4
-// chunks = 8 fp32 accumulators per key (8 independent fma chains, so fma
-// latency does not bound the loop):
-//   fma only      acc += p * c (c a constant vector): the 8 fmas alone
+// chunks = 8 fp32 accumulators per key (8 independent fma chains: on a CPU
+// with two 4-cycle FMA pipes, 8 fmas per key sit on both the throughput and
+// the latency bound, so "fma only" is a floor, not a pipe count by itself):
+//   fma only      acc += p * c (c a vector of 1.5 the compiler cannot see):
+//                 the 8 fmas alone
 //   cvt           v = cvtdq2ps(pmovsxbd(q)); acc += p * v
-//   cvt * d       v = d * cvtdq2ps(pmovsxbd(q)); acc += p * v   (what pv_group8 does
-//                 today: the bits of attention's canonical PV, v = fl(d * q) exact)
+//   cvt * d       v = d * cvtdq2ps(pmovsxbd(q)); acc += p * v   (pv_group8's
+//                 arithmetic today, v = fl(d * q) exact; it also converts the
+//                 fp16 scale per key and ticks the prefetch cursor, left out here)
 //   magic * d     the int8 -> fp32 conversion as (zero-extend(q) ^ 0x4b000080)
-//                 - (2^23 + 128) (exact, off the convert unit), then * d
+//                 - (2^23 + 128) (exact, no cvt), then * d
 //   cvt, p*d      v = cvtdq2ps(pmovsxbd(q)); acc += fl(p * d) * v (2 multiplies per
 //                 key instead of 4: changes the rounding, so not attention's bits)
-// Prints ns per key (minimum over ROUNDS) and the ratio to "fma only". On a
-// CPU whose conversions and multiplies share the two FMA pipes (Zen 3:
-// bench/results/decode-q8-pipes-2026-12-04-zen3-session17.txt) "cvt * d" costs
-// 16 pipe slots per key against 8 for the fmas.
+// Prints ns per key (minimum over ROUNDS, after one warm-up pass of every
+// variant) and the ratio to "fma only". On a CPU whose conversions and
+// multiplies share the two FMA pipes (Zen 3: bench/results/
+// decode-q8-pipes-2026-12-04-zen3-session17.txt) "cvt * d" issues 16
+// operations per key on those pipes against 8 fmas: about 2x.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -42,11 +46,13 @@ enum class Mode { kFmaOnly, kCvt, kCvtScale, kMagicScale, kCvtFoldedScale };
 
 // One 8-value chunk's fp32 values v of key t (per the mode) for chunk c.
 template <Mode M>
-__attribute__((target("avx2,fma"), always_inline)) inline __m256 value(const Data* dp, int t, int c, __m256 d) {
-  const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&dp->q[t][8 * c]));
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 value(const Data* dp, int t, int c, __m256 d,
+                                                                       __m256 one) {
   if constexpr (M == Mode::kFmaOnly) {
-    return _mm256_set1_ps(1.0f);
-  } else if constexpr (M == Mode::kCvt || M == Mode::kCvtFoldedScale) {
+    return one;
+  }
+  const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&dp->q[t][8 * c]));
+  if constexpr (M == Mode::kCvt || M == Mode::kCvtFoldedScale) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
   } else if constexpr (M == Mode::kCvtScale) {
     return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
@@ -62,6 +68,8 @@ __attribute__((target("avx2,fma"), noinline)) float run(const Data& data, int64_
   // a store per fma, which then bounded the loop instead of the pipes).
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   const Data* dp = &data;
+  __m256 one = _mm256_set1_ps(1.5f);
+  asm volatile("" : "+x"(one));  // not a constant: fma(p, c, acc) stays an fma
   for (int64_t pass = 0; pass < passes; ++pass) {
     asm volatile("" : "+r"(dp));  // the loads below are not hoisted out of the pass loop
     for (int t = 0; t < kKeys; ++t) {
@@ -71,16 +79,16 @@ __attribute__((target("avx2,fma"), noinline)) float run(const Data& data, int64_
         p0 = _mm256_mul_ps(p0, d);
         p1 = _mm256_mul_ps(p1, d);
       }
-      const __m256 v0 = value<M>(dp, t, 0, d);
+      const __m256 v0 = value<M>(dp, t, 0, d, one);
       a0 = _mm256_fmadd_ps(p0, v0, a0);
       a1 = _mm256_fmadd_ps(p1, v0, a1);
-      const __m256 v1 = value<M>(dp, t, 1, d);
+      const __m256 v1 = value<M>(dp, t, 1, d, one);
       a2 = _mm256_fmadd_ps(p0, v1, a2);
       a3 = _mm256_fmadd_ps(p1, v1, a3);
-      const __m256 v2 = value<M>(dp, t, 2, d);
+      const __m256 v2 = value<M>(dp, t, 2, d, one);
       a4 = _mm256_fmadd_ps(p0, v2, a4);
       a5 = _mm256_fmadd_ps(p1, v2, a5);
-      const __m256 v3 = value<M>(dp, t, 3, d);
+      const __m256 v3 = value<M>(dp, t, 3, d, one);
       a6 = _mm256_fmadd_ps(p0, v3, a6);
       a7 = _mm256_fmadd_ps(p1, v3, a7);
     }
@@ -123,6 +131,7 @@ int main(int argc, char** argv) {
   double best[std::size(variants)];
   std::fill(std::begin(best), std::end(best), 1e30);
   volatile float sink = 0.0f;
+  for (const Variant& v : variants) sink = sink + v.fn(data, kPasses / 8);  // warm-up
   for (int r = 0; r < rounds; ++r) {
     for (size_t v = 0; v < std::size(variants); ++v) {  // variants alternate within each round
       const auto t0 = std::chrono::steady_clock::now();

@@ -15,7 +15,9 @@
 //             engine::Scheduler over an EnginePool of N replicas; the time
 //             between consecutive steps that ran exactly N decode tokens
 //             (SchedulerOptions::on_step): forward + sampling, text release,
-//             events, admission.
+//             events, admission. After each step phase the bench waits for
+//             the scheduler's step that runs the finished sequences' last
+//             tokens (keep_tail, see step_ms) so the next phase runs alone.
 // Prints medians (ms per step) and tok/s = N / step, plus the two overheads
 // (forward - products: the model outside its products; step - forward: the
 // scheduler's own work).
@@ -142,12 +144,14 @@ int main(int argc, char** argv) {
   // The scheduler, its step times recorded by on_step.
   std::mutex mu;
   std::vector<std::pair<Clock::time_point, int64_t>> marks;  // (time, tokens) of steps with tokens == sequences
+  std::atomic<int64_t> tail_steps{0};  // steps with tokens but no live sequence: finished sequences' last tokens
   engine::SchedulerOptions so;
   so.pool = &tp;
   so.kv_pool = built->kv_pool;
   so.on_step = [&](int64_t tokens, int64_t seqs) {
     std::lock_guard lock(mu);
     marks.emplace_back(Clock::now(), tokens == seqs ? tokens : -1);
+    if (seqs == 0 && tokens > 0) tail_steps.fetch_add(1);
   };
   engine::Scheduler sched(pool, built->model, built->n_ctx, so);
   auto step_ms = [&](int n, int round) {
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
       std::lock_guard lock(mu);
       marks.clear();
     }
+    tail_steps.store(0);
     std::vector<std::shared_ptr<engine::JobHandle>> hs;
     for (int s = 0; s < n; ++s) {
       engine::CompletionJob j;
@@ -172,18 +177,14 @@ int main(int argc, char** argv) {
     }
     // With the prompt cache on (the default) the scheduler runs each finished
     // sequence's last token one more step (keep_tail: the cache then holds the
-    // whole conversation). Wait for that step (up to 2 s) so that the next
-    // phase does not share the cores with it: without this wait, the N = 1
-    // products of every round after the first read 2x slow at 2 threads
-    // (session 17; the tail step took 12-110 ms for N = 1..16 on Zen 3).
-    const auto ended_at = Clock::now();
-    for (const auto deadline = ended_at + std::chrono::seconds(2); Clock::now() < deadline;) {
-      {
-        std::lock_guard lock(mu);
-        if (!marks.empty() && marks.back().first >= ended_at) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    // whole conversation), a step with tokens but no live sequence. Wait for
+    // it (up to 2 s; the scheduler may also drop tails under KV pressure) so
+    // the next phase does not share the cores with it: without this wait the
+    // N = 1 products of every round after the first read 2x slow at 2
+    // threads (session 17; the tail step took 12-110 ms for N = 1..16, Zen 3).
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (tail_steps.load() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (tail_steps.load() == 0) std::fprintf(stderr, "step_bench: no keep_tail step within 2 s after N = %d\n", n);
     std::lock_guard lock(mu);
     std::vector<double> t;
     for (size_t i = 1; i < marks.size(); ++i)
