@@ -47,9 +47,9 @@ enum class Mode { kFmaOnly, kCvt, kCvtScale, kMagicScale, kCvtFoldedScale };
 // One 8-value chunk's fp32 values v of key t (per the mode) for chunk c.
 template <Mode M>
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 value(const Data* dp, int t, int c, __m256 d,
-                                                                       __m256 one) {
+                                                                       __m256 cvec) {
   if constexpr (M == Mode::kFmaOnly) {
-    return one;
+    return cvec;
   }
   const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&dp->q[t][8 * c]));
   if constexpr (M == Mode::kCvt || M == Mode::kCvtFoldedScale) {
@@ -68,8 +68,8 @@ __attribute__((target("avx2,fma"), noinline)) float run(const Data& data, int64_
   // a store per fma, which then bounded the loop instead of the pipes).
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   const Data* dp = &data;
-  __m256 one = _mm256_set1_ps(1.5f);
-  asm volatile("" : "+x"(one));  // not a constant: fma(p, c, acc) stays an fma
+  __m256 cvec = _mm256_set1_ps(1.5f);
+  asm volatile("" : "+x"(cvec));  // not a constant: fma(p, c, acc) stays an fma
   for (int64_t pass = 0; pass < passes; ++pass) {
     asm volatile("" : "+r"(dp));  // the loads below are not hoisted out of the pass loop
     for (int t = 0; t < kKeys; ++t) {
@@ -79,16 +79,16 @@ __attribute__((target("avx2,fma"), noinline)) float run(const Data& data, int64_
         p0 = _mm256_mul_ps(p0, d);
         p1 = _mm256_mul_ps(p1, d);
       }
-      const __m256 v0 = value<M>(dp, t, 0, d, one);
+      const __m256 v0 = value<M>(dp, t, 0, d, cvec);
       a0 = _mm256_fmadd_ps(p0, v0, a0);
       a1 = _mm256_fmadd_ps(p1, v0, a1);
-      const __m256 v1 = value<M>(dp, t, 1, d, one);
+      const __m256 v1 = value<M>(dp, t, 1, d, cvec);
       a2 = _mm256_fmadd_ps(p0, v1, a2);
       a3 = _mm256_fmadd_ps(p1, v1, a3);
-      const __m256 v2 = value<M>(dp, t, 2, d, one);
+      const __m256 v2 = value<M>(dp, t, 2, d, cvec);
       a4 = _mm256_fmadd_ps(p0, v2, a4);
       a5 = _mm256_fmadd_ps(p1, v2, a5);
-      const __m256 v3 = value<M>(dp, t, 3, d, one);
+      const __m256 v3 = value<M>(dp, t, 3, d, cvec);
       a6 = _mm256_fmadd_ps(p0, v3, a6);
       a7 = _mm256_fmadd_ps(p1, v3, a7);
     }
