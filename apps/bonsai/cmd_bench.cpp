@@ -302,6 +302,7 @@ nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
   j["bw_ratio"] = opt(r.bw_ratio());
   j["int8_peak_gops"] = r.ceil.peak.gops;
   j["int8_peak_isa"] = r.ceil.peak.isa;
+  j["amx_int8_peak_gops"] = r.ceil.peak.amx_gops > 0 ? nlohmann::ordered_json(r.ceil.peak.amx_gops) : nullptr;
   j["ops_per_token"] = r.test.n_prompt > 0 ? nlohmann::ordered_json(r.ops_per_token()) : nullptr;
   j["int8_peak_ratio"] = opt(r.peak_ratio());
   return j;
@@ -358,8 +359,10 @@ class Printer {
     if (format_ == "md" && n_ > 0) {
       std::printf("\n");
       for (const auto& [t, c] : ceilings) {
-        std::printf("%d thread%s: read bandwidth %.2f GB/s, int8 dot peak %.1f GOPS (%s)\n", t, t == 1 ? "" : "s",
+        std::printf("%d thread%s: read bandwidth %.2f GB/s, int8 dot peak %.1f GOPS (%s)", t, t == 1 ? "" : "s",
                     c.read_gbs, c.peak.gops, c.peak.isa.c_str());
+        if (c.peak.amx_gops > 0) std::printf(", AMX int8 peak %.1f GOPS", c.peak.amx_gops);
+        std::printf("\n");
       }
       for (const auto& m : models) {
         std::printf("%s: %.1f MB of matrices streamed per token, KV %llu B per position (K %s, V %s)\n",
@@ -548,7 +551,7 @@ int bench_main(const BenchFlags& f) {
                            })->first;
 
   const std::string cpu = cpu_model_name();
-  const std::string backend = "CPU/" + std::string(kernels::tier_name(rt->tier));
+  const std::string backend = "CPU/" + kernels::kernel_name();  // "CPU/avx512-amx" where AMX runs the batches
   Printer printer(f.output, cpu);
   std::vector<std::unique_ptr<ModelStats>> stats;
   const uint64_t runs_per_test = static_cast<uint64_t>(f.reps) + (f.no_warmup ? 0 : 1);

@@ -277,6 +277,44 @@ bool amx_usable() {
   return ok;
 }
 
+uint64_t amx_peak_loop(int64_t iters) {
+  // tmm0..3: four independent int32 accumulators (16 x 64 B); tmm4/5: A
+  // (16 rows x 64 B of u8); tmm6/7: B (16 rows x 64 B of s8): each TDPBUSD
+  // is 16 x 16 x 64 multiply-adds, and the four chains cover its latency.
+  TileConfig c;
+  std::memset(&c, 0, sizeof(c));
+  c.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  alignas(64) static thread_local uint8_t buf[16 * 64];
+  std::memset(buf, 1, sizeof(buf));
+  _tile_loadconfig(&c);
+  _tile_loadd(4, buf, 64);
+  _tile_loadd(5, buf, 64);
+  _tile_loadd(6, buf, 64);
+  _tile_loadd(7, buf, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  alignas(64) int32_t out[4][16 * 16];
+  _tile_stored(0, out[0], 64);
+  _tile_stored(1, out[1], 64);
+  _tile_stored(2, out[2], 64);
+  _tile_stored(3, out[3], 64);
+  _tile_release();
+  return static_cast<uint64_t>(out[0][0]) + static_cast<uint64_t>(out[1][17]) + static_cast<uint64_t>(out[2][34]) +
+         static_cast<uint64_t>(out[3][255]);
+}
+
 bool amx_supports(Format f) {
   return f == Format::kQ1_0 || f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
 }
@@ -338,6 +376,7 @@ void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
 
 namespace bonsai::kernels::detail {
 bool amx_usable() { return false; }
+uint64_t amx_peak_loop(int64_t) { return 0; }
 bool amx_supports(Format) { return false; }
 void amx_setup(QuantAct&) {}
 void amx_fill_columns(Format, QuantAct&, int64_t, int64_t) {}

@@ -20,9 +20,10 @@
 // Skylake-SP / Cascade Lake, or the test hook set_avx512_gfni(false)) the
 // same layout is built from bit tests / shifts and four 16-byte loads, with
 // identical integer results. The weight stream is prefetched in software
-// (L2 4 KiB, L1 1 KiB ahead). Batches of n >= kAmxMinCols go to the AMX
-// tiles (amx.cpp) when the CPU and OS allow; that path follows the same
-// canonical order.
+// (L2 4 KiB, L1 1 KiB ahead). Batches go to the AMX tiles (amx.cpp) when
+// the AMX mode chooses it (internal.h AmxMode; by default only where
+// kAmxMeasured shows AMX winning, which today is nowhere) and the CPU and OS
+// allow; that path follows the same canonical order.
 // Q8_0 weights: natural activation order, 256-bit VNNI, the canonical Q8_0
 // order (acc0/acc1 are lanes 0-7 / 8-15). Float weights (F32/F16/BF16) use
 // FMA on fp32 directly (same code for every n).
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <new>
 
 namespace bonsai::kernels::detail {
@@ -44,10 +46,10 @@ namespace {
 
 alignas(64) float g_fp16_lut[65536];  // fp16 bits -> float, filled once by init_once()
 
-bool g_has_gfni = false;  // CPUID says GFNI
-bool g_has_vbmi = false;  // CPUID says AVX512_VBMI (vpermb, for activation prep)
-bool g_use_gfni = true;   // test hook (set_avx512_gfni)
-bool g_use_amx = true;    // test hook (set_avx512_amx)
+bool g_has_gfni = false;              // CPUID says GFNI
+bool g_has_vbmi = false;              // CPUID says AVX512_VBMI (vpermb, for activation prep)
+bool g_use_gfni = true;               // test hook (set_avx512_gfni)
+AmxMode g_amx_mode = AmxMode::kAuto;  // set_avx512_amx
 // Software prefetch of the streamed weights, two levels: into L2 4 KiB
 // ahead and into L1 1 KiB ahead of the bytes being read (the grouped path
 // prefetches two lines per level per 72-byte group, so no line is skipped).
@@ -695,7 +697,7 @@ void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
 void prepare_setup(Format f, int64_t n, int64_t cols, QuantAct& a) {
   init_once();
   a.resize(n, cols);
-  if (n >= kAmxMinCols && g_use_amx && amx_supports(f) && amx_usable()) amx_setup(a);
+  if (avx512_amx_for(n) && amx_supports(f)) amx_setup(a);
   a.lut_ready = a.want_lut && f == Format::kQ1_0 && use_vbmi();
 }
 
@@ -829,13 +831,33 @@ void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
 
 }  // namespace
 
-bool set_avx512_amx(bool enabled) {
-  const bool prev = g_use_amx;
-  g_use_amx = enabled;
+AmxMode set_avx512_amx(AmxMode mode) {
+  const AmxMode prev = g_amx_mode;
+  g_amx_mode = mode;
   return prev;
 }
 
-bool avx512_amx_in_use() { return g_use_amx && amx_usable(); }
+AmxMode avx512_amx_mode() { return g_amx_mode; }
+
+bool avx512_amx_for(int64_t n) {
+  if (n < kAmxMinCols || g_amx_mode == AmxMode::kOff) return false;
+  if (g_amx_mode == AmxMode::kAuto && !amx_wins(n)) return false;
+  return amx_usable();
+}
+
+bool avx512_amx_in_use() {
+  switch (g_amx_mode) {
+    case AmxMode::kOff:
+      return false;
+    case AmxMode::kOn:
+      return amx_usable();
+    case AmxMode::kAuto:
+      return std::any_of(std::begin(kAmxMeasured), std::end(kAmxMeasured),
+                         [](const AmxMeasure& m) { return m.amx_us < m.vnni_us; }) &&
+             amx_usable();
+  }
+  return false;
+}
 
 bool avx512_vbmi_in_use() { return g_use_gfni && __builtin_cpu_supports("avx512vbmi"); }
 
@@ -858,9 +880,16 @@ const TierOps* avx512_ops() {
 
 #else  // not x86-64 (or built without the tier's flags): tier absent
 
+#include <utility>
+
 namespace bonsai::kernels::detail {
 bool set_avx512_gfni(bool) { return false; }
-bool set_avx512_amx(bool) { return false; }
+namespace {
+AmxMode g_amx_mode = AmxMode::kAuto;  // kept so the switch reads back what was set
+}  // namespace
+AmxMode set_avx512_amx(AmxMode mode) { return std::exchange(g_amx_mode, mode); }
+AmxMode avx512_amx_mode() { return g_amx_mode; }
+bool avx512_amx_for(int64_t) { return false; }
 bool avx512_amx_in_use() { return false; }
 bool avx512_vbmi_in_use() { return false; }
 const TierOps* avx512_ops() { return nullptr; }

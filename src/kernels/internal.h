@@ -167,13 +167,60 @@ bool set_avx512_gfni(bool enabled);
 // previous setting.
 bool set_avx2_vnni(bool enabled);
 
-// Test hook: disables the AVX-512 tier's AMX GEMM path; returns the previous setting.
-bool set_avx512_amx(bool enabled);
+// When the AVX-512 tier sends a batch to the AMX GEMM (amx.cpp) instead of
+// its VNNI kernels. kAuto (the default): where kAmxMeasured says AMX won
+// (amx_wins); kOn: every batch of n >= kAmxMinCols (BONSAI_KERNEL=avx512-amx,
+// the tests' AMX variants); kOff: never (BONSAI_KERNEL=avx512). AMX runs
+// only where the CPU and OS allow it (amx_usable) whatever the mode.
+enum class AmxMode : uint8_t { kOff, kAuto, kOn };
+// Sets the mode; returns the previous one. A test hook and the
+// BONSAI_KERNEL switch; set it before weights are packed (packing_for reads
+// it through avx512_amx_in_use). Not thread-safe against running products.
+AmxMode set_avx512_amx(AmxMode mode);
+AmxMode avx512_amx_mode();
 
-// AMX-INT8 GEMM path (amx.cpp), used by the AVX-512 tier for n >= kAmxMinCols.
-inline constexpr int64_t kAmxMinCols = 6;  // below this the VNNI path is faster (measured)
+// AMX-INT8 GEMM path (amx.cpp), used by the AVX-512 tier for n >= kAmxMinCols
+// when the mode allows it.
+inline constexpr int64_t kAmxMinCols = 6;
+
+// One measurement of the AMX GEMM against the AVX-512 VNNI path at one batch
+// size: microseconds per product, same run, same matrix.
+struct AmxMeasure {
+  int64_t n;       // activation columns
+  double amx_us;   // AMX GEMM (stored layout)
+  double vnni_us;  // VNNI path (tile16 for Q1_0 rows of <= 2,048 columns)
+};
+// What kAuto decides from. Source: issue 27, bonsai_bench_kernels on a
+// 2-vCPU Intel Xeon (Sapphire Rapids class, KVM; AVX-512 VNNI/BF16/FP16,
+// AMX-INT8/BF16), 2 threads, Q1_0 6144 x 2048, main at 41c3a74
+// (2026-12-05): AMX lost at every batch size measured (2.3x slower at
+// N = 8, 1.25x at N = 64, 1.33x at N = 512), so kAuto never chooses it
+// today. A faster AMX kernel adds its own figures here (with the machine
+// that gave them) and kAuto follows.
+inline constexpr AmxMeasure kAmxMeasured[] = {
+    {8, 770, 337},
+    {16, 998, 638},
+    {64, 3056, 2450},
+    {512, 25500, 19200},
+};
+// Whether kAmxMeasured says AMX is faster for a batch of n columns: the
+// entry with the largest measured N <= n decides; below the smallest
+// measured N (and below kAmxMinCols), never.
+constexpr bool amx_wins(int64_t n) {
+  if (n < kAmxMinCols) return false;
+  bool wins = false;
+  for (const AmxMeasure& m : kAmxMeasured) {
+    if (m.n <= n) wins = m.amx_us < m.vnni_us;
+  }
+  return wins;
+}
 // CPU has AMX-INT8 and the OS granted the tile-data permission (asked once).
 bool amx_usable();
+// The AMX int8 peak probe's loop (roofline.cpp): `iters` iterations of 4
+// independent TDPBUSD tile products (16 x 16 x 64 multiply-adds each) on
+// tiles held in registers; returns a value that depends on the results.
+// Call only where amx_usable(); configures and releases the tiles itself.
+uint64_t amx_peak_loop(int64_t iters);
 bool amx_supports(Format f);
 // Sizes a.amx_* for a.n columns (after a.resize), zeroes the padding
 // columns of the last group and sets amx_ready.
@@ -184,9 +231,13 @@ void amx_fill_columns(Format f, QuantAct& a, int64_t j0, int64_t j1);
 // Rows [r0, r1) of Y = W X with the AMX layout of `a`.
 void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1);
 
-// Test hook / query: whether the AVX-512 tier would send batches to AMX
-// (set_avx512_amx not cleared; the CPU and OS allow AMX). Packings of that
-// tier are not made then (amx_rows reads the stored layout).
+// Whether the AVX-512 tier sends a batch of n columns to AMX now (the mode,
+// amx_wins for kAuto, amx_usable).
+bool avx512_amx_for(int64_t n);
+// Whether the AVX-512 tier sends any batch to AMX (kOn, or kAuto with a
+// measured win, on a CPU and OS that allow AMX). Packings of that tier are
+// not made then: amx_rows reads the stored layout, and one weight copy per
+// process means the stored pages are the copy it reads.
 bool avx512_amx_in_use();
 
 // ---- Packed row-quad layout (Packing::kAvx512RowQuad; packing.cpp writes it,

@@ -210,14 +210,36 @@ core::Expected<void> set_active_tier(Tier t) {
 
 core::Expected<void> init_tier_from_env() {
   const char* env = std::getenv("BONSAI_KERNEL");
-  if (env == nullptr || *env == '\0') return set_active_tier(best_tier());
-  const auto t = parse_tier(env);
-  if (!t) {
-    return core::fail(
-        core::Errc::kInvalidArgument,
-        std::string("BONSAI_KERNEL='") + env + "' is not a kernel tier (expected reference, avx2, avx512 or neon)");
+  if (env == nullptr || *env == '\0') {
+    detail::set_avx512_amx(detail::AmxMode::kAuto);
+    return set_active_tier(best_tier());
   }
+  const std::string_view name = env;
+  if (name == "avx512-amx") {
+    if (auto t = set_active_tier(Tier::kAvx512); !t) return t;
+    if (!detail::amx_usable()) {
+      return core::fail(core::Errc::kUnsupported,
+                        "BONSAI_KERNEL='avx512-amx': this CPU has no AMX-INT8, or the OS did not grant the tile "
+                        "state (expected a CPU with amx_int8 in /proc/cpuinfo and Linux 5.16 or later)");
+    }
+    detail::set_avx512_amx(detail::AmxMode::kOn);
+    return {};
+  }
+  const auto t = parse_tier(name);
+  if (!t) {
+    return core::fail(core::Errc::kInvalidArgument,
+                      std::string("BONSAI_KERNEL='") + env +
+                          "' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or neon)");
+  }
+  // Naming a tier runs that tier's own kernels: "avx512" is AVX-512 without AMX.
+  detail::set_avx512_amx(*t == Tier::kAvx512 ? detail::AmxMode::kOff : detail::AmxMode::kAuto);
   return set_active_tier(*t);
+}
+
+std::string kernel_name() {
+  std::string name(tier_name(active_tier()));
+  if (active_tier() == Tier::kAvx512 && detail::avx512_amx_in_use()) name += "-amx";
+  return name;
 }
 
 // ---- Rows ----------------------------------------------------------------------

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -72,9 +73,18 @@ Tier best_tier();             // fastest supported
 Tier active_tier();           // what gemv/gemm use now
 // Errors: kUnsupported "kernel tier 'avx512' is not supported by this CPU".
 core::Expected<void> set_active_tier(Tier t);
-// Applies env BONSAI_KERNEL=reference|avx2|avx512|neon if set (else best_tier()).
-// Errors: kInvalidArgument for an unknown name, kUnsupported as above.
+// Applies env BONSAI_KERNEL=reference|avx2|avx512|avx512-amx|neon if set
+// (else best_tier(), with the AMX GEMM used only where its measured table
+// says it wins: internal.h kAmxMeasured). "avx512" is the AVX-512 tier with
+// AMX off; "avx512-amx" is that tier with the AMX GEMM for every batch of
+// >= 6 columns (and no repacked weights, since AMX reads the stored layout).
+// Call it before loading weights: the packing of each matrix follows it.
+// Errors: kInvalidArgument for an unknown name, kUnsupported as above, or
+// "avx512-amx" where the CPU or OS does not allow AMX.
 core::Expected<void> init_tier_from_env();
+// What runs the products now: tier_name(active_tier()), plus "-amx" where
+// the AVX-512 tier sends batches to AMX ("avx512-amx"). For logs and benches.
+std::string kernel_name();
 
 // ---- Rows --------------------------------------------------------------------
 // Dequantizes n elements (a multiple of block_elems(f)) of `src` to float.

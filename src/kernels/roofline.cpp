@@ -15,6 +15,7 @@
 
 #include "core/cpu_features.h"  // cpu_features
 #include "core/thread_pool.h"   // ThreadPool
+#include "kernels/internal.h"   // amx_usable, amx_peak_loop
 
 namespace bonsai::kernels {
 namespace {
@@ -98,14 +99,20 @@ ReadFn pick_reader() {
 // kOpsPerIter = 12 instructions x lanes x 2 ops.
 //
 // Each chain feeds its own accumulator back as an operand (the dot
-// instruction's accumulator, or the unsigned bytes of PMADDUBSW) and the
-// chains start from different values, so the compiler can neither hoist the
-// products out of the loop nor merge the 12 chains into one (both happened
-// to the earlier loops, whose operands were loop-invariant: the AVX2 loop
-// compiled to one VPADDD per iteration, the VNNI one to one VPDPBUSD). 12
-// chains cover the latency (VPDPBUSD 5 cycles; PMADDUBSW + PMADDWD + PADDD
-// 7-11) so the loop is bound by the multipliers' throughput, as the kernels
-// are at best.
+// instruction's accumulator, used as its unsigned bytes too, or the
+// unsigned bytes of PMADDUBSW) and the chains start from different values,
+// so the compiler can neither hoist the products out of the loop nor merge
+// the 12 chains into one (both happened to the earlier loops, whose
+// operands were loop-invariant: the AVX2 loop compiled to one VPADDD per
+// iteration, the VNNI one to one VPDPBUSD). A VNNI product is one
+// instruction and nothing else: an earlier version XORed the accumulator
+// into the unsigned operand first, one more vector uop per product, which
+// halved the figure on CPUs that issue two VPDPBUSD per cycle (an Intel
+// Xeon: 423-445 GOPS from the probe vs 863-887 from a loop without the XOR;
+// issue 27). 12 chains cover the latency (VPDPBUSD 5 cycles, two ports;
+// PMADDUBSW + PMADDWD + PADDD 7-11) so the loop is bound by the
+// multipliers' throughput, as the kernels are at best. (The AVX2 chain's
+// three instructions are what the AVX2 kernels spend per product too.)
 #if defined(__x86_64__)
 constexpr double kOpsZmmIter = 12.0 * 64 * 2;
 constexpr double kOpsYmmIter = 12.0 * 32 * 2;
@@ -113,13 +120,13 @@ constexpr double kOpsYmmIter = 12.0 * 32 * 2;
 #define BONSAI_REPEAT12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) uint64_t dot_avx512_vnni(int64_t iters) {
-  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
-  asm volatile("" : "+v"(a), "+v"(b));  // not constants the compiler could fold
+  __m512i b = _mm512_set1_epi8(-2);
+  asm volatile("" : "+v"(b));  // not a constant the compiler could fold
 #define DECL(i) __m512i c##i = _mm512_set1_epi32(i);
   BONSAI_REPEAT12(DECL)
 #undef DECL
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) c##i = _mm512_dpbusd_epi32(c##i, _mm512_xor_si512(c##i, a), b);
+#define STEP(i) c##i = _mm512_dpbusd_epi32(c##i, c##i, b);
     BONSAI_REPEAT12(STEP)
 #undef STEP
   }
@@ -153,13 +160,13 @@ __attribute__((target("avx512f,avx512bw"))) uint64_t dot_avx512bw(int64_t iters)
 }
 
 __attribute__((target("avx2,avxvnni"))) uint64_t dot_avx_vnni(int64_t iters) {
-  __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
-  asm volatile("" : "+x"(a), "+x"(b));
+  __m256i b = _mm256_set1_epi8(-2);
+  asm volatile("" : "+x"(b));
 #define DECL(i) __m256i c##i = _mm256_set1_epi32(i);
   BONSAI_REPEAT12(DECL)
 #undef DECL
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) c##i = _mm256_dpbusd_avx_epi32(c##i, _mm256_xor_si256(c##i, a), b);
+#define STEP(i) c##i = _mm256_dpbusd_avx_epi32(c##i, c##i, b);
     BONSAI_REPEAT12(STEP)
 #undef STEP
   }
@@ -227,6 +234,40 @@ double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int r
   return best;
 }
 
+#if defined(__x86_64__)
+namespace {
+// 1e9 ops per second of `loop` (ops_per_iter per iteration) on every thread
+// of `pool`: iterations calibrated on this thread for ~25 ms per piece, 4
+// pieces per thread, best of 3 passes.
+double loop_rate(core::ThreadPool& pool, uint64_t (*loop)(int64_t), double ops_per_iter) {
+  int64_t iters = 1 << 10;
+  for (;;) {
+    const auto t0 = Clock::now();
+    g_sink.fetch_add(loop(iters), std::memory_order_relaxed);
+    const double secs = seconds_since(t0);
+    if (secs > 0.005 || iters > (int64_t{1} << 34)) {
+      iters = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * 0.025 / std::max(secs, 1e-9)));
+      break;
+    }
+    iters *= 4;
+  }
+  const int64_t pieces = static_cast<int64_t>(pool.size()) * 4;
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(pieces, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) g_sink.fetch_add(loop(iters), std::memory_order_relaxed);
+    });
+    const double secs = seconds_since(t0);
+    if (secs > 0) {
+      best = std::max(best, static_cast<double>(pieces) * static_cast<double>(iters) * ops_per_iter / secs / 1e9);
+    }
+  }
+  return best;
+}
+}  // namespace
+#endif
+
 Int8Peak measure_int8_peak(core::ThreadPool& pool, Tier tier) {
   Int8Peak out;
   out.isa = "none";
@@ -249,30 +290,9 @@ Int8Peak measure_int8_peak(core::ThreadPool& pool, Tier tier) {
     }
   }
   if (loop == nullptr) return out;
-  // Calibrate on this thread: iterations for ~25 ms per piece.
-  int64_t iters = 1 << 14;
-  for (;;) {
-    const auto t0 = Clock::now();
-    g_sink.fetch_add(loop(iters), std::memory_order_relaxed);
-    const double secs = seconds_since(t0);
-    if (secs > 0.005 || iters > (int64_t{1} << 34)) {
-      iters = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * 0.025 / std::max(secs, 1e-9)));
-      break;
-    }
-    iters *= 4;
-  }
-  const int64_t pieces = static_cast<int64_t>(pool.size()) * 4;
-  for (int r = 0; r < 3; ++r) {
-    const auto t0 = Clock::now();
-    pool.parallel_for(pieces, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) g_sink.fetch_add(loop(iters), std::memory_order_relaxed);
-    });
-    const double secs = seconds_since(t0);
-    if (secs > 0) {
-      out.gops =
-          std::max(out.gops, static_cast<double>(pieces) * static_cast<double>(iters) * ops_per_iter / secs / 1e9);
-    }
-  }
+  out.gops = loop_rate(pool, loop, ops_per_iter);
+  // AMX: 4 TDPBUSD of 16 x 16 x 64 multiply-adds per iteration.
+  if (detail::amx_usable()) out.amx_gops = loop_rate(pool, detail::amx_peak_loop, 4.0 * 16 * 16 * 64 * 2);
 #else
   (void)pool;
   (void)tier;

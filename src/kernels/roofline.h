@@ -34,12 +34,17 @@ double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int r
 struct Int8Peak {
   double gops = 0;  // 1e9 integer ops per second; one 8-bit multiply-add = 2 ops
   std::string isa;  // what ran: "avx512-vnni", "avx-vnni", "avx512bw", "avx2", or "none"
+  // The same for AMX-INT8 tile products (TDPBUSD) where the CPU and OS
+  // allow AMX, whichever kernel path is in use; 0 elsewhere.
+  double amx_gops = 0;
 };
 
 // Integer-op rate of a register-only loop (12 independent accumulators, no
-// memory traffic) of the int8 dot instruction of `tier` (the reference tier
-// measures the best tier this CPU supports), on every thread of `pool`, best
-// of 3 passes of about 0.1 s each. On a CPU without x86 SIMD: gops 0, isa "none".
+// memory traffic, one instruction per VNNI product) of the int8 dot
+// instruction of `tier` (the reference tier measures the best tier this CPU
+// supports), on every thread of `pool`, best of 3 passes of about 0.1 s
+// each; and, where AMX is usable, of a loop of 4 independent TDPBUSD tile
+// products (amx_gops). On a CPU without x86 SIMD: gops 0, isa "none".
 Int8Peak measure_int8_peak(core::ThreadPool& pool, Tier tier);
 
 }  // namespace bonsai::kernels

@@ -33,8 +33,10 @@ TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommand) {
   for (const auto& [name, args] : commands) {
     const auto r = run_bonsai(args, "BONSAI_KERNEL=bogus ");
     EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
-    EXPECT_EQ(r.err, "bonsai " + name +
-                         ": BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512 or neon)\n")
+    EXPECT_EQ(r.err,
+              "bonsai " + name +
+                  ": BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or "
+                  "neon)\n")
         << args;
     EXPECT_EQ(r.out, "") << args;
   }
@@ -148,7 +150,8 @@ TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
   const auto r = run_bonsai("synth --preset tiny -o /nonexistent/x.gguf", "BONSAI_KERNEL=bogus ");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_EQ(r.err,
-            "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512 or neon)\n");
+            "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or "
+            "neon)\n");
 }
 
 }  // namespace

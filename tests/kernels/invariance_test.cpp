@@ -45,7 +45,7 @@ struct VariantScope {
   explicit VariantScope(const Variant& v)
       : tier(active_tier()),
         gfni(detail::set_avx512_gfni(v.gfni)),
-        amx(detail::set_avx512_amx(v.amx)),
+        amx(detail::set_avx512_amx(v.amx ? detail::AmxMode::kOn : detail::AmxMode::kOff)),
         vnni(detail::set_avx2_vnni(v.vnni)) {
     EXPECT_TRUE(set_active_tier(v.tier).has_value());
   }
@@ -56,7 +56,9 @@ struct VariantScope {
     (void)set_active_tier(tier);
   }
   Tier tier;
-  bool gfni, amx, vnni;
+  bool gfni;
+  detail::AmxMode amx;
+  bool vnni;
 };
 
 struct Shape {

@@ -69,7 +69,7 @@ struct Scope {
   explicit Scope(const Variant& v)
       : tier(active_tier()),
         gfni(detail::set_avx512_gfni(v.gfni)),
-        amx(detail::set_avx512_amx(false)),
+        amx(detail::set_avx512_amx(detail::AmxMode::kOff)),
         vnni(detail::set_avx2_vnni(v.vnni)) {
     EXPECT_TRUE(set_active_tier(v.tier).has_value());
   }
@@ -80,7 +80,9 @@ struct Scope {
     (void)set_active_tier(tier);
   }
   Tier tier;
-  bool gfni, amx, vnni;
+  bool gfni;
+  detail::AmxMode amx;
+  bool vnni;
 };
 
 std::vector<Variant> variants() {
@@ -112,7 +114,11 @@ TEST(Packing, NameAndChoice) {
   auto q1w = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);       // 8 rows: a tile of 16 would double them
   auto q1t = testing::random_matrix(Format::kQ1_0, 32, 2048, 1);      // tile16: two whole tiles
   auto q1long = testing::random_matrix(Format::kQ1_0, 32, 4096, 1);   // past kTileMaxUnits: row quads, avx2-tile16
-  auto q1huge = testing::random_matrix(Format::kQ1_0, 16, 12416, 1);  // past kAvx2TileMaxUnits too: row quads
+  auto q1huge = testing::random_matrix(Format::kQ1_0, 16, 13312, 1);  // past kAvx2TileMaxUnits too: row quads
+  // 97 units: past kAvx2TileMaxUnits, and row quads would pad them to 104
+  // (7% > 1/32), so no tier packs it (this case once expected row quads:
+  // written on AVX2 machines, it failed on every AVX-512 one; issue 27).
+  auto q1huge_odd = testing::random_matrix(Format::kQ1_0, 16, 12416, 1);
   auto q2w = testing::random_matrix(Format::kQ2_0, 12, 2048, 1);
   // g128 layouts: packed with their one scale per 128 weights (blocks of
   // four groups), the stored bytes exactly at 2048 columns; 640 columns (10
@@ -139,6 +145,7 @@ TEST(Packing, NameAndChoice) {
                                                     : Packing::kNone)
         << v.label;
     EXPECT_EQ(packing_for(q1huge.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    EXPECT_EQ(packing_for(q1huge_odd.view), Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q2w.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
     EXPECT_EQ(packing_for(q1.view), Packing::kNone) << v.label << ": padding would cost more than 1/32";
     EXPECT_EQ(packing_for(g128.view), want ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
@@ -165,6 +172,42 @@ TEST(Packing, NameAndChoice) {
     EXPECT_EQ(packed_bytes(m->view, Packing::kAvx2Tile16), packed_bytes(m->view, Packing::kTile16));
   EXPECT_EQ(packed_bytes(q1long.view, Packing::kAvx2Tile16), 32u * row_bytes(Format::kQ1_0, 4096));
   EXPECT_EQ(packed_bytes(q1huge.view, Packing::kAvx2Tile16), 0u);
+  EXPECT_EQ(packed_bytes(q1huge.view, Packing::kAvx512RowQuad), 16u * row_bytes(Format::kQ1_0, 13312));
+  EXPECT_EQ(packed_bytes(q1huge_odd.view, Packing::kAvx512RowQuad), 4u * 13 * detail::kPackPairBytes);  // 104 units
+}
+
+// The AVX-512 tier packs whatever AMX mode is set unless AMX would really
+// read the stored layout (kOn on a CPU and OS that allow AMX, or kAuto where
+// kAmxMeasured shows a win, which today is nowhere): so on an AMX machine
+// the default run packs, as every other AVX-512 machine does (issue 27).
+TEST(Packing, FollowsAmxMode) {
+  if (!tier_supported(Tier::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  auto m = testing::random_matrix(Format::kQ1_0, 8, 1024, 1);
+  const Tier tier = active_tier();
+  ASSERT_TRUE(set_active_tier(Tier::kAvx512).has_value());
+  const detail::AmxMode prev = detail::set_avx512_amx(detail::AmxMode::kAuto);
+  EXPECT_FALSE(detail::avx512_amx_in_use()) << "kAmxMeasured has a win: update this test and the docs";
+  EXPECT_EQ(packing_for(m.view), Packing::kAvx512RowQuad);
+  detail::set_avx512_amx(detail::AmxMode::kOff);
+  EXPECT_EQ(packing_for(m.view), Packing::kAvx512RowQuad);
+  detail::set_avx512_amx(detail::AmxMode::kOn);
+  EXPECT_EQ(detail::avx512_amx_in_use(), detail::amx_usable());
+  EXPECT_EQ(packing_for(m.view), detail::amx_usable() ? Packing::kNone : Packing::kAvx512RowQuad);
+  detail::set_avx512_amx(prev);
+  (void)set_active_tier(tier);
+}
+
+// kAmxMeasured's rule: the entry with the largest measured N <= n decides.
+TEST(Packing, AmxChoiceFromMeasurements) {
+  EXPECT_FALSE(detail::amx_wins(1));
+  EXPECT_FALSE(detail::amx_wins(detail::kAmxMinCols - 1));
+  for (const detail::AmxMeasure& m : detail::kAmxMeasured) {
+    EXPECT_EQ(detail::amx_wins(m.n), m.amx_us < m.vnni_us) << m.n;
+    EXPECT_GT(m.amx_us, 0);
+    EXPECT_GT(m.vnni_us, 0);
+  }
+  // Today's table (issue 27's Xeon): AMX lost everywhere.
+  for (int64_t n : {6, 8, 15, 16, 100, 512, 4096}) EXPECT_FALSE(detail::amx_wins(n)) << n;
 }
 
 // The avx2-tile16 layout holds the tile16 bytes in its own orders

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "kernel_test_util.h"
 #include "kernels/formats.h"
+#include "kernels/internal.h"  // AmxMode, amx_usable
 #include "kernels/kernels.h"
 
 namespace bonsai::kernels {
@@ -344,9 +345,36 @@ TEST(Tiers, EnvironmentOverride) {
   ASSERT_FALSE(e.has_value());
   EXPECT_EQ(e.error().code, core::Errc::kUnsupported);
 #endif
+  // avx512: the AVX-512 tier with AMX off; avx512-amx: AMX forced on, or
+  // kUnsupported where the CPU or OS does not allow it (issue 27).
+  if (tier_supported(Tier::kAvx512)) {
+    ::setenv("BONSAI_KERNEL", "avx512", 1);
+    ASSERT_TRUE(init_tier_from_env().has_value());
+    EXPECT_EQ(active_tier(), Tier::kAvx512);
+    EXPECT_EQ(detail::avx512_amx_mode(), detail::AmxMode::kOff);
+    EXPECT_FALSE(detail::avx512_amx_in_use());
+    EXPECT_EQ(kernel_name(), "avx512");
+  }
+  ::setenv("BONSAI_KERNEL", "avx512-amx", 1);
+  e = init_tier_from_env();
+  if (tier_supported(Tier::kAvx512) && detail::amx_usable()) {
+    ASSERT_TRUE(e.has_value()) << e.error().message;
+    EXPECT_EQ(detail::avx512_amx_mode(), detail::AmxMode::kOn);
+    EXPECT_TRUE(detail::avx512_amx_in_use());
+    EXPECT_TRUE(detail::avx512_amx_for(detail::kAmxMinCols));
+    EXPECT_FALSE(detail::avx512_amx_for(detail::kAmxMinCols - 1));
+    EXPECT_EQ(kernel_name(), "avx512-amx");
+  } else {
+    ASSERT_FALSE(e.has_value());
+    EXPECT_EQ(e.error().code, core::Errc::kUnsupported);
+    EXPECT_NE(e.error().message.find(tier_supported(Tier::kAvx512) ? "AMX" : "avx512"), std::string::npos)
+        << e.error().message;
+  }
   ::unsetenv("BONSAI_KERNEL");
   ASSERT_TRUE(init_tier_from_env().has_value());
   EXPECT_EQ(active_tier(), best_tier());
+  EXPECT_EQ(detail::avx512_amx_mode(), detail::AmxMode::kAuto);
+  EXPECT_EQ(kernel_name(), tier_name(best_tier()));  // kAuto: no measured AMX win today
   ASSERT_TRUE(set_active_tier(before).has_value());
 }
 

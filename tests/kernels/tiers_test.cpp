@@ -39,8 +39,9 @@ namespace {
 using testing::kAllFormats;
 
 // A tier under test, with a label. The AVX-512 tier is run three ways: as
-// it runs in production (GFNI weight expansion, AMX GEMM for n >= 6 where the
-// CPU has them), without AMX (VNNI GEMM), and without AMX and GFNI. The AVX2
+// it can run in production (GFNI weight expansion, the AMX GEMM forced on
+// for n >= 6 where the CPU has it: BONSAI_KERNEL=avx512-amx), without AMX
+// (VNNI GEMM: the default today), and without AMX and GFNI. The AVX2
 // tier runs with AVX-VNNI (where the CPU has it) and without.
 struct Variant {
   Tier tier;
@@ -68,14 +69,16 @@ std::vector<Variant> variants() {
 struct GfniScope {
   explicit GfniScope(const Variant& v)
       : prev(detail::set_avx512_gfni(v.gfni)),
-        prev_amx(detail::set_avx512_amx(v.amx)),
+        prev_amx(detail::set_avx512_amx(v.amx ? detail::AmxMode::kOn : detail::AmxMode::kOff)),
         prev_vnni(detail::set_avx2_vnni(v.vnni)) {}
   ~GfniScope() {
     detail::set_avx512_gfni(prev);
     detail::set_avx512_amx(prev_amx);
     detail::set_avx2_vnni(prev_vnni);
   }
-  bool prev, prev_amx, prev_vnni;
+  bool prev;
+  detail::AmxMode prev_amx;
+  bool prev_vnni;
 };
 
 std::vector<float> random_batch(int64_t n, int64_t cols, uint32_t seed) {

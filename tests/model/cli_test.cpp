@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"  // packing_for
 #include "model_test_util.h"
@@ -355,10 +356,17 @@ TEST(CliRepack, NoRepackGivesIdenticalResultsAndSaysZeroCopy) {
       EXPECT_NE(shown_packed.out.find("loaded " + path + ": repacked "), std::string::npos) << shown_packed.out;
     }
     // Every kernel tier (BONSAI_KERNEL): repacked or not, the same logits.
+    // avx512-amx (the AMX GEMM forced on) where the CPU has AMX.
+    std::vector<std::string> kernel_names;
     for (kernels::Tier t :
          {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512, kernels::Tier::kNeon}) {
-      if (!kernels::tier_supported(t)) continue;
-      const std::string env_tier = "BONSAI_KERNEL=" + std::string(kernels::tier_name(t)) + " ";
+      if (kernels::tier_supported(t)) kernel_names.emplace_back(kernels::tier_name(t));
+    }
+    if (kernels::tier_supported(kernels::Tier::kAvx512) && core::cpu_features().amx_int8) {
+      kernel_names.emplace_back("avx512-amx");
+    }
+    for (const std::string& t : kernel_names) {
+      const std::string env_tier = "BONSAI_KERNEL=" + t + " ";
       const std::string cmd = "sh -c \"" + env_tier + "'" + bonsai_bin() + "' " + logits;
       auto out_of = [](const std::string& c) {
         std::string out;
@@ -372,8 +380,8 @@ TEST(CliRepack, NoRepackGivesIdenticalResultsAndSaysZeroCopy) {
       };
       const std::string a = out_of(cmd + " 2>/dev/null\"");
       const std::string b = out_of(cmd + " --no-repack 2>/dev/null\"");
-      EXPECT_FALSE(a.empty()) << kernels::tier_name(t);
-      EXPECT_EQ(a, b) << fx << " " << kernels::tier_name(t);
+      EXPECT_FALSE(a.empty()) << t;
+      EXPECT_EQ(a, b) << fx << " " << t;
     }
     const std::string run = "run -m '" + path + "' -p hello -n 6 --temp 0 -t 2 --json 2>/dev/null";
     const auto r1 = run_cmd(run);
