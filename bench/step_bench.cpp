@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   engine::SchedulerOptions so;
   so.pool = &tp;
   so.kv_pool = built->kv_pool;
+  so.max_queue = static_cast<size_t>(max_n);
   so.on_step = [&](int64_t tokens, int64_t seqs) {
     std::lock_guard lock(mu);
     marks.emplace_back(Clock::now(), tokens == seqs ? tokens : -1);
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
       j.params = sp;
       j.params.max_tokens = steps + 4;
       j.params.ignore_eos = true;
-      auto h = sched.submit(std::move(j), static_cast<size_t>(max_n));
+      auto h = sched.submit(std::move(j));
       if (!h) std::abort();
       hs.push_back(*h);
     }

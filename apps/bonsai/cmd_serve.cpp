@@ -1,6 +1,6 @@
 // `bonsai serve`: the OpenAI-compatible HTTP server over one or more models.
 //
-//   bonsai serve [-m [ID=]FILE ...] [--pool-size N] [--models-max K]
+//   bonsai serve [-m [ID=]FILE ...] [--pool-size N] [-np N] [--models-max K]
 //                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
 //                [--q2-layout g64|g128-d-first|g128-qs-first] [--no-repack]
@@ -54,6 +54,7 @@ namespace {
 struct ServeFlags {
   std::vector<std::string> models;
   int pool_size = 0;
+  int parallel = 0;  // -np/--parallel: live sequences per model (0: the config's, else 16)
   int models_max = 0;
   uint64_t mem_budget = 0;
   int ctx = 0;
@@ -98,6 +99,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     }
   }
   if (given("--pool-size")) cfg.pool_size = f.pool_size;
+  if (given("--parallel")) cfg.parallel = f.parallel;
   if (given("--models-max")) cfg.models_max = f.models_max;
   if (given("--mem-budget")) cfg.mem_budget_mb = f.mem_budget;
   if (given("--ctx-size")) cfg.ctx_size = f.ctx;
@@ -171,6 +173,8 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
                                                   engine::gguf_model_estimator());
   engine::ModelSpec base;
   base.pool_size = cfg.pool_size;
+  base.parallel = cfg.parallel;
+  base.queue_factor = cfg.queue_factor;
   base.ctx_size = cfg.ctx_size;
   base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
   base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
@@ -205,8 +209,9 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
       return 1;
     }
     std::string line = "bonsai serve: loaded '" + id + "' from " + (*m)->spec.path + ": " +
-                       std::to_string((*m)->pool ? (*m)->pool->size() : 0) + " replicas, context " +
-                       std::to_string((*m)->n_ctx) + ", ~" + std::to_string((*m)->mem_bytes >> 20) + " MiB";
+                       std::to_string((*m)->scheduler ? (*m)->scheduler->options().max_sequences : 0) +
+                       " parallel sequences, context " + std::to_string((*m)->n_ctx) + ", ~" +
+                       std::to_string((*m)->mem_bytes >> 20) + " MiB";
     if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
@@ -231,7 +236,6 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.api_key = cfg.api_key;
   so.max_body_bytes = cfg.max_body_bytes;
   so.timeout_s = cfg.timeout_s;
-  so.queue_factor = cfg.queue_factor;
   so.default_model = cfg.models.front().id;
   so.default_spec = base;
   if (given("--seed")) so.default_seed = f.seed;
@@ -277,7 +281,13 @@ void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (chat/completions, SSE streaming)");
   auto f = std::make_shared<ServeFlags>();
   cmd->add_option("-m,--model", f->models, "Model as [ID=]FILE (repeatable; default: the built-in model)");
-  cmd->add_option("--pool-size", f->pool_size, "Engine replicas per model (default: cores, at most 4)");
+  cmd->add_option("--pool-size", f->pool_size,
+                  "Engine replicas per model; sizes the default KV budget (pool-size x ctx-size) "
+                  "(default: cores, at most 4)");
+  cmd->add_option("--parallel", f->parallel,
+                  "Sequences per model generating at once, batched in one step loop, whatever --pool-size "
+                  "is (default 16; also -np)")
+      ->check(CLI::Range(1, server::kMaxParallel));
   cmd->add_option("--models-max", f->models_max, "Models resident at once (LRU; default: the number of -m)");
   cmd->add_option("--mem-budget", f->mem_budget, "Memory budget for resident models in MiB (0: unlimited)");
   cmd->add_option("-c,--ctx-size", f->ctx, "Context size per replica in tokens (0: the model's, at most 4096)");

@@ -34,11 +34,12 @@ int main(int argc, char** argv) {
   // (it takes one letter after a single dash): after the command word they
   // are passed on as their long names -- `-ctk` / `-ctv` as --cache-type-k /
   // --cache-type-v in run, chat, serve and bench (llama-cli, llama-server and
-  // llama-bench all take them), and llama-bench's `-pg PP,TG` as bench's --pg.
+  // llama-bench all take them), llama-bench's `-pg PP,TG` as bench's --pg,
+  // and llama-server's `-np N` as serve's --parallel.
   // Only a whole argument is rewritten (a prompt that merely contains
   // "-ctk" is untouched).
   std::vector<char*> args(argv, argv + argc);
-  char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v";
+  char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v", np_long[] = "--parallel";
   const char* command = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (command == nullptr) {
@@ -53,6 +54,8 @@ int main(int argc, char** argv) {
       args[static_cast<size_t>(i)] = ctv_long;
     else if (std::strcmp(command, "bench") == 0 && std::strcmp(argv[i], "-pg") == 0)
       args[static_cast<size_t>(i)] = pg_long;
+    else if (std::strcmp(command, "serve") == 0 && std::strcmp(argv[i], "-np") == 0)
+      args[static_cast<size_t>(i)] = np_long;
   }
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge

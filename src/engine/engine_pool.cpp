@@ -67,7 +67,7 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options, model::KvType type_k,
-                                               model::KvType type_v, int64_t kv_budget_tokens) {
+                                               model::KvType type_v, int64_t kv_budget_tokens, int sequences) {
   auto model = model::Model::load(path, options);
   if (!model) return std::unexpected(model.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
@@ -95,9 +95,10 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   if (!kv_pool) return core::fail(kv_pool.error().code, path + ": " + kv_pool.error().message);
   opts.kv_pool = *kv_pool;
 
+  const int replicas = std::max(size, sequences);
   std::vector<InferenceEngine> engines;
-  engines.reserve(size);
-  for (int i = 0; i < size; ++i) {
+  engines.reserve(static_cast<size_t>(replicas));
+  for (int i = 0; i < replicas; ++i) {
     auto e = InferenceEngine::create(*model, *tok, opts);
     if (!e) {
       return core::fail(e.error().code, path + ": replica " + std::to_string(i) + ": " + e.error().message);
@@ -106,7 +107,7 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   }
   BuiltPool out{.pool = EnginePool(std::move(engines))};
   out.tier = tier;
-  out.size = size;
+  out.size = replicas;
   out.model = *model;
   out.tokenizer = *tok;
   out.n_ctx = opts.max_seq_len;

@@ -382,12 +382,16 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 // `kv_budget_tokens`: the model's KV budget in positions (<= 0: the
 // default of kv_budget_positions); every replica's cache takes its blocks
 // from the one pool. kInvalidArgument when the budget is below one context.
+// `sequences` > 0: at least that many replicas (sequence slots for a
+// scheduler's -np; each costs its logits row and bookkeeping, its KV comes
+// from the shared pool), while the default KV budget still counts
+// resolve_pool_size(requested_size) full contexts.
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
                                                const gguf::OpenOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
-                                               model::KvType type_v = model::KvType::kF16,
-                                               int64_t kv_budget_tokens = 0);
+                                               model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0,
+                                               int sequences = 0);
 
 // What one model built by build_pool_from_gguf(path, .., max_seq_len,
 // pool_size) will need, read from the GGUF header alone (no weights read, no

@@ -311,6 +311,10 @@ std::vector<ModelInfo> ModelPool::list() const {
         info.pool_size = e.model->pool->size();
         info.busy = std::max(0, info.pool_size - e.model->pool->available());
       }
+      if (e.model->scheduler) {
+        info.parallel = e.model->scheduler->options().max_sequences;
+        info.running = static_cast<int>(e.model->scheduler->stats().running);
+      }
       if (e.model->kv_pool) {
         const model::KvPool& kp = *e.model->kv_pool;
         const model::KvPool::Usage u = kp.usage();
@@ -535,7 +539,7 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     open.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size, open,
-                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
+                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens, spec.parallel);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;
@@ -552,6 +556,9 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     so.batch_size = spec.batch_size > 0 ? spec.batch_size : kPrefillChunk;
     so.prompt_cache = spec.prompt_cache;
     so.kv_pool = built->kv_pool;
+    so.max_sequences = spec.parallel > 0 ? spec.parallel : built->size;
+    so.max_queue =
+        spec.queue_factor > 0 ? static_cast<size_t>(spec.queue_factor) * static_cast<size_t>(so.max_sequences) : 0;
     if (tune_scheduler) tune_scheduler(so);
     m->scheduler = Scheduler::create(m->pool, m->model, built->n_ctx, so);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes;

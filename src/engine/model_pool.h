@@ -54,6 +54,15 @@ struct ModelSpec {
   SamplingParams defaults;   // sampling used where a request does not say
   int batch_size = 0;        // tokens per scheduler step (-b); <= 0: kPrefillChunk (512)
   bool prompt_cache = true;  // reuse cached prompt prefixes across requests
+  // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
+  // SchedulerOptions::max_sequences). The model gets max(pool_size,
+  // parallel) sequence slots; the default KV budget still counts pool_size
+  // contexts, shared by all of them. <= 0: pool_size.
+  int parallel = 0;
+  // Requests that may wait for a slot per live-sequence slot before new
+  // ones are refused (503 + Retry-After; `serve`'s queue-factor):
+  // SchedulerOptions::max_queue = queue_factor x parallel. <= 0: no bound.
+  int queue_factor = 4;
   // The model's KV budget in tokens (positions of all sequences together,
   // `bonsai serve --kv-budget-tokens`); <= 0: pool_size x ctx_size (every
   // slot can hold a full context). Must be >= ctx_size.
@@ -109,6 +118,8 @@ struct ModelInfo {
   uint64_t mem_bytes = 0;  // estimate while loading, actual once loaded
   int pool_size = 0;       // replicas (0 until loaded)
   int busy = 0;            // replicas leased right now
+  int parallel = 0;        // live sequences at most (SchedulerOptions::max_sequences; 0 until loaded)
+  int running = 0;         // sequences live now (the scheduler's)
   uint64_t created_unix = 0;
   // The model's KV pool (0 when not loaded): its capacity (the budget), the
   // bytes of blocks held by sequences (running ones and cached prefixes),

@@ -109,6 +109,7 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
       waker_(std::make_shared<JobHandle::Waker>()),
       scratch_(std::make_unique<Scratch>()) {
   if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
+  if (opt_.max_sequences < 1) opt_.max_sequences = std::max(1, pool_ ? pool_->size() : 1);
   waker_->owner = this;
   thread_ = std::thread([this] { loop(); });
 }
@@ -152,16 +153,16 @@ void Scheduler::wake() {
   cv_.notify_all();
 }
 
-core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit(CompletionJob req, size_t max_queue) {
+core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit(CompletionJob req) {
   if (req.prompt.empty()) return core::fail(core::Errc::kInvalidArgument, "submit: the prompt is empty");
   if (req.n < 1) return core::fail(core::Errc::kInvalidArgument, "submit: n must be >= 1");
   if (auto ok = req.params.validate(); !ok) return std::unexpected(ok.error());
   auto job = std::make_shared<Job>();
   job->req = std::move(req);
-  return enqueue(std::move(job), max_queue);
+  return enqueue(std::move(job));
 }
 
-core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit_embedding(EmbeddingJob req, size_t max_queue) {
+core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit_embedding(EmbeddingJob req) {
   if (req.inputs.empty()) return core::fail(core::Errc::kInvalidArgument, "submit_embedding: no input");
   for (size_t i = 0; i < req.inputs.size(); ++i) {
     if (req.inputs[i].empty())
@@ -178,10 +179,16 @@ core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit_embedding(Embedding
   job->req.deadline = req.deadline;
   job->req.submitted = req.submitted;
   job->inputs = std::move(req.inputs);
-  return enqueue(std::move(job), max_queue);
+  return enqueue(std::move(job));
 }
 
-core::Expected<std::shared_ptr<JobHandle>> Scheduler::enqueue(std::shared_ptr<Job> job, size_t max_queue) {
+bool Scheduler::saturated() const {
+  return opt_.max_queue > 0 && n_running_.load() >= opt_.max_sequences &&
+         static_cast<size_t>(std::max<int64_t>(0, n_waiting_.load())) >= opt_.max_queue;
+}
+
+core::Expected<std::shared_ptr<JobHandle>> Scheduler::enqueue(std::shared_ptr<Job> job) {
+  const size_t max_queue = opt_.max_queue;
   job->handle = std::make_shared<JobHandle>();
   job->handle->waker_ = waker_;
   std::shared_ptr<JobHandle> h = job->handle;
@@ -344,6 +351,7 @@ void Scheduler::admit(Clock::time_point now) {
       // Siblings wait for choice 0's prompt logits (one prefill per job);
       // an embedding job's inputs are independent sequences.
       if (!job.embed && job.next_choice > 0 && job.prompt_logits.empty()) break;
+      if (static_cast<int64_t>(live_.size()) >= opt_.max_sequences) return;  // -np: the rest waits
       if (opt_.kv_pool && !live_.empty()) {
         // KV room: preempted sequences resume first; a new prompt needs its
         // blocks (a sibling shares the prompt's: one block for its copy-on-write).

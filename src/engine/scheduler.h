@@ -6,8 +6,9 @@
 // model. Each step:
 //   1. queued jobs that were cancelled leave the queue; jobs still queued at
 //      their deadline fail with kTimeout (the server's 503 + Retry-After);
-//   2. queued jobs are admitted in arrival order while the EnginePool has a
-//      free replica (EnginePool::acquire_best, without waiting): a replica
+//   2. queued jobs are admitted in arrival order while fewer than
+//      SchedulerOptions::max_sequences sequences live and the EnginePool has
+//      a free replica (EnginePool::acquire_best, without waiting): a replica
 //      is one sequence slot (KV cache, sampler + RNG, text emitter). With the
 //      prompt cache on, the idle slot holding the longest prefix of the
 //      prompt is chosen and only the rest is computed;
@@ -25,7 +26,7 @@
 // when the pool can give the blocks its prompt needs (free or evictable
 // prompt-cache blocks, less what admitted prompts still have to take), and
 // never while a preempted sequence waits; otherwise it waits in the queue
-// (submit's max_queue bounds it: 503 + Retry-After). Before each step every
+// (SchedulerOptions::max_queue bounds it: 503 + Retry-After). Before each step every
 // running sequence gets the block for its next token, oldest first; when the
 // pool is full the youngest running sequence is preempted by recompute
 // (InferenceEngine::suspend: its blocks go back, its sampler/RNG/text stay)
@@ -102,6 +103,13 @@ struct SchedulerOptions {
   // replicas; requests still queue), which tests use to order events around
   // a running generation (server_http_test's StepGate).
   std::function<void(int64_t tokens, int64_t sequences)> on_step;
+  // Live sequences at most (llama.cpp's -np / --parallel, vLLM's
+  // max_num_seqs): queued jobs are admitted while fewer run (each also
+  // needs a free replica of the pool and KV room). <= 0: the pool's size.
+  int max_sequences = 0;
+  // Jobs that may wait in the queue (not yet fully admitted); submit refuses
+  // more with kResourceExhausted (the server's 503 + Retry-After). 0: no bound.
+  size_t max_queue = 0;
   // The KV block pool the replicas' caches draw from (EngineOptions::kv_pool;
   // BuiltPool::kv_pool): the model's KV budget. Set: admission waits for KV
   // room, running sequences preempt the youngest when it is full, and KV
@@ -251,15 +259,22 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues `job`. Errors: kInvalidArgument (empty prompt, n < 1, invalid
-  // params), kResourceExhausted when `max_queue` (> 0) jobs are queued
-  // already, kCancelled after the scheduler stopped.
-  core::Expected<std::shared_ptr<JobHandle>> submit(CompletionJob job, size_t max_queue = 0);
+  // params), kResourceExhausted when SchedulerOptions::max_queue (> 0) jobs
+  // are queued already, kCancelled after the scheduler stopped.
+  core::Expected<std::shared_ptr<JobHandle>> submit(CompletionJob job);
   // Queues an embedding job (one queue entry whatever its number of
   // inputs; input i's kDone has choice i). Errors: kInvalidArgument (no
   // input, an empty one, one longer than n_ctx), then as submit().
-  core::Expected<std::shared_ptr<JobHandle>> submit_embedding(EmbeddingJob job, size_t max_queue = 0);
+  core::Expected<std::shared_ptr<JobHandle>> submit_embedding(EmbeddingJob job);
+
+  // True when a job submitted now would be refused for the queue bound and
+  // every sequence slot is busy: max_sequences running and max_queue
+  // waiting (never with max_queue 0). A snapshot, for refusing a request
+  // before its prompt costs anything; submit() checks the queue again.
+  bool saturated() const;
 
   SchedulerStats stats() const;
+  // The options, with max_sequences resolved (>= 1).
   const SchedulerOptions& options() const { return opt_; }
 
  private:
@@ -268,7 +283,7 @@ class Scheduler {
   struct Live;
   void loop();
   void wake();
-  core::Expected<std::shared_ptr<JobHandle>> enqueue(std::shared_ptr<Job> job, size_t max_queue);
+  core::Expected<std::shared_ptr<JobHandle>> enqueue(std::shared_ptr<Job> job);
   // The loop's parts (loop thread only).
   void sweep_queue(Clock::time_point now);
   void admit(Clock::time_point now);

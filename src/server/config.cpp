@@ -132,7 +132,7 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       config.timeout_s = *node.value<double>();
     } else if (key == "pool-size" || key == "models-max" || key == "mem-budget" || key == "ctx-size" ||
                key == "threads" || key == "port" || key == "max-body" || key == "queue-factor" ||
-               key == "kv-budget-tokens") {
+               key == "kv-budget-tokens" || key == "parallel") {
       auto v = get_integer(node, where);
       if (!v) return std::unexpected(v.error());
       if (*v < 0) return core::fail(core::Errc::kInvalidArgument, where + ": must be >= 0");
@@ -157,14 +157,17 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
         config.max_body_bytes = static_cast<size_t>(*v);
       else if (key == "kv-budget-tokens")
         config.kv_budget_tokens = *v;
+      else if (key == "parallel")
+        config.parallel = static_cast<int>(*v);
       else
         config.queue_factor = static_cast<int>(*v);
     } else {
-      return core::fail(core::Errc::kInvalidArgument,
-                        where +
-                            ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
-                            "ctx-size, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
-                            "cache-type-k, cache-type-v, cors-origin, no-repack)");
+      return core::fail(
+          core::Errc::kInvalidArgument,
+          where +
+              ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
+              "ctx-size, parallel, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
+              "cache-type-k, cache-type-v, cors-origin, no-repack)");
     }
   }
   return {};
@@ -187,6 +190,10 @@ core::Expected<void> validate_serve_config(const ServeConfig& c) {
   if (c.pool_size < 0 || c.models_max < 0 || c.ctx_size < 0 || c.threads < 0 || c.queue_factor < 0)
     return core::fail(core::Errc::kInvalidArgument,
                       "pool-size, models-max, ctx-size, threads and queue-factor must be >= 0");
+  if (c.parallel < 1 || c.parallel > kMaxParallel)
+    return core::fail(core::Errc::kInvalidArgument, "parallel must be in 1.." + std::to_string(kMaxParallel) +
+                                                        " (live sequences per model), got " +
+                                                        std::to_string(c.parallel));
   if (!(c.timeout_s > 0)) return core::fail(core::Errc::kInvalidArgument, "timeout must be > 0 seconds");
   if (c.max_body_bytes == 0) return core::fail(core::Errc::kInvalidArgument, "max-body must be > 0 bytes");
   if (!c.q2_layout.empty() && !core::parse_q2_layout(c.q2_layout))

@@ -7,7 +7,8 @@
 //   pool-size = 2        models-max = 2        mem-budget = 0   # MiB, 0 = unlimited
 //   ctx-size = 2048      threads = 4           host = "127.0.0.1"   port = 8080
 //   api-key = "..."      timeout = 600         # seconds per request
-//   max-body = 4194304   # bytes               queue-factor = 4     # waiting per replica
+//   parallel = 16        # live sequences per model (-np), independent of pool-size
+//   max-body = 4194304   # bytes               queue-factor = 4     # waiting per sequence slot
 //   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
 //   cors-origin = "*"    # CORS: "*" or "https://a.example,https://b.example" (--cors-origin; default off)
 //   [models]             # another way to name models: id = "path"
@@ -26,6 +27,13 @@
 
 namespace bonsai::server {
 
+// `serve`'s default -np: 16 sequences per model batch in one step (issue
+// 28: a 2-core machine serves 16 streams at once; a sequence slot costs a
+// logits row, its KV comes from the model's one budget).
+inline constexpr int kDefaultParallel = 16;
+// Largest -np accepted (each slot holds an [n_vocab] logits row).
+inline constexpr int kMaxParallel = 1024;
+
 // One `-m [ID=]FILE`.
 struct ModelArg {
   std::string id;  // defaults to the file name without .gguf
@@ -37,9 +45,13 @@ struct ServeConfig {
   std::vector<std::string> preload;  // [router] preload
   bool preload_set = false;          // false: preload every model (up to models_max)
   int pool_size = 0;                 // replicas per model; 0: default_cpu_pool_size()
-  int models_max = 0;                // resident models at most; 0: max(1, number of models)
-  uint64_t mem_budget_mb = 0;        // 0: unlimited
-  int ctx_size = 0;                  // KV positions per replica; 0: min(model's, 4096)
+  // parallel (-np/--parallel, llama-server's flag; vLLM's max_num_seqs):
+  // live sequences per model, batched in one step loop, whatever pool-size
+  // is (ModelSpec::parallel). 1..kMaxParallel.
+  int parallel = kDefaultParallel;
+  int models_max = 0;          // resident models at most; 0: max(1, number of models)
+  uint64_t mem_budget_mb = 0;  // 0: unlimited
+  int ctx_size = 0;            // KV positions per replica; 0: min(model's, 4096)
   // kv-budget-tokens: KV positions per model, all sequences together (one
   // paged block pool); 0: pool_size x ctx_size. At least ctx_size.
   int64_t kv_budget_tokens = 0;
@@ -50,7 +62,7 @@ struct ServeConfig {
   std::string cors_origin;           // cors-origin: ServerOptions::cors_origin (empty: CORS off)
   double timeout_s = 600;            // per request (waiting + generating)
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
-  int queue_factor = 4;              // requests waiting per replica before 503
+  int queue_factor = 4;              // requests waiting per sequence slot (parallel) before 503
   // Q2_0 layout name for every model (g64, g128-d-first, g128-qs-first);
   // empty: detected. Checked by validate_serve_config, not while parsing, so
   // `bonsai serve` can report a bad name with the same exit code as the flag.

@@ -94,7 +94,9 @@ struct AdminRoutes {
              {"in_flight", m.in_flight},
              {"mem_bytes", m.mem_bytes},
              {"pool_size", m.pool_size},
-             {"busy", m.busy}};
+             {"busy", m.busy},
+             {"parallel", m.parallel},
+             {"running", m.running}};
       if (m.kv_capacity_bytes > 0) {
         // The model's KV block pool: its budget, the bytes held by sequences
         // (running ones and cached prefixes) and of those the prompt cache only.
@@ -166,15 +168,18 @@ struct AdminRoutes {
       return send_error(res, bad_request("Missing required parameter: 'path' (model '" + id + "' is not registered).",
                                          "path", "missing_required_parameter"));
     }
-    for (const char* f : {"pool_size", "ctx_size"}) {
-      const int64_t max = std::string(f) == "pool_size" ? kMaxAdminPoolSize : 1'000'000;
+    for (const char* f : {"pool_size", "ctx_size", "parallel"}) {
+      const std::string name = f;
+      const int64_t max = name == "pool_size" ? kMaxAdminPoolSize : name == "parallel" ? 1024 : 1'000'000;
       auto it = body.find(f);
       if (it == body.end() || it->is_null()) continue;
       if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
         return send_error(res, bad_request(std::string("Invalid '") + f + "': expected an integer in [0, " +
                                                std::to_string(max) + "].",
                                            f, "invalid_value"));
-      (std::string(f) == "pool_size" ? spec.pool_size : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
+      (name == "pool_size"  ? spec.pool_size
+       : name == "parallel" ? spec.parallel
+                            : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
     }
     // q2_layout: force the type-42 layout (as `bonsai serve --q2-layout`);
     // absent or null keeps the registration's (a new path: detected).

@@ -320,14 +320,13 @@ std::shared_ptr<EmbedAnswer> handle_embeddings(ServerContext& ctx, const std::st
   }
 
   // Bounded admission, as completions: the model's scheduler queues the job
-  // (503 + Retry-After when queue_factor x pool size jobs already wait).
+  // (503 + Retry-After when its queue bound is reached).
   const size_t n_inputs = inputs.size();
   engine::EmbeddingJob job;
   job.inputs = std::move(inputs);
   job.deadline = deadline;
   job.submitted = admitted;
-  auto handle = lm.scheduler->submit_embedding(
-      std::move(job), static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * static_cast<size_t>(lm.pool->size()));
+  auto handle = lm.scheduler->submit_embedding(std::move(job));
   if (!handle) {
     if (handle.error().code == core::Errc::kResourceExhausted) {
       ctx.metrics.inc(metric::kRejected, {{"model", lm.id}});

@@ -302,16 +302,14 @@ struct Server::Impl {
     // Refused before the prompt costs anything (issue 10.2): a full queue
     // answers 503 before tokenizing (submit checks again), and the prompt
     // text is capped in bytes before it is tokenized.
-    // Full: every slot running and the queue at its limit (so a job that was
-    // submitted a moment ago and not yet moved to a free slot does not
-    // refuse this one); submit() checks the queue again after tokenizing.
-    const size_t queue_limit = static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * lm.pool->size();
-    const engine::SchedulerStats load = lm.scheduler ? lm.scheduler->stats() : engine::SchedulerStats{};
-    if (lm.scheduler &&
-        static_cast<size_t>(std::max<int64_t>(load.running, 0)) >= static_cast<size_t>(lm.pool->size()) &&
-        static_cast<size_t>(std::max<int64_t>(load.waiting, 0)) >= queue_limit) {
+    // Full: every sequence slot running and the queue at its limit (so a
+    // job that was submitted a moment ago and not yet moved to a free slot
+    // does not refuse this one); submit() checks the queue again after
+    // tokenizing. The bound is the scheduler's (SchedulerOptions::max_queue).
+    if (lm.scheduler && lm.scheduler->saturated()) {
       ctx.metrics.inc(kRejected, {{"model", model_id}});
-      return fail(overloaded("Model '" + model_id + "' is overloaded: " + std::to_string(queue_limit) +
+      return fail(overloaded("Model '" + model_id +
+                                 "' is overloaded: " + std::to_string(lm.scheduler->options().max_queue) +
                                  " requests are already waiting. Retry later.",
                              "overloaded", 1));
     }
@@ -372,7 +370,7 @@ struct Server::Impl {
     job->meta = ResponseMeta{new_response_id(endpoint), unix_now(), model_id, endpoint};
 
     // Bounded admission: the model's scheduler queues the job (503 +
-    // Retry-After when queue_factor x pool size jobs already wait).
+    // Retry-After when its queue bound is reached).
     if (!lm.scheduler) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
     engine::CompletionJob cj;
     cj.prompt = job->prompt;
@@ -381,8 +379,7 @@ struct Server::Impl {
     cj.n = job->n;
     cj.deadline = job->deadline;
     cj.submitted = admitted;
-    auto handle = lm.scheduler->submit(
-        std::move(cj), static_cast<size_t>(std::max(1, ctx.opt.queue_factor)) * static_cast<size_t>(lm.pool->size()));
+    auto handle = lm.scheduler->submit(std::move(cj));
     if (!handle) {
       if (handle.error().code == core::Errc::kResourceExhausted) {
         ctx.metrics.inc(kRejected, {{"model", model_id}});

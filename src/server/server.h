@@ -12,8 +12,8 @@
 // 503 loading; the handle is held until the answer is written) ->
 // engine::prepare_completion (chat template, encoding, context check: 400
 // context_length_exceeded; sampling parameters) -> the model's
-// engine::Scheduler: submit (503 +
-// Retry-After when queue_factor x pool size jobs already wait); the step
+// engine::Scheduler: submit (503 + Retry-After when the scheduler's queue
+// bound, ModelSpec::queue_factor x its sequence slots, is reached); the step
 // loop runs it batched with the model's other requests, and its events are
 // streamed (SSE) or collected into one body. A request still
 // queued at its deadline is a 503 "timeout"; one that reaches the deadline
@@ -51,7 +51,6 @@ struct ServerOptions {
   std::string api_key;               // non-empty: /v1 and /admin need "Authorization: Bearer KEY"
   size_t max_body_bytes = 4u << 20;  // larger bodies: 413
   double timeout_s = 600;            // per request: waiting for an engine + generating
-  int queue_factor = 4;              // requests allowed to wait per replica before 503
   int http_threads = 0;              // worker threads running route handlers; 0: 8
   // Open connections served at once; past it a new connection gets an
   // immediate 503 and is closed (`serve --max-connections`). 0: 1024.

@@ -242,6 +242,87 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
   }
 }
 
+// -np (SchedulerOptions::max_sequences) bounds the live sequences whatever
+// the pool holds: with 6 replicas and a bound of 3, no step has more than 3
+// sequences, every job still completes, each as it does alone.
+TEST_F(SchedulerTest, MaxSequencesBoundsLiveSequences) {
+  constexpr int64_t kCtx = 256;
+  std::atomic<int64_t> most{0};
+  SchedulerOptions so;
+  so.max_sequences = 3;
+  so.on_step = [&most](int64_t, int64_t seqs) {
+    int64_t m = most.load();
+    while (seqs > m && !most.compare_exchange_weak(m, seqs)) {
+    }
+  };
+  build(6, kCtx, so);
+  EXPECT_EQ(sched_->options().max_sequences, 3);
+  const auto ps = prompts(6);
+  std::vector<GenerationResult> solo;
+  for (int i = 0; i < 6; ++i) solo.push_back(alone(ps[i], greedy(10 + 3 * i), 1, kCtx));
+  std::vector<std::shared_ptr<JobHandle>> hs;
+  for (int i = 0; i < 6; ++i) hs.push_back(submit(ps[i], greedy(10 + 3 * i)));
+  for (int i = 0; i < 6; ++i) {
+    Outcome o = collect(*hs[i]);
+    ASSERT_FALSE(o.failed) << o.error.message;
+    EXPECT_EQ(o.results[0].tokens, solo[i].tokens) << i;
+  }
+  EXPECT_EQ(most.load(), 3);
+  // Unset, the bound is the pool's size.
+  build(4, kCtx);
+  EXPECT_EQ(sched_->options().max_sequences, 4);
+}
+
+// More sequence slots than replicas asked for (build_pool_from_gguf's
+// `sequences`, serve's -np): 16 slots that share the KV budget of 2
+// contexts (16 blocks of 256 positions); 16 short requests (one block
+// each) all run in the same steps.
+TEST_F(SchedulerTest, SixteenSequencesOnTwoReplicasWorthOfKv) {
+  constexpr int64_t kCtx = 2048;
+  sched_.reset();
+  auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, kCtx, 2, {}, model::KvType::kF16,
+                                model::KvType::kF16, 0, 16);
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  EXPECT_EQ(b->size, 16);
+  EXPECT_EQ(b->kv_pool->capacity_blocks() * b->kv_pool->block_size(), 2 * kCtx);
+  model_ = b->model;
+  tok_ = b->tokenizer;
+  pool_ = std::make_shared<EnginePool>(std::move(b->pool));
+  kv_ = b->kv_pool;
+  std::atomic<int64_t> most{0};
+  // The loop is held after its first step until all 16 are queued, so the
+  // other 15 join in the next one (the first needs 13 steps).
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
+  SchedulerOptions so;
+  so.kv_pool = kv_;
+  so.max_sequences = 16;
+  so.on_step = [&](int64_t, int64_t seqs) {
+    int64_t m = most.load();
+    while (seqs > m && !most.compare_exchange_weak(m, seqs)) {
+    }
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait(lock, [&] { return open; });
+  };
+  sched_ = std::make_unique<Scheduler>(pool_, model_, b->n_ctx, so);
+  const auto ps = prompts(16);
+  std::vector<std::shared_ptr<JobHandle>> hs;
+  for (int i = 0; i < 16; ++i) hs.push_back(submit(ps[i % 6], greedy(12)));
+  {
+    std::lock_guard lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
+  for (int i = 0; i < 16; ++i) {
+    Outcome o = collect(*hs[i]);
+    ASSERT_FALSE(o.failed) << o.error.message;
+    EXPECT_EQ(o.results[0].tokens, alone(ps[i % 6], greedy(12), 1, kCtx).tokens) << i;
+  }
+  EXPECT_EQ(most.load(), 16);
+  sched_.reset();  // before the gate's state goes out of scope
+}
+
 // set_notify: a reader that never waits (the server's streams) sees every
 // event: the notifier runs once per event, and once at once when events
 // were already queued when it was set.
@@ -700,7 +781,9 @@ TEST_F(SchedulerTest, DeadlineWhileRunningReturnsWhatWasProduced) {
 // A bounded queue refuses beyond max_queue; the destructor ends whatever is left.
 TEST_F(SchedulerTest, BoundedQueueAndShutdown) {
   constexpr int64_t kCtx = 2048;
-  build(1, kCtx);
+  SchedulerOptions so;
+  so.max_queue = 1;
+  build(1, kCtx, so);
   SamplingParams forever = greedy(1900);
   forever.ignore_eos = true;
   auto a = submit(tok_->encode_prompt("Once"), forever);
@@ -708,9 +791,10 @@ TEST_F(SchedulerTest, BoundedQueueAndShutdown) {
   CompletionJob j;
   j.prompt = tok_->encode_prompt("The");
   j.params = greedy(2);
-  auto q1 = sched_->submit(j, 1);
+  auto q1 = sched_->submit(j);
   ASSERT_TRUE(q1.has_value());
-  auto q2 = sched_->submit(j, 1);
+  EXPECT_TRUE(eventually([&] { return sched_->saturated(); }));  // 1 running, 1 waiting
+  auto q2 = sched_->submit(j);
   ASSERT_FALSE(q2.has_value());
   EXPECT_EQ(q2.error().code, core::Errc::kResourceExhausted);
   sched_.reset();

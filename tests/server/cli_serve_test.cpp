@@ -338,6 +338,21 @@ TEST(ServeCli, AdminLoadTakesQ2Layout) {
 // KV cache types: config keys cache-type-k / cache-type-v (checked by
 // validate_serve_config), `serve -ctk / -ctv` (a bad value is exit 2), and
 // the admin load fields cache_type_k / cache_type_v (400 naming the field).
+// -np / --parallel (and the config's parallel) set the live sequences per
+// model, whatever --pool-size is; the "loaded" line says how many; 16 by default.
+TEST(ServeCli, ParallelFlagAndConfigKey) {
+  BONSAI_REQUIRE_FILE(kG64);
+  const std::string m = "g=" + kG64;
+  // (serve_args gives --pool-size 1.)
+  EXPECT_NE(loaded_line("g", {"-m", m}).find(": 16 parallel sequences"), std::string::npos);
+  EXPECT_NE(loaded_line("g", {"-m", m, "-np", "3"}).find(": 3 parallel sequences"), std::string::npos);
+  EXPECT_NE(loaded_line("g", {"-m", m, "--parallel", "5"}).find(": 5 parallel sequences"), std::string::npos);
+  const fs::path toml = write_toml("parallel.toml", "parallel = 7\n");
+  EXPECT_NE(loaded_line("g", {"-m", m, "--config", toml.string()}).find(": 7 parallel sequences"), std::string::npos);
+  const auto [code, err] = startup_error({"-m", m, "-np", "0"});
+  EXPECT_EQ(code, 2) << err;
+}
+
 TEST(ServeCli, ConfigCacheTypeKeys) {
   bonsai::server::ServeConfig cfg;
   EXPECT_EQ(cfg.cache_type_k, "f16");

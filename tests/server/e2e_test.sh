@@ -55,6 +55,7 @@ pool-size = 1
 ctx-size = 2048
 models-max = 4
 queue-factor = 1
+parallel = 1
 api-key = "$KEY"
 threads = 2
 [models]
@@ -170,7 +171,7 @@ check "background load finishes" loaded "$state"
 check "load it again: 409" 409 "$(req POST /admin/models/load "{\"id\":\"llama2\",\"path\":\"$LLAMA\"}")"
 check "request to the background-loaded model" 200 "$(req POST /v1/completions '{"model":"llama2","prompt":"hello","max_tokens":3}')"
 
-# ---- overload: pool size 1, queue factor 1 -> at most 1 running + 1 waiting ----
+# ---- overload: parallel 1, queue factor 1 -> at most 1 running + 1 waiting ----
 LONG='{"model":"stories","prompt":"Once upon a time","max_tokens":700,"ignore_eos":true,"stream":true}'
 for i in 1 2 3 4 5; do
   curl -s -o "$WORK/ov$i.body" -D "$WORK/ov$i.hdr" -w '%{http_code}' --max-time 60 -H "Authorization: Bearer $KEY" \

@@ -108,6 +108,24 @@ preload = ["b"]
   EXPECT_TRUE(validate_serve_config(c).has_value());
 }
 
+// parallel (-np): live sequences per model, 16 unless set, 1..kMaxParallel.
+TEST(Config, ParallelKey) {
+  ServeConfig c;
+  EXPECT_EQ(c.parallel, kDefaultParallel);
+  EXPECT_EQ(kDefaultParallel, 16);
+  ASSERT_TRUE(apply_serve_toml("parallel = 3\n", "p.toml", c).has_value());
+  EXPECT_EQ(c.parallel, 3);
+  c.models = {{"a", "/a.gguf"}};
+  EXPECT_TRUE(validate_serve_config(c).has_value());
+  ASSERT_TRUE(apply_serve_toml("parallel = 0\n", "p.toml", c).has_value());
+  auto zero = validate_serve_config(c);
+  ASSERT_FALSE(zero.has_value());
+  EXPECT_EQ(zero.error().message, "parallel must be in 1..1024 (live sequences per model), got 0");
+  auto neg = apply_serve_toml("parallel = -2\n", "p.toml", c);
+  ASSERT_FALSE(neg.has_value());
+  EXPECT_NE(neg.error().message.find("p.toml: key 'parallel'"), std::string::npos) << neg.error().message;
+}
+
 TEST(Config, TomlErrorsNameFileAndKey) {
   ServeConfig c;
   auto bad_type = apply_serve_toml("port = \"80\"\n", "s.toml", c);
