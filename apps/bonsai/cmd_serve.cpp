@@ -4,7 +4,7 @@
 //                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
 //                [--port 8080] [--api-key KEY] [--config FILE.toml]
 //                [--q2-layout g64|g128-d-first|g128-qs-first] [--no-repack]
-//                [-s SEED] [-b BATCH] [--no-cache-prompt]
+//                [-s SEED] [-b BATCH] [--step-budget-ms MS] [--no-cache-prompt]
 //                [--reasoning-format deepseek|none] [--cors-origin ORIGINS]
 //
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
@@ -70,6 +70,7 @@ struct ServeFlags {
   bool no_repack = false;                     // --no-repack, or the config's no-repack
   uint64_t seed = 0;                          // -s/--seed: default seed of requests without one (given: reproducible)
   int batch_size = 0;                         // -b/--batch-size: tokens per scheduler step (0: 512)
+  double step_budget_ms = 0;                  // --step-budget-ms: prompt chunks sized in time (0: 2x decode step)
   bool no_cache_prompt = false;               // --no-cache-prompt: no prompt-prefix reuse across requests
   std::string reasoning_format = "deepseek";  // --reasoning-format: deepseek (reasoning_content) | none
   int max_connections = 1024;                 // --max-connections: open connections served; more get 503 and are closed
@@ -180,6 +181,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
   base.kv_budget_tokens = cfg.kv_budget_tokens;
   base.batch_size = f.batch_size;
+  base.step_budget_ms = given("--step-budget-ms") ? f.step_budget_ms : cfg.step_budget_ms;
   base.prompt_cache = !f.no_cache_prompt;
   base.repack = rt->open_options.repack && !cfg.no_repack;  // --no-repack / BONSAI_NO_REPACK=1, or the config's
   for (const auto& m : cfg.models) {
@@ -332,6 +334,11 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-b,--batch-size", f->batch_size,
                   "Most tokens per scheduler step: running streams' tokens plus prompt chunks (default 512)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--step-budget-ms", f->step_budget_ms,
+                  "Target duration of a scheduler step with running streams, in ms: long prompts advance in "
+                  "chunks sized to it from measured step costs (default 0: twice the decode step, so streams "
+                  "keep their pace)")
+      ->check(CLI::Range(0.0, 600000.0));
   cmd->add_flag("--no-cache-prompt", f->no_cache_prompt,
                 "Do not reuse cached prompt prefixes across requests (the prompt cache is on by default)");
   cmd->add_option("--reasoning-format", f->reasoning_format,

@@ -740,6 +740,7 @@ core::Expected<std::vector<float>> InferenceEngine::embed(std::span<const int32_
 }
 
 model::KvCache& InferenceEngine::kv_cache() { return impl_->cache; }
+const model::KvCache& InferenceEngine::kv_cache() const { return impl_->cache; }
 int64_t InferenceEngine::kv_cache_blocks() const { return impl_->cache.blocks(); }
 const std::vector<int32_t>& InferenceEngine::history() const { return impl_->history; }
 

@@ -311,6 +311,7 @@ class InferenceEngine {
   core::Expected<void> copy_prefix_from(const InferenceEngine& src, int64_t n);
   // This replica's KV cache (the scheduler passes it to Model::forward).
   model::KvCache& kv_cache();
+  const model::KvCache& kv_cache() const;
   int64_t kv_cache_blocks() const;              // KV blocks the cache holds now (model::KvCache::blocks)
   const std::vector<int32_t>& history() const;  // tokens in the cache, by position
 

@@ -48,11 +48,14 @@ namespace bonsai::engine {
 
 // How to load one model: what `-m ID=FILE` plus the pool flags say.
 struct ModelSpec {
-  std::string path;          // GGUF file
-  int pool_size = 0;         // replicas; <= 0: default_cpu_pool_size()
-  int ctx_size = 0;          // context per replica in tokens; <= 0: min(model's context_length, 4096)
-  SamplingParams defaults;   // sampling used where a request does not say
-  int batch_size = 0;        // tokens per scheduler step (-b); <= 0: kPrefillChunk (512)
+  std::string path;         // GGUF file
+  int pool_size = 0;        // replicas; <= 0: default_cpu_pool_size()
+  int ctx_size = 0;         // context per replica in tokens; <= 0: min(model's context_length, 4096)
+  SamplingParams defaults;  // sampling used where a request does not say
+  int batch_size = 0;       // tokens per scheduler step (-b); <= 0: kPrefillChunk (512)
+  // Step-time budget in ms (`serve --step-budget-ms`; SchedulerOptions::
+  // step_budget_ms); <= 0: twice the measured decode step.
+  double step_budget_ms = 0;
   bool prompt_cache = true;  // reuse cached prompt prefixes across requests
   // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
   // SchedulerOptions::max_sequences). The model gets max(pool_size,

@@ -59,6 +59,37 @@ void JobHandle::push(JobEvent e) {
   if (notify) (*notify)();
 }
 
+// ---- StepCost ---------------------------------------------------------------------------
+
+void StepCost::record(int64_t decode_rows, int64_t prompt_tokens, double seconds) {
+  constexpr double kWeight = 0.25;
+  if (!(seconds > 0)) return;
+  const auto blend = [](double& avg, double sample) { avg = avg > 0 ? avg + kWeight * (sample - avg) : sample; };
+  if (prompt_tokens <= 0) {
+    if (decode_rows > 0) blend(decode_s_, seconds);
+    return;
+  }
+  if (decode_rows > 0 && !(decode_s_ > 0)) return;  // the decode part is unknown yet
+  const double rest = decode_rows > 0 ? seconds - decode_s_ : seconds;
+  // A step faster than the decode estimate (noise) still costs something per token.
+  blend(token_s_, std::max(rest, 0.05 * seconds) / static_cast<double>(prompt_tokens));
+}
+
+double StepCost::target_seconds(int64_t decode_rows, double budget_s) const {
+  double t = budget_s > 0 ? budget_s : 2 * decode_s_;
+  if (decode_rows <= 0) t = std::max(t, kSoloStepSeconds);
+  return t;
+}
+
+int64_t StepCost::prompt_allowance(int64_t decode_rows, double budget_s, int64_t cap) const {
+  cap = std::max<int64_t>(1, cap);
+  if (!(token_s_ > 0) || (decode_rows > 0 && !(decode_s_ > 0))) return std::min(cap, kInitialPromptChunk);
+  const double room = target_seconds(decode_rows, budget_s) - (decode_rows > 0 ? decode_s_ : 0.0);
+  const double n = room / token_s_;
+  if (!(n >= 1)) return 1;  // (NaN too) every step moves prompts on
+  return n >= static_cast<double>(cap) ? cap : static_cast<int64_t>(n);
+}
+
 // ---- Scheduler state ----------------------------------------------------------------
 
 struct Scheduler::Job {
@@ -222,6 +253,9 @@ SchedulerStats Scheduler::stats() const {
   s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size()
                                : static_cast<int64_t>(pool_->size()) * n_ctx_;
   s.preemptions = preemptions_.load();
+  s.decode_step_seconds = decode_step_s_.load();
+  s.prompt_token_seconds = prompt_token_s_.load();
+  s.prompt_allowance = prompt_allowance_.load();
   for (const auto& c : step_hist_) s.step_hist.push_back(c.load());
   return s;
 }
@@ -299,6 +333,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
     }
     so.prompt_logits = job.prompt_logits;
   }
+  if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) share_prefix(e, job.req.prompt);
   GenerateRequest gr;
   gr.prompt = job.req.prompt;
   gr.params = job.req.params;
@@ -340,6 +375,28 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   live->lease.emplace(std::move(lease));
   live_.push_back(std::move(live));
   return true;
+}
+
+void Scheduler::share_prefix(InferenceEngine& e, std::span<const int32_t> prompt) {
+  // The longest prefix of `prompt` that a running sequence, or a finished
+  // one running its last token, holds in its KV (positions it wrote, so
+  // bit-identical to what this one would compute: batch invariance).
+  const InferenceEngine* best = nullptr;
+  int64_t best_n = e.cached_prefix(prompt);
+  const auto consider = [&](const InferenceEngine& s) {
+    const int64_t n = std::min(s.cached_prefix(prompt), s.kv_cache().size());
+    if (n > best_n) {
+      best = &s;
+      best_n = n;
+    }
+  };
+  for (const auto& l : live_)
+    if (!l->suspended && !l->job->embed) consider(l->lease->engine());
+  for (auto& t : tails_) consider(t.engine());
+  if (best == nullptr) return;
+  // Shared blocks (one KV pool) or copied rows; on failure the slot keeps
+  // what it still holds and start() computes the rest.
+  (void)e.copy_prefix_from(*best, best_n);
 }
 
 void Scheduler::admit(Clock::time_point now) {
@@ -547,7 +604,9 @@ void Scheduler::step() {
     l->hidden_rows = false;
     if (!l->suspended && l->lease->engine().pending_prompt() == 0) ++decoders;
   }
-  int64_t budget = std::max<int64_t>(1, opt_.batch_size - decoders);
+  // ... and what the step-time budget leaves them (StepCost).
+  int64_t budget =
+      cost_.prompt_allowance(decoders, opt_.step_budget_ms / 1e3, std::max<int64_t>(1, opt_.batch_size - decoders));
   // Shortest pending prompt first (then oldest): a short request arriving
   // during a long prompt gets its first token within a few steps.
   for (auto& l : live_) sc.caches.push_back(&l->lease->engine().kv_cache());
@@ -556,6 +615,7 @@ void Scheduler::step() {
   std::stable_sort(sc.order.begin(), sc.order.end(), [&](size_t a, size_t b) {
     return live_[a]->lease->engine().pending_prompt() < live_[b]->lease->engine().pending_prompt();
   });
+  const int64_t prompt_allowance_step = budget;
   int64_t prompt_fed = 0;
   for (const size_t si : sc.order) {
     Live& l = *live_[si];
@@ -613,6 +673,7 @@ void Scheduler::step() {
   const size_t hrows = sc.batch.n_hidden();
   if (hidden_.size() < hrows * n_embd) hidden_.resize(hrows * n_embd);
   core::ThreadPool& tp = opt_.pool != nullptr ? *opt_.pool : core::global_pool();
+  const Clock::time_point t_forward = Clock::now();
   auto ok = model_->forward(sc.batch, sc.caches, sc.ws, logits_, hidden_, tp);
   steps_.fetch_add(1);
   step_tokens_.fetch_add(sc.batch.size());
@@ -665,6 +726,14 @@ void Scheduler::step() {
         job.prompt_lp = e.prompt_logprobs();
       e.accept_logits(lg);
     }
+  }
+  // What the step cost (forward and sampling), for the next steps' prompt chunks.
+  if (ok) {
+    const int64_t rows = static_cast<int64_t>(sc.batch.size()) - prompt_fed;
+    cost_.record(rows, prompt_fed, std::chrono::duration<double>(Clock::now() - t_forward).count());
+    decode_step_s_.store(cost_.decode_step_seconds());
+    prompt_token_s_.store(cost_.token_seconds());
+    if (prompt_fed > 0) prompt_allowance_.store(prompt_allowance_step);
   }
   for (size_t i = live_.size(); i-- > 0;) {
     if (live_[i]->lease->engine().finished()) finish_live(i);

@@ -11,14 +11,19 @@
 //      a free replica (EnginePool::acquire_best, without waiting): a replica
 //      is one sequence slot (KV cache, sampler + RNG, text emitter). With the
 //      prompt cache on, the idle slot holding the longest prefix of the
-//      prompt is chosen and only the rest is computed;
+//      prompt is chosen; when a running sequence (or a finished one running
+//      its last token) holds a longer prefix, the slot takes that
+//      sequence's KV blocks for it instead (shared, copy-on-write at the
+//      first divergent block), whoever computed them; only the rest of the
+//      prompt is computed;
 //   3. live sequences whose cancel flag is set stop (kCancelled); those past
 //      their deadline stop with kLength and timed_out (what was produced is
 //      the answer);
 //   4. one model::Batch gathers the next token of every decoding sequence
 //      plus chunks of pending prompts, at most `batch_size` tokens in all
-//      (decode tokens always go; prompt chunks share what is left, oldest
-//      first), and Model::forward runs once;
+//      and as many prompt tokens as the step-time budget allows (StepCost;
+//      decode tokens always go; prompt chunks share what is left, shortest
+//      pending prompt first), and Model::forward runs once;
 //   5. each sequence whose prompt completed or that decoded samples from its
 //      own logits row with its own sampler and RNG (InferenceEngine's
 //      stepwise API); finished ones return their lease (engine, then permit).
@@ -91,6 +96,15 @@ struct SchedulerOptions {
   // at most this many tokens per step, so running streams keep their pace.
   // >= 1; values < 1 are treated as kPrefillChunk.
   int64_t batch_size = kPrefillChunk;
+  // Step-time budget in milliseconds (`serve --step-budget-ms`): prompt
+  // chunks are sized so a step that carries decoding streams lasts about
+  // this long, from what StepCost learned of this machine. 0 (default):
+  // twice the measured decode step, so running streams' inter-token latency
+  // stays within 2x of what it is without prompts beside them. A step with
+  // no decoding stream aims at max(budget, kSoloStepSeconds), so a request
+  // that arrives meanwhile waits at most about that long for its turn.
+  // batch_size still caps every step.
+  double step_budget_ms = 0;
   // Reuse cached prompt prefixes across requests (llama.cpp's cache_prompt).
   bool prompt_cache = true;
   // Compute threads of the forward passes; nullptr: core::global_pool().
@@ -116,6 +130,40 @@ struct SchedulerOptions {
   // stats come from it. nullptr: standalone caches, no KV accounting beyond
   // positions.
   std::shared_ptr<model::KvPool> kv_pool;
+};
+
+// Longest a step without decoding streams aims to last (seconds): the wait
+// of a request that arrives during a long prompt, before its own prompt runs.
+inline constexpr double kSoloStepSeconds = 0.5;
+// Prompt tokens of a step before StepCost has measured a prompt token.
+inline constexpr int64_t kInitialPromptChunk = 64;
+
+// What the scheduler learns of this machine's step times (issue 28: prompt
+// chunks sized in time, not tokens), and the prompt tokens a step may carry.
+// Model: a step with R one-token decode rows and P prompt tokens takes
+//   t = D + P * c
+// with D the decode step (exponential moving average, weight 1/4, of steps
+// with no prompt token) and c the marginal seconds per prompt token (the
+// same average of (t - D) / P over steps with prompt tokens; t / P where no
+// row decodes). Both adapt to whatever regime the machine is in (memory-
+// or compute-bound, other load). Not thread-safe (the loop thread's).
+class StepCost {
+ public:
+  // One forward step of `decode_rows` decode rows and `prompt_tokens` prompt
+  // tokens that took `seconds` (model::Model::forward and the sampling).
+  void record(int64_t decode_rows, int64_t prompt_tokens, double seconds);
+  double decode_step_seconds() const { return decode_s_; }  // D; 0 until measured
+  double token_seconds() const { return token_s_; }         // c; 0 until measured
+  // The time a step with `decode_rows` rows aims at: budget_s when > 0,
+  // else 2 D (0 while D is unknown); with no rows at least kSoloStepSeconds.
+  double target_seconds(int64_t decode_rows, double budget_s) const;
+  // Prompt tokens such a step may add: (target - D) / c, at least 1, at most
+  // `cap`; min(cap, kInitialPromptChunk) while c (or, with rows, D) is unknown.
+  int64_t prompt_allowance(int64_t decode_rows, double budget_s, int64_t cap) const;
+
+ private:
+  double decode_s_ = 0;
+  double token_s_ = 0;
 };
 
 // What one submitted request asks for.
@@ -227,6 +275,11 @@ struct SchedulerStats {
   int64_t kv_cached = 0;
   int64_t kv_capacity = 0;
   uint64_t preemptions = 0;  // sequences preempted (KV freed, recomputed later) for lack of KV
+  // StepCost's current figures (0 until measured) and the prompt tokens the
+  // last step with a pending prompt was allowed.
+  double decode_step_seconds = 0;
+  double prompt_token_seconds = 0;
+  int64_t prompt_allowance = 0;
   // Tokens per forward step: step_hist[b] counts steps with
   // kStepBuckets[b-1] < tokens <= kStepBuckets[b] (the last entry: above all).
   std::vector<uint64_t> step_hist;
@@ -288,6 +341,7 @@ class Scheduler {
   void sweep_queue(Clock::time_point now);
   void admit(Clock::time_point now);
   bool start_choice(const std::shared_ptr<Job>& job, EngineLease lease);
+  void share_prefix(InferenceEngine& e, std::span<const int32_t> prompt);
   void finish_live(size_t i);
   void fail_job(Job& job, core::Error error);
   void step();
@@ -321,6 +375,9 @@ class Scheduler {
 
   std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0}, kv_cached_{0};
   std::atomic<uint64_t> preemptions_{0};
+  StepCost cost_;  // loop thread only; published through the atomics below
+  std::atomic<double> decode_step_s_{0}, prompt_token_s_{0};
+  std::atomic<int64_t> prompt_allowance_{0};
   std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0},
       embeddings_{0};
   std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};

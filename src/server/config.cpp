@@ -130,6 +130,11 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
     } else if (key == "timeout") {
       if (!node.is_number()) return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
       config.timeout_s = *node.value<double>();
+    } else if (key == "step-budget-ms") {
+      const auto v = node.value<double>();  // an integer or a float
+      if (!v || !(*v >= 0) || *v > 600000)
+        return core::fail(core::Errc::kInvalidArgument, where + ": expected milliseconds in 0..600000");
+      config.step_budget_ms = *v;
     } else if (key == "pool-size" || key == "models-max" || key == "mem-budget" || key == "ctx-size" ||
                key == "threads" || key == "port" || key == "max-body" || key == "queue-factor" ||
                key == "kv-budget-tokens" || key == "parallel") {
@@ -166,7 +171,8 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
           core::Errc::kInvalidArgument,
           where +
               ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
-              "ctx-size, parallel, threads, host, port, api-key, timeout, max-body, queue-factor, q2-layout, "
+              "ctx-size, parallel, step-budget-ms, threads, host, port, api-key, timeout, max-body, queue-factor, "
+              "q2-layout, "
               "cache-type-k, cache-type-v, cors-origin, no-repack)");
     }
   }

@@ -8,6 +8,7 @@
 //   ctx-size = 2048      threads = 4           host = "127.0.0.1"   port = 8080
 //   api-key = "..."      timeout = 600         # seconds per request
 //   parallel = 16        # live sequences per model (-np), independent of pool-size
+//   step-budget-ms = 0   # step-time budget for prompt chunks (0: twice the decode step)
 //   max-body = 4194304   # bytes               queue-factor = 4     # waiting per sequence slot
 //   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
 //   cors-origin = "*"    # CORS: "*" or "https://a.example,https://b.example" (--cors-origin; default off)
@@ -63,6 +64,8 @@ struct ServeConfig {
   double timeout_s = 600;            // per request (waiting + generating)
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
   int queue_factor = 4;              // requests waiting per sequence slot (parallel) before 503
+  // step-budget-ms: SchedulerOptions::step_budget_ms (0: twice the decode step).
+  double step_budget_ms = 0;
   // Q2_0 layout name for every model (g64, g128-d-first, g128-qs-first);
   // empty: detected. Checked by validate_serve_config, not while parsing, so
   // `bonsai serve` can report a bad name with the same exit code as the flag.

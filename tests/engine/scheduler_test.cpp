@@ -209,11 +209,14 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
     bool cache;
     int64_t batch;
     int rounds;
+    double budget_ms = 0;  // step_budget_ms
   };
-  for (const Config c : {Config{true, 512, 5}, Config{false, 512, 1}, Config{true, 7, 1}, Config{false, 1, 1}}) {
+  for (const Config c : {Config{true, 512, 5}, Config{false, 512, 1}, Config{true, 7, 1}, Config{false, 1, 1},
+                         Config{true, 512, 1, 0.001}, Config{false, 512, 1, 1e5}}) {
     SchedulerOptions so;
     so.prompt_cache = c.cache;
     so.batch_size = c.batch;
+    so.step_budget_ms = c.budget_ms;
     build(16, kCtx, so);
     for (int round = 0; round < c.rounds; ++round) {
       std::vector<std::shared_ptr<JobHandle>> hs;
@@ -223,8 +226,8 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
         ASSERT_FALSE(o.failed) << o.error.message;
         ASSERT_EQ(o.results.size(), 1u);
         const GenerationResult& r = o.results[0];
-        EXPECT_EQ(r.tokens, solo[i].tokens)
-            << "request " << i << " cache " << c.cache << " batch " << c.batch << " round " << round;
+        EXPECT_EQ(r.tokens, solo[i].tokens) << "request " << i << " cache " << c.cache << " batch " << c.batch
+                                            << " budget " << c.budget_ms << " round " << round;
         EXPECT_EQ(r.text, solo[i].text);
         EXPECT_EQ(o.streamed[0], r.text);
         EXPECT_EQ(r.finish_reason, solo[i].finish_reason);
@@ -242,18 +245,146 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
   }
 }
 
+// StepCost's arithmetic: D from decode-only steps, c from the rest, and the
+// allowance (target - D) / c within [1, cap].
+TEST(StepCost, LearnsDecodeAndPromptCostsAndSizesChunks) {
+  StepCost c;
+  EXPECT_EQ(c.prompt_allowance(0, 0, 512), kInitialPromptChunk);  // nothing measured yet
+  EXPECT_EQ(c.prompt_allowance(3, 0, 10), 10);                    // capped
+  c.record(0, 100, 0.5);                                          // a prompt alone: 5 ms per token
+  EXPECT_DOUBLE_EQ(c.token_seconds(), 0.005);
+  EXPECT_EQ(c.prompt_allowance(0, 0, 512), 100);                  // alone: kSoloStepSeconds / 5 ms
+  EXPECT_EQ(c.prompt_allowance(2, 0, 512), kInitialPromptChunk);  // rows, but D unknown
+  c.record(2, 50, 1.0);                                           // ignored: D unknown
+  EXPECT_DOUBLE_EQ(c.token_seconds(), 0.005);
+  c.record(2, 0, 0.02);  // a decode step: 20 ms
+  EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.02);
+  EXPECT_EQ(c.prompt_allowance(2, 0, 512), 4);      // (2 x 20 ms - 20 ms) / 5 ms
+  EXPECT_EQ(c.prompt_allowance(2, 0.1, 512), 16);   // (100 ms - 20 ms) / 5 ms
+  EXPECT_EQ(c.prompt_allowance(2, 0.001, 512), 1);  // below one token: still 1
+  EXPECT_EQ(c.prompt_allowance(2, 10, 300), 300);   // capped
+  c.record(2, 0, 0.04);                             // moving average, weight 1/4
+  EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.025);
+  c.record(1, 10, 0.125);  // marginal (125 - 25) / 10 = 10 ms -> 5 + (10 - 5) / 4
+  EXPECT_DOUBLE_EQ(c.token_seconds(), 0.00625);
+  EXPECT_DOUBLE_EQ(c.target_seconds(1, 0), 0.05);
+  EXPECT_DOUBLE_EQ(c.target_seconds(0, 0), kSoloStepSeconds);
+  EXPECT_DOUBLE_EQ(c.target_seconds(0, 2.0), 2.0);
+}
+
+// The step-time budget sizes prompt chunks: with a budget below one prompt
+// token, a long prompt arriving beside a decoding stream advances one token
+// per step (each step: the stream's token + 1), and both answers are what
+// they are alone (batch invariance under any chunking).
+TEST_F(SchedulerTest, StepBudgetSizesPromptChunksBesideRunningStreams) {
+  constexpr int64_t kCtx = 1024;
+  std::atomic<bool> watching{false};
+  std::atomic<int64_t> widest{0}, watched{0};
+  SchedulerOptions so;
+  so.step_budget_ms = 0.001;
+  so.prompt_cache = false;  // no keep_tail rows
+  so.on_step = [&](int64_t tokens, int64_t seqs) {
+    if (!watching.load() || seqs != 2) return;  // steps that carry both A and B
+    watched.fetch_add(1);
+    int64_t m = widest.load();
+    while (tokens > m && !widest.compare_exchange_weak(m, tokens)) {
+    }
+  };
+  build(2, kCtx, so);
+  const auto ps = prompts(2);
+  std::vector<int32_t> longp = ps[1];
+  while (longp.size() < 150) longp.insert(longp.end(), ps[1].begin() + 1, ps[1].end());
+  SamplingParams pa = greedy(800);  // outlasts B's ~160 steps
+  pa.ignore_eos = true;
+  const GenerationResult solo_a = alone(ps[0], pa, 1, kCtx);
+  const GenerationResult solo_b = alone(longp, greedy(5), 1, kCtx);
+  auto a = submit(ps[0], pa);
+  // A decodes (its prompt and some decode-only steps measured), then B comes.
+  ASSERT_TRUE(eventually([&] { return sched_->stats().decode_step_seconds > 0 && sched_->stats().steps >= 4; }));
+  watching.store(true);
+  auto b = submit(longp, greedy(5));
+  Outcome ob = collect(*b);
+  watching.store(false);
+  Outcome oa = collect(*a);
+  ASSERT_FALSE(oa.failed || ob.failed);
+  EXPECT_EQ(oa.results[0].tokens, solo_a.tokens);
+  EXPECT_EQ(ob.results[0].tokens, solo_b.tokens);
+  // While both run, every step is A's token + one of B's: B's 150+ prompt
+  // tokens take as many steps (unless A ran out first: then B finishes alone).
+  EXPECT_GE(watched.load(), 100);
+  EXPECT_EQ(widest.load(), 2);
+  EXPECT_GT(sched_->stats().prompt_token_seconds, 0);
+}
+
+// Concurrent requests with one long shared prefix (a system prompt) reuse
+// it whoever computed it: after one warm-up request, 4 requests admitted in
+// the same pass each start from the cached prefix (the first from the idle
+// slot, the others from the running first one's KV blocks), and each
+// answers as it does alone.
+TEST_F(SchedulerTest, ConcurrentRequestsShareAPrefixWhoeverComputedIt) {
+  constexpr int64_t kCtx = 1024;
+  std::atomic<bool> hold{false};
+  std::atomic<int> blocked{0};
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  SchedulerOptions so;
+  so.on_step = [&](int64_t, int64_t) {
+    if (!hold.load()) return;
+    blocked.fetch_add(1);
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait(lock, [&] { return !hold.load(); });
+  };
+  build(6, kCtx, so);
+  const auto ps = prompts(6);
+  std::vector<int32_t> shared = ps[0];
+  while (shared.size() < 300) shared.insert(shared.end(), ps[2].begin() + 1, ps[2].end());
+  std::vector<std::vector<int32_t>> ask;
+  for (int i = 0; i < 5; ++i) {
+    ask.push_back(shared);
+    ask.back().insert(ask.back().end(), ps[i + 1].begin() + 1, ps[i + 1].end());
+  }
+  const Outcome warm = collect(*submit(ask[0], greedy(4)));
+  ASSERT_FALSE(warm.failed);
+  // Hold the loop inside a step (a short unrelated request), queue the 4, release.
+  hold.store(true);
+  auto other = submit(tok_->encode_prompt("Tom"), greedy(3));
+  ASSERT_TRUE(eventually([&] { return blocked.load() > 0; }));
+  std::vector<std::shared_ptr<JobHandle>> hs;
+  for (int i = 1; i < 5; ++i) hs.push_back(submit(ask[static_cast<size_t>(i)], greedy(6)));
+  {
+    std::lock_guard lock(gate_mu);
+    hold.store(false);
+  }
+  gate_cv.notify_all();
+  for (int i = 1; i < 5; ++i) {
+    Outcome o = collect(*hs[static_cast<size_t>(i - 1)]);
+    ASSERT_FALSE(o.failed) << o.error.message;
+    EXPECT_GE(o.results[0].cached_tokens, static_cast<int32_t>(shared.size())) << i;
+    EXPECT_EQ(o.results[0].tokens, alone(ask[static_cast<size_t>(i)], greedy(6), 1, kCtx).tokens) << i;
+  }
+  EXPECT_FALSE(collect(*other).failed);
+  sched_.reset();  // before the gate's state goes out of scope
+}
+
 // -np (SchedulerOptions::max_sequences) bounds the live sequences whatever
 // the pool holds: with 6 replicas and a bound of 3, no step has more than 3
 // sequences, every job still completes, each as it does alone.
 TEST_F(SchedulerTest, MaxSequencesBoundsLiveSequences) {
   constexpr int64_t kCtx = 256;
   std::atomic<int64_t> most{0};
+  // The loop is held in its first step until all 6 are queued (no race
+  // between the submissions and the first job's end).
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
   SchedulerOptions so;
   so.max_sequences = 3;
-  so.on_step = [&most](int64_t, int64_t seqs) {
+  so.on_step = [&](int64_t, int64_t seqs) {
     int64_t m = most.load();
     while (seqs > m && !most.compare_exchange_weak(m, seqs)) {
     }
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait(lock, [&] { return open; });
   };
   build(6, kCtx, so);
   EXPECT_EQ(sched_->options().max_sequences, 3);
@@ -262,12 +393,18 @@ TEST_F(SchedulerTest, MaxSequencesBoundsLiveSequences) {
   for (int i = 0; i < 6; ++i) solo.push_back(alone(ps[i], greedy(10 + 3 * i), 1, kCtx));
   std::vector<std::shared_ptr<JobHandle>> hs;
   for (int i = 0; i < 6; ++i) hs.push_back(submit(ps[i], greedy(10 + 3 * i)));
+  {
+    std::lock_guard lock(gate_mu);
+    open = true;
+  }
+  gate_cv.notify_all();
   for (int i = 0; i < 6; ++i) {
     Outcome o = collect(*hs[i]);
     ASSERT_FALSE(o.failed) << o.error.message;
     EXPECT_EQ(o.results[0].tokens, solo[i].tokens) << i;
   }
   EXPECT_EQ(most.load(), 3);
+  sched_.reset();  // before the gate's state goes out of scope
   // Unset, the bound is the pool's size.
   build(4, kCtx);
   EXPECT_EQ(sched_->options().max_sequences, 4);
