@@ -70,7 +70,8 @@ void StepCost::record(int64_t decode_rows, int64_t prompt_tokens, double seconds
     return;
   }
   if (decode_rows > 0 && !(decode_s_ > 0)) return;  // the decode part is unknown yet
-  const double rest = decode_rows > 0 ? seconds - decode_s_ : seconds;
+  // D is the fixed part of any step (streaming the weights once), rows or not.
+  const double rest = seconds - decode_s_;
   // A step faster than the decode estimate (noise) still costs something per token.
   blend(token_s_, std::max(rest, 0.05 * seconds) / static_cast<double>(prompt_tokens));
 }
@@ -84,7 +85,7 @@ double StepCost::target_seconds(int64_t decode_rows, double budget_s) const {
 int64_t StepCost::prompt_allowance(int64_t decode_rows, double budget_s, int64_t cap) const {
   cap = std::max<int64_t>(1, cap);
   if (!(token_s_ > 0) || (decode_rows > 0 && !(decode_s_ > 0))) return std::min(cap, kInitialPromptChunk);
-  const double room = target_seconds(decode_rows, budget_s) - (decode_rows > 0 ? decode_s_ : 0.0);
+  const double room = target_seconds(decode_rows, budget_s) - decode_s_;
   const double n = room / token_s_;
   if (!(n >= 1)) return 1;  // (NaN too) every step moves prompts on
   return n >= static_cast<double>(cap) ? cap : static_cast<int64_t>(n);

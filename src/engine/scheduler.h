@@ -143,10 +143,12 @@ inline constexpr int64_t kInitialPromptChunk = 64;
 // Model: a step with R one-token decode rows and P prompt tokens takes
 //   t = D + P * c
 // with D the decode step (exponential moving average, weight 1/4, of steps
-// with no prompt token) and c the marginal seconds per prompt token (the
-// same average of (t - D) / P over steps with prompt tokens; t / P where no
-// row decodes). Both adapt to whatever regime the machine is in (memory-
-// or compute-bound, other load). Not thread-safe (the loop thread's).
+// with no prompt token; also the fixed part of a step without rows: the
+// weights are streamed once either way; 0 until measured) and c the
+// marginal seconds per prompt token (the same average of (t - D) / P, at
+// least t / (20 P), over steps with prompt tokens). Both adapt to whatever
+// regime the machine is in (memory- or compute-bound, other load).
+// Not thread-safe (the loop thread's).
 class StepCost {
  public:
   // One forward step of `decode_rows` decode rows and `prompt_tokens` prompt

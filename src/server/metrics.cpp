@@ -215,6 +215,14 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kCachedTokens, "Prompt tokens reused from the prompt cache.", MetricType::kCounter);
   m.declare(kComputedPrompt, "Prompt tokens computed by forward steps (not cached).", MetricType::kCounter);
   m.declare(kEmbeddingSeqs, "Embedding inputs run as scheduler sequences (/v1/embeddings).", MetricType::kCounter);
+  m.declare(kDecodeStep, "The scheduler's learned duration of a decode-only step, per model (0: not measured yet).",
+            MetricType::kGauge);
+  m.declare(kPromptTokenCost,
+            "The scheduler's learned marginal seconds per prompt token in a step, per model (0: not measured yet).",
+            MetricType::kGauge);
+  m.declare(kPromptAllowance, "Prompt tokens the step-time budget allowed in the last step with a pending prompt.",
+            MetricType::kGauge);
+  m.declare(kParallel, "Sequences a model may run at once (-np/--parallel).", MetricType::kGauge);
   m.declare(kVllmRunning, "Requests running (vLLM-compatible name).", MetricType::kGauge);
   m.declare(kVllmWaiting, "Requests waiting (vLLM-compatible name).", MetricType::kGauge);
   m.declare(kVllmKvUsage, "KV-cache usage, 1 = full (vLLM-compatible name).", MetricType::kGauge);
@@ -253,6 +261,10 @@ void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models)
       reg.set(kComputedPrompt, l, static_cast<double>(ss.prompt_tokens));
       reg.set(kEmbeddingSeqs, l, static_cast<double>(ss.embeddings));
       reg.set_histogram(kStepTokens, l, ss.step_hist, static_cast<double>(ss.step_tokens));
+      reg.set(kDecodeStep, l, ss.decode_step_seconds);
+      reg.set(kPromptTokenCost, l, ss.prompt_token_seconds);
+      reg.set(kPromptAllowance, l, static_cast<double>(ss.prompt_allowance));
+      reg.set(kParallel, l, static_cast<double>(lm->scheduler->options().max_sequences));
     }
   }
   reg.set(kModelsLoaded, {}, static_cast<double>(loaded));

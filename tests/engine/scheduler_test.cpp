@@ -267,6 +267,11 @@ TEST(StepCost, LearnsDecodeAndPromptCostsAndSizesChunks) {
   EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.025);
   c.record(1, 10, 0.125);  // marginal (125 - 25) / 10 = 10 ms -> 5 + (10 - 5) / 4
   EXPECT_DOUBLE_EQ(c.token_seconds(), 0.00625);
+  EXPECT_NEAR(c.prompt_allowance(0, 0, 512), 76, 1);  // alone: (500 - 25) / 6.25 ms (D: any step's fixed part)
+  c.record(0, 100, 0.725);                            // (725 - 25) / 100 = 7 ms -> 6.25 + (7 - 6.25) / 4
+  EXPECT_DOUBLE_EQ(c.token_seconds(), 0.0064375);
+  c.record(1, 10, 0.026);  // faster than D (noise): at least 1/20 of t / P
+  EXPECT_DOUBLE_EQ(c.token_seconds(), 0.0064375 + (0.026 / 200 - 0.0064375) / 4);
   EXPECT_DOUBLE_EQ(c.target_seconds(1, 0), 0.05);
   EXPECT_DOUBLE_EQ(c.target_seconds(0, 0), kSoloStepSeconds);
   EXPECT_DOUBLE_EQ(c.target_seconds(0, 2.0), 2.0);
