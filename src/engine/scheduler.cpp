@@ -125,11 +125,16 @@ struct Scheduler::Live {
   bool prompt_lp_sent = false;           // the prompt logprobs went out with a kText
 };
 
+// One step's plan and buffers (plan_step fills them; forward_step and
+// apply_step read them).
 struct Scheduler::Scratch {
   model::Workspace ws;
   model::Batch batch;
   std::vector<model::KvCache*> caches;  // [live sequence] -> its replica's cache (seq id = index)
   std::vector<size_t> order;            // live sequences in batch-filling order
+  std::vector<bool> tail_ran;           // [tails_] whose last token is in the batch
+  int64_t prompt_fed = 0;               // prompt tokens in the batch
+  int64_t allowance = 0;                // prompt tokens the step-time budget allowed
 };
 
 Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
@@ -394,6 +399,22 @@ void Scheduler::share_prefix(InferenceEngine& e, std::span<const int32_t> prompt
   for (const auto& l : live_)
     if (!l->suspended && !l->job->embed) consider(l->lease->engine());
   for (auto& t : tails_) consider(t.engine());
+  // Idle slots hold other conversations' caches (parked; acquire_best took
+  // the one whose cache is mostly this prompt, so one that shares only a
+  // system prompt is still idle): compared, and copied from, under the
+  // pool's idle mutex, so no other thread leases the engine meanwhile.
+  const auto idle_prefix = [&](const InferenceEngine& s) {
+    return std::min(s.cached_prefix(prompt), s.kv_cache().size());
+  };
+  int64_t idle_n = 0;
+  pool_->for_each_idle([&](const InferenceEngine& s) { idle_n = std::max(idle_n, idle_prefix(s)); });
+  if (idle_n > best_n) {
+    bool copied = false;
+    pool_->for_each_idle([&](const InferenceEngine& s) {
+      if (!copied && idle_prefix(s) == idle_n) copied = e.copy_prefix_from(s, idle_n).has_value();
+    });
+    if (copied) return;
+  }
   if (best == nullptr) return;
   // Shared blocks (one KV pool) or copied rows; on failure the slot keeps
   // what it still holds and start() computes the rest.
@@ -568,9 +589,7 @@ void Scheduler::update_kv_stats() {
   kv_used_.store(used);
 }
 
-void Scheduler::step() {
-  const Clock::time_point now = Clock::now();
-  // Cancelled or past the deadline: they stop before this step's forward.
+void Scheduler::stop_expired(Clock::time_point now) {
   for (auto& l : live_) {
     InferenceEngine& e = l->lease->engine();
     if (e.finished()) continue;
@@ -582,19 +601,15 @@ void Scheduler::step() {
   }
   for (size_t i = live_.size(); i-- > 0;)
     if (live_[i]->lease->engine().finished()) finish_live(i);
-  if (live_.empty() && tails_.empty()) {
-    update_kv_stats();
-    return;
-  }
-  if (opt_.kv_pool) {
-    resume_preempted();
-    reserve_next_tokens();
-  }
+}
 
-  // The batch: every decode token, then prompt chunks (oldest first) in the budget left.
+void Scheduler::plan_step() {
+  // The batch: every decode token, then prompt chunks (shortest pending
+  // first) in what is left of the budget.
   Scratch& sc = *scratch_;
   sc.batch.clear();
   sc.caches.clear();
+  sc.prompt_fed = 0;
   // Prompt tokens get what the decode tokens leave of batch_size, at least
   // one per step (so prompts progress even when batch_size <= running streams).
   int64_t decoders = 0;
@@ -608,6 +623,7 @@ void Scheduler::step() {
   // ... and what the step-time budget leaves them (StepCost).
   int64_t budget =
       cost_.prompt_allowance(decoders, opt_.step_budget_ms / 1e3, std::max<int64_t>(1, opt_.batch_size - decoders));
+  sc.allowance = budget;
   // Shortest pending prompt first (then oldest): a short request arriving
   // during a long prompt gets its first token within a few steps.
   for (auto& l : live_) sc.caches.push_back(&l->lease->engine().kv_cache());
@@ -616,8 +632,6 @@ void Scheduler::step() {
   std::stable_sort(sc.order.begin(), sc.order.end(), [&](size_t a, size_t b) {
     return live_[a]->lease->engine().pending_prompt() < live_[b]->lease->engine().pending_prompt();
   });
-  const int64_t prompt_allowance_step = budget;
-  int64_t prompt_fed = 0;
   for (const size_t si : sc.order) {
     Live& l = *live_[si];
     if (l.suspended) continue;
@@ -647,11 +661,11 @@ void Scheduler::step() {
     l.wants_row = wants;
     if (prefill) {
       budget -= l.fed;
-      prompt_fed += l.fed;
+      sc.prompt_fed += l.fed;
     }
   }
   // Finished slots' last tokens (keep_tail): one row each, no logits.
-  std::vector<bool> tail_ran(tails_.size(), false);
+  sc.tail_ran.assign(tails_.size(), false);
   for (size_t t = 0; t < tails_.size(); ++t) {
     InferenceEngine& e = tails_[t].engine();
     const std::span<const int32_t> in = e.tail_input();
@@ -659,14 +673,12 @@ void Scheduler::step() {
     if (in.empty() || pos >= n_ctx_ || e.kv_cache().size() != pos || !e.kv_cache().prepare(pos, pos + 1)) continue;
     sc.caches.push_back(&e.kv_cache());
     sc.batch.add(in[0], static_cast<int32_t>(pos), static_cast<int32_t>(sc.caches.size() - 1), false);
-    tail_ran[t] = true;
+    sc.tail_ran[t] = true;
   }
-  if (sc.batch.empty()) {
-    for (auto& t : tails_) t.engine().tail_done(false);
-    tails_.clear();
-    update_kv_stats();
-    return;
-  }
+}
+
+core::Expected<void> Scheduler::forward_step() {
+  Scratch& sc = *scratch_;
   const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
   const size_t n_embd = static_cast<size_t>(model_->config().n_embd);
   const size_t rows = sc.batch.n_wanted();
@@ -674,19 +686,23 @@ void Scheduler::step() {
   const size_t hrows = sc.batch.n_hidden();
   if (hidden_.size() < hrows * n_embd) hidden_.resize(hrows * n_embd);
   core::ThreadPool& tp = opt_.pool != nullptr ? *opt_.pool : core::global_pool();
-  const Clock::time_point t_forward = Clock::now();
   auto ok = model_->forward(sc.batch, sc.caches, sc.ws, logits_, hidden_, tp);
   steps_.fetch_add(1);
   step_tokens_.fetch_add(sc.batch.size());
-  prompt_tokens_.fetch_add(static_cast<uint64_t>(prompt_fed));
+  prompt_tokens_.fetch_add(static_cast<uint64_t>(sc.prompt_fed));
   {
     size_t b = 0;
     while (b + 1 < kNumStepBuckets && static_cast<int64_t>(sc.batch.size()) > kStepBuckets[b]) ++b;
     step_hist_[b].fetch_add(1);
   }
   if (opt_.on_step) opt_.on_step(static_cast<int64_t>(sc.batch.size()), static_cast<int64_t>(live_.size()));
-  for (size_t t = 0; t < tails_.size(); ++t) tails_[t].engine().tail_done(ok && tail_ran[t]);
+  for (size_t t = 0; t < tails_.size(); ++t) tails_[t].engine().tail_done(ok && sc.tail_ran[t]);
   tails_.clear();  // the engines back, then the permits
+  return ok;
+}
+
+void Scheduler::apply_step(const core::Expected<void>& ok) {
+  Scratch& sc = *scratch_;
   if (!ok) {
     // Nothing was written (forward checks first): every sequence in the step fails.
     for (auto& l : live_) {
@@ -694,51 +710,75 @@ void Scheduler::step() {
       fail_job(*l->job, ok.error());
       l->lease->engine().stop_now(FinishReason::kCancelled);
     }
-  } else {
-    size_t row = 0;   // logits rows come in batch order, i.e. sc.order
-    size_t hrow = 0;  // hidden rows likewise
-    for (const size_t si : sc.order) {
-      auto& l = live_[si];
-      if (l->fed == 0) continue;
-      InferenceEngine& e = l->lease->engine();
-      if (l->hidden_rows) {  // rows [hrow, hrow + fed) are this embedding's
-        e.record_hidden_rows(
-            std::span<const float>(hidden_.data() + hrow * n_embd, static_cast<size_t>(l->fed) * n_embd));
-        hrow += static_cast<size_t>(l->fed);
-      }
-      if (l->all_rows) {  // rows [row, row + fed) are this sequence's; the last one may be sampled from
-        e.record_prompt_rows(
-            std::span<const float>(logits_.data() + row * n_vocab, static_cast<size_t>(l->fed) * n_vocab));
-        row += static_cast<size_t>(l->fed) - 1;
-      }
-      const bool wanted = e.inputs_done(l->fed);
-      if (!wanted) {
-        if (l->all_rows) ++row;
-        continue;
-      }
-      const std::span<const float> lg(logits_.data() + row * n_vocab, n_vocab);
-      ++row;
-      Job& job = *l->job;
-      if (l->choice == 0 && job.req.n > 1 && job.prompt_logits.empty() &&
-          e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
-        job.prompt_logits.assign(lg.begin(), lg.end());
-      if (l->choice == 0 && job.req.params.prompt_logprobs >= 0 && job.prompt_lp.empty() &&
-          e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
-        job.prompt_lp = e.prompt_logprobs();
-      e.accept_logits(lg);
-    }
+    return;
   }
+  const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
+  const size_t n_embd = static_cast<size_t>(model_->config().n_embd);
+  size_t row = 0;   // logits rows come in batch order, i.e. sc.order
+  size_t hrow = 0;  // hidden rows likewise
+  for (const size_t si : sc.order) {
+    auto& l = live_[si];
+    if (l->fed == 0) continue;
+    InferenceEngine& e = l->lease->engine();
+    if (l->hidden_rows) {  // rows [hrow, hrow + fed) are this embedding's
+      e.record_hidden_rows(
+          std::span<const float>(hidden_.data() + hrow * n_embd, static_cast<size_t>(l->fed) * n_embd));
+      hrow += static_cast<size_t>(l->fed);
+    }
+    if (l->all_rows) {  // rows [row, row + fed) are this sequence's; the last one may be sampled from
+      e.record_prompt_rows(
+          std::span<const float>(logits_.data() + row * n_vocab, static_cast<size_t>(l->fed) * n_vocab));
+      row += static_cast<size_t>(l->fed) - 1;
+    }
+    const bool wanted = e.inputs_done(l->fed);
+    if (!wanted) {
+      if (l->all_rows) ++row;
+      continue;
+    }
+    const std::span<const float> lg(logits_.data() + row * n_vocab, n_vocab);
+    ++row;
+    Job& job = *l->job;
+    if (l->choice == 0 && job.req.n > 1 && job.prompt_logits.empty() &&
+        e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
+      job.prompt_logits.assign(lg.begin(), lg.end());
+    if (l->choice == 0 && job.req.params.prompt_logprobs >= 0 && job.prompt_lp.empty() &&
+        e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
+      job.prompt_lp = e.prompt_logprobs();
+    e.accept_logits(lg);
+  }
+}
+
+void Scheduler::step() {
+  stop_expired(Clock::now());  // cancelled or past the deadline: they stop before this step's forward
+  if (live_.empty() && tails_.empty()) {
+    update_kv_stats();
+    return;
+  }
+  if (opt_.kv_pool) {
+    resume_preempted();
+    reserve_next_tokens();
+  }
+  plan_step();
+  Scratch& sc = *scratch_;
+  if (sc.batch.empty()) {
+    for (auto& t : tails_) t.engine().tail_done(false);
+    tails_.clear();
+    update_kv_stats();
+    return;
+  }
+  const Clock::time_point t0 = Clock::now();
+  const auto ok = forward_step();
+  apply_step(ok);
   // What the step cost (forward and sampling), for the next steps' prompt chunks.
   if (ok) {
-    const int64_t rows = static_cast<int64_t>(sc.batch.size()) - prompt_fed;
-    cost_.record(rows, prompt_fed, std::chrono::duration<double>(Clock::now() - t_forward).count());
+    const int64_t rows = static_cast<int64_t>(sc.batch.size()) - sc.prompt_fed;
+    cost_.record(rows, sc.prompt_fed, std::chrono::duration<double>(Clock::now() - t0).count());
     decode_step_s_.store(cost_.decode_step_seconds());
     prompt_token_s_.store(cost_.token_seconds());
-    if (prompt_fed > 0) prompt_allowance_.store(prompt_allowance_step);
+    if (sc.prompt_fed > 0) prompt_allowance_.store(sc.allowance);
   }
-  for (size_t i = live_.size(); i-- > 0;) {
+  for (size_t i = live_.size(); i-- > 0;)
     if (live_[i]->lease->engine().finished()) finish_live(i);
-  }
   update_kv_stats();
 }
 

@@ -11,11 +11,11 @@
 //      a free replica (EnginePool::acquire_best, without waiting): a replica
 //      is one sequence slot (KV cache, sampler + RNG, text emitter). With the
 //      prompt cache on, the idle slot holding the longest prefix of the
-//      prompt is chosen; when a running sequence (or a finished one running
-//      its last token) holds a longer prefix, the slot takes that
-//      sequence's KV blocks for it instead (shared, copy-on-write at the
-//      first divergent block), whoever computed them; only the rest of the
-//      prompt is computed;
+//      prompt is chosen (if that is at least half of what it holds); when a
+//      running sequence, a finished one running its last token or another
+//      idle slot holds a longer prefix, the slot takes those KV blocks for it
+//      instead (shared, copy-on-write at the first divergent block), whoever
+//      computed them; only the rest of the prompt is computed;
 //   3. live sequences whose cancel flag is set stop (kCancelled); those past
 //      their deadline stop with kLength and timed_out (what was produced is
 //      the answer);
@@ -343,10 +343,18 @@ class Scheduler {
   void sweep_queue(Clock::time_point now);
   void admit(Clock::time_point now);
   bool start_choice(const std::shared_ptr<Job>& job, EngineLease lease);
+  // Gives e's cache the longest prefix of `prompt` that a running sequence,
+  // a finished one running its last token or an idle slot holds, when that
+  // is longer than what e holds itself (KvCache blocks shared, copy-on-write).
   void share_prefix(InferenceEngine& e, std::span<const int32_t> prompt);
   void finish_live(size_t i);
   void fail_job(Job& job, core::Error error);
+  // One step: stop_expired, KV reservation, then plan -> forward -> apply.
   void step();
+  void stop_expired(Clock::time_point now);         // cancelled / past-deadline sequences stop and finish
+  void plan_step();                                 // the batch: decode tokens, prompt chunks, tails
+  core::Expected<void> forward_step();              // one Model::forward over it; stats, on_step, tails done
+  void apply_step(const core::Expected<void>& ok);  // each sequence takes its rows: samples, emits
   // KV budget (kv_pool set; loop thread only).
   int64_t kv_available() const;  // blocks a new sequence may count on now
   void resume_preempted();

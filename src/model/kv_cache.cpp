@@ -361,6 +361,12 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
     KvPool& p = *pool_;
     std::lock_guard lock(p.mu_);
     const int64_t nb = p.blocks_for(n);
+    // Checked again under the pool's mutex: a parked source may have lost
+    // trailing blocks to eviction since (another cache's prepare).
+    if (src.t_->size < n || static_cast<int64_t>(src.t_->ids.size()) < nb) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "KV cache: the source no longer holds " + std::to_string(n) + " positions (evicted meanwhile)");
+    }
     std::vector<int32_t> ids(src.t_->ids.begin(), src.t_->ids.begin() + nb);
     std::vector<uint8_t*> ptrs(src.t_->ptrs.begin(), src.t_->ptrs.begin() + nb);
     for (int32_t id : ids) p.retain_locked(id, /*active=*/true);

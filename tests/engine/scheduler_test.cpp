@@ -371,6 +371,37 @@ TEST_F(SchedulerTest, ConcurrentRequestsShareAPrefixWhoeverComputedIt) {
   sched_.reset();  // before the gate's state goes out of scope
 }
 
+// An idle conversation that shares only its system prompt with a new
+// request (too little of what it holds for acquire_best to hand its slot
+// over) still lends that prefix's blocks: the new request computes only
+// its own part, and answers as alone; the idle conversation keeps its cache.
+TEST_F(SchedulerTest, IdleConversationLendsItsSystemPromptBlocks) {
+  constexpr int64_t kCtx = 1024;
+  build(3, kCtx);
+  const auto ps = prompts(6);
+  std::vector<int32_t> system = ps[0];
+  while (system.size() < 200) system.insert(system.end(), ps[3].begin() + 1, ps[3].end());
+  std::vector<int32_t> first = system, second = system;
+  first.insert(first.end(), ps[1].begin() + 1, ps[1].end());
+  second.insert(second.end(), ps[2].begin() + 1, ps[2].end());
+  SamplingParams longer = greedy(400);  // the first conversation then holds > 2x the shared part
+  longer.ignore_eos = true;
+  Outcome o1 = collect(*submit(first, longer));
+  ASSERT_FALSE(o1.failed);
+  Outcome o2 = collect(*submit(second, greedy(6)));
+  ASSERT_FALSE(o2.failed);
+  EXPECT_GE(o2.results[0].cached_tokens, static_cast<int32_t>(system.size()));
+  EXPECT_EQ(o2.results[0].tokens, alone(second, greedy(6), 1, kCtx).tokens);
+  // The first conversation's next turn still finds its whole history cached.
+  std::vector<int32_t> turn2 = first;
+  turn2.insert(turn2.end(), o1.results[0].tokens.begin(), o1.results[0].tokens.end());
+  turn2.insert(turn2.end(), ps[4].begin() + 1, ps[4].end());
+  Outcome o3 = collect(*submit(turn2, greedy(4)));
+  ASSERT_FALSE(o3.failed);
+  EXPECT_GE(o3.results[0].cached_tokens, static_cast<int32_t>(first.size() + o1.results[0].tokens.size()) - 1);
+  EXPECT_EQ(o3.results[0].tokens, alone(turn2, greedy(4), 1, kCtx).tokens);
+}
+
 // -np (SchedulerOptions::max_sequences) bounds the live sequences whatever
 // the pool holds: with 6 replicas and a bound of 3, no step has more than 3
 // sequences, every job still completes, each as it does alone.
