@@ -63,6 +63,7 @@ struct ServeFlags {
   std::string host;
   int port = 0;
   std::string api_key;
+  bool admin_open = false;  // --admin-open: /admin without a key on a non-loopback host
   std::string config;
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv (empty: the config's, else f16)
   double timeout = 0;
@@ -108,7 +109,15 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--threads")) cfg.threads = f.threads;
   if (given("--host")) cfg.host = f.host;
   if (given("--port")) cfg.port = f.port;
-  if (given("--api-key")) cfg.api_key = f.api_key;
+  if (given("--api-key")) {
+    if (server::is_blank_key(f.api_key)) {
+      std::cerr << "bonsai serve: --api-key is blank (an unset variable?); give a key, or leave the flag out to "
+                   "serve without authentication\n";
+      return kExitUsage;
+    }
+    cfg.api_key = f.api_key;
+  }
+  if (given("--admin-open")) cfg.admin_open = f.admin_open;
   if (given("--timeout")) cfg.timeout_s = f.timeout;
   if (given("--cache-type-k")) cfg.cache_type_k = f.cache_type_k;
   if (given("--cache-type-v")) cfg.cache_type_v = f.cache_type_v;
@@ -236,6 +245,14 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.host = cfg.host;
   so.port = cfg.port;
   so.api_key = cfg.api_key;
+  so.admin_open = cfg.admin_open;
+  if (cfg.api_key.empty() && !server::is_loopback_host(cfg.host)) {
+    std::cerr << "bonsai serve: warning: listening on " << cfg.host
+              << " with no --api-key: anyone who reaches it can use the API"
+              << (cfg.admin_open ? " and the admin routes (--admin-open)"
+                                 : "; the admin routes answer 403 (--api-key, or --admin-open)")
+              << "\n";
+  }
   so.max_body_bytes = cfg.max_body_bytes;
   so.timeout_s = cfg.timeout_s;
   so.default_model = cfg.models.front().id;
@@ -296,7 +313,9 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-t,--threads", f->threads, "Compute threads shared by all replicas (default: physical cores)");
   cmd->add_option("--host", f->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", f->port, "Port to listen on (default 8080; 0: any free port)");
-  cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin");
+  cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin (never blank)");
+  cmd->add_flag("--admin-open", f->admin_open,
+                "Serve /admin without an API key on a non-loopback --host (otherwise 403 there)");
   cmd->add_option("--config", f->config, "TOML file with the same keys and [router] preload = [...]");
   cmd->add_option("--timeout", f->timeout, "Per-request timeout in seconds (default 600)");
   const auto kv_type_ok = [](const std::string& s) {

@@ -3,6 +3,8 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -118,15 +120,20 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
                key == "cache-type-v" || key == "cors-origin") {
       auto s = get_string(node, where);
       if (!s) return std::unexpected(s.error());
+      if (key == "api-key" && is_blank_key(*s))
+        return core::fail(core::Errc::kInvalidArgument,
+                          where +
+                              ": the API key is blank (an unset variable?); give a key, or leave the key out to "
+                              "serve without authentication");
       (key == "host"           ? config.host
        : key == "api-key"      ? config.api_key
        : key == "cache-type-k" ? config.cache_type_k
        : key == "cache-type-v" ? config.cache_type_v
        : key == "cors-origin"  ? config.cors_origin
                                : config.q2_layout) = *s;
-    } else if (key == "no-repack") {
+    } else if (key == "no-repack" || key == "admin-open") {
       if (!node.is_boolean()) return core::fail(core::Errc::kInvalidArgument, where + ": expected true or false");
-      config.no_repack = *node.value<bool>();
+      (key == "no-repack" ? config.no_repack : config.admin_open) = *node.value<bool>();
     } else if (key == "timeout") {
       if (!node.is_number()) return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
       config.timeout_s = *node.value<double>();
@@ -173,10 +180,18 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
               ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
               "ctx-size, parallel, step-budget-ms, threads, host, port, api-key, timeout, max-body, queue-factor, "
               "q2-layout, "
-              "cache-type-k, cache-type-v, cors-origin, no-repack)");
+              "cache-type-k, cache-type-v, cors-origin, no-repack, admin-open)");
     }
   }
   return {};
+}
+
+bool is_loopback_host(std::string_view host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.starts_with("127.");
+}
+
+bool is_blank_key(std::string_view key) {
+  return std::all_of(key.begin(), key.end(), [](unsigned char c) { return std::isspace(c) != 0; });
 }
 
 core::Expected<void> load_serve_toml(const std::string& path, ServeConfig& config) {

@@ -6,7 +6,8 @@
 //   model = ["stories=/path/stories260K.gguf", "/path/other.gguf"]   # -m, repeatable
 //   pool-size = 2        models-max = 2        mem-budget = 0   # MiB, 0 = unlimited
 //   ctx-size = 2048      threads = 4           host = "127.0.0.1"   port = 8080
-//   api-key = "..."      timeout = 600         # seconds per request
+//   api-key = "..."      timeout = 600         # seconds per request (api-key: never blank)
+//   admin-open = false   # /admin without a key on a non-loopback host (--admin-open)
 //   parallel = 16        # live sequences per model (-np), independent of pool-size
 //   step-budget-ms = 0   # step-time budget for prompt chunks (0: twice the decode step)
 //   max-body = 4194304   # bytes               queue-factor = 4     # waiting per sequence slot
@@ -59,7 +60,10 @@ struct ServeConfig {
   int threads = 0;  // compute threads; 0: physical cores
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;               // empty: no authentication
+  std::string api_key;  // empty: no authentication (a key that is given is never blank)
+  // admin-open: /admin routes answer without a key on a non-loopback host
+  // (ServerOptions::admin_open). Off: there they need api-key (403 without).
+  bool admin_open = false;
   std::string cors_origin;           // cors-origin: ServerOptions::cors_origin (empty: CORS off)
   double timeout_s = 600;            // per request (waiting + generating)
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
@@ -79,6 +83,13 @@ struct ServeConfig {
   // (`serve --no-repack`; gguf::OpenOptions::repack, DESIGN.md "Weights").
   bool no_repack = false;
 };
+
+// True for a host the server reaches only from this machine: "localhost",
+// 127.0.0.0/8, "::1".
+bool is_loopback_host(std::string_view host);
+// True when `key` is empty or only whitespace (an API key that was given
+// must not be: `--api-key "$UNSET_VAR"` would turn authentication off).
+bool is_blank_key(std::string_view key);
 
 // Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").
 // An argument that names an existing file is a FILE even if it holds '='.

@@ -25,6 +25,7 @@
 #include "engine/completion.h"        // prepare_completion
 #include "engine/inference_engine.h"  // GenerationResult, finish_reason_name
 #include "engine/scheduler.h"         // Scheduler, CompletionJob, JobHandle
+#include "server/config.h"            // is_loopback_host
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
@@ -208,7 +209,20 @@ struct Server::Impl {
       if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
                                    req.path == "/tokenize" || req.path == "/detokenize";
-      if (!protected_route || authorized(req)) return false;
+      if (!protected_route) return false;
+      if (authorized(req)) {
+        // No key, a network-facing host: the admin routes stay closed unless opened on purpose.
+        if (req.path.rfind("/admin/", 0) != 0 || !ctx.opt.api_key.empty() || ctx.opt.admin_open ||
+            is_loopback_host(ctx.opt.host))
+          return false;
+        ApiError e;
+        e.status = 403;
+        e.code = "admin_forbidden";
+        e.message = "The admin routes need an API key when the server listens on " + ctx.opt.host +
+                    " (start it with --api-key, or --admin-open to allow them without one).";
+        send_error(res, e);
+        return true;
+      }
       ApiError e;
       e.status = 401;
       e.code = "invalid_api_key";

@@ -47,8 +47,12 @@ namespace bonsai::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                   // 0: any free port (see bind())
-  std::string api_key;               // non-empty: /v1 and /admin need "Authorization: Bearer KEY"
+  int port = 8080;      // 0: any free port (see bind())
+  std::string api_key;  // non-empty: /v1 and /admin need "Authorization: Bearer KEY"
+  // With no api_key on a non-loopback host (is_loopback_host), /admin/*
+  // answers 403 admin_forbidden unless this is set (`serve --admin-open`):
+  // loading files by path is not for the network at large (DESIGN.md).
+  bool admin_open = false;
   size_t max_body_bytes = 4u << 20;  // larger bodies: 413
   double timeout_s = 600;            // per request: waiting for an engine + generating
   int http_threads = 0;              // worker threads running route handlers; 0: 8

@@ -871,8 +871,9 @@ core::Expected<int> HttpTransport::bind() {
   if (!ec) a.bind(ep, ec);
   if (!ec) a.listen(std::max(o.backlog, kMinBacklog), ec);
   if (ec) {
+    const std::string why = ec.message();  // (close() below resets ec: the message was "Success")
     a.close(ec);
-    return core::fail(core::Errc::kIo, "cannot listen on " + where + ": " + ec.message());
+    return core::fail(core::Errc::kIo, "cannot listen on " + where + ": " + why);
   }
   core_->bound = true;
   return static_cast<int>(a.local_endpoint().port());

@@ -353,6 +353,16 @@ TEST(ServeCli, ParallelFlagAndConfigKey) {
   EXPECT_EQ(code, 2) << err;
 }
 
+// --api-key "$UNSET_VAR" is a usage error, not a server without authentication.
+TEST(ServeCli, BlankApiKeyIsAUsageError) {
+  BONSAI_REQUIRE_FILE(kG64);
+  for (const char* key : {"", "   "}) {
+    const auto [code, err] = startup_error({"-m", "g=" + kG64, "--api-key", key});
+    EXPECT_EQ(code, 2) << err;
+    EXPECT_NE(err.find("--api-key is blank"), std::string::npos) << err;
+  }
+}
+
 TEST(ServeCli, ConfigCacheTypeKeys) {
   bonsai::server::ServeConfig cfg;
   EXPECT_EQ(cfg.cache_type_k, "f16");

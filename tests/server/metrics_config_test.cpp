@@ -126,6 +126,28 @@ TEST(Config, ParallelKey) {
   EXPECT_NE(neg.error().message.find("p.toml: key 'parallel'"), std::string::npos) << neg.error().message;
 }
 
+// An API key that is given is never blank (`api-key = "${UNSET}"` would
+// otherwise turn authentication off); admin-open is a boolean.
+TEST(Config, BlankApiKeyAndAdminOpen) {
+  ServeConfig c;
+  for (const char* text : {"api-key = \"\"\n", "api-key = \"  \"\n", "api_key = \"\\t\"\n"}) {
+    auto r = apply_serve_toml(text, "k.toml", c);
+    ASSERT_FALSE(r.has_value()) << text;
+    EXPECT_NE(r.error().message.find("k.toml: key 'api"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("blank"), std::string::npos) << r.error().message;
+  }
+  ASSERT_TRUE(apply_serve_toml("api-key = \"k1\"\nadmin-open = true\n", "k.toml", c).has_value());
+  EXPECT_EQ(c.api_key, "k1");
+  EXPECT_TRUE(c.admin_open);
+  EXPECT_FALSE(apply_serve_toml("admin-open = 1\n", "k.toml", c).has_value());
+  EXPECT_TRUE(is_blank_key(""));
+  EXPECT_TRUE(is_blank_key(" \t\n"));
+  EXPECT_FALSE(is_blank_key(" k "));
+  for (const char* h : {"127.0.0.1", "localhost", "::1", "127.1.2.3"}) EXPECT_TRUE(is_loopback_host(h)) << h;
+  for (const char* h : {"0.0.0.0", "10.0.0.1", "::", "192.168.1.2", "128.0.0.1"})
+    EXPECT_FALSE(is_loopback_host(h)) << h;
+}
+
 TEST(Config, TomlErrorsNameFileAndKey) {
   ServeConfig c;
   auto bad_type = apply_serve_toml("port = \"80\"\n", "s.toml", c);

@@ -801,6 +801,46 @@ TEST_F(ServerHttpShortTimeouts, StalledHeaderIsClosedAfterTheConfiguredTime) {
   ::close(slow);
 }
 
+// Listening on every address (a network-facing host) without an API key:
+// the API answers, the admin routes do not (403) unless --admin-open.
+class ServerHttpAllAddresses : public ServerHttp {
+ protected:
+  void customize(ServerOptions& so) override { so.host = "0.0.0.0"; }
+};
+
+TEST_F(ServerHttpAllAddresses, AdminRoutesNeedAKeyOffLoopback) {
+  auto c = client();
+  auto list = c.Get("/admin/models");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 403) << list->body;
+  EXPECT_EQ(json::parse(list->body, nullptr, false)["error"]["code"], "admin_forbidden") << list->body;
+  auto [st, j] = post("/admin/models/load", json{{"id", "x"}, {"path", "/etc/passwd"}}.dump());
+  EXPECT_EQ(st, 403) << j.dump();  // the same answer whatever the path: nothing learned about the host
+  auto [st2, j2] = post("/admin/models/load", json{{"id", "x"}, {"path", "/nonexistent"}}.dump());
+  EXPECT_EQ(st2, 403) << j2.dump();
+  EXPECT_EQ(j, j2);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 200);
+  auto [st3, j3] = post("/v1/completions", completion_body("Once", 2).dump());
+  EXPECT_EQ(st3, 200) << j3.dump();
+}
+
+class ServerHttpAdminOpen : public ServerHttp {
+ protected:
+  void customize(ServerOptions& so) override {
+    so.host = "0.0.0.0";
+    so.admin_open = true;
+  }
+};
+
+TEST_F(ServerHttpAdminOpen, AdminOpenServesAdminRoutesWithoutAKey) {
+  auto c = client();
+  auto list = c.Get("/admin/models");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 200) << list->body;
+}
+
 class ServerHttpWithKey : public ServerHttp {
  protected:
   void customize(ServerOptions& so) override { so.api_key = "s3cret"; }
