@@ -184,7 +184,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   engine::ModelSpec base;
   base.pool_size = cfg.pool_size;
   base.parallel = cfg.parallel;
-  base.queue_factor = cfg.queue_factor;
+  base.queue_factor = std::max(1, cfg.queue_factor);  // 0 meant 1 (x the slots) before the bound moved: still so
   base.ctx_size = cfg.ctx_size;
   base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
   base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);

@@ -220,7 +220,10 @@ class BasicEnginePool {
     return acquire_impl(deadline, &score);
   }
 
-  // Visits every idle engine under the idle mutex (read-only; metrics).
+  // Visits every idle engine under the idle mutex (read-only: metrics, and
+  // the scheduler, which borrows a prefix of an idle engine's KV blocks
+  // while no other thread can lease it; keep `fn` short: acquire and
+  // release wait for it).
   void for_each_idle(const std::function<void(const Engine&)>& fn) const {
     std::lock_guard lock(state_->idle_mu);
     for (const auto& e : state_->idle) fn(*e);

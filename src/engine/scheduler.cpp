@@ -2,6 +2,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -66,14 +67,25 @@ void StepCost::record(int64_t decode_rows, int64_t prompt_tokens, double seconds
   if (!(seconds > 0)) return;
   const auto blend = [](double& avg, double sample) { avg = avg > 0 ? avg + kWeight * (sample - avg) : sample; };
   if (prompt_tokens <= 0) {
-    if (decode_rows > 0) blend(decode_s_, seconds);
+    if (decode_rows > 0) {
+      blend(decode_s_, seconds);
+      steps_since_decode_ = 0;
+      decode_rows_ = decode_rows;
+    }
     return;
   }
+  ++steps_since_decode_;
   if (decode_rows > 0 && !(decode_s_ > 0)) return;  // the decode part is unknown yet
   // D is the fixed part of any step (streaming the weights once), rows or not.
   const double rest = seconds - decode_s_;
   // A step faster than the decode estimate (noise) still costs something per token.
   blend(token_s_, std::max(rest, 0.05 * seconds) / static_cast<double>(prompt_tokens));
+}
+
+bool StepCost::want_decode_sample(int64_t decode_rows) const {
+  if (decode_rows <= 0) return false;
+  if (!(decode_s_ > 0) || steps_since_decode_ >= kDecodeSampleEvery) return true;
+  return 4 * std::abs(decode_rows - decode_rows_) > decode_rows_;
 }
 
 double StepCost::target_seconds(int64_t decode_rows, double budget_s) const {
@@ -146,7 +158,9 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
       waker_(std::make_shared<JobHandle::Waker>()),
       scratch_(std::make_unique<Scratch>()) {
   if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
-  if (opt_.max_sequences < 1) opt_.max_sequences = std::max(1, pool_ ? pool_->size() : 1);
+  // At most one sequence per replica (each runs in a replica's slot).
+  const int slots = std::max(1, pool_ ? pool_->size() : 1);
+  opt_.max_sequences = opt_.max_sequences < 1 ? slots : std::min(opt_.max_sequences, slots);
   waker_->owner = this;
   thread_ = std::thread([this] { loop(); });
 }
@@ -388,7 +402,7 @@ void Scheduler::share_prefix(InferenceEngine& e, std::span<const int32_t> prompt
   // one running its last token, holds in its KV (positions it wrote, so
   // bit-identical to what this one would compute: batch invariance).
   const InferenceEngine* best = nullptr;
-  int64_t best_n = e.cached_prefix(prompt);
+  int64_t best_n = std::min(e.cached_prefix(prompt), e.kv_cache().size());  // (a parked cache may have lost blocks)
   const auto consider = [&](const InferenceEngine& s) {
     const int64_t n = std::min(s.cached_prefix(prompt), s.kv_cache().size());
     if (n > best_n) {
@@ -620,10 +634,23 @@ void Scheduler::plan_step() {
     l->hidden_rows = false;
     if (!l->suspended && l->lease->engine().pending_prompt() == 0) ++decoders;
   }
-  // ... and what the step-time budget leaves them (StepCost).
-  int64_t budget =
-      cost_.prompt_allowance(decoders, opt_.step_budget_ms / 1e3, std::max<int64_t>(1, opt_.batch_size - decoders));
+  // ... and what the step-time budget leaves them (StepCost); none in a
+  // step that measures the decode step for the rows running now.
+  int64_t budget = cost_.want_decode_sample(decoders)
+                       ? 0
+                       : cost_.prompt_allowance(decoders, opt_.step_budget_ms / 1e3,
+                                                std::max<int64_t>(1, opt_.batch_size - decoders));
   sc.allowance = budget;
+  // The oldest pending prompt keeps half of the allowance whatever shorter
+  // ones arrive, so a steady flow of short requests cannot starve it.
+  size_t oldest = live_.size();
+  int64_t prefilling = 0;
+  for (size_t i = 0; i < live_.size(); ++i) {
+    if (live_[i]->suspended || live_[i]->lease->engine().pending_prompt() == 0) continue;
+    if (oldest == live_.size()) oldest = i;
+    ++prefilling;
+  }
+  int64_t reserve = prefilling > 1 ? budget / 2 : 0;  // (an allowance of 1 goes to the shortest)
   // Shortest pending prompt first (then oldest): a short request arriving
   // during a long prompt gets its first token within a few steps.
   for (auto& l : live_) sc.caches.push_back(&l->lease->engine().kv_cache());
@@ -637,11 +664,12 @@ void Scheduler::plan_step() {
     if (l.suspended) continue;
     InferenceEngine& e = l.lease->engine();
     const bool prefill = e.pending_prompt() > 0;
-    if (prefill && budget <= 0) continue;
+    const int64_t avail = si == oldest ? budget : budget - reserve;
+    if (prefill && avail <= 0) continue;
     // Prompt logprobs: every prompt token's logits row, in smaller chunks.
     const bool all_rows = prefill && e.wants_prompt_rows();
     const bool hidden_rows = prefill && e.wants_hidden_rows();  // an embedding: every token's hidden row
-    std::span<const int32_t> in = e.next_input(prefill ? (all_rows ? std::min(budget, kPromptRowsChunk) : budget) : 1);
+    std::span<const int32_t> in = e.next_input(prefill ? (all_rows ? std::min(avail, kPromptRowsChunk) : avail) : 1);
     if (in.empty()) continue;
     const int64_t pos = e.next_pos();
     if (opt_.kv_pool && prefill && !e.kv_cache().prepare(pos, pos + static_cast<int64_t>(in.size()))) {
@@ -662,6 +690,7 @@ void Scheduler::plan_step() {
     if (prefill) {
       budget -= l.fed;
       sc.prompt_fed += l.fed;
+      if (si == oldest) reserve = 0;
     }
   }
   // Finished slots' last tokens (keep_tail): one row each, no logits.

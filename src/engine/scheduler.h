@@ -119,7 +119,8 @@ struct SchedulerOptions {
   std::function<void(int64_t tokens, int64_t sequences)> on_step;
   // Live sequences at most (llama.cpp's -np / --parallel, vLLM's
   // max_num_seqs): queued jobs are admitted while fewer run (each also
-  // needs a free replica of the pool and KV room). <= 0: the pool's size.
+  // needs a free replica of the pool and KV room). <= 0, or more than the
+  // pool's replicas: the pool's size.
   int max_sequences = 0;
   // Jobs that may wait in the queue (not yet fully admitted); submit refuses
   // more with kResourceExhausted (the server's 503 + Retry-After). 0: no bound.
@@ -147,7 +148,10 @@ inline constexpr int64_t kInitialPromptChunk = 64;
 // weights are streamed once either way; 0 until measured) and c the
 // marginal seconds per prompt token (the same average of (t - D) / P, at
 // least t / (20 P), over steps with prompt tokens). Both adapt to whatever
-// regime the machine is in (memory- or compute-bound, other load).
+// regime the machine is in (memory- or compute-bound, other load). D is
+// kept fresh under steady load by asking for a decode-only step
+// (want_decode_sample) when none ran for kDecodeSampleEvery steps or the
+// row count moved by more than a quarter since the last one.
 // Not thread-safe (the loop thread's).
 class StepCost {
  public:
@@ -162,10 +166,17 @@ class StepCost {
   // Prompt tokens such a step may add: (target - D) / c, at least 1, at most
   // `cap`; min(cap, kInitialPromptChunk) while c (or, with rows, D) is unknown.
   int64_t prompt_allowance(int64_t decode_rows, double budget_s, int64_t cap) const;
+  // Whether a step with `decode_rows` rows should carry no prompt token, so
+  // that D is measured for about this many rows (see the class comment).
+  bool want_decode_sample(int64_t decode_rows) const;
+  // Steps between two decode-only samples under steady load, at most.
+  static constexpr int64_t kDecodeSampleEvery = 16;
 
  private:
   double decode_s_ = 0;
   double token_s_ = 0;
+  int64_t steps_since_decode_ = 0;  // steps recorded since the last decode-only one
+  int64_t decode_rows_ = 0;         // rows of the last decode-only step
 };
 
 // What one submitted request asks for.

@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <new>
 #include <vector>
 
@@ -203,6 +204,13 @@ inline constexpr AmxMeasure kAmxMeasured[] = {
     {64, 3056, 2450},
     {512, 25500, 19200},
 };
+static_assert(
+    [] {
+      for (size_t i = 1; i < std::size(kAmxMeasured); ++i)
+        if (kAmxMeasured[i].n <= kAmxMeasured[i - 1].n) return false;
+      return true;
+    }(),
+    "kAmxMeasured must be sorted by n (amx_wins takes the last entry with n <= the batch)");
 // Whether kAmxMeasured says AMX is faster for a batch of n columns: the
 // entry with the largest measured N <= n decides; below the smallest
 // measured N (and below kAmxMinCols), never.

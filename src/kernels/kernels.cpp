@@ -216,14 +216,14 @@ core::Expected<void> init_tier_from_env() {
   }
   const std::string_view name = env;
   if (name == "avx512-amx") {
-    if (auto t = set_active_tier(Tier::kAvx512); !t) return t;
+    if (!tier_supported(Tier::kAvx512)) return set_active_tier(Tier::kAvx512);  // its kUnsupported error
     if (!detail::amx_usable()) {
       return core::fail(core::Errc::kUnsupported,
                         "BONSAI_KERNEL='avx512-amx': this CPU has no AMX-INT8, or the OS did not grant the tile "
                         "state (expected a CPU with amx_int8 in /proc/cpuinfo and Linux 5.16 or later)");
     }
     detail::set_avx512_amx(detail::AmxMode::kOn);
-    return {};
+    return set_active_tier(Tier::kAvx512);
   }
   const auto t = parse_tier(name);
   if (!t) {

@@ -1,6 +1,7 @@
 // `bonsai serve` configuration (flags + TOML). See config.h.
 #include "server/config.h"
 
+#include <arpa/inet.h>  // inet_pton (is_loopback_host)
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -187,7 +188,11 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
 }
 
 bool is_loopback_host(std::string_view host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || host.starts_with("127.");
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  // A numeric IPv4 address in 127.0.0.0/8 (a name such as "127.example.com" is not).
+  in_addr a{};
+  const std::string h(host);
+  return ::inet_pton(AF_INET, h.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
 bool is_blank_key(std::string_view key) {

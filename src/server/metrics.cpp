@@ -194,7 +194,8 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kQueueWait, "Time a request waited for an engine replica.", MetricType::kHistogram, latency);
   m.declare(kRejected, "Requests refused with 503 because the model's wait queue was full.", MetricType::kCounter);
   m.declare(kCancelled, "Generations cut short, by reason (client_gone, timeout, shutdown).", MetricType::kCounter);
-  m.declare(kPoolSize, "Engine replicas of each loaded model.", MetricType::kGauge);
+  m.declare(kPoolSize, "Engine replicas (sequence slots: max of --pool-size and --parallel) of each loaded model.",
+            MetricType::kGauge);
   m.declare(kPoolBusy, "Engine replicas leased right now, per model.", MetricType::kGauge);
   m.declare(kWaiting, "Requests queued for a sequence slot, per model.", MetricType::kGauge);
   m.declare(kModelsLoaded, "Models loaded and ready.", MetricType::kGauge);

@@ -22,9 +22,10 @@ using json = nlohmann::json;
 
 namespace {
 
-// Largest pool_size an admin load accepts (each replica holds its own KV
-// caches; 1'000'000 replicas would exhaust memory long before the budget
-// check could help when no budget is set).
+// Largest pool_size (and parallel) an admin load accepts: each replica
+// holds its own logits row and sampler state (its KV comes from the model's
+// budget, which the load check counts; the rows are not counted), so
+// 1'000'000 replicas would exhaust memory before any budget could help.
 constexpr int64_t kMaxAdminPoolSize = 256;
 constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
 
@@ -170,7 +171,7 @@ struct AdminRoutes {
     }
     for (const char* f : {"pool_size", "ctx_size", "parallel"}) {
       const std::string name = f;
-      const int64_t max = name == "pool_size" ? kMaxAdminPoolSize : name == "parallel" ? 1024 : 1'000'000;
+      const int64_t max = name == "ctx_size" ? 1'000'000 : kMaxAdminPoolSize;
       auto it = body.find(f);
       if (it == body.end() || it->is_null()) continue;
       if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)

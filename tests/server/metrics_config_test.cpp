@@ -144,7 +144,7 @@ TEST(Config, BlankApiKeyAndAdminOpen) {
   EXPECT_TRUE(is_blank_key(" \t\n"));
   EXPECT_FALSE(is_blank_key(" k "));
   for (const char* h : {"127.0.0.1", "localhost", "::1", "127.1.2.3"}) EXPECT_TRUE(is_loopback_host(h)) << h;
-  for (const char* h : {"0.0.0.0", "10.0.0.1", "::", "192.168.1.2", "128.0.0.1"})
+  for (const char* h : {"0.0.0.0", "10.0.0.1", "::", "192.168.1.2", "128.0.0.1", "127.example.com", "127.0.0.1.nip.io"})
     EXPECT_FALSE(is_loopback_host(h)) << h;
 }
 
