@@ -78,6 +78,8 @@ struct ServeFlags {
   // --header-timeout / --body-timeout / --keep-alive-timeout / --write-timeout (s; 0: the transport's default)
   double header_timeout = 0, body_timeout = 0, idle_timeout = 0, write_timeout = 0;
   std::string cors_origin;  // --cors-origin: "*" or a comma-separated list (empty: off)
+  uint64_t max_body = 0;    // --max-body: request body bytes at most (config max-body; default 4 MiB)
+  int queue_factor = 0;     // --queue-factor: requests waiting per sequence slot before 503 (default 4)
 };
 
 int serve_main(CLI::App* cmd, const ServeFlags& f) {
@@ -122,6 +124,20 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--cache-type-k")) cfg.cache_type_k = f.cache_type_k;
   if (given("--cache-type-v")) cfg.cache_type_v = f.cache_type_v;
   if (given("--cors-origin")) cfg.cors_origin = f.cors_origin;
+  if (given("--batch-size")) cfg.batch_size = f.batch_size;
+  if (given("--seed")) {
+    cfg.seed = f.seed;
+    cfg.seed_set = true;
+  }
+  if (given("--reasoning-format")) cfg.reasoning_format = f.reasoning_format;
+  if (given("--no-cache-prompt")) cfg.no_cache_prompt = f.no_cache_prompt;
+  if (given("--max-connections")) cfg.max_connections = f.max_connections;
+  if (given("--header-timeout")) cfg.header_timeout_s = f.header_timeout;
+  if (given("--body-timeout")) cfg.body_timeout_s = f.body_timeout;
+  if (given("--keep-alive-timeout")) cfg.keep_alive_timeout_s = f.idle_timeout;
+  if (given("--write-timeout")) cfg.write_timeout_s = f.write_timeout;
+  if (given("--max-body")) cfg.max_body_bytes = f.max_body;
+  if (given("--queue-factor")) cfg.queue_factor = f.queue_factor;
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
   // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
@@ -189,9 +205,9 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
   base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
   base.kv_budget_tokens = cfg.kv_budget_tokens;
-  base.batch_size = f.batch_size;
+  base.batch_size = cfg.batch_size;
   base.step_budget_ms = given("--step-budget-ms") ? f.step_budget_ms : cfg.step_budget_ms;
-  base.prompt_cache = !f.no_cache_prompt;
+  base.prompt_cache = !cfg.no_cache_prompt;
   base.repack = rt->open_options.repack && !cfg.no_repack;  // --no-repack / BONSAI_NO_REPACK=1, or the config's
   for (const auto& m : cfg.models) {
     engine::ModelSpec spec = base;
@@ -257,13 +273,13 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   so.timeout_s = cfg.timeout_s;
   so.default_model = cfg.models.front().id;
   so.default_spec = base;
-  if (given("--seed")) so.default_seed = f.seed;
-  so.parse_reasoning = f.reasoning_format == "deepseek";
-  so.max_connections = f.max_connections;
-  so.header_timeout_s = f.header_timeout;
-  so.body_timeout_s = f.body_timeout;
-  so.idle_timeout_s = f.idle_timeout;
-  so.write_timeout_s = f.write_timeout;
+  if (cfg.seed_set) so.default_seed = cfg.seed;
+  so.parse_reasoning = cfg.reasoning_format == "deepseek";
+  so.max_connections = cfg.max_connections;
+  so.header_timeout_s = cfg.header_timeout_s;
+  so.body_timeout_s = cfg.body_timeout_s;
+  so.idle_timeout_s = cfg.keep_alive_timeout_s;
+  so.write_timeout_s = cfg.write_timeout_s;
   so.cors_origin = cfg.cors_origin;
   server::Server srv(pool, so);
   auto port = srv.bind();
@@ -364,6 +380,12 @@ void register_serve(CLI::App& app) {
                   "Chat answers' <think>...</think>: 'deepseek' returns it as reasoning_content (default), "
                   "'none' leaves it in content (llama-server's flag)")
       ->check(CLI::IsMember({"deepseek", "none"}));
+  cmd->add_option("--max-body", f->max_body, "Largest request body in bytes; larger ones get 413 (default 4194304)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+  cmd->add_option("--queue-factor", f->queue_factor,
+                  "Requests that may wait per sequence slot (--parallel) before new ones get 503 + Retry-After "
+                  "(default 4)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--cors-origin", f->cors_origin,
                   "Allow browsers on these origins to call the API (CORS): '*' or a comma-separated list "
                   "(default: off)");

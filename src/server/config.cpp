@@ -132,9 +132,40 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
        : key == "cache-type-v" ? config.cache_type_v
        : key == "cors-origin"  ? config.cors_origin
                                : config.q2_layout) = *s;
-    } else if (key == "no-repack" || key == "admin-open") {
+    } else if (key == "no-repack" || key == "admin-open" || key == "no-cache-prompt") {
       if (!node.is_boolean()) return core::fail(core::Errc::kInvalidArgument, where + ": expected true or false");
-      (key == "no-repack" ? config.no_repack : config.admin_open) = *node.value<bool>();
+      (key == "no-repack"    ? config.no_repack
+       : key == "admin-open" ? config.admin_open
+                             : config.no_cache_prompt) = *node.value<bool>();
+    } else if (key == "reasoning-format") {
+      auto v = get_string(node, where);
+      if (!v) return std::unexpected(v.error());
+      if (*v != "deepseek" && *v != "none")
+        return core::fail(core::Errc::kInvalidArgument, where + ": expected \"deepseek\" or \"none\"");
+      config.reasoning_format = *v;
+    } else if (key == "seed") {
+      auto v = get_integer(node, where);
+      if (!v) return std::unexpected(v.error());
+      if (*v < 0) return core::fail(core::Errc::kInvalidArgument, where + ": must be >= 0");
+      config.seed = static_cast<uint64_t>(*v);
+      config.seed_set = true;
+    } else if (key == "batch-size" || key == "max-connections") {
+      auto v = get_integer(node, where);
+      if (!v) return std::unexpected(v.error());
+      const int64_t lo = key == "batch-size" ? 0 : 1;
+      if (*v < lo || *v > (int64_t{1} << 20))
+        return core::fail(core::Errc::kInvalidArgument,
+                          where + ": expected an integer in " + std::to_string(lo) + ".." + std::to_string(1 << 20));
+      (key == "batch-size" ? config.batch_size : config.max_connections) = static_cast<int>(*v);
+    } else if (key == "header-timeout" || key == "body-timeout" || key == "keep-alive-timeout" ||
+               key == "write-timeout") {
+      const auto v = node.value<double>();
+      if (!v || !(*v >= 0.001) || *v > 86400)
+        return core::fail(core::Errc::kInvalidArgument, where + ": expected seconds in 0.001..86400");
+      (key == "header-timeout"       ? config.header_timeout_s
+       : key == "body-timeout"       ? config.body_timeout_s
+       : key == "keep-alive-timeout" ? config.keep_alive_timeout_s
+                                     : config.write_timeout_s) = *v;
     } else if (key == "timeout") {
       if (!node.is_number()) return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
       config.timeout_s = *node.value<double>();
@@ -175,13 +206,13 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       else
         config.queue_factor = static_cast<int>(*v);
     } else {
-      return core::fail(
-          core::Errc::kInvalidArgument,
-          where +
-              ": unknown key (known: model, models, router, pool-size, models-max, mem-budget, "
-              "ctx-size, parallel, step-budget-ms, threads, host, port, api-key, timeout, max-body, queue-factor, "
-              "q2-layout, "
-              "cache-type-k, cache-type-v, cors-origin, no-repack, admin-open)");
+      return core::fail(core::Errc::kInvalidArgument,
+                        where +
+                            ": unknown key (known: model, models, router, pool-size, parallel, models-max, mem-budget, "
+                            "ctx-size, kv-budget-tokens, threads, host, port, api-key, admin-open, timeout, max-body, "
+                            "queue-factor, step-budget-ms, batch-size, seed, reasoning-format, no-cache-prompt, "
+                            "max-connections, header-timeout, body-timeout, keep-alive-timeout, write-timeout, "
+                            "q2-layout, cache-type-k, cache-type-v, cors-origin, no-repack)");
     }
   }
   return {};

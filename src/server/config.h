@@ -10,6 +10,8 @@
 //   admin-open = false   # /admin without a key on a non-loopback host (--admin-open)
 //   parallel = 16        # live sequences per model (-np), independent of pool-size
 //   step-budget-ms = 0   # step-time budget for prompt chunks (0: twice the decode step)
+//   batch-size = 512     seed = 42             reasoning-format = "deepseek"   no-cache-prompt = false
+//   max-connections = 1024   header-timeout = 10   body-timeout = 30   keep-alive-timeout = 5   write-timeout = 60
 //   max-body = 4194304   # bytes               queue-factor = 4     # waiting per sequence slot
 //   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
 //   cors-origin = "*"    # CORS: "*" or "https://a.example,https://b.example" (--cors-origin; default off)
@@ -70,6 +72,16 @@ struct ServeConfig {
   int queue_factor = 4;              // requests waiting per sequence slot (parallel) before 503
   // step-budget-ms: SchedulerOptions::step_budget_ms (0: twice the decode step).
   double step_budget_ms = 0;
+  // The same keys as the flags of the same names (`serve --help`):
+  int batch_size = 0;                         // batch-size (-b): tokens per step; 0: 512
+  bool seed_set = false;                      // seed (-s) given
+  uint64_t seed = 0;                          // seed of requests that give none
+  std::string reasoning_format = "deepseek";  // reasoning-format: deepseek | none
+  bool no_cache_prompt = false;               // no-cache-prompt
+  int max_connections = 1024;                 // max-connections: 1..2^20
+  // header-timeout / body-timeout / keep-alive-timeout / write-timeout in
+  // seconds (0: the transport's default; given: 0.001..86400).
+  double header_timeout_s = 0, body_timeout_s = 0, keep_alive_timeout_s = 0, write_timeout_s = 0;
   // Q2_0 layout name for every model (g64, g128-d-first, g128-qs-first);
   // empty: detected. Checked by validate_serve_config, not while parsing, so
   // `bonsai serve` can report a bad name with the same exit code as the flag.

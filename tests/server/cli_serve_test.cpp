@@ -351,6 +351,10 @@ TEST(ServeCli, ParallelFlagAndConfigKey) {
   EXPECT_NE(loaded_line("g", {"-m", m, "--config", toml.string()}).find(": 7 parallel sequences"), std::string::npos);
   const auto [code, err] = startup_error({"-m", m, "-np", "0"});
   EXPECT_EQ(code, 2) << err;
+  // --queue-factor and --max-body are flags too (they were config keys only).
+  EXPECT_NE(loaded_line("g", {"-m", m, "--queue-factor", "2", "--max-body", "100000"}), "");
+  const auto [qcode, qerr] = startup_error({"-m", m, "--queue-factor", "0"});
+  EXPECT_EQ(qcode, 2) << qerr;
 }
 
 // --api-key "$UNSET_VAR" is a usage error, not a server without authentication.

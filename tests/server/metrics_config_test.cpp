@@ -148,6 +148,45 @@ TEST(Config, BlankApiKeyAndAdminOpen) {
     EXPECT_FALSE(is_loopback_host(h)) << h;
 }
 
+// The serve flags that had no config key (issue 33 item 5) take one of
+// the same name, with the flag's ranges.
+TEST(Config, FlagsHaveConfigKeys) {
+  ServeConfig c;
+  auto r = apply_serve_toml(R"(
+batch-size = 64
+seed = 42
+reasoning-format = "none"
+no-cache-prompt = true
+max-connections = 10
+header-timeout = 2.5
+body-timeout = 3
+keep_alive_timeout = 4
+write-timeout = 5
+step-budget-ms = 40
+)",
+                            "f.toml", c);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(c.batch_size, 64);
+  EXPECT_TRUE(c.seed_set);
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_EQ(c.reasoning_format, "none");
+  EXPECT_TRUE(c.no_cache_prompt);
+  EXPECT_EQ(c.max_connections, 10);
+  EXPECT_DOUBLE_EQ(c.header_timeout_s, 2.5);
+  EXPECT_DOUBLE_EQ(c.body_timeout_s, 3);
+  EXPECT_DOUBLE_EQ(c.keep_alive_timeout_s, 4);
+  EXPECT_DOUBLE_EQ(c.write_timeout_s, 5);
+  EXPECT_DOUBLE_EQ(c.step_budget_ms, 40);
+  for (const char* bad :
+       {"reasoning-format = \"raw\"\n", "seed = -1\n", "batch-size = 2000000\n", "max-connections = 0\n",
+        "header-timeout = 0\n", "write-timeout = \"5\"\n", "no-cache-prompt = 1\n", "step-budget-ms = -3\n"}) {
+    ServeConfig d;
+    auto e = apply_serve_toml(bad, "f.toml", d);
+    ASSERT_FALSE(e.has_value()) << bad;
+    EXPECT_NE(e.error().message.find("f.toml: key '"), std::string::npos) << e.error().message;
+  }
+}
+
 TEST(Config, TomlErrorsNameFileAndKey) {
   ServeConfig c;
   auto bad_type = apply_serve_toml("port = \"80\"\n", "s.toml", c);
