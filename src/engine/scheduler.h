@@ -22,8 +22,10 @@
 //   4. one model::Batch gathers the next token of every decoding sequence
 //      plus chunks of pending prompts, at most `batch_size` tokens in all
 //      and as many prompt tokens as the step-time budget allows (StepCost;
+//      none in the occasional step that measures the decode step alone;
 //      decode tokens always go; prompt chunks share what is left, shortest
-//      pending prompt first), and Model::forward runs once;
+//      pending prompt first, the oldest pending prompt keeping half), and
+//      Model::forward runs once (plan_step -> forward_step -> apply_step);
 //   5. each sequence whose prompt completed or that decoded samples from its
 //      own logits row with its own sampler and RNG (InferenceEngine's
 //      stepwise API); finished ones return their lease (engine, then permit).
