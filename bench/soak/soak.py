@@ -293,7 +293,16 @@ def main():
                 print(f"  references: {k + 1}/{len(specs)} ({time.monotonic() - t0:.0f} s)", flush=True)
         t_ref = time.monotonic() - t0
         distinct = len({json.dumps(r["choices"], sort_keys=True) for r in refs})
+        # The server closes the reference connections as it sees their FINs
+        # (up to its keep-alive poll): the idle baseline is taken once the fd
+        # count is back to the start's (at most 15 s), not while the last
+        # ones are still closing (a 1,000-request pass ends within seconds).
         idle_after_ref = srv.proc_sample()
+        settle_ref = time.monotonic() + 15
+        while (idle_after_ref is not None and idle_start is not None and idle_after_ref[1] > idle_start[1]
+               and time.monotonic() < settle_ref):
+            time.sleep(0.25)
+            idle_after_ref = srv.proc_sample()
 
         # 2. The soak pass: all requests again, concurrently, shuffled.
         order = list(range(len(specs)))
