@@ -31,9 +31,7 @@ Three scenarios, each printing its figures and the criterion it checks:
 import argparse
 import json
 import os
-import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,16 +39,7 @@ import threading
 import time
 import urllib.request
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from serve_bench import cpu_model, free_port  # (this folder: Python puts it on sys.path)
 
 
 def cpu_flags():
@@ -63,14 +52,6 @@ def cpu_flags():
     except OSError:
         pass
     return ""
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def stream(url, prompt, max_tokens, out, extra=None):

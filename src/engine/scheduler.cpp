@@ -398,14 +398,15 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
 }
 
 void Scheduler::share_prefix(InferenceEngine& e, std::span<const int32_t> prompt) {
-  // The longest prefix of `prompt` that a running sequence, or a finished
-  // one running its last token, holds in its KV (positions it wrote, so
-  // bit-identical to what this one would compute: batch invariance).
+  // What of `prompt` an engine holds in its KV: positions it wrote, so
+  // bit-identical to what this one would compute (batch invariance); a
+  // parked cache may have lost trailing blocks since its history was kept.
+  const auto held = [&](const InferenceEngine& s) { return std::min(s.cached_prefix(prompt), s.kv_cache().size()); };
+  // The longest among running sequences and finished ones running their last token.
   const InferenceEngine* best = nullptr;
-  int64_t best_n = std::min(e.cached_prefix(prompt), e.kv_cache().size());  // (a parked cache may have lost blocks)
+  int64_t best_n = held(e);
   const auto consider = [&](const InferenceEngine& s) {
-    const int64_t n = std::min(s.cached_prefix(prompt), s.kv_cache().size());
-    if (n > best_n) {
+    if (const int64_t n = held(s); n > best_n) {
       best = &s;
       best_n = n;
     }
@@ -417,15 +418,12 @@ void Scheduler::share_prefix(InferenceEngine& e, std::span<const int32_t> prompt
   // the one whose cache is mostly this prompt, so one that shares only a
   // system prompt is still idle): compared, and copied from, under the
   // pool's idle mutex, so no other thread leases the engine meanwhile.
-  const auto idle_prefix = [&](const InferenceEngine& s) {
-    return std::min(s.cached_prefix(prompt), s.kv_cache().size());
-  };
   int64_t idle_n = 0;
-  pool_->for_each_idle([&](const InferenceEngine& s) { idle_n = std::max(idle_n, idle_prefix(s)); });
+  pool_->for_each_idle([&](const InferenceEngine& s) { idle_n = std::max(idle_n, held(s)); });
   if (idle_n > best_n) {
     bool copied = false;
     pool_->for_each_idle([&](const InferenceEngine& s) {
-      if (!copied && idle_prefix(s) == idle_n) copied = e.copy_prefix_from(s, idle_n).has_value();
+      if (!copied && held(s) == idle_n) copied = e.copy_prefix_from(s, idle_n).has_value();
     });
     if (copied) return;
   }

@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <new>
 
 namespace bonsai::kernels::detail {
@@ -852,9 +851,7 @@ bool avx512_amx_in_use() {
     case AmxMode::kOn:
       return amx_usable();
     case AmxMode::kAuto:
-      return std::any_of(std::begin(kAmxMeasured), std::end(kAmxMeasured),
-                         [](const AmxMeasure& m) { return m.amx_us < m.vnni_us; }) &&
-             amx_usable();
+      return kAmxWinsSomewhere && amx_usable();
   }
   return false;
 }

@@ -222,6 +222,12 @@ constexpr bool amx_wins(int64_t n) {
   }
   return wins;
 }
+// Whether kAmxMeasured shows AMX winning at any batch size (kAuto uses it somewhere).
+inline constexpr bool kAmxWinsSomewhere = [] {
+  for (const AmxMeasure& m : kAmxMeasured)
+    if (m.amx_us < m.vnni_us) return true;
+  return false;
+}();
 // CPU has AMX-INT8 and the OS granted the tile-data permission (asked once).
 bool amx_usable();
 // The AMX int8 peak probe's loop (roofline.cpp): `iters` iterations of 4

@@ -163,6 +163,13 @@ struct Server::Impl {
     return diff == 0;
   }
 
+  // No key on a network-facing host: the admin routes stay closed unless
+  // opened on purpose (ServerOptions::admin_open).
+  bool admin_closed(const HttpRequest& req) const {
+    return req.path.rfind("/admin/", 0) == 0 && ctx.opt.api_key.empty() && !ctx.opt.admin_open &&
+           !is_loopback_host(ctx.opt.host);
+  }
+
   // CORS (ServerOptions::cors_origin): the request's Origin when it is
   // allowed ("*" when any is), else empty (no CORS headers: the browser
   // refuses the answer).
@@ -210,26 +217,22 @@ struct Server::Impl {
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
                                    req.path == "/tokenize" || req.path == "/detokenize";
       if (!protected_route) return false;
-      if (authorized(req)) {
-        // No key, a network-facing host: the admin routes stay closed unless opened on purpose.
-        if (req.path.rfind("/admin/", 0) != 0 || !ctx.opt.api_key.empty() || ctx.opt.admin_open ||
-            is_loopback_host(ctx.opt.host))
-          return false;
-        ApiError e;
+      ApiError e;
+      if (!authorized(req)) {
+        e.status = 401;
+        e.code = "invalid_api_key";
+        e.message = req.has_header("Authorization")
+                        ? "Incorrect API key provided."
+                        : "You didn't provide an API key. Provide it in the Authorization header (Authorization: "
+                          "Bearer YOUR_KEY).";
+      } else if (admin_closed(req)) {
         e.status = 403;
         e.code = "admin_forbidden";
         e.message = "The admin routes need an API key when the server listens on " + ctx.opt.host +
                     " (start it with --api-key, or --admin-open to allow them without one).";
-        send_error(res, e);
-        return true;
+      } else {
+        return false;
       }
-      ApiError e;
-      e.status = 401;
-      e.code = "invalid_api_key";
-      e.message = req.has_header("Authorization")
-                      ? "Incorrect API key provided."
-                      : "You didn't provide an API key. Provide it in the Authorization header (Authorization: "
-                        "Bearer YOUR_KEY).";
       send_error(res, e);
       return true;
     });

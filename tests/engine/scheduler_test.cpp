@@ -74,6 +74,50 @@ bool eventually(Pred pred) {
   return pred();
 }
 
+// Raises `most` to `v` if v is larger (from the loop thread's on_step).
+void raise_max(std::atomic<int64_t>& most, int64_t v) {
+  int64_t m = most.load();
+  while (v > m && !most.compare_exchange_weak(m, v)) {
+  }
+}
+
+// Holds the scheduler's loop inside SchedulerOptions::on_step while closed,
+// so a test can queue several jobs before the loop admits any of them.
+// wait() runs on the loop thread; open() / close() on the test thread. Must
+// outlive the scheduler whose on_step calls it.
+class StepGate {
+ public:
+  explicit StepGate(bool open) : open_(open) {}
+  void wait() {
+    std::unique_lock lock(mu_);
+    if (open_) return;
+    ++held_;
+    cv_.wait(lock, [&] { return open_; });
+  }
+  void open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void close() {
+    std::lock_guard lock(mu_);
+    open_ = false;
+  }
+  // Times wait() found the gate closed (the loop is or was held there).
+  int held() {
+    std::lock_guard lock(mu_);
+    return held_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_;
+  int held_ = 0;
+};
+
 SamplingParams greedy(int max_tokens) {
   SamplingParams p;
   p.temperature = 0;
@@ -304,22 +348,15 @@ TEST_F(SchedulerTest, StepBudgetSizesPromptChunksBesideRunningStreams) {
   // The loop is held at its 6th step (A's prompt and decode-only steps
   // measured) until B is queued: B then meets A with ~790 tokens to go,
   // however slowly this thread runs.
-  std::mutex gate_mu;
-  std::condition_variable gate_cv;
-  bool open = false;
+  StepGate gate(/*open=*/false);
   SchedulerOptions so;
   so.step_budget_ms = 0.001;
   so.prompt_cache = false;  // no keep_tail rows
   so.on_step = [&](int64_t tokens, int64_t seqs) {
-    if (steps.fetch_add(1) + 1 == 6) {
-      std::unique_lock lock(gate_mu);
-      gate_cv.wait(lock, [&] { return open; });
-    }
+    if (steps.fetch_add(1) + 1 == 6) gate.wait();
     if (!watching.load() || seqs != 2) return;  // steps that carry both A and B
     watched.fetch_add(1);
-    int64_t m = widest.load();
-    while (tokens > m && !widest.compare_exchange_weak(m, tokens)) {
-    }
+    raise_max(widest, tokens);
   };
   build(2, kCtx, so);
   const auto ps = prompts(2);
@@ -334,11 +371,7 @@ TEST_F(SchedulerTest, StepBudgetSizesPromptChunksBesideRunningStreams) {
   EXPECT_GT(sched_->stats().decode_step_seconds, 0);
   watching.store(true);
   auto b = submit(longp, greedy(5));
-  {
-    std::lock_guard lock(gate_mu);
-    open = true;
-  }
-  gate_cv.notify_all();
+  gate.open();
   Outcome ob = collect(*b);
   watching.store(false);
   Outcome oa = collect(*a);
@@ -361,17 +394,9 @@ TEST_F(SchedulerTest, StepBudgetSizesPromptChunksBesideRunningStreams) {
 // answers as it does alone.
 TEST_F(SchedulerTest, ConcurrentRequestsShareAPrefixWhoeverComputedIt) {
   constexpr int64_t kCtx = 1024;
-  std::atomic<bool> hold{false};
-  std::atomic<int> blocked{0};
-  std::mutex gate_mu;
-  std::condition_variable gate_cv;
+  StepGate gate(/*open=*/true);
   SchedulerOptions so;
-  so.on_step = [&](int64_t, int64_t) {
-    if (!hold.load()) return;
-    blocked.fetch_add(1);
-    std::unique_lock lock(gate_mu);
-    gate_cv.wait(lock, [&] { return !hold.load(); });
-  };
+  so.on_step = [&](int64_t, int64_t) { gate.wait(); };
   build(6, kCtx, so);
   const auto ps = prompts(6);
   std::vector<int32_t> shared = ps[0];
@@ -384,16 +409,12 @@ TEST_F(SchedulerTest, ConcurrentRequestsShareAPrefixWhoeverComputedIt) {
   const Outcome warm = collect(*submit(ask[0], greedy(4)));
   ASSERT_FALSE(warm.failed);
   // Hold the loop inside a step (a short unrelated request), queue the 4, release.
-  hold.store(true);
+  gate.close();
   auto other = submit(tok_->encode_prompt("Tom"), greedy(3));
-  ASSERT_TRUE(eventually([&] { return blocked.load() > 0; }));
+  ASSERT_TRUE(eventually([&] { return gate.held() > 0; }));
   std::vector<std::shared_ptr<JobHandle>> hs;
   for (int i = 1; i < 5; ++i) hs.push_back(submit(ask[static_cast<size_t>(i)], greedy(6)));
-  {
-    std::lock_guard lock(gate_mu);
-    hold.store(false);
-  }
-  gate_cv.notify_all();
+  gate.open();
   for (int i = 1; i < 5; ++i) {
     Outcome o = collect(*hs[static_cast<size_t>(i - 1)]);
     ASSERT_FALSE(o.failed) << o.error.message;
@@ -443,17 +464,12 @@ TEST_F(SchedulerTest, MaxSequencesBoundsLiveSequences) {
   std::atomic<int64_t> most{0};
   // The loop is held in its first step until all 6 are queued (no race
   // between the submissions and the first job's end).
-  std::mutex gate_mu;
-  std::condition_variable gate_cv;
-  bool open = false;
+  StepGate gate(/*open=*/false);
   SchedulerOptions so;
   so.max_sequences = 3;
   so.on_step = [&](int64_t, int64_t seqs) {
-    int64_t m = most.load();
-    while (seqs > m && !most.compare_exchange_weak(m, seqs)) {
-    }
-    std::unique_lock lock(gate_mu);
-    gate_cv.wait(lock, [&] { return open; });
+    raise_max(most, seqs);
+    gate.wait();
   };
   build(6, kCtx, so);
   EXPECT_EQ(sched_->options().max_sequences, 3);
@@ -462,11 +478,7 @@ TEST_F(SchedulerTest, MaxSequencesBoundsLiveSequences) {
   for (int i = 0; i < 6; ++i) solo.push_back(alone(ps[i], greedy(10 + 3 * i), 1, kCtx));
   std::vector<std::shared_ptr<JobHandle>> hs;
   for (int i = 0; i < 6; ++i) hs.push_back(submit(ps[i], greedy(10 + 3 * i)));
-  {
-    std::lock_guard lock(gate_mu);
-    open = true;
-  }
-  gate_cv.notify_all();
+  gate.open();
   for (int i = 0; i < 6; ++i) {
     Outcome o = collect(*hs[i]);
     ASSERT_FALSE(o.failed) << o.error.message;
@@ -498,28 +510,19 @@ TEST_F(SchedulerTest, SixteenSequencesOnTwoReplicasWorthOfKv) {
   std::atomic<int64_t> most{0};
   // The loop is held after its first step until all 16 are queued, so the
   // other 15 join in the next one (the first needs 13 steps).
-  std::mutex gate_mu;
-  std::condition_variable gate_cv;
-  bool open = false;
+  StepGate gate(/*open=*/false);
   SchedulerOptions so;
   so.kv_pool = kv_;
   so.max_sequences = 16;
   so.on_step = [&](int64_t, int64_t seqs) {
-    int64_t m = most.load();
-    while (seqs > m && !most.compare_exchange_weak(m, seqs)) {
-    }
-    std::unique_lock lock(gate_mu);
-    gate_cv.wait(lock, [&] { return open; });
+    raise_max(most, seqs);
+    gate.wait();
   };
   sched_ = std::make_unique<Scheduler>(pool_, model_, b->n_ctx, so);
   const auto ps = prompts(16);
   std::vector<std::shared_ptr<JobHandle>> hs;
   for (int i = 0; i < 16; ++i) hs.push_back(submit(ps[i % 6], greedy(12)));
-  {
-    std::lock_guard lock(gate_mu);
-    open = true;
-  }
-  gate_cv.notify_all();
+  gate.open();
   for (int i = 0; i < 16; ++i) {
     Outcome o = collect(*hs[i]);
     ASSERT_FALSE(o.failed) << o.error.message;
