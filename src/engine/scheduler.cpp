@@ -521,7 +521,9 @@ int64_t Scheduler::kv_available() const {
     const int64_t pending = e.pending_prompt();
     if (pending == 0) continue;
     const int64_t target = std::min<int64_t>(e.next_pos() + pending + 1, n_ctx_);
-    owed += std::max<int64_t>(0, kp.blocks_for(target) - e.kv_cache_blocks());
+    // New blocks plus the copy of a shared partial last block (a prefix
+    // borrowed from another sequence: share_prefix, n > 1 siblings).
+    owed += e.kv_cache().blocks_needed(target);
   }
   return kp.available_blocks() - owed;
 }
