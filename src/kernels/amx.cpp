@@ -79,49 +79,9 @@ TileConfig make_config(int chunk_bytes) {
   return c;
 }
 
-enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3 };
-
-template <int F>
-struct Geo;
-template <>
-struct Geo<kFamQ1> {
-  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0;
-};
-template <>
-struct Geo<kFamG64> {
-  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0;
-};
-// The g128 layouts iterate over 64-weight halves as units; kBytes is the
-// whole block's size (see qs_at / d_at).
-template <>
-struct Geo<kFamG128D> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0;
-};
-template <>
-struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32;
-};
-
-inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
-
-// Packed weights of unit b (a block; a 64-weight half for g128) of a row.
-template <int F>
-inline const uint8_t* qs_at(const uint8_t* row, int64_t b) {
-  if constexpr (is_g128(F)) {
-    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kQs + (b & 1) * 16;
-  } else {
-    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kQs;
-  }
-}
-// fp16 scale of unit b of a row.
-template <int F>
-inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
-  if constexpr (is_g128(F)) {
-    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kD;
-  } else {
-    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kD;
-  }
-}
+// The kernels are templates over the Format (formats.h), geometry UnitGeo<F>.
+// Packed weights and fp16 scale of unit b (a block; a 64-weight half for
+// g128) of a row.
 
 struct Consts {
   __m512i two, one;
@@ -147,9 +107,9 @@ Consts make_consts() {
 
 // Expands one row's unit (qs: its sign/code bytes) into E weight bytes at
 // dst in natural element order (Q1_0: 2 * bit; Q2_0: code, g128 3 -> 1).
-template <int F>
+template <Format F>
 inline void expand_row(const uint8_t* qs, uint8_t* dst, const Consts& c) {
-  if constexpr (F == kFamQ1) {
+  if constexpr (kDef<F>.family == Family::kSign) {
     uint64_t m0, m1;
     std::memcpy(&m0, qs, 8);
     std::memcpy(&m1, qs + 8, 8);
@@ -160,8 +120,8 @@ inline void expand_row(const uint8_t* qs, uint8_t* dst, const Consts& c) {
     const __m512i b = _mm512_permutexvar_epi8(c.byte_idx, q);
     const __mmask64 lo = _mm512_test_epi8_mask(b, c.lo_bit), hi = _mm512_test_epi8_mask(b, c.hi_bit);
     __m512i w = _mm512_maskz_mov_epi8(lo, c.one);
-    w = _mm512_mask_add_epi8(w, hi, w, c.two);                              // code = lo + 2 hi
-    if constexpr (is_g128(F)) w = _mm512_mask_mov_epi8(w, lo & hi, c.one);  // 3 -> 1 (value 0)
+    w = _mm512_mask_add_epi8(w, hi, w, c.two);                                         // code = lo + 2 hi
+    if constexpr (kDef<F>.code3_is_zero) w = _mm512_mask_mov_epi8(w, lo & hi, c.one);  // 3 -> 1 (value 0)
     _mm512_store_si512(dst, w);
   }
 }
@@ -189,10 +149,10 @@ inline float half_to_float(const uint8_t* p) {
     _tile_stored(K, cb[K], 64);              \
   }
 
-template <int F>
+template <Format F>
 void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   static const Consts c = make_consts();
-  constexpr int E = Geo<F>::kElems;
+  constexpr int E = UnitGeo<F>::kElems;
   constexpr int kChunk = E / 4;  // weights per canonical chunk: 32 (Q1_0) or 16 (Q2_0)
   static const TileConfig cfg = make_config(kChunk);
   const int64_t nb = w.cols / E;
@@ -219,8 +179,8 @@ void rows_fam(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64
       for (int64_t b = 0; b < nb; ++b) {
         for (int m = 0; m < mrows; ++m) {
           const uint8_t* rowm = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(rt + m) * w.row_stride;
-          expand_row<F>(qs_at<F>(rowm, b), ascr + m * E, c);
-          dw[m] = half_to_float(d_at<F>(rowm, b));
+          expand_row<F>(UnitGeo<F>::qs_at(rowm, b), ascr + m * E, c);
+          dw[m] = half_to_float(UnitGeo<F>::d_at(rowm, b));
         }
         for (int64_t g = g0; g < g1; ++g) {
           BONSAI_AMX_CHUNK(0, 4, 6)
@@ -316,7 +276,8 @@ uint64_t amx_peak_loop(int64_t iters) {
 }
 
 bool amx_supports(Format f) {
-  return f == Format::kQ1_0 || f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
+  constexpr uint32_t kBits = family_bits(Family::kSign) | family_bits(Family::kCode2);  // rows_fam's formats
+  return ((kBits >> static_cast<unsigned>(f)) & 1u) != 0;
 }
 
 void amx_setup(QuantAct& a) {
@@ -356,18 +317,9 @@ void amx_fill_columns(Format /*f*/, QuantAct& a, int64_t j0, int64_t j1) {
 }
 
 void amx_rows(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
-  switch (w.format) {
-    case Format::kQ1_0:
-      return rows_fam<kFamQ1>(w, a, n, y, r0, r1);
-    case Format::kQ2_0:
-      return rows_fam<kFamG64>(w, a, n, y, r0, r1);
-    case Format::kQ2_0G128D:
-      return rows_fam<kFamG128D>(w, a, n, y, r0, r1);
-    case Format::kQ2_0G128Qs:
-      return rows_fam<kFamG128Qs>(w, a, n, y, r0, r1);
-    default:
-      return;
-  }
+  visit_format(w.format, [&](auto fc) {
+    if constexpr (kHasUnits<fc.value>) rows_fam<fc.value>(w, a, n, y, r0, r1);
+  });
 }
 
 }  // namespace bonsai::kernels::detail

@@ -77,49 +77,9 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3, kFamQ8 = 4 };
-
-template <int F>
-struct Geo;
-template <>
-struct Geo<kFamQ1> {
-  static constexpr int kElems = 128, kBytes = 18, kQs = 2, kD = 0, kPlanes = 8;
-};
-template <>
-struct Geo<kFamG64> {
-  static constexpr int kElems = 64, kBytes = 18, kQs = 2, kD = 0, kPlanes = 4;
-};
-// The g128 layouts iterate over 64-weight halves ("units" of 17 bytes on
-// average); qs_at / d_at locate a unit's codes and scale.
-template <>
-struct Geo<kFamG128D> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 2, kD = 0, kPlanes = 4;
-};
-template <>
-struct Geo<kFamG128Qs> {
-  static constexpr int kElems = 64, kBytes = 34, kQs = 0, kD = 32, kPlanes = 4;
-};
-
-inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
-
-// Packed weights of unit b (a block; a 64-weight half for g128) of a row.
-template <int F>
-inline const uint8_t* qs_at(const uint8_t* row, int64_t b) {
-  if constexpr (is_g128(F)) {
-    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kQs + (b & 1) * 16;
-  } else {
-    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kQs;
-  }
-}
-// fp16 scale of unit b of a row.
-template <int F>
-inline const uint8_t* d_at(const uint8_t* row, int64_t b) {
-  if constexpr (is_g128(F)) {
-    return row + static_cast<size_t>(b >> 1) * Geo<F>::kBytes + Geo<F>::kD;
-  } else {
-    return row + static_cast<size_t>(b) * Geo<F>::kBytes + Geo<F>::kD;
-  }
-}
+// The 1- and 2-bit kernels are templates over the Format (formats.h), their
+// geometry UnitGeo<F>: unit b of a row (a block; a 64-weight half for g128)
+// has its packed weights at UnitGeo<F>::qs_at and its fp16 scale at d_at.
 
 struct Consts {
   __m256i nib;     // 0x0F in every byte
@@ -146,17 +106,17 @@ Consts make_consts() {
 // b in the low 128 bits, b+1 in the high; `half`: only unit b exists, the
 // high half is zero) and their scales into the lanes (0-3: b, 4-7: b+1; 0
 // for a missing unit). g128 codes are remapped 3 -> 1 (value 0).
-template <int F>
+template <Format F>
 inline void pload(const uint8_t* row, int64_t b, bool half, const Consts& c, __m256i& q, __m256& dw) {
-  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b)));
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(UnitGeo<F>::qs_at(row, b)));
   const __m128i hi =
-      half ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs_at<F>(row, b + 1)));
+      half ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(UnitGeo<F>::qs_at(row, b + 1)));
   q = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
-  if constexpr (is_g128(F)) {
+  if constexpr (kDef<F>.code3_is_zero) {
     // Clear bit 1 of every 2-bit field whose bit 0 is set (3 -> 1).
     q = _mm256_andnot_si256(_mm256_and_si256(_mm256_slli_epi16(q, 1), c.odd), q);
   }
-  const float d0 = lut_fp16(d_at<F>(row, b)), d1 = half ? 0.0f : lut_fp16(d_at<F>(row, b + 1));
+  const float d0 = lut_fp16(UnitGeo<F>::d_at(row, b)), d1 = half ? 0.0f : lut_fp16(UnitGeo<F>::d_at(row, b + 1));
   dw = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d0)), _mm_set1_ps(d1), 1);
 }
 
@@ -166,9 +126,9 @@ struct PQ {
   __m256i a, b;
 };
 
-template <int F>
+template <Format F>
 inline PQ psplit(__m256i q, const Consts& c) {
-  if constexpr (F == kFamQ1) {
+  if constexpr (kDef<F>.family == Family::kSign) {
     return PQ{_mm256_and_si256(q, c.nib), _mm256_and_si256(_mm256_srli_epi16(q, 4), c.nib)};
   } else {
     return PQ{q, q};
@@ -177,9 +137,9 @@ inline PQ psplit(__m256i q, const Consts& c) {
 
 // Weight bytes of plane m of Q: Q1_0 bit m (0/1; one PSHUFB of a nibble,
 // cheaper than AND + MIN), Q2_0 code m (0..3; one shift + AND).
-template <int F>
+template <Format F>
 inline __m256i pplane(const PQ& q, int m, const Consts& c) {
-  if constexpr (F == kFamQ1) {
+  if constexpr (kDef<F>.family == Family::kSign) {
     return _mm256_shuffle_epi8(c.tab[m & 3], m < 4 ? q.a : q.b);
   } else {
     // 16-bit shifts: the low two bits of each byte come from that byte (2m <= 6).
@@ -316,24 +276,13 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
   // pair layout below is not built.
   a.lut_ready = a.want_lut && f == Format::kQ1_0;
   const bool pair_layout = !(a.lut_ready && a.lut_only);
-  int fam = kFamQ8;
-  switch (f) {
-    case Format::kQ1_0:
-      fam = kFamQ1;
-      break;
-    case Format::kQ2_0:
-    case Format::kQ2_0G128D:  // g128 runs per 64-weight half, as g64
-    case Format::kQ2_0G128Qs:
-      fam = kFamG64;
-      break;
-    default:
-      break;
-  }
+  // (Every Q2_0 layout runs per 64-weight unit, as g64.)
+  const Family fam = format_def(f).family;
   // Pair layout (see "Pair layout" above): per column, np pairs of
   // X[planes][32] (byte 16h + i of plane m: element 8i + m (Q1_0) or
   // 4i + m (Q2_0) of unit 2p + h), then per chunk its negated quant sum and
   // its activation scale. A missing second unit of a last pair is zero.
-  const bool q1 = fam == kFamQ1;
+  const bool q1 = fam == Family::kSign;
   const int E = q1 ? 128 : 64, W = q1 ? 32 : 16, P = q1 ? 8 : 4;
   const int64_t units = cols / E, np = (units + 1) / 2;
   const int64_t xs = np * P * 32, ls = np * 8, chunks = cols / W;
@@ -341,7 +290,7 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
     int8_t* q = a.q + j * cols;
     float* d = a.d + j * (cols / 32);
     quantize_act(x + j * cols, cols, q, d);
-    if (fam == kFamQ8 || !pair_layout) continue;
+    if ((fam != Family::kSign && fam != Family::kCode2) || !pair_layout) continue;
     int8_t* xp = a.qp + j * xs;
     int32_t* neg = a.lane_neg + j * ls;
     float* dl = a.lane_d + j * ls;
@@ -364,31 +313,32 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
 
 void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1) {
   init_once();
-  switch (w.format) {
-    case Format::kF32:
-      return rows_float<4, load8_f32, scalar_f32>(w, x, n, y, r0, r1);
-    case Format::kF16:
-      return rows_float<2, load8_f16, scalar_f16>(w, x, n, y, r0, r1);
-    case Format::kBF16:
-      return rows_float<2, load8_bf16, scalar_bf16>(w, x, n, y, r0, r1);
-    case Format::kQ8_0:
-      return rows_q8(w, *a, n, y, r0, r1);
-    case Format::kQ1_0:
+  visit_format(w.format, [&](auto fc) {
+    constexpr Format F = fc.value;
+    if constexpr (F == Format::kF32) {
+      rows_float<4, load8_f32, scalar_f32>(w, x, n, y, r0, r1);
+    } else if constexpr (F == Format::kF16) {
+      rows_float<2, load8_f16, scalar_f16>(w, x, n, y, r0, r1);
+    } else if constexpr (F == Format::kBF16) {
+      rows_float<2, load8_bf16, scalar_bf16>(w, x, n, y, r0, r1);
+    } else if constexpr (F == Format::kQ8_0) {
+      rows_q8(w, *a, n, y, r0, r1);
+    } else if constexpr (kHasUnits<F>) {
       // (Rows past kAvx2TileMaxUnits are never so packed; the guard keeps a
       // hand-made view off the kernel's fixed-size scale array.)
-      if (w.packing == Packing::kAvx2Tile16 && w.packed != nullptr && a->lut_ready && w.cols / 128 <= kAvx2TileMaxUnits)
-        return rows_tile_avx2(w, *a, n, y, r0, r1);
+      if (F == Format::kQ1_0 && w.packing == Packing::kAvx2Tile16 && w.packed != nullptr && a->lut_ready &&
+          w.cols / 128 <= kAvx2TileMaxUnits) {
+        rows_tile_avx2(w, *a, n, y, r0, r1);
+        return;
+      }
       // (Without tables, a packed matrix's stored bytes: prepare then built the pair layout.)
-      return use_vnni() ? vnni::rows_fam<kFamQ1>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamQ1>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0:
-      return use_vnni() ? vnni::rows_fam<kFamG64>(w, *a, n, y, r0, r1) : plain::rows_fam<kFamG64>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128D:
-      return use_vnni() ? vnni::rows_fam<kFamG128D>(w, *a, n, y, r0, r1)
-                        : plain::rows_fam<kFamG128D>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128Qs:
-      return use_vnni() ? vnni::rows_fam<kFamG128Qs>(w, *a, n, y, r0, r1)
-                        : plain::rows_fam<kFamG128Qs>(w, *a, n, y, r0, r1);
-  }
+      if (use_vnni()) {
+        vnni::rows_fam<F>(w, *a, n, y, r0, r1);
+      } else {
+        plain::rows_fam<F>(w, *a, n, y, r0, r1);
+      }
+    }
+  });
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {
@@ -469,7 +419,8 @@ bool set_avx2_vnni(bool enabled) {
 bool avx2_vnni_in_use() { return use_vnni(); }
 
 const TierOps* avx2_ops() {
-  static const TierOps ops{prepare, rows, dot_f32, dot_f16_f32_entry, axpy_f32, axpy_f16_entry, f32_to_f16};
+  static const TierOps ops{prepare,        rows,       dot_f32, dot_f16_f32_entry, axpy_f32,
+                           axpy_f16_entry, f32_to_f16, nullptr, nullptr,           kX86TierFormats};
   return &ops;
 }
 

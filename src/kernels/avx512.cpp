@@ -86,11 +86,6 @@ inline float lut_fp16(const uint8_t* p) {
   return g_fp16_lut[h];
 }
 
-// Weight format families by activation layout.
-enum Fam : int { kFamQ1 = 0, kFamG64 = 1, kFamG128D = 2, kFamG128Qs = 3, kFamQ8 = 4 };
-
-inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs; }
-
 // ---- Grouped layout: four weight units per vector ------------------------------------------
 //
 // Every quantized product of Q1_0 / Q2_0 weights (GEMV, any batch). Four
@@ -119,43 +114,29 @@ inline constexpr bool is_g128(int f) { return f == kFamG128D || f == kFamG128Qs;
 // A g128 matrix and its g64 twin (blocks paired with equal d) run the same
 // groups, lanes and operations, so they stay bit-identical.
 
-template <int F>
-struct GGeo;
-template <>
-struct GGeo<kFamQ1> {
-  static constexpr int kPlanes = 8, kElems = 128, kGroupBytes = 72;
-};
-template <>
-struct GGeo<kFamG64> {
-  static constexpr int kPlanes = 4, kElems = 64, kGroupBytes = 72;
-};
-template <>
-struct GGeo<kFamG128D> {
-  static constexpr int kPlanes = 4, kElems = 64, kGroupBytes = 68;
-};
-template <>
-struct GGeo<kFamG128Qs> {
-  static constexpr int kPlanes = 4, kElems = 64, kGroupBytes = 68;
+// The 1- and 2-bit kernels are templates over the Format (formats.h);
+// GGeo<F> is a group of four of its units (UnitGeo<F>): planes, weights per
+// unit, bytes a whole group spans (72 for 18-byte blocks, 68 for g128).
+template <Format F>
+struct GGeo {
+  static constexpr int kPlanes = UnitGeo<F>::kPlanes, kElems = UnitGeo<F>::kElems;
+  static constexpr int kGroupBytes = 4 / UnitGeo<F>::kPerBlock * UnitGeo<F>::kBytes;
 };
 
 // Byte offset (from the group start) of packed byte j of unit u, and of
 // unit u's fp16 scale.
-template <int F>
+template <Format F>
 constexpr int gq_offset(int u, int j) {
-  if constexpr (F == kFamG128D) return 34 * (u / 2) + 2 + 16 * (u % 2) + j;
-  if constexpr (F == kFamG128Qs) return 34 * (u / 2) + 16 * (u % 2) + j;
-  return 18 * u + 2 + j;
+  return static_cast<int>(UnitGeo<F>::unit_qs(u)) + j;
 }
-template <int F>
+template <Format F>
 constexpr int gd_offset(int u) {
-  if constexpr (F == kFamG128D) return 34 * (u / 2);
-  if constexpr (F == kFamG128Qs) return 34 * (u / 2) + 32;
-  return 18 * u;
+  return static_cast<int>(UnitGeo<F>::unit_d(u));
 }
 // Bytes a group of nu units spans (nu <= 4; even for g128).
-template <int F>
+template <Format F>
 constexpr int gspan(int nu) {
-  return is_g128(F) ? 34 * (nu / 2) : 18 * nu;
+  return nu / UnitGeo<F>::kPerBlock * UnitGeo<F>::kBytes;
 }
 
 struct GConsts {
@@ -165,7 +146,7 @@ struct GConsts {
   __m512i odd;       // 0xAA in every byte (g128 remap)
 };
 
-template <int F>
+template <Format F>
 GConsts make_gconsts() {
   GConsts c;
   alignas(64) uint8_t qi[64];
@@ -176,7 +157,7 @@ GConsts make_gconsts() {
   c.didx = _mm512_load_si512(di);
   for (int m = 0; m < 8; ++m) {
     uint64_t q = 0;
-    if constexpr (F == kFamQ1) {
+    if constexpr (kDef<F>.family == Family::kSign) {
       q = static_cast<uint64_t>(1u << m) << 48;  // out bit 1 = src bit m (weight byte 0 or 2)
     } else if (m < 4) {
       // out bit 0 = src bit 2m, out bit 1 = src bit 2m+1 (the code)
@@ -191,7 +172,7 @@ GConsts make_gconsts() {
 // Loads the packed bytes (Q) and the per-lane fp16 scales (dw) of the group
 // at p; nu < 4 for a last partial group (masked loads, nothing past it read).
 // kVbmi: one VPERMT2B gathers Q; else four 16-byte loads into the lanes.
-template <int F, bool kTail, bool kVbmi>
+template <Format F, bool kTail, bool kVbmi>
 inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512& dw) {
   __m512i l0, l1;
   if constexpr (!kTail) {
@@ -231,7 +212,7 @@ inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512
       }
     }
   }
-  if constexpr (is_g128(F)) {
+  if constexpr (kDef<F>.code3_is_zero) {
     // code 3 -> 1 in every 2-bit field: clear bit 1 where bit 0 is set.
     q = _mm512_ternarylogic_epi64(q, _mm512_slli_epi16(q, 1), c.odd, 0x70);  // q & ~(shl(q) & 0xAA)
   }
@@ -241,11 +222,11 @@ inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512
 // Weight bytes of plane m of Q (see "Grouped layout"): Q1_0 2 * bit m,
 // Q2_0 code m. kGf: one GF2P8AFFINEQB; else a bit test or a shift and mask
 // (the same bytes).
-template <int F, bool kGf>
+template <Format F, bool kGf>
 inline __m512i gplane(__m512i q, int m, const GConsts& c) {
   if constexpr (kGf) {
     return _mm512_gf2p8affine_epi64_epi8(q, c.plane[m], 0);
-  } else if constexpr (F == kFamQ1) {
+  } else if constexpr (kDef<F>.family == Family::kSign) {
     return _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(q, _mm512_set1_epi8(static_cast<char>(1u << m))),
                                  _mm512_set1_epi8(2));
   } else {
@@ -304,7 +285,7 @@ inline int64_t g_groups(int64_t cols, int elems) { return (cols / elems + 3) / 4
 
 // R rows x C columns over all groups of the rows. y is [n][rows]. Every
 // (row, column) pair gets exactly the canonical operations, whatever R, C.
-template <int F, bool kGf, bool kVbmi, int R, int C>
+template <Format F, bool kGf, bool kVbmi, int R, int C>
 void gmicro(const uint8_t* row0, size_t stride, int64_t units, const QuantAct& a, int64_t j0, float* y, int64_t y_ld,
             int64_t r, const GConsts& c) {
   constexpr int P = GGeo<F>::kPlanes, GB = GGeo<F>::kGroupBytes;
@@ -370,7 +351,7 @@ constexpr int64_t kRowBlock = 32;
 constexpr int64_t kColTile = 64;
 
 // Rows [rb, re) of columns [j, j + C): register blocks of R rows, then 1.
-template <int F, bool kGf, bool kVbmi, int R, int C>
+template <Format F, bool kGf, bool kVbmi, int R, int C>
 void grows(const uint8_t* base, size_t st, int64_t units, const QuantAct& a, int64_t j, float* y, int64_t y_ld,
            int64_t rb, int64_t re, const GConsts& c) {
   int64_t r = rb;
@@ -386,7 +367,7 @@ void grows(const uint8_t* base, size_t st, int64_t units, const QuantAct& a, int
 // ran Q1_0 10-20% slower than 2 x 4.
 constexpr int kBR = 2, kBC = 6;
 
-template <int F, bool kGf, bool kVbmi>
+template <Format F, bool kGf, bool kVbmi>
 void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   static const GConsts c = make_gconsts<F>();
   const int64_t units = w.cols / GGeo<F>::kElems;
@@ -426,7 +407,7 @@ void rows_grouped(const MatrixView& w, const QuantAct& a, int64_t n, float* y, i
   }
 }
 
-template <int F>
+template <Format F>
 void rows_grouped_dispatch(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   if (use_gfni() && use_vbmi()) return rows_grouped<F, true, true>(w, a, n, y, r0, r1);
   if (use_gfni()) return rows_grouped<F, true, false>(w, a, n, y, r0, r1);
@@ -558,19 +539,6 @@ void quantize_act(const float* x, int64_t cols, int8_t* q, float* d) {
   }
 }
 
-int family_of(Format f) {
-  switch (f) {
-    case Format::kQ1_0:
-      return kFamQ1;
-    case Format::kQ2_0:
-    case Format::kQ2_0G128D:  // g128 runs per 64-weight half, as g64
-    case Format::kQ2_0G128Qs:
-      return kFamG64;
-    default:
-      return kFamQ8;
-  }
-}
-
 // out[m] lane k = in[k] lane m (a 4 x 4 transpose of 128-bit lanes).
 inline void transpose_lanes4(const __m512i* in, __m512i* out) {
   const __m512i t0 = _mm512_shuffle_i64x2(in[0], in[1], 0x44), t1 = _mm512_shuffle_i64x2(in[0], in[1], 0xEE);
@@ -586,9 +554,9 @@ inline void transpose_lanes4(const __m512i* in, __m512i* out) {
 // X[planes][64] (a.qp, column stride ng * 4 * E bytes), lane negsums
 // (a.lane_neg) and lane scales (a.lane_d), both ng * 16 per column; the lanes
 // of a last partial group past the row are zero.
-void prepare_cols_grouped(int fam, int64_t j0, int64_t j1, QuantAct& a) {
+void prepare_cols_grouped(Family fam, int64_t j0, int64_t j1, QuantAct& a) {
   const int64_t cols = a.cols;
-  const bool q1 = fam == kFamQ1;
+  const bool q1 = fam == Family::kSign;
   const int E = q1 ? 128 : 64, W = q1 ? 32 : 16, P = q1 ? 8 : 4;
   const int64_t units = cols / E, ng = g_groups(cols, E);
   const int64_t xs = ng * 4 * E, ls = ng * 16;
@@ -707,8 +675,9 @@ void prepare_cols(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a)
     amx_fill_columns(f, a, j0, j1);
     return;
   }
-  const int fam = family_of(f);
-  if (fam == kFamQ8 || (a.lut_ready && a.lut_only)) return;  // (the tables are built from q by rows_tile)
+  const Family fam = format_def(f).family;  // (every Q2_0 layout runs per 64-weight unit, as g64)
+  if ((fam != Family::kSign && fam != Family::kCode2) || (a.lut_ready && a.lut_only))
+    return;  // (the tables are built from q by rows_tile)
   prepare_cols_grouped(fam, j0, j1, a);
 }
 
@@ -729,24 +698,20 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
   if (w.packing == Packing::kTile16 && w.packed != nullptr && a != nullptr && w.format == Format::kQ1_0) {
     return rows_tile(w, *a, n, y, r0, r1);
   }
-  switch (w.format) {
-    case Format::kF32:
-      return rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
-    case Format::kF16:
-      return rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);
-    case Format::kBF16:
-      return rows_float<2, load16_bf16, scalar_bf16>(w, x, n, y, r0, r1);
-    case Format::kQ8_0:
-      return rows_q8(w, *a, n, y, r0, r1);
-    case Format::kQ1_0:
-      return rows_grouped_dispatch<kFamQ1>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0:
-      return rows_grouped_dispatch<kFamG64>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128D:
-      return rows_grouped_dispatch<kFamG128D>(w, *a, n, y, r0, r1);
-    case Format::kQ2_0G128Qs:
-      return rows_grouped_dispatch<kFamG128Qs>(w, *a, n, y, r0, r1);
-  }
+  visit_format(w.format, [&](auto fc) {
+    constexpr Format F = fc.value;
+    if constexpr (F == Format::kF32) {
+      rows_float<4, load16_f32, scalar_f32>(w, x, n, y, r0, r1);
+    } else if constexpr (F == Format::kF16) {
+      rows_float<2, load16_f16, scalar_f16>(w, x, n, y, r0, r1);
+    } else if constexpr (F == Format::kBF16) {
+      rows_float<2, load16_bf16, scalar_bf16>(w, x, n, y, r0, r1);
+    } else if constexpr (F == Format::kQ8_0) {
+      rows_q8(w, *a, n, y, r0, r1);
+    } else if constexpr (kHasUnits<F>) {
+      rows_grouped_dispatch<F>(w, *a, n, y, r0, r1);
+    }
+  });
 }
 
 // ---- Float vector helpers ---------------------------------------------------------------------
@@ -868,8 +833,8 @@ bool set_avx512_gfni(bool enabled) {
 }
 
 const TierOps* avx512_ops() {
-  static const TierOps ops{prepare,  rows,       dot_f32,       dot_f16_f32, axpy_f32,
-                           axpy_f16, f32_to_f16, prepare_setup, prepare_cols};
+  static const TierOps ops{prepare,  rows,       dot_f32,       dot_f16_f32,  axpy_f32,
+                           axpy_f16, f32_to_f16, prepare_setup, prepare_cols, kX86TierFormats};
   return &ops;
 }
 

@@ -147,9 +147,20 @@ struct TierOps {
   // batch); disjoint column ranges may run concurrently.
   void (*prepare_setup)(Format f, int64_t n, int64_t cols, QuantAct& a);
   void (*prepare_cols)(Format f, const float* x, int64_t j0, int64_t j1, QuantAct& a);
+  // The formats prepare / rows compute (format_bit set, formats.h); the
+  // products of any other format run on the reference tier (kernels.cpp
+  // product_ops), so a new format computes everywhere before it has kernels.
+  uint32_t formats = 0;
 };
 
 // Tier tables; nullptr when the tier is not compiled into this binary.
+// The formats the AVX2 and AVX-512 tiers compute (TierOps::formats): the
+// float ones, Q8_0, and every 1- and 2-bit format, whose kernels are
+// generic over UnitGeo (formats.h).
+inline constexpr uint32_t kX86TierFormats = format_bit(Format::kF32) | format_bit(Format::kF16) |
+                                            format_bit(Format::kBF16) | format_bit(Format::kQ8_0) |
+                                            family_bits(Family::kSign) | family_bits(Family::kCode2);
+
 const TierOps* reference_ops();
 const TierOps* avx2_ops();
 const TierOps* avx512_ops();
@@ -157,6 +168,11 @@ const TierOps* neon_ops();
 
 // The table of a tier (nullptr if not built); does not check the CPU.
 const TierOps* tier_ops(Tier t);
+
+// The ops that compute products of format f for a tier whose ops are `ops`:
+// ops itself where it lists f (TierOps::formats), else reference_ops(),
+// which defines every format (kernels.cpp routes every product through it).
+const TierOps* ops_for_format(const TierOps* ops, Format f);
 
 // Test hook: lets tests run the AVX-512 tier's code paths for CPUs without
 // GFNI / AVX512_VBMI (e.g. Cascade Lake) on a machine that has them.
@@ -398,7 +414,7 @@ bool avx512_vbmi_in_use();
 bool avx2_vnni_in_use();
 
 // True for Q8_0, Q1_0 and the Q2_0 layouts (activations get quantized).
-inline bool is_quantized(Format f) { return f != Format::kF32 && f != Format::kF16 && f != Format::kBF16; }
+inline bool is_quantized(Format f) { return format_def(f).family != Family::kFloat; }
 
 // Round to nearest even and convert to int8 (NaN -> -128, as cvtps2dq's
 // out-of-range result saturates); shared by the reference quantizers.

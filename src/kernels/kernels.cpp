@@ -22,93 +22,18 @@ namespace bonsai::kernels {
 using detail::TierOps;
 
 std::optional<Format> format_of(core::GgmlType type, core::Q2Layout q2_layout) {
-  switch (type) {
-    case core::GgmlType::F32:
-      return Format::kF32;
-    case core::GgmlType::F16:
-      return Format::kF16;
-    case core::GgmlType::BF16:
-      return Format::kBF16;
-    case core::GgmlType::Q8_0:
-      return Format::kQ8_0;
-    case core::GgmlType::Q1_0:
-      return Format::kQ1_0;
-    case core::GgmlType::Q2_0:
-      switch (q2_layout) {
-        case core::Q2Layout::kG64:
-          return Format::kQ2_0;
-        case core::Q2Layout::kG128DFirst:
-          return Format::kQ2_0G128D;
-        case core::Q2Layout::kG128QsFirst:
-          return Format::kQ2_0G128Qs;
-      }
-      return std::nullopt;
-    default:
-      return std::nullopt;
+  for (size_t i = 0; i < kFormatCount; ++i) {
+    const FormatDef& def = kFormatDefs[i];
+    if (def.ggml_type == type && (type != core::GgmlType::Q2_0 || def.q2_layout == q2_layout)) {
+      return static_cast<Format>(i);
+    }
   }
+  return std::nullopt;
 }
 
-std::string_view format_name(Format f) {
-  switch (f) {
-    case Format::kF32:
-      return "F32";
-    case Format::kF16:
-      return "F16";
-    case Format::kBF16:
-      return "BF16";
-    case Format::kQ8_0:
-      return "Q8_0";
-    case Format::kQ1_0:
-      return "Q1_0";
-    case Format::kQ2_0:
-      return "Q2_0";
-    case Format::kQ2_0G128D:
-      return "Q2_0(g128-d-first)";
-    case Format::kQ2_0G128Qs:
-      return "Q2_0(g128-qs-first)";
-  }
-  return "?";
-}
-
-int64_t block_elems(Format f) {
-  switch (f) {
-    case Format::kF32:
-    case Format::kF16:
-    case Format::kBF16:
-      return 1;
-    case Format::kQ8_0:
-      return kQ8_0Elems;
-    case Format::kQ1_0:
-      return kQ1_0Elems;
-    case Format::kQ2_0:
-      return kQ2_0Elems;
-    case Format::kQ2_0G128D:
-    case Format::kQ2_0G128Qs:
-      return kQ2G128Elems;
-  }
-  return 1;
-}
-
-size_t block_bytes(Format f) {
-  switch (f) {
-    case Format::kF32:
-      return 4;
-    case Format::kF16:
-    case Format::kBF16:
-      return 2;
-    case Format::kQ8_0:
-      return sizeof(BlockQ8_0);
-    case Format::kQ1_0:
-      return sizeof(BlockQ1_0);
-    case Format::kQ2_0:
-      return sizeof(BlockQ2_0);
-    case Format::kQ2_0G128D:
-      return sizeof(BlockQ2_0G128D);
-    case Format::kQ2_0G128Qs:
-      return sizeof(BlockQ2_0G128Qs);
-  }
-  return 1;
-}
+std::string_view format_name(Format f) { return format_def(f).name; }
+int64_t block_elems(Format f) { return format_def(f).block_elems; }
+size_t block_bytes(Format f) { return format_def(f).block_bytes; }
 
 // ---- Tiers -------------------------------------------------------------------
 
@@ -264,52 +189,15 @@ void dequantize_row(Format f, const void* src, float* dst, int64_t n) {
         dst[i] = core::bf16_to_fp32(h);
       }
       return;
-    case Format::kQ8_0:
-      for (int64_t b = 0; b < n / kQ8_0Elems; ++b) {
-        const auto* blk = reinterpret_cast<const BlockQ8_0*>(p) + b;
-        const float d = load_fp16(blk->d);
-        for (int j = 0; j < kQ8_0Elems; ++j) dst[b * kQ8_0Elems + j] = d * blk->qs[j];
-      }
-      return;
-    case Format::kQ1_0:
-      for (int64_t b = 0; b < n / kQ1_0Elems; ++b) {
-        const auto* blk = reinterpret_cast<const BlockQ1_0*>(p) + b;
-        const float d = load_fp16(blk->d);
-        for (int j = 0; j < kQ1_0Elems; ++j) {
-          dst[b * kQ1_0Elems + j] = ((blk->qs[j / 8] >> (j % 8)) & 1) ? d : -d;
-        }
-      }
-      return;
-    case Format::kQ2_0:
-      for (int64_t b = 0; b < n / kQ2_0Elems; ++b) {
-        const auto* blk = reinterpret_cast<const BlockQ2_0*>(p) + b;
-        const float d = load_fp16(blk->d);
-        for (int j = 0; j < kQ2_0Elems; ++j) {
-          const int code = (blk->qs[j / 4] >> (2 * (j % 4))) & 3;
-          dst[b * kQ2_0Elems + j] = static_cast<float>(q2_code_value(code, false)) * d;
-        }
-      }
-      return;
-    case Format::kQ2_0G128D:
-    case Format::kQ2_0G128Qs:
-      for (int64_t b = 0; b < n / kQ2G128Elems; ++b) {
-        const uint8_t* qs;
-        float d;
-        if (f == Format::kQ2_0G128D) {
-          const auto* blk = reinterpret_cast<const BlockQ2_0G128D*>(p) + b;
-          qs = blk->qs;
-          d = load_fp16(blk->d);
-        } else {
-          const auto* blk = reinterpret_cast<const BlockQ2_0G128Qs*>(p) + b;
-          qs = blk->qs;
-          d = load_fp16(blk->d);
-        }
-        for (int j = 0; j < kQ2G128Elems; ++j) {
-          const int code = (qs[j / 4] >> (2 * (j % 4))) & 3;
-          dst[b * kQ2G128Elems + j] = static_cast<float>(q2_code_value(code, true)) * d;
-        }
-      }
-      return;
+    default:
+      break;
+  }
+  // Quantized: weight j of a block = w[j] * d (formats.h decode_block).
+  const FormatDef& def = format_def(f);
+  int8_t w[kMaxBlockElems];
+  for (int64_t b = 0; b < n / def.block_elems; ++b) {
+    const float d = def.decode_block(p + static_cast<size_t>(b) * def.block_bytes, w);
+    for (int64_t j = 0; j < def.block_elems; ++j) dst[b * def.block_elems + j] = static_cast<float>(w[j]) * d;
   }
 }
 
@@ -453,6 +341,7 @@ const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, 
 void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool,
               ActScratch* scratch) {
   if (w.rows <= 0 || n <= 0) return;
+  ops = detail::ops_for_format(ops, w.format);
   const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool, scratch, tile16_use(&w, 1));
   RowsCtx ctx{ops, &w, x, a, n, y};
   if (pool == nullptr || pool->size() <= 1) {
@@ -489,7 +378,7 @@ void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, floa
     same = same && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols;
     total += ws[i].rows;
   }
-  const TierOps* ops = active_ops();
+  const TierOps* ops = detail::ops_for_format(active_ops(), ws[0].format);
   if (!same || pool == nullptr || pool->size() <= 1) {
     for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
     return;
@@ -522,7 +411,7 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
     same = same && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols && ws[i].rows % units == 0;
     total += ws[i].rows;
   }
-  const TierOps* ops = active_ops();
+  const TierOps* ops = detail::ops_for_format(active_ops(), ws[0].format);
   if (!same) {
     for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
     epilogue(ctx, 0, units);
@@ -549,7 +438,7 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
 void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                int64_t row_end) {
   const bool supported = tier_supported(tier);
-  const TierOps* ops = supported ? ops_of(tier) : detail::reference_ops();
+  const TierOps* ops = detail::ops_for_format(supported ? ops_of(tier) : detail::reference_ops(), w.format);
   if (row_end <= row_begin || n <= 0) return;
   thread_local detail::QuantAct act;
   const detail::QuantAct* a = nullptr;
@@ -572,6 +461,10 @@ void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) { active_ops()->
 }  // namespace bonsai::kernels
 
 namespace bonsai::kernels::detail {
+
+const TierOps* ops_for_format(const TierOps* ops, Format f) {
+  return ((ops->formats >> static_cast<unsigned>(f)) & 1u) != 0 ? ops : reference_ops();
+}
 
 size_t QuantAct::bytes() const {
   return q_buf_.capacity() + qp_buf_.capacity() + amx_b_buf_.capacity() +

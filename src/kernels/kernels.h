@@ -1,8 +1,8 @@
 // Block-format kernels: dequantize, quantize (reference), GEMV and GEMM for
 // the weight formats Bonsai files use, with a scalar reference tier and SIMD
 // tiers (AVX2, AVX-512, NEON) chosen at run time. Formats are bit-exact with
-// ggml's definitions (llama.cpp ggml-quants.c / ggml-common.h); see
-// formats.h for the block structs.
+// ggml's definitions (llama.cpp ggml-quants.c / ggml-common.h); formats.h
+// defines each one (block struct, geometry, reference decode).
 //
 // Threading: gemv/gemm split rows over the given pool; everything else is
 // single-threaded. All functions are thread-safe (no shared mutable state
@@ -35,6 +35,7 @@
 
 #include "core/error.h"
 #include "core/ggml_types.h"
+#include "kernels/formats.h"
 
 namespace bonsai::core {
 class ThreadPool;
@@ -42,25 +43,14 @@ class ThreadPool;
 
 namespace bonsai::kernels {
 
-// A weight/row format the kernels compute on. The three Q2_0 layouts that
-// share ggml type id 42 are distinct formats here.
-enum class Format : uint8_t {
-  kF32,
-  kF16,
-  kBF16,
-  kQ8_0,        // 32 weights: fp16 d, int8 qs[32]                (34 bytes)
-  kQ1_0,        // 128 weights: fp16 d, qs[16] sign bits          (18 bytes)
-  kQ2_0,        // 64 weights: fp16 d, qs[16] 2-bit codes          (18 bytes)
-  kQ2_0G128D,   // 128 weights: fp16 d, qs[32]                     (34 bytes)
-  kQ2_0G128Qs,  // 128 weights: qs[32], fp16 d                     (34 bytes)
-};
+// Format (the weight/row formats) and their definitions: formats.h.
 
 // Maps a tensor's ggml type (and, for id 42, its layout) to a Format.
 // nullopt for types the kernels cannot compute on (e.g. Q4_K).
 std::optional<Format> format_of(core::GgmlType type, core::Q2Layout q2_layout = core::Q2Layout::kG64);
-std::string_view format_name(Format f);  // "Q1_0", "Q2_0(g128-d-first)", ...
-int64_t block_elems(Format f);           // weights per block
-size_t block_bytes(Format f);            // bytes per block
+std::string_view format_name(Format f);  // "Q1_0", "Q2_0(g128-d-first)", ... (FormatDef::name)
+int64_t block_elems(Format f);           // weights per block (FormatDef::block_elems)
+size_t block_bytes(Format f);            // bytes per block (FormatDef::block_bytes)
 // Bytes of one row of n elements (n must be a multiple of block_elems).
 inline size_t row_bytes(Format f, int64_t n) { return static_cast<size_t>(n / block_elems(f)) * block_bytes(f); }
 

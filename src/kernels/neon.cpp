@@ -64,29 +64,9 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
     return;
   }
   const int64_t cols = w.cols;
-  int64_t be = 32, bb = 34, qs_off = 2, d_off = 0;
-  switch (f) {
-    case Format::kQ1_0:
-      be = 128;
-      bb = 18;
-      break;
-    case Format::kQ2_0:
-      be = 64;
-      bb = 18;
-      break;
-    case Format::kQ2_0G128D:
-      be = 128;
-      bb = 34;
-      break;
-    case Format::kQ2_0G128Qs:
-      be = 128;
-      bb = 34;
-      qs_off = 0;
-      d_off = 32;
-      break;
-    default:
-      break;
-  }
+  const FormatDef& def = format_def(f);  // geometry (formats.h)
+  const int64_t be = def.block_elems, bb = static_cast<int64_t>(def.block_bytes);
+  const int64_t qs_off = def.qs_offset, d_off = def.d_offset;
   const int64_t nb = cols / be;
   // internal.h's canonical order: chunk c (W weights) adds into lane c % 16,
   // scalar fp32 operations (vfmas_f32-style std::fma), reduce_lanes16 last;
@@ -107,12 +87,12 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
         int32_t piece[8];
         for (int c = 0; c < static_cast<int>(be) / 16; ++c) {
           int8x16_t wv;
-          if (f == Format::kQ1_0) {
+          if (def.family == Family::kSign) {
             wv = q1_weights16(qs, c);
-          } else if (f == Format::kQ8_0) {
+          } else if (def.family == Family::kQ8) {
             wv = vld1q_s8(reinterpret_cast<const int8_t*>(qs) + 16 * c);
           } else {
-            wv = q2_weights16(qs, c, f != Format::kQ2_0);
+            wv = q2_weights16(qs, c, def.code3_is_zero);
           }
           piece[c] = vaddvq_s32(dot16(wv, vld1q_s8(q + b * be + 16 * c), vdupq_n_s32(0)));
         }
@@ -129,7 +109,7 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
           }
           const float dxc = dx[ch * W / 32];
           float& lane = acc[ch % 16];
-          if (f == Format::kQ8_0) {
+          if (def.family == Family::kQ8) {
             const float scale = dw * dxc;
             lane = std::fma(static_cast<float>(isum), scale, lane);
           } else {
@@ -187,7 +167,19 @@ void f32_to_f16(const float* src, uint16_t* dst, int64_t n) {
 
 const TierOps* neon_ops() {
   // Activation quantization is the reference's (natural order, exact).
-  static const TierOps ops{prepare_ref, rows, dot_f32, dot_f16_f32, axpy_f32, axpy_f16, f32_to_f16};
+  // rows: the float formats through rows_ref, Q8_0 and the 1-/2-bit formats
+  // of 16-weight pieces with 2-bit codes or sign bits.
+  static const TierOps ops{prepare_ref,
+                           rows,
+                           dot_f32,
+                           dot_f16_f32,
+                           axpy_f32,
+                           axpy_f16,
+                           f32_to_f16,
+                           nullptr,
+                           nullptr,
+                           family_bits(Family::kFloat) | family_bits(Family::kQ8) | family_bits(Family::kSign) |
+                               family_bits(Family::kCode2)};
   return &ops;
 }
 

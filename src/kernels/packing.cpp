@@ -20,52 +20,31 @@ namespace bonsai::kernels {
 
 namespace {
 
-bool is_q1_or_q2(Format f) {
-  return f == Format::kQ1_0 || f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
-}
+// Formats with the grouped kernels' units (Q1_0, the Q2_0 layouts): the
+// row-quad layout is defined for them.
+bool has_units(Format f) { return unit_elems(f) != 0; }
 
 // Weight units of the grouped kernel per row: Q1_0 blocks, or 64-weight Q2_0 units.
-int64_t rq_units(const MatrixView& w) { return w.cols / (w.format == Format::kQ1_0 ? 128 : 64); }
+int64_t rq_units(const MatrixView& w) { return w.cols / unit_elems(w.format); }
 int64_t rq_groups(const MatrixView& w) { return (rq_units(w) + 3) / 4; }
-bool is_g128(Format f) { return f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs; }
+// Two units per block (the g128 layouts): one fp16 per two units.
+bool shares_d(Format f) { return units_per_block(f) == 2; }
 // Groups per block (K) and block bytes of w's layout (internal.h).
-int64_t rq_block_groups(const MatrixView& w) { return is_g128(w.format) ? 4 : 2; }
+int64_t rq_block_groups(const MatrixView& w) { return shares_d(w.format) ? 4 : 2; }
 size_t rq_block_bytes(const MatrixView& w) {
-  return is_g128(w.format) ? detail::kPackG128BlockBytes : detail::kPackPairBytes;
+  return shares_d(w.format) ? detail::kPackG128BlockBytes : detail::kPackPairBytes;
 }
 size_t rq_quad_bytes(const MatrixView& w) {
   const int64_t k = rq_block_groups(w);
   return static_cast<size_t>((rq_groups(w) + k - 1) / k) * rq_block_bytes(w);
 }
 
-// Byte offsets of unit t's 16 packed bytes and of its fp16 scale within a
-// stored row (t counts 64-weight units for the Q2_0 layouts).
-size_t unit_q_offset(Format f, int64_t t) {
-  switch (f) {
-    case Format::kQ2_0G128D:
-      return static_cast<size_t>(34 * (t / 2) + 2 + 16 * (t % 2));
-    case Format::kQ2_0G128Qs:
-      return static_cast<size_t>(34 * (t / 2) + 16 * (t % 2));
-    default:  // Q1_0, Q2_0 g64: 18-byte blocks, d first
-      return static_cast<size_t>(18 * t + 2);
-  }
-}
-size_t unit_d_offset(Format f, int64_t t) {
-  switch (f) {
-    case Format::kQ2_0G128D:
-      return static_cast<size_t>(34 * (t / 2));
-    case Format::kQ2_0G128Qs:
-      return static_cast<size_t>(34 * (t / 2) + 32);
-    default:
-      return static_cast<size_t>(18 * t);
-  }
-}
-
 // Quads [q0, q1) of w in the row-quad layout.
 void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
   const int64_t units = rq_units(w), groups = rq_groups(w);
   const size_t qb = rq_quad_bytes(w);
-  const bool g128 = is_g128(w.format);
+  const bool g128 = shares_d(w.format);
+  const bool code3_is_zero = format_def(w.format).code3_is_zero;
   const int64_t k = rq_block_groups(w);
   const size_t bb = rq_block_bytes(w);
   const size_t sb = g128 ? detail::kPackG128SBytes : detail::kPackSBytes;  // S bytes per group
@@ -82,10 +61,10 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
                       static_cast<size_t>(i) * (sb / 4);
         for (int64_t u = 0; u < 4 && 4 * g + u < units; ++u) {
           const int64_t t = 4 * g + u;
-          std::memcpy(qd + 16 * u, row + unit_q_offset(w.format, t), 16);
+          std::memcpy(qd + 16 * u, row + unit_qs_offset(w.format, t), 16);
           // g128: one fp16 per 128-weight block (units 2h, 2h + 1 share it).
           if (!g128 || u % 2 == 0) std::memcpy(sd + 2 * (g128 ? u / 2 : u), row + unit_d_offset(w.format, t), 2);
-          if (g128) {
+          if (code3_is_zero) {
             // Code 3 means 0 in the g128 layouts, as code 1 does: store 1, so
             // the kernel treats every Q2_0 layout as g64 (whose 3 is +2).
             for (int k = 0; k < 16; ++k) {
@@ -229,7 +208,7 @@ std::string_view packing_name(Packing p) {
 }
 
 Packing packing_for(const MatrixView& w) {
-  if (!is_q1_or_q2(w.format) || w.rows <= 0 || w.cols <= 0 || w.data == nullptr) return Packing::kNone;
+  if (!has_units(w.format) || w.rows <= 0 || w.cols <= 0 || w.data == nullptr) return Packing::kNone;
   const Tier tier = active_tier();
   if (tier != Tier::kAvx512 && tier != Tier::kAvx2) return Packing::kNone;
   if (tier == Tier::kAvx512 && detail::avx512_amx_in_use()) return Packing::kNone;
@@ -287,7 +266,7 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
     const bool avx2 = p == Packing::kAvx2Tile16;
     split(pool, (w.rows + detail::kTileRows - 1) / detail::kTileRows, 4,
           [&w, out, avx2](int64_t t0, int64_t t1) { pack_tiles(w, out, t0, t1, avx2); });
-  } else if (p == Packing::kAvx512RowQuad && is_q1_or_q2(w.format)) {
+  } else if (p == Packing::kAvx512RowQuad && has_units(w.format)) {
     split(pool, (w.rows + 3) / 4, 16, [&w, out](int64_t q0, int64_t q1) { pack_row_quads(w, out, q0, q1); });
   }
 }

@@ -43,46 +43,6 @@ void prepare_ref(Format /*f*/, const float* x, int64_t n, int64_t cols, QuantAct
 
 namespace {
 
-// Decodes block `b` of a quantized row into integer weights wi[] (block_elems
-// values) and returns its scale.
-inline float decode_block_int(Format f, const uint8_t* row, int64_t b, int8_t* wi) {
-  switch (f) {
-    case Format::kQ8_0: {
-      const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
-      std::memcpy(wi, blk->qs, 32);
-      return load_fp16(blk->d);
-    }
-    case Format::kQ1_0: {
-      const auto* blk = reinterpret_cast<const BlockQ1_0*>(row) + b;
-      for (int j = 0; j < 128; ++j) wi[j] = ((blk->qs[j / 8] >> (j % 8)) & 1) ? 1 : -1;
-      return load_fp16(blk->d);
-    }
-    case Format::kQ2_0: {
-      const auto* blk = reinterpret_cast<const BlockQ2_0*>(row) + b;
-      for (int j = 0; j < 64; ++j) {
-        wi[j] = static_cast<int8_t>(q2_code_value((blk->qs[j / 4] >> (2 * (j % 4))) & 3, false));
-      }
-      return load_fp16(blk->d);
-    }
-    case Format::kQ2_0G128D: {
-      const auto* blk = reinterpret_cast<const BlockQ2_0G128D*>(row) + b;
-      for (int j = 0; j < 128; ++j) {
-        wi[j] = static_cast<int8_t>(q2_code_value((blk->qs[j / 4] >> (2 * (j % 4))) & 3, true));
-      }
-      return load_fp16(blk->d);
-    }
-    case Format::kQ2_0G128Qs: {
-      const auto* blk = reinterpret_cast<const BlockQ2_0G128Qs*>(row) + b;
-      for (int j = 0; j < 128; ++j) {
-        wi[j] = static_cast<int8_t>(q2_code_value((blk->qs[j / 4] >> (2 * (j % 4))) & 3, true));
-      }
-      return load_fp16(blk->d);
-    }
-    default:
-      return 0.0f;
-  }
-}
-
 inline float weight_f(Format f, const uint8_t* row, int64_t c) {
   switch (f) {
     case Format::kF32: {
@@ -135,20 +95,7 @@ float reduce_lanes16(const float* acc) {
   return a20 + a21;
 }
 
-int64_t chunk_elems(Format f) {
-  switch (f) {
-    case Format::kQ8_0:
-      return 4;
-    case Format::kQ1_0:
-      return 32;
-    case Format::kQ2_0:
-    case Format::kQ2_0G128D:
-    case Format::kQ2_0G128Qs:
-      return 16;
-    default:
-      return 1;
-  }
-}
+int64_t chunk_elems(Format f) { return format_def(f).chunk_elems; }
 
 void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, float* y, int64_t r0, int64_t r1) {
   const Format f = w.format;
@@ -168,11 +115,12 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
   // The canonical lane order (internal.h, "Canonical order"): chunk c of
   // W consecutive weights adds its exact integer sum into fp32 lane
   // c mod 16; the 16 lanes are summed by reduce_lanes16.
-  const int64_t be = block_elems(f);
-  const int64_t W = chunk_elems(f);
+  const FormatDef& def = format_def(f);
+  const int64_t be = def.block_elems;
+  const int64_t W = def.chunk_elems;
   const int64_t chunks_per_block = be / W;
   const int64_t nb = cols / be;
-  int8_t wi[128];
+  int8_t wi[kMaxBlockElems];
   for (int64_t r = r0; r < r1; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
     for (int64_t j = 0; j < n; ++j) {
@@ -180,14 +128,14 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
       const float* dj = a->d + j * (cols / kQ8_0Elems);
       float acc[16] = {};
       for (int64_t b = 0; b < nb; ++b) {
-        const float dw = decode_block_int(f, row, b, wi);
+        const float dw = def.decode_block(row + static_cast<size_t>(b) * def.block_bytes, wi);
         for (int64_t k = 0; k < chunks_per_block; ++k) {
           const int64_t c = b * chunks_per_block + k;  // chunk index in the row
           int32_t isum = 0;
           for (int64_t e = 0; e < W; ++e) isum += static_cast<int32_t>(wi[k * W + e]) * qj[c * W + e];
           const float dx = dj[c * W / kQ8_0Elems];
           float& lane = acc[c % 16];
-          if (f == Format::kQ8_0) {
+          if (def.family == Family::kQ8) {
             const float scale = dw * dx;  // fl(dw * dx)
             lane = std::fma(static_cast<float>(isum), scale, lane);
           } else {
@@ -202,8 +150,9 @@ void rows_ref(const MatrixView& w, const float* x, const QuantAct* a, int64_t n,
 }
 
 const TierOps* reference_ops() {
-  static const TierOps ops{prepare_ref,  rows_ref,     dot_f32_ref,   dot_f16_f32_ref,
-                           axpy_f32_ref, axpy_f16_ref, f32_to_f16_ref};
+  // The definition of every format: the fallback of the other tiers.
+  static const TierOps ops{prepare_ref,  rows_ref,       dot_f32_ref, dot_f16_f32_ref, axpy_f32_ref,
+                           axpy_f16_ref, f32_to_f16_ref, nullptr,     nullptr,         kAllFormats};
   return &ops;
 }
 

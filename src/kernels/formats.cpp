@@ -1,0 +1,82 @@
+// Reference block decodes and the out-of-line format queries of formats.h.
+// Portable code (no ISA flags).
+#include "kernels/formats.h"
+
+namespace bonsai::kernels {
+
+namespace {
+
+// 2-bit codes j = (qs[j/4] >> (2*(j%4))) & 3 of `elems` weights, value code - 1
+// (code 3: +2, or 0 where code3_is_zero).
+void decode_codes(const uint8_t* qs, int elems, bool code3_is_zero, int8_t* w) {
+  for (int j = 0; j < elems; ++j) {
+    w[j] = static_cast<int8_t>(q2_code_value((qs[j / 4] >> (2 * (j % 4))) & 3, code3_is_zero));
+  }
+}
+
+}  // namespace
+
+float decode_q8_0(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockQ8_0*>(block);
+  std::memcpy(w, b->qs, sizeof(b->qs));
+  return load_fp16(b->d);
+}
+
+float decode_q1_0(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockQ1_0*>(block);
+  for (int j = 0; j < kQ1_0Elems; ++j) w[j] = ((b->qs[j / 8] >> (j % 8)) & 1) ? 1 : -1;
+  return load_fp16(b->d);
+}
+
+float decode_q2_0(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockQ2_0*>(block);
+  decode_codes(b->qs, kQ2_0Elems, false, w);
+  return load_fp16(b->d);
+}
+
+float decode_q2_0_g128d(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockQ2_0G128D*>(block);
+  decode_codes(b->qs, kQ2G128Elems, true, w);
+  return load_fp16(b->d);
+}
+
+float decode_q2_0_g128qs(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockQ2_0G128Qs*>(block);
+  decode_codes(b->qs, kQ2G128Elems, true, w);
+  return load_fp16(b->d);
+}
+
+const FormatDef& format_def(Format f) {
+  const auto i = static_cast<size_t>(f);
+  return kFormatDefs[i < kFormatCount ? i : 0];
+}
+
+int64_t unit_elems(Format f) {
+  return visit_format(f, [](auto fc) -> int64_t {
+    if constexpr (kHasUnits<fc.value>) return UnitGeo<fc.value>::kElems;
+    return 0;
+  });
+}
+
+int64_t units_per_block(Format f) {
+  return visit_format(f, [](auto fc) -> int64_t {
+    if constexpr (kHasUnits<fc.value>) return UnitGeo<fc.value>::kPerBlock;
+    return 0;
+  });
+}
+
+size_t unit_qs_offset(Format f, int64_t b) {
+  return visit_format(f, [b](auto fc) -> size_t {
+    if constexpr (kHasUnits<fc.value>) return UnitGeo<fc.value>::unit_qs(b);
+    return 0;
+  });
+}
+
+size_t unit_d_offset(Format f, int64_t b) {
+  return visit_format(f, [b](auto fc) -> size_t {
+    if constexpr (kHasUnits<fc.value>) return UnitGeo<fc.value>::unit_d(b);
+    return 0;
+  });
+}
+
+}  // namespace bonsai::kernels

@@ -1,0 +1,112 @@
+// The format definitions (kernels/formats.h): the table agrees with the GGUF
+// reader's ggml type table, the unit geometry the tiers and the packer read
+// gives the byte offsets of each stored layout, the reference block decodes
+// follow the documented value mappings, and products of a format a tier
+// does not list run on the reference tier.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/ggml_types.h"
+#include "kernels/formats.h"
+#include "kernels/internal.h"
+#include "kernels/kernels.h"
+
+namespace bonsai::kernels {
+namespace {
+
+constexpr Format kAll[] = {Format::kF32,  Format::kF16,  Format::kBF16,      Format::kQ8_0,
+                           Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs};
+static_assert(std::size(kAll) == kFormatCount);
+
+TEST(Formats, TableAgreesWithTheGgmlTypeTable) {
+  for (Format f : kAll) {
+    const FormatDef& def = format_def(f);
+    SCOPED_TRACE(std::string(def.name));
+    EXPECT_EQ(format_of(def.ggml_type, def.q2_layout), f);
+    const core::GgmlTypeTraits t = def.ggml_type == core::GgmlType::Q2_0
+                                       ? core::q2_block_geometry(def.q2_layout)
+                                       : *core::ggml_type_traits(static_cast<uint32_t>(def.ggml_type));
+    EXPECT_EQ(block_elems(f), static_cast<int64_t>(t.block_size));
+    EXPECT_EQ(block_bytes(f), static_cast<size_t>(t.type_size));
+    EXPECT_EQ(format_name(f).substr(0, t.name.size()), t.name);
+    EXPECT_EQ(detail::is_quantized(f), def.family != Family::kFloat);
+  }
+  EXPECT_EQ(format_name(Format::kQ2_0G128Qs), "Q2_0(g128-qs-first)");
+  EXPECT_EQ(detail::chunk_elems(Format::kQ1_0), 32);
+  EXPECT_EQ(detail::chunk_elems(Format::kQ2_0G128D), 16);
+  EXPECT_EQ(detail::chunk_elems(Format::kQ8_0), 4);
+  EXPECT_FALSE(format_of(core::GgmlType::Q4_K).has_value());
+}
+
+// Unit t of a row: Q1_0 / g64 18-byte blocks (d then qs); g128 34-byte
+// blocks of two 64-weight units, d first (PrismML) or qs first (OxiBonsai).
+TEST(Formats, UnitOffsetsOfEachLayout) {
+  for (int64_t t = 0; t < 9; ++t) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ(unit_qs_offset(Format::kQ1_0, t), static_cast<size_t>(18 * t + 2));
+    EXPECT_EQ(unit_d_offset(Format::kQ1_0, t), static_cast<size_t>(18 * t));
+    EXPECT_EQ(unit_qs_offset(Format::kQ2_0, t), static_cast<size_t>(18 * t + 2));
+    EXPECT_EQ(unit_qs_offset(Format::kQ2_0G128D, t), static_cast<size_t>(34 * (t / 2) + 2 + 16 * (t % 2)));
+    EXPECT_EQ(unit_d_offset(Format::kQ2_0G128D, t), static_cast<size_t>(34 * (t / 2)));
+    EXPECT_EQ(unit_qs_offset(Format::kQ2_0G128Qs, t), static_cast<size_t>(34 * (t / 2) + 16 * (t % 2)));
+    EXPECT_EQ(unit_d_offset(Format::kQ2_0G128Qs, t), static_cast<size_t>(34 * (t / 2) + 32));
+  }
+  EXPECT_EQ(unit_elems(Format::kQ1_0), 128);
+  EXPECT_EQ(unit_elems(Format::kQ2_0G128Qs), 64);
+  EXPECT_EQ(units_per_block(Format::kQ2_0G128D), 2);
+  EXPECT_EQ(units_per_block(Format::kQ2_0), 1);
+  EXPECT_EQ(unit_elems(Format::kQ8_0), 0);  // no units
+  static_assert(UnitGeo<Format::kQ2_0G128Qs>::unit_d(3) == 34 + 32);
+  static_assert(UnitGeo<Format::kQ1_0>::kPlanes == 8 && UnitGeo<Format::kQ2_0>::kPlanes == 4);
+}
+
+TEST(Formats, ReferenceDecodesFollowTheValueMappings) {
+  const uint16_t d = 0x3C00;  // fp16 1.0
+  int8_t w[kMaxBlockElems];
+  // 2-bit codes 0, 1, 2, 3 in every byte (0b11100100): -1, 0, +1, then +2 (g64) or 0 (g128).
+  BlockQ2_0 g64{};
+  std::memcpy(g64.d, &d, 2);
+  std::memset(g64.qs, 0xE4, sizeof(g64.qs));
+  EXPECT_EQ(format_def(Format::kQ2_0).decode_block(reinterpret_cast<const uint8_t*>(&g64), w), 1.0f);
+  EXPECT_EQ((std::vector<int>{w[0], w[1], w[2], w[3], w[63]}), (std::vector<int>{-1, 0, 1, 2, 2}));
+  BlockQ2_0G128Qs g128{};
+  std::memcpy(g128.d, &d, 2);
+  std::memset(g128.qs, 0xE4, sizeof(g128.qs));
+  EXPECT_EQ(format_def(Format::kQ2_0G128Qs).decode_block(reinterpret_cast<const uint8_t*>(&g128), w), 1.0f);
+  EXPECT_EQ((std::vector<int>{w[0], w[1], w[2], w[3], w[127]}), (std::vector<int>{-1, 0, 1, 0, 0}));
+  // Q1_0: bit j of qs[j/8] set -> +1, clear -> -1.
+  BlockQ1_0 q1{};
+  std::memcpy(q1.d, &d, 2);
+  q1.qs[0] = 0x05;  // elements 0 and 2
+  format_def(Format::kQ1_0).decode_block(reinterpret_cast<const uint8_t*>(&q1), w);
+  EXPECT_EQ((std::vector<int>{w[0], w[1], w[2], w[3], w[127]}), (std::vector<int>{1, -1, 1, -1, -1}));
+  // dequantize_row is decode * d for the quantized formats.
+  float out[128];
+  dequantize_row(Format::kQ2_0G128Qs, &g128, out, 128);
+  EXPECT_EQ(out[0], -1.0f);
+  EXPECT_EQ(out[3], 0.0f);
+  EXPECT_EQ(out[6], 1.0f);
+}
+
+// Every built tier computes every format there is today with its own
+// kernels (no silent fall back, which would be slow); the reference tier
+// lists every format; a tier that lacks a format hands it to the reference.
+TEST(Formats, EachTierListsItsFormatsAndTheRestRunOnTheReference) {
+  EXPECT_EQ(detail::reference_ops()->formats, kAllFormats);
+  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+    const detail::TierOps* ops = detail::tier_ops(t);
+    if (ops == nullptr) continue;
+    SCOPED_TRACE(std::string(tier_name(t)));
+    for (Format f : kAll) EXPECT_EQ(detail::ops_for_format(ops, f), ops);
+  }
+  detail::TierOps partial = *detail::reference_ops();
+  partial.formats = format_bit(Format::kF32);
+  EXPECT_EQ(detail::ops_for_format(&partial, Format::kF32), &partial);
+  EXPECT_EQ(detail::ops_for_format(&partial, Format::kQ1_0), detail::reference_ops());
+}
+
+}  // namespace
+}  // namespace bonsai::kernels
