@@ -66,7 +66,8 @@ struct Tile {
 
 // Per-thread scratch, grown on demand.
 struct Scratch {
-  std::vector<float> k, v, state;
+  std::vector<float> k, v;               // [kKeyBlock][hd_k], [kKeyBlock][hd_v]: the block's rows in fp32
+  std::vector<float> state;              // [tile queries * group][st_len]: each head's m, l, acc
   std::vector<float> s;                  // [tile queries * group][kKeyBlock] scores / probabilities
   std::vector<kernels::AttnQ8Query> qq;  // [tile queries * group] quantized q (Q8_0-key path)
   std::vector<const float*> qp;          // [tile queries * group] q rows of the task's heads
@@ -108,9 +109,9 @@ struct Task {
   Scratch& sc;
   kernels::Format kf, vf;  // K and V row formats
   bool q8k;                // Q8_0 keys: integer scores
-  bool direct;             // the group step reads V (and non-Q8_0 K) rows in place
-  bool direct_k;
-  int64_t p_first;  // position of the tile's first query
+  bool direct;             // the group step reads V rows in place
+  bool direct_k;           // ... and K rows (not Q8_0 ones: those are scored by score_q8)
+  int64_t p_first;         // position of the tile's first query
 };
 
 // Tiles: maximal runs of adjacent tokens of one sequence (their positions
