@@ -57,8 +57,10 @@ CpuFeatures detect() {
   f.avx512bw = f.avx512f && ((b7 >> 30) & 1u);
   f.avx512vl = f.avx512f && ((b7 >> 31) & 1u);
   f.avx512vnni = f.avx512f && ((c7 >> 11) & 1u);
+  f.avx512vbmi = f.avx512f && ((c7 >> 1) & 1u);
   f.avx512bf16 = f.avx512f && ((a71 >> 5) & 1u);
   f.avx_vnni = ymm_os && ((a71 >> 4) & 1u);
+  f.gfni = (c7 >> 8) & 1u;
   f.amx_int8 = amx_os && ((d7 >> 25) & 1u) && ((d7 >> 24) & 1u);
 #elif defined(__aarch64__)
   f.neon = true;
@@ -84,8 +86,10 @@ std::string CpuFeatures::to_string() const {
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");
   add(avx512vnni, "avx512vnni");
+  add(avx512vbmi, "avx512vbmi");
   add(avx512bf16, "avx512bf16");
   add(avx_vnni, "avxvnni");
+  add(gfni, "gfni");
   add(amx_int8, "amx_int8");
   add(neon, "neon");
   add(dotprod, "dotprod");

@@ -13,8 +13,10 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512vnni = false;  // vpdpbusd
+  bool avx512vbmi = false;  // vpermb / vpermt2b (AVX512_VBMI)
   bool avx512bf16 = false;
   bool avx_vnni = false;   // VEX-encoded vpdpbusd
+  bool gfni = false;       // GF2P8AFFINEQB (CPUID; the AVX-512 tier uses its EVEX form)
   bool amx_int8 = false;   // AMX tiles with int8 (OS permission not requested here)
   bool neon = false;       // arm64 Advanced SIMD
   bool dotprod = false;    // arm64 sdot

@@ -26,6 +26,7 @@
 // Q1_0 matrices packed as avx2-tile16 (packing_for gives them to this tier on
 // CPUs without AVX-VNNI) run the table-lookup kernel of avx2_tile.inc
 // instead, on tables built from the natural-order quants; bit-identical.
+#include "core/cpu_features.h"  // cpu_features
 #include "kernels/internal.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -45,7 +46,7 @@ bool g_has_vnni = false;  // CPUID says AVX-VNNI (VEX-encoded VPDPBUSD)
 bool g_use_vnni = true;   // test hook (set_avx2_vnni)
 
 void init_tables() {
-  g_has_vnni = __builtin_cpu_supports("avxvnni");
+  g_has_vnni = core::cpu_features().avx_vnni;
   for (int i = 0; i < 65536; i += 8) {
     alignas(16) uint16_t h[8];
     for (int k = 0; k < 8; ++k) h[k] = static_cast<uint16_t>(i + k);

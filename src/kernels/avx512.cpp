@@ -27,6 +27,7 @@
 // Q8_0 weights: natural activation order, 256-bit VNNI, the canonical Q8_0
 // order (acc0/acc1 are lanes 0-7 / 8-15). Float weights (F32/F16/BF16) use
 // FMA on fp32 directly (same code for every n).
+#include "core/cpu_features.h"  // cpu_features
 #include "kernels/internal.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__)
@@ -66,8 +67,8 @@ void init_tables() {
     for (int k = 0; k < 16; ++k) h[k] = static_cast<uint16_t>(i + k);
     _mm512_store_ps(g_fp16_lut + i, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
   }
-  g_has_gfni = __builtin_cpu_supports("gfni");
-  g_has_vbmi = __builtin_cpu_supports("avx512vbmi");
+  g_has_gfni = core::cpu_features().gfni;
+  g_has_vbmi = core::cpu_features().avx512vbmi;
 }
 
 // GF2P8AFFINEQB weight expansion / VPERMB-VPERMT2B gathers (the test hook
@@ -821,7 +822,7 @@ bool avx512_amx_in_use() {
   return false;
 }
 
-bool avx512_vbmi_in_use() { return g_use_gfni && __builtin_cpu_supports("avx512vbmi"); }
+bool avx512_vbmi_in_use() { return g_use_gfni && core::cpu_features().avx512vbmi; }
 
 // The hooks only flip flags: they run on CPUs without AVX-512 too (the tier
 // tests call them everywhere), so they must not touch init_once(), whose

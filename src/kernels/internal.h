@@ -328,9 +328,8 @@ inline constexpr size_t kLutBytesPerValue = 8;  // table bytes per activation va
 // (16 KiB) stay in L1 beside the weight stream (avx512_tile.inc).
 inline constexpr int64_t kTileMaxUnits = 16;
 // Columns per group of the tile16 path: it runs a batch column by column,
-// on each thread's tables of one group at a time (measured 1.1-1.45x the
-// row-quad kernel at 2..64 columns and 1.35x at 512, Zen 5). It bounds the
-// per-thread tables: kLutMaxCols x 2,048 x kLutBytesPerValue = 1 MiB per
+// on each thread's tables of one group at a time (measurements:
+// bench/results/notes-kernels.md). It bounds the per-thread tables: kLutMaxCols x 2,048 x kLutBytesPerValue = 1 MiB per
 // compute thread at most, which keeps a server's resident memory within
 // its budget (rows past 2,048 columns: fewer columns, lut_group_cols).
 inline constexpr int64_t kLutMaxCols = 64;
@@ -344,8 +343,7 @@ inline constexpr int64_t kLutMaxCols = 64;
 //     16 j + p. One 32-byte load is then [byte 0 of the rows | byte 1], the
 //     next [byte 2 | byte 3]: the nibbles the kernel looks up, with no
 //     regrouping (tile16 costs it two PSHUFBs, two dword unpacks and two
-//     VPERMQs per 32 weights of 16 rows; measured on Zen 3, from cache,
-//     1.19-1.26x the tile16 kernel, bench/results/tile16-avx2-2026-12-03-zen3.txt);
+//     VPERMQs per 32 weights of 16 rows; bench/results/notes-kernels.md);
 //   * each unit's 16 fp16 scales in the order kAvx2TileScaleRow, the order
 //     of the kernel's 32-bit chunk sums (two 8-row halves), so each half
 //     converts with one VCVTPH2PS.
@@ -355,9 +353,7 @@ inline constexpr int kAvx2TileScaleRow[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6
 // Longest row (in units) that gets the avx2-tile16 layout: 12,288 columns
 // (the 8B's ffn_down). Past 2,048 columns a column's tables (8 bytes per
 // value: 48 KiB at 6,144) outgrow L1 and are read from L2, and the kernel
-// still wins (Zen 3, 2 threads, from DRAM: 1.07-1.28x the stored kernel at
-// 2048 x 6144 for N = 1, 1.35-1.41x at 4096 columns, 1.12-1.53x for N = 4
-// and 16; bench/results/tile16-avx2-2026-12-03-zen3.txt section 5).
+// still wins (measurements: bench/results/notes-kernels.md).
 inline constexpr int64_t kAvx2TileMaxUnits = 96;
 // Columns whose tables one thread holds at once (thread_luts) for rows of
 // `cols` values: kLutMaxCols up to 2,048 columns, fewer beyond, so a

@@ -13,9 +13,10 @@
 #include <cstdint>
 #include <span>
 
-#include "model/batch.h"     // BatchToken
-#include "model/config.h"    // ModelConfig
-#include "model/kv_cache.h"  // KvCache
+#include "kernels/attention.h"  // kAttnKeyBlock
+#include "model/batch.h"        // BatchToken
+#include "model/config.h"       // ModelConfig
+#include "model/kv_cache.h"     // KvCache
 
 namespace bonsai::core {
 class ThreadPool;
@@ -24,7 +25,7 @@ class ThreadPool;
 namespace bonsai::model {
 
 // Keys per block of the online softmax (absolute positions [32b, 32b+32)).
-inline constexpr int64_t kKeyBlock = 32;
+inline constexpr int64_t kKeyBlock = kernels::kAttnKeyBlock;
 // Queries of one sequence processed together per task (they share each K/V
 // block read); does not change any result.
 inline constexpr int64_t kQueryTile = 32;

@@ -270,6 +270,9 @@ void store_kv_row(KvType t, const float* src, uint8_t* dst, int64_t n) {
   }
 }
 
+constexpr int64_t kTokChunk = 4;         // tokens per task for the cheap per-token steps
+constexpr int64_t kFusedMaxTokens = 16;  // largest batch whose attention rides the QKV dispatch
+
 template <class T>
 void grow(std::vector<T>& v, int64_t n) {
   if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
@@ -549,14 +552,12 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
 void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws, float* logits,
                        float* hidden_rows, core::ThreadPool& pool, bool hidden) const {
   const ModelConfig& c = config_;
-  const Weights& W = weights_;
   const int64_t n = static_cast<int64_t>(tok.size());
   int64_t n_wanted = 0;
   for (const auto& t : tok) n_wanted += t.logits ? 1 : 0;
 
   // ---- Scratch: activations are row-major [n tokens][dim]. ----
-  const int64_t E = c.n_embd, hd_k = c.head_dim_k, hd_v = c.head_dim_v;
-  const int64_t n_head = c.n_head, n_head_kv = c.n_head_kv;
+  const int64_t E = c.n_embd;
   grow(ws.x_, n * E);
   grow(ws.xb_, n * E);
   grow(ws.q_, n * c.q_dim());
@@ -568,24 +569,26 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
   grow(ws.up_, n * c.n_ff);
   grow(ws.rope_, n * c.n_rot);
   grow(ws.out_, std::max<int64_t>(1, n_wanted) * E);
-  float* x = ws.x_.data();
-  float* xb = ws.xb_.data();
-  float* q = ws.q_.data();
-  float* k = ws.k_.data();
-  float* v = ws.v_.data();
-  float* att = ws.att_.data();
-  float* proj = ws.proj_.data();
-  float* gate = ws.gate_.data();
-  float* up = ws.up_.data();
-  constexpr int64_t kTokChunk = 4;         // tokens per task for the cheap per-token steps
-  constexpr int64_t kFusedMaxTokens = 16;  // largest batch whose attention rides the QKV dispatch
 
+  embed_tokens(tok, ws, pool);  // x[i] = token_embd[token_i], RoPE angles of pos_i
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    attention_block(l, tok, caches, ws, pool);  // x = x + Wo attention(RMSNorm(x))
+    ffn_block(l, n, ws, pool);                  // x = x + W_down (silu(W_gate xb) * W_up xb)
+  }
+  write_outputs(tok, n_wanted, ws, logits, hidden_rows, pool, hidden);
+}
+
+void Model::embed_tokens(std::span<const BatchToken> tok, Workspace& ws, core::ThreadPool& pool) const {
+  const ModelConfig& c = config_;
+  const Weights& W = weights_;
+  const int64_t E = c.n_embd;
+  float* x = ws.x_.data();
   // x[i] = token_embd[token_i]   (row dequantized from its stored type; no FP32 table)
   // and the RoPE angles of each token's position.
   float corr_dims[2] = {0.0f, 0.0f};
   if (c.yarn_ext_factor != 0.0f) yarn_corr_dims(c, corr_dims);
   pool.parallel_for(
-      n,
+      static_cast<int64_t>(tok.size()),
       [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           const auto* row = static_cast<const uint8_t*>(W.token_embd.data) +
@@ -595,115 +598,141 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
         }
       },
       kTokChunk);
+}
 
+void Model::attention_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws,
+                            core::ThreadPool& pool) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[static_cast<size_t>(l)];
+  const int64_t n = static_cast<int64_t>(tok.size());
+  const int64_t E = c.n_embd, hd_k = c.head_dim_k, hd_v = c.head_dim_v;
+  const int64_t n_head_kv = c.n_head_kv;
+  float* x = ws.x_.data();
+  float* xb = ws.xb_.data();
+  float* q = ws.q_.data();
+  float* k = ws.k_.data();
+  float* v = ws.v_.data();
+  float* att = ws.att_.data();
+  float* proj = ws.proj_.data();
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd_k));
-  const int64_t group = n_head / n_head_kv;  // query heads per KV head
+  const int64_t group = c.n_head / n_head_kv;  // query heads per KV head
   // Decode-sized batches run the QKV product, the per-head steps and
   // attention as one pool dispatch per layer, split by KV head; that needs
   // enough KV heads for every thread (two runs each). Larger batches keep
   // attention's finer (tile x head) split.
   const bool fuse_attention = n <= kFusedMaxTokens && n_head_kv >= 2 * pool.size();
+
+  // xb = RMSNorm(x) * attn_norm
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
+      },
+      kTokChunk);
+
+  // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
+  // once); equal to three separate products bit for bit. Then per token and
+  // KV head h: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm for the query
+  // heads of h's group, k_h likewise), RoPE on those q and k heads, k_h and
+  // v_h stored in the sequence's cache at slot = position; then
+  // att = causal grouped-query attention of q over the cached k, v
+  // (attention.h: tiled online softmax, batch invariant).
+  auto qk_rope_store = [&](int64_t i, int64_t h) {
+    float* qi = q + i * c.q_dim();
+    float* ki = k + i * c.k_dim() + h * hd_k;
+    const float* cs = ws.rope_.data() + i * c.n_rot;
+    for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
+      if (c.qk_norm) rms_norm(qi + qh * hd_k, L.q_norm.data, qi + qh * hd_k, hd_k, c.rms_eps);
+      apply_rope(c.rope_type, cs, c.n_rot, qi + qh * hd_k);
+    }
+    if (c.qk_norm) rms_norm(ki, L.k_norm.data, ki, hd_k, c.rms_eps);
+    apply_rope(c.rope_type, cs, c.n_rot, ki);
+    KvCache& kv = *caches[tok[i].seq];
+    store_kv_row(kv.type_k(), ki, kv.k_row(l, h, tok[i].pos), hd_k);
+    store_kv_row(kv.type_v(), v + i * c.v_dim() + h * hd_v, kv.v_row(l, h, tok[i].pos), hd_v);
+  };
+  const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
+  float* const qkv_out[] = {q, k, v};
+  if (fuse_attention) {
+    // Decode-sized batches: one pool dispatch per layer for all of it, each
+    // task a run of KV heads (their q, k, v rows, then the per-head steps,
+    // then attention for those heads, inline). Every token's keys of head
+    // h are stored before head h's attention reads them: both run in the
+    // task that owns h.
+    kernels::gemm_units(
+        qkv, 3, xb, n, qkv_out, n_head_kv,
+        [&](int64_t h0, int64_t h1) {
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t h = h0; h < h1; ++h) qk_rope_store(i, h);
+          }
+          attention(c, l, tok, caches, q, att, kq_scale, pool, h0, h1);
+        },
+        &pool, &ws.act_);
+  } else {
+    kernels::gemm_multi(qkv, 3, xb, n, qkv_out, &pool, &ws.act_);
+    pool.parallel_for(
+        n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            for (int64_t h = 0; h < n_head_kv; ++h) qk_rope_store(i, h);
+          }
+        },
+        kTokChunk);
+    attention(c, l, tok, caches, q, att, kq_scale, pool);
+  }
+
+  // x = x + Wo att
+  matmul(L.wo, att, n, proj, pool, ws.act_);
+  for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
+}
+
+void Model::ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& pool) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[static_cast<size_t>(l)];
+  const int64_t E = c.n_embd;
+  float* x = ws.x_.data();
+  float* xb = ws.xb_.data();
+  float* proj = ws.proj_.data();
+  float* gate = ws.gate_.data();
+  float* up = ws.up_.data();
   // Rows per slice of the fused gate/up product: 64 where n_ff allows.
   int64_t ff_unit = 64;
   while (c.n_ff % ff_unit != 0) ff_unit /= 2;
 
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const LayerWeights& L = W.layers[static_cast<size_t>(l)];
+  // xb = RMSNorm(x) * ffn_norm
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
+      },
+      kTokChunk);
+  // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
+  // (the product in slices of ff_unit rows of both; each slice's silu * up
+  // right after it, on the same thread: no dispatch of its own)
+  const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
+  float* const outs[] = {gate, up};
+  kernels::gemm_units(
+      gu, 2, xb, n, outs, c.n_ff / ff_unit,
+      [&](int64_t u0, int64_t u1) {
+        for (int64_t i = 0; i < n; ++i) {
+          float* g = gate + i * c.n_ff;
+          const float* u = up + i * c.n_ff;
+          for (int64_t j = u0 * ff_unit; j < u1 * ff_unit; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+        }
+      },
+      &pool, &ws.act_);
+  // x = x + W_down gate
+  matmul(L.w_down, gate, n, proj, pool, ws.act_);
+  for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
+}
 
-    // ---- Attention block ----
-    // xb = RMSNorm(x) * attn_norm
-    pool.parallel_for(
-        n,
-        [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
-        },
-        kTokChunk);
-
-    // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
-    // once); equal to three separate products bit for bit. Then per token and
-    // KV head h: QK-norm (qwen3: q_h = RMSNorm(q_h) * q_norm for the query
-    // heads of h's group, k_h likewise), RoPE on those q and k heads, k_h and
-    // v_h stored in the sequence's cache at slot = position; then
-    // att = causal grouped-query attention of q over the cached k, v
-    // (attention.h: tiled online softmax, batch invariant).
-    auto qk_rope_store = [&](int64_t i, int64_t h) {
-      float* qi = q + i * c.q_dim();
-      float* ki = k + i * c.k_dim() + h * hd_k;
-      const float* cs = ws.rope_.data() + i * c.n_rot;
-      for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
-        if (c.qk_norm) rms_norm(qi + qh * hd_k, L.q_norm.data, qi + qh * hd_k, hd_k, c.rms_eps);
-        apply_rope(c.rope_type, cs, c.n_rot, qi + qh * hd_k);
-      }
-      if (c.qk_norm) rms_norm(ki, L.k_norm.data, ki, hd_k, c.rms_eps);
-      apply_rope(c.rope_type, cs, c.n_rot, ki);
-      KvCache& kv = *caches[tok[i].seq];
-      store_kv_row(kv.type_k(), ki, kv.k_row(l, h, tok[i].pos), hd_k);
-      store_kv_row(kv.type_v(), v + i * c.v_dim() + h * hd_v, kv.v_row(l, h, tok[i].pos), hd_v);
-    };
-    const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
-    float* const qkv_out[] = {q, k, v};
-    if (fuse_attention) {
-      // Decode-sized batches: one pool dispatch per layer for all of it, each
-      // task a run of KV heads (their q, k, v rows, then the per-head steps,
-      // then attention for those heads, inline). Every token's keys of head
-      // h are stored before head h's attention reads them: both run in the
-      // task that owns h.
-      kernels::gemm_units(
-          qkv, 3, xb, n, qkv_out, n_head_kv,
-          [&](int64_t h0, int64_t h1) {
-            for (int64_t i = 0; i < n; ++i) {
-              for (int64_t h = h0; h < h1; ++h) qk_rope_store(i, h);
-            }
-            attention(c, l, tok, caches, q, att, kq_scale, pool, h0, h1);
-          },
-          &pool, &ws.act_);
-    } else {
-      kernels::gemm_multi(qkv, 3, xb, n, qkv_out, &pool, &ws.act_);
-      pool.parallel_for(
-          n,
-          [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) {
-              for (int64_t h = 0; h < n_head_kv; ++h) qk_rope_store(i, h);
-            }
-          },
-          kTokChunk);
-      attention(c, l, tok, caches, q, att, kq_scale, pool);
-    }
-
-    // x = x + Wo att
-    matmul(L.wo, att, n, proj, pool, ws.act_);
-    for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
-
-    // ---- Feed-forward block (SwiGLU) ----
-    // xb = RMSNorm(x) * ffn_norm
-    pool.parallel_for(
-        n,
-        [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
-        },
-        kTokChunk);
-    // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
-    // (the product in slices of ff_unit rows of both; each slice's silu * up
-    // right after it, on the same thread: no dispatch of its own)
-    {
-      const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
-      float* const outs[] = {gate, up};
-      kernels::gemm_units(
-          gu, 2, xb, n, outs, c.n_ff / ff_unit,
-          [&](int64_t u0, int64_t u1) {
-            for (int64_t i = 0; i < n; ++i) {
-              float* g = gate + i * c.n_ff;
-              const float* u = up + i * c.n_ff;
-              for (int64_t j = u0 * ff_unit; j < u1 * ff_unit; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
-            }
-          },
-          &pool, &ws.act_);
-    }
-    // x = x + W_down gate
-    matmul(L.w_down, gate, n, proj, pool, ws.act_);
-    for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
-  }
-
+void Model::write_outputs(std::span<const BatchToken> tok, int64_t n_wanted, Workspace& ws, float* logits,
+                          float* hidden_rows, core::ThreadPool& pool, bool hidden) const {
+  const ModelConfig& c = config_;
+  const Weights& W = weights_;
+  const int64_t n = static_cast<int64_t>(tok.size());
+  const int64_t E = c.n_embd;
+  const float* x = ws.x_.data();
   // ---- Output: logits only for the tokens that want them ----
   // out_j = RMSNorm(x_i) * output_norm;  logits_j = W_out out_j  (W_out = token_embd when tied)
   if (n_wanted > 0) {

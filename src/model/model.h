@@ -201,6 +201,18 @@ class Model {
   // hidden_rows: where the rows of tokens with `hidden` go ([n][n_embd]).
   void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches, Workspace& ws, float* logits,
                   float* hidden_rows, core::ThreadPool& pool, bool as_hidden) const;
+  // The steps of run_ubatch on the ubatch's scratch in ws (sized for tok):
+  // x = the tokens' embedding rows and ws.rope_ their RoPE angles;
+  void embed_tokens(std::span<const BatchToken> tok, Workspace& ws, core::ThreadPool& pool) const;
+  // layer l's attention block (norm, QKV, QK-norm + RoPE, cache store,
+  // attention, Wo) added to x;
+  void attention_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws,
+                       core::ThreadPool& pool) const;
+  // layer l's feed-forward block (norm, SwiGLU) added to x, for n tokens;
+  void ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& pool) const;
+  // the final-normed rows and logits (run_ubatch's outputs) from x.
+  void write_outputs(std::span<const BatchToken> tok, int64_t n_wanted, Workspace& ws, float* logits,
+                     float* hidden_rows, core::ThreadPool& pool, bool as_hidden) const;
   core::Expected<void> forward_impl(const Batch& batch, std::span<KvCache* const> caches, Workspace& ws,
                                     std::span<float> out, std::span<float> hidden_rows, core::ThreadPool& pool,
                                     bool as_hidden) const;

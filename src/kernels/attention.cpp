@@ -1,0 +1,53 @@
+// Dispatch of the attention kernels (attention.h) by the active tier, and
+// the per-thread prefetch cursor the tiers' group steps advance. Compiled
+// without ISA flags: it only picks a table.
+#include "kernels/attention.h"
+
+#include "kernels/attention_internal.h"
+
+namespace bonsai::kernels {
+
+namespace detail {
+constinit thread_local SpreadPrefetch t_spread;
+}  // namespace detail
+
+namespace {
+
+// The attention table of tier t; the reference one where t has none (NEON,
+// or a tier not built into this binary).
+const detail::AttnOps* attn_ops_of(Tier t) {
+  const detail::AttnOps* ops = nullptr;
+  switch (t) {
+    case Tier::kAvx2:
+      ops = detail::avx2_attn_ops();
+      break;
+    case Tier::kAvx512:
+      ops = detail::avx512_attn_ops();
+      break;
+    case Tier::kReference:
+    case Tier::kNeon:
+      break;
+  }
+  return ops ? ops : detail::reference_attn_ops();
+}
+
+}  // namespace
+
+AttnKernels attn_kernels(int64_t hd_k, int64_t hd_v) {
+  const detail::AttnOps& ops = *attn_ops_of(active_tier());
+  const int64_t m = ops.head_dim_multiple;
+  if (m > 0 && hd_k % m == 0 && hd_v % m == 0) return {ops.name, ops.step, ops.score_q8, ops.load_rows};
+  return {"scalar", nullptr, detail::attn_score_q8_ref, ops.load_rows};
+}
+
+void attn_prefetch_spread(const uint8_t* k, size_t kbytes, const uint8_t* v, size_t vbytes) {
+  detail::t_spread.set(k, kbytes, v, vbytes);
+}
+
+void attn_prefetch_l2(const uint8_t* p, size_t bytes) {
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const auto last = reinterpret_cast<uintptr_t>(p) + bytes;
+  for (uintptr_t a = first; a < last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 2);
+}
+
+}  // namespace bonsai::kernels
