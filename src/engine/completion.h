@@ -58,10 +58,10 @@ struct SamplingOverrides {
   std::optional<int32_t> max_tokens;
   std::optional<std::vector<std::string>> stop;
   std::optional<bool> ignore_eos;
-  std::optional<std::vector<std::pair<int32_t, float>>> logit_bias;  // (token id, bias)
-  std::optional<std::shared_ptr<const Grammar>> grammar;             // constrained decoding (nullptr: none)
-  std::optional<int32_t> logprobs;                                   // top alternatives per sampled token (< 0: off)
-  std::optional<int32_t> prompt_logprobs;                            // same per prompt token (echo; < 0: off)
+  std::optional<std::vector<std::pair<int32_t, float>>> logit_bias;   // (token id, bias)
+  std::optional<std::shared_ptr<const structured::Grammar>> grammar;  // constrained decoding (nullptr: none)
+  std::optional<int32_t> logprobs;                                    // top alternatives per sampled token (< 0: off)
+  std::optional<int32_t> prompt_logprobs;                             // same per prompt token (echo; < 0: off)
 };
 
 struct PrepareOptions {

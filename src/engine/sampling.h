@@ -43,9 +43,11 @@
 
 #include "core/error.h"  // core::Expected
 
-namespace bonsai::engine {
+namespace bonsai::structured {
+class Grammar;  // structured/grammar.h
+}
 
-class Grammar;  // engine/grammar.h
+namespace bonsai::engine {
 
 // Default seed of an engine that was given none (fixed, so runs repeat).
 inline constexpr uint64_t kDefaultSeed = 0x5EED;
@@ -79,7 +81,7 @@ struct SamplingParams {
   // InferenceEngine before stage 0 (disallowed logits become -inf), per
   // sequence; each generation gets its own matcher state. Immutable, shared
   // by the requests (and n > 1 choices) that use it. nullptr: unconstrained.
-  std::shared_ptr<const Grammar> grammar;
+  std::shared_ptr<const structured::Grammar> grammar;
   // Log probabilities (vLLM's SamplingParams names; engine/logprobs.h says
   // what the values are: log-softmax of the RAW logits, before stage 0).
   // < 0: off. k in [0, kMaxTopLogprobs]: every sampled token's log

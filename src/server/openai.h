@@ -22,8 +22,8 @@
 #include "engine/logprobs.h"          // kMaxTopLogprobs
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
 
-namespace bonsai::engine {
-class Grammar;  // engine/grammar.h
+namespace bonsai::structured {
+class Grammar;  // structured/grammar.h
 }
 
 namespace bonsai::server {
@@ -77,7 +77,7 @@ struct CompletionRequest {
   // Structured outputs (response_format json / grammar / json_schema /
   // tool_choice required or named), compiled (server/structured_output.h).
   // nullptr: unconstrained.
-  std::shared_ptr<const engine::Grammar> grammar;
+  std::shared_ptr<const structured::Grammar> grammar;
   bool forced_tool_call = false;  // the grammar makes the answer tool calls
   // Log probabilities: < 0 off; k >= 0: each token's plus k alternatives
   // (chat: logprobs true + top_logprobs k; completions: logprobs k), k <= 20.

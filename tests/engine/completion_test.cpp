@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/test_util.h"
-#include "engine/grammar.h"
 #include "engine/logprobs.h"  // kMaxTopLogprobs
 #include "gguf/gguf.h"
+#include "structured/grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bonsai::engine {
@@ -76,7 +76,7 @@ TEST(PrepareCompletion, OverridesReplaceDefaultsFieldByField) {
   EXPECT_EQ(p->params.grammar, nullptr);
   EXPECT_EQ(p->params.logprobs, -1);
   // The server's fields: a grammar (structured outputs) and log probabilities.
-  auto g = Grammar::parse("root ::= \"yes\" | \"no\"");
+  auto g = structured::Grammar::parse("root ::= \"yes\" | \"no\"");
   ASSERT_TRUE(g.has_value()) << g.error().message;
   over.grammar = *g;
   over.logprobs = 3;

@@ -1,15 +1,15 @@
 // Structured outputs: request fields -> grammar (server/structured_output.h).
 // Each grammar is checked by feeding it texts it must accept and texts it
-// must refuse (engine::GrammarState), and the 400s by their param and message.
+// must refuse (structured::GrammarState), and the 400s by their param and message.
 #include "server/structured_output.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "engine/grammar.h"
-#include "engine/token_mask.h"
 #include "server/openai.h"
+#include "structured/grammar.h"
+#include "structured/token_mask.h"
 
 namespace bonsai::server {
 namespace {
@@ -17,14 +17,14 @@ namespace {
 using nlohmann::ordered_json;
 
 // True when `text` is a complete sentence of `g`.
-bool accepts(const std::shared_ptr<const engine::Grammar>& g, const std::string& text) {
-  auto st = engine::GrammarState::create(g);
+bool accepts(const std::shared_ptr<const structured::Grammar>& g, const std::string& text) {
+  auto st = structured::GrammarState::create(g);
   if (!st) return false;
   return st->accept_bytes(text).has_value() && st->can_end();
 }
 
-std::shared_ptr<const engine::Grammar> compile(const std::string& gbnf) {
-  auto g = engine::Grammar::parse(gbnf);
+std::shared_ptr<const structured::Grammar> compile(const std::string& gbnf) {
+  auto g = structured::Grammar::parse(gbnf);
   EXPECT_TRUE(g.has_value()) << (g ? "" : g.error().message) << "\n" << gbnf;
   return g ? *g : nullptr;
 }
