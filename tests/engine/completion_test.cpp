@@ -92,6 +92,27 @@ TEST(PrepareCompletion, OverridesReplaceDefaultsFieldByField) {
   EXPECT_NE(p.error().error.message.find("logprobs"), std::string::npos);
 }
 
+// The seed travels in one field: the request's (SamplingOverrides::seed)
+// replaces the defaults' in the prepared SamplingParams, which the
+// scheduler samples choice i with (params.seed + i); unset keeps the defaults'.
+TEST(PrepareCompletion, TheRequestSeedBecomesTheParamsSeed) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto tok = load(kQwen);
+  ASSERT_NE(tok, nullptr);
+  SamplingParams defaults;
+  defaults.seed = 11;
+  CompletionInput in;
+  in.prompt = "Once upon a time";
+  auto p = prepare_completion(*tok, 256, defaults, in);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  EXPECT_EQ(p->params.seed, 11u);
+  SamplingOverrides over;
+  over.seed = 0xFFFF'FFFF'FFFF'FFFFull;
+  p = prepare_completion(*tok, 256, defaults, in, over);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  EXPECT_EQ(p->params.seed, 0xFFFF'FFFF'FFFF'FFFFull);
+}
+
 // The server's prompt byte cap: the text is measured before it is tokenized
 // (the rendered chat, or the raw prompt), the limit itself is allowed, one
 // byte more is refused as context_length_exceeded naming the field; token

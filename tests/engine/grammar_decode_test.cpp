@@ -295,7 +295,7 @@ TEST(GrammarScheduler, ConstrainedRowsInOneStepMatchTheirAloneAnswers) {
     CompletionJob j;
     j.prompt = r.prompt;
     j.params = r.p;
-    j.seed = r.seed;
+    j.params.seed = r.seed;
     j.n = r.n;
     auto h = sched.submit(std::move(j));
     ASSERT_TRUE(h.has_value()) << h.error().message;

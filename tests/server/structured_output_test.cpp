@@ -171,9 +171,9 @@ TEST(StructuredOutput, ParseCompletionRequestCarriesTheGrammar) {
       "tools": [{"type": "function", "function": {"name": "now"}}], "tool_choice": "required"})",
                                     Endpoint::kChat, cr);
   ASSERT_FALSE(e.has_value()) << e->message;
-  ASSERT_NE(cr.grammar, nullptr);
+  ASSERT_NE(*cr.sampling.grammar, nullptr);
   EXPECT_TRUE(cr.forced_tool_call);
-  EXPECT_TRUE(accepts(cr.grammar, kNow));
+  EXPECT_TRUE(accepts(*cr.sampling.grammar, kNow));
   e = parse_completion_request(
       R"({"prompt": "x", "json_schema": {"type": "object", "properties": {"a": {"not": {}}}}})", Endpoint::kCompletion,
       cr);
@@ -181,7 +181,7 @@ TEST(StructuredOutput, ParseCompletionRequestCarriesTheGrammar) {
   EXPECT_EQ(e->param, "json_schema");
   e = parse_completion_request(R"({"prompt": "x"})", Endpoint::kCompletion, cr);
   ASSERT_FALSE(e.has_value());
-  EXPECT_EQ(cr.grammar, nullptr);
+  EXPECT_EQ(*cr.sampling.grammar, nullptr);
 }
 
 }  // namespace
