@@ -148,7 +148,8 @@ struct GenerationResult {
   std::vector<float> embedding;
 };
 
-// The general form every generate* maps onto (the server uses it directly).
+// The general form every generate* maps onto (the scheduler builds one per
+// choice of a job; the server reaches the engine only through the scheduler).
 struct GenerateRequest {
   std::span<const int32_t> prompt;            // token ids incl. BOS if wanted; borrowed for the call
   std::optional<SamplingParams> params;       // set: generate_with_params semantics
