@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/grammar.h"
-#include "engine/json_schema.h"
-#include "engine/token_mask.h"
 #include "gguf/gguf.h"
+#include "structured/grammar.h"
+#include "structured/json_schema.h"
+#include "structured/token_mask.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     }
   }
   auto t0 = Clock::now();
-  auto trie = engine::TokenTrie::build(bytes, eos, special);
+  auto trie = structured::TokenTrie::build(bytes, eos, special);
   const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!trie) return 1;
   std::printf(
@@ -114,16 +114,16 @@ int main(int argc, char** argv) {
     const auto compile_start = Clock::now();
     std::string gbnf;
     if (sc.gbnf_or_schema.empty()) {
-      gbnf = engine::json_object_gbnf();
+      gbnf = structured::json_object_gbnf();
     } else {
-      auto g = engine::json_schema_to_gbnf(sc.gbnf_or_schema);
+      auto g = structured::json_schema_to_gbnf(sc.gbnf_or_schema);
       if (!g) {
         std::fprintf(stderr, "%s: %s\n", sc.name, g.error().message.c_str());
         return 1;
       }
       gbnf = *g;
     }
-    auto grammar = engine::Grammar::parse(gbnf);
+    auto grammar = structured::Grammar::parse(gbnf);
     if (!grammar) {
       std::fprintf(stderr, "%s: %s\n", sc.name, grammar.error().message.c_str());
       return 1;
@@ -134,10 +134,10 @@ int main(int argc, char** argv) {
     auto ids = t.encode(sc.instance);
     {
       // Walk cost alone: the DFA already built, the mask cache off.
-      engine::GrammarLimits lim;
+      structured::GrammarLimits lim;
       lim.max_masks = 0;
       std::vector<double> warm;
-      auto st = engine::GrammarState::create(*grammar, lim);
+      auto st = structured::GrammarState::create(*grammar, lim);
       std::vector<uint32_t> mask;
       for (size_t step = 0; step <= ids.size(); ++step) {
         st->allowed(*trie, mask);
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       size_t tokens = 0, allowed_sum = 0;
       int finished = 0;
       for (int r = 0; r < runs; ++r) {
-        auto st = engine::GrammarState::create(*grammar);
+        auto st = structured::GrammarState::create(*grammar);
         if (!st) return 1;
         std::mt19937 rng(static_cast<uint32_t>(r + 1));
         text.clear();

@@ -54,7 +54,7 @@ build_target gguf_fuzz src/gguf/gguf.h \
 # utf8proc is linked), and the structured-output fields (response_format / json_schema / grammar /
 # tool_choice -> JSON Schema -> GBNF -> compiled grammar) that parsing calls.
 build_target http_fuzz src/server/openai.h \
-  src/server/openai.cpp src/server/structured_output.cpp src/engine/grammar.cpp src/engine/json_schema.cpp \
+  src/server/openai.cpp src/server/structured_output.cpp src/structured/grammar.cpp src/structured/json_schema.cpp \
   src/tokenizer/chat_template.cpp src/tokenizer/unicode.cpp src/core/error.cpp tests/server/http_fuzz.cpp
 
 # Seeds: the first 4 KiB of every shared .gguf (header + part of the

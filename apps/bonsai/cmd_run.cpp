@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -77,23 +78,14 @@ core::Expected<engine::GenerationResult> generate_to_stdout(engine::InferenceEng
   return eng.generate_request(req);
 }
 
-// Options shared by run and chat.
+// Options shared by run and chat. The sampling flags write straight into
+// the engine's SamplingParams (llama.cpp's flag names, OpenAI's field names:
+// -n is max_tokens, --temp temperature); the CLI's -n default is 256.
 struct GenOptions {
   std::string model_path;
-  int32_t n_predict = 256;
-  float temp = 0.8f;
-  int32_t top_k = 40;
-  float top_p = 0.95f;
-  float min_p = 0.05f;
-  float repeat_penalty = 1.0f;
-  int32_t repeat_last_n = 64;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  int64_t seed = static_cast<int64_t>(engine::kDefaultSeed);
+  engine::SamplingParams sampling{.max_tokens = 256};
   int64_t ctx = 0;
   int threads = 0;
-  bool ignore_eos = false;
-  std::vector<std::string> stop;
   std::string q2_layout;             // --q2-layout, else env BONSAI_Q2_LAYOUT (as info/validate/logits)
   bool no_repack = false;            // --no-repack: weights stay zero-copy views
   std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
@@ -102,24 +94,34 @@ struct GenOptions {
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
-  cmd->add_option("-n,--n-predict", o.n_predict, "Tokens to generate (-1: until EOS or the context is full)")
+  engine::SamplingParams& p = o.sampling;
+  cmd->add_option("-n,--n-predict", p.max_tokens, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
-  cmd->add_option("--temp", o.temp, "Temperature (0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", o.top_k, "Top-k sampling (0: off)")->capture_default_str();
-  cmd->add_option("--top-p", o.top_p, "Top-p (nucleus) sampling (1.0: off)")->capture_default_str();
-  cmd->add_option("--min-p", o.min_p, "Min-p sampling (0.0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", o.repeat_penalty, "Repetition penalty (1.0: off)")->capture_default_str();
-  cmd->add_option("--repeat-last-n", o.repeat_last_n, "Tokens the penalties look back over (-1: all)")
+  cmd->add_option("--temp", p.temperature, "Temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", p.top_k, "Top-k sampling (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", p.top_p, "Top-p (nucleus) sampling (1.0: off)")->capture_default_str();
+  cmd->add_option("--min-p", p.min_p, "Min-p sampling (0.0: off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", p.repeat_penalty, "Repetition penalty (1.0: off)")->capture_default_str();
+  cmd->add_option("--repeat-last-n", p.repeat_last_n, "Tokens the penalties look back over (-1: all)")
       ->capture_default_str();
-  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty")->capture_default_str();
-  cmd->add_option("--frequency-penalty", o.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
-  cmd->add_option("-s,--seed", o.seed, "RNG seed (-1: random)")->capture_default_str();
+  cmd->add_option("--presence-penalty", p.presence_penalty, "OpenAI presence penalty")->capture_default_str();
+  cmd->add_option("--frequency-penalty", p.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
+  // A negative seed is a fresh one from the clock, taken when the flag is read.
+  cmd->add_option("-s,--seed", p.seed, "RNG seed (-1: random)")
+      ->transform([](const std::string& s) {
+        int64_t v = 0;
+        const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || ptr != s.data() + s.size() || v >= 0) return s;
+        return std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+      })
+      ->type_name("INT")
+      ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
       ->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "Compute threads (default, 0 or -1: physical cores)")
       ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
-  cmd->add_flag("--ignore-eos", o.ignore_eos, "Keep generating past end-of-generation tokens");
-  cmd->add_option("--stop", o.stop, "Stop string (repeatable); not printed");
+  cmd->add_flag("--ignore-eos", p.ignore_eos, "Keep generating past end-of-generation tokens");
+  cmd->add_option("--stop", p.stop, "Stop string (repeatable); not printed");
   cmd->add_option("--q2-layout", o.q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
   cmd->add_flag("--no-repack", o.no_repack, kNoRepackHelp);
@@ -133,24 +135,6 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--cache-type-v", o.cache_type_v, "KV cache type for V: f16, f32, q8_0")
       ->check(kv_type_ok)
       ->capture_default_str();
-}
-
-engine::SamplingParams to_params(const GenOptions& o) {
-  engine::SamplingParams p;
-  p.temperature = o.temp;
-  p.top_k = o.top_k;
-  p.top_p = o.top_p;
-  p.min_p = o.min_p;
-  p.repeat_penalty = o.repeat_penalty;
-  p.repeat_last_n = o.repeat_last_n;
-  p.presence_penalty = o.presence_penalty;
-  p.frequency_penalty = o.frequency_penalty;
-  p.seed = o.seed < 0 ? static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())
-                      : static_cast<uint64_t>(o.seed);
-  p.max_tokens = o.n_predict;
-  p.ignore_eos = o.ignore_eos;
-  p.stop = o.stop;
-  return p;
 }
 
 // The CLI's request preparation: an empty prompt starts from BOS alone, and
@@ -196,14 +180,9 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
     return std::nullopt;
   }
-  const engine::SamplingParams params = to_params(o);
-  if (auto ok = params.validate(); !ok) {
-    std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
-    return std::nullopt;
-  }
   engine::EngineOptions eo;
   eo.max_seq_len = o.ctx;
-  eo.params = params;
+  eo.params = o.sampling;  // validated by InferenceEngine::create
   eo.kv_type_k = model::parse_kv_type(o.cache_type_k).value_or(model::KvType::kF16);  // checked by the parser
   eo.kv_type_v = model::parse_kv_type(o.cache_type_v).value_or(model::KvType::kF16);
   auto eng = engine::InferenceEngine::create(*model, *tok, eo);
@@ -352,7 +331,7 @@ int run_main(RunOptions o) {
     // rendered ChatML conversation must reach the model as ChatML).
     in.prompt = o.prompt;
   }
-  auto prepared = engine::prepare_completion(tok, s->engine->max_seq_len(), to_params(o.gen), in, {}, kCliPrepare);
+  auto prepared = engine::prepare_completion(tok, s->engine->max_seq_len(), o.gen.sampling, in, {}, kCliPrepare);
   if (!prepared) {
     std::cerr << "bonsai run: " << prepared.error().error.message << "\n";
     return 1;
@@ -403,7 +382,7 @@ int chat_main(const ChatCliOptions& o) {
   const size_t n_fixed = msgs.size();
   tokenizer::ChatOptions co;
   co.enable_thinking = !o.no_think;
-  const engine::SamplingParams defaults = to_params(o.gen);  // as the engine's (validated by open_session)
+  const engine::SamplingParams& defaults = o.gen.sampling;  // as the engine's (validated by open_session)
 
   std::string line;
   while (true) {
@@ -485,7 +464,7 @@ void register_run(CLI::App& app) {
   });
 
   auto chat_opts = std::make_shared<ChatCliOptions>();
-  chat_opts->gen.n_predict = 1024;  // answers (with reasoning) run longer than one-shot runs
+  chat_opts->gen.sampling.max_tokens = 1024;  // answers (with reasoning) run longer than one-shot runs
   auto* chat = app.add_subcommand("chat", "Interactive multi-turn chat in the terminal");
   add_gen_flags(chat, chat_opts->gen);
   chat->add_option("--system", chat_opts->system, "System message");

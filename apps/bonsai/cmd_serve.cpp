@@ -82,8 +82,10 @@ struct ServeFlags {
   int queue_factor = 0;     // --queue-factor: requests waiting per sequence slot before 503 (default 4)
 };
 
-int serve_main(CLI::App* cmd, const ServeFlags& f) {
-  server::ServeConfig cfg;
+// The config file (--config), then every flag given on the command line
+// over it (the flags win). Returns 0, or the exit code of a failure after
+// reporting it (1: the file or a bad -m; kExitUsage: a blank --api-key).
+int read_serve_config(CLI::App* cmd, const ServeFlags& f, server::ServeConfig& cfg) {
   if (!f.config.empty()) {
     if (auto r = server::load_serve_toml(f.config, cfg); !r) {
       std::cerr << "bonsai serve: " << r.error().message << "\n";
@@ -138,6 +140,111 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (given("--write-timeout")) cfg.write_timeout_s = f.write_timeout;
   if (given("--max-body")) cfg.max_body_bytes = f.max_body;
   if (given("--queue-factor")) cfg.queue_factor = f.queue_factor;
+  return 0;
+}
+
+// The ModelSpec of every model named on the command line or in the config
+// (and the server's default for admin loads of new files): the pool and
+// scheduler settings of `cfg`, its KV types (validated before), the step
+// budget and `repack` (false: --no-repack / BONSAI_NO_REPACK=1; the config's
+// no-repack also turns it off).
+engine::ModelSpec base_model_spec(const server::ServeConfig& cfg, double step_budget_ms, bool repack) {
+  engine::ModelSpec base;
+  base.pool_size = cfg.pool_size;
+  base.parallel = cfg.parallel;
+  base.queue_factor = std::max(1, cfg.queue_factor);  // 0 meant 1 (x the slots) before the bound moved: still so
+  base.ctx_size = cfg.ctx_size;
+  base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
+  base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
+  base.kv_budget_tokens = cfg.kv_budget_tokens;
+  base.batch_size = cfg.batch_size;
+  base.step_budget_ms = step_budget_ms;
+  base.prompt_cache = !cfg.no_cache_prompt;
+  base.repack = repack && !cfg.no_repack;  // --no-repack / BONSAI_NO_REPACK=1, or the config's
+  return base;
+}
+
+// Loads the models to preload (the config's [router] preload, else the first
+// `capacity` models) and reports each one still resident. False after
+// reporting a model that failed to load.
+bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, size_t capacity) {
+  std::vector<std::string> preload = cfg.preload;
+  if (!cfg.preload_set)
+    for (size_t i = 0; i < cfg.models.size() && i < capacity; ++i) preload.push_back(cfg.models[i].id);
+  // Preloads; "loaded" is reported only once all are done, and only for the
+  // models still resident then: with a memory budget (or --models-max) a
+  // later preload can evict an earlier one, which then loads on first use.
+  // (Only weak references are kept, so an evicted model's memory is freed
+  // before the next one loads.)
+  struct Preloaded {
+    std::string id;
+    std::weak_ptr<engine::LoadedModel> model;
+    std::string line;  // the "loaded" line to print if it is still resident
+  };
+  std::vector<Preloaded> preloaded;
+  for (const auto& id : preload) {
+    auto m = pool.acquire(id);
+    if (!m) {
+      std::cerr << "bonsai serve: cannot load model '" << id << "': " << m.error().message << "\n";
+      return false;
+    }
+    std::string line = "bonsai serve: loaded '" + id + "' from " + (*m)->spec.path + ": " +
+                       std::to_string((*m)->scheduler ? (*m)->scheduler->options().max_sequences : 0) +
+                       " parallel sequences, context " + std::to_string((*m)->n_ctx) + ", ~" +
+                       std::to_string((*m)->mem_bytes >> 20) + " MiB";
+    if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
+      line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
+              ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
+    if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
+    preloaded.push_back({id, m->shared(), std::move(line)});
+    m->release();
+  }
+  for (const auto& p : preloaded) {
+    const auto resident = pool.peek(p.id);
+    if (resident != nullptr && resident == p.model.lock()) {
+      std::cerr << p.line << "\n";
+    } else {
+      std::cerr << "bonsai serve: '" << p.id
+                << "' was evicted at start-up to make room for a later model (--mem-budget " << cfg.mem_budget_mb
+                << " MiB, --models-max " << capacity << "); it loads on first use\n";
+    }
+  }
+  return true;
+}
+
+// The server's options from `cfg` (warning about an unauthenticated
+// network-facing host); `base` is the spec of admin loads of new files.
+server::ServerOptions server_options(const server::ServeConfig& cfg, const engine::ModelSpec& base) {
+  server::ServerOptions so;
+  so.host = cfg.host;
+  so.port = cfg.port;
+  so.api_key = cfg.api_key;
+  so.admin_open = cfg.admin_open;
+  if (cfg.api_key.empty() && !server::is_loopback_host(cfg.host)) {
+    std::cerr << "bonsai serve: warning: listening on " << cfg.host
+              << " with no --api-key: anyone who reaches it can use the API"
+              << (cfg.admin_open ? " and the admin routes (--admin-open)"
+                                 : "; the admin routes answer 403 (--api-key, or --admin-open)")
+              << "\n";
+  }
+  so.max_body_bytes = cfg.max_body_bytes;
+  so.timeout_s = cfg.timeout_s;
+  so.default_model = cfg.models.front().id;
+  so.default_spec = base;
+  if (cfg.seed_set) so.default_seed = cfg.seed;
+  so.parse_reasoning = cfg.reasoning_format == "deepseek";
+  so.max_connections = cfg.max_connections;
+  so.header_timeout_s = cfg.header_timeout_s;
+  so.body_timeout_s = cfg.body_timeout_s;
+  so.idle_timeout_s = cfg.keep_alive_timeout_s;
+  so.write_timeout_s = cfg.write_timeout_s;
+  so.cors_origin = cfg.cors_origin;
+  return so;
+}
+
+int serve_main(CLI::App* cmd, const ServeFlags& f) {
+  server::ServeConfig cfg;
+  if (const int rc = read_serve_config(cmd, f, cfg); rc != 0) return rc;
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
   // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
@@ -175,10 +282,10 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     return 1;
   }
   // glibc gives each thread that allocates its own malloc arena (up to 8 x
-  // cores). The server's many connection threads each run generations with
-  // large short-lived buffers (logits, sampler candidates), so RSS creeps up
-  // with fragmentation across arenas under concurrency (measured: +17% in
-  // 30 s with 32 clients; flat with 2 arenas at the same throughput).
+  // cores). The transport's worker threads (request bodies, JSON, SSE
+  // chunks), each model's step loop and the loaders all allocate short-lived
+  // buffers, so RSS creeps up with fragmentation across many arenas under
+  // concurrency; a few arenas keep it flat at the same throughput.
   // MALLOC_ARENA_MAX in the environment still wins.
   if (std::getenv("MALLOC_ARENA_MAX") == nullptr) {
     const int hw = static_cast<int>(std::thread::hardware_concurrency());
@@ -192,95 +299,22 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   // first one stops the server gracefully, a second one exits at once.
   server::ShutdownSignals::block();
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the process
-
   const size_t capacity =
       cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max) : std::max<size_t>(1, cfg.models.size());
   auto pool = std::make_shared<engine::ModelPool>(capacity, cfg.mem_budget_mb, engine::gguf_model_loader(),
                                                   engine::gguf_model_estimator());
-  engine::ModelSpec base;
-  base.pool_size = cfg.pool_size;
-  base.parallel = cfg.parallel;
-  base.queue_factor = std::max(1, cfg.queue_factor);  // 0 meant 1 (x the slots) before the bound moved: still so
-  base.ctx_size = cfg.ctx_size;
-  base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
-  base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
-  base.kv_budget_tokens = cfg.kv_budget_tokens;
-  base.batch_size = cfg.batch_size;
-  base.step_budget_ms = given("--step-budget-ms") ? f.step_budget_ms : cfg.step_budget_ms;
-  base.prompt_cache = !cfg.no_cache_prompt;
-  base.repack = rt->open_options.repack && !cfg.no_repack;  // --no-repack / BONSAI_NO_REPACK=1, or the config's
+  const bool budget_given = cmd->get_option("--step-budget-ms")->count() > 0;
+  const engine::ModelSpec base =
+      base_model_spec(cfg, budget_given ? f.step_budget_ms : cfg.step_budget_ms, rt->open_options.repack);
   for (const auto& m : cfg.models) {
     engine::ModelSpec spec = base;
     spec.path = m.path;
     spec.q2_layout = q2_layout;  // these models only: admin loads of new files detect theirs
     pool->loader_register(m.id, spec);
   }
-  std::vector<std::string> preload = cfg.preload;
-  if (!cfg.preload_set)
-    for (size_t i = 0; i < cfg.models.size() && i < capacity; ++i) preload.push_back(cfg.models[i].id);
-  // Preloads; "loaded" is reported only once all are done, and only for the
-  // models still resident then: with a memory budget (or --models-max) a
-  // later preload can evict an earlier one, which then loads on first use.
-  // (Only weak references are kept, so an evicted model's memory is freed
-  // before the next one loads.)
-  struct Preloaded {
-    std::string id;
-    std::weak_ptr<engine::LoadedModel> model;
-    std::string line;  // the "loaded" line to print if it is still resident
-  };
-  std::vector<Preloaded> preloaded;
-  for (const auto& id : preload) {
-    auto m = pool->acquire(id);
-    if (!m) {
-      std::cerr << "bonsai serve: cannot load model '" << id << "': " << m.error().message << "\n";
-      return 1;
-    }
-    std::string line = "bonsai serve: loaded '" + id + "' from " + (*m)->spec.path + ": " +
-                       std::to_string((*m)->scheduler ? (*m)->scheduler->options().max_sequences : 0) +
-                       " parallel sequences, context " + std::to_string((*m)->n_ctx) + ", ~" +
-                       std::to_string((*m)->mem_bytes >> 20) + " MiB";
-    if (const auto layout = (*m)->model ? (*m)->model->file().q2_layout() : std::nullopt)
-      line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
-              ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
-    if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
-    preloaded.push_back({id, m->shared(), std::move(line)});
-    m->release();
-  }
-  for (const auto& p : preloaded) {
-    const auto resident = pool->peek(p.id);
-    if (resident != nullptr && resident == p.model.lock()) {
-      std::cerr << p.line << "\n";
-    } else {
-      std::cerr << "bonsai serve: '" << p.id
-                << "' was evicted at start-up to make room for a later model (--mem-budget " << cfg.mem_budget_mb
-                << " MiB, --models-max " << capacity << "); it loads on first use\n";
-    }
-  }
+  if (!preload_models(*pool, cfg, capacity)) return 1;
 
-  server::ServerOptions so;
-  so.host = cfg.host;
-  so.port = cfg.port;
-  so.api_key = cfg.api_key;
-  so.admin_open = cfg.admin_open;
-  if (cfg.api_key.empty() && !server::is_loopback_host(cfg.host)) {
-    std::cerr << "bonsai serve: warning: listening on " << cfg.host
-              << " with no --api-key: anyone who reaches it can use the API"
-              << (cfg.admin_open ? " and the admin routes (--admin-open)"
-                                 : "; the admin routes answer 403 (--api-key, or --admin-open)")
-              << "\n";
-  }
-  so.max_body_bytes = cfg.max_body_bytes;
-  so.timeout_s = cfg.timeout_s;
-  so.default_model = cfg.models.front().id;
-  so.default_spec = base;
-  if (cfg.seed_set) so.default_seed = cfg.seed;
-  so.parse_reasoning = cfg.reasoning_format == "deepseek";
-  so.max_connections = cfg.max_connections;
-  so.header_timeout_s = cfg.header_timeout_s;
-  so.body_timeout_s = cfg.body_timeout_s;
-  so.idle_timeout_s = cfg.keep_alive_timeout_s;
-  so.write_timeout_s = cfg.write_timeout_s;
-  so.cors_origin = cfg.cors_origin;
+  const server::ServerOptions so = server_options(cfg, base);
   server::Server srv(pool, so);
   auto port = srv.bind();
   if (!port) {

@@ -86,18 +86,8 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
                   prompt_field, "context_length_exceeded");
   }
 
-  // 4. Sampling: the defaults, overridden by what the request says.
-  SamplingParams p = defaults;
-  if (over.temperature) p.temperature = *over.temperature;
-  if (over.top_p) p.top_p = *over.top_p;
-  if (over.top_k) p.top_k = *over.top_k;
-  if (over.min_p) p.min_p = *over.min_p;
-  if (over.repeat_penalty) p.repeat_penalty = *over.repeat_penalty;
-  if (over.presence_penalty) p.presence_penalty = *over.presence_penalty;
-  if (over.frequency_penalty) p.frequency_penalty = *over.frequency_penalty;
-  p.max_tokens = static_cast<int32_t>(max_tokens);
-  if (over.stop) p.stop = *over.stop;
-  if (over.ignore_eos) p.ignore_eos = *over.ignore_eos;
+  // 4. Sampling: the defaults, overridden by what the request says (the
+  // seed too), max_tokens as resolved against the context above.
   if (over.logit_bias) {
     for (const auto& [id, bias] : *over.logit_bias) {
       if (id >= tok.n_vocab())
@@ -106,11 +96,9 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
                           std::to_string(tok.n_vocab()) + ").",
                       "logit_bias", "invalid_value");
     }
-    p.logit_bias = *over.logit_bias;
   }
-  if (over.grammar) p.grammar = *over.grammar;
-  if (over.logprobs) p.logprobs = *over.logprobs;
-  if (over.prompt_logprobs) p.prompt_logprobs = *over.prompt_logprobs;
+  SamplingParams p = apply_overrides(defaults, over);
+  p.max_tokens = static_cast<int32_t>(max_tokens);
   if (auto v = p.validate(); !v) return refuse(Errc::kInvalidArgument, v.error().message);
   out.params = std::move(p);
   return out;

@@ -13,8 +13,9 @@
 //   3. the context check: prompt + max_tokens against n_ctx (max_tokens
 //      unset: what the context leaves), with OpenAI's
 //      context_length_exceeded message;
-//   4. SamplingParams: the defaults, overridden field by field, logit_bias
-//      ids checked against the vocabulary, then SamplingParams::validate.
+//   4. SamplingParams: the defaults with the request's SamplingOverrides
+//      applied (engine/sampling.h: the one merge), logit_bias ids checked
+//      against the vocabulary, then SamplingParams::validate.
 //
 // Pure: no model, no I/O; the tokenizer is only read.
 #pragma once
@@ -43,25 +44,6 @@ struct CompletionInput {
   tokenizer::ChatOptions chat_options;
   std::string prompt;               // raw prompt text (control-token text parsed as those tokens)
   std::vector<int32_t> prompt_ids;  // raw prompt as token ids; non-empty: used instead of `prompt`
-};
-
-// A request's sampling fields; unset ones keep the defaults. Names as in
-// SamplingParams (OpenAI's / llama.cpp's).
-struct SamplingOverrides {
-  std::optional<float> temperature;
-  std::optional<float> top_p;
-  std::optional<int32_t> top_k;
-  std::optional<float> min_p;
-  std::optional<float> repeat_penalty;
-  std::optional<float> presence_penalty;
-  std::optional<float> frequency_penalty;
-  std::optional<int32_t> max_tokens;
-  std::optional<std::vector<std::string>> stop;
-  std::optional<bool> ignore_eos;
-  std::optional<std::vector<std::pair<int32_t, float>>> logit_bias;  // (token id, bias)
-  std::optional<std::shared_ptr<const Grammar>> grammar;             // constrained decoding (nullptr: none)
-  std::optional<int32_t> logprobs;                                   // top alternatives per sampled token (< 0: off)
-  std::optional<int32_t> prompt_logprobs;                            // same per prompt token (echo; < 0: off)
 };
 
 struct PrepareOptions {
@@ -104,7 +86,7 @@ struct PrepareError {
 // Prepares `in` for a model with context `n_ctx` (tokens) and tokenizer
 // `tok`: see the steps above. `defaults`: the model's or the command
 // line's sampling; its max_tokens applies when `over` has none (< 0: the
-// rest of the context). The seed is the caller's (left as in `defaults`).
+// rest of the context). The seed: `over.seed` when set, else `defaults`'.
 std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokenizer::Tokenizer& tok, int64_t n_ctx,
                                                                    const SamplingParams& defaults,
                                                                    const CompletionInput& in,

@@ -8,10 +8,10 @@
 
 #include "engine/inference_engine.h"  // InferenceEngine, EngineOptions
 #include "engine/sampling.h"          // SamplingParams
-#include "engine/vocab_trie.h"        // SharedTokenTrie
 #include "gguf/gguf.h"                // File (estimate)
 #include "model/config.h"             // ModelConfig (estimate)
 #include "model/model.h"              // Model::load
+#include "structured/vocab_trie.h"    // SharedTokenTrie
 #include "tokenizer/tokenizer.h"      // Tokenizer::from_gguf
 
 namespace bonsai::engine {
@@ -81,7 +81,7 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   opts.params.seed = seed;
   opts.kv_type_k = type_k;
   opts.kv_type_v = type_v;
-  opts.token_trie = std::make_shared<SharedTokenTrie>(*tok);  // one per model, built on first grammar use
+  opts.token_trie = std::make_shared<structured::SharedTokenTrie>(*tok);  // one per model, built on first grammar use
 
   // One KV block pool for every replica: the model's KV budget.
   const int64_t bs = kv_block_size_for(opts.max_seq_len);

@@ -8,12 +8,12 @@
 #include <string>
 #include <utility>
 
-#include "core/thread_pool.h"     // ThreadPool, global_pool
-#include "engine/text_emitter.h"  // TextEmitter
-#include "engine/token_mask.h"    // GrammarState, TokenTrie
-#include "engine/vocab_trie.h"    // SharedTokenTrie
-#include "model/model.h"          // Model, KvCache, Workspace, Batch
-#include "tokenizer/tokenizer.h"  // Tokenizer
+#include "core/thread_pool.h"       // ThreadPool, global_pool
+#include "engine/text_emitter.h"    // TextEmitter
+#include "model/model.h"            // Model, KvCache, Workspace, Batch
+#include "structured/token_mask.h"  // GrammarState, TokenTrie
+#include "structured/vocab_trie.h"  // SharedTokenTrie
+#include "tokenizer/tokenizer.h"    // Tokenizer
 
 namespace bonsai::engine {
 
@@ -47,9 +47,9 @@ struct InferenceEngine::Impl {
   EngineStats stats;
   std::shared_ptr<RequestRateAggregator> metrics;
   int64_t n_vocab = 0;
-  std::shared_ptr<SharedTokenTrie> trie;  // the model's vocabulary trie (grammar requests)
-  std::vector<uint32_t> mask;             // grammar mask scratch: bit id = allowed
-  std::vector<float> masked;              // [n_vocab] logits with the grammar mask applied
+  std::shared_ptr<structured::SharedTokenTrie> trie;  // the model's vocabulary trie (grammar requests)
+  std::vector<uint32_t> mask;                         // grammar mask scratch: bit id = allowed
+  std::vector<float> masked;                          // [n_vocab] logits with the grammar mask applied
 
   // The stepwise generation in progress (start .. finish).
   struct Seq {
@@ -70,8 +70,8 @@ struct InferenceEngine::Impl {
     bool prefilled = false;
     // Constrained decoding (SamplingParams::grammar): this generation's
     // matcher state and the model's trie (owned by `trie` above).
-    std::optional<GrammarState> grammar;
-    const TokenTrie* vocab = nullptr;
+    std::optional<structured::GrammarState> grammar;
+    const structured::TokenTrie* vocab = nullptr;
     bool keep_tail = false;       // StartOptions::keep_tail
     std::vector<int32_t> replay;  // after suspend(): the tokens to recompute (positions 0..)
     // start_embedding: the prompt is the input; its hidden rows are pooled.
@@ -129,7 +129,8 @@ core::Expected<InferenceEngine> InferenceEngine::create(std::shared_ptr<const mo
   impl->sampler = Sampler(std::move(options.params));
   impl->n_vocab = cfg.n_vocab;
   impl->logits.assign(static_cast<size_t>(cfg.n_vocab), 0.0f);
-  impl->trie = options.token_trie ? std::move(options.token_trie) : std::make_shared<SharedTokenTrie>(impl->tok);
+  impl->trie =
+      options.token_trie ? std::move(options.token_trie) : std::make_shared<structured::SharedTokenTrie>(impl->tok);
   return InferenceEngine(std::move(impl));
 }
 
@@ -259,12 +260,12 @@ core::Expected<void> InferenceEngine::start(const GenerateRequest& req, const St
     if (auto ok = req.params->validate(); !ok) return std::unexpected(ok.error());
   }
   // The grammar's matcher state: built first, so an error leaves nothing to undo.
-  std::optional<GrammarState> grammar;
-  const TokenTrie* vocab = nullptr;
+  std::optional<structured::GrammarState> grammar;
+  const structured::TokenTrie* vocab = nullptr;
   if (const auto& g = req.params ? req.params->grammar : m.sampler.params().grammar; g) {
     auto t = m.trie->get();
     if (!t) return std::unexpected(t.error());
-    auto st = GrammarState::create(g);
+    auto st = structured::GrammarState::create(g);
     if (!st) return std::unexpected(st.error());
     vocab = *t;
     grammar.emplace(std::move(*st));
@@ -590,8 +591,8 @@ void InferenceEngine::accept_logits(std::span<const float> logits) {
 }
 
 int32_t InferenceEngine::Impl::sample_constrained(std::span<const float> in) {
-  GrammarState& g = *seq.grammar;
-  const TokenTrie& trie = *seq.vocab;
+  structured::GrammarState& g = *seq.grammar;
+  const structured::TokenTrie& trie = *seq.vocab;
   const SamplingParams& params = sampler.params();
   // Greedy: the unconstrained arg-max, when the grammar allows it, is also
   // the arg-max of the masked logits (masking only lowers logits to -inf,

@@ -53,9 +53,11 @@ namespace bonsai::tokenizer {
 class Tokenizer;
 }
 
-namespace bonsai::engine {
+namespace bonsai::structured {
+class SharedTokenTrie;  // structured/vocab_trie.h
+}
 
-class SharedTokenTrie;  // engine/vocab_trie.h
+namespace bonsai::engine {
 
 // Why generation ended. Names are OpenAI's finish_reason strings.
 enum class FinishReason : uint8_t {
@@ -86,7 +88,7 @@ struct EngineOptions {
   // The model's vocabulary trie for grammar-constrained sampling
   // (SamplingParams::grammar), shared by every replica of one model and built
   // on the first request with a grammar. nullptr: this replica makes its own.
-  std::shared_ptr<SharedTokenTrie> token_trie;
+  std::shared_ptr<structured::SharedTokenTrie> token_trie;
   // The model's shared KV block pool (one budget for every replica; see
   // model::KvPool). nullptr: the replica gets a standalone cache of
   // max_seq_len positions. Set: its types must be the K/V types above and
@@ -146,7 +148,8 @@ struct GenerationResult {
   std::vector<float> embedding;
 };
 
-// The general form every generate* maps onto (the server uses it directly).
+// The general form every generate* maps onto (the scheduler builds one per
+// choice of a job; the server reaches the engine only through the scheduler).
 struct GenerateRequest {
   std::span<const int32_t> prompt;            // token ids incl. BOS if wanted; borrowed for the call
   std::optional<SamplingParams> params;       // set: generate_with_params semantics

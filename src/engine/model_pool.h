@@ -11,7 +11,7 @@
 // counts in current_mem_bytes().
 //
 // The loader is injectable, so the pool's bookkeeping is unit-tested without
-// real models; the server uses gguf_model_loader() (engine_pool.h).
+// real models; the server uses gguf_model_loader() (declared below).
 //
 // Concurrency: one mutex (mu_) guards entries_, zombies_, registry_, tick_
 // and bg_threads_. It is never held while a model loads, so loading one model

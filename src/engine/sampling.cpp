@@ -70,6 +70,25 @@ core::Expected<void> SamplingParams::validate() const {
   return {};
 }
 
+SamplingParams apply_overrides(SamplingParams p, const SamplingOverrides& over) {
+  if (over.temperature) p.temperature = *over.temperature;
+  if (over.top_p) p.top_p = *over.top_p;
+  if (over.top_k) p.top_k = *over.top_k;
+  if (over.min_p) p.min_p = *over.min_p;
+  if (over.repeat_penalty) p.repeat_penalty = *over.repeat_penalty;
+  if (over.presence_penalty) p.presence_penalty = *over.presence_penalty;
+  if (over.frequency_penalty) p.frequency_penalty = *over.frequency_penalty;
+  if (over.seed) p.seed = *over.seed;
+  if (over.max_tokens) p.max_tokens = *over.max_tokens;
+  if (over.stop) p.stop = *over.stop;
+  if (over.ignore_eos) p.ignore_eos = *over.ignore_eos;
+  if (over.logit_bias) p.logit_bias = *over.logit_bias;
+  if (over.grammar) p.grammar = *over.grammar;
+  if (over.logprobs) p.logprobs = *over.logprobs;
+  if (over.prompt_logprobs) p.prompt_logprobs = *over.prompt_logprobs;
+  return p;
+}
+
 // ---- Rng -------------------------------------------------------------------------
 
 void Rng::reseed(uint64_t seed) {

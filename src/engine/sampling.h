@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -43,9 +44,11 @@
 
 #include "core/error.h"  // core::Expected
 
-namespace bonsai::engine {
+namespace bonsai::structured {
+class Grammar;  // structured/grammar.h
+}
 
-class Grammar;  // engine/grammar.h
+namespace bonsai::engine {
 
 // Default seed of an engine that was given none (fixed, so runs repeat).
 inline constexpr uint64_t kDefaultSeed = 0x5EED;
@@ -79,7 +82,7 @@ struct SamplingParams {
   // InferenceEngine before stage 0 (disallowed logits become -inf), per
   // sequence; each generation gets its own matcher state. Immutable, shared
   // by the requests (and n > 1 choices) that use it. nullptr: unconstrained.
-  std::shared_ptr<const Grammar> grammar;
+  std::shared_ptr<const structured::Grammar> grammar;
   // Log probabilities (vLLM's SamplingParams names; engine/logprobs.h says
   // what the values are: log-softmax of the RAW logits, before stage 0).
   // < 0: off. k in [0, kMaxTopLogprobs]: every sampled token's log
@@ -98,6 +101,35 @@ struct SamplingParams {
   // <= kMaxTopLogprobs). Errors: kInvalidArgument naming the field and the valid range.
   core::Expected<void> validate() const;
 };
+
+// What one request (an HTTP body, server/openai.h) says about sampling,
+// field by field; an unset field keeps the defaults it is applied to (the
+// model's, or the command line's). The request's side of SamplingParams:
+// the same names (OpenAI's / llama.cpp's), parsed into here once and merged
+// by apply_overrides (prepare_completion, engine/completion.h). Range checks
+// are SamplingParams::validate's, after the merge.
+struct SamplingOverrides {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repeat_penalty;
+  std::optional<float> presence_penalty;
+  std::optional<float> frequency_penalty;
+  std::optional<uint64_t> seed;  // the request's seed (the server fills in its default or a fresh one)
+  std::optional<int32_t> max_tokens;
+  std::optional<std::vector<std::string>> stop;
+  std::optional<bool> ignore_eos;
+  std::optional<std::vector<std::pair<int32_t, float>>> logit_bias;   // (token id, bias)
+  std::optional<std::shared_ptr<const structured::Grammar>> grammar;  // constrained decoding (nullptr: none)
+  std::optional<int32_t> logprobs;                                    // top alternatives per sampled token (< 0: off)
+  std::optional<int32_t> prompt_logprobs;                             // same per prompt token (echo; < 0: off)
+};
+
+// `defaults` with every field `over` sets replaced by its value. No checks
+// (SamplingParams::validate checks the result; logit_bias ids against a
+// vocabulary are the caller's).
+SamplingParams apply_overrides(SamplingParams defaults, const SamplingOverrides& over);
 
 // xoshiro256** 1.0 (Blackman & Vigna, https://prng.di.unimi.it/xoshiro256starstar.c),
 // seeded by running splitmix64 (Vigna, https://prng.di.unimi.it/splitmix64.c)

@@ -357,7 +357,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
   GenerateRequest gr;
   gr.prompt = job.req.prompt;
   gr.params = job.req.params;
-  gr.seed = job.req.seed + static_cast<uint64_t>(choice);
+  gr.seed = job.req.params.seed + static_cast<uint64_t>(choice);
   gr.cancel = &job.handle->cancel_;
   gr.tracker = &live->tracker;
   JobHandle* h = job.handle.get();

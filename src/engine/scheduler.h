@@ -45,7 +45,7 @@
 // A job with n > 1 choices computes its prompt once: choice 0 prefills;
 // the other choices start when its prompt logits exist, in slots that get a
 // copy of the prompt's KV (or already hold it), sampling from those logits.
-// Choice i samples with seed + i.
+// Choice i samples with params.seed + i.
 //
 // Embeddings (submit_embedding): each input of the job is one sequence,
 // admitted like a choice (its own slot, the same queue, KV admission,
@@ -183,10 +183,9 @@ class StepCost {
 
 // What one submitted request asks for.
 struct CompletionJob {
-  std::vector<int32_t> prompt;   // token ids (BOS included when wanted); non-empty
-  SamplingParams params;         // validated by the caller (submit re-checks)
-  uint64_t seed = kDefaultSeed;  // choice i samples with seed + i
-  int n = 1;                     // choices, >= 1
+  std::vector<int32_t> prompt;  // token ids (BOS included when wanted); non-empty
+  SamplingParams params;        // validated by the caller (submit re-checks); choice i samples with params.seed + i
+  int n = 1;                    // choices, >= 1
   // Still queued at the deadline: kFailed with kTimeout. Running past it:
   // the choice ends with finish_reason kLength and timed_out = true.
   Clock::time_point deadline = Clock::time_point::max();

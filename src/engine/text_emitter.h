@@ -7,7 +7,8 @@
 //     text before it is released, the stop string and everything after it
 //     are dropped, and the emitter is stopped.
 // The concatenation of everything released equals the non-streamed answer.
-// Used by InferenceEngine and by the server (one instance per choice).
+// Used by InferenceEngine, one instance per generation (so per choice of a
+// scheduler job); the server streams what it releases (JobEvent::text).
 #pragma once
 
 #include <string>

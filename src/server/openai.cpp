@@ -44,36 +44,41 @@ ApiError overloaded(std::string message, std::string code, int retry_after_s) {
 
 namespace {
 
-const char* json_type_name(const json& v) {
+// Request bodies are read in document order (tool schemas and object-valued
+// tool-call arguments keep the client's key order through the chat
+// template's tojson), parsed once per request.
+using Json = nlohmann::ordered_json;
+
+const char* json_type_name(const Json& v) {
   switch (v.type()) {
-    case json::value_t::null:
+    case Json::value_t::null:
       return "null";
-    case json::value_t::boolean:
+    case Json::value_t::boolean:
       return "boolean";
-    case json::value_t::string:
+    case Json::value_t::string:
       return "string";
-    case json::value_t::array:
+    case Json::value_t::array:
       return "array";
-    case json::value_t::object:
+    case Json::value_t::object:
       return "object";
-    case json::value_t::number_float:
+    case Json::value_t::number_float:
       return "number";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
       return "integer";
     default:
       return "unknown";
   }
 }
 
-ApiError wrong_type(const std::string& field, const char* expected, const json& got) {
+ApiError wrong_type(const std::string& field, const char* expected, const Json& got) {
   return bad_request(
       "Invalid type for '" + field + "': expected " + expected + ", but got " + json_type_name(got) + ".", field,
       "invalid_type");
 }
 
 // Reads an optional number in [lo, hi]; null means absent.
-std::optional<ApiError> get_number(const json& body, const char* field, double lo, double hi,
+std::optional<ApiError> get_number(const Json& body, const char* field, double lo, double hi,
                                    std::optional<float>& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -89,7 +94,7 @@ std::optional<ApiError> get_number(const json& body, const char* field, double l
 }
 
 // Reads an optional integer in [lo, hi]; 3.0 counts as an integer, 3.5 does not.
-std::optional<ApiError> get_int(const json& body, const char* field, int64_t lo, int64_t hi,
+std::optional<ApiError> get_int(const Json& body, const char* field, int64_t lo, int64_t hi,
                                 std::optional<int64_t>& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -121,7 +126,7 @@ std::optional<ApiError> get_int(const json& body, const char* field, int64_t lo,
   return std::nullopt;
 }
 
-std::optional<ApiError> get_bool(const json& body, const char* field, bool& out) {
+std::optional<ApiError> get_bool(const Json& body, const char* field, bool& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) return wrong_type(field, "a boolean", *it);
@@ -135,16 +140,16 @@ ApiError missing(const std::string& field) {
 
 // An optional string member `key` of `obj` (null means absent); `where` is
 // obj's path ("" for the request body itself).
-std::optional<ApiError> check_optional_string(const json& obj, const char* key, const std::string& where) {
+std::optional<ApiError> check_optional_string(const Json& obj, const char* key, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null() || it->is_string()) return std::nullopt;
   return wrong_type(where.empty() ? std::string(key) : where + "." + key, "a string", *it);
 }
 
 // The function-tool names declared in `tools` (validated by parse_tools).
-std::vector<std::string> tool_names(const json& tools) {
+std::vector<std::string> tool_names(const Json& tools) {
   std::vector<std::string> names;
-  for (const json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
+  for (const Json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
   return names;
 }
 
@@ -156,13 +161,13 @@ std::vector<std::string> tool_names(const json& tools) {
 // Then `tool_choice`: "none" | "auto" | "required", or {"type": "function",
 // "function": {"name": one of the tools}}; anything but "none"/"auto" needs
 // tools. And `parallel_tool_calls`: a boolean.
-std::optional<ApiError> parse_tools(const json& body) {
-  const json* tools = nullptr;
+std::optional<ApiError> parse_tools(const Json& body) {
+  const Json* tools = nullptr;
   if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
     if (!t->is_array()) return wrong_type("tools", "an array", *t);
     tools = &*t;
     for (size_t i = 0; i < t->size(); ++i) {
-      const json& tool = (*t)[i];
+      const Json& tool = (*t)[i];
       const std::string where = "tools[" + std::to_string(i) + "]";
       if (!tool.is_object()) return wrong_type(where, "an object", tool);
       auto type = tool.find("type");
@@ -243,7 +248,7 @@ std::optional<ApiError> parse_tools(const json& body) {
 // {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name":
 // string, "description"?: string, "schema"?: object, "strict"?: boolean}}.
 // The shape is checked here; build_output_grammar (structured_output.h) turns it into the grammar.
-std::optional<ApiError> check_response_format(const json& body) {
+std::optional<ApiError> check_response_format(const Json& body) {
   auto it = body.find("response_format");
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_object()) return wrong_type("response_format", "an object", *it);
@@ -270,11 +275,10 @@ std::optional<ApiError> check_response_format(const json& body) {
 }
 
 // `messages`: the array is checked here, each message by the one OpenAI
-// message reader (tokenizer::parse_chat_message) on `ordered`, the body in
-// document order (object-valued tool-call arguments keep the client's key
-// order, as the chat template's tojson writes them).
-std::optional<ApiError> parse_messages(const json& body, const nlohmann::ordered_json& ordered,
-                                       CompletionRequest& out) {
+// message reader (tokenizer::parse_chat_message), on the body in document
+// order (object-valued tool-call arguments keep the client's key order, as
+// the chat template's tojson writes them).
+std::optional<ApiError> parse_messages(const Json& body, CompletionRequest& out) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null())
     return bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
@@ -282,9 +286,8 @@ std::optional<ApiError> parse_messages(const json& body, const nlohmann::ordered
   if (it->empty())
     return bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages",
                        "empty_array");
-  const nlohmann::ordered_json& messages = ordered.at("messages");
-  for (size_t i = 0; i < messages.size(); ++i) {
-    auto msg = tokenizer::parse_chat_message(messages[i], i);
+  for (size_t i = 0; i < it->size(); ++i) {
+    auto msg = tokenizer::parse_chat_message((*it)[i], i);
     if (!msg) return bad_request(msg.error().message, msg.error().param, msg.error().code);
     out.messages.push_back(std::move(*msg));
   }
@@ -297,10 +300,11 @@ std::optional<ApiError> parse_messages(const json& body, const nlohmann::ordered
       return e;
     }
   }
+  if (auto t = body.find("tools"); t != body.end() && t->is_array()) out.tools = *t;
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
+std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null())
     return bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
@@ -311,7 +315,7 @@ std::optional<ApiError> parse_prompt(const json& body, CompletionRequest& out) {
   if (!it->is_array()) return wrong_type("prompt", "a string, an array of strings or an array of tokens", *it);
   if (it->empty()) return bad_request("Invalid 'prompt': empty array.", "prompt", "empty_array");
   if ((*it)[0].is_number_integer()) {
-    for (const json& v : *it) {
+    for (const Json& v : *it) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max())
         return bad_request("Invalid 'prompt': a token array must hold non-negative integers.", "prompt",
                            "invalid_value");
@@ -352,45 +356,41 @@ bool json_nesting_exceeds(std::string_view text, int max_depth) {
   return false;
 }
 
-std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
-                                                 CompletionRequest& out) {
-  out = CompletionRequest{};
-  out.endpoint = endpoint;
+namespace {
+
+// The body text as a JSON object (parsed once, in document order), or the
+// 400 saying why not.
+std::optional<ApiError> parse_body(std::string_view body_text, Json& body) {
   if (json_nesting_exceeds(body_text, kMaxJsonDepth))
     return bad_request(
         "The JSON body of your request nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) + " levels.",
         {}, "invalid_json");
-  json body = json::parse(body_text, nullptr, /*allow_exceptions=*/false);
+  body = Json::parse(body_text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded())
     return bad_request(
         "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
         "your HTTP library correctly. The OpenAI API expects a JSON payload.)",
         {}, "invalid_json");
   if (!body.is_object()) return bad_request("The request body must be a JSON object.", {}, "invalid_json");
+  return std::nullopt;
+}
 
+// `model`, then what is generated from: chat `messages` (+ tools) or
+// completions `prompt`.
+std::optional<ApiError> parse_input(const Json& body, Endpoint endpoint, CompletionRequest& out) {
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return wrong_type("model", "a string", *it);
     out.model = it->get<std::string>();
   }
-  if (endpoint == Endpoint::kChat) {
-    // Re-read in document order: the template's tojson keeps the client's
-    // key order (tools, object-valued tool-call arguments).
-    const auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
-    if (ordered.is_discarded() || !ordered.is_object())
-      return bad_request("The request body must be a JSON object.", {}, "invalid_json");
-    if (auto e = parse_messages(body, ordered, out)) return e;
-    if (auto t = body.find("tools"); t != body.end() && t->is_array() && ordered.contains("tools"))
-      out.tools = ordered["tools"];
-  } else {
-    if (auto e = parse_prompt(body, out)) return e;
-  }
+  return endpoint == Endpoint::kChat ? parse_messages(body, out) : parse_prompt(body, out);
+}
 
-  if (auto e = check_response_format(body)) return e;
-  if (auto e = check_optional_string(body, "user", "")) return e;
-  // Log probabilities (engine/logprobs.h: log-softmax of the raw logits).
-  // Chat: logprobs (bool) + top_logprobs (0..20, only with logprobs true, as
-  // OpenAI checks). Completions: logprobs = k (0..20; OpenAI's legacy limit is
-  // 5, vLLM's 20) and echo.
+// Log probabilities (engine/logprobs.h: log-softmax of the raw logits).
+// Chat: logprobs (bool) + top_logprobs (0..20, only with logprobs true, as
+// OpenAI checks). Completions: logprobs = k (0..20; OpenAI's legacy limit is
+// 5, vLLM's 20). Sets out.sampling.logprobs (-1: off).
+std::optional<ApiError> parse_logprobs(const Json& body, Endpoint endpoint, CompletionRequest& out) {
+  int32_t k = -1;
   if (endpoint == Endpoint::kChat) {
     bool lp = false;
     if (auto e = get_bool(body, "logprobs", lp)) return e;
@@ -399,115 +399,172 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
     if (tl && *tl > 0 && !lp)
       return bad_request("Invalid value for 'top_logprobs': it may only be set when 'logprobs' is true.",
                          "top_logprobs", "invalid_value");
-    if (lp) out.logprobs = static_cast<int32_t>(tl.value_or(0));
+    if (lp) k = static_cast<int32_t>(tl.value_or(0));
   } else {
     std::optional<int64_t> lp;
     if (auto e = get_int(body, "logprobs", 0, engine::kMaxTopLogprobs, lp)) return e;
-    if (lp) out.logprobs = static_cast<int32_t>(*lp);
-    {
-      std::optional<int64_t> tl;  // not a completions field; checked so a bad value is named
-      if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxTopLogprobs, tl)) return e;
-    }
+    if (lp) k = static_cast<int32_t>(*lp);
+    std::optional<int64_t> tl;  // not a completions field; checked so a bad value is named
+    if (auto e = get_int(body, "top_logprobs", 0, engine::kMaxTopLogprobs, tl)) return e;
   }
-  if (endpoint == Endpoint::kCompletion) {
-    if (auto e = get_bool(body, "echo", out.echo)) return e;
-    // Legacy completions fields that change what is generated: refused, not
-    // silently ignored. `suffix` (insertion) asks for nothing only when
-    // empty; `best_of` only at 1 (it must also be >= n, as OpenAI checks).
-    auto not_done = [](const char* field, const char* what) {
-      return bad_request(std::string("'") + field + "' is not supported by this server (" + what +
-                             "); omit it or leave it at its default.",
-                         field, "unsupported_value");
-    };
-    if (auto e = check_optional_string(body, "suffix", "")) return e;
-    if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty()) {
-      return not_done("suffix", "no insertion / fill-in-the-middle");
-    }
-    std::optional<int64_t> best_of;
-    if (auto e = get_int(body, "best_of", 1, 20, best_of)) return e;
-    if (best_of && *best_of > 1) return not_done("best_of", "candidates are not generated and ranked server-side");
-  }
+  out.sampling.logprobs = k;
+  return std::nullopt;
+}
 
+// Completions only: `echo`, and the legacy fields that change what is
+// generated, refused rather than silently ignored: `suffix` (insertion)
+// asks for nothing only when empty; `best_of` only at 1 (it must also be
+// >= n, as OpenAI checks).
+std::optional<ApiError> parse_legacy_completion_fields(const Json& body, CompletionRequest& out) {
+  if (auto e = get_bool(body, "echo", out.echo)) return e;
+  auto not_done = [](const char* field, const char* what) {
+    return bad_request(std::string("'") + field + "' is not supported by this server (" + what +
+                           "); omit it or leave it at its default.",
+                       field, "unsupported_value");
+  };
+  if (auto e = check_optional_string(body, "suffix", "")) return e;
+  if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty()) {
+    return not_done("suffix", "no insertion / fill-in-the-middle");
+  }
+  std::optional<int64_t> best_of;
+  if (auto e = get_int(body, "best_of", 1, 20, best_of)) return e;
+  if (best_of && *best_of > 1) return not_done("best_of", "candidates are not generated and ranked server-side");
+  return std::nullopt;
+}
+
+// The numeric sampling fields, each checked against the API's range once
+// (CompletionRequest::sampling lists them).
+std::optional<ApiError> parse_sampling_numbers(const Json& body, engine::SamplingOverrides& s) {
   std::optional<int64_t> iv;
   // max_completion_tokens is the newer name; either may be sent (it wins if both).
   for (const char* f : {"max_tokens", "max_completion_tokens"}) {
     iv.reset();
     if (auto e = get_int(body, f, 1, std::numeric_limits<int32_t>::max(), iv)) return e;
-    if (iv) out.max_tokens = static_cast<int32_t>(*iv);
+    if (iv) s.max_tokens = static_cast<int32_t>(*iv);
   }
-  if (auto e = get_number(body, "temperature", 0.0, 2.0, out.temperature)) return e;
-  if (auto e = get_number(body, "top_p", 0.0, 1.0, out.top_p)) return e;
-  if (out.top_p && *out.top_p <= 0.0f) out.top_p = 1e-6f;  // 0 = keep only the top token
+  if (auto e = get_number(body, "temperature", 0.0, 2.0, s.temperature)) return e;
+  if (auto e = get_number(body, "top_p", 0.0, 1.0, s.top_p)) return e;
+  if (s.top_p && *s.top_p <= 0.0f) s.top_p = 1e-6f;  // 0 = keep only the top token
   iv.reset();
   if (auto e = get_int(body, "top_k", 0, std::numeric_limits<int32_t>::max(), iv)) return e;
-  if (iv) out.top_k = static_cast<int32_t>(*iv);
-  if (auto e = get_number(body, "min_p", 0.0, 1.0, out.min_p)) return e;
-  if (auto e = get_number(body, "repeat_penalty", 1e-6, 100.0, out.repeat_penalty)) return e;
-  if (auto e = get_number(body, "presence_penalty", -2.0, 2.0, out.presence_penalty)) return e;
-  if (auto e = get_number(body, "frequency_penalty", -2.0, 2.0, out.frequency_penalty)) return e;
+  if (iv) s.top_k = static_cast<int32_t>(*iv);
+  if (auto e = get_number(body, "min_p", 0.0, 1.0, s.min_p)) return e;
+  if (auto e = get_number(body, "repeat_penalty", 1e-6, 100.0, s.repeat_penalty)) return e;
+  if (auto e = get_number(body, "presence_penalty", -2.0, 2.0, s.presence_penalty)) return e;
+  if (auto e = get_number(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty)) return e;
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong_type("seed", "an integer", *it);
-    out.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+    s.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
   }
-  iv.reset();
-  if (auto e = get_int(body, "n", 1, kMaxChoices, iv)) return e;
-  if (iv) out.n = static_cast<int>(*iv);
-  if (auto e = get_bool(body, "stream", out.stream)) return e;
-  if (auto e = get_bool(body, "ignore_eos", out.ignore_eos)) return e;
-  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return wrong_type("stream_options", "an object", *it);
-    if (auto e = get_bool(*it, "include_usage", out.include_usage)) {
-      e->param = "stream_options.include_usage";
-      e->message = "Invalid type for 'stream_options.include_usage': expected a boolean.";
-      return e;
-    }
+  return std::nullopt;
+}
+
+// `stream_options`: {"include_usage"?: bool}.
+std::optional<ApiError> parse_stream_options(const Json& body, CompletionRequest& out) {
+  auto it = body.find("stream_options");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return wrong_type("stream_options", "an object", *it);
+  if (auto e = get_bool(*it, "include_usage", out.include_usage)) {
+    e->param = "stream_options.include_usage";
+    e->message = "Invalid type for 'stream_options.include_usage': expected a boolean.";
+    return e;
   }
-  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return wrong_type("logit_bias", "an object mapping token ids to biases", *it);
-    for (const auto& [key, val] : it->items()) {
-      int64_t id = -1;
-      auto [ptr, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-      if (ec != std::errc() || ptr != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
-        return bad_request("Invalid key in 'logit_bias': '" + key + "' is not a token id.", "logit_bias",
-                           "invalid_value");
-      if (!val.is_number()) return wrong_type("logit_bias." + key, "a number", val);
-      const double b = val.get<double>();
-      if (!(b >= -100.0 && b <= 100.0))
-        return bad_request(
-            "Invalid value in 'logit_bias' for token " + key + ": " + val.dump() + " is not in [-100, 100].",
-            "logit_bias", "invalid_value");
-      out.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
-    }
-  }
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      out.stop.push_back(it->get<std::string>());
-    } else if (it->is_array()) {
-      for (size_t k = 0; k < it->size(); ++k) {
-        if (!(*it)[k].is_string()) return wrong_type("stop[" + std::to_string(k) + "]", "a string", (*it)[k]);
-        out.stop.push_back((*it)[k].get<std::string>());
-      }
-    } else {
-      return wrong_type("stop", "a string or an array of strings", *it);
-    }
-    if (out.stop.size() > kMaxStop)
-      return bad_request("Invalid 'stop': at most " + std::to_string(kMaxStop) + " stop sequences are allowed.", "stop",
+  return std::nullopt;
+}
+
+// OpenAI `logit_bias`: {"token id": bias in [-100, 100]}. The pairs come out
+// in key order (as strings: "42" before "7"), whatever the body's order.
+std::optional<ApiError> parse_logit_bias(const Json& body, std::vector<std::pair<int32_t, float>>& out) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return wrong_type("logit_bias", "an object mapping token ids to biases", *it);
+  std::vector<std::pair<std::string, const Json*>> items;
+  for (const auto& [key, val] : it->items()) items.emplace_back(key, &val);
+  std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [key, valp] : items) {
+    const Json& val = *valp;
+    int64_t id = -1;
+    auto [ptr, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || ptr != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+      return bad_request("Invalid key in 'logit_bias': '" + key + "' is not a token id.", "logit_bias",
                          "invalid_value");
-    std::erase_if(out.stop, [](const std::string& s) { return s.empty(); });
+    if (!val.is_number()) return wrong_type("logit_bias." + key, "a number", val);
+    const double b = val.get<double>();
+    if (!(b >= -100.0 && b <= 100.0))
+      return bad_request(
+          "Invalid value in 'logit_bias' for token " + key + ": " + val.dump() + " is not in [-100, 100].",
+          "logit_bias", "invalid_value");
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
   }
-  // Structured outputs (structured_output.h): compiled here so a bad schema
-  // or grammar is this request's 400. Read in document order (property order).
+  return std::nullopt;
+}
+
+// `stop`: a string or up to kMaxStop strings; empty ones are dropped.
+std::optional<ApiError> parse_stop(const Json& body, std::vector<std::string>& out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (size_t k = 0; k < it->size(); ++k) {
+      if (!(*it)[k].is_string()) return wrong_type("stop[" + std::to_string(k) + "]", "a string", (*it)[k]);
+      out.push_back((*it)[k].get<std::string>());
+    }
+  } else {
+    return wrong_type("stop", "a string or an array of strings", *it);
+  }
+  if (out.size() > kMaxStop)
+    return bad_request("Invalid 'stop': at most " + std::to_string(kMaxStop) + " stop sequences are allowed.", "stop",
+                       "invalid_value");
+  std::erase_if(out, [](const std::string& s) { return s.empty(); });
+  return std::nullopt;
+}
+
+// Structured outputs (structured_output.h): compiled here so a bad schema
+// or grammar is this request's 400.
+std::optional<ApiError> parse_output_grammar(const Json& body, Endpoint endpoint, CompletionRequest& out) {
+  std::shared_ptr<const structured::Grammar> grammar;
   const bool constrained = body.contains("response_format") || body.contains("grammar") ||
                            body.contains("json_schema") || (endpoint == Endpoint::kChat && body.contains("tools"));
   if (constrained) {
-    auto ordered = nlohmann::ordered_json::parse(body_text, nullptr, false);
     OutputGrammar og;
-    if (!ordered.is_discarded()) {
-      if (auto e = build_output_grammar(ordered, endpoint, og)) return e;
-    }
-    out.grammar = std::move(og.grammar);
+    if (auto e = build_output_grammar(body, endpoint, og)) return e;
+    grammar = std::move(og.grammar);
     out.forced_tool_call = og.forced_tool_call;
   }
+  out.sampling.grammar = std::move(grammar);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
+                                                 CompletionRequest& out) {
+  out = CompletionRequest{};
+  out.endpoint = endpoint;
+  Json body;
+  if (auto e = parse_body(body_text, body)) return e;
+  if (auto e = parse_input(body, endpoint, out)) return e;
+  if (auto e = check_response_format(body)) return e;
+  if (auto e = check_optional_string(body, "user", "")) return e;
+  if (auto e = parse_logprobs(body, endpoint, out)) return e;
+  if (endpoint == Endpoint::kCompletion) {
+    if (auto e = parse_legacy_completion_fields(body, out)) return e;
+  }
+  engine::SamplingOverrides& s = out.sampling;
+  if (auto e = parse_sampling_numbers(body, s)) return e;
+  std::optional<int64_t> n;
+  if (auto e = get_int(body, "n", 1, kMaxChoices, n)) return e;
+  if (n) out.n = static_cast<int>(*n);
+  if (auto e = get_bool(body, "stream", out.stream)) return e;
+  bool ignore_eos = false;
+  if (auto e = get_bool(body, "ignore_eos", ignore_eos)) return e;
+  s.ignore_eos = ignore_eos;
+  if (auto e = parse_stream_options(body, out)) return e;
+  if (auto e = parse_logit_bias(body, s.logit_bias.emplace())) return e;
+  if (auto e = parse_stop(body, s.stop.emplace())) return e;
+  if (auto e = parse_output_grammar(body, endpoint, out)) return e;
+  if (out.echo && out.logprobs() >= 0) s.prompt_logprobs = out.logprobs();  // echo: the prompt's too
   return std::nullopt;
 }
 

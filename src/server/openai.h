@@ -20,11 +20,8 @@
 
 #include "engine/chat_output.h"       // ParsedToolCall
 #include "engine/logprobs.h"          // kMaxTopLogprobs
+#include "engine/sampling.h"          // SamplingOverrides
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
-
-namespace bonsai::engine {
-class Grammar;  // engine/grammar.h
-}
 
 namespace bonsai::server {
 
@@ -47,9 +44,9 @@ ApiError overloaded(std::string message, std::string code = "overloaded", int re
 
 enum class Endpoint { kChat, kCompletion };
 
-// A validated /v1/chat/completions or /v1/completions request. Optional
-// fields are unset when the client did not send them (or sent null), so the
-// model's defaults apply.
+// A validated /v1/chat/completions or /v1/completions request, parsed once
+// from its body. Optional fields are unset when the client did not send them
+// (or sent null), so the model's defaults apply.
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::string model;                             // may be empty: the server's default model
@@ -59,30 +56,28 @@ struct CompletionRequest {
   bool enable_thinking = true;                   // chat_template_kwargs.enable_thinking
   std::string prompt;                            // completions, text form
   std::vector<int32_t> prompt_ids;               // completions, token-id form (non-empty: used)
-  std::optional<int32_t> max_tokens;             // max_tokens or max_completion_tokens (>= 1)
-  std::optional<float> temperature;              // [0, 2]
-  std::optional<float> top_p;                    // [0, 1]
-  std::optional<int32_t> top_k;                  // >= 0 (0: off)
-  std::optional<float> min_p;                    // [0, 1]
-  std::optional<float> repeat_penalty;           // > 0
-  std::optional<float> presence_penalty;         // [-2, 2]
-  std::optional<float> frequency_penalty;        // [-2, 2]
-  std::optional<uint64_t> seed;
-  bool ignore_eos = false;                            // llama.cpp extension: keep going past EOS
-  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI logit_bias: {"token id": bias in [-100, 100]}
-  std::vector<std::string> stop;                      // up to kMaxStop non-empty strings
-  int n = 1;                                          // [1, kMaxChoices]
+  // Every sampling field, as the sequence gets it (engine::SamplingOverrides,
+  // merged onto the model's defaults by engine::prepare_completion). Ranges
+  // the API allows: max_tokens (or max_completion_tokens) >= 1, temperature
+  // [0, 2], top_p [0, 1] (0 = 1e-6: the top token only), top_k >= 0 (0: off),
+  // min_p [0, 1], repeat_penalty > 0, presence / frequency_penalty [-2, 2],
+  // seed any integer, logit_bias {"token id": bias in [-100, 100]}, stop up
+  // to kMaxStop strings (empty ones dropped). Always set, whether sent or
+  // not: stop (empty), ignore_eos (false; llama.cpp extension), logit_bias
+  // (empty), grammar (structured outputs — response_format json / grammar /
+  // json_schema / tool_choice required or named — compiled by
+  // server/structured_output.h; nullptr: unconstrained) and logprobs (< 0
+  // off; k >= 0: each token's plus k alternatives, k <= 20: chat logprobs
+  // true + top_logprobs k, completions logprobs k); prompt_logprobs = logprobs
+  // with completions echo, else unset.
+  engine::SamplingOverrides sampling;
+  int n = 1;  // [1, kMaxChoices]
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
-  // Structured outputs (response_format json / grammar / json_schema /
-  // tool_choice required or named), compiled (server/structured_output.h).
-  // nullptr: unconstrained.
-  std::shared_ptr<const engine::Grammar> grammar;
+  bool include_usage = false;     // stream_options.include_usage
   bool forced_tool_call = false;  // the grammar makes the answer tool calls
-  // Log probabilities: < 0 off; k >= 0: each token's plus k alternatives
-  // (chat: logprobs true + top_logprobs k; completions: logprobs k), k <= 20.
-  int32_t logprobs = -1;
-  bool echo = false;  // completions: the prompt precedes the answer
+  bool echo = false;              // completions: the prompt precedes the answer
+  // sampling.logprobs, or -1 when off.
+  int32_t logprobs() const { return sampling.logprobs.value_or(-1); }
 };
 
 inline constexpr int kMaxChoices = 16;
@@ -98,9 +93,11 @@ inline constexpr int kMaxJsonDepth = 128;
 // than `max_depth`. One pass over the bytes, brackets inside strings ignored.
 bool json_nesting_exceeds(std::string_view text, int max_depth);
 
-// Parses and validates a request body. Unknown fields are ignored; a field
-// of the wrong type or out of range is a 400 naming it in `param`; a body
-// nested deeper than kMaxJsonDepth is a 400 (code "invalid_json").
+// Parses and validates a request body: the JSON text is parsed once (in
+// document order, which tool schemas and tool-call arguments keep). Unknown
+// fields are ignored; a field of the wrong type or out of range is a 400
+// naming it in `param`; a body nested deeper than kMaxJsonDepth is a 400
+// (code "invalid_json").
 std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out);
 
 // Token counts of one request (OpenAI `usage`).

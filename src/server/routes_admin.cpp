@@ -23,9 +23,10 @@ using json = nlohmann::json;
 namespace {
 
 // Largest pool_size (and parallel) an admin load accepts: each replica
-// holds its own logits row and sampler state (its KV comes from the model's
-// budget, which the load check counts; the rows are not counted), so
-// 1'000'000 replicas would exhaust memory before any budget could help.
+// holds its own workspace and each sequence slot an [n_vocab] logits row and
+// sampler state (their KV comes from the model's budget, which the load
+// check counts; the rows are not counted), so 1'000'000 of them would
+// exhaust memory before any budget could help.
 constexpr int64_t kMaxAdminPoolSize = 256;
 constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
 

@@ -6,10 +6,10 @@
 #include <atomic>
 #include <cstdint>
 #include <expected>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -21,6 +21,8 @@
 #include "server/transport.h"   // HttpResponse
 
 namespace bonsai::server {
+
+class JobPump;  // server/job_pump.h
 
 // Seconds since the Unix epoch (OpenAI `created` fields).
 int64_t unix_now();
@@ -35,17 +37,15 @@ struct ServerContext {
   MetricsRegistry metrics;                  // thread-safe
   std::atomic<bool> stopping{false};        // set once by Server::stop()
   const int64_t started_unix = unix_now();  // `created` of models without their own
-  // Scheduler jobs answered outside the completion pumps (/v1/embeddings),
-  // each with the object answering it (owned here until it has answered,
-  // so nothing outlives the server): Server::stop() cancels them, so their
-  // clients get the shutting_down error within one scheduler step. Guarded
-  // by jobs_mu.
+  // The jobs being answered (every route that waits on a scheduler:
+  // completions, chat completions, embeddings), each by its JobPump
+  // (job_pump.h), owned here until it has answered so nothing outlives the
+  // server. Guarded by jobs_mu.
   std::mutex jobs_mu;
-  std::map<std::shared_ptr<engine::JobHandle>, std::shared_ptr<void>> side_jobs;
-  void cancel_side_jobs() {
-    std::lock_guard lock(jobs_mu);
-    for (const auto& [h, owner] : side_jobs) h->cancel();
-  }
+  std::set<std::shared_ptr<JobPump>> jobs;
+  // Server::stop(): cuts every registered job (its client gets the
+  // shutting_down error within one scheduler step). Defined in job_pump.cpp.
+  void cut_all_jobs();
 };
 
 // Answers `res` with `status` and `body` (invalid UTF-8 replaced).

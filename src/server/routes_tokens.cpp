@@ -16,7 +16,7 @@
 #include "engine/inference_engine.h"  // GenerationResult::embedding
 #include "engine/model_pool.h"        // LoadedModel
 #include "engine/scheduler.h"         // Scheduler::submit_embedding, JobHandle
-#include "server/metrics.h"           // kRejected
+#include "server/job_pump.h"          // JobPump, JobAnswer, add_job_route
 #include "server/openai.h"            // ApiError, bad_request
 #include "tokenizer/tokenizer.h"      // Tokenizer
 #include "tokenizer/unicode.h"        // valid_utf8_prefix
@@ -149,66 +149,33 @@ void handle_detokenize(ServerContext& ctx, const std::string& text, HttpResponse
   send_json(res, 200, json{{"content", tok.decode(ids)}});
 }
 
-// One /v1/embeddings request after its submission: a job of the model's
-// scheduler (HTTP threads never run the model), answered from the job's
-// events. The handle's notify (on the scheduler's loop thread) posts run()
-// to a transport worker; run() takes the events and, once every input is
-// done or the job failed, answers. A client that disconnects cancels the
-// job (it stops within one scheduler step); Server::stop() cancels it
-// through ServerContext::side_jobs, which owns the answer until it has
-// answered (the callbacks hold weak references).
-struct EmbedAnswer : std::enable_shared_from_this<EmbedAnswer> {
+// One /v1/embeddings request's answer after its submission: a job of the
+// model's scheduler (HTTP threads never run the model), answered by its
+// JobPump once every input is done or the job failed.
+struct EmbedAnswer : JobAnswer {
   ServerContext* ctx = nullptr;
-  HttpTransport* http = nullptr;
   std::shared_ptr<engine::ModelPool> pool;  // outlives `model` (declared first)
   engine::ModelHandle model;                // the model stays loaded until answered
-  std::shared_ptr<engine::JobHandle> handle;
-  std::shared_ptr<Exchange> ex;
   std::string model_id;
   bool base64 = false;
   int64_t total_tokens = 0;
-  std::atomic<bool> client_gone{false};
-  std::mutex mu;                                              // guards everything below (one run() at a time)
-  std::vector<std::optional<engine::GenerationResult>> done;  // per input
-  size_t n_done = 0;
-  std::optional<core::Error> failed;
-  bool answered = false;
 
-  void run() {
-    std::lock_guard lock(mu);
-    if (answered) return;
-    const bool ended_before = handle->ended();  // read before wait(): then every event is there
-    std::vector<engine::JobEvent> evs;
-    handle->wait(evs, engine::Clock::now());
-    for (auto& e : evs) {
-      if (e.kind == engine::JobEvent::Kind::kDone) {
-        auto& d = done[static_cast<size_t>(e.choice)];
-        if (!d) ++n_done;
-        d = std::move(e.result);
-      } else if (e.kind == engine::JobEvent::Kind::kFailed) {
-        failed = e.error;
-      }
-    }
-    if (ended_before && n_done < done.size() && !failed)
-      failed = core::Error{core::Errc::kInternal, "the request ended without an embedding for every input"};
-    if (!failed && n_done < done.size()) return;
-    answered = true;
-    handle->set_notify(nullptr);
-    {
-      std::lock_guard jl(ctx->jobs_mu);
-      ctx->side_jobs.erase(handle);
-    }
-    HttpResponse res;
-    answer(res);
-    ex->respond(std::move(res));
+  std::string missing_result_message() const override {
+    return "the request ended without an embedding for every input";
   }
 
-  void answer(HttpResponse& res) {
-    const bool gone = client_gone.load() && !ctx->stopping;
-    if (failed) return send_error(res, job_failure_error(*ctx, *failed, model_id, gone));
+  void finish(JobPump& pump, JobProgress& pr) override {
+    HttpResponse res;
+    answer(res, pr);
+    pump.exchange().respond(std::move(res));
+  }
+
+  void answer(HttpResponse& res, JobProgress& pr) {
+    const bool gone = pr.cut == CutReason::kClientGone && !ctx->stopping;
+    if (pr.failed) return send_error(res, job_failure_error(*ctx, *pr.failed, model_id, gone));
     json data = json::array();
-    for (size_t k = 0; k < done.size(); ++k) {
-      const engine::GenerationResult& r = *done[k];
+    for (size_t k = 0; k < pr.done.size(); ++k) {
+      const engine::GenerationResult& r = *pr.done[k];
       if (r.finish_reason == engine::FinishReason::kCancelled) return send_error(res, job_cut_error(gone));
       if (r.timed_out)
         return send_error(res, overloaded("The request timed out before its embeddings were computed.", "timeout", 1));
@@ -234,20 +201,16 @@ struct EmbedAnswer : std::enable_shared_from_this<EmbedAnswer> {
   }
 };
 
-// Parses, validates and tokenizes the request and submits it to the model's
-// scheduler. Returns the answer in the making, or nullptr with the answer
-// (an error) in `res`.
-std::shared_ptr<EmbedAnswer> handle_embeddings(ServerContext& ctx, const std::string& text, HttpResponse& res) {
-  auto fail = [&res](const ApiError& e) -> std::shared_ptr<EmbedAnswer> {
+// Parses, validates and tokenizes the request (admitted at `admitted`) and
+// submits it to the model's scheduler. Returns the job for its JobPump, or
+// nullopt with the answer (an error) in `res`.
+std::optional<SubmittedJob> handle_embeddings(ServerContext& ctx, const std::string& text, HttpResponse& res,
+                                              engine::Clock::time_point admitted) {
+  auto fail = [&res](const ApiError& e) -> std::optional<SubmittedJob> {
     send_error(res, e);
-    return nullptr;
+    return std::nullopt;
   };
-  if (ctx.stopping) return fail(overloaded("The server is shutting down.", "shutting_down", 5));
-  const engine::Clock::time_point admitted = engine::Clock::now();
-  // Saturated as the completions' deadline: a huge, infinite or NaN timeout is 10^9 s.
-  const double timeout_s = !(ctx.opt.timeout_s < 1e9) ? 1e9 : std::max(ctx.opt.timeout_s, 0.0);
-  const engine::Clock::time_point deadline =
-      admitted + std::chrono::duration_cast<engine::Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const engine::Clock::time_point deadline = deadline_after(admitted, ctx.opt.timeout_s);
   json body;
   if (auto e = parse_object(text, body)) return fail(*e);
   std::string model_id, format = "float";
@@ -327,44 +290,11 @@ std::shared_ptr<EmbedAnswer> handle_embeddings(ServerContext& ctx, const std::st
   job.deadline = deadline;
   job.submitted = admitted;
   auto handle = lm.scheduler->submit_embedding(std::move(job));
-  if (!handle) {
-    if (handle.error().code == core::Errc::kResourceExhausted) {
-      ctx.metrics.inc(metric::kRejected, {{"model", lm.id}});
-      return fail(overloaded("Model '" + lm.id + "' is overloaded: " + handle.error().message + ". Retry later.",
-                             "overloaded", 1));
-    }
-    return fail(from_core_error(handle.error(), 500));
-  }
-  answer->handle = std::move(*handle);
+  if (!handle) return fail(submit_refusal(ctx, lm.id, handle.error()));
   answer->model_id = lm.id;
   answer->base64 = format == "base64";
   answer->total_tokens = total;
-  answer->done.assign(n_inputs, std::nullopt);
-  return answer;
-}
-
-// Answers `a` through `ex` from now on (see EmbedAnswer).
-void start_answer(HttpTransport& http, const std::shared_ptr<Exchange>& ex, std::shared_ptr<EmbedAnswer> a) {
-  a->http = &http;
-  a->ex = ex;
-  {
-    std::lock_guard lock(a->ctx->jobs_mu);
-    a->ctx->side_jobs.emplace(a->handle, a);
-  }
-  if (a->ctx->stopping) a->handle->cancel();  // stop() may have swept side_jobs before the insert
-  std::weak_ptr<EmbedAnswer> weak = a;
-  ex->on_disconnect([weak] {
-    if (auto p = weak.lock()) {
-      p->client_gone.store(true);
-      p->handle->cancel();
-    }
-  });
-  a->handle->set_notify([weak] {
-    if (auto p = weak.lock())
-      p->http->post([weak] {
-        if (auto q = weak.lock()) q->run();
-      });
-  });
+  return SubmittedJob{std::move(*handle), static_cast<int>(n_inputs), std::move(answer)};
 }
 
 }  // namespace
@@ -382,17 +312,10 @@ void add_token_routes(HttpTransport& http, ServerContext& ctx) {
       [&ctx](const HttpRequest&, const std::string& body, HttpResponse& res) { handle_detokenize(ctx, body, res); },
       bad_body);
   // Answered later, from the scheduler job's events (EmbedAnswer).
-  http.route("POST", "/v1/embeddings", [&ctx, &http, bad_body](const std::shared_ptr<Exchange>& ex) {
-    const HttpRequest& req = ex->request();
-    HttpResponse res;
-    if (req.is_multipart()) {
-      bad_body(req, res);
-      return ex->respond(std::move(res));
-    }
-    auto answer = handle_embeddings(ctx, req.body, res);
-    if (!answer) return ex->respond(std::move(res));
-    start_answer(http, ex, std::move(answer));
-  });
+  add_job_route(http, ctx, "/v1/embeddings",
+                [&ctx](const std::string& body, HttpResponse& res, engine::Clock::time_point admitted) {
+                  return handle_embeddings(ctx, body, res, admitted);
+                });
 }
 
 }  // namespace bonsai::server

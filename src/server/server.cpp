@@ -26,6 +26,7 @@
 #include "engine/inference_engine.h"  // GenerationResult, finish_reason_name
 #include "engine/scheduler.h"         // Scheduler, CompletionJob, JobHandle
 #include "server/config.h"            // is_loopback_host
+#include "server/job_pump.h"          // JobPump, add_job_route, deadline_after
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
@@ -41,17 +42,6 @@ using namespace metric;
 
 namespace {
 
-// `t` + `seconds`, saturated: a huge or infinite timeout (--timeout inf,
-// 1e10: "no timeout") means 10^9 s (~31 years). Converting it unclamped to
-// nanoseconds overflowed int64 into a deadline in the past, and every
-// request timed out at once.
-Clock::time_point deadline_after(Clock::time_point t, double seconds) {
-  constexpr double kMaxSeconds = 1e9;
-  if (!(seconds < kMaxSeconds)) seconds = kMaxSeconds;  // also NaN
-  if (seconds < 0) seconds = 0;
-  return t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 // The route a path belongs to (bounded label values for /metrics).
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
@@ -62,17 +52,16 @@ std::string route_label(const std::string& path) {
   return "other";
 }
 
-// One admitted request: what the handler prepared and its JobPump (which
-// runs after the handler returns) still needs. Dropping it cancels
-// the job if it is still running (its slot comes back within a step), then
-// releases the model.
+// One admitted completion request: what the handler prepared and its
+// CompletionAnswer (which runs after the handler returns, from the job's
+// JobPump) still needs. Dropping it cancels the job if it is still running
+// (its slot comes back within a step), then releases the model.
 struct Job {
   std::shared_ptr<engine::ModelPool> pool;  // outlives `model` (declared first)
   engine::ModelHandle model;
   std::shared_ptr<engine::JobHandle> handle;  // set once submitted to the model's scheduler
   std::vector<int32_t> prompt;
-  engine::SamplingParams params;
-  uint64_t seed = 0;
+  engine::SamplingParams params;  // seed included (choice i: params.seed + i)
   int n = 1;
   bool include_usage = false;
   bool stream = false;       // answered as Server-Sent Events
@@ -96,9 +85,6 @@ struct Job {
   }
 };
 
-// Why a generation was cut short (kCancelled from the engine).
-enum class CutReason { kNone, kClientGone, kShutdown };
-
 // A fresh random seed for a request that names none (and no --seed default):
 // two users at temperature > 0 get different text, and a restart does not replay it.
 uint64_t fresh_seed() {
@@ -112,13 +98,10 @@ uint64_t fresh_seed() {
 }  // namespace
 
 struct Server::Impl {
-  struct JobPump;
+  struct CompletionAnswer;
   ServerContext ctx;
-  // Jobs being answered (streamed or collected); stop() cancels them.
-  std::mutex pumps_mu;
-  std::set<std::shared_ptr<JobPump>> pumps;  // guarded by pumps_mu
   // Last member: destroyed first, so its worker threads (which run the
-  // pumps) are joined while everything they touch is still there.
+  // job pumps) are joined while everything they touch is still there.
   HttpTransport http;
 
   Impl(std::shared_ptr<engine::ModelPool> m, ServerOptions o)
@@ -266,41 +249,30 @@ struct Server::Impl {
       ctx.metrics.inc(kRequests, {{"route", route_label(req.path)}, {"status", std::to_string(status)}});
     });
 
-    auto bad_body = [](const HttpRequest&, HttpResponse& res) {
-      send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
-    };
-    // The completion routes answer later, from their JobPump.
-    auto completion_route = [this, bad_body](Endpoint endpoint) {
-      return [this, bad_body, endpoint](const std::shared_ptr<Exchange>& ex) {
-        const HttpRequest& req = ex->request();
-        HttpResponse res;
-        if (req.is_multipart()) {
-          bad_body(req, res);
-          return ex->respond(std::move(res));
-        }
-        auto job = handle_completion(req.body, res, endpoint);
-        if (!job) return ex->respond(std::move(res));
-        start_pump(ex, std::move(job));
-      };
-    };
-    http.route("POST", "/v1/chat/completions", completion_route(Endpoint::kChat));
-    http.route("POST", "/v1/completions", completion_route(Endpoint::kCompletion));
+    // The completion routes answer later, from their job's JobPump.
+    for (const auto& [path, endpoint] :
+         {std::pair{"/v1/chat/completions", Endpoint::kChat}, std::pair{"/v1/completions", Endpoint::kCompletion}}) {
+      add_job_route(http, ctx, path,
+                    [this, endpoint](const std::string& body, HttpResponse& res, Clock::time_point admitted) {
+                      return handle_completion(body, res, endpoint, admitted);
+                    });
+    }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
   }
 
   // ---- completions --------------------------------------------------------
 
-  // Parses, validates, tokenizes and submits one completion request. Returns
-  // the submitted job, or nullptr with the answer (an error) in `res`.
-  std::shared_ptr<Job> handle_completion(const std::string& body_text, HttpResponse& res, Endpoint endpoint) {
+  // Parses, validates, tokenizes and submits one completion request
+  // (admitted at `admitted`). Returns the submitted job for its JobPump, or
+  // nullopt with the answer (an error) in `res`.
+  std::optional<SubmittedJob> handle_completion(const std::string& body_text, HttpResponse& res, Endpoint endpoint,
+                                                Clock::time_point admitted) {
     // Every early answer below is an error: `fail(e)` writes it and returns no job.
-    auto fail = [&res](const ApiError& e) -> std::shared_ptr<Job> {
+    auto fail = [&res](const ApiError& e) -> std::optional<SubmittedJob> {
       send_error(res, e);
-      return nullptr;
+      return std::nullopt;
     };
-    if (ctx.stopping) return fail(overloaded("The server is shutting down.", "shutting_down", 5));
-    const Clock::time_point admitted = Clock::now();
     CompletionRequest cr;
     if (auto e = parse_completion_request(body_text, endpoint, cr)) return fail(*e);
 
@@ -339,28 +311,15 @@ struct Server::Impl {
     in.chat_options.tools = cr.tools;
     in.prompt = std::move(cr.prompt);
     in.prompt_ids = std::move(cr.prompt_ids);
-    // Every sampling field the request may set; stop, ignore_eos, logit_bias
-    // and grammar are the request's even when absent (empty / false / none).
-    engine::SamplingOverrides over;
-    over.temperature = cr.temperature;
-    over.top_p = cr.top_p;
-    over.top_k = cr.top_k;
-    over.min_p = cr.min_p;
-    over.repeat_penalty = cr.repeat_penalty;
-    over.presence_penalty = cr.presence_penalty;
-    over.frequency_penalty = cr.frequency_penalty;
-    over.max_tokens = cr.max_tokens;
-    over.stop = cr.stop;
-    over.ignore_eos = cr.ignore_eos;
-    over.logit_bias = cr.logit_bias;
-    over.grammar = cr.grammar;    // structured outputs (server/structured_output.h)
-    over.logprobs = cr.logprobs;  // log-softmax of the raw logits (engine/logprobs.h)
-    if (cr.echo && cr.logprobs >= 0) over.prompt_logprobs = cr.logprobs;  // echo: the prompt's too
+    // The request's sampling fields as parsed (stop, ignore_eos, logit_bias
+    // and grammar are the request's even when absent), and its seed: the
+    // request's, else --seed, else a fresh random one.
+    if (!cr.sampling.seed) cr.sampling.seed = ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
     popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
     popt.prompt_cap_source =
         "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
-    auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, over, popt);
+    auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, cr.sampling, popt);
     if (!prepared)
       return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));
     job->prompt = std::move(prepared->prompt);
@@ -370,15 +329,14 @@ struct Server::Impl {
     // prompt's bytes (text_offset of the first answer token) and, with echo,
     // its text as its tokens spell it (as the generated text is), so that
     // text_offset indexes it (SentencePiece's dummy-prefix space included).
-    job->logprobs = cr.logprobs;
+    job->logprobs = cr.logprobs();
     job->echo = cr.echo;
     for (int32_t id : job->prompt) {
-      if (cr.logprobs < 0 && !cr.echo) break;
+      if (job->logprobs < 0 && !cr.echo) break;
       const std::string piece = lm.tokenizer->token_to_bytes(id);
       job->prompt_bytes += static_cast<int64_t>(piece.size());
       if (cr.echo) job->echo_text += piece;
     }
-    job->seed = cr.seed ? *cr.seed : ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     job->n = cr.n;
     job->include_usage = cr.include_usage;
     job->output.parse_reasoning = endpoint == Endpoint::kChat && ctx.opt.parse_reasoning;
@@ -392,36 +350,19 @@ struct Server::Impl {
     engine::CompletionJob cj;
     cj.prompt = job->prompt;
     cj.params = job->params;
-    cj.seed = job->seed;
     cj.n = job->n;
     cj.deadline = job->deadline;
     cj.submitted = admitted;
     auto handle = lm.scheduler->submit(std::move(cj));
-    if (!handle) {
-      if (handle.error().code == core::Errc::kResourceExhausted) {
-        ctx.metrics.inc(kRejected, {{"model", model_id}});
-        return fail(overloaded("Model '" + model_id + "' is overloaded: " + handle.error().message + ". Retry later.",
-                               "overloaded", 1));
-      }
-      return fail(from_core_error(handle.error(), 500));
-    }
-    job->handle = std::move(*handle);
+    if (!handle) return fail(submit_refusal(ctx, model_id, handle.error()));
+    job->handle = *handle;
     job->stream = cr.stream;
     ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
-    return job;
+    return SubmittedJob{std::move(*handle), job->n, std::make_shared<CompletionAnswer>(this, std::move(job))};
   }
 
-  // What one job's events came to, choice by choice.
-  struct Progress {
-    std::vector<std::optional<engine::GenerationResult>> done;  // per choice
-    int n_done = 0;
-    std::optional<core::Error> failed;
-    CutReason cut = CutReason::kNone;
-    bool started = false;  // a choice produced an event (it left the queue)
-  };
-
   // Metrics of what a finished job ran, and the cut reason of a cancelled one.
-  void account(const Job& job, Progress& pr) {
+  void account(const Job& job, JobProgress& pr) {
     const std::string& model = job.meta.model;
     for (size_t i = 0; i < pr.done.size(); ++i) {
       if (!pr.done[i]) continue;
@@ -462,7 +403,7 @@ struct Server::Impl {
   }
 
   // A non-streamed answer from a finished job's progress.
-  void answer_whole(HttpResponse& res, Job& job, Progress& pr) {
+  void answer_whole(HttpResponse& res, Job& job, JobProgress& pr) {
     if (pr.failed)
       return send_error(res, job_failure_error(ctx, *pr.failed, job.meta.model, pr.cut == CutReason::kClientGone));
     std::vector<Choice> choices;
@@ -496,28 +437,16 @@ struct Server::Impl {
     send_json(res, 200, build_response(job.meta, choices, usage));
   }
 
-  // Answers one submitted job without a thread of its own: the job's
-  // handle notifies (JobHandle::set_notify) and the pump then runs on one of
-  // the transport's worker threads (never two at once for one pump), takes
-  // the events that are there, writes SSE chunks (stream) or collects them,
-  // and returns. A stream whose client reads slowly stops taking events
-  // while the connection's unsent bytes are over its high-water mark
-  // (Exchange::on_drain resumes it); the events wait in the handle. A client
-  // that disconnects (Exchange::on_disconnect) or a stop() cancels the job,
-  // which ends within one scheduler step. Lives in Impl::pumps until done.
-  struct JobPump : std::enable_shared_from_this<JobPump> {
+  // A completion job's answer (its JobPump takes the events): Server-Sent
+  // Events as the text comes (stream), or one JSON body at the end. A stream
+  // whose client reads slowly stops taking events while the connection's
+  // unsent bytes are over its high-water mark (Exchange::on_drain resumes
+  // it); the events wait in the handle.
+  struct CompletionAnswer : JobAnswer {
     Impl* impl;
     std::shared_ptr<Job> job;
-    std::shared_ptr<Exchange> ex;
-    std::mutex mu;                    // guards the three flags below
-    bool queued = false;              // a run() is posted or running
-    bool again = false;               // notified while running: run once more
-    bool finished = false;            // the answer is complete
-    std::atomic<int> cut_request{0};  // CutReason asked for from another thread (disconnect, stop)
-    // Run-thread state (one run() at a time).
-    Progress pr;
-    bool cancelled = false;
-    bool alive = true;  // stream: the client still takes chunks
+    Exchange* ex = nullptr;  // the pump's (set by start)
+    bool alive = true;       // stream: the client still takes chunks
     std::vector<bool> role_sent;
     std::vector<engine::ChatOutputParser> parsers;
     std::vector<int> n_calls;
@@ -532,10 +461,8 @@ struct Server::Impl {
     std::vector<size_t> lp_sent;
     std::vector<bool> echoed;
 
-    JobPump(Impl* i, std::shared_ptr<Job> j, std::shared_ptr<Exchange> e)
-        : impl(i), job(std::move(j)), ex(std::move(e)) {
+    CompletionAnswer(Impl* i, std::shared_ptr<Job> j) : impl(i), job(std::move(j)) {
       const auto n = static_cast<size_t>(job->n);
-      pr.done.assign(n, std::nullopt);
       role_sent.assign(n, false);
       parsers.assign(n, engine::ChatOutputParser(job->output));
       n_calls.assign(n, 0);
@@ -545,39 +472,8 @@ struct Server::Impl {
       echoed.assign(n, !job->echo);
     }
 
-    // Asks for a run on a worker (from any thread; cheap).
-    void kick() {
-      {
-        std::lock_guard lock(mu);
-        if (finished) return;
-        if (queued) {
-          again = true;
-          return;
-        }
-        queued = true;
-      }
-      impl->http.post([self = shared_from_this()] { self->run(); });
-    }
-
-    // Cancels the job (from any thread): the client left or the server
-    // stops. The next run (posted now) cancels the handle.
-    void cut(CutReason why) {
-      int none = static_cast<int>(CutReason::kNone);
-      cut_request.compare_exchange_strong(none, static_cast<int>(why));
-      kick();
-    }
-
-    void run() {
-      for (;;) {
-        step();
-        std::lock_guard lock(mu);
-        if (again && !finished) {
-          again = false;
-          continue;
-        }
-        queued = false;
-        return;
-      }
+    std::string missing_result_message() const override {
+      return "the request ended without a result for every choice";
     }
 
     bool write(const std::string& s) { return alive && (alive = ex->send(s)); }
@@ -619,7 +515,28 @@ struct Server::Impl {
       json lp = job->logprobs >= 0 ? build_completion_logprobs(logprob_entries(*job, prompt_lp), 0) : json(nullptr);
       return chunk(build_content_chunk(job->meta, i, job->echo_text, std::move(lp)));
     }
-    bool on_text(const engine::JobEvent& ev) {
+
+    // Stream: the headers and the first role chunk.
+    void start(JobPump& pump) override {
+      ex = &pump.exchange();
+      if (job->stream) {
+        ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+        if (job->n == 1) ensure_role(0);
+      }
+    }
+    bool hold(JobPump& pump) override {
+      if (!(job->stream && alive && ex->over_high_water())) return false;
+      std::weak_ptr<JobPump> weak = pump.weak_from_this();
+      ex->on_drain([weak] {
+        if (auto p = weak.lock()) p->kick();
+      });
+      return true;
+    }
+    void on_cut(CutReason why) override {
+      if (why == CutReason::kClientGone) alive = false;
+    }
+    bool on_text(const engine::JobEvent& ev) override {
+      if (!job->stream) return true;  // collected from the results at the end
       const int i = ev.choice;
       if (!alive || !ensure_role(i)) return false;
       if (job->meta.endpoint != Endpoint::kChat) {
@@ -631,91 +548,19 @@ struct Server::Impl {
       return emit(i, parsers[static_cast<size_t>(i)].feed(ev.text));
     }
 
-    // Starts the answer (stream: headers and the first role chunk) and
-    // subscribes to the job's events and the client's disconnect.
-    void start() {
-      std::weak_ptr<JobPump> weak = weak_from_this();
-      if (job->stream) {
-        ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
-        if (job->n == 1) ensure_role(0);
-      }
-      ex->on_disconnect([weak] {
-        if (auto p = weak.lock()) p->cut(CutReason::kClientGone);
-      });
-      job->handle->set_notify([weak] {
-        if (auto p = weak.lock()) p->kick();
-      });
-      kick();
-    }
-
-    void step() {
-      if (const int c = cut_request.load(); c != 0 && !cancelled) {
-        cancelled = true;
-        pr.cut = static_cast<CutReason>(c);
-        if (pr.cut == CutReason::kClientGone) alive = false;
-        job->handle->cancel();
-      }
-      if (job->stream && alive && ex->over_high_water()) {
-        std::weak_ptr<JobPump> weak = weak_from_this();
-        ex->on_drain([weak] {
-          if (auto p = weak.lock()) p->kick();
-        });
-        return;
-      }
-      std::vector<engine::JobEvent> evs;
-      // Read before wait(): if the job had already ended, wait() returns
-      // every event it will ever have.
-      const bool ended_before = job->handle->ended();
-      job->handle->wait(evs, Clock::now());
-      for (auto& e : evs) {
-        pr.started = true;
-        switch (e.kind) {
-          case engine::JobEvent::Kind::kText:
-            if (job->stream && !cancelled && !on_text(e)) {
-              pr.cut = CutReason::kClientGone;
-              cancelled = true;
-              job->handle->cancel();
-            }
-            break;
-          case engine::JobEvent::Kind::kDone:
-            if (!pr.done[static_cast<size_t>(e.choice)]) ++pr.n_done;
-            pr.done[static_cast<size_t>(e.choice)] = std::move(e.result);
-            break;
-          case engine::JobEvent::Kind::kFailed:
-            pr.failed = e.error;
-            break;
-        }
-      }
-      if (ended_before && pr.n_done < job->n && !pr.failed) {
-        // The scheduler ended the job without an answer for every choice:
-        // never hang the client on it.
-        pr.failed = core::Error{core::Errc::kInternal, "the request ended without a result for every choice"};
-      }
-      if (pr.n_done >= job->n || pr.failed) finish();
-    }
-
-    void finish() {
-      {
-        std::lock_guard lock(mu);
-        if (finished) return;
-        finished = true;
-      }
-      job->handle->set_notify(nullptr);
+    void finish(JobPump&, JobProgress& pr) override {
       impl->account(*job, pr);
       if (job->stream) {
-        end_stream();
+        end_stream(pr);
       } else {
         HttpResponse res;
         impl->answer_whole(res, *job, pr);
         ex->respond(std::move(res));
       }
       job->handle.reset();
-      std::shared_ptr<JobPump> self = shared_from_this();
-      std::lock_guard lock(impl->pumps_mu);
-      impl->pumps.erase(self);
     }
 
-    void end_stream() {
+    void end_stream(JobProgress& pr) {
       if (alive && pr.failed) {
         // The stream ends with the error event: no usage chunk and no [DONE] after it.
         if (pr.cut != CutReason::kClientGone)
@@ -757,28 +602,6 @@ struct Server::Impl {
       ex->end_stream();
     }
   };
-
-  // Answers `job` through `ex` from now on (see JobPump).
-  void start_pump(const std::shared_ptr<Exchange>& ex, std::shared_ptr<Job> job) {
-    auto pump = std::make_shared<JobPump>(this, std::move(job), ex);
-    {
-      std::lock_guard lock(pumps_mu);
-      pumps.insert(pump);
-    }
-    pump->start();
-    if (ctx.stopping) pump->cut(CutReason::kShutdown);  // stop() may have swept the set before the insert
-  }
-
-  // stop(): every job being answered is cancelled (its client gets the
-  // shutting_down error within one scheduler step).
-  void cut_all_pumps() {
-    std::vector<std::shared_ptr<JobPump>> all;
-    {
-      std::lock_guard lock(pumps_mu);
-      all.assign(pumps.begin(), pumps.end());
-    }
-    for (auto& p : all) p->cut(CutReason::kShutdown);
-  }
 };
 
 Server::Server(std::shared_ptr<engine::ModelPool> models, ServerOptions options)
@@ -796,8 +619,7 @@ void Server::run() { impl_->http.run(); }
 void Server::stop() {
   if (!impl_) return;
   impl_->ctx.stopping = true;
-  impl_->cut_all_pumps();
-  impl_->ctx.cancel_side_jobs();
+  impl_->ctx.cut_all_jobs();
   impl_->ctx.models->close_all();
   impl_->http.stop();
 }

@@ -1,12 +1,16 @@
 // The OpenAI-compatible HTTP server behind `bonsai serve` (transport:
-// transport.h; completion routes: server.cpp; the others: routes_admin.h).
+// transport.h; completion routes: server.cpp; /tokenize, /detokenize and
+// /v1/embeddings: routes_tokens.h; the others: routes_admin.h; the one job
+// pump of the routes that wait on a scheduler: job_pump.h).
 //
-// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-// GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), and the
-// admin routes GET /admin/models, POST /admin/models/load (202, background
-// load; 400 before anything is allocated when ctx_size exceeds the model's
-// context or the KV caches it implies exceed the memory limit, see
-// ServerOptions::admin_mem_limit_bytes), POST /admin/models/unload.
+// Routes: POST /v1/chat/completions, POST /v1/completions, POST
+// /v1/embeddings, POST /tokenize, POST /detokenize, GET /v1/models,
+// GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), GET /
+// (the web chat page), and the admin routes GET /admin/models, POST
+// /admin/models/load (202, background load; 400 before anything is allocated
+// when ctx_size exceeds the model's context or the KV caches it implies
+// exceed the memory limit, see ServerOptions::admin_mem_limit_bytes), POST
+// /admin/models/unload.
 //
 // One request: parse + validate (400) -> ModelPool::acquire (404 unknown,
 // 503 loading; the handle is held until the answer is written) ->

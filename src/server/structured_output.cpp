@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "engine/grammar.h"      // Grammar::parse
-#include "engine/json_schema.h"  // json_schema_doc_to_gbnf, json_object_gbnf
+#include "structured/grammar.h"      // Grammar::parse
+#include "structured/json_schema.h"  // json_schema_doc_to_gbnf, json_object_gbnf
 
 namespace bonsai::server {
 
@@ -40,7 +40,7 @@ std::string gbnf_literal(std::string_view s) {
 
 // Converts a JSON Schema to GBNF; an error names `param`.
 std::optional<ApiError> schema_gbnf(const ordered_json& schema, const std::string& param, std::string& out) {
-  auto g = engine::json_schema_doc_to_gbnf(schema);
+  auto g = structured::json_schema_doc_to_gbnf(schema);
   if (!g) return bad_request("Invalid schema for '" + param + "': " + g.error().message, param, "invalid_value");
   out = std::move(*g);
   return std::nullopt;
@@ -52,14 +52,14 @@ std::optional<ApiError> content_gbnf(const ordered_json& body, std::string& gbnf
   if (auto rf = body.find("response_format"); rf != body.end() && rf->is_object()) {
     const auto type = rf->value("type", std::string());
     if (type == "json_object") {
-      gbnf = engine::json_object_gbnf();
+      gbnf = structured::json_object_gbnf();
       given.push_back("response_format");
     } else if (type == "json_schema") {
       const ordered_json& js = (*rf)["json_schema"];
       if (auto s = js.find("schema"); s != js.end() && s->is_object()) {
         if (auto e = schema_gbnf(*s, "response_format.json_schema.schema", gbnf)) return e;
       } else {
-        gbnf = engine::json_object_gbnf();  // no schema: any JSON object
+        gbnf = structured::json_object_gbnf();  // no schema: any JSON object
       }
       given.push_back("response_format");
     }
@@ -193,7 +193,7 @@ std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint 
     gbnf = std::move(content);
   }
   if (gbnf.empty()) return std::nullopt;
-  auto g = engine::Grammar::parse(gbnf);
+  auto g = structured::Grammar::parse(gbnf);
   if (!g) {
     const std::string param = source == "response_format" ? "response_format.json_schema.schema" : source;
     return bad_request("Invalid grammar for '" + source + "': " + g.error().message, param, "invalid_value");

@@ -1,5 +1,5 @@
 // Structured outputs: the request fields that constrain what the model may
-// write, turned into one compiled grammar (engine::Grammar) for
+// write, turned into one compiled grammar (structured::Grammar) for
 // SamplingParams::grammar.
 //
 // Fields (both routes unless noted):
@@ -40,8 +40,8 @@
 
 #include "server/openai.h"  // ApiError, Endpoint
 
-namespace bonsai::engine {
-class Grammar;  // engine/grammar.h
+namespace bonsai::structured {
+class Grammar;  // structured/grammar.h
 }
 
 namespace bonsai::server {
@@ -52,8 +52,8 @@ inline constexpr int kMaxParallelToolCalls = 8;
 
 // What constrains one request's answer.
 struct OutputGrammar {
-  std::shared_ptr<const engine::Grammar> grammar;  // nullptr: unconstrained
-  std::string gbnf;                                // the grammar's text (empty when none)
+  std::shared_ptr<const structured::Grammar> grammar;  // nullptr: unconstrained
+  std::string gbnf;                                    // the grammar's text (empty when none)
   std::string source;             // the field it came from ("response_format", "grammar", "json_schema", "tool_choice")
   bool forced_tool_call = false;  // tool_choice required / named: the answer is tool calls
 };

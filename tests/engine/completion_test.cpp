@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "common/test_util.h"
-#include "engine/grammar.h"
 #include "engine/logprobs.h"  // kMaxTopLogprobs
 #include "gguf/gguf.h"
+#include "structured/grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bonsai::engine {
@@ -76,7 +76,7 @@ TEST(PrepareCompletion, OverridesReplaceDefaultsFieldByField) {
   EXPECT_EQ(p->params.grammar, nullptr);
   EXPECT_EQ(p->params.logprobs, -1);
   // The server's fields: a grammar (structured outputs) and log probabilities.
-  auto g = Grammar::parse("root ::= \"yes\" | \"no\"");
+  auto g = structured::Grammar::parse("root ::= \"yes\" | \"no\"");
   ASSERT_TRUE(g.has_value()) << g.error().message;
   over.grammar = *g;
   over.logprobs = 3;
@@ -90,6 +90,27 @@ TEST(PrepareCompletion, OverridesReplaceDefaultsFieldByField) {
   p = prepare_completion(*tok, 256, defaults, in, over);
   ASSERT_FALSE(p.has_value());
   EXPECT_NE(p.error().error.message.find("logprobs"), std::string::npos);
+}
+
+// The seed travels in one field: the request's (SamplingOverrides::seed)
+// replaces the defaults' in the prepared SamplingParams, which the
+// scheduler samples choice i with (params.seed + i); unset keeps the defaults'.
+TEST(PrepareCompletion, TheRequestSeedBecomesTheParamsSeed) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen));
+  auto tok = load(kQwen);
+  ASSERT_NE(tok, nullptr);
+  SamplingParams defaults;
+  defaults.seed = 11;
+  CompletionInput in;
+  in.prompt = "Once upon a time";
+  auto p = prepare_completion(*tok, 256, defaults, in);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  EXPECT_EQ(p->params.seed, 11u);
+  SamplingOverrides over;
+  over.seed = 0xFFFF'FFFF'FFFF'FFFFull;
+  p = prepare_completion(*tok, 256, defaults, in, over);
+  ASSERT_TRUE(p.has_value()) << p.error().error.message;
+  EXPECT_EQ(p->params.seed, 0xFFFF'FFFF'FFFF'FFFFull);
 }
 
 // The server's prompt byte cap: the text is measured before it is tokenized

@@ -18,17 +18,23 @@
 
 #include "common/test_util.h"
 #include "engine/engine_pool.h"
-#include "engine/grammar.h"
 #include "engine/inference_engine.h"
-#include "engine/json_schema.h"
 #include "engine/scheduler.h"
-#include "engine/token_mask.h"
-#include "engine/vocab_trie.h"
 #include "model/model.h"
+#include "structured/grammar.h"
+#include "structured/json_schema.h"
+#include "structured/token_mask.h"
+#include "structured/vocab_trie.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bonsai::engine {
 namespace {
+
+using structured::Grammar;
+using structured::GrammarState;
+using structured::json_schema_to_gbnf;
+using structured::SharedTokenTrie;
+using structured::TokenTrie;
 
 using namespace std::chrono_literals;
 
@@ -289,7 +295,7 @@ TEST(GrammarScheduler, ConstrainedRowsInOneStepMatchTheirAloneAnswers) {
     CompletionJob j;
     j.prompt = r.prompt;
     j.params = r.p;
-    j.seed = r.seed;
+    j.params.seed = r.seed;
     j.n = r.n;
     auto h = sched.submit(std::move(j));
     ASSERT_TRUE(h.has_value()) << h.error().message;

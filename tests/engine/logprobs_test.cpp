@@ -629,7 +629,7 @@ TEST(SchedulerLogprobs, EachRowItsOwnInTheBatchedStep) {
     j.params.ignore_eos = true;
     j.params.logprobs = 4;
     j.params.prompt_logprobs = i % 2 == 0 ? 2 : -1;  // echo on half of them
-    j.seed = 100 + static_cast<uint64_t>(i);
+    j.params.seed = 100 + static_cast<uint64_t>(i);
     auto h = sched.submit(std::move(j));
     ASSERT_TRUE(h.has_value());
     handles.push_back(*h);

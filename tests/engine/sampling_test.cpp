@@ -599,5 +599,33 @@ TEST(SamplingParams, Validate) {
   EXPECT_TRUE(p.validate().has_value());
 }
 
+// apply_overrides: the one merge of a request's sampling fields onto the
+// defaults; a set field wins (an empty stop list too), an unset one keeps
+// the default.
+TEST(Sampling, ApplyOverridesReplacesOnlyTheSetFields) {
+  SamplingParams d;
+  d.temperature = 0.3f;
+  d.top_k = 7;
+  d.seed = 5;
+  d.stop = {"x"};
+  d.max_tokens = 9;
+  SamplingOverrides o;
+  EXPECT_EQ(apply_overrides(d, o).top_k, 7);
+  o.top_k = 2;
+  o.seed = 8;
+  o.stop = std::vector<std::string>{};
+  o.ignore_eos = true;
+  o.logprobs = 4;
+  const SamplingParams p = apply_overrides(d, o);
+  EXPECT_FLOAT_EQ(p.temperature, 0.3f);
+  EXPECT_EQ(p.top_k, 2);
+  EXPECT_EQ(p.seed, 8u);
+  EXPECT_TRUE(p.stop.empty());
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_EQ(p.max_tokens, 9);
+  EXPECT_EQ(p.logprobs, 4);
+  EXPECT_EQ(p.prompt_logprobs, -1);
+}
+
 }  // namespace
 }  // namespace bonsai::engine

@@ -196,7 +196,7 @@ class SchedulerTest : public ::testing::Test {
     CompletionJob j;
     j.prompt = prompt;
     j.params = p;
-    j.seed = seed;
+    j.params.seed = seed;
     j.n = n;
     j.deadline = deadline;
     auto h = sched_->submit(std::move(j));

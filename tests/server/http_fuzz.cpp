@@ -32,9 +32,10 @@ constexpr std::string_view kQwen3Marker = "<|im_start|> <think> reasoning_conten
 void check_accepted(const bonsai::server::CompletionRequest& req, bool qwen3) {
   using namespace bonsai;
   if (req.n < 1 || req.n > server::kMaxChoices) std::abort();
-  if (req.stop.size() > server::kMaxStop) std::abort();
-  if (req.temperature && !(*req.temperature >= 0.0f && *req.temperature <= 2.0f)) std::abort();
-  if (req.top_p && !(*req.top_p >= 0.0f && *req.top_p <= 1.0f)) std::abort();
+  if (req.sampling.stop->size() > server::kMaxStop) std::abort();
+  if (req.sampling.temperature && !(*req.sampling.temperature >= 0.0f && *req.sampling.temperature <= 2.0f))
+    std::abort();
+  if (req.sampling.top_p && !(*req.sampling.top_p >= 0.0f && *req.sampling.top_p <= 1.0f)) std::abort();
   if (req.endpoint != server::Endpoint::kChat) return;
   const auto tmpl = tokenizer::ChatTemplate::from_text(qwen3 ? kQwen3Marker : std::string_view{});
   tokenizer::ChatOptions opt;

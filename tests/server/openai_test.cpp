@@ -25,33 +25,33 @@ TEST(OpenAiParse, FullChatRequest) {
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[0].role, "system");
   EXPECT_EQ(r.messages[1].content, "Hi there");
-  EXPECT_EQ(*r.max_tokens, 12);
-  EXPECT_FLOAT_EQ(*r.temperature, 0.5f);
-  EXPECT_FLOAT_EQ(*r.top_p, 0.9f);
-  EXPECT_EQ(*r.top_k, 20);
-  EXPECT_FLOAT_EQ(*r.min_p, 0.1f);
-  EXPECT_FLOAT_EQ(*r.repeat_penalty, 1.1f);
-  EXPECT_FLOAT_EQ(*r.presence_penalty, 0.5f);
-  EXPECT_FLOAT_EQ(*r.frequency_penalty, -0.5f);
-  EXPECT_EQ(*r.seed, 42u);
+  EXPECT_EQ(*r.sampling.max_tokens, 12);
+  EXPECT_FLOAT_EQ(*r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(*r.sampling.top_p, 0.9f);
+  EXPECT_EQ(*r.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(*r.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(*r.sampling.repeat_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(*r.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(*r.sampling.frequency_penalty, -0.5f);
+  EXPECT_EQ(*r.sampling.seed, 42u);
   EXPECT_EQ(r.n, 2);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
-  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"\n\n", "END"}));
 }
 
 TEST(OpenAiParse, CompletionPromptForms) {
   CompletionRequest r;
   ASSERT_FALSE(parse(R"({"prompt":"abc","stop":"x"})", Endpoint::kCompletion, r));
   EXPECT_EQ(r.prompt, "abc");
-  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
-  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"x"});
+  EXPECT_FALSE(r.sampling.max_tokens.has_value());
   ASSERT_FALSE(parse(R"({"prompt":["only"]})", Endpoint::kCompletion, r));
   EXPECT_EQ(r.prompt, "only");
   ASSERT_FALSE(parse(R"({"prompt":[1,2,3]})", Endpoint::kCompletion, r));
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   ASSERT_FALSE(parse(R"({"prompt":"a","logit_bias":{"7":-100,"42":2.5}})", Endpoint::kCompletion, r));
-  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 2.5f}, {7, -100.0f}}));
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 2.5f}, {7, -100.0f}}));
   auto e = parse(R"({"prompt":["a","b"]})", Endpoint::kCompletion, r);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "prompt");
@@ -268,22 +268,22 @@ TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
   ASSERT_FALSE(
       parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})", Endpoint::kChat, r)
           .has_value());
-  EXPECT_EQ(r.logprobs, 3);
+  EXPECT_EQ(r.sampling.logprobs, 3);
   CompletionRequest r0;
   ASSERT_FALSE(
       parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", Endpoint::kChat, r0).has_value());
-  EXPECT_EQ(r0.logprobs, 0);  // the sampled token's only
+  EXPECT_EQ(r0.sampling.logprobs, 0);  // the sampled token's only
   CompletionRequest r1;
   ASSERT_FALSE(parse(R"({"prompt":"x","logprobs":5,"echo":true})", Endpoint::kCompletion, r1).has_value());
-  EXPECT_EQ(r1.logprobs, 5);
+  EXPECT_EQ(r1.sampling.logprobs, 5);
   EXPECT_TRUE(r1.echo);
   CompletionRequest r2;
   ASSERT_FALSE(parse(R"({"prompt":"x","logprobs":20})", Endpoint::kCompletion, r2).has_value());
-  EXPECT_EQ(r2.logprobs, 20);
+  EXPECT_EQ(r2.sampling.logprobs, 20);
   EXPECT_FALSE(r2.echo);
   CompletionRequest r3;
   ASSERT_FALSE(parse(R"({"prompt":"x"})", Endpoint::kCompletion, r3).has_value());
-  EXPECT_EQ(r3.logprobs, -1);  // off by default
+  EXPECT_EQ(r3.sampling.logprobs, -1);  // off by default
   struct Case {
     const char* body;
     Endpoint ep;
@@ -335,7 +335,7 @@ TEST(OpenAiParse, IntegralFloatOutOfRangeIsInvalidValue) {
     EXPECT_EQ(e->code, "invalid_value") << body << " -> " << e->message;
   }
   ASSERT_FALSE(parse(R"({"prompt":"x","max_tokens":2147483647.0})", Endpoint::kCompletion, r).has_value());
-  EXPECT_EQ(r.max_tokens, 2147483647);
+  EXPECT_EQ(r.sampling.max_tokens, 2147483647);
 }
 
 TEST(OpenAiParse, MalformedJson) {

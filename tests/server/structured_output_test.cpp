@@ -1,15 +1,15 @@
 // Structured outputs: request fields -> grammar (server/structured_output.h).
 // Each grammar is checked by feeding it texts it must accept and texts it
-// must refuse (engine::GrammarState), and the 400s by their param and message.
+// must refuse (structured::GrammarState), and the 400s by their param and message.
 #include "server/structured_output.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "engine/grammar.h"
-#include "engine/token_mask.h"
 #include "server/openai.h"
+#include "structured/grammar.h"
+#include "structured/token_mask.h"
 
 namespace bonsai::server {
 namespace {
@@ -17,14 +17,14 @@ namespace {
 using nlohmann::ordered_json;
 
 // True when `text` is a complete sentence of `g`.
-bool accepts(const std::shared_ptr<const engine::Grammar>& g, const std::string& text) {
-  auto st = engine::GrammarState::create(g);
+bool accepts(const std::shared_ptr<const structured::Grammar>& g, const std::string& text) {
+  auto st = structured::GrammarState::create(g);
   if (!st) return false;
   return st->accept_bytes(text).has_value() && st->can_end();
 }
 
-std::shared_ptr<const engine::Grammar> compile(const std::string& gbnf) {
-  auto g = engine::Grammar::parse(gbnf);
+std::shared_ptr<const structured::Grammar> compile(const std::string& gbnf) {
+  auto g = structured::Grammar::parse(gbnf);
   EXPECT_TRUE(g.has_value()) << (g ? "" : g.error().message) << "\n" << gbnf;
   return g ? *g : nullptr;
 }
@@ -171,9 +171,9 @@ TEST(StructuredOutput, ParseCompletionRequestCarriesTheGrammar) {
       "tools": [{"type": "function", "function": {"name": "now"}}], "tool_choice": "required"})",
                                     Endpoint::kChat, cr);
   ASSERT_FALSE(e.has_value()) << e->message;
-  ASSERT_NE(cr.grammar, nullptr);
+  ASSERT_NE(*cr.sampling.grammar, nullptr);
   EXPECT_TRUE(cr.forced_tool_call);
-  EXPECT_TRUE(accepts(cr.grammar, kNow));
+  EXPECT_TRUE(accepts(*cr.sampling.grammar, kNow));
   e = parse_completion_request(
       R"({"prompt": "x", "json_schema": {"type": "object", "properties": {"a": {"not": {}}}}})", Endpoint::kCompletion,
       cr);
@@ -181,7 +181,7 @@ TEST(StructuredOutput, ParseCompletionRequestCarriesTheGrammar) {
   EXPECT_EQ(e->param, "json_schema");
   e = parse_completion_request(R"({"prompt": "x"})", Endpoint::kCompletion, cr);
   ASSERT_FALSE(e.has_value());
-  EXPECT_EQ(cr.grammar, nullptr);
+  EXPECT_EQ(*cr.sampling.grammar, nullptr);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Constrained decoding, part 2: JSON Schema (2020-12 subset) → GBNF text for
-// engine::Grammar::parse.
+// structured::Grammar::parse.
 //
 // Supported: type (string or array of types), properties / required /
 // additionalProperties (false, true or a schema; ABSENT = false, as
@@ -35,7 +35,7 @@
 
 #include "core/error.h"  // core::Expected
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 // Converts a schema given as JSON text. kInvalidArgument on bad JSON, an
 // unsatisfiable or malformed schema, or an unsupported keyword / construct.
@@ -46,4 +46,4 @@ core::Expected<std::string> json_schema_doc_to_gbnf(const nlohmann::ordered_json
 // Grammar for OpenAI's response_format {type: "json_object"}: any JSON object.
 std::string json_object_gbnf();
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

@@ -24,7 +24,7 @@
 
 #include "core/error.h"  // core::Expected, core::Error
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 // A compiled grammar: rules flattened into one element array. Immutable after
 // `parse`; share it (shared_ptr<const Grammar>) between every sequence that
@@ -129,4 +129,4 @@ class Matcher {
   GrammarLimits limits_;
 };
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

@@ -13,10 +13,10 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.h"      // core::Expected
-#include "engine/grammar.h"  // Grammar, Matcher, MatchState
+#include "core/error.h"          // core::Expected
+#include "structured/grammar.h"  // Grammar, Matcher, MatchState
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 // A trie over the vocabulary's byte strings, stored in depth-first preorder
 // so a mask walk is one forward scan that skips dead subtrees. Built once per
@@ -147,4 +147,4 @@ class GrammarState {
   std::string overflow_note_;
 };
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

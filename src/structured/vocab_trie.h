@@ -1,5 +1,5 @@
 // The vocabulary trie of one loaded model, for constrained decoding
-// (engine/token_mask.h): built from the tokenizer the first time a request
+// (structured/token_mask.h): built from the tokenizer the first time a request
 // with a grammar needs it, then shared read-only by every replica of the
 // model (build_pool_from_gguf hands one SharedTokenTrie to all of them).
 #pragma once
@@ -8,14 +8,14 @@
 #include <mutex>
 #include <optional>
 
-#include "core/error.h"         // core::Expected, core::Error
-#include "engine/token_mask.h"  // TokenTrie
+#include "core/error.h"             // core::Expected, core::Error
+#include "structured/token_mask.h"  // TokenTrie
 
 namespace bonsai::tokenizer {
 class Tokenizer;  // tokenizer/tokenizer.h
 }
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 // The TokenTrie of `tok`'s vocabulary: token bytes = Tokenizer::token_to_bytes
 // (user-defined tokens such as Qwen3's <tool_call> print their text and may be
@@ -42,4 +42,4 @@ class SharedTokenTrie {
   std::optional<core::Error> error_;
 };
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

@@ -1,5 +1,5 @@
 // Vocabulary trie and per-sequence grammar masks. See token_mask.h.
-#include "engine/token_mask.h"
+#include "structured/token_mask.h"
 
 #include <algorithm>
 #include <limits>
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <unordered_map>
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 namespace {
 constexpr int32_t kUnknown = -1;
@@ -636,4 +636,4 @@ void GrammarState::apply_mask(const TokenTrie& trie, std::span<float> logits) {
   for (size_t i = n; i < logits.size(); ++i) logits[i] = ninf;
 }
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

@@ -1,5 +1,5 @@
 // GBNF parsing, matching (incl. split UTF-8) and token masks vs brute force.
-#include "engine/grammar.h"
+#include "structured/grammar.h"
 
 #include <gtest/gtest.h>
 
@@ -9,12 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "engine/json_schema.h"
-#include "engine/token_mask.h"
-#include "gguf/gguf.h"            // fixture loading for the Qwen3 vocabulary test
+#include "gguf/gguf.h"  // fixture loading for the Qwen3 vocabulary test
+#include "structured/json_schema.h"
+#include "structured/token_mask.h"
 #include "tokenizer/tokenizer.h"  // Tokenizer::token_to_bytes
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 namespace {
 
 std::shared_ptr<const Grammar> compile(const std::string& text) {
@@ -306,9 +306,9 @@ TEST(TokenMask, TrieBuildValidatesIds) {
 }
 
 }  // namespace
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 namespace {
 
 TEST(GrammarParse, GarbageNeverCrashes) {
@@ -355,9 +355,9 @@ TEST(TokenMask, ConcurrentSequencesShareGrammarAndTrie) {
 }
 
 }  // namespace
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 namespace {
 
 // The trie mask on the real 151,936-token Qwen3 vocabulary equals brute force
@@ -488,4 +488,4 @@ TEST(TokenMask, QwenVocabPlainFastPathEqualsBruteForce) {
 }
 
 }  // namespace
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

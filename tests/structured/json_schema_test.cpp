@@ -1,16 +1,16 @@
 // JSON Schema → GBNF: each supported keyword accepts a valid instance byte by
 // byte and rejects an invalid one; unsupported keywords are errors naming them.
-#include "engine/json_schema.h"
+#include "structured/json_schema.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "engine/grammar.h"
-#include "engine/token_mask.h"
+#include "structured/grammar.h"
+#include "structured/token_mask.h"
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 namespace {
 
 struct Case {
@@ -233,4 +233,4 @@ TEST(JsonSchema, UnsupportedKeywordsAreErrorsNamingThem) {
 }
 
 }  // namespace
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

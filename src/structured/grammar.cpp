@@ -1,5 +1,5 @@
 // GBNF parser/compiler and the pushdown matcher. See grammar.h.
-#include "engine/grammar.h"
+#include "structured/grammar.h"
 
 #include <algorithm>
 #include <functional>
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 namespace {
 
@@ -670,4 +670,4 @@ StepResult Matcher::step(const MatchState& in, uint8_t b, MatchState& out) const
   return StepResult::kOk;
 }
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

@@ -1,6 +1,6 @@
 // JSON Schema → GBNF. See json_schema.h. Written from the JSON Schema 2020-12
 // specification; the whitespace / number bounds follow llama.cpp's choices.
-#include "engine/json_schema.h"
+#include "structured/json_schema.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 namespace {
 
@@ -1064,4 +1064,4 @@ std::string json_object_gbnf() {
   return out;
 }
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured

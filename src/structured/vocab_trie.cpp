@@ -1,12 +1,12 @@
 // The shared vocabulary trie of one model. See vocab_trie.h.
-#include "engine/vocab_trie.h"
+#include "structured/vocab_trie.h"
 
 #include <string>
 #include <vector>
 
 #include "tokenizer/tokenizer.h"  // Tokenizer
 
-namespace bonsai::engine {
+namespace bonsai::structured {
 
 core::Expected<TokenTrie> build_token_trie(const tokenizer::Tokenizer& tok) {
   const int32_t n = tok.n_vocab();
@@ -40,4 +40,4 @@ core::Expected<const TokenTrie*> SharedTokenTrie::get() {
   return &*trie_;
 }
 
-}  // namespace bonsai::engine
+}  // namespace bonsai::structured
