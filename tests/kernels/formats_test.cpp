@@ -3,6 +3,8 @@
 // gives the byte offsets of each stored layout, the reference block decodes
 // follow the documented value mappings, and products of a format a tier
 // does not list run on the reference tier.
+#include "kernels/formats.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "core/ggml_types.h"
-#include "kernels/formats.h"
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
 
