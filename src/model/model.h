@@ -55,8 +55,9 @@ struct LayerWeights {
   kernels::MatrixView w_down;  // ffn_down.weight    n_embd x n_ff
 };
 
-// All weights. Borrowed views into the gguf::File's mapping (never copied);
-// valid while the owning Model lives.
+// All weights: views into the gguf::File's mapping (zero-copy), except that
+// a matrix repacked at load (RepackStats) also points at its one packed copy
+// in Model::packed_ (MatrixView::packed). Valid while the owning Model lives.
 struct Weights {
   kernels::MatrixView token_embd;  // n_vocab x n_embd, stored type; rows dequantized on lookup
   NormWeight output_norm;          // [n_embd]
@@ -193,12 +194,11 @@ class Model {
 
  private:
   Model() = default;
-  // The transformer on one validated slice of a batch; writes the slice's
-  // wanted logits rows to `logits`.
-  // hidden: write the final-normed rows ([n_wanted][n_embd]) instead of logits.
-  // as_hidden: the rows of tokens with `logits` are written to `logits` as
-  // final-normed hidden rows ([n][n_embd], forward_hidden) instead of logits.
-  // hidden_rows: where the rows of tokens with `hidden` go ([n][n_embd]).
+  // The transformer on one validated slice of a batch (at most kMaxUbatch
+  // tokens): writes the rows of the tokens with `logits` to `logits`
+  // ([n_wanted][n_vocab]; with as_hidden, their final-normed hidden rows
+  // [n_wanted][n_embd] instead, forward_hidden) and the final-normed rows of
+  // the tokens with `hidden` to hidden_rows ([n_hidden][n_embd]).
   void run_ubatch(std::span<const BatchToken> tokens, std::span<KvCache* const> caches, Workspace& ws, float* logits,
                   float* hidden_rows, core::ThreadPool& pool, bool as_hidden) const;
   // The steps of run_ubatch on the ubatch's scratch in ws (sized for tok):
