@@ -12,8 +12,9 @@ struct Entry {
 };
 
 // Source: ggml/src/ggml.c type_traits[] (llama.cpp), plus Q1_0 / Q2_0 as
-// PrismML's fork and llama.cpp define them.
-constexpr std::array<Entry, 34> kTypes = {{
+// PrismML's fork and llama.cpp define them, and PQ2_0 / PTQ1_0 as the
+// fixtures README describes PrismML's fork (its ff6b68f3 has PQ2_0).
+constexpr std::array<Entry, 36> kTypes = {{
     {0, {"F32", 1, 4}},         {1, {"F16", 1, 2}},         {2, {"Q4_0", 32, 18}},      {3, {"Q4_1", 32, 20}},
     {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},      {8, {"Q8_0", 32, 34}},      {9, {"Q8_1", 32, 36}},
     {10, {"Q2_K", 256, 84}},    {11, {"Q3_K", 256, 110}},   {12, {"Q4_K", 256, 144}},   {13, {"Q5_K", 256, 176}},
@@ -22,7 +23,7 @@ constexpr std::array<Entry, 34> kTypes = {{
     {22, {"IQ2_S", 256, 82}},   {23, {"IQ4_XS", 256, 136}}, {24, {"I8", 1, 1}},         {25, {"I16", 1, 2}},
     {26, {"I32", 1, 4}},        {27, {"I64", 1, 8}},        {28, {"F64", 1, 8}},        {29, {"IQ1_M", 256, 56}},
     {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},   {35, {"TQ2_0", 256, 66}},   {39, {"MXFP4", 32, 17}},
-    {41, {"Q1_0", 128, 18}},    {42, {"Q2_0", 64, 18}},
+    {41, {"Q1_0", 128, 18}},    {42, {"Q2_0", 64, 18}},     {142, {"PQ2_0", 128, 34}},  {143, {"PTQ1_0", 128, 28}},
 }};
 
 }  // namespace

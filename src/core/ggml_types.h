@@ -45,6 +45,9 @@ enum class GgmlType : uint32_t {
   MXFP4 = 39,
   Q1_0 = 41,  // PrismML 1-bit: 128 weights, fp16 d + 16 bytes of sign bits (18 bytes)
   Q2_0 = 42,  // ternary; three incompatible on-disk layouts share this id (see Q2Layout)
+  // PrismML's llama.cpp fork (../shared/fixtures/README.md "Weight formats"):
+  PQ2_0 = 142,   // ternary g128: fp16 d, then 32 bytes of 2-bit codes (34 bytes)
+  PTQ1_0 = 143,  // ternary g128 base-3: qs[24], qh[2], fp16 d last (28 bytes)
 };
 
 // The on-disk layout of a type-42 (Q2_0) block. general.file_type does not

@@ -46,6 +46,39 @@ float decode_q2_0_g128qs(const uint8_t* block, int8_t* w) {
   return load_fp16(b->d);
 }
 
+float decode_pq2_0(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockPQ2_0*>(block);
+  decode_codes(b->qs, kQ2G128Elems, false, w);
+  return load_fp16(b->d);
+}
+
+namespace {
+
+// Digit n (0 = most significant) of a base-3 byte (BlockPTQ1_0).
+int trit(uint8_t b, int n) {
+  static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+  const auto scaled = static_cast<uint8_t>(b * kPow3[n]);  // mod 256
+  return (scaled * 3) >> 8;
+}
+
+}  // namespace
+
+float decode_ptq1_0(const uint8_t* block, int8_t* w) {
+  const auto* b = reinterpret_cast<const BlockPTQ1_0*>(block);
+  for (int e = 0; e < 128; ++e) {
+    int t;
+    if (e < 80) {
+      t = trit(b->qs[e % 16], e / 16);
+    } else if (e < 120) {
+      t = trit(b->qs[16 + (e - 80) % 8], (e - 80) / 8);
+    } else {
+      t = trit(b->qh[(e - 120) % 2], (e - 120) / 2);
+    }
+    w[e] = static_cast<int8_t>(t - 1);
+  }
+  return load_fp16(b->d);
+}
+
 const FormatDef& format_def(Format f) {
   const auto i = static_cast<size_t>(f);
   return kFormatDefs[i < kFormatCount ? i : 0];

@@ -48,8 +48,10 @@ enum class Format : uint8_t {
   kQ2_0,        // 64 weights: fp16 d, qs[16] 2-bit codes          (18 bytes)
   kQ2_0G128D,   // 128 weights: fp16 d, qs[32]                     (34 bytes)
   kQ2_0G128Qs,  // 128 weights: qs[32], fp16 d                     (34 bytes)
+  kPQ2_0,       // 128 weights: fp16 d, qs[32] (type 142)          (34 bytes)
+  kPTQ1_0,      // 128 weights: qs[24], qh[2] base-3, fp16 d       (28 bytes)
 };
-inline constexpr size_t kFormatCount = 8;  // values of Format (0 .. kFormatCount - 1)
+inline constexpr size_t kFormatCount = 10;  // values of Format (0 .. kFormatCount - 1)
 
 // How a format's weights meet the activations: which activation layout a
 // tier prepares and which family of kernels runs the product.
@@ -58,6 +60,7 @@ enum class Family : uint8_t {
   kQ8,     // 8-bit quants: Q8_0 activations, chunks of 4
   kSign,   // 1-bit signs (+-d): chunks of 32, kernels walk 128-weight units
   kCode2,  // 2-bit codes, value code - 1 (ternary): chunks of 16, 64-weight units
+  kTrit,   // base-3 digits, 5 per byte (PTQ1_0): chunks of 16; reference tier only
 };
 
 // One format's definition. Byte offsets are within a block.
@@ -83,10 +86,15 @@ float decode_q1_0(const uint8_t* block, int8_t* w);
 float decode_q2_0(const uint8_t* block, int8_t* w);         // g64: codes 0..3 -> -1, 0, 1, 2
 float decode_q2_0_g128d(const uint8_t* block, int8_t* w);   // code 3 -> 0
 float decode_q2_0_g128qs(const uint8_t* block, int8_t* w);  // code 3 -> 0
+float decode_pq2_0(const uint8_t* block, int8_t* w);        // codes as g64 (3 -> 2)
+float decode_ptq1_0(const uint8_t* block, int8_t* w);       // digits 0, 1, 2 -> -1, 0, 1
 
 // Indexed by Format. Sources: ggml type_traits (llama.cpp ggml.c) for the
 // geometry of Q8_0 / Q1_0 / Q2_0; OxiBonsai's TQ2_0_g128 and PrismML's
-// converter for the g128 layouts; internal.h for the chunk widths.
+// converter for the g128 layouts; ../shared/fixtures/README.md "Weight
+// formats" for PQ2_0 and PTQ1_0 (PrismML's fork); internal.h for the chunk
+// widths (PQ2_0 and PTQ1_0 use the Q2_0 chunks, so files of the same
+// weights in Q2_0 g64, PQ2_0 and PTQ1_0 give bit-identical products).
 inline constexpr FormatDef kFormatDefs[kFormatCount] = {
     {"F32", core::GgmlType::F32, core::Q2Layout::kG64, 1, 4, Family::kFloat, 1, 0, 0, false, nullptr},
     {"F16", core::GgmlType::F16, core::Q2Layout::kG64, 1, 2, Family::kFloat, 1, 0, 0, false, nullptr},
@@ -98,6 +106,8 @@ inline constexpr FormatDef kFormatDefs[kFormatCount] = {
      decode_q2_0_g128d},
     {"Q2_0(g128-qs-first)", core::GgmlType::Q2_0, core::Q2Layout::kG128QsFirst, 128, 34, Family::kCode2, 16, 0, 32,
      true, decode_q2_0_g128qs},
+    {"PQ2_0", core::GgmlType::PQ2_0, core::Q2Layout::kG64, 128, 34, Family::kCode2, 16, 2, 0, false, decode_pq2_0},
+    {"PTQ1_0", core::GgmlType::PTQ1_0, core::Q2Layout::kG64, 128, 28, Family::kTrit, 16, 0, 26, false, decode_ptq1_0},
 };
 
 // The largest block_elems of any format (a buffer for one decoded block).
@@ -193,6 +203,10 @@ template <class Fn>
       return fn(std::integral_constant<Format, kQ2_0G128D>{});
     case kQ2_0G128Qs:
       return fn(std::integral_constant<Format, kQ2_0G128Qs>{});
+    case kPQ2_0:
+      return fn(std::integral_constant<Format, kPQ2_0>{});
+    case kPTQ1_0:
+      return fn(std::integral_constant<Format, kPTQ1_0>{});
   }
   return fn(std::integral_constant<Format, kF32>{});  // (not a Format value)
 }
@@ -255,6 +269,25 @@ struct BlockQ2_0G128Qs {
   uint8_t d[2];
 };
 
+// PQ2_0 (type 142, PrismML's fork): the bytes of BlockQ2_0G128D, with the
+// g64 code rule (x[j] = (code - 1) * d, code 3 -> +2d, never written).
+struct BlockPQ2_0 {
+  uint8_t d[2];
+  uint8_t qs[32];
+};
+
+// PTQ1_0 (type 143, PrismML's fork): 128 ternary weights as base-3 digits
+// t (0, 1, 2 -> -d, 0, +d). A qs byte holds 5 digits, byte = ceil(q * 256 /
+// 243) with q = sum t_n * 3^(4-n); digit n of byte b is ((uint8)(b * 3^n)
+// * 3) >> 8. A qh byte holds 4 digits the same way (q * 3, its 5th digit 0).
+// Weight e < 80: digit e/16 of qs[e % 16]; 80 <= e < 120: digit (e-80)/8 of
+// qs[16 + (e-80) % 8]; e >= 120: digit (e-120)/2 of qh[(e-120) % 2].
+struct BlockPTQ1_0 {
+  uint8_t qs[24];
+  uint8_t qh[2];
+  uint8_t d[2];  // fp16, last
+};
+
 // The structs and the table agree.
 template <class B, Format F>
 constexpr bool block_matches() {
@@ -266,10 +299,12 @@ static_assert(block_matches<BlockQ1_0, Format::kQ1_0>());
 static_assert(block_matches<BlockQ2_0, Format::kQ2_0>());
 static_assert(block_matches<BlockQ2_0G128D, Format::kQ2_0G128D>());
 static_assert(block_matches<BlockQ2_0G128Qs, Format::kQ2_0G128Qs>());
+static_assert(block_matches<BlockPQ2_0, Format::kPQ2_0>());
+static_assert(block_matches<BlockPTQ1_0, Format::kPTQ1_0>());
 static_assert(kDef<Format::kQ1_0>.block_elems == kQ1_0Elems && kDef<Format::kQ2_0>.block_elems == kQ2_0Elems &&
               kDef<Format::kQ2_0G128D>.block_elems == kQ2G128Elems && kDef<Format::kQ8_0>.block_elems == kQ8_0Elems);
 
-static_assert(kFormatCount == static_cast<size_t>(Format::kQ2_0G128Qs) + 1, "kFormatCount: update with Format");
+static_assert(kFormatCount == static_cast<size_t>(Format::kPTQ1_0) + 1, "kFormatCount: update with Format");
 
 // Reads a little-endian fp16 at any alignment and widens it to float.
 inline float load_fp16(const uint8_t* p) {

@@ -9,17 +9,23 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
+#include "common/test_util.h"
 #include "core/ggml_types.h"
+#include "gguf/gguf.h"
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
 
 namespace bonsai::kernels {
 namespace {
 
-constexpr Format kAll[] = {Format::kF32,  Format::kF16,  Format::kBF16,      Format::kQ8_0,
-                           Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs};
+constexpr Format kAll[] = {Format::kF32,  Format::kF16,       Format::kBF16,       Format::kQ8_0,  Format::kQ1_0,
+                           Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs, Format::kPQ2_0, Format::kPTQ1_0};
 static_assert(std::size(kAll) == kFormatCount);
 
 TEST(Formats, TableAgreesWithTheGgmlTypeTable) {
@@ -93,20 +99,66 @@ TEST(Formats, ReferenceDecodesFollowTheValueMappings) {
 }
 
 // Every built tier computes every format there is today with its own
-// kernels (no silent fall back, which would be slow); the reference tier
-// lists every format; a tier that lacks a format hands it to the reference.
+// kernels (no silent fall back, which would be slow) except PTQ1_0, which no
+// tier has kernels for yet; the reference tier lists every format; a tier
+// that lacks a format hands it to the reference.
 TEST(Formats, EachTierListsItsFormatsAndTheRestRunOnTheReference) {
   EXPECT_EQ(detail::reference_ops()->formats, kAllFormats);
   for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
     const detail::TierOps* ops = detail::tier_ops(t);
     if (ops == nullptr) continue;
     SCOPED_TRACE(std::string(tier_name(t)));
-    for (Format f : kAll) EXPECT_EQ(detail::ops_for_format(ops, f), ops);
+    for (Format f : kAll) {
+      EXPECT_EQ(detail::ops_for_format(ops, f), f == Format::kPTQ1_0 ? detail::reference_ops() : ops) << format_name(f);
+    }
   }
   detail::TierOps partial = *detail::reference_ops();
   partial.formats = format_bit(Format::kF32);
   EXPECT_EQ(detail::ops_for_format(&partial, Format::kF32), &partial);
   EXPECT_EQ(detail::ops_for_format(&partial, Format::kQ1_0), detail::reference_ops());
+}
+
+// ../shared/fixtures/qwen35/golden/qwen35-dequant.json: rows of the qwen35
+// fixtures dequantized by llama.cpp (PrismML's fork; PTQ1_0 by the fixture's
+// reference, equal to the PQ2_0 rows). Every listed row of every quantized
+// tensor in the Q1_0, Q2_0 g64, PQ2_0 and PTQ1_0 files decodes to exactly
+// those floats, and the PTQ1_0 file's rows equal the PQ2_0 file's.
+TEST(Formats, Qwen35FixtureRowsDequantizeExactly) {
+  const std::string golden = test::shared_path("fixtures/qwen35/golden/qwen35-dequant.json");
+  BONSAI_REQUIRE_FILE(golden);
+  std::ifstream in(golden);
+  const auto j = nlohmann::json::parse(in);
+  std::map<std::string, int> rows_checked;
+  for (const auto& fj : j.at("files")) {
+    const std::string name = fj.at("file").get<std::string>();
+    const std::string path = test::shared_path("fixtures/qwen35/" + name);
+    BONSAI_REQUIRE_FILE(path);
+    auto file = gguf::File::open(path);
+    ASSERT_TRUE(file.has_value()) << path << ": " << file.error().message;
+    for (const auto& tj : fj.at("tensors")) {
+      const std::string tname = tj.at("name").get<std::string>();
+      const gguf::TensorInfo* t = (*file)->find_tensor(tname);
+      ASSERT_NE(t, nullptr) << name << " " << tname;
+      const auto fmt = format_of(t->type, (*file)->q2_layout().value_or(core::Q2Layout::kG64));
+      ASSERT_TRUE(fmt.has_value()) << name << " " << tname << " type " << t->type_id;
+      if (!detail::is_quantized(*fmt)) continue;
+      const int64_t cols = t->ne[0];
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (const auto& [key, values] : tj.at("rows").items()) {
+        const int64_t r = std::stoll(key);
+        dequantize_row(*fmt, t->data + static_cast<size_t>(r) * row_bytes(*fmt, cols), row.data(), cols);
+        const auto expected = values.get<std::vector<float>>();
+        ASSERT_EQ(expected.size(), row.size()) << name << " " << tname;
+        for (int64_t c = 0; c < cols; ++c) {
+          ASSERT_EQ(row[static_cast<size_t>(c)], expected[static_cast<size_t>(c)])
+              << name << " " << tname << " row " << r << " col " << c;
+        }
+        ++rows_checked[std::string(format_name(*fmt))];
+      }
+    }
+  }
+  // Each of the four quantized formats had rows to check.
+  for (const char* f : {"Q1_0", "Q2_0", "PQ2_0", "PTQ1_0"}) EXPECT_GT(rows_checked[f], 0) << f;
 }
 
 }  // namespace

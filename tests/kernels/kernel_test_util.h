@@ -13,18 +13,15 @@
 
 namespace bonsai::kernels::testing {
 
-inline constexpr Format kAllFormats[] = {Format::kF32,  Format::kF16,  Format::kBF16,      Format::kQ8_0,
-                                         Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs};
+inline constexpr Format kAllFormats[] = {Format::kF32,   Format::kF16,   Format::kBF16,      Format::kQ8_0,
+                                         Format::kQ1_0,  Format::kQ2_0,  Format::kQ2_0G128D, Format::kQ2_0G128Qs,
+                                         Format::kPQ2_0, Format::kPTQ1_0};
+// The quantized ones.
+inline constexpr Format kQuantFormats[] = {Format::kQ8_0,       Format::kQ1_0,  Format::kQ2_0,  Format::kQ2_0G128D,
+                                           Format::kQ2_0G128Qs, Format::kPQ2_0, Format::kPTQ1_0};
 
 // Byte offset of the fp16 scale inside a block of a quantized format.
-inline size_t scale_offset(Format f) {
-  switch (f) {
-    case Format::kQ2_0G128Qs:
-      return 32;
-    default:
-      return 0;
-  }
-}
+inline size_t scale_offset(Format f) { return static_cast<size_t>(format_def(f).d_offset); }
 
 // A random matrix of `rows` x `cols` in format f, rows packed back to back.
 // Quantized blocks get random payload bytes (all codes, incl. Q2 code 3) and
@@ -144,7 +141,8 @@ inline double float_tol(int64_t terms, double abs_sum) {
 // formats, one per element for float formats.
 inline int64_t sum_terms(Format f, int64_t cols) {
   if (!is_quantized(f)) return cols;
-  const bool q2 = f == Format::kQ2_0 || f == Format::kQ2_0G128D || f == Format::kQ2_0G128Qs;
+  const Family fam = format_def(f).family;
+  const bool q2 = fam == Family::kCode2 || fam == Family::kTrit;  // scaled per 16-weight chunk, summed per 64
   return cols / 32 + cols / (q2 ? 64 : 128);
 }
 

@@ -104,7 +104,7 @@ TEST(Tiers, ActivationQuantizationBitIdentical) {
     GfniScope g(v);
     const detail::TierOps* ops = detail::tier_ops(v.tier);
     ASSERT_NE(ops, nullptr);
-    for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
+    for (Format f : testing::kQuantFormats) {
       for (int64_t cols : {128, 384, 2048}) {
         auto x = random_batch(3, cols, 77);
         x[5] = 0.0f;
@@ -130,7 +130,7 @@ TEST(Tiers, IntegerPartsExact) {
   };
   for (const Variant& v : variants()) {
     GfniScope g(v);
-    for (Format f : {Format::kQ8_0, Format::kQ1_0, Format::kQ2_0, Format::kQ2_0G128D, Format::kQ2_0G128Qs}) {
+    for (Format f : testing::kQuantFormats) {
       for (Shape s : {Shape{1, 128, 1}, Shape{7, 384, 3}, Shape{33, 2048, 1}, Shape{5, 6144, 17}, Shape{3, 1024, 64}}) {
         auto m = testing::random_matrix(f, s.rows, s.cols, 900 + static_cast<uint32_t>(f));
         // Scales 0.5 or 1.
@@ -360,6 +360,96 @@ TEST(Tiers, G128BitIdenticalToPairedG64) {
       EXPECT_EQ(std::memcmp(y64.data(), yd.data(), ny * sizeof(float)), 0) << v.label << " gemm n=" << n;
       EXPECT_EQ(std::memcmp(y64.data(), yq.data(), ny * sizeof(float)), 0) << v.label << " gemm n=" << n;
       // Not trivially equal: the outputs are non-zero.
+      EXPECT_NE(y64[0], 0.0f) << v.label;
+    }
+  }
+  ASSERT_TRUE(set_active_tier(before).has_value());
+}
+
+// PTQ1_0 bytes of 128 base-3 digits t[e] in {0, 1, 2} (formats.h
+// BlockPTQ1_0): 5 digits a qs byte as ceil(q * 256 / 243), 4 a qh byte as
+// ceil(3q * 256 / 243), in the format's weight order; d after them.
+void encode_ptq1_0(const int* t, const uint8_t d[2], uint8_t* out) {
+  auto pack = [](const int* digits, int count) {
+    int q = 0;
+    for (int n = 0; n < count; ++n) q = q * 3 + digits[n];
+    if (count == 4) q *= 3;
+    return static_cast<uint8_t>((q * 256 + 242) / 243);
+  };
+  int digits[5];
+  for (int i = 0; i < 16; ++i) {
+    for (int n = 0; n < 5; ++n) digits[n] = t[16 * n + i];
+    out[i] = pack(digits, 5);
+  }
+  for (int i = 0; i < 8; ++i) {
+    for (int n = 0; n < 5; ++n) digits[n] = t[80 + 8 * n + i];
+    out[16 + i] = pack(digits, 5);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int n = 0; n < 4; ++n) digits[n] = t[120 + 2 * n + i];
+    out[24 + i] = pack(digits, 4);
+  }
+  out[26] = d[0];
+  out[27] = d[1];
+}
+
+// PrismML's PQ2_0 and PTQ1_0 (issue 30) holding the weights of a g64 matrix
+// whose block pairs share d give its products bit for bit on every tier
+// (PTQ1_0 runs on the reference kernels, TierOps::formats); PQ2_0's code 3
+// is +2, as g64's, so random codes 3 stay in.
+TEST(Tiers, PrismFormatsBitIdenticalToPairedG64) {
+  const int64_t rows = 29, cols = 1024;
+  testing::RandomMatrix g64 = testing::random_matrix(Format::kQ2_0, rows, cols, 733);
+  const int64_t nb = rows * cols / 128;
+  std::vector<uint8_t> pq(static_cast<size_t>(nb) * 34 + 64), pt(static_cast<size_t>(nb) * 28 + 64);
+  std::vector<uint8_t> g64_ternary = g64.bytes;  // PTQ1_0 twin: codes 3 -> 1 (digits are 0..2)
+  for (int64_t k = 0; k < nb; ++k) {
+    uint8_t* b0 = g64.bytes.data() + 2 * k * 18;
+    std::memcpy(b0 + 18, b0, 2);  // the pair shares d
+    std::memcpy(g64_ternary.data() + (2 * k + 1) * 18, b0, 2);
+    uint8_t* p = pq.data() + k * 34;
+    std::memcpy(p, b0, 2);
+    std::memcpy(p + 2, b0 + 2, 16);
+    std::memcpy(p + 18, b0 + 20, 16);
+    int t[128];
+    for (int e = 0; e < 128; ++e) {
+      const uint8_t* qs = (e < 64 ? b0 : b0 + 18) + 2;
+      const int j = e % 64;
+      const int code = (qs[j / 4] >> (2 * (j % 4))) & 3;
+      t[e] = code == 3 ? 1 : code;
+      uint8_t& tb = g64_ternary[static_cast<size_t>((2 * k + e / 64) * 18 + 2 + j / 4)];
+      if (code == 3) tb = static_cast<uint8_t>(tb & ~(2u << (2 * (j % 4))));
+    }
+    encode_ptq1_0(t, b0, pt.data() + k * 28);
+  }
+  const MatrixView pq_view{pq.data(), Format::kPQ2_0, rows, cols, static_cast<size_t>(cols / 128 * 34)};
+  const MatrixView pt_view{pt.data(), Format::kPTQ1_0, rows, cols, static_cast<size_t>(cols / 128 * 28)};
+  const MatrixView tern_view{g64_ternary.data(), Format::kQ2_0, rows, cols, g64.view.row_stride};
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_EQ(testing::dequant_row(g64.view, r), testing::dequant_row(pq_view, r)) << r;
+    ASSERT_EQ(testing::dequant_row(tern_view, r), testing::dequant_row(pt_view, r)) << r;
+  }
+  std::vector<Variant> vs = variants();
+  vs.insert(vs.begin(), Variant{Tier::kReference, true, true, "reference"});
+  core::ThreadPool pool(2);
+  const Tier before = active_tier();
+  for (const Variant& v : vs) {
+    GfniScope g(v);
+    ASSERT_TRUE(set_active_tier(v.tier).has_value());
+    for (int64_t n : {1, 3, 17, 64}) {
+      const auto x = random_batch(n, cols, 700 + static_cast<uint32_t>(n));
+      const size_t ny = static_cast<size_t>(n * rows);
+      std::vector<float> y64(ny), ypq(ny), ytern(ny), ypt(ny);
+      gemm_rows(v.tier, g64.view, x.data(), n, y64.data(), 0, rows);
+      gemm_rows(v.tier, pq_view, x.data(), n, ypq.data(), 0, rows);
+      gemm_rows(v.tier, tern_view, x.data(), n, ytern.data(), 0, rows);
+      gemm_rows(v.tier, pt_view, x.data(), n, ypt.data(), 0, rows);
+      EXPECT_EQ(std::memcmp(y64.data(), ypq.data(), ny * sizeof(float)), 0) << v.label << " PQ2_0 rows n=" << n;
+      EXPECT_EQ(std::memcmp(ytern.data(), ypt.data(), ny * sizeof(float)), 0) << v.label << " PTQ1_0 rows n=" << n;
+      gemm(pq_view, x.data(), n, ypq.data(), &pool);
+      gemm(pt_view, x.data(), n, ypt.data(), &pool);
+      EXPECT_EQ(std::memcmp(y64.data(), ypq.data(), ny * sizeof(float)), 0) << v.label << " PQ2_0 gemm n=" << n;
+      EXPECT_EQ(std::memcmp(ytern.data(), ypt.data(), ny * sizeof(float)), 0) << v.label << " PTQ1_0 gemm n=" << n;
       EXPECT_NE(y64[0], 0.0f) << v.label;
     }
   }
