@@ -38,15 +38,16 @@
 
 #include "apps/bonsai/cli_common.h"  // open_options_from_cli
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/synth.h"   // synth::ensure_default_model
-#include "core/ggml_types.h"     // parse_q2_layout, q2_layout_name
-#include "core/thread_pool.h"    // set_global_thread_count
-#include "engine/engine_pool.h"  // default_cpu_pool_size
-#include "engine/model_pool.h"   // ModelPool, gguf_model_loader
-#include "model/model.h"         // Model::file (the Q2_0 layout used), describe(RepackStats)
-#include "server/config.h"       // ServeConfig, load_serve_toml
-#include "server/server.h"       // Server
-#include "server/shutdown.h"     // ShutdownSignals
+#include "apps/bonsai/synth.h"         // synth::ensure_default_model
+#include "core/ggml_types.h"           // parse_q2_layout, q2_layout_name
+#include "core/thread_pool.h"          // set_global_thread_count
+#include "engine/engine_pool.h"        // default_cpu_pool_size
+#include "engine/model_pool.h"         // ModelPool, gguf_model_loader
+#include "engine/model_spec_fields.h"  // set_model_field: the model flags
+#include "model/model.h"               // Model::file (the Q2_0 layout used), describe(RepackStats)
+#include "server/config.h"             // ServeConfig, load_serve_toml
+#include "server/server.h"             // Server
+#include "server/shutdown.h"           // ShutdownSignals
 
 namespace bonsai::app {
 namespace {
@@ -140,28 +141,30 @@ int read_serve_config(CLI::App* cmd, const ServeFlags& f, server::ServeConfig& c
   if (given("--write-timeout")) cfg.write_timeout_s = f.write_timeout;
   if (given("--max-body")) cfg.max_body_bytes = f.max_body;
   if (given("--queue-factor")) cfg.queue_factor = f.queue_factor;
+  if (given("--step-budget-ms")) cfg.step_budget_ms = f.step_budget_ms;
   return 0;
 }
 
 // The ModelSpec of every model named on the command line or in the config
-// (and the server's default for admin loads of new files): the pool and
-// scheduler settings of `cfg`, its KV types (validated before), the step
-// budget and `repack` (false: --no-repack / BONSAI_NO_REPACK=1; the config's
-// no-repack also turns it off).
-engine::ModelSpec base_model_spec(const server::ServeConfig& cfg, double step_budget_ms, bool repack) {
-  engine::ModelSpec base;
-  base.pool_size = cfg.pool_size;
-  base.parallel = cfg.parallel;
-  base.queue_factor = std::max(1, cfg.queue_factor);  // 0 meant 1 (x the slots) before the bound moved: still so
-  base.ctx_size = cfg.ctx_size;
-  base.kv_type_k = model::parse_kv_type(cfg.cache_type_k).value_or(model::KvType::kF16);  // validated above
-  base.kv_type_v = model::parse_kv_type(cfg.cache_type_v).value_or(model::KvType::kF16);
-  base.kv_budget_tokens = cfg.kv_budget_tokens;
-  base.batch_size = cfg.batch_size;
-  base.step_budget_ms = step_budget_ms;
-  base.prompt_cache = !cfg.no_cache_prompt;
-  base.repack = repack && !cfg.no_repack;  // --no-repack / BONSAI_NO_REPACK=1, or the config's
+// (and the server's default for admin loads of new files): `cfg`'s model
+// keys (server::serve_model_spec, validated before) without the Q2_0 layout
+// (admin loads of new files detect theirs), and `repack` (false:
+// --no-repack / BONSAI_NO_REPACK=1; the config's no-repack also turns it off).
+engine::ModelSpec base_model_spec(const server::ServeConfig& cfg, bool repack) {
+  engine::ModelSpec base = server::serve_model_spec(cfg).value_or(engine::ModelSpec{});
+  base.q2_layout.reset();
+  base.repack = repack && base.repack;
   return base;
+}
+
+// A CLI11 check of a ModelSpec flag's value by the one parser
+// (engine::set_model_field): CLI11 reports "--FLAG: <message>" as a usage error.
+auto model_field_check(std::string_view name) {
+  return [name](const std::string& text) {
+    engine::ModelSpec scratch;
+    const auto r = engine::set_model_field_text(scratch, name, text);
+    return r ? std::string() : r.error().message;
+  };
 }
 
 // Loads the models to preload (the config's [router] preload, else the first
@@ -253,13 +256,12 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   if (!rt) return kExitUsage;
   std::optional<core::Q2Layout> q2_layout = rt->open_options.q2_layout;
   if (!cfg.q2_layout.empty()) {
-    const auto from_config = core::parse_q2_layout(cfg.q2_layout);
-    if (!from_config) {
-      std::cerr << "bonsai serve: " << f.config << ": key 'q2-layout': unknown Q2_0 layout '" << cfg.q2_layout
-                << "' (expected g64, g128-d-first or g128-qs-first)\n";
+    engine::ModelSpec from_config;
+    if (auto r = engine::set_model_field(from_config, "q2_layout", cfg.q2_layout); !r) {
+      std::cerr << "bonsai serve: " << f.config << ": key 'q2-layout': " << r.error().message << "\n";
       return 2;
     }
-    if (!q2_layout) q2_layout = from_config;
+    if (!q2_layout) q2_layout = from_config.q2_layout;
   }
 
   if (cfg.models.empty()) {
@@ -303,9 +305,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
       cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max) : std::max<size_t>(1, cfg.models.size());
   auto pool = std::make_shared<engine::ModelPool>(capacity, cfg.mem_budget_mb, engine::gguf_model_loader(),
                                                   engine::gguf_model_estimator());
-  const bool budget_given = cmd->get_option("--step-budget-ms")->count() > 0;
-  const engine::ModelSpec base =
-      base_model_spec(cfg, budget_given ? f.step_budget_ms : cfg.step_budget_ms, rt->open_options.repack);
+  const engine::ModelSpec base = base_model_spec(cfg, rt->open_options.repack);
   for (const auto& m : cfg.models) {
     engine::ModelSpec spec = base;
     spec.path = m.path;
@@ -352,14 +352,16 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-m,--model", f->models, "Model as [ID=]FILE (repeatable; default: the built-in model)");
   cmd->add_option("--pool-size", f->pool_size,
                   "Engine replicas per model; sizes the default KV budget (pool-size x ctx-size) "
-                  "(default: cores, at most 4)");
+                  "(default: cores, at most 4)")
+      ->check(model_field_check("pool_size"));
   cmd->add_option("--parallel", f->parallel,
                   "Sequences per model generating at once, batched in one step loop, whatever --pool-size "
                   "is (default 16; also -np)")
-      ->check(CLI::Range(1, server::kMaxParallel));
+      ->check(model_field_check("parallel"));
   cmd->add_option("--models-max", f->models_max, "Models resident at once (LRU; default: the number of -m)");
   cmd->add_option("--mem-budget", f->mem_budget, "Memory budget for resident models in MiB (0: unlimited)");
-  cmd->add_option("-c,--ctx-size", f->ctx, "Context size per replica in tokens (0: the model's, at most 4096)");
+  cmd->add_option("-c,--ctx-size", f->ctx, "Context size per replica in tokens (0: the model's, at most 4096)")
+      ->check(model_field_check("ctx_size"));
   cmd->add_option("-t,--threads", f->threads, "Compute threads shared by all replicas (default: physical cores)");
   cmd->add_option("--host", f->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", f->port, "Port to listen on (default 8080; 0: any free port)");
@@ -368,14 +370,10 @@ void register_serve(CLI::App& app) {
                 "Serve /admin without an API key on a non-loopback --host (otherwise 403 there)");
   cmd->add_option("--config", f->config, "TOML file with the same keys and [router] preload = [...]");
   cmd->add_option("--timeout", f->timeout, "Per-request timeout in seconds (default 600)");
-  const auto kv_type_ok = [](const std::string& s) {
-    const auto t = model::parse_kv_type(s);
-    return t ? std::string() : t.error().message;
-  };
   cmd->add_option("--cache-type-k", f->cache_type_k, "KV cache type for K: f16 (default), f32, q8_0 (also -ctk)")
-      ->check(kv_type_ok);
+      ->check(model_field_check("cache_type_k"));
   cmd->add_option("--cache-type-v", f->cache_type_v, "KV cache type for V: f16 (default), f32, q8_0 (also -ctv)")
-      ->check(kv_type_ok);
+      ->check(model_field_check("cache_type_v"));
   cmd->add_option("--max-connections", f->max_connections,
                   "Open connections served at once; past it a new connection gets 503 and is closed (default 1024)")
       ->check(CLI::Range(1, 1 << 20));
@@ -399,15 +397,15 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--kv-budget-tokens", f->kv_budget_tokens,
                   "KV cache budget per model in tokens, shared by all its sequences in blocks as they grow "
                   "(default: pool-size x ctx-size; at least ctx-size)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+      ->check(model_field_check("kv_budget_tokens"));
   cmd->add_option("-b,--batch-size", f->batch_size,
                   "Most tokens per scheduler step: running streams' tokens plus prompt chunks (default 512)")
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(model_field_check("batch_size"));
   cmd->add_option("--step-budget-ms", f->step_budget_ms,
                   "Target duration of a scheduler step with running streams, in ms: long prompts advance in "
                   "chunks sized to it from measured step costs (default 0: twice the decode step, so streams "
                   "keep their pace)")
-      ->check(CLI::Range(0.0, 600000.0));
+      ->check(model_field_check("step_budget_ms"));
   cmd->add_flag("--no-cache-prompt", f->no_cache_prompt,
                 "Do not reuse cached prompt prefixes across requests (the prompt cache is on by default)");
   cmd->add_option("--reasoning-format", f->reasoning_format,
@@ -419,7 +417,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--queue-factor", f->queue_factor,
                   "Requests that may wait per sequence slot (--parallel) before new ones get 503 + Retry-After "
                   "(default 4)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(model_field_check("queue_factor"));
   cmd->add_option("--cors-origin", f->cors_origin,
                   "Allow browsers on these origins to call the API (CORS): '*' or a comma-separated list "
                   "(default: off)");

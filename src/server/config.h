@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/model_spec_fields.h"  // ModelSpec, kMaxModelParallel
 
 namespace bonsai::server {
 
@@ -35,8 +36,9 @@ namespace bonsai::server {
 // 28: a 2-core machine serves 16 streams at once; a sequence slot costs a
 // logits row, its KV comes from the model's one budget).
 inline constexpr int kDefaultParallel = 16;
-// Largest -np accepted (each slot holds an [n_vocab] logits row).
-inline constexpr int kMaxParallel = 1024;
+// Largest -np accepted (each slot holds an [n_vocab] logits row); the one
+// ModelSpec parser's bound, the same for flags, config and admin loads.
+inline constexpr int kMaxParallel = engine::kMaxModelParallel;
 
 // One `-m [ID=]FILE`.
 struct ModelArg {
@@ -48,7 +50,12 @@ struct ServeConfig {
   std::vector<ModelArg> models;
   std::vector<std::string> preload;  // [router] preload
   bool preload_set = false;          // false: preload every model (up to models_max)
-  int pool_size = 0;                 // replicas per model; 0: default_cpu_pool_size()
+  // The model keys (pool-size, parallel, ctx-size, kv-budget-tokens,
+  // queue-factor, step-budget-ms, batch-size, no-cache-prompt, q2-layout,
+  // cache-type-k/v, no-repack) are ModelSpec fields: their types and ranges
+  // are engine::set_model_field's (model_spec_fields.h); serve_model_spec
+  // turns them into the ModelSpec.
+  int pool_size = 0;  // replicas per model; 0: default_cpu_pool_size()
   // parallel (-np/--parallel, llama-server's flag; vLLM's max_num_seqs):
   // live sequences per model, batched in one step loop, whatever pool-size
   // is (ModelSpec::parallel). 1..kMaxParallel.
@@ -116,9 +123,16 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
 // Reads `path` and applies it as above. Errors: kNotFound/kIo for the file.
 core::Expected<void> load_serve_toml(const std::string& path, ServeConfig& config);
 
+// The ModelSpec the config's model keys describe (pool-size, parallel,
+// ctx-size, kv-budget-tokens, queue-factor, batch-size, step-budget-ms,
+// no-cache-prompt, q2-layout, cache-type-k/v, no-repack), each checked by
+// engine::set_model_field; path is left empty. Errors: kInvalidArgument
+// "<config key>: <the parser's message>".
+core::Expected<engine::ModelSpec> serve_model_spec(const ServeConfig& config);
+
 // Checks ranges (port 0..65535 where 0 = any free port, sizes >= 0, preload
-// ids that name a model, a known q2-layout name). Errors: kInvalidArgument
-// naming the key.
+// ids that name a model, the model keys as serve_model_spec). Errors:
+// kInvalidArgument naming the key.
 core::Expected<void> validate_serve_config(const ServeConfig& config);
 
 }  // namespace bonsai::server

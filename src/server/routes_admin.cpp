@@ -11,10 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/ggml_types.h"  // parse_q2_layout (admin load)
-#include "engine/load_fit.h"  // check_load_fit
-#include "model/kv_cache.h"   // parse_kv_type (cache_type_k / cache_type_v)
-#include "server/web_ui.h"    // GET /: the embedded web chat page
+#include "engine/load_fit.h"           // check_load_fit
+#include "engine/model_spec_fields.h"  // set_model_field (the load body's ModelSpec fields)
+#include "server/web_ui.h"             // GET /: the embedded web chat page
 
 namespace bonsai::server {
 
@@ -22,12 +21,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// Largest pool_size (and parallel) an admin load accepts: each replica
-// holds its own workspace and each sequence slot an [n_vocab] logits row and
-// sampler state (their KV comes from the model's budget, which the load
-// check counts; the rows are not counted), so 1'000'000 of them would
-// exhaust memory before any budget could help.
-constexpr int64_t kMaxAdminPoolSize = 256;
 constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
 
 // The handlers, shared by the registered routes (they hold it alive).
@@ -170,53 +163,9 @@ struct AdminRoutes {
       return send_error(res, bad_request("Missing required parameter: 'path' (model '" + id + "' is not registered).",
                                          "path", "missing_required_parameter"));
     }
-    for (const char* f : {"pool_size", "ctx_size", "parallel"}) {
-      const std::string name = f;
-      const int64_t max = name == "ctx_size" ? 1'000'000 : kMaxAdminPoolSize;
-      auto it = body.find(f);
-      if (it == body.end() || it->is_null()) continue;
-      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > max)
-        return send_error(res, bad_request(std::string("Invalid '") + f + "': expected an integer in [0, " +
-                                               std::to_string(max) + "].",
-                                           f, "invalid_value"));
-      (name == "pool_size"  ? spec.pool_size
-       : name == "parallel" ? spec.parallel
-                            : spec.ctx_size) = static_cast<int>(it->get<int64_t>());
-    }
-    // q2_layout: force the type-42 layout (as `bonsai serve --q2-layout`);
-    // absent or null keeps the registration's (a new path: detected).
-    if (auto it = body.find("q2_layout"); it != body.end() && !it->is_null()) {
-      if (!it->is_string())
-        return send_error(res,
-                          bad_request("Invalid type for 'q2_layout': expected a string.", "q2_layout", "invalid_type"));
-      const std::string name = it->get<std::string>();
-      spec.q2_layout = core::parse_q2_layout(name);
-      if (!spec.q2_layout)
-        return send_error(res, bad_request("Invalid 'q2_layout': unknown Q2_0 layout '" + name +
-                                               "' (expected g64, g128-d-first or g128-qs-first).",
-                                           "q2_layout", "invalid_value"));
-    }
-    // repack: false keeps the weights zero-copy views (as `bonsai serve
-    // --no-repack`); absent or null keeps the registration's / the server's.
-    if (auto it = body.find("repack"); it != body.end() && !it->is_null()) {
-      if (!it->is_boolean())
-        return send_error(res, bad_request("Invalid type for 'repack': expected a boolean.", "repack", "invalid_type"));
-      spec.repack = it->get<bool>();
-    }
-    // cache_type_k / cache_type_v: KV cache types (as `bonsai serve -ctk / -ctv`);
-    // absent or null keeps the registration's (a new path: the server's).
-    for (const char* f : {"cache_type_k", "cache_type_v"}) {
-      auto it = body.find(f);
-      if (it == body.end() || it->is_null()) continue;
-      if (!it->is_string())
-        return send_error(
-            res, bad_request(std::string("Invalid type for '") + f + "': expected a string.", f, "invalid_type"));
-      const auto t = model::parse_kv_type(it->get<std::string>());
-      if (!t)
-        return send_error(
-            res, bad_request(std::string("Invalid '") + f + "': " + t.error().message + ".", f, "invalid_value"));
-      (std::string(f) == "cache_type_k" ? spec.kv_type_k : spec.kv_type_v) = *t;
-    }
+    // pool_size / ctx_size / parallel / q2_layout / repack / cache_type_k /
+    // cache_type_v: absent or null keeps the registration's (a new path: the server's).
+    if (auto e = apply_admin_model_fields(body, spec)) return send_error(res, *e);
     std::error_code ec;
     if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))
       return send_error(
@@ -277,6 +226,30 @@ struct AdminRoutes {
 };
 
 }  // namespace
+
+std::optional<ApiError> apply_admin_model_fields(const json& body, engine::ModelSpec& spec) {
+  for (const engine::ModelFieldInfo& f : engine::model_fields()) {
+    if (!f.admin_json) continue;
+    const std::string name(f.name);
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    engine::FieldValue value;
+    if (it->is_number_integer())
+      value = it->get<int64_t>();
+    else if (it->is_number_float())
+      value = it->get<double>();
+    else if (it->is_boolean())
+      value = it->get<bool>();
+    else if (it->is_string())
+      value = it->get<std::string>();
+    auto r = engine::set_model_field(spec, name, value);
+    if (r) continue;
+    if (r.error().kind == engine::FieldErrorKind::kWrongType)
+      return bad_request("Invalid type for '" + name + "': " + r.error().message + ".", name, "invalid_type");
+    return bad_request("Invalid '" + name + "': " + r.error().message + ".", name, "invalid_value");
+  }
+  return std::nullopt;
+}
 
 void add_admin_routes(HttpTransport& http, ServerContext& ctx) {
   auto r = std::make_shared<AdminRoutes>(ctx);

@@ -13,10 +13,22 @@
 // Authorization of /v1 and /admin is checked before routing (server.cpp).
 #pragma once
 
-#include "server/routes_common.h"  // ServerContext
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "engine/model_pool.h"     // ModelSpec
+#include "server/routes_common.h"  // ServerContext, ApiError
 #include "server/transport.h"      // HttpTransport
 
 namespace bonsai::server {
+
+// Applies the ModelSpec fields of an admin load body (`body`, a JSON object:
+// pool_size, ctx_size, parallel, q2_layout, repack, cache_type_k,
+// cache_type_v; absent or null leaves the field alone) onto `spec` with
+// engine::set_model_field. Returns the 400 for the first bad field:
+// "Invalid '<field>': <message>." (invalid_value) or "Invalid type for
+// '<field>': <message>." (invalid_type), param = the field.
+std::optional<ApiError> apply_admin_model_fields(const nlohmann::json& body, engine::ModelSpec& spec);
 
 // Registers the routes above on `http`. `ctx` must outlive `http`'s handlers.
 void add_admin_routes(HttpTransport& http, ServerContext& ctx);

@@ -351,6 +351,8 @@ TEST(ServeCli, ParallelFlagAndConfigKey) {
   EXPECT_NE(loaded_line("g", {"-m", m, "--config", toml.string()}).find(": 7 parallel sequences"), std::string::npos);
   const auto [code, err] = startup_error({"-m", m, "-np", "0"});
   EXPECT_EQ(code, 2) << err;
+  // The one ModelSpec parser's message (the admin body and the config say the same).
+  EXPECT_NE(err.find("--parallel: expected an integer in [1, 256]"), std::string::npos) << err;
   // --queue-factor and --max-body are flags too (they were config keys only).
   EXPECT_NE(loaded_line("g", {"-m", m, "--queue-factor", "2", "--max-body", "100000"}), "");
   const auto [qcode, qerr] = startup_error({"-m", m, "--queue-factor", "0"});

@@ -3,6 +3,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "server/config.h"
 #include "server/metrics.h"
@@ -108,19 +110,25 @@ preload = ["b"]
   EXPECT_TRUE(validate_serve_config(c).has_value());
 }
 
-// parallel (-np): live sequences per model, 16 unless set, 1..kMaxParallel.
+// parallel (-np): live sequences per model, 16 unless set, 1..kMaxParallel
+// (256 since issue 31's one ModelSpec parser: the admin route's bound; it was
+// 1..1024, and 0 passed the file and failed validate_serve_config only).
 TEST(Config, ParallelKey) {
   ServeConfig c;
   EXPECT_EQ(c.parallel, kDefaultParallel);
   EXPECT_EQ(kDefaultParallel, 16);
+  EXPECT_EQ(kMaxParallel, 256);
   ASSERT_TRUE(apply_serve_toml("parallel = 3\n", "p.toml", c).has_value());
   EXPECT_EQ(c.parallel, 3);
   c.models = {{"a", "/a.gguf"}};
   EXPECT_TRUE(validate_serve_config(c).has_value());
-  ASSERT_TRUE(apply_serve_toml("parallel = 0\n", "p.toml", c).has_value());
+  auto zero_key = apply_serve_toml("parallel = 0\n", "p.toml", c);
+  ASSERT_FALSE(zero_key.has_value());
+  EXPECT_EQ(zero_key.error().message, "p.toml: key 'parallel': expected an integer in [1, 256]");
+  c.parallel = 0;
   auto zero = validate_serve_config(c);
   ASSERT_FALSE(zero.has_value());
-  EXPECT_EQ(zero.error().message, "parallel must be in 1..1024 (live sequences per model), got 0");
+  EXPECT_EQ(zero.error().message, "parallel: expected an integer in [1, 256]");
   auto neg = apply_serve_toml("parallel = -2\n", "p.toml", c);
   ASSERT_FALSE(neg.has_value());
   EXPECT_NE(neg.error().message.find("p.toml: key 'parallel'"), std::string::npos) << neg.error().message;
@@ -210,13 +218,18 @@ TEST(Config, TomlErrorsNameFileAndKey) {
 
 // Regression: int keys were truncated from int64 (port = 2^32 + 8080 served
 // on 8080, pool-size = 2^32 + 1 gave 1 replica) instead of being refused.
+// The model keys have the one ModelSpec parser's ranges (issue 31): their
+// message gives the range instead of "too large (at most 2147483647)".
 TEST(Config, TomlIntegersTooLargeForTheirKeyAreRefused) {
-  for (const char* text :
-       {"port = 4294975376\n", "pool-size = 4294967297\n", "ctx-size = 9999999999\n", "queue-factor = 2147483648\n"}) {
+  for (const auto& [text, want] : std::vector<std::pair<const char*, const char*>>{
+           {"port = 4294975376\n", "too large"},
+           {"pool-size = 4294967297\n", "expected an integer in [0, 256]"},
+           {"ctx-size = 9999999999\n", "expected an integer in [0, 1000000]"},
+           {"queue-factor = 2147483648\n", "expected an integer in [1, 1048576]"}}) {
     ServeConfig c;
     auto r = apply_serve_toml(text, "s.toml", c);
     ASSERT_FALSE(r.has_value()) << text << " -> port " << c.port << ", pool " << c.pool_size;
-    EXPECT_NE(r.error().message.find("too large"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find(want), std::string::npos) << r.error().message;
   }
   ServeConfig c;
   ASSERT_TRUE(apply_serve_toml("mem-budget = 8589934592\nmax-body = 8589934592\n", "s.toml", c).has_value());
