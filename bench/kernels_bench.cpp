@@ -189,7 +189,7 @@ uint64_t read_range_generic(const uint8_t* p, size_t n) {
 }
 
 uint64_t read_range(const uint8_t* p, size_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = bonsai::core::cpu_features().avx512f;
   return avx512 ? read_range_avx512(p, n) : read_range_generic(p, n);
 }
 

@@ -32,6 +32,8 @@
 #include <cstdlib>
 #include <iterator>
 
+#include "core/cpu_features.h"  // cpu_features
+
 namespace {
 
 constexpr int kKeys = 64;  // keys per pass (all operands stay in L1)
@@ -106,8 +108,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s [ROUNDS >= 1]\n", argv[0]);
     return 2;
   }
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+  if (!bonsai::core::cpu_features().avx2) {  // AVX2 + FMA (+ F16C), with the OS saving YMM state
     std::fprintf(stderr, "pv_pipes_bench: needs AVX2 and FMA\n");
     return 1;
   }

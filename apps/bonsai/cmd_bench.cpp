@@ -46,6 +46,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
@@ -462,43 +463,235 @@ class Runner {
   TokenSource tokens_;
 };
 
-int bench_main(const BenchFlags& f) {
-  // ---- Usage checks (exit 2) before anything runs.
-  auto usage = [](const std::string& msg) {
-    std::cerr << "bonsai bench: " << msg << "\n";
-    return kExitUsage;
-  };
+// The flag values after the usage checks.
+struct ParsedFlags {
+  model::KvType type_k = model::KvType::kF16, type_v = model::KvType::kF16;  // -ctk, -ctv
+  std::vector<int> n_prompt, n_gen, depths, threads;                         // -p, -n, -d, -t
+  std::vector<std::pair<int, int>> pgs;                                      // -pg PP,TG each
+};
+
+// Checks and parses every flag value; the error message is the usage line (exit 2).
+core::Expected<ParsedFlags> parse_flags(const BenchFlags& f) {
+  auto usage = [](std::string msg) { return core::fail(core::Errc::kInvalidArgument, std::move(msg)); };
   if (f.output != "md" && f.output != "csv" && f.output != "json" && f.output != "jsonl") {
     return usage("-o: unknown output format '" + f.output + "' (expected md, csv, json or jsonl)");
   }
   if (f.reps < 1) return usage("-r: repetitions must be >= 1");
   if (f.bw_mib < 1) return usage("--bw-mib must be >= 1");
+  ParsedFlags pf;
   const auto type_k = model::parse_kv_type(f.cache_type_k);
   if (!type_k) return usage("-ctk: " + type_k.error().message);
   const auto type_v = model::parse_kv_type(f.cache_type_v);
   if (!type_v) return usage("-ctv: " + type_v.error().message);
+  pf.type_k = *type_k;
+  pf.type_v = *type_v;
   auto n_prompt = parse_int_list("-p", f.n_prompt, 0);
   if (!n_prompt) return usage(n_prompt.error().message);
   auto n_gen = parse_int_list("-n", f.n_gen, 0);
   if (!n_gen) return usage(n_gen.error().message);
   auto depths = parse_int_list("-d", f.depth, 0);
   if (!depths) return usage(depths.error().message);
-  auto thread_list = parse_int_list("-t", f.threads, 1);
-  if (!thread_list) return usage(thread_list.error().message);
-  std::vector<std::pair<int, int>> pgs;
+  auto threads = parse_int_list("-t", f.threads, 1);
+  if (!threads) return usage(threads.error().message);
+  pf.n_prompt = std::move(*n_prompt);
+  pf.n_gen = std::move(*n_gen);
+  pf.depths = std::move(*depths);
+  pf.threads = std::move(*threads);
   for (const auto& s : f.pg) {
     const auto comma = s.find(',');
     auto parts = comma == std::string::npos
                      ? core::Expected<std::vector<int>>(core::fail(core::Errc::kInvalidArgument, ""))
                      : parse_int_list("-pg", {s.substr(0, comma), s.substr(comma + 1)}, 1);
     if (!parts) return usage("-pg: '" + s + "' is not PP,TG (two integers >= 1)");
-    pgs.emplace_back((*parts)[0], (*parts)[1]);
+    pf.pgs.emplace_back((*parts)[0], (*parts)[1]);
   }
-  for (int v : *thread_list) {
+  for (int v : pf.threads) {
     if (v > core::ThreadPool::kMaxThreads) {
       return usage("-t: " + std::to_string(v) + " is more than " + std::to_string(core::ThreadPool::kMaxThreads));
     }
   }
+  return pf;
+}
+
+// The tests to run, per depth in llama-bench's order: pp, tg, pg.
+std::vector<TestSpec> make_plan(const ParsedFlags& pf) {
+  std::vector<TestSpec> plan;
+  for (int d : pf.depths) {
+    for (int p : pf.n_prompt)
+      if (p > 0) plan.push_back({p, 0, d});
+    for (int n : pf.n_gen)
+      if (n > 0) plan.push_back({0, n, d});
+    for (auto [p, n] : pf.pgs) plan.push_back({p, n, d});
+  }
+  return plan;
+}
+
+// The -m paths, or the built-in default model (written on first use) when none.
+core::Expected<std::vector<std::string>> model_paths(const BenchFlags& f) {
+  std::vector<std::string> paths;
+  for (const auto& m : f.models) {
+    if (!m.empty()) paths.push_back(m);
+  }
+  if (paths.empty()) {
+    auto p = synth::ensure_default_model();
+    if (!p) return std::unexpected(p.error());
+    paths.push_back(*p);
+  }
+  return paths;
+}
+
+// One `bonsai bench` run after the usage checks: a pool and its hardware
+// ceilings per thread count, the printer, and the progress count over every
+// (model, test, thread count, repetition). Borrows the flags and the runtime
+// from bench_main, which outlive it.
+class BenchRun {
+ public:
+  BenchRun(const BenchFlags& f, const ParsedFlags& pf, const Runtime& rt, std::vector<TestSpec> plan, size_t n_models)
+      : f_(f),
+        pf_(pf),
+        rt_(rt),
+        plan_(std::move(plan)),
+        backend_("CPU/" + kernels::kernel_name()),  // "CPU/avx512-amx" where AMX runs the batches
+        printer_(f.output, cpu_model_name()),
+        runs_per_test_(static_cast<uint64_t>(f.reps) + (f.no_warmup ? 0 : 1)),
+        total_runs_(n_models * pf.threads.size() * plan_.size() * runs_per_test_) {}
+
+  // Creates one pool per distinct thread count and measures its read
+  // bandwidth and int8 peak.
+  void measure_ceilings() {
+    for (int t : pf_.threads) {
+      if (pools_.count(t)) continue;
+      pools_[t] = std::make_unique<core::ThreadPool>(t);
+      Progress p("bench: measuring read bandwidth and int8 peak, " + std::to_string(t) + " thread(s)", 0,
+                 Progress::Unit::kItems, rt_.progress);
+      p.tick_in_background();
+      Ceilings c;
+      c.read_gbs = measure_read_bandwidth(*pools_[t], static_cast<size_t>(f_.bw_mib) << 20);
+      c.peak = measure_int8_peak(*pools_[t], rt_.tier);
+      ceilings_[t] = c;
+    }
+    fill_threads_ = std::max_element(pools_.begin(), pools_.end(), [](const auto& a, const auto& b) {
+                      return a.first < b.first;
+                    })->first;
+  }
+
+  // Loads the model at `path` and runs the plan on it, printing each row;
+  // 0, or 1 after printing why it stopped.
+  int run_model(const std::string& path) {
+    auto loaded = load_model(path, rt_);
+    if (!loaded) {
+      std::cerr << "bonsai bench: cannot load model: " << loaded.error().message << "\n";
+      return 1;
+    }
+    const model::Model& m = **loaded;
+    stats_.push_back(std::make_unique<ModelStats>(model_stats(m, path, pf_.type_k, pf_.type_v)));
+    const ModelStats& ms = *stats_.back();
+    int max_ctx = 0;
+    for (const auto& t : plan_) max_ctx = std::max(max_ctx, t.n_depth + t.n_prompt + t.n_gen + 1);
+    auto cache = model::KvCache::create(m.config(), max_ctx, pf_.type_k, pf_.type_v);
+    if (!cache) {
+      std::cerr << "bonsai bench: " << path << ": " << cache.error().message << "\n";
+      return 1;
+    }
+    Runner runner(m, *cache);
+    int filled_depth = -1;  // the depth the cache's first positions hold now
+    for (const TestSpec& test : plan_) {
+      if (test.n_depth != filled_depth) {
+        if (auto r = fill(runner, ms, test.n_depth); !r) {
+          std::cerr << "bonsai bench: " << path << ": " << r.error().message << "\n";
+          return 1;
+        }
+        filled_depth = test.n_depth;
+      }
+      for (int t : pf_.threads) {
+        auto row = time_test(runner, *cache, ms, test, t);
+        if (!row) {
+          std::cerr << "bonsai bench: " << path << ": " << test.name() << ": " << row.error().message << "\n";
+          return 1;
+        }
+        printer_.row(*row);
+      }
+    }
+    return 0;
+  }
+
+  // Closes the output: for md, the footer with the ceilings and the models.
+  void end() { printer_.end(ceilings_, stats_); }
+
+ private:
+  // Fills the cache to `depth` positions (untimed, on the largest pool); 0: nothing.
+  core::Expected<void> fill(Runner& runner, const ModelStats& ms, int depth) {
+    if (depth == 0) return {};
+    Progress p("bench: " + ms.type + ": filling the KV cache to depth " + std::to_string(depth),
+               static_cast<uint64_t>(depth), Progress::Unit::kItems, rt_.progress);
+    auto r = runner.fill(depth, *pools_[fill_threads_], p);
+    if (!r) p.finish();
+    return r;
+  }
+
+  // Times `test` on `threads` threads: the warm-up (unless --no-warmup), then
+  // -r repetitions, each from the cache truncated to the test's depth.
+  core::Expected<Row> time_test(Runner& runner, model::KvCache& cache, const ModelStats& ms, const TestSpec& test,
+                                int threads) {
+    core::ThreadPool& pool = *pools_[threads];
+    Row row;
+    row.model = &ms;
+    row.backend = backend_;
+    row.threads = threads;
+    row.test = test;
+    row.test_time = iso_now();
+    row.ceil = ceilings_[threads];
+    Progress p("", total_runs_, Progress::Unit::kItems, rt_.progress);
+    auto one = [&](int n_prompt, int n_gen) -> core::Expected<void> {
+      cache.truncate(test.n_depth);
+      if (auto r = runner.prompt(n_prompt, pool); !r) return r;
+      return runner.generate(n_gen, pool);
+    };
+    for (uint64_t rep = 0; rep < runs_per_test_; ++rep) {
+      const bool warmup = !f_.no_warmup && rep == 0;
+      p.set_label("bench: " + ms.type + ", " + std::to_string(threads) + " thread(s), " + test.name() + ", " +
+                  (warmup ? std::string("warm-up")
+                          : "rep " + std::to_string(rep + (f_.no_warmup ? 1 : 0)) + "/" + std::to_string(f_.reps)));
+      p.update(runs_done_);
+      // llama-bench's warm-up: the prompt once, one generated token.
+      const auto t0 = Clock::now();
+      auto r = warmup ? one(test.n_prompt, test.n_gen > 0 ? 1 : 0) : one(test.n_prompt, test.n_gen);
+      const auto t1 = Clock::now();
+      if (!r) {
+        p.finish();
+        return std::unexpected(r.error());
+      }
+      if (!warmup) row.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+      p.update(++runs_done_);
+    }
+    p.finish();
+    return row;
+  }
+
+  const BenchFlags& f_;
+  const ParsedFlags& pf_;
+  const Runtime& rt_;
+  const std::vector<TestSpec> plan_;
+  std::map<int, std::unique_ptr<core::ThreadPool>> pools_;  // one per distinct -t value
+  std::map<int, Ceilings> ceilings_;                        // by thread count
+  int fill_threads_ = 1;                                    // the largest thread count: fills the cache
+  const std::string backend_;
+  Printer printer_;
+  std::vector<std::unique_ptr<ModelStats>> stats_;  // one per model loaded so far (rows point into them)
+  const uint64_t runs_per_test_;                    // -r, plus the warm-up
+  const uint64_t total_runs_;
+  uint64_t runs_done_ = 0;
+};
+
+// `bonsai bench`: usage checks, runtime, plan, then the plan on every model; the exit code.
+int bench_main(const BenchFlags& f) {
+  auto usage = [](const std::string& msg) {
+    std::cerr << "bonsai bench: " << msg << "\n";
+    return kExitUsage;
+  };
+  // Usage checks (exit 2) before anything runs.
+  auto pf = parse_flags(f);
+  if (!pf) return usage(pf.error().message);
   // Runtime: BONSAI_KERNEL, --q2-layout (usage errors). The bench sizes its
   // own pools per -t value, not the global one.
   RuntimeFlags rf;
@@ -507,128 +700,21 @@ int bench_main(const BenchFlags& f) {
   rf.no_repack = f.no_repack;
   auto rt = init_runtime_or_report("bench", rf);
   if (!rt) return kExitUsage;
-  if (thread_list->empty()) thread_list->push_back(rt->threads);
-
-  std::vector<TestSpec> plan;  // per depth, in llama-bench's order: pp, tg, pg
-  for (int d : *depths) {
-    for (int p : *n_prompt)
-      if (p > 0) plan.push_back({p, 0, d});
-    for (int n : *n_gen)
-      if (n > 0) plan.push_back({0, n, d});
-    for (auto [p, n] : pgs) plan.push_back({p, n, d});
-  }
+  if (pf->threads.empty()) pf->threads.push_back(rt->threads);
+  auto plan = make_plan(*pf);
   if (plan.empty()) return usage("nothing to run: every -p and -n is 0 and no -pg was given");
-
-  std::vector<std::string> paths;
-  for (const auto& m : f.models) {
-    if (!m.empty()) paths.push_back(m);
-  }
-  if (paths.empty()) {
-    auto p = synth::ensure_default_model();
-    if (!p) {
-      std::cerr << "bonsai bench: cannot prepare the built-in default model: " << p.error().message << "\n";
-      return 1;
-    }
-    paths.push_back(*p);
+  auto paths = model_paths(f);
+  if (!paths) {
+    std::cerr << "bonsai bench: cannot prepare the built-in default model: " << paths.error().message << "\n";
+    return 1;
   }
 
-  // ---- Pools and the hardware ceilings for each thread count.
-  std::map<int, std::unique_ptr<core::ThreadPool>> pools;
-  std::map<int, Ceilings> ceilings;
-  for (int t : *thread_list) {
-    if (pools.count(t)) continue;
-    pools[t] = std::make_unique<core::ThreadPool>(t);
-    Progress p("bench: measuring read bandwidth and int8 peak, " + std::to_string(t) + " thread(s)", 0,
-               Progress::Unit::kItems, rt->progress);
-    p.tick_in_background();
-    Ceilings c;
-    c.read_gbs = measure_read_bandwidth(*pools[t], static_cast<size_t>(f.bw_mib) << 20);
-    c.peak = measure_int8_peak(*pools[t], rt->tier);
-    ceilings[t] = c;
+  BenchRun run(f, *pf, *rt, std::move(plan), paths->size());
+  run.measure_ceilings();
+  for (const auto& path : *paths) {
+    if (int rc = run.run_model(path); rc != 0) return rc;
   }
-  const int fill_threads = std::max_element(pools.begin(), pools.end(), [](const auto& a, const auto& b) {
-                             return a.first < b.first;
-                           })->first;
-
-  const std::string cpu = cpu_model_name();
-  const std::string backend = "CPU/" + kernels::kernel_name();  // "CPU/avx512-amx" where AMX runs the batches
-  Printer printer(f.output, cpu);
-  std::vector<std::unique_ptr<ModelStats>> stats;
-  const uint64_t runs_per_test = static_cast<uint64_t>(f.reps) + (f.no_warmup ? 0 : 1);
-  const uint64_t total_runs = paths.size() * thread_list->size() * plan.size() * runs_per_test;
-  uint64_t runs_done = 0;
-
-  for (const auto& path : paths) {
-    auto loaded = load_model(path, *rt);
-    if (!loaded) {
-      std::cerr << "bonsai bench: cannot load model: " << loaded.error().message << "\n";
-      return 1;
-    }
-    const model::Model& m = **loaded;
-    stats.push_back(std::make_unique<ModelStats>(model_stats(m, path, *type_k, *type_v)));
-    const ModelStats& ms = *stats.back();
-    int max_ctx = 0;
-    for (const auto& t : plan) max_ctx = std::max(max_ctx, t.n_depth + t.n_prompt + t.n_gen + 1);
-    auto cache = model::KvCache::create(m.config(), max_ctx, *type_k, *type_v);
-    if (!cache) {
-      std::cerr << "bonsai bench: " << path << ": " << cache.error().message << "\n";
-      return 1;
-    }
-    Runner runner(m, *cache);
-    int filled_depth = -1;  // the depth the cache's first positions hold now
-    for (size_t ti = 0; ti < plan.size(); ++ti) {
-      const TestSpec& test = plan[ti];
-      if (test.n_depth != filled_depth) {
-        if (test.n_depth > 0) {
-          Progress p("bench: " + ms.type + ": filling the KV cache to depth " + std::to_string(test.n_depth),
-                     static_cast<uint64_t>(test.n_depth), Progress::Unit::kItems, rt->progress);
-          if (auto r = runner.fill(test.n_depth, *pools[fill_threads], p); !r) {
-            p.finish();
-            std::cerr << "bonsai bench: " << path << ": " << r.error().message << "\n";
-            return 1;
-          }
-        }
-        filled_depth = test.n_depth;
-      }
-      for (int t : *thread_list) {
-        core::ThreadPool& pool = *pools[t];
-        Row row;
-        row.model = &ms;
-        row.backend = backend;
-        row.threads = t;
-        row.test = test;
-        row.test_time = iso_now();
-        row.ceil = ceilings[t];
-        Progress p("", total_runs, Progress::Unit::kItems, rt->progress);
-        auto one = [&](int n_prompt, int n_gen) -> core::Expected<void> {
-          cache->truncate(test.n_depth);
-          if (auto r = runner.prompt(n_prompt, pool); !r) return r;
-          return runner.generate(n_gen, pool);
-        };
-        for (uint64_t rep = 0; rep < runs_per_test; ++rep) {
-          const bool warmup = !f.no_warmup && rep == 0;
-          p.set_label("bench: " + ms.type + ", " + std::to_string(t) + " thread(s), " + test.name() + ", " +
-                      (warmup ? std::string("warm-up")
-                              : "rep " + std::to_string(rep + (f.no_warmup ? 1 : 0)) + "/" + std::to_string(f.reps)));
-          p.update(runs_done);
-          // llama-bench's warm-up: the prompt once, one generated token.
-          const auto t0 = Clock::now();
-          auto r = warmup ? one(test.n_prompt, test.n_gen > 0 ? 1 : 0) : one(test.n_prompt, test.n_gen);
-          const auto t1 = Clock::now();
-          if (!r) {
-            p.finish();
-            std::cerr << "bonsai bench: " << path << ": " << test.name() << ": " << r.error().message << "\n";
-            return 1;
-          }
-          if (!warmup) row.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
-          p.update(++runs_done);
-        }
-        p.finish();
-        printer.row(row);
-      }
-    }
-  }
-  printer.end(ceilings, stats);
+  run.end();
   return 0;
 }
 

@@ -67,14 +67,13 @@ class KeyReader {
   std::vector<core::Error>& errors_;
 };
 
-}  // namespace
-
-ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) {
-  ModelConfig c;
+// general.architecture and what it fixes (RoPE style, QK norm); false after
+// recording why the file cannot be read further.
+bool read_arch(const gguf::File& f, ModelConfig& c, std::vector<core::Error>& errors) {
   auto arch = f.get<std::string>("general.architecture");
   if (!arch) {
     errors.push_back(arch.error());
-    return c;
+    return false;
   }
   c.arch_name = *arch;
   if (*arch == "qwen3") {
@@ -88,10 +87,13 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   } else {
     errors.push_back({core::Errc::kUnsupported, f.path() + ": general.architecture '" + *arch +
                                                     "' is not supported (expected 'qwen3' or 'llama')"});
-    return c;
+    return false;
   }
+  return true;
+}
 
-  KeyReader r(f, c.arch_name, errors);
+// The layer shape: layers, context, widths, heads and head dimensions, RMS eps.
+void read_shape(const gguf::File& f, KeyReader& r, ModelConfig& c) {
   const auto n_layer = r.count("block_count");
   const auto n_ctx = r.count("context_length");
   const auto n_embd = r.count("embedding_length");
@@ -131,7 +133,10 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   const auto hd_v = has_vl ? r.count("attention.value_length") : std::optional<int64_t>(def_head_dim);
   c.head_dim_k = hd_k.value_or(0);
   c.head_dim_v = hd_v.value_or(0);
+}
 
+// RoPE: rotated dimensions and the frequency base.
+void read_rope(KeyReader& r, ModelConfig& c) {
   const auto n_rot = r.count_or("rope.dimension_count", c.head_dim_k);
   c.n_rot = n_rot.value_or(0);
   if (n_rot && c.head_dim_k > 0 && (c.n_rot > c.head_dim_k || c.n_rot % 2 != 0)) {
@@ -143,9 +148,12 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   if (base && !(*base > 0.0f)) {
     r.problem(core::Errc::kFormat, "key '" + r.key("rope.freq_base") + "' must be > 0");
   }
+}
 
-  // RoPE scaling (llama.cpp load_hparams: rope.scaling.type, rope.scaling.factor
-  // or the older rope.scale_linear, rope.scaling.original_context_length).
+// RoPE scaling (llama.cpp load_hparams: rope.scaling.type, rope.scaling.factor
+// or the older rope.scale_linear, rope.scaling.original_context_length) and
+// the YaRN parameters.
+void read_rope_scaling(const gguf::File& f, KeyReader& r, ModelConfig& c, std::vector<core::Error>& errors) {
   std::string scaling = "none";
   if (f.has(r.key("rope.scaling.type"))) {
     auto s = f.get<std::string>(r.key("rope.scaling.type"));
@@ -195,8 +203,11 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   c.yarn_attn_factor = r.real_or("rope.scaling.yarn_attn_factor", c.yarn_attn_factor).value_or(1.0f);
   c.yarn_beta_fast = r.real_or("rope.scaling.yarn_beta_fast", 32.0f).value_or(32.0f);
   c.yarn_beta_slow = r.real_or("rope.scaling.yarn_beta_slow", 1.0f).value_or(1.0f);
+}
 
-  // Vocabulary size and tied output come from the tensor table.
+// Vocabulary size and tied output from the tensor table, checked against the
+// tokenizer's token count.
+void read_vocab_size(const gguf::File& f, KeyReader& r, ModelConfig& c, std::vector<core::Error>& errors) {
   if (const auto* te = f.find_tensor("token_embd.weight")) {
     c.n_vocab = te->ne[1];
     if (c.n_vocab <= 0 || te->n_dims != 2) {
@@ -219,6 +230,18 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
                                          " rows (tokens past the last row would have no embedding)");
     }
   }
+}
+
+}  // namespace
+
+ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) {
+  ModelConfig c;
+  if (!read_arch(f, c, errors)) return c;
+  KeyReader r(f, c.arch_name, errors);
+  read_shape(f, r, c);
+  read_rope(r, c);
+  read_rope_scaling(f, r, c, errors);
+  read_vocab_size(f, r, c, errors);
   return c;
 }
 

@@ -89,6 +89,16 @@ struct Tokenizer::Impl {
   TokenId spm_byte_token(uint8_t byte) const;
   void encode_fragments(const std::vector<Fragment>& frags, std::vector<TokenId>& out) const;
   std::string make_piece(TokenId id) const;
+
+  // Loading steps of from_gguf, in order (each reads one group of keys).
+  core::Expected<void> read_model_type(const gguf::File& file);
+  core::Expected<void> read_vocab(const gguf::File& file);
+  core::Expected<void> read_merges(const gguf::File& file);
+  core::Expected<void> read_pretokenizer(const gguf::File& file);
+  core::Expected<void> read_special_ids(const gguf::File& file);
+  void collect_eog();
+  void collect_special_tokens();
+  core::Expected<void> read_chat_template(const gguf::File& file);
 };
 
 // ---- loading ----------------------------------------------------------------
@@ -181,33 +191,35 @@ std::string Tokenizer::Impl::make_piece(TokenId id) const {
   }
 }
 
-core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf::File& file) {
-  auto impl = std::make_unique<Impl>();
-  impl->path = file.path();
-  const std::string& path = impl->path;
-
+// tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE).
+core::Expected<void> Tokenizer::Impl::read_model_type(const gguf::File& file) {
   auto model = file.get<std::string>("tokenizer.ggml.model");
   if (!model) return std::unexpected(model.error());
   if (*model == "gpt2") {
-    impl->type = VocabType::kBpe;
+    type = VocabType::kBpe;
   } else if (*model == "llama") {
-    impl->type = VocabType::kSpm;
+    type = VocabType::kSpm;
   } else {
     return core::fail(core::Errc::kUnsupported,
                       path + ": tokenizer.ggml.model '" + *model + "' is not supported (expected 'gpt2' or 'llama')");
   }
+  return {};
+}
 
-  auto tokens = file.get_string_array("tokenizer.ggml.tokens");
-  if (!tokens) return std::unexpected(tokens.error());
-  const size_t n = tokens->size();
+// The token texts, their types and scores (one per token; types default to
+// normal, scores to 0), and the text → id index.
+core::Expected<void> Tokenizer::Impl::read_vocab(const gguf::File& file) {
+  auto texts = file.get_string_array("tokenizer.ggml.tokens");
+  if (!texts) return std::unexpected(texts.error());
+  const size_t n = texts->size();
   if (n == 0 || n > static_cast<size_t>(INT32_MAX)) {
     return core::fail(core::Errc::kFormat,
                       path + ": tokenizer.ggml.tokens has " + std::to_string(n) + " entries, expected 1..2^31-1");
   }
-  impl->tokens.reserve(n);
-  for (auto sv : *tokens) impl->tokens.emplace_back(sv);
+  tokens.reserve(n);
+  for (auto sv : *texts) tokens.emplace_back(sv);
 
-  impl->types.assign(n, TokenType::kNormal);
+  types.assign(n, TokenType::kNormal);
   if (file.has("tokenizer.ggml.token_type")) {
     auto tt = file.get_i32_array("tokenizer.ggml.token_type");
     if (!tt) return std::unexpected(tt.error());
@@ -217,10 +229,10 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
     }
     for (size_t i = 0; i < n; ++i) {
       const int32_t t = (*tt)[i];
-      impl->types[i] = (t >= 0 && t <= 6) ? static_cast<TokenType>(t) : TokenType::kUndefined;
+      types[i] = (t >= 0 && t <= 6) ? static_cast<TokenType>(t) : TokenType::kUndefined;
     }
   }
-  impl->scores.assign(n, 0.0f);
+  scores.assign(n, 0.0f);
   if (file.has("tokenizer.ggml.scores")) {
     auto sc = file.get_f32_array("tokenizer.ggml.scores");
     if (!sc) return std::unexpected(sc.error());
@@ -228,121 +240,156 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
       return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.scores has " + std::to_string(sc->size()) +
                                                  " entries, expected " + std::to_string(n) + " (one per token)");
     }
-    impl->scores = std::move(*sc);
+    scores = std::move(*sc);
   }
 
-  impl->text_to_id.reserve(n * 2);
+  text_to_id.reserve(n * 2);
   for (size_t i = 0; i < n; ++i) {
     // First occurrence wins for duplicated texts (llama.cpp keeps the last;
     // duplicates do not occur in real vocabularies).
-    impl->text_to_id.emplace(std::string_view(impl->tokens[i]), static_cast<TokenId>(i));
+    text_to_id.emplace(std::string_view(tokens[i]), static_cast<TokenId>(i));
   }
+  return {};
+}
 
-  if (impl->type == VocabType::kBpe) {
-    auto merges = file.get_string_array("tokenizer.ggml.merges");
-    if (!merges) return std::unexpected(merges.error());
-    impl->merges.reserve(merges->size() * 2);
-    for (size_t r = 0; r < merges->size(); ++r) {
-      const std::string_view m = (*merges)[r];
-      const size_t sp = m.find(' ', 1);
-      if (sp == std::string_view::npos) {
-        return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.merges[" + std::to_string(r) + "] = '" +
-                                                   std::string(m) + "' is not two tokens separated by a space");
+// gpt2: the merge table (rank by line) and the token of each byte's GPT-2 char.
+core::Expected<void> Tokenizer::Impl::read_merges(const gguf::File& file) {
+  auto lines = file.get_string_array("tokenizer.ggml.merges");
+  if (!lines) return std::unexpected(lines.error());
+  merges.reserve(lines->size() * 2);
+  for (size_t r = 0; r < lines->size(); ++r) {
+    const std::string_view m = (*lines)[r];
+    const size_t sp = m.find(' ', 1);
+    if (sp == std::string_view::npos) {
+      return core::fail(core::Errc::kFormat, path + ": tokenizer.ggml.merges[" + std::to_string(r) + "] = '" +
+                                                 std::string(m) + "' is not two tokens separated by a space");
+    }
+    const std::string_view left = m.substr(0, sp), right = m.substr(sp + 1);
+    const TokenId a = find(left), b = find(right);
+    std::string joined;
+    joined.reserve(left.size() + right.size());
+    joined.append(left).append(right);
+    const TokenId c = find(joined);
+    // A merge whose parts or result are not tokens can never yield a token
+    // (llama.cpp would fall back to bytes for it); skip it.
+    if (a == kNoToken || b == kNoToken || c == kNoToken) continue;
+    merges.emplace(pair_key(a, b), MergeInfo{static_cast<int32_t>(r), c});
+  }
+  const auto& b2u = unicode::byte_to_unicode();
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    unicode::append_utf8(b2u[b], ch);
+    byte_token[b] = find(ch);
+  }
+  return {};
+}
+
+// gpt2: tokenizer.ggml.pre (default "default") picks the pre-tokenizer regex
+// and whether text is NFC-normalised first.
+core::Expected<void> Tokenizer::Impl::read_pretokenizer(const gguf::File& file) {
+  auto name = file.has("tokenizer.ggml.pre") ? file.get<std::string>("tokenizer.ggml.pre")
+                                             : core::Expected<std::string>(std::string("default"));
+  if (!name) return std::unexpected(name.error());
+  pre = *name;
+  auto regex = (pre == "qwen2") ? RegexSplitter::qwen2() : RegexSplitter::gpt2();
+  if (!regex) return std::unexpected(regex.error());
+  splitter = std::move(*regex);
+  nfc = (pre == "qwen2");  // Qwen2/Qwen3 tokenizer.json: normalizer NFC
+  return {};
+}
+
+// The bos/eos/unk/pad/eot ids (llama defaults as llama.cpp: unk 0, bos 1,
+// eos 2; eot found by name when absent) and whether bos is prepended.
+core::Expected<void> Tokenizer::Impl::read_special_ids(const gguf::File& file) {
+  const size_t n = tokens.size();
+  const bool spm = type == VocabType::kSpm;
+  auto bos_id = read_id(file, "tokenizer.ggml.bos_token_id", spm ? 1 : kNoToken, n);
+  auto eos_id = read_id(file, "tokenizer.ggml.eos_token_id", spm ? 2 : kNoToken, n);
+  auto unk_id = read_id(file, "tokenizer.ggml.unknown_token_id", spm ? 0 : kNoToken, n);
+  auto pad_id = read_id(file, "tokenizer.ggml.padding_token_id", kNoToken, n);
+  auto eot_id = read_id(file, "tokenizer.ggml.eot_token_id", kNoToken, n);
+  for (auto* e : {&bos_id, &eos_id, &unk_id, &pad_id, &eot_id}) {
+    if (!*e) return std::unexpected(e->error());
+  }
+  bos = *bos_id;
+  eos = *eos_id;
+  unk = *unk_id;
+  pad = *pad_id;
+  eot = *eot_id;
+  if (eot == kNoToken) {
+    for (std::string_view name : {"<|im_end|>", "<|eot_id|>", "<end_of_turn>"}) {
+      if (TokenId id = find(name); id != kNoToken) {
+        eot = id;
+        break;
       }
-      const std::string_view left = m.substr(0, sp), right = m.substr(sp + 1);
-      const TokenId a = impl->find(left), b = impl->find(right);
-      std::string joined;
-      joined.reserve(left.size() + right.size());
-      joined.append(left).append(right);
-      const TokenId c = impl->find(joined);
-      // A merge whose parts or result are not tokens can never yield a token
-      // (llama.cpp would fall back to bytes for it); skip it.
-      if (a == kNoToken || b == kNoToken || c == kNoToken) continue;
-      impl->merges.emplace(pair_key(a, b), MergeInfo{static_cast<int32_t>(r), c});
     }
-    const auto& b2u = unicode::byte_to_unicode();
-    for (int b = 0; b < 256; ++b) {
-      std::string ch;
-      unicode::append_utf8(b2u[b], ch);
-      impl->byte_token[b] = impl->find(ch);
+  }
+  auto add = read_bool(file, "tokenizer.ggml.add_bos_token", spm);
+  if (!add) return std::unexpected(add.error());
+  add_bos = *add && bos != kNoToken;
+  return {};
+}
+
+// End-of-generation set: eos, eot and the control tokens with a known
+// end-of-turn text (llama.cpp llama_vocab::impl::load, special_eog_ids).
+void Tokenizer::Impl::collect_eog() {
+  if (eos != kNoToken) eog.insert(eos);
+  if (eot != kNoToken) eog.insert(eot);
+  for (std::string_view name :
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+        "<EOT>", "_<EOT>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}) {
+    if (TokenId id = find(name); id != kNoToken && types[id] == TokenType::kControl) {
+      eog.insert(id);
     }
-    auto pre = file.has("tokenizer.ggml.pre") ? file.get<std::string>("tokenizer.ggml.pre")
-                                              : core::Expected<std::string>(std::string("default"));
-    if (!pre) return std::unexpected(pre.error());
-    impl->pre = *pre;
-    auto splitter = (impl->pre == "qwen2") ? RegexSplitter::qwen2() : RegexSplitter::gpt2();
-    if (!splitter) return std::unexpected(splitter.error());
-    impl->splitter = std::move(*splitter);
-    impl->nfc = (impl->pre == "qwen2");  // Qwen2/Qwen3 tokenizer.json: normalizer NFC
+  }
+}
+
+// Special tokens for partitioning, longest text first (llama.cpp
+// cache_special_tokens), ties by id for determinism.
+void Tokenizer::Impl::collect_special_tokens() {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const TokenType t = types[i];
+    if ((t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) && !tokens[i].empty()) {
+      special_tokens.push_back(static_cast<TokenId>(i));
+    }
+  }
+  std::sort(special_tokens.begin(), special_tokens.end(), [&](TokenId a, TokenId b) {
+    const size_t la = tokens[a].size(), lb = tokens[b].size();
+    return la != lb ? la > lb : a < b;
+  });
+}
+
+// tokenizer.chat_template; plain ChatML (from_text("")) when absent.
+core::Expected<void> Tokenizer::Impl::read_chat_template(const gguf::File& file) {
+  if (file.has("tokenizer.chat_template")) {
+    auto tmpl = file.get<std::string>("tokenizer.chat_template");
+    if (!tmpl) return std::unexpected(tmpl.error());
+    chat_template = ChatTemplate::from_text(*tmpl);
+  } else {
+    chat_template = ChatTemplate::from_text("");
+  }
+  return {};
+}
+
+core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf::File& file) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = file.path();
+  if (auto r = impl->read_model_type(file); !r) return std::unexpected(r.error());
+  if (auto r = impl->read_vocab(file); !r) return std::unexpected(r.error());
+  if (impl->type == VocabType::kBpe) {
+    if (auto r = impl->read_merges(file); !r) return std::unexpected(r.error());
+    if (auto r = impl->read_pretokenizer(file); !r) return std::unexpected(r.error());
   } else {
     auto asp = read_bool(file, "tokenizer.ggml.add_space_prefix", true);
     if (!asp) return std::unexpected(asp.error());
     impl->add_space_prefix = *asp;
   }
-
-  // Special ids. llama defaults as llama.cpp: unk 0, bos 1, eos 2.
-  const bool spm = impl->type == VocabType::kSpm;
-  auto bos = read_id(file, "tokenizer.ggml.bos_token_id", spm ? 1 : kNoToken, n);
-  auto eos = read_id(file, "tokenizer.ggml.eos_token_id", spm ? 2 : kNoToken, n);
-  auto unk = read_id(file, "tokenizer.ggml.unknown_token_id", spm ? 0 : kNoToken, n);
-  auto pad = read_id(file, "tokenizer.ggml.padding_token_id", kNoToken, n);
-  auto eot = read_id(file, "tokenizer.ggml.eot_token_id", kNoToken, n);
-  for (auto* e : {&bos, &eos, &unk, &pad, &eot}) {
-    if (!*e) return std::unexpected(e->error());
-  }
-  impl->bos = *bos;
-  impl->eos = *eos;
-  impl->unk = *unk;
-  impl->pad = *pad;
-  impl->eot = *eot;
-  if (impl->eot == kNoToken) {
-    for (std::string_view name : {"<|im_end|>", "<|eot_id|>", "<end_of_turn>"}) {
-      if (TokenId id = impl->find(name); id != kNoToken) {
-        impl->eot = id;
-        break;
-      }
-    }
-  }
-  auto add_bos = read_bool(file, "tokenizer.ggml.add_bos_token", spm);
-  if (!add_bos) return std::unexpected(add_bos.error());
-  impl->add_bos = *add_bos && impl->bos != kNoToken;
-
-  // End-of-generation set (llama.cpp llama_vocab::impl::load, special_eog_ids).
-  if (impl->eos != kNoToken) impl->eog.insert(impl->eos);
-  if (impl->eot != kNoToken) impl->eog.insert(impl->eot);
-  for (std::string_view name :
-       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-        "<EOT>", "_<EOT>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}) {
-    if (TokenId id = impl->find(name); id != kNoToken && impl->types[id] == TokenType::kControl) {
-      impl->eog.insert(id);
-    }
-  }
-
-  // Special tokens for partitioning, longest text first (llama.cpp
-  // cache_special_tokens), ties by id for determinism.
-  for (size_t i = 0; i < n; ++i) {
-    const TokenType t = impl->types[i];
-    if ((t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown) &&
-        !impl->tokens[i].empty()) {
-      impl->special_tokens.push_back(static_cast<TokenId>(i));
-    }
-  }
-  std::sort(impl->special_tokens.begin(), impl->special_tokens.end(), [&](TokenId a, TokenId b) {
-    const size_t la = impl->tokens[a].size(), lb = impl->tokens[b].size();
-    return la != lb ? la > lb : a < b;
-  });
-
-  impl->pieces.reserve(n);
-  for (size_t i = 0; i < n; ++i) impl->pieces.push_back(impl->make_piece(static_cast<TokenId>(i)));
-
-  if (file.has("tokenizer.chat_template")) {
-    auto tmpl = file.get<std::string>("tokenizer.chat_template");
-    if (!tmpl) return std::unexpected(tmpl.error());
-    impl->chat_template = ChatTemplate::from_text(*tmpl);
-  } else {
-    impl->chat_template = ChatTemplate::from_text("");
-  }
-
+  if (auto r = impl->read_special_ids(file); !r) return std::unexpected(r.error());
+  impl->collect_eog();
+  impl->collect_special_tokens();
+  impl->pieces.reserve(impl->tokens.size());
+  for (size_t i = 0; i < impl->tokens.size(); ++i) impl->pieces.push_back(impl->make_piece(static_cast<TokenId>(i)));
+  if (auto r = impl->read_chat_template(file); !r) return std::unexpected(r.error());
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
