@@ -31,9 +31,7 @@ constexpr ModelFieldInfo kFields[] = {
 };
 
 std::string range_text(const ModelFieldInfo& f) {
-  auto num = [](double v) {
-    return v == std::floor(v) ? std::to_string(static_cast<int64_t>(v)) : std::to_string(v);
-  };
+  auto num = [](double v) { return v == std::floor(v) ? std::to_string(static_cast<int64_t>(v)) : std::to_string(v); };
   return std::string(f.type == kInt ? "expected an integer" : "expected a number") + " in [" + num(f.min) + ", " +
          num(f.max) + "]";
 }
@@ -75,14 +73,29 @@ std::expected<void, FieldError> set_name(ModelSpec& spec, const ModelFieldInfo& 
 void set_number(ModelSpec& spec, ModelField field, double v) {
   const int i = static_cast<int>(v);  // every kInt field but kv_budget_tokens is an int (ranges above)
   switch (field) {
-    case ModelField::kPoolSize: spec.pool_size = i; break;
-    case ModelField::kCtxSize: spec.ctx_size = i; break;
-    case ModelField::kParallel: spec.parallel = i; break;
-    case ModelField::kQueueFactor: spec.queue_factor = i; break;
-    case ModelField::kKvBudgetTokens: spec.kv_budget_tokens = static_cast<int64_t>(v); break;
-    case ModelField::kBatchSize: spec.batch_size = i; break;
-    case ModelField::kStepBudgetMs: spec.step_budget_ms = v; break;
-    default: break;
+    case ModelField::kPoolSize:
+      spec.pool_size = i;
+      break;
+    case ModelField::kCtxSize:
+      spec.ctx_size = i;
+      break;
+    case ModelField::kParallel:
+      spec.parallel = i;
+      break;
+    case ModelField::kQueueFactor:
+      spec.queue_factor = i;
+      break;
+    case ModelField::kKvBudgetTokens:
+      spec.kv_budget_tokens = static_cast<int64_t>(v);
+      break;
+    case ModelField::kBatchSize:
+      spec.batch_size = i;
+      break;
+    case ModelField::kStepBudgetMs:
+      spec.step_budget_ms = v;
+      break;
+    default:
+      break;
   }
 }
 

@@ -70,22 +70,23 @@ class KeyReader {
 // general.architecture and what it fixes (RoPE style, QK norm); false after
 // recording why the file cannot be read further.
 bool read_arch(const gguf::File& f, ModelConfig& c, std::vector<core::Error>& errors) {
-  auto arch = f.get<std::string>("general.architecture");
-  if (!arch) {
-    errors.push_back(arch.error());
+  auto got = f.get<std::string>("general.architecture");
+  if (!got) {
+    errors.push_back(std::move(got).error());
     return false;
   }
-  c.arch_name = *arch;
-  if (*arch == "qwen3") {
+  c.arch_name = std::move(*got);
+  const std::string& arch = c.arch_name;
+  if (arch == "qwen3") {
     c.arch = Arch::kQwen3;
     c.rope_type = RopeType::kNeox;
     c.qk_norm = true;
-  } else if (*arch == "llama") {
+  } else if (arch == "llama") {
     c.arch = Arch::kLlama;
     c.rope_type = RopeType::kNorm;
     c.qk_norm = false;
   } else {
-    errors.push_back({core::Errc::kUnsupported, f.path() + ": general.architecture '" + *arch +
+    errors.push_back({core::Errc::kUnsupported, f.path() + ": general.architecture '" + arch +
                                                     "' is not supported (expected 'qwen3' or 'llama')"});
     return false;
   }

@@ -66,7 +66,8 @@ TEST(ModelFields, SameBadValueSameMessageFromJsonTomlAndFlags) {
     ASSERT_FALSE(r.has_value());
     const std::string& msg = r.error().message;
     EXPECT_TRUE(msg.ends_with(": " + c.core)) << msg;
-    EXPECT_TRUE(msg.starts_with("t.toml: key '") || msg.starts_with(std::string(engine::find_model_field(c.field)->toml_key) + ": "))
+    EXPECT_TRUE(msg.starts_with("t.toml: key '") ||
+                msg.starts_with(std::string(engine::find_model_field(c.field)->toml_key) + ": "))
         << msg;
     // Flags: CLI11 reports "<flag>: <core>" as a usage error.
     engine::ModelSpec flag_spec;
@@ -118,9 +119,8 @@ TEST(ModelFields, GoodValuesGiveEqualSpecsFromJsonTomlAndFlags) {
   EXPECT_EQ(base->parallel, kDefaultParallel);
   EXPECT_EQ(base->queue_factor, 4);
 
-  const json body{{"pool_size", 2},          {"ctx_size", 512},         {"parallel", 3},
-                  {"q2_layout", "g128-d-first"}, {"repack", false},     {"cache_type_k", "q8_0"},
-                  {"cache_type_v", "f32"}};
+  const json body{{"pool_size", 2},  {"ctx_size", 512},        {"parallel", 3},        {"q2_layout", "g128-d-first"},
+                  {"repack", false}, {"cache_type_k", "q8_0"}, {"cache_type_v", "f32"}};
   engine::ModelSpec from_json = *base;
   ASSERT_FALSE(apply_admin_model_fields(body, from_json).has_value());
 
