@@ -1,14 +1,17 @@
 // Prompt-length sweep and decode at depth through Model::forward (the public
 // API, so the same source builds against older trees for A/B runs).
-//   attention_bench MODEL THREADS [q8]   -> tg16 at depth 0, pp512, pp4096, tg16 at depth 4096
+//   bonsai_bench_attention -m MODEL -t THREADS [--kv f16|q8_0] [--json FILE]
+//     -> tg16 at depth 0, pp512, pp4096, tg16 at depth 4096
+//   (the old positional form, bonsai_bench_attention MODEL THREADS [q8], still works)
 // Prompt: chunks of Model::kMaxUbatch tokens, logits of the last only.
 // Decode: 16 single-token steps after a prefill of `depth` tokens.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <string>
 #include <vector>
 
+#include "bench_report.h"  // CLI11 flags, --json
 #include "core/thread_pool.h"
 #include "model/model.h"
 
@@ -19,13 +22,25 @@ static double now() {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 3) return 2;
-  auto m = model::Model::load(argv[1]);
-  if (!m) return 1;
+  std::string path, kv = "f16", json;
+  int threads = 0;
+  CLI::App app("Prompt-length sweep and decode at depth through Model::forward");
+  app.add_option("MODEL,-m,--model", path, "GGUF model file")->required()->check(CLI::ExistingFile);
+  app.add_option("THREADS,-t,--threads", threads, "Worker threads")->required()->check(bench::kPositive);
+  app.add_option("KV,--kv", kv, "KV cache type (q8: q8_0, the old positional spelling)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "q8_0", "q8"}));
+  bench::add_json_option(app, json);
+  if (auto rc = bench::parse(app, argc, argv)) return *rc;
+  auto m = model::Model::load(path);
+  if (!m) {
+    std::fprintf(stderr, "%s\n", m.error().message.c_str());
+    return 1;
+  }
   const auto& c = (*m)->config();
-  core::ThreadPool pool(std::atoi(argv[2]));
+  core::ThreadPool pool(threads);
 #ifdef BONSAI_HAVE_Q8_KV
-  const model::KvType kt = argc > 3 && std::strcmp(argv[3], "q8") == 0 ? model::KvType::kQ8_0 : model::KvType::kF16;
+  const model::KvType kt = kv != "f16" ? model::KvType::kQ8_0 : model::KvType::kF16;
 #else
   const model::KvType kt = model::KvType::kF16;
 #endif
@@ -65,5 +80,14 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const double d4k = decode(16);
   std::printf("tg16 @ depth 4096  %8.2f tok/s (kv %s)\n", 1 / d4k, kt == model::KvType::kF16 ? "f16" : "q8_0");
-  return 0;
+  const nlohmann::json out = {{"threads", threads},
+                              {"kv", kt == model::KvType::kF16 ? "f16" : "q8_0"},
+                              {"tg16_depth0_tok_s", 1 / d0},
+                              {"pp512_tok_s", 512 / t512},
+                              {"pp512_s", t512},
+                              {"pp4096_tok_s", 4096 / t4096},
+                              {"pp4096_s", t4096},
+                              {"pp4096_over_pp512", (4096 / t4096) / (512 / t512)},
+                              {"tg16_depth4096_tok_s", 1 / d4k}};
+  return bench::write_json(json, "attention", argc, argv, out) ? 0 : 1;
 }

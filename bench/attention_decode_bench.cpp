@@ -4,7 +4,9 @@
 // rows, next to the cache bytes it reads. The KV read per token at depth
 // 4096 rivals the weights (issue 8), so this is the attention share of a
 // decode step at depth, without the matrix products or a 4,096-token prefill.
-//   bonsai_bench_attention_decode THREADS DEPTH f16|f32|q8_0 [V type, default K's] [ROUNDS] [QUERIES]
+//   bonsai_bench_attention_decode -t THREADS -d DEPTH -k f16|f32|q8_0 [-v TYPE, default K's] [-r ROUNDS=20]
+//                                 [-q QUERIES=1] [--json FILE]
+//   (the old positional form, THREADS DEPTH K [V] [ROUNDS] [QUERIES], still works)
 // Prints ms per token (all layers), GB/s of K/V rows read, and the kernel.
 // QUERIES > 1 (a prefill ubatch, e.g. 512): the last QUERIES positions of
 // the cache are the queries, as the last chunk of a DEPTH-token prompt;
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_report.h"  // CLI11 flags, --json
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/attention.h"
@@ -31,13 +34,9 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-model::KvType kv_type(const char* s) {
-  auto t = model::parse_kv_type(s);
-  if (!t) {
-    std::fprintf(stderr, "attention_decode_bench: unknown KV type '%s' (f16, f32, q8_0)\n", s);
-    std::exit(2);
-  }
-  return *t;
+// CLI11 check of a KV type name: "" when parse_kv_type knows it.
+std::string check_kv_type(const std::string& s) {
+  return model::parse_kv_type(s) ? "" : "unknown KV type '" + s + "' (f16, f32, q8_0)";
 }
 
 // Writes n random values (normal, sd 1) as a row of type t.
@@ -57,18 +56,29 @@ void store_row(model::KvType t, std::mt19937& rng, uint8_t* dst, int64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto usage = [&] {
-    std::fprintf(stderr, "usage: %s THREADS DEPTH f16|f32|q8_0 [V type] [ROUNDS] [QUERIES <= DEPTH]\n", argv[0]);
+  int threads = 0, rounds = 20;
+  int64_t depth = 0, queries = 1;
+  std::string k_name, v_name, json;
+  CLI::App app("Decode attention at depth alone on the Bonsai-1.7B shape (or a prefill chunk with --queries > 1)");
+  app.add_option("THREADS,-t,--threads", threads, "Worker threads")->required()->check(bench::kPositive);
+  app.add_option("DEPTH,-d,--depth", depth, "Keys in the cache (the query sits at DEPTH - 1)")
+      ->required()
+      ->check(bench::kPositive);
+  app.add_option("K,-k,--type-k", k_name, "K cache type: f16, f32, q8_0")->required()->check(check_kv_type);
+  app.add_option("V,-v,--type-v", v_name, "V cache type (default: K's)")->check(check_kv_type);
+  app.add_option("ROUNDS,-r,--rounds", rounds, "Timed rounds (median)")->capture_default_str()->check(bench::kPositive);
+  app.add_option("QUERIES,-q,--queries", queries, "Queries (> 1: a prefill chunk ending at DEPTH, layer 0 only)")
+      ->capture_default_str()
+      ->check(bench::kPositive);
+  bench::add_json_option(app, json);
+  if (auto rc = bench::parse(app, argc, argv)) return *rc;
+  if (queries > depth) {
+    std::fprintf(stderr, "--queries %lld: at most DEPTH (%lld)\n", static_cast<long long>(queries),
+                 static_cast<long long>(depth));
     return 2;
-  };
-  if (argc < 4) return usage();
-  const int threads = std::atoi(argv[1]);
-  const int64_t depth = std::atoll(argv[2]);
-  const model::KvType tk = kv_type(argv[3]);
-  const model::KvType tv = argc > 4 ? kv_type(argv[4]) : tk;
-  const int rounds = argc > 5 ? std::atoi(argv[5]) : 20;
-  const int64_t queries = argc > 6 ? std::atoll(argv[6]) : 1;
-  if (threads < 1 || depth < 1 || rounds < 1 || queries < 1 || queries > depth) return usage();
+  }
+  const model::KvType tk = *model::parse_kv_type(k_name);
+  const model::KvType tv = v_name.empty() ? tk : *model::parse_kv_type(v_name);
 
   model::ModelConfig c;
   c.n_layer = 28, c.n_head = 16, c.n_head_kv = 8, c.head_dim_k = 128, c.head_dim_v = 128;
@@ -120,6 +130,13 @@ int main(int argc, char** argv) {
   const double bytes =
       static_cast<double>(depth) * c.n_layer * c.n_head_kv * static_cast<double>(kv.k_row_bytes() + kv.v_row_bytes());
   const double med = ms[ms.size() / 2];
+  nlohmann::json res = {{"threads", threads},
+                        {"depth", depth},
+                        {"queries", queries},
+                        {"rounds", rounds},
+                        {"type_k", model::kv_type_name(tk)},
+                        {"type_v", model::kv_type_name(tv)},
+                        {"kernel", model::attention_kernel_name(c.head_dim_k, c.head_dim_v)}};
   if (queries > 1) {
     double flops = 0;  // QK and PV: 2 flops per multiply-add, per query head and key seen
     for (const auto& t : tok) flops += (t.pos + 1.0) * c.n_head * (c.head_dim_k + c.head_dim_v) * 2.0;
@@ -129,7 +146,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(queries), static_cast<long long>(depth - queries), static_cast<long long>(depth - 1),
         model::kv_type_name(tk), model::kv_type_name(tv), threads,
         model::attention_kernel_name(c.head_dim_k, c.head_dim_v), med, ms.front(), flops / (med * 1e-3) / 1e9);
-    return 0;
+    res["ms_per_layer_median"] = med;
+    res["ms_per_layer_min"] = ms.front();
+    res["gflop_s"] = flops / (med * 1e-3) / 1e9;
+    return bench::write_json(json, "attention_decode", argc, argv, res) ? 0 : 1;
   }
   std::printf(
       "attention decode: depth %lld K %s V %s threads %d kernel %s: median %.3f ms/token (min %.3f), "
@@ -137,5 +157,9 @@ int main(int argc, char** argv) {
       static_cast<long long>(depth), model::kv_type_name(tk), model::kv_type_name(tv), threads,
       model::attention_kernel_name(c.head_dim_k, c.head_dim_v), med, ms.front(), bytes / 1e6,
       bytes / (med * 1e-3) / 1e9);
-  return 0;
+  res["ms_per_token_median"] = med;
+  res["ms_per_token_min"] = ms.front();
+  res["kv_read_mb"] = bytes / 1e6;
+  res["kv_read_gb_s"] = bytes / (med * 1e-3) / 1e9;
+  return bench::write_json(json, "attention_decode", argc, argv, res) ? 0 : 1;
 }

@@ -8,8 +8,9 @@
 //           shape of output from random weights.
 // Every run starts from a fresh GrammarState (cold per-sequence cache), so the
 // figures include the lazy DFA being built. Prints p50 / p99 / max per schema.
-// Run: build/bench/bonsai_bench_grammar [runs] [decode_step_ms]
-// With decode_step_ms (a 1.7B decode step measured in the same window, e.g.
+// Run: build/bench/bonsai_bench_grammar [--runs 5] [--step-ms MS] [--json FILE]
+//   (the old positional form, [runs] [decode_step_ms], still works)
+// With --step-ms (a 1.7B decode step measured in the same window, e.g.
 // `bonsai bench -m /tmp/b17-q1.gguf -p 0 -n 64 -t 2`: 1000 / tg tok/s) the
 // ALL line also gives p50 / p99 as a percentage of that step against issue
 // 11's targets (<= 10% at p50, <= 25% at p99).
@@ -25,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_report.h"  // CLI11 flags, --json
 #include "gguf/gguf.h"
 #include "structured/grammar.h"
 #include "structured/json_schema.h"
@@ -152,8 +154,9 @@ std::shared_ptr<const structured::Grammar> compile_schema(const Schema& sc) {
 
 // Walk cost alone: the DFA already built, the mask cache off, along the
 // instance's tokens. False when a token of the instance is rejected.
+// Its figures go to out["walk"].
 bool time_walk(const Schema& sc, const std::shared_ptr<const structured::Grammar>& grammar,
-               const structured::TokenTrie& trie, const std::vector<int32_t>& ids) {
+               const structured::TokenTrie& trie, const std::vector<int32_t>& ids, nlohmann::json& out) {
   structured::GrammarLimits lim;
   lim.max_masks = 0;
   std::vector<double> warm;
@@ -170,6 +173,11 @@ bool time_walk(const Schema& sc, const std::shared_ptr<const structured::Grammar
       "%-12s walk   steps %5zu  mask ms: p50 %.3f  p90 %.3f  p99 %.3f  max %.3f   "
       "(warm DFA, no mask cache: the trie walk alone)\n",
       sc.name, warm.size(), pct(warm, 0.5), pct(warm, 0.9), pct(warm, 0.99), pct(warm, 1.0));
+  out["walk"] = {{"steps", warm.size()},
+                 {"mask_ms_p50", pct(warm, 0.5)},
+                 {"mask_ms_p90", pct(warm, 0.9)},
+                 {"mask_ms_p99", pct(warm, 0.99)},
+                 {"mask_ms_max", pct(warm, 1.0)}};
   return true;
 }
 
@@ -181,9 +189,9 @@ struct Timings {
 
 // `runs` generations from a fresh GrammarState each, with the "forced" or
 // "random" driver (see the file comment); prints the line for the mode and
-// appends the step times to `all`. False after a failed step.
+// appends the step times to `all`, the figures to out[mode]. False after a failed step.
 bool run_driver(const char* mode, const Schema& sc, const std::shared_ptr<const structured::Grammar>& grammar,
-                const Vocab& v, const std::vector<int32_t>& ids, int runs, Timings& all) {
+                const Vocab& v, const std::vector<int32_t>& ids, int runs, Timings& all, nlohmann::json& out) {
   const structured::TokenTrie& trie = *v.trie;
   std::vector<double> ms, acc_us;
   std::vector<std::pair<double, std::string>> slow;  // (ms, text so far) of the slowest steps, when verbose
@@ -247,6 +255,11 @@ bool run_driver(const char* mode, const Schema& sc, const std::shared_ptr<const 
       runs,
       mode[0] == 'r' ? (" (mean allowed " + std::to_string(allowed_sum / std::max<size_t>(tokens, 1)) + ")").c_str()
                      : "");
+  out[mode] = {{"steps", ms.size()},          {"mask_ms_p50", pct(ms, 0.5)},
+               {"mask_ms_p90", pct(ms, 0.9)}, {"mask_ms_p99", pct(ms, 0.99)},
+               {"mask_ms_max", pct(ms, 1.0)}, {"accepts_token_us_p50", pct(acc_us, 0.5)},
+               {"finished", finished},        {"runs", runs}};
+  if (mode[0] == 'r') out[mode]["mean_allowed"] = allowed_sum / std::max<size_t>(tokens, 1);
   if (verbose) {
     std::sort(slow.begin(), slow.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     for (size_t i = 0; i < std::min<size_t>(slow.size(), 6); ++i) {
@@ -256,38 +269,61 @@ bool run_driver(const char* mode, const Schema& sc, const std::shared_ptr<const 
   return true;
 }
 
-// The ALL line, and with a decode step time the share of it against issue 11's targets.
-void print_summary(const Timings& all, double step_ms) {
+// The ALL line, and with a decode step time the share of it against issue
+// 11's targets; the same figures go to `out`.
+void print_summary(const Timings& all, double step_ms, nlohmann::json& out) {
   std::printf(
       "\nALL          steps %5zu  mask ms: p50 %.3f  p99 %.3f  max %.3f   accepts_token us p50 "
       "%.2f p99 %.2f\n",
       all.mask_ms.size(), pct(all.mask_ms, 0.5), pct(all.mask_ms, 0.99), pct(all.mask_ms, 1.0), pct(all.accept_us, 0.5),
       pct(all.accept_us, 0.99));
+  out = {{"steps", all.mask_ms.size()},
+         {"mask_ms_p50", pct(all.mask_ms, 0.5)},
+         {"mask_ms_p99", pct(all.mask_ms, 0.99)},
+         {"mask_ms_max", pct(all.mask_ms, 1.0)},
+         {"accepts_token_us_p50", pct(all.accept_us, 0.5)},
+         {"accepts_token_us_p99", pct(all.accept_us, 0.99)}};
   if (step_ms > 0) {
     const double p50 = 100.0 * pct(all.mask_ms, 0.5) / step_ms;
     const double p99 = 100.0 * pct(all.mask_ms, 0.99) / step_ms;
     std::printf("vs decode step %.3f ms: p50 %.2f%% (target <= 10%%: %s)  p99 %.2f%% (target <= 25%%: %s)\n", step_ms,
                 p50, p50 <= 10.0 ? "met" : "NOT met", p99, p99 <= 25.0 ? "met" : "NOT met");
+    out["decode_step_ms"] = step_ms;
+    out["p50_pct_of_step"] = p50;
+    out["p99_pct_of_step"] = p99;
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int runs = argc > 1 ? std::atoi(argv[1]) : 5;
-  const double step_ms = argc > 2 ? std::atof(argv[2]) : 0.0;
+  int runs = 5;
+  double step_ms = 0.0;
+  std::string json;
+  CLI::App app("Grammar mask time per decode step on the Qwen3 vocabulary, generating JSON against a few schemas");
+  app.add_option("RUNS,--runs", runs, "Generations per schema and driver")
+      ->capture_default_str()
+      ->check(bonsai::bench::kPositive);
+  app.add_option("STEP_MS,--step-ms", step_ms,
+                 "A 1.7B decode step (ms) measured in the same window: p50 / p99 as a share of it (0: none)")
+      ->capture_default_str()
+      ->check(bonsai::bench::kNonNegative);
+  bonsai::bench::add_json_option(app, json);
+  if (auto rc = bonsai::bench::parse(app, argc, argv)) return *rc;
   const auto vocab = load_vocab();
   if (!vocab) return 1;
   Timings all;
+  nlohmann::json out = {{"runs", runs}};
   for (const auto& sc : bench_schemas()) {
     const auto grammar = compile_schema(sc);
     if (!grammar) return 1;
     const auto ids = vocab->tok->encode(sc.instance);
-    if (!time_walk(sc, grammar, *vocab->trie, ids)) return 1;
+    nlohmann::json& rec = out["schemas"][sc.name];
+    if (!time_walk(sc, grammar, *vocab->trie, ids, rec)) return 1;
     for (const char* mode : {"forced", "random"}) {
-      if (!run_driver(mode, sc, grammar, *vocab, ids, runs, all)) return 1;
+      if (!run_driver(mode, sc, grammar, *vocab, ids, runs, all, rec)) return 1;
     }
   }
-  print_summary(all, step_ms);
-  return 0;
+  print_summary(all, step_ms, out["all"]);
+  return bonsai::bench::write_json(json, "grammar", argc, argv, std::move(out)) ? 0 : 1;
 }

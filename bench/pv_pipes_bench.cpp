@@ -1,7 +1,6 @@
-// bonsai_bench_pv_pipes [ROUNDS]: the per-key cost of AVX2 decode attention's
-// PV step on Q8_0 values (attention.cpp pv_group8<2, 4, RowsQ8>: two query
-// heads share each value row) with every operand in L1, split into its parts,
-// so that the pipe that bounds it can be named on the machine at hand.
+// bonsai_bench_pv_pipes [-r ROUNDS=5] [--json FILE] (or the old positional [ROUNDS]): the per-key cost of AVX2 decode
+// attention's PV step on Q8_0 values (attention.cpp pv_group8<2, 4, RowsQ8>: two query heads share each value row) with
+// every operand in L1, split into its parts, so that the pipe that bounds it can be named on the machine at hand.
 //
 // Each variant walks 64 keys of one 32-value Q8_0 block (int8 quants, an fp32
 // scale d per key, one probability p per key and head) and updates 2 heads x 4
@@ -31,7 +30,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <string>
 
+#include "bench_report.h"       // CLI11 flags, --json
 #include "core/cpu_features.h"  // cpu_features
 
 namespace {
@@ -103,11 +104,14 @@ __attribute__((target("avx2,fma"), noinline)) float run(const Data& data, int64_
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 5;
-  if (rounds < 1 || argc > 2) {
-    std::fprintf(stderr, "usage: %s [ROUNDS >= 1]\n", argv[0]);
-    return 2;
-  }
+  int rounds = 5;
+  std::string json;
+  CLI::App app("Per-key cost of AVX2 decode attention's Q8_0 PV step, split into its parts (operands in L1)");
+  app.add_option("ROUNDS,-r,--rounds", rounds, "Rounds (minimum over them)")
+      ->capture_default_str()
+      ->check(bonsai::bench::kPositive);
+  bonsai::bench::add_json_option(app, json);
+  if (auto rc = bonsai::bench::parse(app, argc, argv)) return *rc;
   if (!bonsai::core::cpu_features().avx2) {  // AVX2 + FMA (+ F16C), with the OS saving YMM state
     std::fprintf(stderr, "pv_pipes_bench: needs AVX2 and FMA\n");
     return 1;
@@ -145,5 +149,10 @@ int main(int argc, char** argv) {
   for (size_t v = 0; v < std::size(variants); ++v) {
     std::printf("  %-28s %6.3f ns/key  %.2fx fma only\n", variants[v].name, best[v], best[v] / best[0]);
   }
-  return 0;
+  nlohmann::json out = {{"rounds", rounds}};
+  for (size_t v = 0; v < std::size(variants); ++v) {
+    out["variants"].push_back(
+        {{"name", variants[v].name}, {"ns_per_key", best[v]}, {"ratio_to_fma_only", best[v] / best[0]}});
+  }
+  return bonsai::bench::write_json(json, "pv_pipes", argc, argv, std::move(out)) ? 0 : 1;
 }

@@ -2,7 +2,9 @@
 // (kernels::Packing, issue 8 decision 2) against the stored layout, on one
 // matrix shape, same binary, alternating rounds.
 //
-// Usage: bonsai_bench_repack THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES] [PACKING]
+// Usage: bonsai_bench_repack -t THREADS -f q1|q2 --rows ROWS --cols COLS -n N [-r ROUNDS=7] [--copies COPIES]
+//                            [--packing PACKING] [--json FILE]
+//   (the old positional form, THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES] [PACKING], still works)
 //   Prints one line: the median time per product (and min..max over the
 //   rounds) of the stored and the packed layout, weight GB/s (stored bytes
 //   per second), the speed-up, whether every output was bit-identical, and
@@ -28,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_report.h"  // CLI11 flags, --json
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
@@ -54,18 +57,32 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 6) {
-    std::fprintf(stderr, "usage: %s THREADS q1|q2 ROWS COLS N [ROUNDS] [COPIES] [PACKING]\n", argv[0]);
-    return 2;
-  }
+  int threads = 0, rounds = 7, copies_arg = 0;
+  std::string format, packing_arg, json;
+  int64_t rows = 0, cols = 0, n = 0;
+  CLI::App app("Stored vs load-time repacked weight layout, A/B on one matrix shape");
+  app.add_option("THREADS,-t,--threads", threads, "Worker threads")->required()->check(bonsai::bench::kPositive);
+  app.add_option("FORMAT,-f,--format", format, "Weight format")->required()->check(CLI::IsMember({"q1", "q2"}));
+  app.add_option("ROWS,--rows", rows, "Matrix rows (outputs)")->required()->check(bonsai::bench::kPositive);
+  app.add_option("COLS,--cols", cols, "Matrix columns (inputs, a multiple of the block)")
+      ->required()
+      ->check(bonsai::bench::kPositive);
+  app.add_option("N,-n,--n", n, "Activation columns (1: GEMV)")->required()->check(bonsai::bench::kPositive);
+  app.add_option("ROUNDS,-r,--rounds", rounds, "Alternating rounds (median)")
+      ->capture_default_str()
+      ->check(bonsai::bench::kPositive);
+  app.add_option("COPIES,--copies", copies_arg, "Matrix copies streamed (0: fill 512 MiB; 1: stay in cache)")
+      ->capture_default_str()
+      ->check(bonsai::bench::kNonNegative);
+  app.add_option("PACKING,--packing", packing_arg,
+                 "Packing to compare (a packing_name, e.g. avx512-row-quad, tile16, avx2-tile16; default: the tier's)");
+  bonsai::bench::add_json_option(app, json);
+  if (auto rc = bonsai::bench::parse(app, argc, argv)) return *rc;
   if (auto t = kn::init_tier_from_env(); !t) {
     std::fprintf(stderr, "%s\n", t.error().message.c_str());
     return 2;
   }
-  const int threads = std::atoi(argv[1]);
-  const bool q1 = std::string(argv[2]) == "q1";
-  const int64_t rows = std::atoll(argv[3]), cols = std::atoll(argv[4]), n = std::atoll(argv[5]);
-  const int rounds = argc > 6 ? std::atoi(argv[6]) : 7;
+  const bool q1 = format == "q1";
   const kn::Format f = q1 ? kn::Format::kQ1_0 : kn::Format::kQ2_0;
   const size_t stride = kn::row_bytes(f, cols), mb = stride * static_cast<size_t>(rows);
   const kn::MatrixView w0{nullptr, f, rows, cols, stride};
@@ -74,24 +91,22 @@ int main(int argc, char** argv) {
                  kn::packed_bytes(w0, kn::Packing::kAvx2Tile16), mb}) +
        63) /
       64 * 64;
-  const int copies = argc > 7 && std::atoi(argv[7]) > 0
-                         ? std::atoi(argv[7])
-                         : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
+  const int copies = copies_arg > 0 ? copies_arg : static_cast<int>(std::max<size_t>(2, (size_t{512} << 20) / pb));
   uint8_t* a = huge_alloc(mb * static_cast<size_t>(copies));
   uint8_t* b = huge_alloc(pb * static_cast<size_t>(copies));
   kn::Packing packing = kn::packing_for(kn::MatrixView{a, f, rows, cols, stride});
-  if (argc > 8) {
+  if (!packing_arg.empty()) {
     bool found = false;
     for (size_t i = 0; i < kn::kPackingCount; ++i) {
       const auto p = static_cast<kn::Packing>(i);
-      if (kn::packing_name(p) != argv[8]) continue;
+      if (kn::packing_name(p) != packing_arg) continue;
       if (p != kn::Packing::kNone && kn::packed_bytes(w0, p) == 0) break;  // not defined for this shape
       packing = p;
       found = true;
     }
     if (!found) {
-      std::fprintf(stderr, "PACKING '%s': not a packing name defined for %s %lldx%lld\n", argv[8], argv[2],
-                   static_cast<long long>(rows), static_cast<long long>(cols));
+      std::fprintf(stderr, "PACKING '%s': not a packing name defined for %s %lldx%lld\n", packing_arg.c_str(),
+                   format.c_str(), static_cast<long long>(rows), static_cast<long long>(cols));
       return 2;
     }
   }
@@ -153,7 +168,29 @@ int main(int argc, char** argv) {
       std::string(kn::packing_name(packing)).c_str(), mq * 1e6, *std::min_element(tq.begin(), tq.end()) * 1e6,
       *std::max_element(tq.begin(), tq.end()) * 1e6, mb / mq / 1e9, ms / mq, same ? "yes" : "NO",
       copies > 1 && pack_s > 0 ? pack_s / (static_cast<double>(mb) * (copies - 1) / 1e9) : 0.0);
+  const double pack_s_per_gb = copies > 1 && pack_s > 0 ? pack_s / (static_cast<double>(mb) * (copies - 1) / 1e9) : 0.0;
+  const nlohmann::json out = {{"tier", std::string(kn::tier_name(kn::active_tier()))},
+                              {"format", q1 ? "Q1_0" : "Q2_0"},
+                              {"rows", rows},
+                              {"cols", cols},
+                              {"n", n},
+                              {"threads", threads},
+                              {"rounds", rounds},
+                              {"copies", copies},
+                              {"stored_us", ms * 1e6},
+                              {"stored_us_min", *std::min_element(ts.begin(), ts.end()) * 1e6},
+                              {"stored_us_max", *std::max_element(ts.begin(), ts.end()) * 1e6},
+                              {"stored_gb_s", mb / ms / 1e9},
+                              {"packing", std::string(kn::packing_name(packing))},
+                              {"packed_us", mq * 1e6},
+                              {"packed_us_min", *std::min_element(tq.begin(), tq.end()) * 1e6},
+                              {"packed_us_max", *std::max_element(tq.begin(), tq.end()) * 1e6},
+                              {"packed_gb_s", mb / mq / 1e9},
+                              {"speed_up", ms / mq},
+                              {"bit_identical", same},
+                              {"pack_s_per_gb", pack_s_per_gb}};
   std::free(a);
   std::free(b);
-  return same ? 0 : 1;
+  const bool written = bonsai::bench::write_json(json, "repack", argc, argv, out);
+  return same && written ? 0 : 1;
 }

@@ -1,15 +1,16 @@
-// bonsai_bench_sampler [ROUNDS]: ms per sampled row of temperature-only
-// sampling (top_k 0, top_p 1, min_p 0) on Qwen3's 151,936-entry vocabulary,
-// the full-sort reference (filter_candidates + walk: the algorithm before
-// sample_tempered) against Sampler::sample (sample_tempered), alternating
-// A/B per round on the same logits so load drift hits both. The tokens of
-// both are compared on every row (they must be equal).
+// bonsai_bench_sampler [-r ROUNDS=5] [--json FILE] (or the old positional [ROUNDS]): ms per sampled row of
+// temperature-only sampling (top_k 0, top_p 1, min_p 0) on Qwen3's 151,936-entry vocabulary, the full-sort reference
+// (filter_candidates + walk: the algorithm before sample_tempered) against Sampler::sample (sample_tempered),
+// alternating A/B per round on the same logits so load drift hits both. The tokens of both are compared on every row
+// (they must be equal).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "bench_report.h"     // CLI11 flags, --json
 #include "engine/sampling.h"  // Sampler, filter_candidates, walk, Rng
 
 using bonsai::engine::Rng;
@@ -18,7 +19,15 @@ using bonsai::engine::SamplingParams;
 using Clock = std::chrono::steady_clock;
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  int rounds = 5;
+  std::string json;
+  CLI::App app("Temperature-only sampling on a 151,936-entry vocabulary: full-sort reference vs sample_tempered");
+  app.add_option("ROUNDS,-r,--rounds", rounds, "Alternating A/B rounds (best of them)")
+      ->capture_default_str()
+      ->check(bonsai::bench::kPositive);
+  bonsai::bench::add_json_option(app, json);
+  if (auto rc = bonsai::bench::parse(app, argc, argv)) return *rc;
+  nlohmann::json out = {{"rounds", rounds}};
   constexpr size_t kVocab = 151936;
   constexpr int kRows = 16;  // logit rows per round (distinct vectors)
   // Logits shaped like a model's: a normal-ish bulk (sum of three uniforms,
@@ -60,6 +69,10 @@ int main(int argc, char** argv) {
       std::printf("%11.2f  %5d  %20.3f  %14.3f  %5.1fx\n", temp, round, ref_ms, new_ms, ref_ms / new_ms);
     }
     std::printf("%11.2f  best   %20.3f  %14.3f  %5.1fx\n", temp, best_ref, best_new, best_ref / best_new);
+    out["best"].push_back({{"temperature", temp},
+                           {"reference_ms_per_row", best_ref},
+                           {"new_ms_per_row", best_new},
+                           {"ratio", best_ref / best_new}});
   }
-  return 0;
+  return bonsai::bench::write_json(json, "sampler", argc, argv, std::move(out)) ? 0 : 1;
 }

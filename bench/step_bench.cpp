@@ -22,7 +22,8 @@
 // (forward - products: the model outside its products; step - forward: the
 // scheduler's own work).
 //
-//   bonsai_bench_step MODEL THREADS [ROUNDS=3] [STEPS=12]
+//   bonsai_bench_step -m MODEL -t THREADS [--rounds 3] [--steps 12] [--json FILE]
+//   (the old positional form, bonsai_bench_step MODEL THREADS [ROUNDS] [STEPS], still works)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,8 +34,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
+#include "bench_report.h"  // CLI11 flags, --json
 #include "core/thread_pool.h"
 #include "engine/engine_pool.h"
 #include "engine/scheduler.h"
@@ -101,36 +104,13 @@ double forward_ms(const model::Model& m, std::vector<std::unique_ptr<model::KvCa
   return median(t);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s MODEL THREADS [ROUNDS=3] [STEPS=12]\n", argv[0]);
-    return 2;
-  }
-  const std::string path = argv[1];
-  const int threads = std::atoi(argv[2]);
-  const int rounds = argc > 3 ? std::atoi(argv[3]) : 3;
-  const int steps = argc > 4 ? std::atoi(argv[4]) : 12;
-  const std::vector<int> levels = {1, 2, 4, 8, 16};
-  const int max_n = levels.back();
-  core::ThreadPool tp(threads);
-
-  engine::SamplingParams sp;
-  sp.temperature = 0;
-  auto built = engine::build_pool_from_gguf(path, sp, 1, 512, max_n);
-  if (!built) {
-    std::fprintf(stderr, "%s\n", built.error().message.c_str());
-    return 1;
-  }
-  const model::Model& m = *built->model;
+// The prompt caches of the forward phase (outside the scheduler's pool), one
+// per sequence, each filled with kDepth tokens.
+std::vector<std::unique_ptr<model::KvCache>> filled_caches(const model::Model& m, int count, model::Workspace& ws,
+                                                           core::ThreadPool& tp) {
   const auto& cfg = m.config();
-  auto pool = std::make_shared<engine::EnginePool>(std::move(built->pool));
-
-  // The forward's own caches (outside the pool), filled to kDepth.
   std::vector<std::unique_ptr<model::KvCache>> caches;
-  model::Workspace ws;
-  for (int s = 0; s < max_n; ++s) {
+  for (int s = 0; s < count; ++s) {
     auto kc = model::KvCache::create(cfg, 4096);
     if (!kc) std::abort();
     caches.push_back(std::make_unique<model::KvCache>(std::move(*kc)));
@@ -140,35 +120,31 @@ int main(int argc, char** argv) {
     model::KvCache* one[] = {caches.back().get()};
     if (!m.forward(model::Batch::for_sequence(ids, 0), one, ws, lg, tp)) std::abort();
   }
+  return caches;
+}
 
-  // The scheduler, its step times recorded by on_step.
-  std::mutex mu;
-  std::vector<std::pair<Clock::time_point, int64_t>> marks;  // (time, tokens) of steps with tokens == sequences
-  std::atomic<int64_t> tail_steps{0};  // steps with tokens but no live sequence: finished sequences' last tokens
-  engine::SchedulerOptions so;
-  so.pool = &tp;
-  so.kv_pool = built->kv_pool;
-  so.max_queue = static_cast<size_t>(max_n);
-  so.on_step = [&](int64_t tokens, int64_t seqs) {
-    std::lock_guard lock(mu);
-    marks.emplace_back(Clock::now(), tokens == seqs ? tokens : -1);
-    if (seqs == 0 && tokens > 0) tail_steps.fetch_add(1);
-  };
-  engine::Scheduler sched(pool, built->model, built->n_ctx, so);
-  auto step_ms = [&](int n, int round) {
+// The scheduler's steady decode step, its step times recorded by on_step.
+class StepTimer {
+ public:
+  StepTimer(engine::BuiltPool& built, const engine::SamplingParams& sp, int steps, int max_n, core::ThreadPool& tp)
+      : sp_(sp), steps_(steps), n_vocab_(built.model->config().n_vocab), sched_(make(built, max_n, tp)) {}
+
+  // Median time (ms) between consecutive steps that ran exactly n decode
+  // tokens, over n jobs submitted together (see the file comment).
+  double step_ms(int n, int round) {
     {
-      std::lock_guard lock(mu);
-      marks.clear();
+      std::lock_guard lock(mu_);
+      marks_.clear();
     }
-    tail_steps.store(0);
+    tail_steps_.store(0);
     std::vector<std::shared_ptr<engine::JobHandle>> hs;
     for (int s = 0; s < n; ++s) {
       engine::CompletionJob j;
-      for (int i = 0; i < kDepth; ++i) j.prompt.push_back((round * 7 + s * 1013 + i * 37 + 11) % cfg.n_vocab);
-      j.params = sp;
-      j.params.max_tokens = steps + 4;
+      for (int i = 0; i < kDepth; ++i) j.prompt.push_back((round * 7 + s * 1013 + i * 37 + 11) % n_vocab_);
+      j.params = sp_;
+      j.params.max_tokens = steps_ + 4;
       j.params.ignore_eos = true;
-      auto h = sched.submit(std::move(j));
+      auto h = sched_->submit(std::move(j));
       if (!h) std::abort();
       hs.push_back(*h);
     }
@@ -184,36 +160,125 @@ int main(int argc, char** argv) {
     // N = 1 products of every round after the first read 2x slow at 2
     // threads (session 17; the tail step took 12-110 ms for N = 1..16, Zen 3).
     const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (tail_steps.load() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (tail_steps.load() == 0) std::fprintf(stderr, "step_bench: no keep_tail step within 2 s after N = %d\n", n);
-    std::lock_guard lock(mu);
+    while (tail_steps_.load() == 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (tail_steps_.load() == 0) std::fprintf(stderr, "step_bench: no keep_tail step within 2 s after N = %d\n", n);
+    std::lock_guard lock(mu_);
     std::vector<double> t;
-    for (size_t i = 1; i < marks.size(); ++i)
-      if (marks[i].second == n && marks[i - 1].second == n)
-        t.push_back(std::chrono::duration<double, std::milli>(marks[i].first - marks[i - 1].first).count());
+    for (size_t i = 1; i < marks_.size(); ++i)
+      if (marks_[i].second == n && marks_[i - 1].second == n)
+        t.push_back(std::chrono::duration<double, std::milli>(marks_[i].first - marks_[i - 1].first).count());
     return median(t);
-  };
+  }
 
+ private:
+  std::unique_ptr<engine::Scheduler> make(engine::BuiltPool& built, int max_n, core::ThreadPool& tp) {
+    engine::SchedulerOptions so;
+    so.pool = &tp;
+    so.kv_pool = built.kv_pool;
+    so.max_queue = static_cast<size_t>(max_n);
+    so.on_step = [this](int64_t tokens, int64_t seqs) {
+      std::lock_guard lock(mu_);
+      marks_.emplace_back(Clock::now(), tokens == seqs ? tokens : -1);
+      if (seqs == 0 && tokens > 0) tail_steps_.fetch_add(1);
+    };
+    auto pool = std::make_shared<engine::EnginePool>(std::move(built.pool));
+    return std::make_unique<engine::Scheduler>(pool, built.model, built.n_ctx, so);
+  }
+
+  const engine::SamplingParams sp_;
+  const int steps_;
+  const int32_t n_vocab_;
+  std::mutex mu_;
+  std::vector<std::pair<Clock::time_point, int64_t>> marks_;  // (time, tokens) of steps with tokens == sequences
+  std::atomic<int64_t> tail_steps_{0};        // steps with tokens but no live sequence: finished sequences' last tokens
+  std::unique_ptr<engine::Scheduler> sched_;  // last: its thread stops before the members above go
+};
+
+struct Args {
+  std::string model;
+  int threads = 0;
+  int rounds = 3;
+  int steps = 12;
+  std::string json;
+};
+
+// Parses the flags (or the old positional MODEL THREADS [ROUNDS] [STEPS]);
+// the exit code after --help or a bad value.
+std::variant<Args, int> parse_args(int argc, char** argv) {
+  Args a;
+  CLI::App app("A decode step of N = 1..16 sequences: the products alone, Model::forward, the scheduler's step");
+  app.add_option("MODEL,-m,--model", a.model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  app.add_option("THREADS,-t,--threads", a.threads, "Worker threads")->required()->check(bench::kPositive);
+  app.add_option("ROUNDS,-r,--rounds", a.rounds, "Interleaved rounds (medians over them)")
+      ->capture_default_str()
+      ->check(bench::kPositive);
+  app.add_option("STEPS,-s,--steps", a.steps, "Decode steps per forward / step phase")
+      ->capture_default_str()
+      ->check(bench::kPositive);
+  bench::add_json_option(app, a.json);
+  if (auto rc = bench::parse(app, argc, argv)) return *rc;
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto parsed = parse_args(argc, argv);
+  if (const int* rc = std::get_if<int>(&parsed)) return *rc;
+  const Args& args = std::get<Args>(parsed);
+  const std::vector<int> levels = {1, 2, 4, 8, 16};
+  const int max_n = levels.back();
+  core::ThreadPool tp(args.threads);
+
+  engine::SamplingParams sp;
+  sp.temperature = 0;
+  auto built = engine::build_pool_from_gguf(args.model, sp, 1, 512, max_n);
+  if (!built) {
+    std::fprintf(stderr, "%s\n", built.error().message.c_str());
+    return 1;
+  }
+  const std::shared_ptr<const model::Model> model = built->model;
+  const model::Model& m = *model;
+  model::Workspace ws;
+  auto caches = filled_caches(m, max_n, ws, tp);
+  StepTimer timer(*built, sp, args.steps, max_n, tp);
+
+  nlohmann::json out = {{"threads", args.threads}, {"rounds", args.rounds}, {"steps", args.steps}};
   std::map<int, std::vector<double>> prod, fwd, stp;
-  for (int r = 0; r < rounds; ++r) {
+  for (int r = 0; r < args.rounds; ++r) {
     for (int n : levels) {
       std::vector<double> p;
       for (int k = 0; k < 3; ++k) p.push_back(products_ms(m, n, tp));
       prod[n].push_back(median(p));
-      fwd[n].push_back(forward_ms(m, caches, n, steps, ws, tp));
-      stp[n].push_back(step_ms(n, r));
+      fwd[n].push_back(forward_ms(m, caches, n, args.steps, ws, tp));
+      stp[n].push_back(timer.step_ms(n, r));
       std::printf("round %d N=%2d  products %8.1f  forward %8.1f  step %8.1f ms\n", r, n, prod[n].back(), fwd[n].back(),
                   stp[n].back());
       std::fflush(stdout);
+      out["per_round"].push_back({{"round", r},
+                                  {"n", n},
+                                  {"products_ms", prod[n].back()},
+                                  {"forward_ms", fwd[n].back()},
+                                  {"step_ms", stp[n].back()}});
     }
   }
-  std::printf("\nmedians over %d rounds (ms per step; tok/s = N / step)\n", rounds);
+  std::printf("\nmedians over %d rounds (ms per step; tok/s = N / step)\n", args.rounds);
   std::printf("%3s %10s %10s %10s %12s %12s %12s %10s %10s\n", "N", "products", "forward", "step", "prod tok/s",
               "fwd tok/s", "step tok/s", "fwd-prod", "step-fwd");
   for (int n : levels) {
     const double p = median(prod[n]), f = median(fwd[n]), s = median(stp[n]);
     std::printf("%3d %10.1f %10.1f %10.1f %12.2f %12.2f %12.2f %9.1f%% %9.1f%%\n", n, p, f, s, 1000.0 * n / p,
                 1000.0 * n / f, 1000.0 * n / s, 100.0 * (f - p) / f, 100.0 * (s - f) / s);
+    out["medians"].push_back({{"n", n},
+                              {"products_ms", p},
+                              {"forward_ms", f},
+                              {"step_ms", s},
+                              {"products_tok_s", 1000.0 * n / p},
+                              {"forward_tok_s", 1000.0 * n / f},
+                              {"step_tok_s", 1000.0 * n / s},
+                              {"forward_minus_products_pct", 100.0 * (f - p) / f},
+                              {"step_minus_forward_pct", 100.0 * (s - f) / s}});
   }
-  return 0;
+  return bench::write_json(args.json, "step", argc, argv, std::move(out)) ? 0 : 1;
 }
