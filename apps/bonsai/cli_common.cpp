@@ -13,8 +13,8 @@
 
 namespace bonsai::app {
 
-core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag, bool no_repack) {
-  gguf::OpenOptions options;
+core::Expected<model::LoadOptions> open_options_from_cli(const std::string& flag, bool no_repack) {
+  model::LoadOptions options;
   bool env_no_repack = false;
   if (const char* env = std::getenv("BONSAI_NO_REPACK"); env != nullptr && *env != '\0') {
     const std::string_view v(env);
@@ -30,8 +30,8 @@ core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag,
     if (const char* env = std::getenv("BONSAI_Q2_LAYOUT"); env != nullptr) layout = env;
   }
   if (layout.empty()) return options;
-  options.q2_layout = core::parse_q2_layout(layout);
-  if (!options.q2_layout) {
+  options.file.q2_layout = core::parse_q2_layout(layout);
+  if (!options.file.q2_layout) {
     return core::fail(core::Errc::kInvalidArgument,
                       "unknown Q2_0 layout '" + layout + "' (expected g64, g128-d-first or g128-qs-first)");
   }

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"        // gguf::OpenOptions
 #include "kernels/kernels.h"  // kernels::Tier
+#include "model/model.h"      // model::LoadOptions
 
 namespace bonsai::model {
 class Model;
@@ -28,14 +29,14 @@ namespace bonsai::app {
 // as CLI11's own parse errors are mapped to in main.cpp. Other failures exit 1.
 inline constexpr int kExitUsage = 2;
 
-// GGUF open options from the `--q2-layout` value (`flag`), else env
+// Model load options from the `--q2-layout` value (`flag`), else env
 // BONSAI_Q2_LAYOUT, else none (the reader detects the layout); `no_repack`
-// (`--no-repack`, or env BONSAI_NO_REPACK=1) clears OpenOptions::repack;
+// (`--no-repack`, or env BONSAI_NO_REPACK=1) clears LoadOptions::repack;
 // BONSAI_NO_REPACK unset, empty or 0 leaves it set.
 // Errors: kInvalidArgument "unknown Q2_0 layout 'X' (expected g64,
 // g128-d-first or g128-qs-first)"; kInvalidArgument "BONSAI_NO_REPACK='X' is
 // not a switch (expected 1 or 0)" for any other value of the variable.
-core::Expected<gguf::OpenOptions> open_options_from_cli(const std::string& flag, bool no_repack = false);
+core::Expected<model::LoadOptions> open_options_from_cli(const std::string& flag, bool no_repack = false);
 
 // Help text of `--no-repack`, shared by every command that loads a model.
 inline constexpr const char* kNoRepackHelp =
@@ -53,7 +54,7 @@ struct RuntimeFlags {
 
 // The runtime settings a command runs with, resolved once by init_runtime.
 struct Runtime {
-  gguf::OpenOptions open_options;                  // Q2_0 layout override for gguf::File::open / Model::load
+  model::LoadOptions open_options;                 // Model::load options; .file for gguf::File::open
   int threads = 1;                                 // >= 1: -t, or the physical cores
   kernels::Tier tier = kernels::Tier::kReference;  // the active kernel tier
   bool progress = false;                           // draw progress lines on stderr (see progress_enabled)

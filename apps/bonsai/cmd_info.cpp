@@ -222,7 +222,7 @@ void register_info(CLI::App& app) {
       set_exit_code(kExitUsage);
       return;
     }
-    auto f = gguf::File::open(opt->model, rt->open_options);
+    auto f = gguf::File::open(opt->model, rt->open_options.file);
     if (!f) {
       std::cerr << "bonsai info: " << f.error().message << "\n";
       set_exit_code(1);

@@ -254,7 +254,7 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
   const auto rt = init_runtime_or_report(
       "serve", RuntimeFlags{.size_global_pool = false, .q2_layout = f.q2_layout, .no_repack = f.no_repack});
   if (!rt) return kExitUsage;
-  std::optional<core::Q2Layout> q2_layout = rt->open_options.q2_layout;
+  std::optional<core::Q2Layout> q2_layout = rt->open_options.file.q2_layout;
   if (!cfg.q2_layout.empty()) {
     engine::ModelSpec from_config;
     if (auto r = engine::set_model_field(from_config, "q2_layout", cfg.q2_layout); !r) {

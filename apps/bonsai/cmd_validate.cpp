@@ -31,7 +31,7 @@ int run_validate(const ValidateOptions& o) {
   // BONSAI_KERNEL, --q2-layout: usage errors (exit 2), as in every command.
   const auto rt = init_runtime_or_report("validate", RuntimeFlags{.size_global_pool = false, .q2_layout = o.q2_layout});
   if (!rt) return kExitUsage;
-  auto file = gguf::File::open(o.model_path, rt->open_options);
+  auto file = gguf::File::open(o.model_path, rt->open_options.file);
   if (!file) {
     std::cerr << o.model_path << ": INVALID\n  " << file.error().message << "\n";
     return 1;

@@ -66,7 +66,7 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
-                                               const gguf::OpenOptions& options, model::KvType type_k,
+                                               const model::LoadOptions& options, model::KvType type_k,
                                                model::KvType type_v, int64_t kv_budget_tokens, int sequences) {
   auto model = model::Model::load(path, options);
   if (!model) return std::unexpected(model.error());
@@ -132,9 +132,9 @@ uint64_t ModelFootprint::total_bytes() const {
 }
 
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
-                                               const gguf::OpenOptions& options, model::KvType type_k,
+                                               const model::LoadOptions& options, model::KvType type_k,
                                                model::KvType type_v, int64_t kv_budget_tokens) {
-  auto file = gguf::File::open(path, options);
+  auto file = gguf::File::open(path, options.file);
   if (!file) return std::unexpected(file.error());
   auto cfg = model::ModelConfig::from_gguf(**file);
   if (!cfg) return std::unexpected(cfg.error());
@@ -161,7 +161,7 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 }
 
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
-                                              const gguf::OpenOptions& options, model::KvType type_k,
+                                              const model::LoadOptions& options, model::KvType type_k,
                                               model::KvType type_v, int64_t kv_budget_tokens) {
   auto f = model_footprint(path, max_seq_len, pool_size, options, type_k, type_v, kv_budget_tokens);
   if (!f) return std::unexpected(f.error());

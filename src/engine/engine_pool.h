@@ -35,6 +35,7 @@
 #include "core/error.h"      // core::Expected
 #include "gguf/gguf.h"       // OpenOptions
 #include "model/kv_cache.h"  // KvType (-ctk / -ctv)
+#include "model/model.h"     // LoadOptions
 
 namespace bonsai::model {
 class Model;   // model/model.h
@@ -391,7 +392,7 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 // resolve_pool_size(requested_size) full contexts.
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
-                                               const gguf::OpenOptions& options = {},
+                                               const model::LoadOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
                                                model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0,
                                                int sequences = 0);
@@ -426,7 +427,7 @@ struct ModelFootprint {
 // replicas. Errors: gguf::File::open's and ModelConfig::from_gguf's (each
 // names the file). `options` go to gguf::File::open (a forced Q2_0 layout).
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
-                                               const gguf::OpenOptions& options = {},
+                                               const model::LoadOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
                                                model::KvType type_v = model::KvType::kF16,
                                                int64_t kv_budget_tokens = 0);
@@ -435,7 +436,7 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 // i.e. the file size (the mapping) plus `pool_size` KV caches of
 // `max_seq_len` positions (K and V of type_k / type_v, every layer).
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
-                                              const gguf::OpenOptions& options = {},
+                                              const model::LoadOptions& options = {},
                                               model::KvType type_k = model::KvType::kF16,
                                               model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0);
 

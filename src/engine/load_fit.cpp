@@ -46,8 +46,8 @@ uint64_t available_memory_bytes() {
 
 std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpec& spec, bool ctx_given,
                                            bool pool_given, uint64_t budget_bytes, uint64_t mem_limit_bytes) {
-  gguf::OpenOptions open;
-  open.q2_layout = spec.q2_layout;
+  model::LoadOptions open;
+  open.file.q2_layout = spec.q2_layout;
   open.repack = spec.repack;
   auto fp = model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
                             spec.kv_budget_tokens);

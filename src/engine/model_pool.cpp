@@ -535,8 +535,8 @@ void ModelPool::close_all() {
 ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_scheduler) {
   return [tune_scheduler = std::move(tune_scheduler)](
              const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
-    gguf::OpenOptions open;
-    open.q2_layout = spec.q2_layout;
+    model::LoadOptions open;
+    open.file.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size, open,
                                       spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens, spec.parallel);
@@ -569,8 +569,8 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
 
 ModelPool::Estimator gguf_model_estimator() {
   return [](const ModelSpec& spec) {
-    gguf::OpenOptions open;
-    open.q2_layout = spec.q2_layout;
+    model::LoadOptions open;
+    open.file.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
     return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
                                 spec.kv_budget_tokens);

@@ -78,7 +78,7 @@ struct ModelSpec {
   model::KvType kv_type_k = model::KvType::kF16;
   model::KvType kv_type_v = model::KvType::kF16;
   // Repack the weights the kernels compute faster in another layout
-  // (gguf::OpenOptions::repack; `serve --no-repack`, config key no-repack,
+  // (model::LoadOptions::repack; `serve --no-repack`, config key no-repack,
   // admin load field repack); false: zero-copy views only.
   bool repack = true;
 };

@@ -5,11 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#if defined(__SSE2__)
-#include <emmintrin.h>  // _mm_max_ps, _mm_cmpeq_ps (argmax)
-#endif
 
 #include "engine/logprobs.h"  // kMaxTopLogprobs
+#include "kernels/kernels.h"  // argmax_f32
 
 namespace bonsai::engine {
 
@@ -150,47 +148,7 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> history, 
 }
 
 int32_t argmax(std::span<const float> logits) {
-  // The scalar definition is "the first i with logits[i] > logits[best]",
-  // best starting at 0: the first index whose value equals the largest
-  // non-NaN value (NaN never compares greater; a NaN at index 0 stays the
-  // answer; -0 == +0, so the earlier zero wins). Two vector passes compute
-  // exactly that: the maximum, then the first index equal to it. One scalar
-  // compare chain over 151,936 logits was ~0.3 ms per sampled row.
-  const float* p = logits.data();
-  const size_t n = logits.size();
-  const float first = p[0];
-  if (std::isnan(first)) return 0;
-  float m = first;
-  size_t i = 0;
-#if defined(__SSE2__)
-  // _mm_max_ps(x, a) = x > a ? x : a: a NaN x leaves a unchanged, as the scalar compare does.
-  __m128 a0 = _mm_set1_ps(first), a1 = a0, a2 = a0, a3 = a0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm_max_ps(_mm_loadu_ps(p + i), a0);
-    a1 = _mm_max_ps(_mm_loadu_ps(p + i + 4), a1);
-    a2 = _mm_max_ps(_mm_loadu_ps(p + i + 8), a2);
-    a3 = _mm_max_ps(_mm_loadu_ps(p + i + 12), a3);
-  }
-  float lane[16];
-  _mm_storeu_ps(lane, a0);
-  _mm_storeu_ps(lane + 4, a1);
-  _mm_storeu_ps(lane + 8, a2);
-  _mm_storeu_ps(lane + 12, a3);
-  for (const float l : lane) m = l > m ? l : m;
-#endif
-  for (; i < n; ++i) m = p[i] > m ? p[i] : m;
-  size_t k = 0;
-#if defined(__SSE2__)
-  const __m128 mv = _mm_set1_ps(m);
-  for (; k + 16 <= n; k += 16) {
-    const __m128 e01 = _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + k), mv), _mm_cmpeq_ps(_mm_loadu_ps(p + k + 4), mv));
-    const __m128 e23 = _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + k + 8), mv), _mm_cmpeq_ps(_mm_loadu_ps(p + k + 12), mv));
-    if (_mm_movemask_ps(_mm_or_ps(e01, e23)) != 0) break;  // the first match is in this block of 16
-  }
-#endif
-  for (; k < n; ++k)
-    if (p[k] == m) return static_cast<int32_t>(k);
-  return 0;  // unreachable: m is one of the values
+  return static_cast<int32_t>(kernels::argmax_f32(logits.data(), static_cast<int64_t>(logits.size())));
 }
 
 std::vector<Candidate> filter_candidates(std::span<const float> logits, const SamplingParams& params) {

@@ -93,11 +93,6 @@ struct OpenOptions {
   // blocks, or a g128 byte order whose sampled blocks break the detector's
   // rule (see File::q2_layout) while the other order's do not.
   std::optional<core::Q2Layout> q2_layout;
-  // Read by model::Model::load, not by File::open: repack the weight
-  // matrices the active kernel tier computes faster in another layout
-  // (kernels::packing_for) into one copy at load and release their mapped
-  // pages. false (`--no-repack`): every tensor stays a zero-copy view.
-  bool repack = true;
 };
 
 class File {

@@ -234,5 +234,11 @@ float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);  // a: fp16 bit
 void axpy_f32(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
 void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n);
 void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
+// Index of the first element equal to the largest non-NaN value of p[0, n)
+// (n >= 1): the first i with p[i] > p[best] scanning from best = 0, so a NaN
+// at index 0 stays the answer, NaNs elsewhere never win and the earlier of
+// -0 / +0 wins. SSE2 (x86-64's baseline) where built for it, else scalar;
+// same answer either way. Greedy sampling's argmax over the vocabulary.
+int64_t argmax_f32(const float* p, int64_t n);
 
 }  // namespace bonsai::kernels

@@ -331,8 +331,8 @@ std::vector<std::string> check_model(const gguf::File& file) {
   return out;
 }
 
-core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path, const gguf::OpenOptions& options) {
-  auto file = gguf::File::open(path, options);
+core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path, const LoadOptions& options) {
+  auto file = gguf::File::open(path, options.file);
   if (!file) return std::unexpected(file.error());
   return from_file(std::move(*file), options.repack);
 }

@@ -127,6 +127,16 @@ std::string describe(const RepackStats& stats);
 // key or tensor. Used by Model::from_file and `bonsai validate`.
 std::vector<std::string> check_model(const gguf::File& file);
 
+// How Model::load reads a file and lays out its weights.
+struct LoadOptions {
+  gguf::OpenOptions file;  // how the GGUF is parsed (Q2_0 layout override)
+  // Repack the weight matrices the active kernel tier computes faster in
+  // another layout (kernels::packing_for) into one copy at load and release
+  // their mapped pages. false (`--no-repack`): every tensor stays a
+  // zero-copy view (DESIGN.md "Weights").
+  bool repack = true;
+};
+
 // An immutable loaded model, shared by every engine replica
 // (std::shared_ptr<const Model>); all members are const after load, so
 // concurrent forward() calls with distinct caches and workspaces are safe.
@@ -137,10 +147,9 @@ class Model {
   // Errors: those of File::open; kFormat / kUnsupported / kNotFound listing
   // every problem check_model finds (joined with "; "); kResourceExhausted
   // when the memory for the packed copies cannot be mapped.
-  static core::Expected<std::shared_ptr<const Model>> load(const std::string& path,
-                                                           const gguf::OpenOptions& options = {});
+  static core::Expected<std::shared_ptr<const Model>> load(const std::string& path, const LoadOptions& options = {});
   // Same on an already opened file (kept alive by the model). `repack`:
-  // as OpenOptions::repack; the packing runs on core::global_pool().
+  // as LoadOptions::repack; the packing runs on core::global_pool().
   static core::Expected<std::shared_ptr<const Model>> from_file(std::shared_ptr<const gguf::File> file,
                                                                 bool repack = true);
 

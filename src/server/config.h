@@ -99,7 +99,7 @@ struct ServeConfig {
   std::string cache_type_k = "f16";
   std::string cache_type_v = "f16";
   // no-repack = true: every model's weights stay zero-copy views of the file
-  // (`serve --no-repack`; gguf::OpenOptions::repack, DESIGN.md "Weights").
+  // (`serve --no-repack`; model::LoadOptions::repack, DESIGN.md "Weights").
   bool no_repack = false;
 };
 

@@ -1,6 +1,6 @@
 // Load-time repacked weights (DESIGN.md "Weights", issue 8 decision 2):
 // logits are bit-identical with and without repacking on every fixture
-// (prefill and batched decode); --no-repack (OpenOptions::repack = false)
+// (prefill and batched decode); --no-repack (LoadOptions::repack = false)
 // keeps every matrix a zero-copy view; a repacked model's resident memory
 // (its mapping plus the packed copies) stays within the file size + 5%.
 #include <gtest/gtest.h>
@@ -29,7 +29,7 @@ const char* const kFixtures[] = {"fixtures/qwen3-tiny-q1_0.gguf",
                                  "fixtures/qwen3-tiny-f16.gguf"};
 
 std::shared_ptr<const Model> load(const std::string& path, bool repack) {
-  gguf::OpenOptions o;
+  LoadOptions o;
   o.repack = repack;
   auto m = Model::load(path, o);
   EXPECT_TRUE(m.has_value()) << (m ? "" : m.error().message);
