@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
   const model::KvType kt = model::KvType::kF16;
 #endif
   auto cache = model::KvCache::create(c, 4096 + 64, kt);
+  if (!cache) {  // e.g. q8_0 on head dims that are not multiples of 32
+    std::fprintf(stderr, "%s\n", cache.error().message.c_str());
+    return 1;
+  }
   model::Workspace ws;
   std::vector<float> logits(c.n_vocab);
   model::KvCache* caches[] = {&*cache};
