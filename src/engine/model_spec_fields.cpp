@@ -15,19 +15,19 @@ using enum FieldType;
 
 // Ranges: where the three sources disagreed, the strictest one (issue 31).
 constexpr ModelFieldInfo kFields[] = {
-    {ModelField::kPoolSize, "pool_size", true, "pool-size", "", false, kInt, 0, kMaxModelPoolSize},
-    {ModelField::kCtxSize, "ctx_size", true, "ctx-size", "-c", false, kInt, 0, kMaxModelCtxSize},
-    {ModelField::kParallel, "parallel", true, "parallel", "-np", false, kInt, 1, kMaxModelParallel},
-    {ModelField::kQ2Layout, "q2_layout", true, "q2-layout", "", false, kString, 0, 0},
-    {ModelField::kRepack, "repack", true, "no-repack", "", true, kBool, 0, 0},
-    {ModelField::kCacheTypeK, "cache_type_k", true, "cache-type-k", "-ctk", false, kString, 0, 0},
-    {ModelField::kCacheTypeV, "cache_type_v", true, "cache-type-v", "-ctv", false, kString, 0, 0},
-    {ModelField::kQueueFactor, "queue_factor", false, "queue-factor", "", false, kInt, 1, 1 << 20},
-    {ModelField::kKvBudgetTokens, "kv_budget_tokens", false, "kv-budget-tokens", "", false, kInt, 0,
+    {ModelField::kPoolSize, "pool_size", "pool-size", "", false, kInt, 0, kMaxModelPoolSize},
+    {ModelField::kCtxSize, "ctx_size", "ctx-size", "-c", false, kInt, 0, kMaxModelCtxSize},
+    {ModelField::kParallel, "parallel", "parallel", "-np", false, kInt, 1, kMaxModelParallel},
+    {ModelField::kQ2Layout, "q2_layout", "q2-layout", "", false, kString, 0, 0},
+    {ModelField::kRepack, "repack", "no-repack", "", true, kBool, 0, 0},
+    {ModelField::kCacheTypeK, "cache_type_k", "cache-type-k", "-ctk", false, kString, 0, 0},
+    {ModelField::kCacheTypeV, "cache_type_v", "cache-type-v", "-ctv", false, kString, 0, 0},
+    {ModelField::kQueueFactor, "queue_factor", "queue-factor", "", false, kInt, 1, 1 << 20},
+    {ModelField::kKvBudgetTokens, "kv_budget_tokens", "kv-budget-tokens", "", false, kInt, 0,
      static_cast<double>(int64_t{1} << 40)},
-    {ModelField::kBatchSize, "batch_size", false, "batch-size", "-b", false, kInt, 0, 1 << 20},
-    {ModelField::kStepBudgetMs, "step_budget_ms", false, "step-budget-ms", "", false, kNumber, 0, 600000},
-    {ModelField::kPromptCache, "prompt_cache", false, "no-cache-prompt", "", true, kBool, 0, 0},
+    {ModelField::kBatchSize, "batch_size", "batch-size", "-b", false, kInt, 0, 1 << 20},
+    {ModelField::kStepBudgetMs, "step_budget_ms", "step-budget-ms", "", false, kNumber, 0, 600000},
+    {ModelField::kPromptCache, "prompt_cache", "no-cache-prompt", "", true, kBool, 0, 0},
 };
 
 std::string range_text(const ModelFieldInfo& f) {
@@ -71,25 +71,28 @@ std::expected<void, FieldError> set_name(ModelSpec& spec, const ModelFieldInfo& 
 
 // Sets a checked integer or number field.
 void set_number(ModelSpec& spec, ModelField field, double v) {
-  const int i = static_cast<int>(v);  // every kInt field but kv_budget_tokens is an int (ranges above)
+  // Every kInt field but kv_budget_tokens is an int whose range (kFields)
+  // fits one; converted only in those cases (a double past INT_MAX must not
+  // reach an int conversion).
+  const auto i = [v] { return static_cast<int>(v); };
   switch (field) {
     case ModelField::kPoolSize:
-      spec.pool_size = i;
+      spec.pool_size = i();
       break;
     case ModelField::kCtxSize:
-      spec.ctx_size = i;
+      spec.ctx_size = i();
       break;
     case ModelField::kParallel:
-      spec.parallel = i;
+      spec.parallel = i();
       break;
     case ModelField::kQueueFactor:
-      spec.queue_factor = i;
+      spec.queue_factor = i();
       break;
     case ModelField::kKvBudgetTokens:
       spec.kv_budget_tokens = static_cast<int64_t>(v);
       break;
     case ModelField::kBatchSize:
-      spec.batch_size = i;
+      spec.batch_size = i();
       break;
     case ModelField::kStepBudgetMs:
       spec.step_budget_ms = v;

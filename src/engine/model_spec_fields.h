@@ -58,8 +58,7 @@ enum class FieldType : uint8_t { kInt, kNumber, kBool, kString };
 // One row of the field table.
 struct ModelFieldInfo {
   ModelField field;
-  std::string_view name;        // canonical: ModelSpec member, admin JSON field
-  bool admin_json;              // POST /admin/models/load takes it (as `name`)
+  std::string_view name;        // canonical: ModelSpec member, admin JSON field (POST /admin/models/load)
   std::string_view toml_key;    // serve config key; its flag is "--" + toml_key
   std::string_view flag_alias;  // short flag ("-c"), or empty
   bool negated;                 // toml_key / flag mean the opposite of `name` (no-repack)

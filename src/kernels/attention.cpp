@@ -8,7 +8,10 @@
 namespace bonsai::kernels {
 
 namespace detail {
+namespace {
 constinit thread_local SpreadPrefetch t_spread;
+}  // namespace
+SpreadPrefetch& spread_prefetch() { return t_spread; }
 }  // namespace detail
 
 namespace {

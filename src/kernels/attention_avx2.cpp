@@ -132,7 +132,7 @@ inline void chains8(const float* const* q, int64_t nc, const KR& k, int64_t t0, 
       for (int u = 0; u < KU; ++u) a[j][u] = _mm256_mul_ps(qc, kv[u]);
     }
   }
-  SpreadPrefetch& pf = t_spread;
+  SpreadPrefetch& pf = spread_prefetch();
   for (int64_t c = 1; c < nc; ++c) {
     pf.tick(1);
     __m256 kv[KU];
@@ -255,7 +255,7 @@ inline void pv_group8(const float* p, int64_t nk, const VR& v, int64_t c0, const
   // fewer is held in registers and the other streamed through one, so at
   // most NQ x NC + min(NQ, NC) + 2 registers are live (no spills at 12
   // accumulators: 4 heads x 3 chunks, 2 x 6, 1 x 12).
-  SpreadPrefetch& pf = t_spread;
+  SpreadPrefetch& pf = spread_prefetch();
   for (int64_t t = 0; t < nk; ++t) {
     pf.tick(2);
     if constexpr (NQ <= NC) {

@@ -223,7 +223,7 @@ template <int NQ, class KR>
 inline void chains16(const float* const* q, int64_t hd_k, const KR& k, int64_t t0, __m512 (&f)[NQ][4]) {
   constexpr int KU = NQ <= 2 ? 8 : 4;
   const int64_t nc = hd_k / 16;
-  SpreadPrefetch& pf = t_spread;
+  SpreadPrefetch& pf = spread_prefetch();
   for (int h = 0; h < 16; h += KU) {
     __m512 a[NQ][KU];
     __m512 qc[NQ];
@@ -290,7 +290,7 @@ inline void pv_group(const float* p, int64_t nk, const VR& v, int64_t c0, const 
 #pragma GCC unroll 16
     for (int c = 0; c < NC; ++c) a[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[j] + 16 * (c0 + c)), corr[j]);
   }
-  SpreadPrefetch& pf = t_spread;
+  SpreadPrefetch& pf = spread_prefetch();
   for (int64_t t = 0; t < nk; ++t) {
     pf.tick(NC < 4 ? 4 : NC);
     __m512 pt[NQ];

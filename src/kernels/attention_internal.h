@@ -63,9 +63,12 @@ struct SpreadPrefetch {
     }
   }
 };
-// Defined in attention.cpp; constinit: no dynamic initialization, so reads
-// from the tier files need no TLS init wrapper.
-extern thread_local constinit SpreadPrefetch t_spread;
+// The calling thread's prefetch cursor (a thread_local in attention.cpp,
+// reached through this out-of-line call: a tier file that named the
+// variable itself got initial-exec TLS code that ASan instruments in a form
+// the linker cannot relax, "TLS transition from R_X86_64_GOTTPOFF to
+// R_X86_64_TPOFF32 ... failed"). Valid for the thread's lifetime.
+SpreadPrefetch& spread_prefetch();
 
 // The score formula of the header comment for key row `k` (ggml block_q8_0
 // x hd/32) from its block sums; every scorer ends in exactly these fp32 ops.

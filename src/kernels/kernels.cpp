@@ -382,11 +382,12 @@ void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, floa
     same = same && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols;
     total += ws[i].rows;
   }
-  const TierOps* ops = detail::ops_for_format(active_ops(), ws[0].format);
   if (!same || pool == nullptr || pool->size() <= 1) {
-    for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
+    // (run_rows picks each matrix's ops for its own format.)
+    for (int i = 0; i < count; ++i) run_rows(active_ops(), ws[i], x, n, ys[i], pool, scratch);
     return;
   }
+  const TierOps* ops = detail::ops_for_format(active_ops(), ws[0].format);
   const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch, tile16_use(ws, count));
   // Global row index over the concatenated matrices; a chunk may span several.
   pool->parallel_for(
@@ -415,12 +416,12 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
     same = same && ws[i].format == ws[0].format && ws[i].cols == ws[0].cols && ws[i].rows % units == 0;
     total += ws[i].rows;
   }
-  const TierOps* ops = detail::ops_for_format(active_ops(), ws[0].format);
   if (!same) {
-    for (int i = 0; i < count; ++i) run_rows(ops, ws[i], x, n, ys[i], pool, scratch);
+    for (int i = 0; i < count; ++i) run_rows(active_ops(), ws[i], x, n, ys[i], pool, scratch);
     epilogue(ctx, 0, units);
     return;
   }
+  const TierOps* ops = detail::ops_for_format(active_ops(), ws[0].format);
   const detail::QuantAct* a = prepare_act(ops, ws[0].format, ws[0].cols, x, n, pool, scratch, tile16_use(ws, count));
   auto slice = [&](int64_t u0, int64_t u1) {
     for (int i = 0; i < count; ++i) {

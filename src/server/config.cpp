@@ -150,14 +150,14 @@ void store_model_value(ServeConfig& c, engine::ModelField f, const engine::Field
   }
 }
 
-// A ModelSpec key (engine::find_model_field): checked by the one parser, but
-// a name (q2-layout, cache-type-k/v) only for its type here: the name itself
-// is checked by validate_serve_config, so `bonsai serve` reports a bad one
-// with the flag's exit code.
+// A ModelSpec key (engine::find_model_field), checked by the one parser with
+// the file and key in the message; q2-layout only for its type here: its name
+// is checked where the flag's is (cmd_serve, exit status 2), as the same
+// BONSAI_Q2_LAYOUT / --q2-layout rules apply.
 core::Expected<void> apply_model_key(const engine::ModelFieldInfo& f, const toml::node& node, const std::string& where,
                                      ServeConfig& config) {
   const engine::FieldValue v = toml_field_value(node);
-  if (f.type == engine::FieldType::kString) {
+  if (f.field == engine::ModelField::kQ2Layout) {
     if (!std::holds_alternative<std::string>(v))
       return core::fail(core::Errc::kInvalidArgument, where + ": expected a string");
   } else {

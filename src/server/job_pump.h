@@ -51,8 +51,9 @@ ApiError submit_refusal(ServerContext& ctx, const std::string& model_id, const c
 
 class JobPump;
 
-// A route's side of a pump: what its job's events become. Called on the
-// pump's run thread only (one call at a time per pump).
+// A route's side of a pump: what its job's events become. start() runs on
+// the thread that starts the pump (the route's), before the pump can run;
+// every other call on the pump's run thread (one call at a time per pump).
 class JobAnswer {
  public:
   virtual ~JobAnswer() = default;

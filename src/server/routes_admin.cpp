@@ -163,8 +163,8 @@ struct AdminRoutes {
       return send_error(res, bad_request("Missing required parameter: 'path' (model '" + id + "' is not registered).",
                                          "path", "missing_required_parameter"));
     }
-    // pool_size / ctx_size / parallel / q2_layout / repack / cache_type_k /
-    // cache_type_v: absent or null keeps the registration's (a new path: the server's).
+    // Every model field (engine::model_fields(), by its canonical name):
+    // absent or null keeps the registration's (a new path: the server's).
     if (auto e = apply_admin_model_fields(body, spec)) return send_error(res, *e);
     std::error_code ec;
     if (path != body.end() && !std::filesystem::is_regular_file(spec.path, ec))
@@ -228,8 +228,16 @@ struct AdminRoutes {
 }  // namespace
 
 std::optional<ApiError> apply_admin_model_fields(const json& body, engine::ModelSpec& spec) {
+  // Only "id", "path" and the model fields by their canonical names: a
+  // misspelled or dashed key is refused, not silently ignored.
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();
+    if (key == "id" || key == "path") continue;
+    const engine::ModelFieldInfo* f = engine::find_model_field(key);
+    if (f == nullptr || f->name != key)
+      return bad_request("Unrecognized request argument supplied: '" + key + "'.", key, "unknown_parameter");
+  }
   for (const engine::ModelFieldInfo& f : engine::model_fields()) {
-    if (!f.admin_json) continue;
     const std::string name(f.name);
     auto it = body.find(name);
     if (it == body.end() || it->is_null()) continue;

@@ -23,11 +23,13 @@
 namespace bonsai::server {
 
 // Applies the ModelSpec fields of an admin load body (`body`, a JSON object:
-// pool_size, ctx_size, parallel, q2_layout, repack, cache_type_k,
-// cache_type_v; absent or null leaves the field alone) onto `spec` with
-// engine::set_model_field. Returns the 400 for the first bad field:
-// "Invalid '<field>': <message>." (invalid_value) or "Invalid type for
-// '<field>': <message>." (invalid_type), param = the field.
+// every engine::model_fields() row by its canonical name; absent or null
+// leaves the field alone) onto `spec` with engine::set_model_field. Returns
+// the 400 for a key that is not "id", "path" or a field name
+// ("Unrecognized request argument supplied: '<key>'.", unknown_parameter),
+// else for the first bad field: "Invalid '<field>': <message>."
+// (invalid_value) or "Invalid type for '<field>': <message>." (invalid_type),
+// param = the key.
 std::optional<ApiError> apply_admin_model_fields(const nlohmann::json& body, engine::ModelSpec& spec);
 
 // Registers the routes above on `http`. `ctx` must outlive `http`'s handlers.

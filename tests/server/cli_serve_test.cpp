@@ -380,6 +380,11 @@ TEST(ServeCli, ConfigCacheTypeKeys) {
   auto bad = bonsai::server::validate_serve_config(cfg);
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().message, "cache-type-v: cache type 'q4_0' is not supported (f16, f32, q8_0)");
+  // From the file: refused while reading, naming the file and the key.
+  bonsai::server::ServeConfig from_file;
+  auto read = bonsai::server::apply_serve_toml("cache-type-v = \"q4_0\"\n", "t.toml", from_file);
+  ASSERT_FALSE(read);
+  EXPECT_EQ(read.error().message, "t.toml: key 'cache-type-v': cache type 'q4_0' is not supported (f16, f32, q8_0)");
 }
 
 TEST(ServeCli, CacheTypeFlagsAndAdminLoadFields) {

@@ -160,7 +160,7 @@ cache_type_v = "f32"
   expect_same_spec(from_json, *from_toml, "json vs toml");
   expect_same_spec(from_json, from_flags, "json vs flags");
 
-  // The keys the admin body does not take: config and flags agree.
+  // The serving keys: config, flags and the admin body agree.
   ServeConfig more;
   ASSERT_TRUE(apply_serve_toml(
       "queue-factor = 2\nkv-budget-tokens = 4096\nbatch-size = 64\nstep-budget-ms = 12.5\nno-cache-prompt = true\n",
@@ -179,10 +179,47 @@ cache_type_v = "f32"
   EXPECT_DOUBLE_EQ(more_toml->step_budget_ms, 12.5);
   EXPECT_FALSE(more_toml->prompt_cache);
   expect_same_spec(*more_toml, more_flags, "toml vs flags (server-only keys)");
-  // The admin body ignores them (its fields are unchanged).
-  engine::ModelSpec ignored = *base;
-  ASSERT_FALSE(apply_admin_model_fields(json{{"queue_factor", 0}, {"batch_size", -1}}, ignored).has_value());
-  expect_same_spec(ignored, *base, "admin ignores server-only keys");
+  // The admin body takes them too, by their canonical names, with the same ranges.
+  engine::ModelSpec more_json = *base;
+  ASSERT_FALSE(apply_admin_model_fields(json{{"queue_factor", 2},
+                                             {"kv_budget_tokens", 4096},
+                                             {"batch_size", 64},
+                                             {"step_budget_ms", 12.5},
+                                             {"prompt_cache", false}},
+                                        more_json)
+                   .has_value());
+  expect_same_spec(*more_toml, more_json, "toml vs admin JSON (all fields)");
+  const auto bad = apply_admin_model_fields(json{{"batch_size", -1}}, more_json);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->code, "invalid_value");
+  EXPECT_EQ(bad->param, "batch_size");
+}
+
+// An admin load body key that is neither "id", "path" nor a field's canonical
+// name is refused (a dashed or misspelled key was silently ignored).
+TEST(ModelFields, AdminBodyRefusesUnknownKeys) {
+  for (const char* key : {"ctx-size", "parallell", "-c", "threads"}) {
+    engine::ModelSpec spec;
+    const auto e = apply_admin_model_fields(json{{"id", "a"}, {"path", "/a.gguf"}, {key, 5}}, spec);
+    ASSERT_TRUE(e.has_value()) << key;
+    EXPECT_EQ(e->status, 400);
+    EXPECT_EQ(e->code, "unknown_parameter");
+    EXPECT_EQ(e->param, key);
+    EXPECT_EQ(e->message, std::string("Unrecognized request argument supplied: '") + key + "'.");
+  }
+  engine::ModelSpec spec;
+  EXPECT_FALSE(apply_admin_model_fields(json{{"id", "a"}, {"path", "/a.gguf"}, {"ctx_size", 64}}, spec).has_value());
+  EXPECT_EQ(spec.ctx_size, 64);
+}
+
+// kv_budget_tokens runs to 2^40: values past INT_MAX are stored whole (no
+// conversion through int on the way).
+TEST(ModelFields, LargeKvBudgetTokens) {
+  engine::ModelSpec spec;
+  ASSERT_TRUE(engine::set_model_field(spec, "kv_budget_tokens", int64_t{3000000000}).has_value());
+  EXPECT_EQ(spec.kv_budget_tokens, int64_t{3000000000});
+  ASSERT_TRUE(engine::set_model_field_text(spec, "--kv-budget-tokens", "1099511627776").has_value());
+  EXPECT_EQ(spec.kv_budget_tokens, int64_t{1} << 40);
 }
 
 // Every spelling finds its row; unknown ones do not.
