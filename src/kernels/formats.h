@@ -127,12 +127,19 @@ const FormatDef& format_def(Format f);
 template <Format F>
 inline constexpr const FormatDef& kDef = kFormatDefs[static_cast<size_t>(F)];
 
+// Weights per block of the formats the quantizers and decodes name (from the table).
+inline constexpr int kQ8_0Elems = static_cast<int>(kDef<Format::kQ8_0>.block_elems);  // also the activation sub-block
+inline constexpr int kQ1_0Elems = static_cast<int>(kDef<Format::kQ1_0>.block_elems);
+inline constexpr int kQ2_0Elems = static_cast<int>(kDef<Format::kQ2_0>.block_elems);  // llama.cpp Q2_0 (g64)
+inline constexpr int kQ2G128Elems = static_cast<int>(kDef<Format::kQ2_0G128D>.block_elems);
+
 // Unit geometry of a 1- or 2-bit format as the SIMD kernels and the packer
 // walk a row: units of 128 weights (kSign) or 64 (kCode2, so a 128-weight
 // g128 block is two units sharing one d), each with 16 bytes of bits/codes.
 // For unit b of a row: its bits/codes at unit_qs(b), its fp16 d at
-// unit_d(b) (bytes from the row start; qs_at / d_at: the same as pointers). Always inlined: tier files with
-// different ISA flags use it (see the header comment).
+// unit_d(b) (bytes from the row start; qs_at / d_at: the same as pointers).
+// Always inlined: tier files with different ISA flags use it (see the
+// header comment).
 template <Format F>
 struct UnitGeo {
   static constexpr const FormatDef& kFmt = kDef<F>;
@@ -157,22 +164,9 @@ struct UnitGeo {
       return static_cast<size_t>(b) * kBytes + kD;
     }
   }
-  // The same as pointers into a row (pointer steps in the order the kernels
-  // were tuned with).
-  [[gnu::always_inline]] static const uint8_t* qs_at(const uint8_t* row, int64_t b) {
-    if constexpr (kPerBlock == 2) {
-      return row + static_cast<size_t>(b >> 1) * kBytes + kQs + (b & 1) * 16;
-    } else {
-      return row + static_cast<size_t>(b) * kBytes + kQs;
-    }
-  }
-  [[gnu::always_inline]] static const uint8_t* d_at(const uint8_t* row, int64_t b) {
-    if constexpr (kPerBlock == 2) {
-      return row + static_cast<size_t>(b >> 1) * kBytes + kD;
-    } else {
-      return row + static_cast<size_t>(b) * kBytes + kD;
-    }
-  }
+  // The same as pointers into a row.
+  [[gnu::always_inline]] static const uint8_t* qs_at(const uint8_t* row, int64_t b) { return row + unit_qs(b); }
+  [[gnu::always_inline]] static const uint8_t* d_at(const uint8_t* row, int64_t b) { return row + unit_d(b); }
 };
 
 // Whether F has unit geometry (a kSign or kCode2 format).
@@ -229,11 +223,6 @@ int64_t unit_elems(Format f);
 int64_t units_per_block(Format f);
 size_t unit_qs_offset(Format f, int64_t b);
 size_t unit_d_offset(Format f, int64_t b);
-
-inline constexpr int kQ8_0Elems = 32;   // Q8_0 weights per block (also the activation sub-block)
-inline constexpr int kQ1_0Elems = 128;  // Q1_0 weights per block
-inline constexpr int kQ2_0Elems = 64;   // llama.cpp Q2_0 (g64) weights per block
-inline constexpr int kQ2G128Elems = 128;
 
 // Q8_0 (ggml type 8): x[j] = d * qs[j].
 struct BlockQ8_0 {
@@ -301,8 +290,6 @@ static_assert(block_matches<BlockQ2_0G128D, Format::kQ2_0G128D>());
 static_assert(block_matches<BlockQ2_0G128Qs, Format::kQ2_0G128Qs>());
 static_assert(block_matches<BlockPQ2_0, Format::kPQ2_0>());
 static_assert(block_matches<BlockPTQ1_0, Format::kPTQ1_0>());
-static_assert(kDef<Format::kQ1_0>.block_elems == kQ1_0Elems && kDef<Format::kQ2_0>.block_elems == kQ2_0Elems &&
-              kDef<Format::kQ2_0G128D>.block_elems == kQ2G128Elems && kDef<Format::kQ8_0>.block_elems == kQ8_0Elems);
 
 static_assert(kFormatCount == static_cast<size_t>(Format::kPTQ1_0) + 1, "kFormatCount: update with Format");
 

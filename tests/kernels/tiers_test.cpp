@@ -319,6 +319,14 @@ PairedMatrices paired_matrices(int64_t rows, int64_t cols, uint32_t seed) {
   return p;
 }
 
+// variants() with the reference tier first (the twin-format tests compare
+// within each tier, the reference included).
+std::vector<Variant> variants_and_reference() {
+  std::vector<Variant> vs = variants();
+  vs.insert(vs.begin(), Variant{Tier::kReference, true, true, "reference"});
+  return vs;
+}
+
 // The g128 layouts accumulate exactly as their g64 twin: gemv/gemm results
 // are bit-identical within each tier (incl. AVX-512 with/without GFNI, AMX).
 TEST(Tiers, G128BitIdenticalToPairedG64) {
@@ -330,8 +338,7 @@ TEST(Tiers, G128BitIdenticalToPairedG64) {
     ASSERT_EQ(w64, testing::dequant_row(p.d_view, r)) << r;
     ASSERT_EQ(w64, testing::dequant_row(p.qs_view, r)) << r;
   }
-  std::vector<Variant> vs = variants();
-  vs.insert(vs.begin(), Variant{Tier::kReference, true, true, "reference"});
+  const std::vector<Variant> vs = variants_and_reference();
   core::ThreadPool pool(2);
   const Tier before = active_tier();
   for (const Variant& v : vs) {
@@ -429,8 +436,7 @@ TEST(Tiers, PrismFormatsBitIdenticalToPairedG64) {
     ASSERT_EQ(testing::dequant_row(g64.view, r), testing::dequant_row(pq_view, r)) << r;
     ASSERT_EQ(testing::dequant_row(tern_view, r), testing::dequant_row(pt_view, r)) << r;
   }
-  std::vector<Variant> vs = variants();
-  vs.insert(vs.begin(), Variant{Tier::kReference, true, true, "reference"});
+  const std::vector<Variant> vs = variants_and_reference();
   core::ThreadPool pool(2);
   const Tier before = active_tier();
   for (const Variant& v : vs) {
