@@ -97,6 +97,7 @@ core::Expected<std::shared_ptr<KvPool>> KvPool::create(const ModelConfig& config
   p->mem_.resize(static_cast<size_t>(blocks));
   p->refs_.assign(static_cast<size_t>(blocks), 0);
   p->active_.assign(static_cast<size_t>(blocks), 0);
+  p->index_.resize(static_cast<size_t>(blocks));
   p->free_.reserve(static_cast<size_t>(blocks));
   for (int64_t i = blocks; i-- > 0;) p->free_.push_back(static_cast<int32_t>(i));  // 0 handed out first
   return p;
@@ -106,8 +107,12 @@ KvPool::~KvPool() = default;
 
 KvPool::Usage KvPool::usage() const {
   std::lock_guard lock(mu_);
-  return Usage{
-      .capacity = capacity_, .used = used_, .pinned = pinned_, .cached = used_ - pinned_, .allocated = allocated_};
+  return Usage{.capacity = capacity_,
+               .used = used_,
+               .pinned = pinned_,
+               .cached = used_ - pinned_,
+               .allocated = allocated_,
+               .indexed = indexed_};
 }
 
 int64_t KvPool::available_blocks() const {
@@ -121,7 +126,15 @@ uint64_t KvPool::evictions() const {
 }
 
 int32_t KvPool::alloc_locked() {
+  // A free block; else the least recently released cached-free one; else
+  // evict from parked caches (which may free a block or make one cached free).
   while (free_.empty()) {
+    if (!lru_.empty()) {
+      const int32_t id = lru_.front();
+      unindex_locked(id);  // cached free -> free
+      ++evictions_;
+      continue;
+    }
     if (!evict_one_locked()) return -1;
   }
   const int32_t id = free_.back();
@@ -141,7 +154,13 @@ int32_t KvPool::alloc_locked() {
 
 void KvPool::retain_locked(int32_t id, bool active) {
   const auto i = static_cast<size_t>(id);
-  if (refs_[i]++ == 0) ++used_;
+  if (refs_[i]++ == 0) {
+    if (indexed_locked(id)) {
+      lru_.erase(index_[i].lru);  // cached free -> referenced (already counted in used_)
+    } else {
+      ++used_;
+    }
+  }
   if (active && active_[i]++ == 0) ++pinned_;
 }
 
@@ -149,9 +168,109 @@ void KvPool::release_locked(int32_t id, bool active) {
   const auto i = static_cast<size_t>(id);
   if (active && --active_[i] == 0) --pinned_;
   if (--refs_[i] == 0) {
+    if (indexed_locked(id)) {
+      index_[i].lru = lru_.insert(lru_.end(), id);  // cached free: still used_, evictable
+    } else {
+      --used_;
+      free_.push_back(id);
+    }
+  }
+}
+
+uint64_t KvPool::prefix_key(uint64_t parent, std::span<const int32_t> tokens) {
+  auto splitmix64 = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = splitmix64(parent);
+  for (int32_t t : tokens) h = splitmix64(h ^ static_cast<uint32_t>(t));
+  return h;
+}
+
+void KvPool::index_locked(int32_t id, uint64_t key, uint64_t parent, std::span<const int32_t> tokens) {
+  Entry& e = index_[static_cast<size_t>(id)];
+  if (tokens.empty()) return;
+  if (!e.tokens.empty()) {
+    const bool extends = e.parent == parent && e.tokens.size() < tokens.size() &&
+                         std::equal(e.tokens.begin(), e.tokens.end(), tokens.begin());
+    if (!extends) return;  // indexed already (this key, or another chain's): keep it
+    unindex_locked(id);    // a longer entry replaces it (refs > 0: stays referenced)
+  }
+  if (by_key_.contains(key)) return;  // another block holds this content: keep the first
+  e.key = key;
+  e.parent = parent;
+  e.tokens.assign(tokens.begin(), tokens.end());
+  by_key_.emplace(key, id);
+  children_.emplace(parent, id);
+  ++indexed_;
+  if (refs_[static_cast<size_t>(id)] == 0) e.lru = lru_.insert(lru_.end(), id);
+}
+
+void KvPool::unindex_locked(int32_t id) {
+  Entry& e = index_[static_cast<size_t>(id)];
+  if (e.tokens.empty()) return;
+  if (auto it = by_key_.find(e.key); it != by_key_.end() && it->second == id) by_key_.erase(it);
+  for (auto [it, end] = children_.equal_range(e.parent); it != end; ++it) {
+    if (it->second == id) {
+      children_.erase(it);
+      break;
+    }
+  }
+  e.tokens.clear();
+  e.tokens.shrink_to_fit();
+  --indexed_;
+  if (refs_[static_cast<size_t>(id)] == 0) {  // was cached free
+    lru_.erase(e.lru);
     --used_;
     free_.push_back(id);
   }
+}
+
+int64_t KvPool::match_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids,
+                             std::vector<uint64_t>* keys) const {
+  const auto n = static_cast<int64_t>(tokens.size());
+  limit = std::max<int64_t>(0, limit);
+  uint64_t parent = kPrefixSeed;
+  int64_t at = 0;  // positions matched
+  // Whole blocks, by key.
+  while (at + bs_ <= n && at < limit) {
+    const auto block = tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(bs_));
+    const uint64_t key = prefix_key(parent, block);
+    const auto it = by_key_.find(key);
+    if (it == by_key_.end()) break;
+    const Entry& e = index_[static_cast<size_t>(it->second)];
+    if (e.parent != parent || static_cast<int64_t>(e.tokens.size()) != bs_ ||
+        !std::equal(block.begin(), block.end(), e.tokens.begin())) {
+      break;
+    }
+    if (ids) ids->push_back(it->second);
+    if (keys) keys->push_back(key);
+    parent = key;
+    at += bs_;
+  }
+  // At most one more block, partially: the child of the last match sharing
+  // the most leading tokens with the rest.
+  if (at < n && at < limit) {
+    const auto rest = tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(std::min(n - at, bs_)));
+    int64_t best = 0;
+    int32_t best_id = -1;
+    for (auto [it, end] = children_.equal_range(parent); it != end; ++it) {
+      const std::vector<int32_t>& et = index_[static_cast<size_t>(it->second)].tokens;
+      const auto common =
+          static_cast<int64_t>(std::mismatch(rest.begin(), rest.end(), et.begin(), et.end()).first - rest.begin());
+      if (common > best) best = common, best_id = it->second;
+    }
+    if (best > 0) {
+      if (ids) ids->push_back(best_id);
+      at += best;
+    }
+  }
+  at = std::min(at, limit);
+  if (ids) ids->resize(static_cast<size_t>(blocks_for(at)));
+  if (keys) keys->resize(std::min(keys->size(), static_cast<size_t>(at / bs_)));
+  return at;
 }
 
 void KvPool::drop_tail_locked(Table& t, int64_t keep_blocks, bool active) {
@@ -161,6 +280,7 @@ void KvPool::drop_tail_locked(Table& t, int64_t keep_blocks, bool active) {
     t.ptrs.pop_back();
   }
   t.size = std::min(t.size, static_cast<int64_t>(t.ids.size()) * bs_);
+  t.keys.resize(std::min(t.keys.size(), static_cast<size_t>(t.size / bs_)));
 }
 
 bool KvPool::evict_one_locked() {
@@ -329,10 +449,20 @@ core::Expected<void> KvCache::prepare(int64_t from, int64_t end) {
                           std::to_string(want - old_n) + " more blocks of " + std::to_string(p.bs_) +
                           " positions, and all " + std::to_string(p.capacity_) + " blocks of the pool are in use");
   };
-  // Copy-on-write of shared blocks this write touches (a shared last block).
+  // Positions >= from are rewritten: blocks from from / B on are no longer
+  // published by this cache.
+  t.keys.resize(std::min(t.keys.size(), static_cast<size_t>(from / bs_)));
+  // Copy-on-write of shared blocks this write touches (a shared last block);
+  // an unshared block whose indexed positions this write overwrites leaves
+  // the index (appending past a partial entry keeps it: its positions stay).
   for (int64_t b = from / bs_; b < std::min(old_n, want); ++b) {
     const int32_t old = t.ids[static_cast<size_t>(b)];
-    if (p.refs_[static_cast<size_t>(old)] <= 1) continue;
+    if (p.refs_[static_cast<size_t>(old)] <= 1) {
+      if (static_cast<int64_t>(p.index_[static_cast<size_t>(old)].tokens.size()) > from - b * bs_) {
+        p.unindex_locked(old);
+      }
+      continue;
+    }
     const int32_t id = p.alloc_locked();
     if (id < 0) return full(id);
     uint8_t* dst = p.mem_[static_cast<size_t>(id)].get();
@@ -374,6 +504,10 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
     t_->ids = std::move(ids);
     t_->ptrs = std::move(ptrs);
     t_->size = n;
+    // Same blocks, same positions: src's published keys hold for them.
+    t_->keys.assign(
+        src.t_->keys.begin(),
+        src.t_->keys.begin() + static_cast<ptrdiff_t>(std::min(src.t_->keys.size(), static_cast<size_t>(n / bs_))));
     return {};
   }
   truncate(0);
@@ -421,6 +555,61 @@ bool KvCache::parked() const {
   if (!pool_ || !t_) return false;
   std::lock_guard lock(pool_->mu_);
   return t_->parked;
+}
+
+// ---- Prefix index ---------------------------------------------------------------------
+
+void KvCache::publish(std::span<const int32_t> tokens, bool partial_last) {
+  if (!paged() || !t_) return;
+  KvPool& p = *pool_;
+  std::lock_guard lock(p.mu_);
+  KvPool::Table& t = *t_;
+  const int64_t n = std::min({t.size, static_cast<int64_t>(tokens.size()),
+                              static_cast<int64_t>(t.ids.size()) * bs_});  // a parked cache may have shrunk
+  auto block_tokens = [&](int64_t b, int64_t count) {
+    return tokens.subspan(static_cast<size_t>(b * bs_), static_cast<size_t>(count));
+  };
+  while (static_cast<int64_t>(t.keys.size()) < n / bs_) {
+    const auto b = static_cast<int64_t>(t.keys.size());
+    const uint64_t parent = t.keys.empty() ? KvPool::kPrefixSeed : t.keys.back();
+    const auto bt = block_tokens(b, bs_);
+    const uint64_t key = KvPool::prefix_key(parent, bt);
+    p.index_locked(t.ids[static_cast<size_t>(b)], key, parent, bt);
+    t.keys.push_back(key);
+  }
+  if (partial_last && n % bs_ != 0) {
+    const int64_t b = n / bs_;
+    const uint64_t parent = t.keys.empty() ? KvPool::kPrefixSeed : t.keys.back();
+    const auto bt = block_tokens(b, n % bs_);
+    p.index_locked(t.ids[static_cast<size_t>(b)], KvPool::prefix_key(parent, bt), parent, bt);
+  }
+}
+
+int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens, int64_t max_positions) {
+  if (!paged() || !t_) return 0;
+  truncate(0);
+  KvPool& p = *pool_;
+  std::lock_guard lock(p.mu_);
+  KvPool::Table& t = *t_;
+  std::vector<int32_t> ids;
+  std::vector<uint64_t> keys;
+  const int64_t n = p.match_locked(tokens, std::min(max_positions, n_ctx_), &ids, &keys);
+  if (n <= 0) return 0;
+  const bool active = !t.parked;
+  for (int32_t id : ids) {
+    p.retain_locked(id, active);
+    t.ids.push_back(id);
+    t.ptrs.push_back(p.mem_[static_cast<size_t>(id)].get());
+  }
+  t.keys = std::move(keys);
+  t.size = n;
+  return n;
+}
+
+int64_t KvCache::cached_prefix_positions(std::span<const int32_t> tokens) const {
+  if (!paged() || !t_) return 0;
+  std::lock_guard lock(pool_->mu_);
+  return pool_->match_locked(tokens, n_ctx_, nullptr, nullptr);
 }
 
 }  // namespace bonsai::model

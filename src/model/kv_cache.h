@@ -6,7 +6,9 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -51,8 +53,32 @@ class KvCache;
 // recently parked cache (its last blocks first). Blocks referenced by an
 // unparked cache ("pinned") are never evicted.
 //
-// Thread-safe: one mutex guards counts, the free list and parked tables.
-// Shared through std::shared_ptr by the caches that use it.
+// Prefix index (vLLM's automatic prefix caching, one per model): a cache
+// publishes its blocks (KvCache::publish) under a key that hashes the
+// block's tokens and, through the parent key, every token before it; any
+// cache of the pool can then adopt the longest published prefix of its
+// prompt (KvCache::adopt_prefix), whoever computed it. A match is verified
+// token by token against the copy each entry keeps, never trusted on the
+// hash alone. Key of block i of a token sequence t (B = block_size()):
+//   key(i) = H(key(i-1), t[iB .. iB+B))   with key(-1) = kPrefixSeed,
+//   H(parent, u[0..n)) = h_n where h_0 = splitmix64(parent),
+//                                  h_j = splitmix64(h_{j-1} ^ uint32(u[j-1])),
+// splitmix64 being Steele, Lea & Flood's generator step (2014): x +=
+// 0x9e3779b97f4a7c15, then x ^= x >> 30, x *= 0xbf58476d1ce4e5b9,
+// x ^= x >> 27, x *= 0x94d049bb133111eb, x ^= x >> 31.
+// A partial entry (the first c < B positions of a last block) uses the same
+// H over its c tokens. A block whose last reference goes but that is in the
+// index is not freed: it stays findable ("cached free") in an LRU list,
+// least recently released first (a cache releases its last block first, so
+// a chain's tail ages out before its parent). Allocation takes a free
+// unindexed block, else the LRU cached-free block (its entry leaves the
+// index; its descendants become unreachable and age out), else evicts from
+// parked caches. A write over indexed positions of a block takes the block
+// out of the index (or copies it when shared).
+//
+// Thread-safe: one mutex (mu_) guards counts, the free list, the parked
+// tables, the index and its LRU list. Shared through std::shared_ptr by the
+// caches that use it.
 class KvPool {
  public:
   // A pool of ceil(capacity_positions / block_size) blocks for `config`'s
@@ -75,20 +101,29 @@ class KvPool {
   // Blocks needed for `positions` positions: ceil(positions / block_size).
   int64_t blocks_for(int64_t positions) const { return positions <= 0 ? 0 : (positions + bs_ - 1) / bs_; }
 
-  // Point-in-time counts (under the mutex).
+  // Point-in-time counts (under the mutex), all in blocks.
   struct Usage {
     int64_t capacity = 0;   // blocks in the budget
-    int64_t used = 0;       // blocks referenced by some cache (parked ones included)
+    int64_t used = 0;       // blocks not free: referenced by some cache (parked ones included) or cached free
     int64_t pinned = 0;     // blocks referenced by an unparked (running) cache: never evicted
-    int64_t cached = 0;     // used - pinned: held only by parked caches (evictable, LRU)
+    int64_t cached = 0;     // used - pinned: held only as prompt cache, by parked caches or only by the
+                            // prefix index (evictable, LRU)
     int64_t allocated = 0;  // blocks whose memory has been allocated so far
+    int64_t indexed = 0;    // blocks in the prefix index (referenced or not)
   };
   Usage usage() const;
   // Blocks a new allocation can get now: free ones plus evictable ones
-  // (capacity - pinned).
+  // (capacity - pinned; cached-free blocks are available).
   int64_t available_blocks() const;
-  // Blocks evicted from parked caches so far.
+  // Blocks evicted so far: references dropped from parked caches plus
+  // cached-free blocks taken out of the prefix index for reuse.
   uint64_t evictions() const;
+
+  // Parent key of block 0 in the prefix index (see the class comment).
+  static constexpr uint64_t kPrefixSeed = 0x626f6e7361692d31ULL;  // "bonsai-1"
+  // H(parent, tokens) of the class comment: the index key of a block (or a
+  // partial block) holding `tokens` whose previous block has key `parent`.
+  static uint64_t prefix_key(uint64_t parent, std::span<const int32_t> tokens);
 
   // Whether caches of this pool fit a model with these dimensions.
   bool matches(const ModelConfig& c) const {
@@ -106,6 +141,24 @@ class KvPool {
   void release_locked(int32_t id, bool active);
   bool evict_one_locked();  // drops one block reference of the LRU parked cache
   void drop_tail_locked(Table& t, int64_t keep_blocks, bool active);
+  // Prefix index (see the class comment).
+  struct Entry {
+    uint64_t key = 0, parent = 0;
+    std::vector<int32_t> tokens;       // [count]: tokens of the block's first count positions; empty: not indexed
+    std::list<int32_t>::iterator lru;  // in lru_ while refs_ == 0
+  };
+  bool indexed_locked(int32_t id) const { return !index_[static_cast<size_t>(id)].tokens.empty(); }
+  // Enters block `id` under `key` (its tokens copied). A block already in
+  // the index keeps its entry unless this one extends it (same parent, its
+  // tokens a proper prefix of `tokens`); a key held by another block is kept
+  // there (this block stays out).
+  void index_locked(int32_t id, uint64_t key, uint64_t parent, std::span<const int32_t> tokens);
+  void unindex_locked(int32_t id);  // takes `id` out of the index (a cached-free one becomes free)
+  // The longest indexed prefix of `tokens`, at most `limit` positions:
+  // returns its positions; fills `ids` (the blocks covering them) and
+  // `keys` (keys of the fully matched blocks) when not null.
+  int64_t match_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids,
+                       std::vector<uint64_t>* keys) const;
 
   mutable std::mutex mu_;
   int64_t bs_ = kKvBlockSize;
@@ -121,7 +174,12 @@ class KvPool {
   int64_t used_ = 0;                             // blocks with refs_ > 0
   int64_t allocated_ = 0;
   uint64_t evictions_ = 0;
-  std::list<Table*> parked_;  // least recently parked first
+  std::list<Table*> parked_;                             // least recently parked first
+  std::vector<Entry> index_;                             // [capacity]: the block's entry in the prefix index
+  std::unordered_map<uint64_t, int32_t> by_key_;         // key -> indexed block
+  std::unordered_multimap<uint64_t, int32_t> children_;  // parent key -> indexed blocks
+  std::list<int32_t> lru_;  // cached-free blocks (indexed, refs 0): least recently released first
+  int64_t indexed_ = 0;     // blocks in the index
 };
 
 // One cache's block table (KvCache holds it on the heap so the pool's parked
@@ -130,6 +188,7 @@ struct KvPool::Table {
   std::vector<int32_t> ids;           // block ids, position p in ids[p / block_size]
   std::vector<uint8_t*> ptrs;         // their memory, same order
   int64_t size = 0;                   // positions held
+  std::vector<uint64_t> keys;         // index keys of the leading published full blocks (<= size / B)
   bool parked = false;                // guarded by the pool's mutex
   std::list<Table*>::iterator where;  // in KvPool::parked_ while parked
 };
@@ -137,6 +196,11 @@ struct KvPool::Table {
 // Per-sequence KV cache: a block table into a KvPool. Position p of layer l,
 // KV head h lives in block table[p / B] at row (h * B + p % B) of that
 // layer's K (or V) part (B = the pool's block size, see KvPool).
+//
+// A paged cache shares blocks with other caches of its pool three ways:
+// copy_prefix_from (a sibling), park (its own blocks kept for reuse), and
+// the pool's prefix index (publish what it computed, adopt_prefix what any
+// cache published). Writes into shared blocks copy them first.
 //
 // size() is the number of positions held (0..size()-1 are valid). forward()
 // writes a sequence's tokens at positions p0..p0+m-1 with p0 <= size()
@@ -217,6 +281,37 @@ class KvCache {
   void park();
   void unpark();
   bool parked() const;
+
+  // Prefix index (KvPool's class comment; vLLM's automatic prefix caching).
+  // Enters this cache's blocks into its pool's index: `tokens` are the token
+  // ids of positions [0, size()) (tokens.size() >= size(); the rest is
+  // ignored; a shorter span publishes only the positions it covers). Every
+  // full block not yet published gets key H(key of the previous block,
+  // its B tokens); with `partial_last`, a partial last block (size() % B
+  // != 0) is entered too with its first size() % B tokens (re-entered,
+  // longer, on later calls as the cache grows). The cache remembers the keys
+  // of its published full blocks, so calling this after every forward step
+  // costs O(new blocks) plus O(B) for a partial last block. A block another
+  // block already holds the key of stays out of the index (not an error).
+  // No effect on a standalone cache. Takes the pool's mutex.
+  void publish(std::span<const int32_t> tokens, bool partial_last = false);
+  // Clears this cache, then attaches the longest prefix of `tokens` that the
+  // index holds: whole blocks whose key, parent key and tokens match, then
+  // at most one more block matched partially (among the entries whose parent
+  // is the last matched key, full or partial, the one sharing the most
+  // leading tokens with the rest of `tokens`, at least one). Blocks are
+  // shared (reference counted; pinned while the cache is not parked); a
+  // later write into a shared block copies it first. size() becomes the
+  // matched positions, at most min(max_positions, n_ctx()) (a cap inside a
+  // block still attaches that block). Matching and attaching are one
+  // critical section under the pool's mutex: nothing is evicted in between.
+  // Returns the positions adopted (0: nothing matched, or a standalone
+  // cache).
+  int64_t adopt_prefix(std::span<const int32_t> tokens, int64_t max_positions);
+  // What adopt_prefix(tokens, n_ctx()) would adopt now, in positions,
+  // changing nothing (admission accounting; another cache may evict or
+  // publish before an adopt). 0 for a standalone cache.
+  int64_t cached_prefix_positions(std::span<const int32_t> tokens) const;
 
   // Raw access for the forward pass. K of layer l, KV head h, position p
   // starts at k_row(l, h, p) and takes k_row_bytes() bytes (type_k()); the

@@ -1,7 +1,9 @@
 // KvPool / paged KvCache: block accounting, growth, the budget, block
 // sharing with copy-on-write, parking and LRU eviction that never takes a
 // pinned block, and forward() over a paged cache bit-identical to a
-// standalone one across block boundaries.
+// standalone one across block boundaries; the prefix index (publish,
+// adopt_prefix, cached-free blocks and their LRU eviction, invalidation on
+// overwrite).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -186,6 +188,334 @@ TEST(KvPool, ParkedBlockSharedWithARunningCacheIsNotFreed) {
   ASSERT_TRUE(other.prepare(0, 1).has_value());    // the free block
   EXPECT_FALSE(other.prepare(0, 33).has_value());  // evicting idle's reference frees nothing
   EXPECT_TRUE(holds(live, 0, 32, 21));
+}
+
+// ---- Prefix index ------------------------------------------------------------------------
+
+// Distinct bytes for K and V of every layer, head and position: a function of
+// (seed, position, layer, head, byte), so rows can be checked without the
+// cache that wrote them.
+uint8_t pattern(uint8_t seed, int64_t p, int64_t l, int64_t h, size_t i, bool v) {
+  return static_cast<uint8_t>(seed * 31 + p * 7 + l * 13 + h * 5 + static_cast<int64_t>(i) + (v ? 101 : 0));
+}
+void fill_kv(KvCache& c, int64_t from, int64_t end, uint8_t seed) {
+  for (int64_t p = from; p < end; ++p)
+    for (int64_t l = 0; l < 2; ++l)
+      for (int64_t h = 0; h < 2; ++h) {
+        for (size_t i = 0; i < c.k_row_bytes(); ++i) c.k_row(l, h, p)[i] = pattern(seed, p, l, h, i, false);
+        for (size_t i = 0; i < c.v_row_bytes(); ++i) c.v_row(l, h, p)[i] = pattern(seed, p, l, h, i, true);
+      }
+}
+// Whether K and V rows of [from, end) hold fill_kv(seed)'s bytes.
+bool holds_kv(const KvCache& c, int64_t from, int64_t end, uint8_t seed) {
+  for (int64_t p = from; p < end; ++p)
+    for (int64_t l = 0; l < 2; ++l)
+      for (int64_t h = 0; h < 2; ++h) {
+        for (size_t i = 0; i < c.k_row_bytes(); ++i)
+          if (c.k_row(l, h, p)[i] != pattern(seed, p, l, h, i, false)) return false;
+        for (size_t i = 0; i < c.v_row_bytes(); ++i)
+          if (c.v_row(l, h, p)[i] != pattern(seed, p, l, h, i, true)) return false;
+      }
+  return true;
+}
+// K and V rows of [from, end) byte-equal in both caches.
+bool same_rows(const KvCache& a, const KvCache& b, int64_t from, int64_t end) {
+  for (int64_t p = from; p < end; ++p)
+    for (int64_t l = 0; l < 2; ++l)
+      for (int64_t h = 0; h < 2; ++h) {
+        if (std::memcmp(a.k_row(l, h, p), b.k_row(l, h, p), a.k_row_bytes()) != 0) return false;
+        if (std::memcmp(a.v_row(l, h, p), b.v_row(l, h, p), a.v_row_bytes()) != 0) return false;
+      }
+  return true;
+}
+std::vector<int32_t> token_run(int64_t n, int32_t base) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(base + static_cast<int32_t>(i * 3 % 1000));
+  return t;
+}
+// A cache of `pool` holding positions [0, n) filled with seed's bytes.
+KvCache written(const std::shared_ptr<KvPool>& pool, int64_t n, uint8_t seed) {
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_TRUE(c.prepare(0, n).has_value());
+  fill_kv(c, 0, n, seed);
+  c.set_size(n);
+  return c;
+}
+
+TEST(KvPrefixIndex, AdoptSharesPublishedBlocksWithoutNewMemory) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  const auto toks = token_run(80, 1);  // 2.5 blocks
+  auto a = written(pool, 80, 1);
+  a.publish(toks, /*partial_last=*/true);
+  EXPECT_EQ(pool->usage().indexed, 3);
+  EXPECT_EQ(pool->usage().used, 3);
+  auto b = *KvCache::create(pool, 256);
+  EXPECT_EQ(b.cached_prefix_positions(toks), 80);
+  EXPECT_EQ(b.adopt_prefix(toks, 1000), 80);
+  EXPECT_EQ(b.size(), 80);
+  EXPECT_EQ(b.blocks(), 3);
+  EXPECT_TRUE(same_rows(a, b, 0, 80));
+  EXPECT_TRUE(holds_kv(b, 0, 80, 1));
+  EXPECT_EQ(b.k_row(1, 1, 70), a.k_row(1, 1, 70));  // the same memory
+  const auto u = pool->usage();
+  EXPECT_EQ(u.used, 3);  // nothing new allocated
+  EXPECT_EQ(u.pinned, 3);
+  EXPECT_EQ(u.cached, 0);
+  EXPECT_EQ(u.indexed, 3);
+  // A prompt that ends inside the partial entry adopts its common part.
+  const std::vector<int32_t> shorter(toks.begin(), toks.begin() + 75);
+  EXPECT_EQ(b.cached_prefix_positions(shorter), 75);
+  // Nothing matches an unknown first token.
+  auto other = toks;
+  other[0] = 9999;
+  EXPECT_EQ(b.cached_prefix_positions(other), 0);
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.adopt_prefix(other, 1000), 0);
+  EXPECT_EQ(c.size(), 0);
+  EXPECT_EQ(c.blocks(), 0);
+}
+
+TEST(KvPrefixIndex, DivergenceInsideABlockAdoptsTheCommonPartAndCopiesOnWrite) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  const auto toks = token_run(80, 1);
+  auto a = written(pool, 80, 1);
+  a.publish(toks, true);
+  auto mine = toks;
+  mine[40] = 7777;  // block 1 is positions 32..63: 8 of them in common
+  auto b = *KvCache::create(pool, 256);
+  EXPECT_EQ(b.adopt_prefix(mine, 1000), 40);
+  EXPECT_EQ(b.blocks(), 2);
+  EXPECT_TRUE(same_rows(a, b, 0, 40));
+  EXPECT_EQ(pool->usage().used, 3);
+  // B's next write (position 40, in the shared block 1) copies block 1.
+  ASSERT_TRUE(b.prepare(40, 64).has_value());
+  EXPECT_EQ(pool->usage().used, 4);
+  EXPECT_NE(b.k_row(0, 0, 33), a.k_row(0, 0, 33));
+  EXPECT_EQ(b.k_row(0, 0, 3), a.k_row(0, 0, 3));  // block 0 stays shared
+  fill_kv(b, 40, 64, 9);
+  b.set_size(64);
+  EXPECT_TRUE(holds_kv(b, 0, 40, 1));  // the copy kept the common rows
+  EXPECT_TRUE(holds_kv(b, 40, 64, 9));
+  EXPECT_TRUE(holds_kv(a, 0, 80, 1));  // A unchanged
+  // B publishes its own block 1: both continuations of block 0 are found.
+  b.publish(mine);
+  EXPECT_EQ(pool->usage().indexed, 4);
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.adopt_prefix(mine, 1000), 64);
+  EXPECT_EQ(c.k_row(0, 0, 50), b.k_row(0, 0, 50));
+  EXPECT_EQ(c.adopt_prefix(toks, 1000), 80);
+  EXPECT_EQ(c.k_row(0, 0, 50), a.k_row(0, 0, 50));
+}
+
+TEST(KvPrefixIndex, AdoptStopsAtMaxPositions) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  const auto toks = token_run(96, 1);
+  auto a = written(pool, 96, 1);
+  a.publish(toks);
+  auto b = *KvCache::create(pool, 256);
+  EXPECT_EQ(b.adopt_prefix(toks, 0), 0);
+  EXPECT_EQ(b.blocks(), 0);
+  EXPECT_EQ(b.adopt_prefix(toks, 64), 64);
+  EXPECT_EQ(b.blocks(), 2);
+  EXPECT_EQ(b.adopt_prefix(toks, 50), 50);  // inside block 1: attached, size capped
+  EXPECT_EQ(b.blocks(), 2);
+  EXPECT_EQ(b.size(), 50);
+  EXPECT_TRUE(holds_kv(b, 0, 50, 1));
+  auto small = *KvCache::create(pool, 40);  // n_ctx caps too
+  EXPECT_EQ(small.cached_prefix_positions(toks), 40);
+  EXPECT_EQ(small.adopt_prefix(toks, 1000), 40);
+  // B's write at the cap copies the shared block; A keeps its rows.
+  ASSERT_TRUE(b.prepare(50, 51).has_value());
+  fill_kv(b, 50, 51, 77);
+  b.set_size(51);
+  EXPECT_TRUE(holds_kv(a, 0, 96, 1));
+  EXPECT_TRUE(holds_kv(b, 0, 50, 1));
+  EXPECT_EQ(pool->usage().used, 4);
+  EXPECT_EQ(pool->usage().indexed, 3);  // the copy is not indexed
+}
+
+TEST(KvPrefixIndex, ReleasedBlocksStayCachedUntilEvictedTailFirst) {
+  auto pool = *KvPool::create(tiny_config(), 4 * 32, KvType::kF16, KvType::kF16, 32);  // 4 blocks
+  const auto toks = token_run(96, 1);
+  {
+    auto a = written(pool, 96, 1);
+    a.publish(toks);
+    const auto u = pool->usage();
+    EXPECT_EQ(u.used, 3);
+    EXPECT_EQ(u.pinned, 3);
+    EXPECT_EQ(u.cached, 0);
+    EXPECT_EQ(u.indexed, 3);
+    EXPECT_EQ(pool->available_blocks(), 1);
+  }
+  // A is gone: its blocks are cached free (used, evictable, findable).
+  auto u = pool->usage();
+  EXPECT_EQ(u.used, 3);
+  EXPECT_EQ(u.pinned, 0);
+  EXPECT_EQ(u.cached, 3);
+  EXPECT_EQ(u.indexed, 3);
+  EXPECT_EQ(pool->available_blocks(), 4);
+  {
+    auto c = *KvCache::create(pool, 256);
+    EXPECT_EQ(c.adopt_prefix(toks, 1000), 96);
+    EXPECT_TRUE(holds_kv(c, 0, 96, 1));
+    u = pool->usage();
+    EXPECT_EQ(u.used, 3);
+    EXPECT_EQ(u.pinned, 3);
+    EXPECT_EQ(u.cached, 0);
+    EXPECT_EQ(pool->available_blocks(), 1);
+  }
+  EXPECT_EQ(pool->usage().cached, 3);
+  EXPECT_EQ(pool->evictions(), 0u);
+  // Pressure: the free block first, then cached-free blocks, the chain's tail first.
+  auto d = *KvCache::create(pool, 256);
+  ASSERT_TRUE(d.prepare(0, 32).has_value());
+  d.set_size(32);
+  EXPECT_EQ(pool->evictions(), 0u);
+  EXPECT_EQ(d.cached_prefix_positions(toks), 96);
+  ASSERT_TRUE(d.prepare(32, 64).has_value());
+  d.set_size(64);
+  EXPECT_EQ(pool->evictions(), 1u);
+  u = pool->usage();
+  EXPECT_EQ(u.used, 4);
+  EXPECT_EQ(u.pinned, 2);
+  EXPECT_EQ(u.cached, 2);
+  EXPECT_EQ(u.indexed, 2);
+  EXPECT_EQ(pool->available_blocks(), 2);
+  EXPECT_EQ(d.cached_prefix_positions(toks), 64);
+  ASSERT_TRUE(d.prepare(64, 96).has_value());
+  d.set_size(96);
+  EXPECT_EQ(pool->evictions(), 2u);
+  EXPECT_EQ(pool->usage().indexed, 1);
+  EXPECT_EQ(pool->usage().cached, 1);
+  auto e = *KvCache::create(pool, 256);
+  EXPECT_EQ(e.adopt_prefix(toks, 1000), 32);
+  EXPECT_TRUE(holds_kv(e, 0, 32, 1));
+  EXPECT_EQ(pool->usage().pinned, 4);
+  EXPECT_EQ(pool->available_blocks(), 0);
+  EXPECT_FALSE(d.prepare(96, 97).has_value());  // the adopted block is pinned now
+  EXPECT_TRUE(holds_kv(e, 0, 32, 1));
+}
+
+TEST(KvPrefixIndex, ParkedEvictionOfAnIndexedBlockKeepsItCachedFree) {
+  auto pool = *KvPool::create(tiny_config(), 3 * 32, KvType::kF16, KvType::kF16, 32);  // 3 blocks
+  const auto toks = token_run(64, 1);
+  auto a = written(pool, 64, 1);
+  a.publish(toks);
+  a.park();
+  EXPECT_EQ(pool->usage().cached, 2);
+  auto d = *KvCache::create(pool, 256);
+  ASSERT_TRUE(d.prepare(0, 64).has_value());  // the free block, then A's block 1 (evicted, then reused)
+  EXPECT_EQ(a.blocks(), 1);
+  const auto u = pool->usage();
+  EXPECT_EQ(u.used, 3);
+  EXPECT_EQ(u.pinned, 2);
+  EXPECT_EQ(u.cached, 1);
+  EXPECT_EQ(u.indexed, 1);
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.adopt_prefix(toks, 1000), 32);  // block 0 still held by parked A
+  EXPECT_TRUE(holds_kv(c, 0, 32, 1));
+  a.unpark();
+  EXPECT_EQ(a.size(), 32);
+}
+
+TEST(KvPrefixIndex, OverwrittenPositionsLeaveTheIndex) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  const auto toks = token_run(64, 1);
+  auto a = written(pool, 64, 1);
+  a.publish(toks);
+  EXPECT_EQ(pool->usage().indexed, 2);
+  a.truncate(40);
+  ASSERT_TRUE(a.prepare(40, 64).has_value());  // overwrites indexed positions of block 1
+  EXPECT_EQ(pool->usage().indexed, 1);
+  auto changed = toks;
+  for (size_t i = 40; i < 64; ++i) changed[i] = 5000 + static_cast<int32_t>(i);
+  fill_kv(a, 40, 64, 3);
+  a.set_size(64);
+  auto b = *KvCache::create(pool, 256);
+  EXPECT_EQ(b.cached_prefix_positions(toks), 32);
+  EXPECT_EQ(b.cached_prefix_positions(changed), 32);
+  a.publish(changed);  // block 1 again, under its new tokens
+  EXPECT_EQ(pool->usage().indexed, 2);
+  EXPECT_EQ(b.adopt_prefix(changed, 1000), 64);
+  EXPECT_TRUE(holds_kv(b, 40, 64, 3));
+  EXPECT_EQ(b.cached_prefix_positions(toks), 40);  // the common part of block 1
+  // Appending past a partial entry keeps it, and a later publish extends it.
+  auto p = written(pool, 40, 5);
+  const auto pt = token_run(60, 300);
+  p.publish(pt, true);
+  EXPECT_EQ(p.cached_prefix_positions(pt), 40);
+  ASSERT_TRUE(p.prepare(40, 50).has_value());
+  fill_kv(p, 40, 50, 5);
+  p.set_size(50);
+  EXPECT_EQ(p.cached_prefix_positions(pt), 40);
+  p.publish(pt, true);
+  EXPECT_EQ(p.cached_prefix_positions(pt), 50);
+  p.truncate(45);  // then overwriting inside the entry drops it
+  ASSERT_TRUE(p.prepare(45, 46).has_value());
+  EXPECT_EQ(p.cached_prefix_positions(pt), 32);
+}
+
+TEST(KvPrefixIndex, SameBlockTokensUnderAnotherParentDoNotMatch) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  auto x = token_run(64, 1);
+  auto z = x;
+  for (size_t i = 0; i < 32; ++i) z[i] = 4000 + static_cast<int32_t>(i);  // block 0 differs, block 1 equal
+  auto a = written(pool, 64, 1);
+  a.publish(x);
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.cached_prefix_positions(z), 0);
+  // The second block of z alone (as block 0) does not match A's block 1.
+  const std::vector<int32_t> tail(x.begin() + 32, x.end());
+  EXPECT_EQ(c.cached_prefix_positions(tail), 0);
+  auto b = written(pool, 64, 2);
+  b.publish(z);
+  EXPECT_EQ(pool->usage().indexed, 4);  // equal block 1 tokens, different keys: both indexed
+  EXPECT_EQ(c.adopt_prefix(z, 1000), 64);
+  EXPECT_TRUE(holds_kv(c, 0, 64, 2));
+  EXPECT_EQ(c.adopt_prefix(x, 1000), 64);
+  EXPECT_TRUE(holds_kv(c, 0, 64, 1));
+}
+
+TEST(KvPrefixIndex, FirstPublisherKeepsTheKeyAndChainsContinueByKey) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  const auto toks = token_run(96, 1);
+  auto a = written(pool, 32, 1);
+  a.publish(toks);
+  auto b = written(pool, 64, 1);  // computed block 0 again, then block 1
+  b.publish(toks);
+  EXPECT_EQ(pool->usage().indexed, 2);  // A's block 0, B's block 1
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.adopt_prefix(toks, 1000), 64);
+  EXPECT_EQ(c.k_row(0, 0, 5), a.k_row(0, 0, 5));
+  EXPECT_EQ(c.k_row(0, 0, 40), b.k_row(0, 0, 40));
+  // C continues the chain it adopted: its next block is found after it.
+  ASSERT_TRUE(c.prepare(64, 96).has_value());
+  fill_kv(c, 64, 96, 1);
+  c.set_size(96);
+  c.publish(toks);
+  EXPECT_EQ(pool->usage().indexed, 3);
+  auto d = *KvCache::create(pool, 256);
+  EXPECT_EQ(d.adopt_prefix(toks, 1000), 96);
+  EXPECT_TRUE(holds_kv(d, 0, 96, 1));
+  // A sibling made by copy_prefix_from inherits the published keys.
+  auto e = *KvCache::create(pool, 256);
+  ASSERT_TRUE(e.copy_prefix_from(d, 96).has_value());
+  e.publish(toks);
+  EXPECT_EQ(pool->usage().indexed, 3);
+}
+
+TEST(KvPrefixIndex, StandaloneCacheHasNoIndex) {
+  auto s = *KvCache::create(tiny_config(), 64);
+  ASSERT_TRUE(s.prepare(0, 40).has_value());
+  fill_kv(s, 0, 40, 1);
+  s.set_size(40);
+  const auto toks = token_run(40, 1);
+  s.publish(toks, true);
+  EXPECT_EQ(s.pool()->usage().indexed, 0);
+  EXPECT_EQ(s.cached_prefix_positions(toks), 0);
+  EXPECT_EQ(s.adopt_prefix(toks, 40), 0);
+  EXPECT_EQ(s.size(), 40);
+  EXPECT_TRUE(holds_kv(s, 0, 40, 1));
 }
 
 // forward() over a paged cache (blocks of 32 from a shared pool, a partial
