@@ -203,7 +203,7 @@ void KvPool::index_locked(int32_t id, uint64_t key, uint64_t parent, std::span<c
   e.parent = parent;
   e.tokens.assign(tokens.begin(), tokens.end());
   by_key_.emplace(key, id);
-  children_.emplace(parent, id);
+  children_.emplace(prefix_key(parent, tokens.first(1)), id);
   ++indexed_;
   if (refs_[static_cast<size_t>(id)] == 0) e.lru = lru_.insert(lru_.end(), id);
 }
@@ -212,7 +212,7 @@ void KvPool::unindex_locked(int32_t id) {
   Entry& e = index_[static_cast<size_t>(id)];
   if (e.tokens.empty()) return;
   if (auto it = by_key_.find(e.key); it != by_key_.end() && it->second == id) by_key_.erase(it);
-  for (auto [it, end] = children_.equal_range(e.parent); it != end; ++it) {
+  for (auto [it, end] = children_.equal_range(prefix_key(e.parent, std::span(e.tokens).first(1))); it != end; ++it) {
     if (it->second == id) {
       children_.erase(it);
       break;
@@ -251,13 +251,15 @@ int64_t KvPool::match_locked(std::span<const int32_t> tokens, int64_t limit, std
     at += bs_;
   }
   // At most one more block, partially: the child of the last match sharing
-  // the most leading tokens with the rest.
+  // the most leading tokens (at least the first) with the rest.
   if (at < n && at < limit) {
     const auto rest = tokens.subspan(static_cast<size_t>(at), static_cast<size_t>(std::min(n - at, bs_)));
     int64_t best = 0;
     int32_t best_id = -1;
-    for (auto [it, end] = children_.equal_range(parent); it != end; ++it) {
-      const std::vector<int32_t>& et = index_[static_cast<size_t>(it->second)].tokens;
+    for (auto [it, end] = children_.equal_range(prefix_key(parent, rest.first(1))); it != end; ++it) {
+      const Entry& e = index_[static_cast<size_t>(it->second)];
+      if (e.parent != parent) continue;  // a hash collision
+      const std::vector<int32_t>& et = e.tokens;
       const auto common =
           static_cast<int64_t>(std::mismatch(rest.begin(), rest.end(), et.begin(), et.end()).first - rest.begin());
       if (common > best) best = common, best_id = it->second;

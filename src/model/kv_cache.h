@@ -174,10 +174,11 @@ class KvPool {
   int64_t used_ = 0;                             // blocks with refs_ > 0
   int64_t allocated_ = 0;
   uint64_t evictions_ = 0;
-  std::list<Table*> parked_;                             // least recently parked first
-  std::vector<Entry> index_;                             // [capacity]: the block's entry in the prefix index
-  std::unordered_map<uint64_t, int32_t> by_key_;         // key -> indexed block
-  std::unordered_multimap<uint64_t, int32_t> children_;  // parent key -> indexed blocks
+  std::list<Table*> parked_;                      // least recently parked first
+  std::vector<Entry> index_;                      // [capacity]: the block's entry in the prefix index
+  std::unordered_map<uint64_t, int32_t> by_key_;  // key -> indexed block
+  // H(parent key, first token) -> indexed blocks: the candidates of a partial match.
+  std::unordered_multimap<uint64_t, int32_t> children_;
   std::list<int32_t> lru_;  // cached-free blocks (indexed, refs 0): least recently released first
   int64_t indexed_ = 0;     // blocks in the index
 };

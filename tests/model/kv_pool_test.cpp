@@ -305,6 +305,15 @@ TEST(KvPrefixIndex, DivergenceInsideABlockAdoptsTheCommonPartAndCopiesOnWrite) {
   EXPECT_EQ(c.k_row(0, 0, 50), b.k_row(0, 0, 50));
   EXPECT_EQ(c.adopt_prefix(toks, 1000), 80);
   EXPECT_EQ(c.k_row(0, 0, 50), a.k_row(0, 0, 50));
+  // Two candidates for block 1 share its first tokens: the longer common prefix wins.
+  auto third = toks;
+  third[50] = 8888;
+  EXPECT_EQ(c.adopt_prefix(third, 1000), 50);
+  EXPECT_EQ(c.k_row(0, 0, 45), a.k_row(0, 0, 45));
+  auto fourth = mine;
+  fourth[45] = 8888;
+  EXPECT_EQ(c.adopt_prefix(fourth, 1000), 45);
+  EXPECT_EQ(c.k_row(0, 0, 42), b.k_row(0, 0, 42));
 }
 
 TEST(KvPrefixIndex, AdoptStopsAtMaxPositions) {
