@@ -296,13 +296,15 @@ class KvCache {
   // block already holds the key of stays out of the index (not an error).
   // No effect on a standalone cache. Takes the pool's mutex.
   void publish(std::span<const int32_t> tokens, bool partial_last = false);
-  // Clears this cache, then attaches the longest prefix of `tokens` that the
-  // index holds: whole blocks whose key, parent key and tokens match, then
-  // at most one more block matched partially (among the entries whose parent
-  // is the last matched key, full or partial, the one sharing the most
-  // leading tokens with the rest of `tokens`, at least one). Blocks are
-  // shared (reference counted; pinned while the cache is not parked); a
-  // later write into a shared block copies it first. size() becomes the
+  // Clears this cache (truncate(0): it is unparked too), then attaches the
+  // longest prefix of `tokens` that the index holds: whole blocks whose key,
+  // parent key and tokens match, then at most one more block matched
+  // partially (among the entries whose parent is the last matched key, full
+  // or partial, the one sharing the most leading tokens with the rest of
+  // `tokens`, at least one). Blocks are shared (reference counted, pinned;
+  // cached-free ones leave the LRU); a later write into a shared block
+  // copies it first, into an unshared indexed one takes it out of the
+  // index (KvPool's class comment). size() becomes the
   // matched positions, at most min(max_positions, n_ctx()) (a cap inside a
   // block still attaches that block). Matching and attaching are one
   // critical section under the pool's mutex: nothing is evicted in between.
