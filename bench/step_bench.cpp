@@ -15,9 +15,7 @@
 //             engine::Scheduler over an EnginePool of N replicas; the time
 //             between consecutive steps that ran exactly N decode tokens
 //             (SchedulerOptions::on_step): forward + sampling, text release,
-//             events, admission. After each step phase the bench waits for
-//             the scheduler's step that runs the finished sequences' last
-//             tokens (keep_tail, see step_ms) so the next phase runs alone.
+//             events, admission.
 // Prints medians (ms per step) and tok/s = N / step, plus the two overheads
 // (forward - products: the model outside its products; step - forward: the
 // scheduler's own work).
@@ -136,7 +134,6 @@ class StepTimer {
       std::lock_guard lock(mu_);
       marks_.clear();
     }
-    tail_steps_.store(0);
     std::vector<std::shared_ptr<engine::JobHandle>> hs;
     for (int s = 0; s < n; ++s) {
       engine::CompletionJob j;
@@ -152,17 +149,6 @@ class StepTimer {
       std::vector<engine::JobEvent> evs;
       while (!h->ended()) h->wait(evs, Clock::now() + std::chrono::milliseconds(50));
     }
-    // With the prompt cache on (the default) the scheduler runs each finished
-    // sequence's last token one more step (keep_tail: the cache then holds the
-    // whole conversation), a step with tokens but no live sequence. Wait for
-    // it (up to 2 s; the scheduler may also drop tails under KV pressure) so
-    // the next phase does not share the cores with it: without this wait the
-    // N = 1 products of every round after the first read 2x slow at 2
-    // threads (session 17; the tail step took 12-110 ms for N = 1..16, Zen 3).
-    const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (tail_steps_.load() == 0 && Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (tail_steps_.load() == 0) std::fprintf(stderr, "step_bench: no keep_tail step within 2 s after N = %d\n", n);
     std::lock_guard lock(mu_);
     std::vector<double> t;
     for (size_t i = 1; i < marks_.size(); ++i)
@@ -180,7 +166,6 @@ class StepTimer {
     so.on_step = [this](int64_t tokens, int64_t seqs) {
       std::lock_guard lock(mu_);
       marks_.emplace_back(Clock::now(), tokens == seqs ? tokens : -1);
-      if (seqs == 0 && tokens > 0) tail_steps_.fetch_add(1);
     };
     auto pool = std::make_shared<engine::EnginePool>(std::move(built.pool));
     return std::make_unique<engine::Scheduler>(pool, built.model, built.n_ctx, so);
@@ -191,8 +176,7 @@ class StepTimer {
   const int32_t n_vocab_;
   std::mutex mu_;
   std::vector<std::pair<Clock::time_point, int64_t>> marks_;  // (time, tokens) of steps with tokens == sequences
-  std::atomic<int64_t> tail_steps_{0};        // steps with tokens but no live sequence: finished sequences' last tokens
-  std::unique_ptr<engine::Scheduler> sched_;  // last: its thread stops before the members above go
+  std::unique_ptr<engine::Scheduler> sched_;                  // last: its thread stops before the members above go
 };
 
 struct Args {

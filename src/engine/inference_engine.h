@@ -1,8 +1,11 @@
 // InferenceEngine: one replica of a model that turns prompts into tokens.
 //
 // A replica borrows the shared, immutable model (weights are views into one
-// mapping) and tokenizer, and owns what is per caller: the KV cache, the
-// forward-pass workspace, the sampler with its RNG, and its stats. Replicas
+// mapping) and tokenizer, and owns what is per caller: one engine::Sequence
+// (its KV cache and tokens, the sampler with its RNG, the generation in
+// progress; sequence.h), the forward-pass workspace, and its stats. The
+// stepwise API below forwards to that Sequence; generate_request drives it
+// alone, exactly as the Scheduler drives many. Replicas
 // are used by one thread at a time (EnginePool hands them out); different
 // replicas may run concurrently and share the compute threads of one
 // core::ThreadPool (core::global_pool() unless EngineOptions::pool says
@@ -38,6 +41,7 @@
 #include "engine/logprobs.h"      // TokenLogprob
 #include "engine/rate_tracker.h"  // RequestRateTracker, RequestRateAggregator
 #include "engine/sampling.h"      // SamplingParams, Sampler
+#include "engine/sequence.h"      // Sequence, GenerateRequest, GenerationResult, FinishReason
 #include "kernels/kernels.h"      // kernels::Tier
 
 namespace bonsai::core {
@@ -58,17 +62,6 @@ class SharedTokenTrie;  // structured/vocab_trie.h
 }
 
 namespace bonsai::engine {
-
-// Why generation ended. Names are OpenAI's finish_reason strings.
-enum class FinishReason : uint8_t {
-  kStop,       // EOS/EOG token or a stop string (with a grammar: EOS where the grammar
-               // may end, even with ignore_eos; or a complete sentence nothing may follow)
-  kLength,     // max_tokens reached, the context (KV cache) is full, or a grammar
-               // allows no token although its sentence is incomplete (a dead end)
-  kCancelled,  // the stream callback returned false, or the cancel flag was set
-};
-// "stop", "length", "cancelled".
-const char* finish_reason_name(FinishReason r);
 
 // Construction options of one replica.
 struct EngineOptions {
@@ -97,86 +90,6 @@ struct EngineOptions {
   std::shared_ptr<model::KvPool> kv_pool;
 };
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
-// Prompt tokens per forward() call in prefill (llama.cpp's default n_ubatch).
-inline constexpr int64_t kPrefillChunk = 512;
-// Prompt tokens per forward() while prompt logprobs are computed (every
-// token's logits row is kept: 64 x 151,936 floats = 39 MB).
-inline constexpr int64_t kPromptRowsChunk = 64;
-
-// One streamed event: called once per sampled token (EOS included), in order.
-struct TokenEvent {
-  int32_t token = -1;     // sampled token id; -1 for the final flush event
-  int32_t index = 0;      // 0-based index of the sampled token (count for the flush)
-  std::string_view text;  // text released by this token (may be empty: held back
-                          // by the UTF-8 / stop-string emitter); valid during the call
-  // The sampled token's log probability and top alternatives when
-  // SamplingParams::logprobs >= 0; nullptr otherwise, for a terminating
-  // EOS and for the flush event. Valid during the call.
-  const TokenLogprob* logprob = nullptr;
-};
-// Return false to cancel: generation stops before the next decode step and
-// the result's finish_reason is kCancelled. After the last token, if text
-// is still held (e.g. a partial stop-string match when max_tokens ends the
-// answer), one more event with token == -1 releases it; its return value is
-// ignored. The concatenation of every event's text == GenerationResult::text.
-using StreamCallback = std::function<bool(const TokenEvent&)>;
-
-// What one generate* call returns.
-struct GenerationResult {
-  std::vector<int32_t> tokens;  // sampled ids, excluding a terminating EOS/EOG token (the token
-                                // that completed a stop string IS included)
-  std::string text;             // detokenized tokens, stop string and after removed
-  FinishReason finish_reason = FinishReason::kStop;
-  int32_t prompt_tokens = 0;      // prompt length
-  int32_t completion_tokens = 0;  // tokens sampled, a terminating EOS included
-  double prompt_ms = 0;           // prefill time
-  double gen_ms = 0;              // decode + sampling time
-  RequestRateSummary rate;        // TTFT / ITL / tokens/s of this call
-  int32_t cached_tokens = 0;      // prompt tokens reused from the cache (not recomputed)
-  bool timed_out = false;         // ended by a deadline (finish_reason kLength; see Scheduler)
-  // SamplingParams::logprobs >= 0: one entry per element of `tokens` (same
-  // order; a terminating EOS has none). Empty otherwise.
-  std::vector<TokenLogprob> logprobs;
-  // SamplingParams::prompt_logprobs >= 0: one entry per prompt token; entry
-  // i is prompt[i]'s log probability given prompt[0..i) (entry 0: NaN, no
-  // context). Empty otherwise, and for a sibling choice started from another
-  // choice's prompt logits (StartOptions::prompt_logits).
-  std::vector<TokenLogprob> prompt_logprobs;
-  // An embedding (start_embedding) that ran to its end (finish_reason
-  // kStop): InferenceEngine::embed's vector, [n_embd]. Empty otherwise
-  // (a generation, or an embedding cancelled or stopped by a deadline).
-  std::vector<float> embedding;
-};
-
-// The general form every generate* maps onto (the scheduler builds one per
-// choice of a job; the server reaches the engine only through the scheduler).
-struct GenerateRequest {
-  std::span<const int32_t> prompt;            // token ids incl. BOS if wanted; borrowed for the call
-  std::optional<SamplingParams> params;       // set: generate_with_params semantics
-  std::optional<uint64_t> seed;               // set: generate_with_seed semantics (applied after params)
-  StreamCallback on_token;                    // optional
-  const std::atomic<bool>* cancel = nullptr;  // optional; checked before each decode step
-  RequestRateTracker* tracker = nullptr;      // optional; on_token is called per sampled token
-};
-
-// How start() sets up a stepwise generation (the scheduler's use).
-struct StartOptions {
-  // Reuse the longest prefix of the prompt the cache already holds (the
-  // prompt cache): only the rest is computed. false: the cache is cleared
-  // first, as every generate* does.
-  bool reuse_prefix = false;
-  // Logits [n_vocab] of the prompt's last token, computed earlier (a sibling
-  // choice of the same prompt). When set and the cache holds the whole
-  // prompt, nothing is recomputed: the first token is sampled from these.
-  // Borrowed for the start() call only (copied).
-  std::span<const float> prompt_logits;
-  // After finish(), keep the last sampled token (never run: generation
-  // stopped after sampling it) as tail_input(), so a driver can run it into
-  // the cache and the next request reuses prompt + the whole answer. Not
-  // after a cancellation.
-  bool keep_tail = false;
-};
-
 class InferenceEngine {
  public:
   // Builds a replica: allocates the KV cache and workspace. `model` and
@@ -227,9 +140,9 @@ class InferenceEngine {
   // Position of the next token (= tokens in the cache).
   int64_t position() const;
 
-  // ---- Stepwise generation (what the scheduler drives) ------------------
-  // One generation at a time per replica, in four moves that a scheduler
-  // interleaves with other replicas' so they share one Model::forward:
+  // ---- Stepwise generation (the replica's Sequence; sequence.h) -----------
+  // One generation at a time per replica, in the moves of engine::Sequence
+  // (a driver may interleave several replicas' in one Model::forward):
   //   start(req)           params / seed swapped in as generate_request does;
   //   next_input(max)      the tokens to run next: up to `max` pending prompt
   //                        tokens, or the last sampled token (decode);
@@ -237,9 +150,11 @@ class InferenceEngine {
   //   accept_logits(row)   when the last input ran was the prompt's last token
   //                        or a decode token: samples, emits, maybe finishes;
   //   finish()             the result; params / RNG restored.
-  // generate_request is exactly this loop with one sequence, so a one-replica
-  // scheduler is byte-identical to calling the engine. Not thread-safe (one
-  // driver at a time). Errors of start: those of generate_request.
+  // generate_request is exactly this loop with one sequence, as the
+  // Scheduler's is with many, so a one-sequence scheduler is byte-identical
+  // to calling the engine. Not thread-safe (one driver at a time). Errors of
+  // start: those of generate_request. finish() also records the engine's
+  // stats and metrics.
   core::Expected<void> start(const GenerateRequest& request, const StartOptions& options = {});
   bool active() const;    // between start() and finish()
   bool finished() const;  // active and done: call finish()
@@ -294,12 +209,6 @@ class InferenceEngine {
   // gives the log probability of the prompt token after token j. Call
   // before inputs_done(k). No effect unless wants_prompt_rows().
   void record_prompt_rows(std::span<const float> rows);
-  // After finish() of a generation started with keep_tail: the one token to
-  // run at position next_pos() (logits not wanted), else empty. Then
-  // tail_done(ran): with ran, the history records it (the cache holds it);
-  // either way the cache is parked. start() drops a tail not run.
-  std::span<const int32_t> tail_input() const;
-  void tail_done(bool ran);
   // The prompt logprobs recorded so far (complete once the prompt ran; what
   // finish() returns as GenerationResult::prompt_logprobs).
   const std::vector<TokenLogprob>& prompt_logprobs() const;
@@ -371,6 +280,11 @@ class InferenceEngine {
   std::shared_ptr<const model::Model> model_ptr() const;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_ptr() const;
   size_t kv_cache_bytes() const;  // allocated bytes of this replica's cache
+  // What a Sequence of this model borrows (model, tokenizer, vocabulary
+  // trie), for drivers that make their own sequences (the Scheduler).
+  SequenceModel sequence_model() const;
+  // The aggregator set by set_metrics (nullptr: none).
+  const std::shared_ptr<RequestRateAggregator>& metrics() const;
 
  private:
   struct Impl;

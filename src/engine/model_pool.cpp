@@ -539,7 +539,7 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     open.file.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size, open,
-                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens, spec.parallel);
+                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;

@@ -58,9 +58,10 @@ struct ModelSpec {
   double step_budget_ms = 0;
   bool prompt_cache = true;  // reuse cached prompt prefixes across requests
   // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
-  // SchedulerOptions::max_sequences). The model gets max(pool_size,
-  // parallel) sequence slots; the default KV budget still counts pool_size
-  // contexts, shared by all of them. <= 0: pool_size.
+  // SchedulerOptions::max_sequences), independent of pool_size: each is a
+  // Sequence of the scheduler with its own block table over the model's
+  // KV pool; the default KV budget still counts pool_size contexts, shared
+  // by all of them. <= 0: pool_size.
   int parallel = 0;
   // Requests that may wait for a slot per live-sequence slot before new
   // ones are refused (503 + Retry-After; `serve`'s queue-factor):
@@ -92,11 +93,13 @@ struct LoadedModel {
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
   std::shared_ptr<EnginePool> pool;  // may be null in tests
-  // The step loop over `pool`'s replicas (continuous batching; requests go
-  // through it, not through pool leases). May be null in tests.
+  // The model's step loop (continuous batching of Sequences over the
+  // model's KV pool; requests go through it, not through pool leases; it
+  // takes the model, tokenizer and metrics from `pool`'s replicas and stops
+  // admitting when `pool` is closed). May be null in tests.
   std::shared_ptr<Scheduler> scheduler;
-  // Every replica records its finished generations here (set_metrics_all);
-  // thread-safe. May be null in tests.
+  // Every replica, and the scheduler, records finished generations here
+  // (set_metrics_all); thread-safe. May be null in tests.
   std::shared_ptr<RequestRateAggregator> rates;
   ComputeTier tier = ComputeTier::kCpu;
   int n_ctx = 0;  // context each replica was built with (tokens)

@@ -113,7 +113,7 @@ struct Scheduler::Job {
   int done = 0;         // choices finished
   bool failed = false;
   std::vector<float> prompt_logits;     // [n_vocab] once choice 0's prompt ran (n > 1)
-  InferenceEngine* source = nullptr;    // choice 0's engine while it runs (holds the prompt's KV)
+  const Sequence* source = nullptr;     // choice 0's sequence while it runs (holds the prompt's KV)
   std::vector<TokenLogprob> prompt_lp;  // choice 0's prompt logprobs once its prompt ran (prompt_logprobs >= 0)
   // An embedding job (submit_embedding): choice i embeds inputs[i]; req.n = inputs.size().
   bool embed = false;
@@ -126,7 +126,7 @@ struct Scheduler::Job {
 struct Scheduler::Live {
   std::shared_ptr<Job> job;
   int choice = 0;
-  std::optional<EngineLease> lease;
+  std::optional<Sequence> seq;  // set from admission to finish_live
   RequestRateTracker tracker;
   int64_t fed = 0;  // tokens put in this step's batch
   bool wants_row = false;
@@ -142,9 +142,8 @@ struct Scheduler::Live {
 struct Scheduler::Scratch {
   model::Workspace ws;
   model::Batch batch;
-  std::vector<model::KvCache*> caches;  // [live sequence] -> its replica's cache (seq id = index)
+  std::vector<model::KvCache*> caches;  // [live sequence] -> its cache (seq id = index)
   std::vector<size_t> order;            // live sequences in batch-filling order
-  std::vector<bool> tail_ran;           // [tails_] whose last token is in the batch
   int64_t prompt_fed = 0;               // prompt tokens in the batch
   int64_t allowance = 0;                // prompt tokens the step-time budget allowed
 };
@@ -158,9 +157,35 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
       waker_(std::make_shared<JobHandle::Waker>()),
       scratch_(std::make_unique<Scratch>()) {
   if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
-  // At most one sequence per replica (each runs in a replica's slot).
-  const int slots = std::max(1, pool_ ? pool_->size() : 1);
-  opt_.max_sequences = opt_.max_sequences < 1 ? slots : std::min(opt_.max_sequences, slots);
+  const int replicas = std::max(1, pool_ ? pool_->size() : 1);
+  if (opt_.max_sequences < 1) opt_.max_sequences = replicas;
+  // What every sequence borrows, and the KV types, from the replicas (all
+  // idle now; they run `model`).
+  model::KvType tk = model::KvType::kF16, tv = model::KvType::kF16;
+  std::shared_ptr<model::KvPool> replica_pool;
+  if (pool_) {
+    pool_->for_each_idle([&](const InferenceEngine& e) {
+      if (shared_.model) return;
+      shared_ = e.sequence_model();
+      metrics_ = e.metrics();
+      tk = e.kv_cache().type_k();
+      tv = e.kv_cache().type_v();
+      if (e.kv_cache().paged()) replica_pool = e.kv_cache().pool();
+    });
+  }
+  if (!opt_.kv_pool) opt_.kv_pool = replica_pool;
+  if (!opt_.kv_pool && shared_.model) {
+    // Replicas with standalone caches: the sequences get a pool of the
+    // same budget (a full context per replica).
+    const int64_t bs = kv_block_size_for(n_ctx_);
+    auto kp = model::KvPool::create(model_->config(), kv_budget_positions(n_ctx_, replicas, 0), tk, tv, bs);
+    if (kp)
+      opt_.kv_pool = std::move(*kp);
+    else
+      init_error_ = kp.error();
+  }
+  if (!shared_.model)
+    init_error_ = core::Error{core::Errc::kInvalidArgument, "scheduler: the engine pool has no replica"};
   waker_->owner = this;
   thread_ = std::thread([this] { loop(); });
 }
@@ -270,8 +295,7 @@ SchedulerStats Scheduler::stats() const {
   s.embeddings = embeddings_.load();
   s.kv_used = kv_used_.load();
   s.kv_cached = kv_cached_.load();
-  s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size()
-                               : static_cast<int64_t>(pool_->size()) * n_ctx_;
+  s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size() : 0;
   s.preemptions = preemptions_.load();
   s.decode_step_seconds = decode_step_s_.load();
   s.prompt_token_seconds = prompt_token_s_.load();
@@ -317,17 +341,25 @@ void Scheduler::sweep_queue(Clock::time_point now) {
   }
 }
 
-bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) {
+bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
   Job& job = *jp;
   const int choice = job.next_choice;
+  auto cache = model::KvCache::create(opt_.kv_pool, n_ctx_);
+  if (!cache) {
+    fail_job(job, cache.error());
+    return false;
+  }
   auto live = std::make_unique<Live>();
   live->job = jp;
   live->choice = choice;
   live->tracker = RequestRateTracker(job.req.submitted);
   live->tracker.on_start();
-  InferenceEngine& e = lease.engine();
+  // The sequence's own sampler: the request's parameters, its RNG started
+  // from params.seed + choice by start() below.
+  live->seq.emplace(shared_, std::move(*cache), Sampler(job.req.params));
+  Sequence& q = *live->seq;
   if (job.embed) {
-    if (auto ok = e.start_embedding(job.prompt_of(choice), &job.handle->cancel_); !ok) {
+    if (auto ok = q.start_embedding(job.prompt_of(choice), &job.handle->cancel_); !ok) {
       fail_job(job, ok.error());
       return false;
     }
@@ -336,32 +368,27 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
     ++job.next_choice;
     ++job.live;
     n_running_.fetch_add(1);
-    live->lease.emplace(std::move(lease));
     live_.push_back(std::move(live));
     return true;
   }
   const auto n_prompt = static_cast<int64_t>(job.req.prompt.size());
   StartOptions so;
-  so.reuse_prefix = opt_.prompt_cache || choice > 0;
-  so.keep_tail = opt_.prompt_cache;
+  so.reuse_prefix = choice > 0;
   if (choice > 0 && !job.prompt_logits.empty()) {
-    // A sibling of choice 0: its slot gets the prompt's KV (unless it holds
-    // it already) and samples from the prompt logits: no prompt recomputed.
-    if (e.cached_prefix(job.req.prompt) < n_prompt && job.source != nullptr &&
-        job.source->cached_prefix(job.req.prompt) >= n_prompt) {
-      if (auto ok = e.copy_prefix_from(*job.source, n_prompt); !ok) e.reset();
+    // A sibling of choice 0: it shares the prompt's KV blocks and samples
+    // from the prompt logits: no prompt recomputed.
+    if (job.source != nullptr && job.source->cached_prefix(job.req.prompt) >= n_prompt) {
+      if (auto ok = q.copy_prefix_from(*job.source, n_prompt); !ok) q.truncate(0);
     }
     so.prompt_logits = job.prompt_logits;
   }
-  if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) share_prefix(e, job.req.prompt);
   GenerateRequest gr;
   gr.prompt = job.req.prompt;
-  gr.params = job.req.params;
   gr.seed = job.req.params.seed + static_cast<uint64_t>(choice);
   gr.cancel = &job.handle->cancel_;
   gr.tracker = &live->tracker;
   JobHandle* h = job.handle.get();
-  Live* owner = live.get();  // outlives the engine's generation (finish_live holds it through finish())
+  Live* owner = live.get();  // outlives the sequence's generation (finish_live holds it through finish())
   const Job* jobp = &job;    // outlives its choices
   gr.on_token = [this, h, choice, owner, jobp](const TokenEvent& ev) {
     if (ev.logprob != nullptr) owner->pending_lp.push_back(*ev.logprob);
@@ -380,70 +407,47 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp, EngineLease lease) 
     }
     return true;
   };
-  if (auto ok = e.start(gr, so); !ok) {
+  if (auto ok = q.start(gr, so); !ok) {
     fail_job(job, ok.error());
     return false;
   }
-  const auto cached = static_cast<int64_t>(e.history().size());
+  // The prompt cache: whatever of the prompt the model's prefix index holds,
+  // whoever computed it (prompt logprobs need every row: nothing reused).
+  if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) q.adopt_cached_prefix();
+  const int64_t cached = q.next_pos();
   cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
   if (cached > 0) cache_hits_.fetch_add(1);
   sequences_.fetch_add(1);
-  if (choice == 0) job.source = &e;
+  if (choice == 0) job.source = &q;
   ++job.next_choice;
   ++job.live;
   n_running_.fetch_add(1);
-  live->lease.emplace(std::move(lease));
   live_.push_back(std::move(live));
   return true;
 }
 
-void Scheduler::share_prefix(InferenceEngine& e, std::span<const int32_t> prompt) {
-  // What of `prompt` an engine holds in its KV: positions it wrote, so
-  // bit-identical to what this one would compute (batch invariance); a
-  // parked cache may have lost trailing blocks since its history was kept.
-  const auto held = [&](const InferenceEngine& s) { return std::min(s.cached_prefix(prompt), s.kv_cache().size()); };
-  // The longest among running sequences and finished ones running their last token.
-  const InferenceEngine* best = nullptr;
-  int64_t best_n = held(e);
-  const auto consider = [&](const InferenceEngine& s) {
-    if (const int64_t n = held(s); n > best_n) {
-      best = &s;
-      best_n = n;
-    }
-  };
-  for (const auto& l : live_)
-    if (!l->suspended && !l->job->embed) consider(l->lease->engine());
-  for (auto& t : tails_) consider(t.engine());
-  // Idle slots hold other conversations' caches (parked; acquire_best took
-  // the one whose cache is mostly this prompt, so one that shares only a
-  // system prompt is still idle): compared, and copied from, under the
-  // pool's idle mutex, so no other thread leases the engine meanwhile.
-  int64_t idle_n = 0;
-  pool_->for_each_idle([&](const InferenceEngine& s) { idle_n = std::max(idle_n, held(s)); });
-  if (idle_n > best_n) {
-    bool copied = false;
-    pool_->for_each_idle([&](const InferenceEngine& s) {
-      if (!copied && held(s) == idle_n) copied = e.copy_prefix_from(s, idle_n).has_value();
-    });
-    if (copied) return;
-  }
-  if (best == nullptr) return;
-  // Shared blocks (one KV pool) or copied rows; on failure the slot keeps
-  // what it still holds and start() computes the rest.
-  (void)e.copy_prefix_from(*best, best_n);
-}
-
 void Scheduler::admit(Clock::time_point now) {
   (void)now;
+  if (pool_ && pool_->closed()) {
+    // The model is unloading or the server shutting down: nothing queued starts.
+    for (auto& q : queue_)
+      if (q->next_choice == 0)
+        fail_job(*q, core::Error{core::Errc::kResourceExhausted, "the model's engine pool is closed"});
+    return;
+  }
   for (size_t qi = 0; qi < queue_.size(); ++qi) {
     const std::shared_ptr<Job>& jp = queue_[qi];
     Job& job = *jp;
+    if (init_error_ && !job.failed) {
+      fail_job(job, *init_error_);
+      continue;
+    }
     while (!job.failed && job.next_choice < job.req.n) {
       // Siblings wait for choice 0's prompt logits (one prefill per job);
       // an embedding job's inputs are independent sequences.
       if (!job.embed && job.next_choice > 0 && job.prompt_logits.empty()) break;
       if (static_cast<int64_t>(live_.size()) >= opt_.max_sequences) return;  // -np: the rest waits
-      if (opt_.kv_pool && !live_.empty()) {
+      if (!live_.empty()) {
         // KV room: preempted sequences resume first; a new prompt needs its
         // blocks (a sibling shares the prompt's: one block for its copy-on-write).
         for (const auto& l : live_)
@@ -453,33 +457,7 @@ void Scheduler::admit(Clock::time_point now) {
         const int64_t need = job.next_choice > 0 && !job.embed ? 1 : opt_.kv_pool->blocks_for(positions);
         if (kv_available() < need) return;  // the queue waits (FIFO)
       }
-      const std::span<const int32_t> prompt = job.req.prompt;
-      const bool embed = job.embed;
-      auto lease = opt_.prompt_cache || job.next_choice > 0
-                       ? pool_->acquire_best(Clock::now(),
-                                             [prompt, embed, this](const InferenceEngine& e) {
-                                               // An embedding reuses nothing: the slot holding the least.
-                                               if (embed) return -static_cast<int64_t>(e.history().size());
-                                               // As llama.cpp's slot_prompt_similarity (0.5): a slot whose
-                                               // cache is at least half this prompt's prefix is reused, the
-                                               // longest prefix first; otherwise the slot holding the least
-                                               // (empty first), so other conversations' caches stay warm.
-                                               const int64_t lcp = e.cached_prefix(prompt);
-                                               const auto held = static_cast<int64_t>(e.history().size());
-                                               if (held > 0 && 2 * lcp >= held) return (lcp + 1) * (n_ctx_ + 1);
-                                               return -held;
-                                             })
-                       : pool_->acquire(Clock::now());
-      if (!lease) {
-        if (lease.error() == PoolError::kTimeout) return;  // no free slot: the rest waits
-        // Closed (unloading / shutting down) or broken: nothing queued can start.
-        for (auto& q : queue_)
-          if (q->next_choice == 0)
-            fail_job(*q, core::Error{core::Errc::kResourceExhausted,
-                                     std::string("the model's engine pool is ") + pool_error_name(lease.error())});
-        return;
-      }
-      start_choice(jp, std::move(*lease));
+      if (!start_choice(jp)) break;
     }
   }
 }
@@ -488,16 +466,19 @@ void Scheduler::finish_live(size_t i) {
   std::unique_ptr<Live> live = std::move(live_[i]);
   live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(i));
   Job& job = *live->job;
-  InferenceEngine& e = live->lease->engine();
-  if (job.source == &e) job.source = nullptr;
-  GenerationResult res = e.finish();
-  if (!e.tail_input().empty()) {
-    tails_.push_back(std::move(*live->lease));  // runs its last token next step, then returns
-  }
+  Sequence& q = *live->seq;
+  if (job.source == &q) job.source = nullptr;
+  // What it computed stays in the prefix index (its last, partial block
+  // too), for whoever continues this conversation or shares its prefix.
+  const bool embedding = q.is_embedding();
+  if (opt_.prompt_cache && !embedding) q.publish(/*partial_last=*/true);
+  GenerationResult res = q.finish();
+  if (!embedding && metrics_) metrics_->record(res.rate);
   // A sibling started from choice 0's prompt logits computed no prompt logprobs: they are choice 0's.
   if (job.req.params.prompt_logprobs >= 0 && res.prompt_logprobs.empty()) res.prompt_logprobs = job.prompt_lp;
-  live->lease.reset();  // the engine back, then the permit
+  live->seq.reset();  // its blocks back to the pool (published ones stay cached)
   n_running_.fetch_sub(1);
+  freed_ = true;
   --job.live;
   ++job.done;
   if (!job.failed)
@@ -517,20 +498,23 @@ int64_t Scheduler::kv_available() const {
   int64_t owed = 0;
   for (const auto& l : live_) {
     if (l->suspended) continue;
-    const InferenceEngine& e = l->lease->engine();
-    const int64_t pending = e.pending_prompt();
+    const Sequence& q = *l->seq;
+    const int64_t pending = q.pending_prompt();
     if (pending == 0) continue;
-    const int64_t target = std::min<int64_t>(e.next_pos() + pending + 1, n_ctx_);
+    const int64_t target = std::min<int64_t>(q.next_pos() + pending + 1, n_ctx_);
     // New blocks plus the copy of a shared partial last block (a prefix
-    // borrowed from another sequence: share_prefix, n > 1 siblings).
-    owed += e.kv_cache().blocks_needed(target);
+    // adopted from the index, n > 1 siblings).
+    owed += q.kv_cache().blocks_needed(target);
   }
   return kp.available_blocks() - owed;
 }
 
 void Scheduler::preempt(size_t i) {
   Live& l = *live_[i];
-  l.lease->engine().suspend();
+  // Its blocks go back; what it computed stays findable in the prefix
+  // index, so its recompute takes back whatever was not evicted meanwhile.
+  if (opt_.prompt_cache && !l.seq->is_embedding()) l.seq->publish(/*partial_last=*/true);
+  l.seq->suspend();
   l.suspended = true;
   preemptions_.fetch_add(1);
 }
@@ -540,11 +524,12 @@ void Scheduler::resume_preempted() {
   for (const auto& l : live_) running = running || !l->suspended;
   for (auto& l : live_) {
     if (!l->suspended) continue;
-    const InferenceEngine& e = l->lease->engine();
-    const int64_t target = std::min<int64_t>(e.next_pos() + e.pending_prompt() + 1, n_ctx_);
+    const Sequence& q = *l->seq;
+    const int64_t target = std::min<int64_t>(q.next_pos() + q.pending_prompt() + 1, n_ctx_);
     // Oldest first; with nothing running it always fits (budget >= one context).
     if (running && kv_available() < opt_.kv_pool->blocks_for(target)) return;
     l->suspended = false;
+    if (opt_.prompt_cache && !l->seq->is_embedding()) l->seq->adopt_cached_prefix();
     running = true;
   }
 }
@@ -555,34 +540,27 @@ void Scheduler::reserve_next_tokens() {
   // preempted (it may be this one).
   for (size_t i = 0; i < live_.size(); ++i) {
     Live& l = *live_[i];
-    InferenceEngine& e = l.lease->engine();
-    if (l.suspended || e.finished()) continue;
-    const int64_t pos = e.next_pos();
+    Sequence& q = *l.seq;
+    if (l.suspended || q.finished()) continue;
+    const int64_t pos = q.next_pos();
     for (;;) {
-      if (pos >= n_ctx_ || e.kv_cache().prepare(pos, pos + 1)) break;
+      if (pos >= n_ctx_ || q.kv_cache().prepare(pos, pos + 1)) break;
       size_t victim = live_.size();
       for (size_t j = live_.size(); j-- > i + 1;) {
-        const InferenceEngine& v = live_[j]->lease->engine();
-        if (!live_[j]->suspended && !v.finished() && v.kv_cache_blocks() > 0) {
+        const Sequence& v = *live_[j]->seq;
+        if (!live_[j]->suspended && !v.finished() && v.kv_cache().blocks() > 0) {
           victim = j;
           break;
         }
       }
-      if (victim == live_.size() && !tails_.empty()) {
-        // Finished slots waiting to run their last token pin blocks: they
-        // give up that token (it is only a cache refinement) and park.
-        for (auto& t : tails_) t.engine().tail_done(false);
-        tails_.clear();
-        continue;
-      }
       if (victim == live_.size()) {
         bool older = false;
         for (size_t j = 0; j < i; ++j)
-          older = older || (!live_[j]->suspended && live_[j]->lease->engine().kv_cache_blocks() > 0);
+          older = older || (!live_[j]->suspended && live_[j]->seq->kv_cache().blocks() > 0);
         if (older) {
           preempt(i);  // it is the youngest: it waits for the older ones
         } else {
-          e.stop_now(FinishReason::kLength);  // alone it exceeds the budget: the context is full
+          q.stop_now(FinishReason::kLength);  // alone it exceeds the budget: the context is full
         }
         break;
       }
@@ -592,29 +570,24 @@ void Scheduler::reserve_next_tokens() {
 }
 
 void Scheduler::update_kv_stats() {
-  if (opt_.kv_pool) {
-    const model::KvPool::Usage u = opt_.kv_pool->usage();
-    kv_used_.store(u.pinned * opt_.kv_pool->block_size());
-    kv_cached_.store(u.cached * opt_.kv_pool->block_size());
-    return;
-  }
-  int64_t used = 0;
-  for (const auto& l : live_) used += l->lease->engine().next_pos();
-  kv_used_.store(used);
+  if (!opt_.kv_pool) return;
+  const model::KvPool::Usage u = opt_.kv_pool->usage();
+  kv_used_.store(u.pinned * opt_.kv_pool->block_size());
+  kv_cached_.store(u.cached * opt_.kv_pool->block_size());
 }
 
 void Scheduler::stop_expired(Clock::time_point now) {
   for (auto& l : live_) {
-    InferenceEngine& e = l->lease->engine();
-    if (e.finished()) continue;
+    Sequence& q = *l->seq;
+    if (q.finished()) continue;
     if (l->job->failed) {
-      e.stop_now(FinishReason::kCancelled);
-    } else if (!e.poll_cancel() && now >= l->job->req.deadline) {
-      e.stop_now(FinishReason::kLength, /*timed_out=*/true);
+      q.stop_now(FinishReason::kCancelled);
+    } else if (!q.poll_cancel() && now >= l->job->req.deadline) {
+      q.stop_now(FinishReason::kLength, /*timed_out=*/true);
     }
   }
   for (size_t i = live_.size(); i-- > 0;)
-    if (live_[i]->lease->engine().finished()) finish_live(i);
+    if (live_[i]->seq->finished()) finish_live(i);
 }
 
 void Scheduler::plan_step() {
@@ -632,7 +605,7 @@ void Scheduler::plan_step() {
     l->wants_row = false;
     l->all_rows = false;
     l->hidden_rows = false;
-    if (!l->suspended && l->lease->engine().pending_prompt() == 0) ++decoders;
+    if (!l->suspended && l->seq->pending_prompt() == 0) ++decoders;
   }
   // ... and what the step-time budget leaves them (StepCost); none in a
   // step that measures the decode step for the rows running now.
@@ -646,23 +619,23 @@ void Scheduler::plan_step() {
   size_t oldest = live_.size();
   int64_t prefilling = 0;
   for (size_t i = 0; i < live_.size(); ++i) {
-    if (live_[i]->suspended || live_[i]->lease->engine().pending_prompt() == 0) continue;
+    if (live_[i]->suspended || live_[i]->seq->pending_prompt() == 0) continue;
     if (oldest == live_.size()) oldest = i;
     ++prefilling;
   }
   int64_t reserve = prefilling > 1 ? budget / 2 : 0;  // (an allowance of 1 goes to the shortest)
   // Shortest pending prompt first (then oldest): a short request arriving
   // during a long prompt gets its first token within a few steps.
-  for (auto& l : live_) sc.caches.push_back(&l->lease->engine().kv_cache());
+  for (auto& l : live_) sc.caches.push_back(&l->seq->kv_cache());
   sc.order.resize(live_.size());
   for (size_t i = 0; i < live_.size(); ++i) sc.order[i] = i;
   std::stable_sort(sc.order.begin(), sc.order.end(), [&](size_t a, size_t b) {
-    return live_[a]->lease->engine().pending_prompt() < live_[b]->lease->engine().pending_prompt();
+    return live_[a]->seq->pending_prompt() < live_[b]->seq->pending_prompt();
   });
   for (const size_t si : sc.order) {
     Live& l = *live_[si];
     if (l.suspended) continue;
-    InferenceEngine& e = l.lease->engine();
+    Sequence& e = *l.seq;
     const bool prefill = e.pending_prompt() > 0;
     const int64_t avail = si == oldest ? budget : budget - reserve;
     if (prefill && avail <= 0) continue;
@@ -672,10 +645,10 @@ void Scheduler::plan_step() {
     std::span<const int32_t> in = e.next_input(prefill ? (all_rows ? std::min(avail, kPromptRowsChunk) : avail) : 1);
     if (in.empty()) continue;
     const int64_t pos = e.next_pos();
-    if (opt_.kv_pool && prefill && !e.kv_cache().prepare(pos, pos + static_cast<int64_t>(in.size()))) {
+    if (prefill && !e.kv_cache().prepare(pos, pos + static_cast<int64_t>(in.size()))) {
       // The pool cannot give the whole chunk: run what the blocks held
       // already take (reserve_next_tokens gave at least the next position).
-      const int64_t room = e.kv_cache_blocks() * e.kv_cache().block_size() - pos;
+      const int64_t room = e.kv_cache().blocks() * e.kv_cache().block_size() - pos;
       if (room <= 0) continue;
       in = in.first(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(in.size()))));
     }
@@ -692,17 +665,6 @@ void Scheduler::plan_step() {
       sc.prompt_fed += l.fed;
       if (si == oldest) reserve = 0;
     }
-  }
-  // Finished slots' last tokens (keep_tail): one row each, no logits.
-  sc.tail_ran.assign(tails_.size(), false);
-  for (size_t t = 0; t < tails_.size(); ++t) {
-    InferenceEngine& e = tails_[t].engine();
-    const std::span<const int32_t> in = e.tail_input();
-    const int64_t pos = e.next_pos();
-    if (in.empty() || pos >= n_ctx_ || e.kv_cache().size() != pos || !e.kv_cache().prepare(pos, pos + 1)) continue;
-    sc.caches.push_back(&e.kv_cache());
-    sc.batch.add(in[0], static_cast<int32_t>(pos), static_cast<int32_t>(sc.caches.size() - 1), false);
-    sc.tail_ran[t] = true;
   }
 }
 
@@ -725,8 +687,6 @@ core::Expected<void> Scheduler::forward_step() {
     step_hist_[b].fetch_add(1);
   }
   if (opt_.on_step) opt_.on_step(static_cast<int64_t>(sc.batch.size()), static_cast<int64_t>(live_.size()));
-  for (size_t t = 0; t < tails_.size(); ++t) tails_[t].engine().tail_done(ok && sc.tail_ran[t]);
-  tails_.clear();  // the engines back, then the permits
   return ok;
 }
 
@@ -737,7 +697,7 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
     for (auto& l : live_) {
       if (l->fed == 0) continue;
       fail_job(*l->job, ok.error());
-      l->lease->engine().stop_now(FinishReason::kCancelled);
+      l->seq->stop_now(FinishReason::kCancelled);
     }
     return;
   }
@@ -748,7 +708,7 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
   for (const size_t si : sc.order) {
     auto& l = live_[si];
     if (l->fed == 0) continue;
-    InferenceEngine& e = l->lease->engine();
+    Sequence& e = *l->seq;
     if (l->hidden_rows) {  // rows [hrow, hrow + fed) are this embedding's
       e.record_hidden_rows(
           std::span<const float>(hidden_.data() + hrow * n_embd, static_cast<size_t>(l->fed) * n_embd));
@@ -775,23 +735,23 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
       job.prompt_lp = e.prompt_logprobs();
     e.accept_logits(lg);
   }
+  // Blocks that became full are findable by other requests at once.
+  if (opt_.prompt_cache)
+    for (auto& l : live_)
+      if (l->fed > 0 && !l->seq->is_embedding()) l->seq->publish();
 }
 
 void Scheduler::step() {
   stop_expired(Clock::now());  // cancelled or past the deadline: they stop before this step's forward
-  if (live_.empty() && tails_.empty()) {
+  if (live_.empty() || !opt_.kv_pool) {
     update_kv_stats();
     return;
   }
-  if (opt_.kv_pool) {
-    resume_preempted();
-    reserve_next_tokens();
-  }
+  resume_preempted();
+  reserve_next_tokens();
   plan_step();
   Scratch& sc = *scratch_;
   if (sc.batch.empty()) {
-    for (auto& t : tails_) t.engine().tail_done(false);
-    tails_.clear();
     update_kv_stats();
     return;
   }
@@ -807,7 +767,7 @@ void Scheduler::step() {
     if (sc.prompt_fed > 0) prompt_allowance_.store(sc.allowance);
   }
   for (size_t i = live_.size(); i-- > 0;)
-    if (live_[i]->lease->engine().finished()) finish_live(i);
+    if (live_[i]->seq->finished()) finish_live(i);
   update_kv_stats();
 }
 
@@ -815,13 +775,11 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      // Idle: sleep until a submission, a cancel, or the earliest queued deadline.
-      // With queued jobs but no free slot held by us, poll briefly (another
-      // holder of the pool's leases may return one at any time).
-      if (live_.empty() && tails_.empty() && !stop_) {
+      // Idle: sleep until a submission, a cancel, or the earliest queued
+      // deadline; not when sequences just finished (queued jobs may start).
+      if (live_.empty() && !stop_ && !(freed_ && !queue_.empty())) {
         Clock::time_point until = Clock::time_point::max();
         for (const auto& j : queue_) until = std::min(until, j->req.deadline);
-        if (!queue_.empty()) until = std::min(until, Clock::now() + std::chrono::milliseconds(2));
         if (until == Clock::time_point::max()) {
           cv_.wait(lock, [&] { return stop_ || kick_; });
         } else {
@@ -829,6 +787,7 @@ void Scheduler::loop() {
         }
       }
       kick_ = false;
+      freed_ = false;
       if (stop_) break;
       for (auto& j : incoming_) queue_.push_back(std::move(j));
       incoming_.clear();
@@ -853,11 +812,9 @@ void Scheduler::loop() {
   for (auto& j : queue_) fail_job(*j, core::Error{core::Errc::kCancelled, "the scheduler stopped"});
   for (auto& l : live_) fail_job(*l->job, core::Error{core::Errc::kCancelled, "the scheduler stopped"});
   for (size_t i = live_.size(); i-- > 0;) {
-    live_[i]->lease->engine().stop_now(FinishReason::kCancelled);
+    live_[i]->seq->stop_now(FinishReason::kCancelled);
     finish_live(i);
   }
-  for (auto& t : tails_) t.engine().tail_done(false);
-  tails_.clear();
   queue_.clear();
   n_waiting_.store(0);
 }

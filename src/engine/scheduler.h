@@ -72,6 +72,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +81,7 @@
 #include "engine/engine_pool.h"       // EnginePool, EngineLease
 #include "engine/inference_engine.h"  // GenerationResult
 #include "engine/sampling.h"          // SamplingParams
+#include "engine/sequence.h"          // Sequence, SequenceModel
 
 namespace bonsai::core {
 class ThreadPool;
@@ -354,11 +356,8 @@ class Scheduler {
   // The loop's parts (loop thread only).
   void sweep_queue(Clock::time_point now);
   void admit(Clock::time_point now);
-  bool start_choice(const std::shared_ptr<Job>& job, EngineLease lease);
-  // Gives e's cache the longest prefix of `prompt` that a running sequence,
-  // a finished one running its last token or an idle slot holds, when that
-  // is longer than what e holds itself (KvCache blocks shared, copy-on-write).
-  void share_prefix(InferenceEngine& e, std::span<const int32_t> prompt);
+  // Starts the job's next choice as a new Sequence (false: the job failed).
+  bool start_choice(const std::shared_ptr<Job>& job);
   void finish_live(size_t i);
   void fail_job(Job& job, core::Error error);
   // One step: stop_expired, KV reservation, then plan -> forward -> apply.
@@ -378,7 +377,10 @@ class Scheduler {
   std::shared_ptr<const model::Model> model_;
   const int64_t n_ctx_;
   SchedulerOptions opt_;
-  std::shared_ptr<JobHandle::Waker> waker_;  // shared with every handle
+  std::shared_ptr<JobHandle::Waker> waker_;         // shared with every handle
+  SequenceModel shared_;                            // what every sequence borrows (from the replicas)
+  std::shared_ptr<RequestRateAggregator> metrics_;  // the replicas' aggregator (nullptr: none)
+  std::optional<core::Error> init_error_;           // set: every job fails with it (no replica, no KV pool)
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -389,7 +391,7 @@ class Scheduler {
   // Loop thread only.
   std::vector<std::shared_ptr<Job>> queue_;
   std::vector<std::unique_ptr<Live>> live_;  // admission order: oldest first
-  std::vector<EngineLease> tails_;           // finished slots running their last token (keep_tail)
+  bool freed_ = false;                       // a sequence finished since the loop last looked at the queue
   std::vector<float> logits_;
   std::vector<float> hidden_;  // [embedding rows of a step][n_embd]
   struct Scratch;

@@ -228,8 +228,11 @@ void KvPool::unindex_locked(int32_t id) {
   }
 }
 
-int64_t KvPool::match_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids,
+int64_t KvPool::match_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids_out,
                              std::vector<uint64_t>* keys) const {
+  std::vector<int32_t> own_ids;
+  std::vector<int32_t>& ids = ids_out != nullptr ? *ids_out : own_ids;
+  ids.clear();
   const auto n = static_cast<int64_t>(tokens.size());
   limit = std::max<int64_t>(0, limit);
   uint64_t parent = kPrefixSeed;
@@ -245,7 +248,7 @@ int64_t KvPool::match_locked(std::span<const int32_t> tokens, int64_t limit, std
         !std::equal(block.begin(), block.end(), e.tokens.begin())) {
       break;
     }
-    if (ids) ids->push_back(it->second);
+    ids.push_back(it->second);
     if (keys) keys->push_back(key);
     parent = key;
     at += bs_;
@@ -265,12 +268,23 @@ int64_t KvPool::match_locked(std::span<const int32_t> tokens, int64_t limit, std
       if (common > best) best = common, best_id = it->second;
     }
     if (best > 0) {
-      if (ids) ids->push_back(best_id);
+      ids.push_back(best_id);
       at += best;
     }
   }
   at = std::min(at, limit);
-  if (ids) ids->resize(static_cast<size_t>(blocks_for(at)));
+  // A last block adopted in part whose next write overwrites indexed
+  // positions (the rest diverges inside it, or the cap falls inside it) is
+  // copied first (KvCache::prepare): a whole block of memory, and one more
+  // block of the budget, for those positions. Below an eighth of a block
+  // (32 positions of a 256-position block) they are recomputed instead, so
+  // a prompt that shares only its first tokens with another (BOS, a chat
+  // template's opening) takes neither.
+  if (const int64_t part = at % bs_; part != 0 && part < bs_ / 8) {
+    const int32_t id = ids[static_cast<size_t>(at / bs_)];
+    if (static_cast<int64_t>(index_[static_cast<size_t>(id)].tokens.size()) > part) at -= part;
+  }
+  ids.resize(static_cast<size_t>(blocks_for(at)));
   if (keys) keys->resize(std::min(keys->size(), static_cast<size_t>(at / bs_)));
   return at;
 }
@@ -420,8 +434,10 @@ int64_t KvCache::blocks_needed(int64_t end) const {
   int64_t need = std::max<int64_t>(0, pool_->blocks_for(end) - have);
   const int64_t b = t_->size / bs_;
   if (t_->size % bs_ != 0 && b < have && end > t_->size) {
+    // The copy prepare() makes of a last block that is shared or indexed past size().
     std::lock_guard lock(pool_->mu_);
-    if (pool_->refs_[static_cast<size_t>(t_->ids[static_cast<size_t>(b)])] > 1) ++need;
+    const auto id = static_cast<size_t>(t_->ids[static_cast<size_t>(b)]);
+    if (pool_->refs_[id] > 1 || static_cast<int64_t>(pool_->index_[id].tokens.size()) > t_->size - b * bs_) ++need;
   }
   return need;
 }
@@ -454,18 +470,25 @@ core::Expected<void> KvCache::prepare(int64_t from, int64_t end) {
   // Positions >= from are rewritten: blocks from from / B on are no longer
   // published by this cache.
   t.keys.resize(std::min(t.keys.size(), static_cast<size_t>(from / bs_)));
-  // Copy-on-write of shared blocks this write touches (a shared last block);
-  // an unshared block whose indexed positions this write overwrites leaves
-  // the index (appending past a partial entry keeps it: its positions stay).
+  // Copy-on-write of the blocks this write touches that someone else may
+  // read: shared ones (a shared last block) and indexed ones whose indexed
+  // positions this write overwrites (the prefix index is a reader too: a
+  // prompt adopted up to a cap inside a cached block writes its next token
+  // into a copy, and the cached block stays findable for the next request).
+  // Appending past a partial entry writes in place: its positions stay.
   for (int64_t b = from / bs_; b < std::min(old_n, want); ++b) {
     const int32_t old = t.ids[static_cast<size_t>(b)];
-    if (p.refs_[static_cast<size_t>(old)] <= 1) {
-      if (static_cast<int64_t>(p.index_[static_cast<size_t>(old)].tokens.size()) > from - b * bs_) {
-        p.unindex_locked(old);
-      }
+    const bool overwrites_indexed =
+        static_cast<int64_t>(p.index_[static_cast<size_t>(old)].tokens.size()) > from - b * bs_;
+    const bool shared = p.refs_[static_cast<size_t>(old)] > 1;
+    if (!shared && !overwrites_indexed) continue;
+    const int32_t id = p.alloc_locked();
+    if (id < 0 && !shared) {
+      // No block for the copy: the write goes in place and the cached
+      // content leaves the index (only this cache held the block).
+      p.unindex_locked(old);
       continue;
     }
-    const int32_t id = p.alloc_locked();
     if (id < 0) return full(id);
     uint8_t* dst = p.mem_[static_cast<size_t>(id)].get();
     std::memcpy(dst, p.mem_[static_cast<size_t>(old)].get(), p.block_bytes_);

@@ -73,8 +73,11 @@ class KvCache;
 // a chain's tail ages out before its parent). Allocation takes a free
 // unindexed block, else the LRU cached-free block (its entry leaves the
 // index; its descendants become unreachable and age out), else evicts from
-// parked caches. A write over indexed positions of a block takes the block
-// out of the index (or copies it when shared).
+// parked caches. A write over indexed positions of a block copies the block
+// first (the index is one of its readers), as a write into a shared block
+// does (when no block is left for the copy and no other cache holds it, the
+// write goes in place and the block leaves the index); appending past a
+// partial entry's positions writes in place.
 //
 // Thread-safe: one mutex (mu_) guards counts, the free list, the parked
 // tables, the index and its LRU list. Shared through std::shared_ptr by the
@@ -259,14 +262,14 @@ class KvCache {
 
   // Makes positions [from, end) writable: blocks are attached up to `end`
   // (from the pool, evicting parked caches' blocks if none is free), and a
-  // shared block among those covering [from, end) is copied first
-  // (copy-on-write). Requires from <= size(), end <= n_ctx(). Errors:
+  // block among those covering [from, end) that is shared, or whose indexed
+  // positions the write overwrites, is copied first (copy-on-write). Requires from <= size(), end <= n_ctx(). Errors:
   // kInvalidArgument (bad range), kResourceExhausted "KV cache full" (the
   // pool has no free or evictable block; blocks attached by this call are
   // given back, the cache is unchanged).
   core::Expected<void> prepare(int64_t from, int64_t end);
   // Blocks prepare(size(), end) would have to take from the pool (new
-  // blocks plus a copy of a shared last block).
+  // blocks plus a copy of a last block that is shared or indexed past size()).
   int64_t blocks_needed(int64_t end) const;
 
   // Makes this cache hold positions [0, n) of `src` (same model dimensions
@@ -302,11 +305,12 @@ class KvCache {
   // partially (among the entries whose parent is the last matched key, full
   // or partial, the one sharing the most leading tokens with the rest of
   // `tokens`, at least one). Blocks are shared (reference counted, pinned;
-  // cached-free ones leave the LRU); a later write into a shared block
-  // copies it first, into an unshared indexed one takes it out of the
-  // index (KvPool's class comment). size() becomes the
-  // matched positions, at most min(max_positions, n_ctx()) (a cap inside a
-  // block still attaches that block). Matching and attaching are one
+  // cached-free ones leave the LRU); a later write into a shared block, or
+  // over indexed positions, copies it first (KvPool's class comment).
+  // size() becomes the matched positions, at most min(max_positions,
+  // n_ctx()) (a cap inside a block still attaches that block), less the
+  // part of a last block that the next write would have to copy when that
+  // part is under block_size() / 8 positions (recomputed instead). Matching and attaching are one
   // critical section under the pool's mutex: nothing is evicted in between.
   // Returns the positions adopted (0: nothing matched, or a standalone
   // cache).

@@ -14,8 +14,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -555,30 +557,48 @@ TEST(SchedulerEmbed, SharesStepsWithACompletionAndEqualsEmbed) {
   EXPECT_LE(st.steps, cc.text_steps.back() + 2);
   EXPECT_GE(max_seqs, 2);  // steps with the completion and embedding sequences together
   EXPECT_EQ(st.running, 0);
-  // Every block unpinned (parked as prompt cache) once the completion's last
-  // token (keep_tail) has run, a step after its kDone.
+  // Every block unpinned (kept in the prefix index as prompt cache) once the
+  // sequences finished.
   for (int i = 0; i < 5000 && sched.stats().kv_used != 0; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(sched.stats().kv_used, 0);
 }
 
-// Queue rules: an embedding job waits in the queue while every slot is
-// busy; at its deadline it fails with kTimeout, a cancelled one with
-// kCancelled (it gives up its place); invalid jobs are refused at submit.
+// Queue rules: an embedding job waits in the queue while every sequence
+// slot (-np 1 here) is busy; at its deadline it fails with kTimeout, a
+// cancelled one with kCancelled (it gives up its place); invalid jobs are
+// refused at submit.
 TEST(SchedulerEmbed, QueuedDeadlineCancelAndValidation) {
   REQUIRE_STORIES();
   auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, 256, 1);
   ASSERT_TRUE(b.has_value()) << b.error().message;
   auto pool = std::make_shared<EnginePool>(std::move(b->pool));
-  Scheduler sched(pool, b->model, b->n_ctx);
+  // The loop is held inside on_step while `hold` is set (after a step of the
+  // occupying generation), so nothing is admitted meanwhile.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = true;
+  int held_steps = 0;
+  SchedulerOptions so;
+  so.max_sequences = 1;
+  so.on_step = [&](int64_t, int64_t) {
+    std::unique_lock lock(mu);
+    ++held_steps;
+    cv.notify_all();
+    cv.wait(lock, [&] { return !hold; });
+  };
+  Scheduler sched(pool, b->model, b->n_ctx, so);
   EXPECT_FALSE(sched.submit_embedding(EmbeddingJob{}).has_value());
   EXPECT_FALSE(sched.submit_embedding(EmbeddingJob{.inputs = {{1, 2}, {}}}).has_value());
   EXPECT_FALSE(sched.submit_embedding(EmbeddingJob{.inputs = {std::vector<int32_t>(300, 5)}}).has_value());
-  // The one slot is busy (its lease held here, as a running sequence would).
-  std::optional<EngineLease> held;
+  // The one sequence slot is busy with a generation, held in its first step.
+  CompletionJob busy;
+  busy.prompt = stories().tok->encode_prompt("Once upon a time");
+  busy.params.max_tokens = 4;
+  auto running = sched.submit(busy);
+  ASSERT_TRUE(running.has_value());
   {
-    auto l = pool->acquire(Clock::now() + 10s);
-    ASSERT_TRUE(l.has_value());
-    held.emplace(std::move(*l));
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return held_steps > 0; }));
   }
   const std::vector<int32_t> in = stories().tok->encode_prompt("A bird flew over the sea.");
   auto late = sched.submit_embedding(EmbeddingJob{.inputs = {in}, .deadline = Clock::now() + 30ms});
@@ -586,6 +606,12 @@ TEST(SchedulerEmbed, QueuedDeadlineCancelAndValidation) {
   ASSERT_TRUE(late.has_value() && gone.has_value());
   EXPECT_EQ(sched.stats().waiting, 2);
   (*gone)->cancel();
+  std::this_thread::sleep_for(40ms);  // past `late`'s deadline while the loop is held
+  {
+    std::lock_guard lock(mu);
+    hold = false;
+  }
+  cv.notify_all();
   const Collected cl = collect(**late, 1);
   const Collected cg = collect(**gone, 2);
   ASSERT_TRUE(cl.failed);
@@ -595,7 +621,7 @@ TEST(SchedulerEmbed, QueuedDeadlineCancelAndValidation) {
   EXPECT_EQ(sched.stats().embeddings, 0u);  // neither started
   for (int i = 0; i < 1000 && sched.stats().waiting > 0; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(sched.stats().waiting, 0);  // both left the queue
-  held.reset();
+  ASSERT_FALSE(collect(**running, 1).failed);
   // Free again: an embedding runs.
   auto ok = sched.submit_embedding(EmbeddingJob{.inputs = {in}});
   ASSERT_TRUE(ok.has_value());

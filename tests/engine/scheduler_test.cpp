@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -281,7 +282,7 @@ TEST_F(SchedulerTest, SixteenConcurrentRequestsEachReturnWhatTheyReturnAlone) {
     EXPECT_GT(st.steps, 0u);
     EXPECT_EQ(st.running, 0);
     EXPECT_EQ(st.waiting, 0);
-    EXPECT_TRUE(eventually([&] { return pool_->available() == 16; }));
+    EXPECT_TRUE(eventually([&] { return sched_->stats().running == 0; }));
     // Batching happened: fewer steps than a one-at-a-time run would need.
     if (c.batch == 512) {
       EXPECT_LT(st.steps, st.step_tokens);
@@ -690,9 +691,9 @@ TEST_F(SchedulerTest, PromptCacheReusesTheLongestPrefix) {
   Outcome o2 = collect(*h2);
   ASSERT_FALSE(o2.failed);
   const GenerationResult& a2 = o2.results[0];
-  // The cache holds prompt + the whole answer (its last sampled token was run
-  // into the slot's cache after it finished).
-  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(first_prompt.size() + a1.tokens.size()));
+  // The prefix index holds prompt + the answer but its last sampled token
+  // (which never ran: generation stopped after sampling it).
+  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(first_prompt.size() + a1.tokens.size()) - 1);
   EXPECT_EQ(sched_->stats().prompt_tokens - computed_before, second.size() - a2.cached_tokens);
   EXPECT_EQ(a2.tokens, alone(second, greedy(10), 1, kCtx).tokens);
   EXPECT_GE(sched_->stats().cache_hits, 1u);
@@ -894,7 +895,7 @@ TEST_F(SchedulerTest, CancelWhileQueuedPrefillingOrDecodingFreesTheSlot) {
   Outcome oq = collect(*q);
   EXPECT_TRUE(oq.failed);
   EXPECT_EQ(oq.error.code, core::Errc::kCancelled);
-  EXPECT_EQ(pool_->available(), 0);  // a still runs
+  EXPECT_EQ(sched_->stats().running, 1);  // a still runs
   EXPECT_FALSE(a->ended());
 
   // Prefilling: `a`, a few of its 1,000 prompt tokens in, is cancelled at
@@ -908,7 +909,7 @@ TEST_F(SchedulerTest, CancelWhileQueuedPrefillingOrDecodingFreesTheSlot) {
   ASSERT_FALSE(oa.failed);
   EXPECT_EQ(oa.results[0].finish_reason, FinishReason::kCancelled);
   EXPECT_EQ(oa.results[0].completion_tokens, 0);
-  ASSERT_TRUE(eventually([&] { return pool_->available() == 1 && kv_free(); }));
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 0 && kv_free(); }));
   EXPECT_LE(hook->steps.load() - a_cancel, 1u) << "more than one step ran after the cancel";
 
   // Decoding: `d` has sampled tokens; cancelled at a held step k.
@@ -931,7 +932,7 @@ TEST_F(SchedulerTest, CancelWhileQueuedPrefillingOrDecodingFreesTheSlot) {
   ASSERT_FALSE(od.failed);
   EXPECT_EQ(od.results[0].finish_reason, FinishReason::kCancelled);
   EXPECT_LT(od.results[0].completion_tokens, 1900);
-  ASSERT_TRUE(eventually([&] { return pool_->available() == 1 && kv_free(); }));
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 0 && kv_free(); }));
   EXPECT_LE(hook->steps.load() - k, 1u) << "more than one step ran after the cancel";
 }
 
@@ -959,7 +960,7 @@ TEST_F(SchedulerTest, CancelWithChoicesNotStartedEndsEveryChoice) {
   EXPECT_LT(o.results[0].completion_tokens, 400);
   EXPECT_EQ(o.results[1].completion_tokens, 0);
   EXPECT_EQ(o.results[2].completion_tokens, 0);
-  EXPECT_TRUE(eventually([&] { return sched_->stats().waiting == 0 && pool_->available() == 1; }));
+  EXPECT_TRUE(eventually([&] { return sched_->stats().waiting == 0 && sched_->stats().running == 0; }));
 }
 
 // Deadlines: a request still queued at its deadline fails with kTimeout; one
@@ -973,7 +974,7 @@ TEST_F(SchedulerTest, DeadlineWhileRunningReturnsWhatWasProduced) {
   SamplingParams forever = greedy(1900);
   forever.ignore_eos = true;
   auto a = submit(tok_->encode_prompt("Once upon a time"), forever, 1, 1, Clock::now() + 1500ms);
-  ASSERT_TRUE(eventually([&] { return pool_->available() == 0; }));
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 1; }));
   auto q = submit(tok_->encode_prompt("Once"), greedy(4), 1, 1, Clock::now() + 300ms);
   Outcome oq = collect(*q);
   EXPECT_TRUE(oq.failed);
@@ -996,7 +997,7 @@ TEST_F(SchedulerTest, BoundedQueueAndShutdown) {
   SamplingParams forever = greedy(1900);
   forever.ignore_eos = true;
   auto a = submit(tok_->encode_prompt("Once"), forever);
-  ASSERT_TRUE(eventually([&] { return pool_->available() == 0; }));
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 1; }));
   CompletionJob j;
   j.prompt = tok_->encode_prompt("The");
   j.params = greedy(2);
@@ -1018,9 +1019,9 @@ TEST_F(SchedulerTest, BoundedQueueAndShutdown) {
 namespace bonsai::engine {
 namespace {
 
-// The second chat turn reuses prompt + the whole first answer, its final
-// EOS included (cached_tokens >= prompt + completion_tokens), and answers as
-// without the cache.
+// The second chat turn reuses prompt + the first answer but its last token
+// (cached_tokens >= prompt + completion_tokens - 1: the last sampled token,
+// an EOS or max_tokens' last, never ran), and answers as without the cache.
 TEST_F(SchedulerTest, SecondTurnReusesPromptAndWholeAnswer) {
   constexpr int64_t kCtx = 256;
   build(2, kCtx);
@@ -1031,8 +1032,7 @@ TEST_F(SchedulerTest, SecondTurnReusesPromptAndWholeAnswer) {
   const GenerationResult& a1 = o1.results[0];
   const bool eos = a1.finish_reason == FinishReason::kStop;  // ended by EOS (else max_tokens)
   ASSERT_EQ(a1.completion_tokens, static_cast<int32_t>(a1.tokens.size()) + (eos ? 1 : 0));
-  // The slot comes back after running the last token (one more step).
-  ASSERT_TRUE(eventually([&] { return pool_->available() == 2; }));
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 0; }));
   std::vector<int32_t> p2 = p1;
   p2.insert(p2.end(), a1.tokens.begin(), a1.tokens.end());
   if (eos) p2.push_back(tok_->eos_id());
@@ -1043,7 +1043,7 @@ TEST_F(SchedulerTest, SecondTurnReusesPromptAndWholeAnswer) {
   Outcome o2 = collect(*h2);
   ASSERT_FALSE(o2.failed) << o2.error.message;
   const GenerationResult& a2 = o2.results[0];
-  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(p1.size()) + a1.completion_tokens);
+  EXPECT_GE(a2.cached_tokens, static_cast<int32_t>(p1.size()) + a1.completion_tokens - 1);
   EXPECT_EQ(sched_->stats().prompt_tokens - computed_before, p2.size() - static_cast<size_t>(a2.cached_tokens));
   EXPECT_EQ(a2.tokens, alone(p2, greedy(12), 1, kCtx).tokens);
 }
@@ -1125,9 +1125,16 @@ TEST_F(SchedulerTest, FourChoicesShareThePromptBlocks) {
   ASSERT_EQ(o.results.size(), 4u);
   EXPECT_EQ(sched_->stats().prompt_tokens, prompt.size());
   for (int i = 0; i < 4; ++i) EXPECT_EQ(o.results[i].tokens, alone(prompt, p, 500 + i, kCtx).tokens) << "choice " << i;
-  // Blocks: the full prompt blocks (70 / 32 = 2) once, plus each choice's own last block.
-  ASSERT_TRUE(eventually([&] { return pool_->available() == 4; }));
-  EXPECT_EQ(kv_->usage().used, 2 + 4);
+  // Blocks: the full prompt blocks (70 / 32 = 2) once, plus each choice's own
+  // last block, kept in the prefix index (prompt + the answer but its last
+  // token, which never ran) once per distinct content.
+  ASSERT_TRUE(eventually([&] { return sched_->stats().running == 0; }));
+  std::set<std::vector<int32_t>> tails;
+  for (int i = 0; i < 4; ++i) tails.emplace(o.results[i].tokens.begin(), o.results[i].tokens.end() - 1);
+  const model::KvPool::Usage u = kv_->usage();
+  EXPECT_EQ(u.pinned, 0);
+  EXPECT_EQ(u.indexed, 2 + static_cast<int64_t>(tails.size()));
+  EXPECT_EQ(u.used, u.indexed);
 }
 
 }  // namespace

@@ -427,27 +427,36 @@ TEST(KvPrefixIndex, ParkedEvictionOfAnIndexedBlockKeepsItCachedFree) {
   EXPECT_EQ(a.size(), 32);
 }
 
-TEST(KvPrefixIndex, OverwrittenPositionsLeaveTheIndex) {
+// A write over indexed positions copies the block first (the index is one
+// of its readers): the original stays findable under its tokens, the copy
+// is published under the new ones. Appending past a partial entry writes in
+// place and a later publish extends the entry.
+TEST(KvPrefixIndex, OverwrittenPositionsAreCopiedAndTheIndexKeepsTheOriginal) {
   auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
   const auto toks = token_run(64, 1);
   auto a = written(pool, 64, 1);
   a.publish(toks);
   EXPECT_EQ(pool->usage().indexed, 2);
   a.truncate(40);
-  ASSERT_TRUE(a.prepare(40, 64).has_value());  // overwrites indexed positions of block 1
-  EXPECT_EQ(pool->usage().indexed, 1);
+  EXPECT_EQ(a.blocks_needed(64), 1);           // the copy of block 1
+  ASSERT_TRUE(a.prepare(40, 64).has_value());  // overwrites indexed positions of block 1: a copy
+  EXPECT_EQ(pool->usage().indexed, 2);
+  EXPECT_EQ(pool->usage().used, 3);  // blocks 0, 1 (cached free) and the copy
   auto changed = toks;
   for (size_t i = 40; i < 64; ++i) changed[i] = 5000 + static_cast<int32_t>(i);
   fill_kv(a, 40, 64, 3);
   a.set_size(64);
+  EXPECT_TRUE(holds_kv(a, 32, 40, 1));  // the copy kept the rows before the write
   auto b = *KvCache::create(pool, 256);
-  EXPECT_EQ(b.cached_prefix_positions(toks), 32);
-  EXPECT_EQ(b.cached_prefix_positions(changed), 32);
-  a.publish(changed);  // block 1 again, under its new tokens
-  EXPECT_EQ(pool->usage().indexed, 2);
+  EXPECT_EQ(b.cached_prefix_positions(toks), 64);     // the original block 1, untouched
+  EXPECT_EQ(b.cached_prefix_positions(changed), 40);  // its common part
+  a.publish(changed);                                 // the copy, under its new tokens
+  EXPECT_EQ(pool->usage().indexed, 3);
   EXPECT_EQ(b.adopt_prefix(changed, 1000), 64);
   EXPECT_TRUE(holds_kv(b, 40, 64, 3));
-  EXPECT_EQ(b.cached_prefix_positions(toks), 40);  // the common part of block 1
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.adopt_prefix(toks, 1000), 64);
+  EXPECT_TRUE(holds_kv(c, 32, 64, 1));
   // Appending past a partial entry keeps it, and a later publish extends it.
   auto p = written(pool, 40, 5);
   const auto pt = token_run(60, 300);
@@ -459,9 +468,14 @@ TEST(KvPrefixIndex, OverwrittenPositionsLeaveTheIndex) {
   EXPECT_EQ(p.cached_prefix_positions(pt), 40);
   p.publish(pt, true);
   EXPECT_EQ(p.cached_prefix_positions(pt), 50);
-  p.truncate(45);  // then overwriting inside the entry drops it
+  p.truncate(45);  // overwriting inside the entry copies the block: the entry stays
   ASSERT_TRUE(p.prepare(45, 46).has_value());
-  EXPECT_EQ(p.cached_prefix_positions(pt), 32);
+  fill_kv(p, 45, 46, 9);
+  p.set_size(46);
+  EXPECT_EQ(p.cached_prefix_positions(pt), 50);
+  auto q = *KvCache::create(pool, 256);
+  EXPECT_EQ(q.adopt_prefix(pt, 1000), 50);
+  EXPECT_TRUE(holds_kv(q, 32, 50, 5));
 }
 
 TEST(KvPrefixIndex, SameBlockTokensUnderAnotherParentDoNotMatch) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -30,13 +31,16 @@ using nlohmann::json;
 // A Server on 127.0.0.1 (free port) over one model `id` at `path`.
 class Served {
  public:
+  // `tune`: applied to the model's SchedulerOptions; `parallel`: ModelSpec::parallel.
   Served(const std::string& id, const std::string& path, int ctx, const std::string& cors = {},
-         const std::string& api_key = {}) {
-    pool_ = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+         const std::string& api_key = {}, std::function<void(engine::SchedulerOptions&)> tune = {}, int parallel = 0) {
+    pool_ = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(std::move(tune)),
+                                                engine::gguf_model_estimator());
     engine::ModelSpec spec;
     spec.path = path;
     spec.pool_size = 2;
     spec.ctx_size = ctx;
+    spec.parallel = parallel;
     pool_->loader_register(id, spec);
     ServerOptions so;
     so.host = "127.0.0.1";
@@ -425,14 +429,15 @@ TEST_F(LogprobsHttp, EmbeddingsShapeNormAndDeterminism) {
   }
   EXPECT_EQ(v[0], v[2]);  // equal inputs, equal embeddings
   EXPECT_NE(v[0], v[1]);
-  // The replica's KV blocks are parked again (an evictable prompt cache),
-  // not pinned while it idles in its pool.
+  // The embedding sequences gave their KV blocks back: nothing pinned, and
+  // nothing kept as prompt cache (an embedding's input is not published).
   {
     const auto lm = srv_->models().peek("stories");
     ASSERT_TRUE(lm && lm->kv_pool);
     const auto u = lm->kv_pool->usage();
     EXPECT_EQ(u.pinned, 0);
-    EXPECT_GT(u.cached, 0);
+    EXPECT_EQ(u.cached, 0);
+    EXPECT_EQ(u.indexed, 0);
   }
   // usage counts every input's tokens.
   int64_t total = 0;
@@ -492,43 +497,54 @@ TEST_F(LogprobsHttp, EmbeddingsBesideAStreamingCompletion) {
   EXPECT_EQ(lm->scheduler->stats().embeddings, embeddings_before + 2);
 }
 
-// A busy model (every replica leased): an embeddings request waits in the
-// model's scheduler queue (the HTTP thread does not run it), is answered
-// once a slot frees, and a client that leaves while queued gives up its place.
-TEST_F(LogprobsHttp, EmbeddingsQueueInTheSchedulerWhenBusy) {
-  ASSERT_EQ(srv_->post("/tokenize", json{{"content", "x"}}).first, 200);  // loads the model
-  const auto lm = srv_->models().peek("stories");
-  ASSERT_TRUE(lm && lm->scheduler && lm->pool);
-  auto hold_all = [&] {
-    std::vector<engine::EngineLease> held;
-    for (size_t i = 0; i < static_cast<size_t>(lm->pool->size()); ++i) {
-      auto l = lm->pool->acquire(engine::Clock::now() + std::chrono::seconds(10));
-      EXPECT_TRUE(l.has_value());
-      if (l) held.push_back(std::move(*l));
-    }
-    return held;
-  };
+// A busy model (its one sequence slot, -np 1, runs a long completion whose
+// steps take >= 2 ms each): an embeddings request waits in the model's
+// scheduler queue (the HTTP thread does not run it), is answered once the
+// slot frees (the completion's client leaves), and a client that leaves
+// while queued gives up its place.
+TEST(LogprobsHttpBusy, EmbeddingsQueueInTheSchedulerWhenBusy) {
+  BONSAI_REQUIRE_FILE(kStories);
+  Served srv(
+      "stories", kStories, 2048, {}, {},
+      [](engine::SchedulerOptions& so) {
+        so.on_step = [](int64_t, int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
+      },
+      /*parallel=*/1);
+  ASSERT_EQ(srv.post("/tokenize", json{{"content", "x"}}).first, 200);  // loads the model
+  const auto lm = srv.models().peek("stories");
+  ASSERT_TRUE(lm && lm->scheduler);
   auto wait_for = [&](auto pred) {
     for (int i = 0; i < 5000 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return pred();
   };
+  // A completion of 1,900 tokens (>= 3.8 s of steps) whose client leaves
+  // after `leave`: it holds the slot until the server notices.
+  auto occupy = [&](std::chrono::milliseconds leave) {
+    return std::thread([&srv, leave] {
+      httplib::Client c = srv.client();
+      c.set_read_timeout(leave);
+      json body{{"prompt", "Once upon a time"}, {"max_tokens", 1900}, {"ignore_eos", true}, {"temperature", 0}};
+      EXPECT_FALSE(c.Post("/v1/completions", body.dump(), "application/json"));
+    });
+  };
   const uint64_t before = lm->scheduler->stats().embeddings;
   {
-    std::vector<engine::EngineLease> held = hold_all();
+    std::thread busy = occupy(std::chrono::milliseconds(1500));
+    ASSERT_TRUE(wait_for([&] { return lm->scheduler->stats().running == 1; }));
     std::pair<int, json> got;
-    std::thread client([&] { got = srv_->post("/v1/embeddings", json{{"input", {"one", "two", "three"}}}); });
+    std::thread client([&] { got = srv.post("/v1/embeddings", json{{"input", {"one", "two", "three"}}}); });
     EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 1; }));  // queued as one job
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    EXPECT_EQ(lm->scheduler->stats().embeddings, before);  // not started while every slot is busy
+    EXPECT_EQ(lm->scheduler->stats().embeddings, before);  // not started while the slot is busy
     EXPECT_EQ(lm->scheduler->stats().waiting, 1);
-    held.clear();  // slots free: the scheduler runs it
+    busy.join();  // its client left: the completion is cancelled, the scheduler runs the embeddings
     client.join();
     ASSERT_EQ(got.first, 200) << got.second.dump();
     ASSERT_EQ(got.second["data"].size(), 3u);  // batch input: one vector per string, in order
     for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got.second["data"][i]["index"], i);
     EXPECT_EQ(lm->scheduler->stats().embeddings, before + 3);
     // The same count in /metrics.
-    auto metrics = srv_->client().Get("/metrics");
+    auto metrics = srv.client().Get("/metrics");
     ASSERT_TRUE(metrics);
     const std::string name = "bonsai_embedding_sequences_total{model=\"stories\"} ";
     const size_t at = metrics->body.find(name);
@@ -536,8 +552,9 @@ TEST_F(LogprobsHttp, EmbeddingsQueueInTheSchedulerWhenBusy) {
     EXPECT_EQ(std::stod(metrics->body.substr(at + name.size())), static_cast<double>(before + 3));
   }
   {
-    std::vector<engine::EngineLease> held = hold_all();
-    httplib::Client c = srv_->client();
+    std::thread busy = occupy(std::chrono::milliseconds(1500));
+    ASSERT_TRUE(wait_for([&] { return lm->scheduler->stats().running == 1; }));
+    httplib::Client c = srv.client();
     c.set_read_timeout(0, 200000);  // leaves after 200 ms, while queued
     std::thread client([&] {
       auto r = c.Post("/v1/embeddings", json{{"input", "gone"}}.dump(), "application/json");
@@ -547,6 +564,7 @@ TEST_F(LogprobsHttp, EmbeddingsQueueInTheSchedulerWhenBusy) {
     client.join();
     EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 0; }));  // cancelled: left the queue
     EXPECT_EQ(lm->scheduler->stats().embeddings, before + 3);                    // never started
+    busy.join();
   }
 }
 

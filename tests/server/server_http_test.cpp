@@ -966,7 +966,7 @@ TEST_F(ServerHttp, NonStreamedGenerationStopsWhenTheClientHangsUp) {
       std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, msg.data(), msg.size(), 0), static_cast<ssize_t>(msg.size()));
   // Hang up as soon as the generation is under way.
-  for (int i = 0; i < 2000 && pool_->peek("stories")->pool->available() > 0; ++i)
+  for (int i = 0; i < 2000 && pool_->peek("stories")->scheduler->stats().running == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ::close(fd);
   // The replica comes back well before 2000 tokens could be generated.
@@ -1044,9 +1044,9 @@ TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueu
     gate_->hold = true;
   }
   std::thread t_run([&] { running = post("/v1/completions", long_req.dump()); });
-  // The long generation holds the only replica, stopped after its first step.
+  // The long generation holds the only sequence slot, stopped after its first step.
   EXPECT_TRUE(gate_->wait_held()) << "the running request never stepped";  // EXPECT: t_run must be joined
-  EXPECT_EQ(lm->pool->available(), 0);
+  EXPECT_EQ(lm->scheduler->stats().running, 1);
   std::thread t_queued([&] { queued = post("/v1/completions", completion_body("Once upon a time", 4).dump()); });
   std::thread t_embed([&] { embed = post("/v1/embeddings", json{{"model", "stories"}, {"input", "hello"}}.dump()); });
   int streamed_status = 0;
@@ -1064,7 +1064,7 @@ TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueu
   for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 3; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(lm->scheduler->stats().waiting, 3);
-  EXPECT_EQ(lm->pool->available(), 0);
+  EXPECT_EQ(lm->scheduler->stats().running, 1);
   EXPECT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
   gate_->release();  // threads join below
   t_queued.join();

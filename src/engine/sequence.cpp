@@ -1,0 +1,583 @@
+// Sequence: one stream's state and moves; see sequence.h for the contract.
+#include "engine/sequence.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "model/model.h"            // Model (config)
+#include "structured/token_mask.h"  // GrammarState, TokenTrie
+#include "structured/vocab_trie.h"  // SharedTokenTrie
+#include "tokenizer/tokenizer.h"    // Tokenizer
+
+namespace bonsai::engine {
+
+namespace {
+double ms_since(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double, std::milli>(t1 - t0).count();
+}
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+struct Sequence::State {
+  SequenceModel shared;
+  int64_t n_vocab = 0;
+  model::KvCache cache;
+  Sampler sampler;
+  std::vector<int32_t> history;  // the tokens in the cache, by position
+  std::vector<uint32_t> mask;    // grammar mask scratch: bit id = allowed
+  std::vector<float> masked;     // [n_vocab] logits with the grammar mask applied
+
+  // The generation (or embedding) in progress: start .. finish.
+  bool active = false;
+  bool done = false;
+  std::vector<int32_t> prompt;  // copy of the request's prompt (or the embedding's input)
+  std::optional<SamplingParams> restore_params;
+  std::optional<Rng::State> restore_rng;
+  StreamCallback on_token;
+  const std::atomic<bool>* cancel = nullptr;
+  RequestRateTracker own_tracker;
+  RequestRateTracker* tracker = nullptr;  // own_tracker or the request's
+  TextEmitter emitter;
+  GenerationResult res;
+  int32_t n_sampled = 0;
+  int32_t last = -1;
+  Clock::time_point t_start{}, t_prefilled{};
+  bool prefilled = false;
+  // Constrained decoding (SamplingParams::grammar): the matcher state and
+  // the model's trie (owned by shared.token_trie).
+  std::optional<structured::GrammarState> grammar;
+  const structured::TokenTrie* vocab = nullptr;
+  std::vector<int32_t> replay;  // after suspend(): the tokens to recompute (positions 0..)
+  // start_embedding: the prompt is the input; its hidden rows are pooled.
+  bool embed = false;
+  std::vector<double> emb_acc;  // [n_embd] sum of the rows of positions [0, emb_rows)
+  int64_t emb_rows = 0;
+
+  // Forgets the generation (not the cache, tokens or sampler).
+  void clear_generation() {
+    active = done = prefilled = embed = false;
+    prompt.clear();
+    restore_params.reset();
+    restore_rng.reset();
+    on_token = nullptr;
+    cancel = nullptr;
+    own_tracker = RequestRateTracker();
+    tracker = nullptr;
+    emitter = TextEmitter();
+    res = GenerationResult();
+    n_sampled = 0;
+    last = -1;
+    t_start = t_prefilled = Clock::time_point{};
+    grammar.reset();
+    vocab = nullptr;
+    replay.clear();
+    emb_acc.clear();
+    emb_rows = 0;
+  }
+  // Samples under the grammar: the mask applied to a copy of `logits`, then
+  // the sampler's chain. -1 when the grammar allows no token (a dead end).
+  int32_t sample_constrained(std::span<const float> logits);
+};
+
+Sequence::Sequence(SequenceModel shared, model::KvCache cache, Sampler sampler, std::vector<int32_t> tokens)
+    : s_(std::make_unique<State>()) {
+  s_->n_vocab = shared.model->config().n_vocab;
+  s_->shared = std::move(shared);
+  s_->cache = std::move(cache);
+  s_->sampler = std::move(sampler);
+  s_->history = std::move(tokens);
+  if (static_cast<int64_t>(s_->history.size()) > s_->cache.size())
+    s_->history.resize(static_cast<size_t>(s_->cache.size()));
+}
+Sequence::Sequence(Sequence&&) noexcept = default;
+Sequence& Sequence::operator=(Sequence&&) noexcept = default;
+Sequence::~Sequence() = default;
+
+// ---- A generation ---------------------------------------------------------------------
+
+core::Expected<void> Sequence::start(const GenerateRequest& req, const StartOptions& opt) {
+  State& m = *s_;
+  const Clock::time_point t_start = Clock::now();
+  if (m.active) return core::fail(core::Errc::kInvalidArgument, "generate: a generation is in progress");
+  if (req.prompt.empty()) return core::fail(core::Errc::kInvalidArgument, "generate: the prompt is empty");
+  if (static_cast<int64_t>(req.prompt.size()) > m.cache.n_ctx()) {
+    return core::fail(core::Errc::kOutOfRange, "generate: the prompt has " + std::to_string(req.prompt.size()) +
+                                                   " tokens but the context holds " + std::to_string(m.cache.n_ctx()));
+  }
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= m.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, "prefill: token " + std::to_string(req.prompt[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
+    }
+  }
+  if (req.params) {
+    if (auto ok = req.params->validate(); !ok) return std::unexpected(ok.error());
+  }
+  // The grammar's matcher state: built first, so an error leaves nothing to undo.
+  std::optional<structured::GrammarState> grammar;
+  const structured::TokenTrie* vocab = nullptr;
+  if (const auto& g = req.params ? req.params->grammar : m.sampler.params().grammar; g) {
+    auto t = m.shared.token_trie->get();
+    if (!t) return std::unexpected(t.error());
+    auto st = structured::GrammarState::create(g);
+    if (!st) return std::unexpected(st.error());
+    vocab = *t;
+    grammar.emplace(std::move(*st));
+  }
+  for (const auto& [id, bias] : (req.params ? *req.params : m.sampler.params()).logit_bias) {
+    if (id < 0 || id >= m.n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, "logit_bias: token " + std::to_string(id) +
+                                                          " is outside the vocabulary [0, " +
+                                                          std::to_string(m.n_vocab) + ")");
+    }
+  }
+  claim();
+  m.clear_generation();
+  m.grammar = std::move(grammar);
+  m.vocab = vocab;
+  m.active = true;
+  m.t_start = t_start;
+  // Swap params / seed for this call; finish() restores them.
+  if (req.params) {
+    m.restore_params = m.sampler.params();
+    m.sampler.set_params(*req.params);
+  }
+  if (req.seed) {
+    if (!m.restore_params) m.restore_params = m.sampler.params();  // reseed writes params().seed
+    m.restore_rng = m.sampler.rng().state();
+    m.sampler.reseed(*req.seed);
+  }
+  m.prompt.assign(req.prompt.begin(), req.prompt.end());
+  m.on_token = req.on_token;
+  m.cancel = req.cancel;
+  m.own_tracker = RequestRateTracker(t_start);
+  m.tracker = req.tracker != nullptr ? req.tracker : &m.own_tracker;
+  m.emitter = TextEmitter(m.sampler.params().stop);
+  m.res.prompt_tokens = static_cast<int32_t>(m.prompt.size());
+  m.res.finish_reason = FinishReason::kLength;
+
+  const auto n_prompt = static_cast<int64_t>(m.prompt.size());
+  int64_t keep = 0;
+  const bool have_logits = static_cast<int64_t>(opt.prompt_logits.size()) == m.n_vocab;
+  // Prompt logprobs need every prompt position's logits: nothing is reused
+  // (unless the whole prompt's answer was given: a sibling choice).
+  const bool prompt_rows = m.sampler.params().prompt_logprobs >= 0 && !have_logits;
+  if (opt.reuse_prefix && !prompt_rows) {
+    keep = cached_prefix(m.prompt);
+    // The last prompt token is recomputed for its logits unless they were given.
+    if (keep >= n_prompt && !have_logits) keep = n_prompt - 1;
+  }
+  if (prompt_rows) {
+    m.res.prompt_logprobs.reserve(m.prompt.size());
+    m.res.prompt_logprobs.push_back(TokenLogprob{.token = m.prompt[0]});  // logprob NaN: no context
+  }
+  m.cache.truncate(keep);
+  m.history.resize(static_cast<size_t>(keep));
+  m.res.cached_tokens = static_cast<int32_t>(keep);
+  if (keep == n_prompt) {
+    m.prefilled = true;
+    m.t_prefilled = Clock::now();
+    accept_logits(opt.prompt_logits);
+  }
+  return {};
+}
+
+bool Sequence::active() const { return s_->active; }
+bool Sequence::finished() const { return s_->active && s_->done; }
+
+int64_t Sequence::pending_prompt() const {
+  const State& m = *s_;
+  if (!m.active) return 0;
+  const auto& src = m.replay.empty() ? m.prompt : m.replay;
+  return std::max<int64_t>(0, static_cast<int64_t>(src.size()) - static_cast<int64_t>(m.history.size()));
+}
+
+int64_t Sequence::next_pos() const { return static_cast<int64_t>(s_->history.size()); }
+
+std::span<const int32_t> Sequence::next_input(int64_t max_prompt) const {
+  const State& m = *s_;
+  if (!m.active || m.done) return {};
+  if (const int64_t pending = pending_prompt(); pending > 0) {
+    const size_t at = m.history.size();
+    const auto& src = m.replay.empty() ? m.prompt : m.replay;
+    return std::span<const int32_t>(src).subspan(
+        at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
+  }
+  return std::span<const int32_t>(&m.last, 1);
+}
+
+bool Sequence::logits_wanted(int64_t n) const {
+  const State& m = *s_;
+  if (!m.active || m.done || m.embed) return false;
+  if (!m.replay.empty()) return false;  // recomputing KV after suspend(): no sampling
+  if (m.prefilled) return true;         // a decode token
+  return n >= pending_prompt();
+}
+
+bool Sequence::inputs_done(int64_t n) {
+  State& m = *s_;
+  const std::span<const int32_t> in = next_input(n);
+  m.history.insert(m.history.end(), in.begin(), in.begin() + n);
+  if (!m.replay.empty()) {
+    if (m.history.size() >= m.replay.size()) m.replay.clear();  // caught up: decoding resumes
+    return false;
+  }
+  if (m.prefilled) return true;  // a decode token
+  if (pending_prompt() > 0) return false;
+  m.prefilled = true;
+  m.t_prefilled = Clock::now();
+  if (m.embed) {
+    // The whole input ran: the embedding is complete.
+    if (m.emb_rows == static_cast<int64_t>(m.prompt.size())) m.res.finish_reason = FinishReason::kStop;
+    m.done = true;
+    return false;
+  }
+  return true;
+}
+
+void Sequence::suspend() {
+  State& m = *s_;
+  if (!m.active || m.done) return;
+  // Prefilled: recompute prompt + generated tokens (not the last sampled one,
+  // which is the next decode input). Still in the prompt: start it over.
+  if (m.prefilled && m.replay.empty()) m.replay = m.history;
+  m.history.clear();
+  m.cache.clear();
+}
+
+bool Sequence::replaying() const { return !s_->replay.empty(); }
+bool Sequence::is_embedding() const { return s_->active && s_->embed; }
+
+bool Sequence::poll_cancel() {
+  State& m = *s_;
+  if (!m.active || m.done) return m.done;
+  if (m.cancel != nullptr && m.cancel->load(std::memory_order_relaxed)) {
+    stop_now(FinishReason::kCancelled);
+    return true;
+  }
+  return false;
+}
+
+void Sequence::stop_now(FinishReason reason, bool timed_out) {
+  State& m = *s_;
+  if (!m.active || m.done) return;
+  m.done = true;
+  m.res.finish_reason = reason;
+  m.res.timed_out = timed_out;
+}
+
+void Sequence::accept_logits(std::span<const float> logits) {
+  State& m = *s_;
+  if (!m.active || m.done) return;
+  const SamplingParams& params = m.sampler.params();
+  std::optional<TokenLogprob> lp;  // this token's, when params.logprobs >= 0
+  auto emit = [&](int32_t token, int32_t index, const std::string& text) {
+    if (!m.on_token) return true;
+    return m.on_token(TokenEvent{token, index, text, lp ? &*lp : nullptr});
+  };
+  // The checks a driver's loop makes before each sample / decode.
+  auto may_continue = [&] {
+    if (params.max_tokens >= 0 && m.n_sampled >= params.max_tokens) {
+      m.done = true;  // finish_reason stays kLength
+      return false;
+    }
+    if (m.cancel != nullptr && m.cancel->load(std::memory_order_relaxed)) {
+      stop_now(FinishReason::kCancelled);
+      return false;
+    }
+    return true;
+  };
+  if (!may_continue()) return;
+  int32_t tok;
+  if (m.grammar) {
+    tok = m.sample_constrained(logits);
+    if (tok < 0) {
+      // Nothing may follow: a complete sentence is a stop, an incomplete one
+      // (a dead end, e.g. a stack limit) ends like a truncation.
+      m.res.finish_reason = m.grammar->can_end() ? FinishReason::kStop : FinishReason::kLength;
+      m.done = true;
+      return;
+    }
+  } else {
+    tok = m.sampler.sample(logits, m.history);
+  }
+  m.tracker->on_token();
+  const int32_t index = m.n_sampled++;
+  m.last = tok;
+  if (m.grammar && !m.grammar->accept_token(*m.vocab, tok)) {
+    // sample_constrained only returns allowed tokens; a matcher that still
+    // refuses one (an internal limit) ends the answer as a dead end would.
+    m.res.finish_reason = FinishReason::kLength;
+    m.done = true;
+    emit(tok, index, std::string());
+    return;
+  }
+  // Log probabilities come from the raw logits (the sampler worked on a copy).
+  if (params.logprobs >= 0) lp = token_logprob(logits, tok, params.logprobs);
+  const bool grammar_ended = m.grammar && m.grammar->finished();
+  const tokenizer::Tokenizer& tk = *m.shared.tokenizer;
+  if ((!params.ignore_eos || grammar_ended) && tk.is_eog(tok)) {
+    m.res.finish_reason = FinishReason::kStop;
+    m.done = true;
+    lp.reset();  // a terminating EOS is not part of the answer (nor of res.logprobs)
+    emit(tok, index, std::string());
+    return;
+  }
+  m.res.tokens.push_back(tok);
+  if (lp) m.res.logprobs.push_back(*lp);
+  const std::string piece = m.emitter.push(tk.token_to_bytes(tok));
+  if (m.emitter.stopped()) {
+    m.res.finish_reason = FinishReason::kStop;
+    m.done = true;
+    emit(tok, index, piece);
+    return;
+  }
+  if (!emit(tok, index, piece)) {
+    stop_now(FinishReason::kCancelled);
+    return;
+  }
+  if (!may_continue()) return;
+  if (static_cast<int64_t>(m.history.size()) >= m.cache.n_ctx()) m.done = true;  // context full: length
+}
+
+int32_t Sequence::State::sample_constrained(std::span<const float> in) {
+  structured::GrammarState& g = *grammar;
+  const structured::TokenTrie& trie = *vocab;
+  const SamplingParams& params = sampler.params();
+  // Greedy: the unconstrained arg-max, when the grammar allows it, is also
+  // the arg-max of the masked logits (masking only lowers logits to -inf,
+  // which the bias and penalties keep at -inf), and greedy draws no random
+  // number; so the full mask is needed only when it is refused.
+  if (params.temperature <= 0.0f) {
+    const int32_t t = sampler.sample(in, history);
+    if (g.accepts_token(trie, t)) return t;
+  }
+  g.allowed(trie, mask);
+  const size_t n = in.size();
+  const auto n_trie = static_cast<size_t>(trie.n_vocab());
+  auto ok = [&](size_t id) { return id < n_trie && ((mask[id >> 5] >> (id & 31)) & 1u) != 0; };
+  masked.resize(n);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  int32_t best = -1;  // the allowed id with the largest raw logit (lowest id on ties)
+  for (size_t i = 0; i < n; ++i) {
+    if (ok(i)) {
+      masked[i] = in[i];
+      if (best < 0 || in[i] > in[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+    } else {
+      masked[i] = ninf;
+    }
+  }
+  if (best < 0) return -1;
+  const int32_t t = sampler.sample(masked, history);
+  // Rounding in the chain (every allowed logit -inf or NaN, or a cumulative
+  // sum short of 1) could land on a masked id: take the best allowed one.
+  return ok(static_cast<size_t>(t)) ? t : best;
+}
+
+GenerationResult Sequence::finish() {
+  State& m = *s_;
+  GenerationResult res = std::move(m.res);
+  if (!m.active) return res;
+  const Clock::time_point t_end = Clock::now();
+  if (!m.prefilled) m.t_prefilled = t_end;
+  res.prompt_ms = ms_since(m.t_start, m.t_prefilled);
+  if (m.embed) {
+    // No text, no sampling stats: the pooled rows, when complete.
+    if (res.finish_reason == FinishReason::kStop) res.embedding = pool_finish(m.emb_acc, m.emb_rows);
+    abandon();  // idle: the cache (holding the input) is parked, as after InferenceEngine::embed
+    return res;
+  }
+  if (const std::string rest = m.emitter.finish(); !rest.empty() && m.on_token)
+    m.on_token(TokenEvent{-1, m.n_sampled, rest});
+  m.tracker->on_finish(t_end);
+  res.text = m.emitter.released();
+  res.completion_tokens = m.n_sampled;
+  res.gen_ms = ms_since(m.t_prefilled, t_end);
+  res.rate = m.tracker->summary();
+  abandon();
+  return res;
+}
+
+void Sequence::abandon() {
+  State& m = *s_;
+  if (m.restore_params) m.sampler.set_params(std::move(*m.restore_params));
+  if (m.restore_rng) m.sampler.rng().set_state(*m.restore_rng);
+  m.clear_generation();
+  // Idle now: the cache's blocks stay as a prompt cache the pool may evict.
+  if (m.cache.size() < static_cast<int64_t>(m.history.size())) m.history.resize(static_cast<size_t>(m.cache.size()));
+  m.cache.park();
+}
+
+// ---- Prompt logprobs ----------------------------------------------------------------
+
+bool Sequence::wants_prompt_rows() const {
+  const State& m = *s_;
+  return m.active && !m.done && m.replay.empty() && !m.res.prompt_logprobs.empty() && pending_prompt() > 0;
+}
+
+void Sequence::record_prompt_rows(std::span<const float> rows) {
+  State& m = *s_;
+  if (!wants_prompt_rows()) return;
+  const auto nv = static_cast<size_t>(m.n_vocab);
+  const size_t k = rows.size() / nv;
+  const int32_t top_n = m.sampler.params().prompt_logprobs;
+  for (size_t j = 0; j < k; ++j) {
+    // Row j ran the token at position next_pos() + j and predicts the next one.
+    const size_t target = m.history.size() + j + 1;
+    if (target >= m.prompt.size()) break;                  // the last prompt row predicts the first sampled token
+    if (m.res.prompt_logprobs.size() != target) continue;  // already recorded (never expected)
+    m.res.prompt_logprobs.push_back(token_logprob(rows.subspan(j * nv, nv), m.prompt[target], top_n));
+  }
+}
+
+const std::vector<TokenLogprob>& Sequence::prompt_logprobs() const { return s_->res.prompt_logprobs; }
+
+// ---- An embedding ---------------------------------------------------------------------
+
+core::Expected<void> check_embedding_input(std::span<const int32_t> tokens, int64_t n_ctx, int64_t n_vocab) {
+  if (tokens.empty()) return core::fail(core::Errc::kInvalidArgument, "embed: no tokens");
+  if (const auto n = static_cast<int64_t>(tokens.size()); n > n_ctx) {
+    return core::fail(core::Errc::kOutOfRange, "embed: the input has " + std::to_string(n) +
+                                                   " tokens but the context holds " + std::to_string(n_ctx));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+      return core::fail(core::Errc::kInvalidArgument, "embed: token " + std::to_string(tokens[i]) + " at index " +
+                                                          std::to_string(i) + " is outside the vocabulary [0, " +
+                                                          std::to_string(n_vocab) + ")");
+    }
+  }
+  return {};
+}
+
+core::Expected<void> Sequence::start_embedding(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
+  State& m = *s_;
+  const Clock::time_point t_start = Clock::now();
+  if (m.active) return core::fail(core::Errc::kInvalidArgument, "embed: a generation is in progress");
+  if (auto ok = check_embedding_input(tokens, m.cache.n_ctx(), m.n_vocab); !ok) return ok;
+  truncate(0);
+  m.clear_generation();
+  m.active = true;
+  m.embed = true;
+  m.t_start = t_start;
+  m.prompt.assign(tokens.begin(), tokens.end());
+  m.cancel = cancel;
+  m.own_tracker = RequestRateTracker(t_start);
+  m.tracker = &m.own_tracker;
+  m.emb_acc.assign(static_cast<size_t>(m.shared.model->config().n_embd), 0.0);
+  m.res.prompt_tokens = static_cast<int32_t>(tokens.size());
+  m.res.finish_reason = FinishReason::kLength;  // kStop once every row is pooled
+  return {};
+}
+
+bool Sequence::wants_hidden_rows() const {
+  const State& m = *s_;
+  return m.active && !m.done && m.embed && pending_prompt() > 0;
+}
+
+void Sequence::record_hidden_rows(std::span<const float> rows) {
+  State& m = *s_;
+  if (!wants_hidden_rows()) return;
+  const size_t dim = m.emb_acc.size();
+  const auto k = static_cast<int64_t>(rows.size() / dim);
+  const auto pos0 = static_cast<int64_t>(m.history.size());
+  // Rows of positions already pooled (replayed after a suspend()) are
+  // skipped; the rest are added in position order, as mean_pool_l2 does.
+  if (pos0 > m.emb_rows) return;  // a gap (never expected): the embedding stays incomplete (kLength)
+  const int64_t skip = std::min<int64_t>(m.emb_rows - pos0, k);
+  pool_add_rows(m.emb_acc, rows.subspan(static_cast<size_t>(skip) * dim, static_cast<size_t>(k - skip) * dim));
+  m.emb_rows += k - skip;
+}
+
+// ---- The cache and its tokens ------------------------------------------------------
+
+int64_t Sequence::cached_prefix(std::span<const int32_t> tokens) const {
+  const auto& h = s_->history;
+  const size_t n = std::min(h.size(), tokens.size());
+  size_t i = 0;
+  while (i < n && h[i] == tokens[i]) ++i;
+  return static_cast<int64_t>(i);
+}
+
+core::Expected<void> Sequence::copy_prefix_from(const Sequence& src, int64_t n) {
+  State& m = *s_;
+  const State& s = *src.s_;
+  if (s.shared.model != m.shared.model || n < 0 || n > static_cast<int64_t>(s.history.size()) || n > s.cache.size() ||
+      n > m.cache.n_ctx() || !m.cache.matches_cache(s.cache)) {
+    return core::fail(core::Errc::kInvalidArgument, "copy_prefix_from: " + std::to_string(n) +
+                                                        " positions do not fit (another model, cache "
+                                                        "type or size, or more than the source holds)");
+  }
+  claim();
+  // Same pool: the blocks are shared (copy-on-write); otherwise rows are copied.
+  if (auto ok = m.cache.copy_prefix_from(s.cache, n); !ok) {
+    m.history.resize(std::min(m.history.size(), static_cast<size_t>(m.cache.size())));
+    return ok;
+  }
+  m.history.assign(s.history.begin(), s.history.begin() + n);
+  return {};
+}
+
+int64_t Sequence::adopt_cached_prefix() {
+  State& m = *s_;
+  if (!m.history.empty() || m.cache.size() > 0 || m.embed) return 0;
+  const bool replay = !m.replay.empty();
+  const std::vector<int32_t>& src = replay ? m.replay : m.prompt;
+  if (src.empty()) return 0;
+  // A prompt's last token runs for its logits; a replay wants none.
+  const auto limit = static_cast<int64_t>(src.size()) - (replay ? 0 : 1);
+  if (limit <= 0) return 0;
+  claim();
+  const int64_t n = m.cache.adopt_prefix(src, limit);
+  m.history.assign(src.begin(), src.begin() + n);
+  if (!replay) m.res.cached_tokens = static_cast<int32_t>(n);
+  if (replay && n >= static_cast<int64_t>(m.replay.size())) m.replay.clear();  // caught up: decoding resumes
+  return n;
+}
+
+void Sequence::publish(bool partial_last) {
+  State& m = *s_;
+  if (m.cache.paged()) m.cache.publish(m.history, partial_last);
+}
+
+void Sequence::truncate(int64_t n) {
+  State& m = *s_;
+  claim();
+  n = std::clamp<int64_t>(n, 0, static_cast<int64_t>(m.history.size()));
+  m.cache.truncate(n);
+  m.history.resize(static_cast<size_t>(n));
+}
+
+void Sequence::append_tokens(std::span<const int32_t> tokens) {
+  s_->history.insert(s_->history.end(), tokens.begin(), tokens.end());
+}
+
+void Sequence::claim() {
+  State& m = *s_;
+  if (!m.cache.paged()) return;
+  m.cache.unpark();
+  if (static_cast<int64_t>(m.history.size()) > m.cache.size()) m.history.resize(static_cast<size_t>(m.cache.size()));
+}
+
+model::KvCache& Sequence::kv_cache() { return s_->cache; }
+const model::KvCache& Sequence::kv_cache() const { return s_->cache; }
+const std::vector<int32_t>& Sequence::tokens() const { return s_->history; }
+Sampler& Sequence::sampler() { return s_->sampler; }
+const Sampler& Sequence::sampler() const { return s_->sampler; }
+int64_t Sequence::n_ctx() const { return s_->cache.n_ctx(); }
+
+}  // namespace bonsai::engine
