@@ -906,10 +906,11 @@ TEST_F(ServerHttpWithKey, WebChatPageIsServedOfflineAtRoot) {
   EXPECT_EQ(n->status, 404);
 }
 
-// A model whose advertised context is larger than its engines' (a stand-in
-// for any engine error after the stream has started): the engine fails the
-// request, and the stream ends with the error event — no usage chunk and no
-// [DONE] after it (they used to follow the error).
+// A model whose advertised context is larger than its engines': the engine
+// fails a prompt longer than its context before any text. A stream sends
+// its status only with its first event, so this one is answered like a
+// non-streamed request: the error's status and JSON body, no SSE. (An
+// error after the stream has started still ends it with the error event.)
 class ServerHttpEngineError : public ServerHttp {
  protected:
   engine::ModelPool::Loader loader() override {
@@ -921,7 +922,7 @@ class ServerHttpEngineError : public ServerHttp {
   }
 };
 
-TEST_F(ServerHttpEngineError, StreamEndsWithTheErrorEvent) {
+TEST_F(ServerHttpEngineError, StreamThatFailsBeforeItsFirstEventGetsItsStatus) {
   std::string prompt;
   for (int i = 0; i < 80; ++i) prompt += "Once upon a time ";
   json req = completion_body(prompt, 4);
@@ -930,12 +931,11 @@ TEST_F(ServerHttpEngineError, StreamEndsWithTheErrorEvent) {
   auto c = client();
   auto r = c.Post("/v1/completions", req.dump(), "application/json");
   ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200);
-  EXPECT_EQ(r->body.find("[DONE]"), std::string::npos) << r->body;
-  const size_t last = r->body.rfind("data: ");
-  ASSERT_NE(last, std::string::npos);
-  const json ev = json::parse(r->body.substr(last + 6), nullptr, false);
-  EXPECT_TRUE(ev.contains("error")) << r->body;
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  const json j = json::parse(r->body, nullptr, false);
+  EXPECT_TRUE(j.contains("error")) << r->body;
+  EXPECT_EQ(r->body.find("data: "), std::string::npos) << r->body;
 }
 
 // A client that hangs up while its NON-streamed answer is generated cancels
@@ -1049,27 +1049,41 @@ TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueu
   EXPECT_EQ(lm->pool->available(), 0);
   std::thread t_queued([&] { queued = post("/v1/completions", completion_body("Once upon a time", 4).dump()); });
   std::thread t_embed([&] { embed = post("/v1/embeddings", json{{"model", "stories"}, {"input", "hello"}}.dump()); });
-  int streamed_status = 0;
-  std::string streamed;
-  std::thread t_stream([&] {
-    json req = completion_body("Once upon a time", 4);
+  // Streamed, on both streaming routes: still queued, so no status is out yet.
+  struct Streamed {
+    int status = 0;
+    std::string body, retry_after, content_type;
+  };
+  Streamed streamed, streamed_chat;
+  auto stream_post = [&](const std::string& path, json req, Streamed& out) {
     req["stream"] = true;
     auto c = client();
-    if (auto r = c.Post("/v1/completions", req.dump(), "application/json")) {
-      streamed_status = r->status;
-      streamed = r->body;
+    if (auto r = c.Post(path, req.dump(), "application/json")) {
+      out.status = r->status;
+      out.body = r->body;
+      out.retry_after = r->get_header_value("Retry-After");
+      out.content_type = r->get_header_value("Content-Type");
     }
+  };
+  std::thread t_stream([&] { stream_post("/v1/completions", completion_body("Once upon a time", 4), streamed); });
+  std::thread t_chat([&] {
+    stream_post("/v1/chat/completions",
+                json{{"model", "stories"},
+                     {"messages", json::array({json{{"role", "user"}, {"content", "Hi"}}})},
+                     {"max_tokens", 4}},
+                streamed_chat);
   });
-  // All three wait in the model's queue (the loop is held, so nothing is admitted).
-  for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 3; ++i)
+  // All four wait in the model's queue (the loop is held, so nothing is admitted).
+  for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 4; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(lm->scheduler->stats().waiting, 3);
+  EXPECT_EQ(lm->scheduler->stats().waiting, 4);
   EXPECT_EQ(lm->pool->available(), 0);
   EXPECT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
   gate_->release();  // threads join below
   t_queued.join();
   t_embed.join();
   t_stream.join();
+  t_chat.join();
   t_run.join();
   EXPECT_EQ(running.first, 200) << running.second.dump();
   EXPECT_EQ(running.second["usage"]["completion_tokens"], 64) << running.second.dump();
@@ -1079,10 +1093,17 @@ TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueu
     EXPECT_NE(r->second["error"]["message"].get<std::string>().find("'stories'"), std::string::npos)
         << r->second.dump();
   }
-  // Streamed (its 200 and headers are out once it is queued): one error event, no [DONE].
-  EXPECT_EQ(streamed_status, 200) << streamed;
-  EXPECT_EQ(streamed.rfind("data: {\"error\":{\"code\":\"model_unloaded\"", 0), 0u) << streamed;
-  EXPECT_EQ(streamed.find("[DONE]"), std::string::npos) << streamed;
+  // Streamed: the status waits for the first event, so a stream that never
+  // left the queue gets the same 503 + Retry-After as a non-streamed request
+  // (it used to get 200, a role chunk and an in-stream error SDKs cannot retry).
+  for (const auto* s : {&streamed, &streamed_chat}) {
+    EXPECT_EQ(s->status, 503) << s->body;
+    EXPECT_EQ(s->retry_after, "1") << s->body;
+    EXPECT_EQ(s->content_type, "application/json") << s->body;
+    const json j = json::parse(s->body, nullptr, false);
+    EXPECT_EQ(j["error"]["code"], "model_unloaded") << s->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("'stories'"), std::string::npos) << s->body;
+  }
 }
 
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
