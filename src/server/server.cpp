@@ -196,7 +196,11 @@ struct Server::Impl {
       });
     }
     http.set_pre_routing([this](const HttpRequest& req, HttpResponse& res) {
-      if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
+      if (cors_preflight(req, res)) return true;   // before authorization: a preflight carries no credentials
+      if (ctx.draining && req.method == "POST") {  // no new work while draining (GET /health says so)
+        send_error(res, draining_error());
+        return true;
+      }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
                                    req.path == "/tokenize" || req.path == "/detokenize";
       if (!protected_route) return false;
@@ -635,9 +639,26 @@ void Server::run() { impl_->http.run(); }
 void Server::stop() {
   if (!impl_) return;
   impl_->ctx.stopping = true;
+  impl_->ctx.jobs_cv.notify_all();  // a drain() waiting on the jobs stops waiting
   impl_->ctx.cut_all_jobs();
   impl_->ctx.models->close_all();
   impl_->http.stop();
+}
+
+// Closing every model's engine pool is what makes the scheduler refuse the
+// jobs still queued (kResourceExhausted, answered 503 draining) while the
+// sequences already running keep their replicas and finish: the same
+// contract an admin unload relies on.
+void Server::drain(double timeout_s) {
+  if (!impl_) return;
+  ServerContext& ctx = impl_->ctx;
+  if (!ctx.stopping && !ctx.draining.exchange(true)) {
+    ctx.models->close_all();
+    const auto deadline = deadline_after(Clock::now(), timeout_s);
+    std::unique_lock lock(ctx.jobs_mu);
+    ctx.jobs_cv.wait_until(lock, deadline, [&] { return ctx.jobs.empty() || ctx.stopping; });
+  }
+  stop();
 }
 
 MetricsRegistry& Server::metrics() { return impl_->ctx.metrics; }

@@ -125,6 +125,18 @@ class Server {
   // at once rather than after the 5 s keep-alive wait). Idempotent.
   // For a second signal forcing exit, see ShutdownSignals (shutdown.h).
   void stop();
+  // Drain, then stop() (the first SIGTERM/SIGINT of `bonsai serve`; blocks
+  // the calling thread up to `timeout_s` seconds): at once, every POST
+  // (completions, embeddings, admin, tokenize) is answered 503 "draining"
+  // with Retry-After 5 and GET /health 503 {"status": "draining"} (the
+  // listener stays open so load balancers and probes see that); requests
+  // still queued in a model's scheduler get the same 503 (at the latest
+  // when a running sequence of that model ends and frees its slot);
+  // requests already running finish. Once no request is being answered, or
+  // after `timeout_s` (then what still runs is cancelled, its client gets
+  // the shutting_down error), stop() runs and run() returns. A stop()
+  // from another thread ends the wait early. Idempotent.
+  void drain(double timeout_s);
 
   MetricsRegistry& metrics();
 
