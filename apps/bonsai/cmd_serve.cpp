@@ -316,6 +316,9 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     pool->loader_register(m.id, spec);
   }
   if (!preload_models(*pool, cfg, capacity)) return 1;
+  // From now on a model that just served a request is not evicted for
+  // another model's request (no ping-pong over --models-max slots).
+  pool->set_recent_use_grace(engine::kRecentUseGrace);
 
   const server::ServerOptions so = server_options(cfg, base);
   server::Server srv(pool, so);

@@ -188,6 +188,9 @@ struct AdminRoutes {
           e.status = 409;
           e.code = "conflict";
           break;
+        case core::Errc::kResourceExhausted:  // no room: the models holding it are busy (named in the message)
+          e = overloaded(r.error().message, "insufficient_capacity", 5);
+          break;
         case core::Errc::kFormat:       // not a GGUF file, truncated, tensor past the end...
         case core::Errc::kUnsupported:  // an architecture or tensor type this runtime does not run
         case core::Errc::kIo:           // unreadable

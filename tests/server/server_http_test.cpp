@@ -1292,6 +1292,53 @@ TEST_F(ServerHttpDrain, DrainTimeoutEndsRunningStreamsWithTheErrorEvent) {
   EXPECT_EQ(ev["error"]["code"], "shutting_down") << answer.body;
 }
 
+// Issue 33.3 over HTTP: with both model slots (--models-max 2) held by
+// running requests, an admin load evicts neither: it gets 503
+// insufficient_capacity + Retry-After naming both busy models, and both
+// requests finish.
+TEST_F(ServerHttpHeldSteps, AdminLoadDoesNotEvictModelsWithRunningRequests) {
+  ASSERT_EQ(
+      post("/admin/models/load", json{{"id", "b"}, {"path", stories_}, {"pool_size", 1}, {"ctx_size", 256}}.dump())
+          .first,
+      202);
+  pool_->wait_background();
+  ASSERT_NE(pool_->peek("b"), nullptr);
+  {
+    std::lock_guard lock(gate_->mu);
+    gate_->hold = true;
+  }
+  std::pair<int, json> on_stories, on_b;
+  std::thread t1([&] { on_stories = post("/v1/completions", completion_body("Once upon a time", 8).dump()); });
+  EXPECT_TRUE(gate_->wait_held());  // EXPECT: the threads must be joined
+  std::thread t2([&] {
+    json req = completion_body("Once upon a time", 8);
+    req["model"] = "b";
+    on_b = post("/v1/completions", req.dump());
+  });
+  for (int i = 0; i < 10000 && pool_->peek("b")->pool->available() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto c = client();
+  auto r =
+      c.Post("/admin/models/load", json{{"id", "c"}, {"path", stories_}, {"pool_size", 1}, {"ctx_size", 256}}.dump(),
+             "application/json");
+  gate_->release();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(r->get_header_value("Retry-After"), "5");
+  const json j = json::parse(r->body, nullptr, false);
+  EXPECT_EQ(j["error"]["code"], "insufficient_capacity") << r->body;
+  const std::string msg = j["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find("all 2 model slots (--models-max) are busy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'stories' (1 request in flight)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'b' (1 request in flight)"), std::string::npos) << msg;
+  EXPECT_EQ(on_stories.first, 200) << on_stories.second.dump();
+  EXPECT_EQ(on_b.first, 200) << on_b.second.dump();
+  EXPECT_NE(pool_->peek("stories"), nullptr);
+  EXPECT_NE(pool_->peek("b"), nullptr);
+}
+
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
 // overflow into the past, so every request timed out at once (503).
 class ServerHttpHugeTimeout : public ServerHttp, public ::testing::WithParamInterface<double> {
