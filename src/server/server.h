@@ -19,7 +19,9 @@
 // engine::Scheduler: submit (503 + Retry-After when the scheduler's queue
 // bound, ModelSpec::queue_factor x its sequence slots, is reached); the step
 // loop runs it batched with the model's other requests, and its events are
-// streamed (SSE) or collected into one body. A request still
+// streamed (SSE; the status and headers go with the job's first event, so a
+// stream that fails while queued gets its real status, e.g. 503 +
+// Retry-After) or collected into one body. A request still
 // queued at its deadline is a 503 "timeout"; one that reaches the deadline
 // while generating returns what it produced with finish_reason "length".
 // A request without `seed` gets ServerOptions::default_seed or a fresh
