@@ -10,8 +10,9 @@
 // Flags follow llama.cpp's llama-server names where they exist. A TOML file
 // (--config) may hold the same keys (see src/server/config.h); flags given
 // on the command line win. With no model at all, the built-in default model
-// is served. SIGINT/SIGTERM shut down gracefully; a second one exits at once
-// (status 130/143).
+// is served. SIGINT/SIGTERM drain (running requests finish within
+// --drain-timeout, new and queued ones get 503) and exit 0; a second one
+// exits at once (status 130/143).
 //
 // The type-42 (Q2_0) layout of the models given with -m or in the config is
 // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout, else
@@ -78,9 +79,10 @@ struct ServeFlags {
   int max_connections = 1024;                 // --max-connections: open connections served; more get 503 and are closed
   // --header-timeout / --body-timeout / --keep-alive-timeout / --write-timeout (s; 0: the transport's default)
   double header_timeout = 0, body_timeout = 0, idle_timeout = 0, write_timeout = 0;
-  std::string cors_origin;  // --cors-origin: "*" or a comma-separated list (empty: off)
-  uint64_t max_body = 0;    // --max-body: request body bytes at most (config max-body; default 4 MiB)
-  int queue_factor = 0;     // --queue-factor: requests waiting per sequence slot before 503 (default 4)
+  std::string cors_origin;    // --cors-origin: "*" or a comma-separated list (empty: off)
+  uint64_t max_body = 0;      // --max-body: request body bytes at most (config max-body; default 4 MiB)
+  int queue_factor = 0;       // --queue-factor: requests waiting per sequence slot before 503 (default 4)
+  double drain_timeout = 30;  // --drain-timeout: seconds running requests get after SIGTERM (config drain-timeout)
 };
 
 // The config file (--config), then every flag given on the command line
@@ -142,6 +144,7 @@ int read_serve_config(CLI::App* cmd, const ServeFlags& f, server::ServeConfig& c
   if (given("--max-body")) cfg.max_body_bytes = f.max_body;
   if (given("--queue-factor")) cfg.queue_factor = f.queue_factor;
   if (given("--step-budget-ms")) cfg.step_budget_ms = f.step_budget_ms;
+  if (given("--drain-timeout")) cfg.drain_timeout_s = f.drain_timeout;
   return 0;
 }
 
@@ -313,6 +316,9 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
     pool->loader_register(m.id, spec);
   }
   if (!preload_models(*pool, cfg, capacity)) return 1;
+  // From now on a model that just served a request is not evicted for
+  // another model's request (no ping-pong over --models-max slots).
+  pool->set_recent_use_grace(engine::kRecentUseGrace);
 
   const server::ServerOptions so = server_options(cfg, base);
   server::Server srv(pool, so);
@@ -333,10 +339,14 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
 
   // (Alive until after wait_background(), so a second signal still forces
   // the exit while background loads finish.)
-  server::ShutdownSignals signals([&](int) { srv.stop(); }, {},
-                                  [](int sig) {
+  // The first signal drains (Server::drain: running requests finish within
+  // --drain-timeout, new and queued ones get 503), then stops; exit 0.
+  const double drain_s = cfg.drain_timeout_s;
+  server::ShutdownSignals signals([&](int) { srv.drain(drain_s); }, {},
+                                  [drain_s](int sig) {
                                     std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
-                                              << ", shutting down (again to exit at once)\n";
+                                              << ", draining: running requests get up to " << drain_s
+                                              << " s (--drain-timeout), then shutting down (again to exit at once)\n";
                                   });
   srv.run();
   pool->wait_background();
@@ -418,6 +428,11 @@ void register_serve(CLI::App& app) {
                   "Requests that may wait per sequence slot (--parallel) before new ones get 503 + Retry-After "
                   "(default 4)")
       ->check(model_field_check("queue_factor"));
+  cmd->add_option("--drain-timeout", f->drain_timeout,
+                  "Seconds the first SIGTERM/SIGINT lets running requests finish (new and queued ones get 503 "
+                  "draining; /health 503) before the rest are cancelled and the server exits 0; 0: at once "
+                  "(default 30)")
+      ->check(CLI::Range(0.0, 86400.0));
   cmd->add_option("--cors-origin", f->cors_origin,
                   "Allow browsers on these origins to call the API (CORS): '*' or a comma-separated list "
                   "(default: off)");

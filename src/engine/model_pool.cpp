@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -16,6 +17,13 @@ namespace bonsai::engine {
 namespace {
 
 std::string mib(uint64_t bytes) { return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB"; }
+
+// "10 s", "0.2 s", "1.35 s": a duration for a message.
+std::string seconds_text(std::chrono::steady_clock::duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", std::chrono::duration<double>(d).count());
+  return buf;
+}
 
 uint64_t now_unix() {
   return static_cast<uint64_t>(
@@ -106,48 +114,58 @@ void ModelPool::evict_locked(std::map<std::string, Entry>::iterator it) {
   // unless a caller still holds a released handle; that is its business.
 }
 
-core::Expected<void> ModelPool::make_room_locked(const std::string& id, uint64_t bytes) {
+core::Expected<void> ModelPool::make_room_locked(const std::string& id, uint64_t bytes, RoomFor room) {
   if (budget_bytes_ != 0 && bytes > budget_bytes_) {
     return core::fail(core::Errc::kResourceExhausted,
                       "model '" + id + "' needs " + mib(bytes) +
                           " (mapped file + KV caches) but the memory budget (--mem-budget) is only " +
                           mib(budget_bytes_) + ": it cannot be loaded even alone");
   }
-  // Candidates in LRU order: idle loaded models first, then those in flight
-  // (evicting one of those frees a slot but not its memory, yet).
-  std::vector<std::map<std::string, Entry>::iterator> idle, busy;
+  // Candidates: idle loaded models (for a request, idle for the grace too),
+  // least recently used first. `held`: why each other resident model stays.
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::map<std::string, Entry>::iterator> idle;
+  std::vector<std::string> held;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->first == id || it->second.state != ModelState::kLoaded) continue;
-    (it->second.in_flight == 0 ? idle : busy).push_back(it);
+    const Entry& e = it->second;
+    if (it->first == id || e.state == ModelState::kFailed) continue;
+    const std::string name = "'" + it->first + "'";
+    if (e.state == ModelState::kLoading) {
+      held.push_back(name + " (loading)");
+    } else if (e.in_flight > 0) {
+      held.push_back(name + " (" + std::to_string(e.in_flight) + (e.in_flight == 1 ? " request" : " requests") +
+                     " in flight)");
+    } else if (room == RoomFor::kRequest && recent_grace_.count() > 0 && now - e.last_active < recent_grace_) {
+      held.push_back(name + " (served a request " + seconds_text(now - e.last_active) + " ago; a model is kept " +
+                     seconds_text(recent_grace_) +
+                     " after its last request so that two models do not evict each other on every request)");
+    } else {
+      idle.push_back(it);
+    }
   }
-  auto by_lru = [](auto a, auto b) { return a->second.last_used < b->second.last_used; };
-  std::sort(idle.begin(), idle.end(), by_lru);
-  std::sort(busy.begin(), busy.end(), by_lru);
+  if (!zombies_.empty())
+    held.push_back(std::to_string(zombies_.size()) + " unloaded model(s) still finishing requests");
+  std::sort(idle.begin(), idle.end(), [](auto a, auto b) { return a->second.last_used < b->second.last_used; });
 
   // Plan first, evict only if the plan succeeds.
   size_t resident = resident_locked();
   uint64_t mem = mem_locked();
   std::vector<std::map<std::string, Entry>::iterator> victims;
   auto fits = [&] { return resident + 1 <= capacity_ && (budget_bytes_ == 0 || mem + bytes <= budget_bytes_); };
-  size_t i = 0, j = 0;
-  while (!fits()) {
-    if (i < idle.size()) {
-      victims.push_back(idle[i]);
-      --resident;
-      mem -= idle[i]->second.bytes;
-      ++i;
-    } else if (resident + 1 > capacity_ && j < busy.size()) {
-      victims.push_back(busy[j]);  // unlisted; memory stays counted until released
-      --resident;
-      ++j;
-    } else {
-      std::string why = resident + 1 > capacity_
-                            ? "all " + std::to_string(capacity_) + " model slots (--models-max) are loading"
-                            : "it needs " + mib(bytes) + ", and " + mib(mem) + " of the " + mib(budget_bytes_) +
-                                  " budget is held by models with requests in flight or loading";
-      return core::fail(core::Errc::kResourceExhausted,
-                        "cannot make room for model '" + id + "': " + why + "; retry later");
+  for (size_t i = 0; !fits(); ++i) {
+    if (i == idle.size()) {
+      std::string busy;
+      for (const auto& h : held) busy += (busy.empty() ? "" : ", ") + h;
+      const std::string why = resident + 1 > capacity_
+                                  ? "all " + std::to_string(capacity_) + " model slots (--models-max) are busy"
+                                  : "it needs " + mib(bytes) + ", and " + mib(mem) + " of the " + mib(budget_bytes_) +
+                                        " budget (--mem-budget) is held by models that cannot be evicted now";
+      return core::fail(core::Errc::kResourceExhausted, "cannot make room for model '" + id + "': " + why +
+                                                            (busy.empty() ? "" : ": " + busy) + "; retry later");
     }
+    victims.push_back(idle[i]);
+    --resident;
+    mem -= idle[i]->second.bytes;
   }
   for (auto it : victims) evict_locked(it);
   return {};
@@ -159,6 +177,7 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_loaded_shared(co
   if (it == entries_.end() || it->second.state != ModelState::kLoaded)
     return core::fail(core::Errc::kNotFound, "model '" + id + "' is not loaded");
   it->second.last_used = ++tick_;
+  it->second.last_active = std::chrono::steady_clock::now();
   ++it->second.in_flight;
   return it->second.model;
 }
@@ -176,6 +195,7 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_shared(const std
       if (it != entries_.end()) {
         if (it->second.state == ModelState::kLoaded) {
           it->second.last_used = ++tick_;
+          it->second.last_active = std::chrono::steady_clock::now();
           ++it->second.in_flight;
           return it->second.model;
         }
@@ -195,7 +215,7 @@ core::Expected<std::shared_ptr<LoadedModel>> ModelPool::acquire_shared(const std
         }
       }
       if (estimate && reg->second.path == spec.path) {
-        if (auto r = mark_loading_locked(id, *estimate); !r) return std::unexpected(r.error());
+        if (auto r = mark_loading_locked(id, *estimate, RoomFor::kRequest); !r) return std::unexpected(r.error());
         break;
       }
       spec = reg->second;
@@ -258,6 +278,7 @@ void ModelPool::release(const std::shared_ptr<LoadedModel>& model) {
   auto it = entries_.find(model->id);
   if (it != entries_.end() && it->second.model == model) {
     if (it->second.in_flight > 0) --it->second.in_flight;
+    it->second.last_active = std::chrono::steady_clock::now();
     return;
   }
   for (auto z = zombies_.begin(); z != zombies_.end(); ++z) {
@@ -274,6 +295,7 @@ void ModelPool::release(const std::string& id) {
     auto it = entries_.find(id);
     if (it != entries_.end() && it->second.in_flight > 0) {
       --it->second.in_flight;
+      it->second.last_active = std::chrono::steady_clock::now();
       return;
     }
     for (const auto& z : zombies_)
@@ -337,19 +359,21 @@ core::Expected<void> ModelPool::mark_loading(const std::string& id, uint64_t est
   return mark_loading_locked(id, estimate_bytes);
 }
 
-core::Expected<void> ModelPool::mark_loading_locked(const std::string& id, uint64_t estimate_bytes) {
+core::Expected<void> ModelPool::mark_loading_locked(const std::string& id, uint64_t estimate_bytes, RoomFor room) {
   if (!registry_.contains(id)) return core::fail(core::Errc::kNotFound, "model '" + id + "' is not registered");
   auto it = entries_.find(id);
   if (it != entries_.end() && it->second.state != ModelState::kFailed)
     return core::fail(core::Errc::kInvalidArgument,
                       "model '" + id + "' is already " + model_state_name(it->second.state));
   if (it != entries_.end()) entries_.erase(it);  // a failed entry is replaced
-  if (auto r = make_room_locked(id, estimate_bytes); !r) return r;
+  if (auto r = make_room_locked(id, estimate_bytes, room); !r) return r;
   Entry e;
   e.id = id;
   e.state = ModelState::kLoading;
   e.bytes = estimate_bytes;
   e.last_used = ++tick_;
+  e.last_active = std::chrono::steady_clock::now();
+  e.on_demand = room == RoomFor::kRequest;
   entries_.emplace(id, std::move(e));
   return {};
 }
@@ -372,7 +396,7 @@ core::Expected<void> ModelPool::install(const std::string& id, std::shared_ptr<L
     // size. While planning, this entry does not count (marked failed, 0 bytes).
     e.state = ModelState::kFailed;
     e.bytes = 0;
-    auto r = make_room_locked(id, model->mem_bytes);
+    auto r = make_room_locked(id, model->mem_bytes, e.on_demand ? RoomFor::kRequest : RoomFor::kAdminLoad);
     if (!r) {
       e.reason = r.error().message;
       rejected = std::move(model);
@@ -384,6 +408,7 @@ core::Expected<void> ModelPool::install(const std::string& id, std::shared_ptr<L
   e.model = std::move(model);
   e.reason.clear();
   e.last_used = ++tick_;
+  e.last_active = std::chrono::steady_clock::now();
   if (take) ++e.in_flight;
   return {};
 }
@@ -522,6 +547,11 @@ void ModelPool::wait_background() {
   }
   for (auto& b : threads)
     if (b.thread.joinable()) b.thread.join();
+}
+
+void ModelPool::set_recent_use_grace(std::chrono::steady_clock::duration grace) {
+  std::lock_guard lock(mu_);
+  recent_grace_ = grace;
 }
 
 void ModelPool::close_all() {

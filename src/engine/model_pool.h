@@ -5,20 +5,27 @@
 // the background. At most `capacity` models are resident and, when a budget
 // is set, their estimated memory (mapped file bytes + KV caches of every
 // replica) stays within `mem_budget_mb`. Making room evicts the least
-// recently used models first. A model with requests in flight is never torn
-// down under them: it can be unlisted (evicted or unloaded), but its memory
-// is freed only when its last request releases it, and until then it still
-// counts in current_mem_bytes().
+// recently used models first, and only idle ones: a model with requests in
+// flight (running or queued: each holds a ModelHandle) is never evicted to
+// make room; the load is refused (kResourceExhausted naming the busy
+// models) instead. Nor, once set_recent_use_grace() is given a grace, is a
+// model evicted for another model's on-demand acquire() while it served a
+// request within the grace (no ping-pong between two models on every
+// request); admin loads (load_in_background / mark_loading) may evict it.
+// A model with requests in flight can be unloaded (unload): it is unlisted,
+// but its memory is freed only when its last request releases it, and until
+// then it still counts in current_mem_bytes().
 //
 // The loader is injectable, so the pool's bookkeeping is unit-tested without
 // real models; the server uses gguf_model_loader() (declared below).
 //
-// Concurrency: one mutex (mu_) guards entries_, zombies_, registry_, tick_
-// and bg_threads_. It is never held while a model loads, so loading one model
+// Concurrency: one mutex (mu_) guards entries_, zombies_, registry_, tick_,
+// recent_grace_ and bg_threads_. It is never held while a model loads, so loading one model
 // never blocks requests to another.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -138,6 +145,16 @@ struct ModelInfo {
 
 class ModelPool;
 
+// The grace `bonsai serve` gives a model that served a request
+// (ModelPool::set_recent_use_grace): for this long after its last request
+// ended it is not evicted to make room for another model's request. Without
+// it, two models alternating over one slot (--models-max) evict and reload
+// each other on every request, each reload costing far more than the
+// request. 10 s: well above a reload of a small model (so alternating
+// traffic gets a 503 + Retry-After rather than thrashing), short enough that
+// a model nobody uses any more gives its slot up promptly.
+inline constexpr std::chrono::seconds kRecentUseGrace{10};
+
 // One request's use of a model from ModelPool::acquire / acquire_loaded
 // (RAII): while it lives the model is counted in flight, so it is neither
 // freed nor its memory uncounted, even if it is evicted or unloaded
@@ -197,11 +214,13 @@ class ModelPool {
 
   // A handle to model `id`, counted in flight until the handle is dropped
   // (or ModelHandle::release). A loaded model is promoted to
-  // most-recently-used. Otherwise LRU models are evicted until it fits the
+  // most-recently-used. Otherwise idle LRU models (none in flight, none
+  // used within the recent-use grace) are evicted until it fits the
   // capacity and the budget, and it is loaded in this thread.
   // Errors: kNotFound (never registered), kResourceExhausted (loading
-  // elsewhere right now -> retry later; or it cannot fit the budget, with a
-  // message saying how much it needs), or the loader's error.
+  // elsewhere right now -> retry later; or no room: the budget is too small
+  // for it, or every model that would have to go is busy, named with why),
+  // or the loader's error.
   core::Expected<ModelHandle> acquire(const std::string& id);
   // Like acquire, but never loads: kNotFound unless `id` is resident.
   core::Expected<ModelHandle> acquire_loaded(const std::string& id);
@@ -259,6 +278,13 @@ class ModelPool {
   // Closes every resident model's engine pool (shutdown): waiters get kClosed.
   void close_all();
 
+  // No eviction for another model's on-demand acquire() of a model that
+  // held a request less than `grace` ago (its last acquire or release); that
+  // acquire gets kResourceExhausted ("all N model slots are busy ..."). 0
+  // (the default): only models in flight are protected. `bonsai serve` sets
+  // kRecentUseGrace after preloading. Thread-safe.
+  void set_recent_use_grace(std::chrono::steady_clock::duration grace);
+
  private:
   friend class ModelHandle;
   // The in-flight count of acquire / acquire_loaded (ModelHandle wraps them).
@@ -291,15 +317,26 @@ class ModelPool {
     uint64_t bytes = 0;                  // estimate while loading, actual once loaded
     int in_flight = 0;
     uint64_t last_used = 0;  // tick_ value of the last acquire
+    // When a request last acquired or released it (set_recent_use_grace).
+    std::chrono::steady_clock::time_point last_active{};
+    bool on_demand = false;  // kLoading for an acquire() (not an admin load): the grace applies to its room
   };
 
-  // Evicts LRU entries (other than `keep`) until one more model of `bytes`
-  // fits; idle models go first, models in flight become zombies (they free
-  // their memory later). Fails, evicting nothing, when it cannot fit.
+  // Who room is made for: a request's on-demand load (acquire), where the
+  // recent-use grace protects other models, or an admin / background load.
+  enum class RoomFor { kRequest, kAdminLoad };
+
+  // Evicts idle loaded models other than `id`, least recently used first,
+  // until one more model of `bytes` fits (for kRequest: only those idle for
+  // the recent-use grace). Never evicts a model in flight or loading. Fails
+  // with kResourceExhausted, evicting nothing, when it cannot fit: the
+  // message names `id`, what is short (slots or budget) and the models
+  // holding it and why (requests in flight, loading, recently used).
   // Requires mu_ held.
-  core::Expected<void> make_room_locked(const std::string& id, uint64_t bytes);
+  core::Expected<void> make_room_locked(const std::string& id, uint64_t bytes, RoomFor room);
   void evict_locked(std::map<std::string, Entry>::iterator it);
-  core::Expected<void> mark_loading_locked(const std::string& id, uint64_t estimate_bytes);
+  core::Expected<void> mark_loading_locked(const std::string& id, uint64_t estimate_bytes,
+                                           RoomFor room = RoomFor::kAdminLoad);
   // mark_failed for a loader error on `path` (records FailedLoad). Locks mu_.
   void loader_failed(const std::string& id, const std::string& path, const core::Error& error);
   // Starts the background thread that loads `id` (already marked loading)
@@ -321,6 +358,7 @@ class ModelPool {
   std::map<std::string, Entry> entries_;
   std::vector<Entry> zombies_;  // unlisted, still in flight
   uint64_t tick_ = 0;
+  std::chrono::steady_clock::duration recent_grace_{0};  // set_recent_use_grace
   // A background load's thread and whether it has finished (then it is
   // joined by the next spawn_load_locked or by wait_background).
   struct BgLoad {

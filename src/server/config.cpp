@@ -269,6 +269,11 @@ core::Expected<void> apply_server_key(const std::string& key, const toml::node& 
      : key == "body-timeout"       ? config.body_timeout_s
      : key == "keep-alive-timeout" ? config.keep_alive_timeout_s
                                    : config.write_timeout_s) = *v;
+  } else if (key == "drain-timeout") {
+    const auto v = node.value<double>();
+    if (!v || !(*v >= 0) || *v > 86400)
+      return core::fail(core::Errc::kInvalidArgument, where + ": expected seconds in 0..86400");
+    config.drain_timeout_s = *v;
   } else if (key == "timeout") {
     if (!node.is_number()) return core::fail(core::Errc::kInvalidArgument, where + ": expected a number of seconds");
     config.timeout_s = *node.value<double>();
@@ -326,13 +331,14 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
       r = apply_server_key(key, node, where, config, known);
     if (!r) return r;
     if (!known)
-      return core::fail(core::Errc::kInvalidArgument,
-                        where +
-                            ": unknown key (known: model, models, router, pool-size, parallel, models-max, mem-budget, "
-                            "ctx-size, kv-budget-tokens, threads, host, port, api-key, admin-open, timeout, max-body, "
-                            "queue-factor, step-budget-ms, batch-size, seed, reasoning-format, no-cache-prompt, "
-                            "max-connections, header-timeout, body-timeout, keep-alive-timeout, write-timeout, "
-                            "q2-layout, cache-type-k, cache-type-v, cors-origin, no-repack)");
+      return core::fail(
+          core::Errc::kInvalidArgument,
+          where +
+              ": unknown key (known: model, models, router, pool-size, parallel, models-max, mem-budget, "
+              "ctx-size, kv-budget-tokens, threads, host, port, api-key, admin-open, timeout, max-body, "
+              "queue-factor, step-budget-ms, batch-size, seed, reasoning-format, no-cache-prompt, "
+              "max-connections, header-timeout, body-timeout, keep-alive-timeout, write-timeout, drain-timeout, "
+              "q2-layout, cache-type-k, cache-type-v, cors-origin, no-repack)");
   }
   return {};
 }

@@ -12,6 +12,7 @@
 //   step-budget-ms = 0   # step-time budget for prompt chunks (0: twice the decode step)
 //   batch-size = 512     seed = 42             reasoning-format = "deepseek"   no-cache-prompt = false
 //   max-connections = 1024   header-timeout = 10   body-timeout = 30   keep-alive-timeout = 5   write-timeout = 60
+//   drain-timeout = 30   # seconds running requests get to finish after SIGTERM
 //   max-body = 4194304   # bytes               queue-factor = 4     # waiting per sequence slot
 //   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
 //   cors-origin = "*"    # CORS: "*" or "https://a.example,https://b.example" (--cors-origin; default off)
@@ -89,6 +90,10 @@ struct ServeConfig {
   // header-timeout / body-timeout / keep-alive-timeout / write-timeout in
   // seconds (0: the transport's default; given: 0.001..86400).
   double header_timeout_s = 0, body_timeout_s = 0, keep_alive_timeout_s = 0, write_timeout_s = 0;
+  // drain-timeout (--drain-timeout): seconds the first SIGTERM/SIGINT lets
+  // running requests finish (Server::drain) before the rest are cancelled;
+  // 0..86400, 0: no drain (cancel at once).
+  double drain_timeout_s = 30;
   // Q2_0 layout name for every model (g64, g128-d-first, g128-qs-first);
   // empty: detected. Checked by validate_serve_config, not while parsing, so
   // `bonsai serve` can report a bad name with the same exit code as the flag.

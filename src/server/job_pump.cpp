@@ -146,8 +146,11 @@ void JobPump::finish() {
   answer_->finish(*this, pr_);
   handle_.reset();
   std::shared_ptr<JobPump> self = shared_from_this();
-  std::lock_guard lock(ctx_.jobs_mu);
-  ctx_.jobs.erase(self);
+  {
+    std::lock_guard lock(ctx_.jobs_mu);
+    ctx_.jobs.erase(self);
+  }
+  ctx_.jobs_cv.notify_all();
 }
 
 void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit) {
@@ -160,6 +163,10 @@ void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& p
     }
     if (ctx.stopping) {
       send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
+      return ex->respond(std::move(res));
+    }
+    if (ctx.draining) {
+      send_error(res, draining_error());
       return ex->respond(std::move(res));
     }
     auto job = submit(req.body, res, Clock::now());

@@ -126,7 +126,8 @@ class JobPump : public std::enable_shared_from_this<JobPump> {
 // Registers POST `path`, answered later by a JobPump: a multipart body is a
 // 400, a stopping server a 503 shutting_down; otherwise `submit(body, res,
 // admitted)` parses, admits and submits the request and returns the job to
-// pump, or nullopt with its (error) answer written in `res`. `ctx` and
+// pump, or nullopt with its (error) answer written in `res`. A draining
+// server (Server::drain) answers 503 draining before `submit` runs. `ctx` and
 // `http` outlive the route.
 struct SubmittedJob {
   std::shared_ptr<engine::JobHandle> handle;

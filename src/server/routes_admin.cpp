@@ -107,16 +107,22 @@ struct AdminRoutes {
     return arr;
   }
 
+  // 200 "ok" while a model is loaded; 503 "shutting_down", "draining"
+  // (Server::drain: load balancers stop sending here), "loading" or "unavailable".
   void handle_health(HttpResponse& res) {
     const size_t loaded = ctx_.models->loaded_count();
-    json body{{"status", loaded > 0 && !ctx_.stopping ? "ok" : (ctx_.stopping ? "shutting_down" : "unavailable")},
+    const bool down = ctx_.stopping || ctx_.draining;
+    json body{{"status", ctx_.stopping   ? "shutting_down"
+                         : ctx_.draining ? "draining"
+                         : loaded > 0    ? "ok"
+                                         : "unavailable"},
               {"models_loaded", loaded},
               {"models", models_json(/*with_files=*/ctx_.opt.api_key.empty())}};
-    if (loaded == 0) {
+    if (loaded == 0 && !down) {
       for (const auto& m : ctx_.models->list())
         if (m.state == engine::ModelState::kLoading) body["status"] = "loading";
     }
-    send_json(res, loaded > 0 && !ctx_.stopping ? 200 : 503, body);
+    send_json(res, loaded > 0 && !down ? 200 : 503, body);
   }
 
   void handle_admin_list(HttpResponse& res) {
@@ -181,6 +187,9 @@ struct AdminRoutes {
         case core::Errc::kInvalidArgument:  // the id is loading or loaded
           e.status = 409;
           e.code = "conflict";
+          break;
+        case core::Errc::kResourceExhausted:  // no room: the models holding it are busy (named in the message)
+          e = overloaded(r.error().message, "insufficient_capacity", 5);
           break;
         case core::Errc::kFormat:       // not a GGUF file, truncated, tensor past the end...
         case core::Errc::kUnsupported:  // an architecture or tensor type this runtime does not run

@@ -78,6 +78,13 @@ std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, c
   return std::unexpected(e);
 }
 
+ApiError draining_error() {
+  return overloaded(
+      "The server is draining before it stops (SIGTERM): requests already running finish, new and queued ones are "
+      "refused. Retry on another instance or once this one has restarted.",
+      "draining", 5);
+}
+
 ApiError job_cut_error(bool client_gone) {
   if (client_gone) {
     ApiError e;
@@ -98,6 +105,7 @@ ApiError job_failure_error(const ServerContext& ctx, const core::Error& e, const
       return job_cut_error(client_gone);
     case core::Errc::kResourceExhausted:
       if (ctx.stopping) return overloaded("The server is shutting down.", "shutting_down", 5);
+      if (ctx.draining) return draining_error();
       return overloaded("Model '" + model_id +
                             "' was unloaded (by /admin/models/unload, or to make room for another model) before "
                             "this request started. Send it again to load the model again.",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <expected>
 #include <memory>
@@ -34,14 +35,19 @@ struct ServerContext {
 
   std::shared_ptr<engine::ModelPool> models;
   const ServerOptions opt;
-  MetricsRegistry metrics;                  // thread-safe
-  std::atomic<bool> stopping{false};        // set once by Server::stop()
+  MetricsRegistry metrics;            // thread-safe
+  std::atomic<bool> stopping{false};  // set once by Server::stop()
+  // Set once by Server::drain() (SIGTERM): new requests get 503 draining,
+  // /health answers 503 "draining", running jobs finish.
+  std::atomic<bool> draining{false};
   const int64_t started_unix = unix_now();  // `created` of models without their own
   // The jobs being answered (every route that waits on a scheduler:
   // completions, chat completions, embeddings), each by its JobPump
   // (job_pump.h), owned here until it has answered so nothing outlives the
-  // server. Guarded by jobs_mu.
+  // server. Guarded by jobs_mu; jobs_cv is notified whenever a job leaves
+  // (Server::drain waits on it for the registry to empty).
   std::mutex jobs_mu;
+  std::condition_variable jobs_cv;
   std::set<std::shared_ptr<JobPump>> jobs;
   // Server::stop(): cuts every registered job (its client gets the
   // shutting_down error within one scheduler step). Defined in job_pump.cpp.
@@ -64,6 +70,11 @@ ApiError from_core_error(const core::Error& e, int default_status = 400);
 // model_load_failed. The handle gives the model back when dropped.
 std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, const std::string& id);
 
+// The answer to a request refused because the server is draining
+// (Server::drain, SIGTERM): 503 draining, Retry-After 5 (another instance,
+// or this one once restarted, will take it).
+ApiError draining_error();
+
 // The error of a scheduler job that was cut (a choice ended kCancelled, or
 // the job failed kCancelled): 499 client_closed_request when the cut was the
 // client leaving (`client_gone`; nobody reads it, it labels the request in
@@ -75,7 +86,7 @@ ApiError job_cut_error(bool client_gone);
 // "its embeddings"): kTimeout (still queued at its deadline) 503 timeout
 // (Retry-After 1); kCancelled job_cut_error(client_gone); kResourceExhausted (the
 // model's engine pool closed before the job started) 503 shutting_down when
-// the server stops, else 503 model_unloaded (the model was unloaded or
+// the server stops, 503 draining (draining_error) while it drains, else 503 model_unloaded (the model was unloaded or
 // evicted meanwhile; sending the request again loads it again; Retry-After
 // 1); anything else from_core_error(e, 500).
 ApiError job_failure_error(const ServerContext& ctx, const core::Error& e, const std::string& model_id,

@@ -196,7 +196,11 @@ struct Server::Impl {
       });
     }
     http.set_pre_routing([this](const HttpRequest& req, HttpResponse& res) {
-      if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
+      if (cors_preflight(req, res)) return true;   // before authorization: a preflight carries no credentials
+      if (ctx.draining && req.method == "POST") {  // no new work while draining (GET /health says so)
+        send_error(res, draining_error());
+        return true;
+      }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
                                    req.path == "/tokenize" || req.path == "/detokenize";
       if (!protected_route) return false;
@@ -445,8 +449,9 @@ struct Server::Impl {
   struct CompletionAnswer : JobAnswer {
     Impl* impl;
     std::shared_ptr<Job> job;
-    Exchange* ex = nullptr;  // the pump's (set by start)
-    bool alive = true;       // stream: the client still takes chunks
+    Exchange* ex = nullptr;     // the pump's (set by start)
+    bool alive = true;          // stream: the client still takes chunks
+    bool headers_sent = false;  // stream: open_stream() ran (status 200 and the SSE headers are out)
     std::vector<bool> role_sent;
     std::vector<engine::ChatOutputParser> parsers;
     std::vector<int> n_calls;
@@ -516,13 +521,26 @@ struct Server::Impl {
       return chunk(build_content_chunk(job->meta, i, job->echo_text, std::move(lp)));
     }
 
-    // Stream: the headers and the first role chunk.
-    void start(JobPump& pump) override {
-      ex = &pump.exchange();
-      if (job->stream) {
-        ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
-        if (job->n == 1) ensure_role(0);
-      }
+    // A stream's status and headers wait for the job's first event
+    // (open_stream), so a job that fails while still queued (its model
+    // unloaded or evicted, the server draining or stopping, its deadline)
+    // is answered with its real status (503 + Retry-After) as a
+    // non-streamed one is.
+    void start(JobPump& pump) override { ex = &pump.exchange(); }
+    // Stream: the 200, the SSE headers and the first role chunk (once).
+    void open_stream() {
+      if (headers_sent) return;
+      headers_sent = true;
+      ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+      if (job->n == 1) ensure_role(0);
+    }
+    // A job that ended without an answer to stream: it failed, or a choice
+    // ended cancelled or without a result.
+    static bool failed_whole(const JobProgress& pr) {
+      if (pr.failed) return true;
+      for (const auto& d : pr.done)
+        if (!d || d->finish_reason == engine::FinishReason::kCancelled) return true;
+      return false;
     }
     bool hold(JobPump& pump) override {
       if (!(job->stream && alive && ex->over_high_water())) return false;
@@ -537,6 +555,7 @@ struct Server::Impl {
     }
     bool on_text(const engine::JobEvent& ev) override {
       if (!job->stream) return true;  // collected from the results at the end
+      open_stream();
       const int i = ev.choice;
       if (!alive || !ensure_role(i)) return false;
       if (job->meta.endpoint != Endpoint::kChat) {
@@ -550,9 +569,10 @@ struct Server::Impl {
 
     void finish(JobPump&, JobProgress& pr) override {
       impl->account(*job, pr);
-      if (job->stream) {
+      if (job->stream && (headers_sent || !failed_whole(pr))) {
+        open_stream();
         end_stream(pr);
-      } else {
+      } else {  // not streamed, or a stream that failed before its first text: a status and one error body
         HttpResponse res;
         impl->answer_whole(res, *job, pr);
         ex->respond(std::move(res));
@@ -619,9 +639,26 @@ void Server::run() { impl_->http.run(); }
 void Server::stop() {
   if (!impl_) return;
   impl_->ctx.stopping = true;
+  impl_->ctx.jobs_cv.notify_all();  // a drain() waiting on the jobs stops waiting
   impl_->ctx.cut_all_jobs();
   impl_->ctx.models->close_all();
   impl_->http.stop();
+}
+
+// Closing every model's engine pool is what makes the scheduler refuse the
+// jobs still queued (kResourceExhausted, answered 503 draining) while the
+// sequences already running keep their replicas and finish: the same
+// contract an admin unload relies on.
+void Server::drain(double timeout_s) {
+  if (!impl_) return;
+  ServerContext& ctx = impl_->ctx;
+  if (!ctx.stopping && !ctx.draining.exchange(true)) {
+    ctx.models->close_all();
+    const auto deadline = deadline_after(Clock::now(), timeout_s);
+    std::unique_lock lock(ctx.jobs_mu);
+    ctx.jobs_cv.wait_until(lock, deadline, [&] { return ctx.jobs.empty() || ctx.stopping; });
+  }
+  stop();
 }
 
 MetricsRegistry& Server::metrics() { return impl_->ctx.metrics; }

@@ -19,7 +19,9 @@
 // engine::Scheduler: submit (503 + Retry-After when the scheduler's queue
 // bound, ModelSpec::queue_factor x its sequence slots, is reached); the step
 // loop runs it batched with the model's other requests, and its events are
-// streamed (SSE) or collected into one body. A request still
+// streamed (SSE; the status and headers go with the job's first event, so a
+// stream that fails while queued gets its real status, e.g. 503 +
+// Retry-After) or collected into one body. A request still
 // queued at its deadline is a 503 "timeout"; one that reaches the deadline
 // while generating returns what it produced with finish_reason "length".
 // A request without `seed` gets ServerOptions::default_seed or a fresh
@@ -125,6 +127,18 @@ class Server {
   // at once rather than after the 5 s keep-alive wait). Idempotent.
   // For a second signal forcing exit, see ShutdownSignals (shutdown.h).
   void stop();
+  // Drain, then stop() (the first SIGTERM/SIGINT of `bonsai serve`; blocks
+  // the calling thread up to `timeout_s` seconds): at once, every POST
+  // (completions, embeddings, admin, tokenize) is answered 503 "draining"
+  // with Retry-After 5 and GET /health 503 {"status": "draining"} (the
+  // listener stays open so load balancers and probes see that); requests
+  // still queued in a model's scheduler get the same 503 (at the latest
+  // when a running sequence of that model ends and frees its slot);
+  // requests already running finish. Once no request is being answered, or
+  // after `timeout_s` (then what still runs is cancelled, its client gets
+  // the shutting_down error), stop() runs and run() returns. A stop()
+  // from another thread ends the wait early. Idempotent.
+  void drain(double timeout_s);
 
   MetricsRegistry& metrics();
 

@@ -1,6 +1,7 @@
 // Graceful-then-forced shutdown on SIGINT / SIGTERM for `bonsai serve`, as
 // llama.cpp's server and most daemons do it: the first signal starts a
-// graceful shutdown (Server::stop: drain, cancel generations, close), a
+// graceful shutdown (`bonsai serve`: Server::drain, which lets running
+// requests finish within --drain-timeout, then Server::stop), a
 // second one while that is still in progress exits the process at once with
 // a non-zero status (128 + the signal number: 130 for SIGINT, 143 for
 // SIGTERM, the shell's convention for "killed by a signal").

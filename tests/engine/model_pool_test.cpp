@@ -163,8 +163,8 @@ TEST(ModelPool, InFlightModelIsNeverTornDown) {
   Zoo zoo;
   zoo.size_mib = {{"a", 4}, {"b", 4}};
   {
-    // Capacity 1: b's load evicts a from the list, but a's handle stays valid
-    // and its memory is counted until the request releases it.
+    // Capacity 1: a in flight (running or queued) keeps its slot; b's load
+    // is refused, naming a and why, and loads once a is released.
     auto pool = zoo.make(1, 0);
     reg(pool, "a");
     reg(pool, "b");
@@ -172,14 +172,21 @@ TEST(ModelPool, InFlightModelIsNeverTornDown) {
     ASSERT_TRUE(a.has_value());
     std::weak_ptr<LoadedModel> weak_a = a->shared();
     auto b = pool.acquire("b");
-    ASSERT_TRUE(b.has_value()) << b.error().message;
+    ASSERT_FALSE(b.has_value());
+    EXPECT_EQ(b.error().code, core::Errc::kResourceExhausted);
+    EXPECT_EQ(b.error().message,
+              "cannot make room for model 'b': all 1 model slots (--models-max) are busy: 'a' (1 request in flight); "
+              "retry later");
+    EXPECT_EQ(zoo.loads["b"], 0);
+    EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
+    a->release();  // ends the use; a stays resident (idle)
+    EXPECT_FALSE(weak_a.expired());
+    auto b2 = pool.acquire("b");
+    ASSERT_TRUE(b2.has_value()) << b2.error().message;
     EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
-    EXPECT_EQ((*a)->id, "a");
-    EXPECT_EQ(pool.current_mem_bytes(), 8 * kMiB);
-    a->release();  // ends the use and drops the handle's reference
-    EXPECT_TRUE(weak_a.expired());
+    EXPECT_TRUE(weak_a.expired());  // evicted once idle
     EXPECT_EQ(pool.current_mem_bytes(), 4 * kMiB);
-    b->release();
+    b2->release();
   }
   {
     // Budget 6 MiB: a in flight holds 4; b (4) cannot fit until a is released.
@@ -201,6 +208,83 @@ TEST(ModelPool, InFlightModelIsNeverTornDown) {
     EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
     b2->release();
   }
+}
+
+// Issue 33.3: an admin load (load_in_background, mark_loading) never evicts
+// a model with requests in flight (running or queued: each holds a handle)
+// to make room; it is refused with a reason naming the busy models, and
+// evicts the model once it is idle (the recent-use grace does not protect
+// against an operator's load).
+TEST(ModelPool, AdminLoadNeverEvictsAModelInFlight) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 4}, {"b", 4}, {"c", 4}};
+  auto pool = zoo.make(2, 0);
+  pool.set_recent_use_grace(std::chrono::hours(1));
+  for (auto id : {"a", "b", "c"}) reg(pool, id);
+  auto a = pool.acquire("a");
+  ASSERT_TRUE(a.has_value());
+  auto a2 = pool.acquire("a");  // a second request (e.g. queued behind the first)
+  ASSERT_TRUE(a2.has_value());
+  auto b = pool.acquire("b");
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  auto r = pool.load_in_background("c", ModelSpec{.path = "c"});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, core::Errc::kResourceExhausted);
+  EXPECT_EQ(r.error().message,
+            "cannot make room for model 'c': all 2 model slots (--models-max) are busy: 'a' (2 requests in flight), "
+            "'b' (1 request in flight); retry later");
+  EXPECT_EQ(pool.mark_loading("c", 4 * kMiB).error().code, core::Errc::kResourceExhausted);
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(zoo.loads["c"], 0);
+  b->release();  // b idle (used just now: the grace does not apply to an admin load)
+  ASSERT_TRUE(pool.load_in_background("c", ModelSpec{.path = "c"}).has_value());
+  pool.wait_background();
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"c", "a"}));
+  EXPECT_EQ(pool.list()[1].in_flight, 2);  // a untouched
+  a->release();
+  a2->release();
+}
+
+// Issue 33.3: no ping-pong. With a recent-use grace, a model that served a
+// request within it is not evicted for another model's request, which gets
+// kResourceExhausted "all N model slots are busy" naming it; once the grace
+// has passed, it is.
+TEST(ModelPool, RecentlyUsedModelIsNotEvictedForAnotherModelsRequest) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {"b", 1}};
+  auto pool = zoo.make(1, 0);
+  reg(pool, "a");
+  reg(pool, "b");
+  constexpr auto kGrace = std::chrono::milliseconds(200);
+  pool.set_recent_use_grace(kGrace);
+  touch(pool, "a");
+  auto b = pool.acquire("b");
+  ASSERT_FALSE(b.has_value());
+  EXPECT_EQ(b.error().code, core::Errc::kResourceExhausted);
+  const std::string& msg = b.error().message;
+  EXPECT_EQ(msg.rfind("cannot make room for model 'b': all 1 model slots (--models-max) are busy: 'a' (served a "
+                      "request ",
+                      0),
+            0u)
+      << msg;
+  EXPECT_NE(msg.find(" ago; a model is kept 0.2 s after its last request so that two models do not evict each other "
+                     "on every request); retry later"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(zoo.loads["b"], 0);
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
+  // Alternating requests do not reload a: it stays until it has been idle for the grace.
+  touch(pool, "a");
+  EXPECT_EQ(zoo.loads["a"], 1);
+  std::this_thread::sleep_until(std::chrono::steady_clock::now() + kGrace + 10ms);
+  auto b2 = pool.acquire("b");
+  ASSERT_TRUE(b2.has_value()) << b2.error().message;
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
+  b2->release();
+  // A grace of 0 (the default) protects only models in flight.
+  pool.set_recent_use_grace(std::chrono::steady_clock::duration::zero());
+  touch(pool, "a");
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
 }
 
 TEST(ModelPool, BackgroundLoadSucceedsWithoutBlockingOtherModels) {

@@ -115,6 +115,7 @@ class ServeProcess {
     return wait_exit();
   }
   std::string err() const { return slurp(err_); }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
@@ -437,6 +438,88 @@ TEST(ServeCli, CacheTypeFlagsAndAdminLoadFields) {
   }
   EXPECT_EQ(complete("f"), 200);
   EXPECT_EQ(p.stop(), 0) << p.err();
+}
+
+// Issue 33.4, end to end: `bonsai serve --parallel 4` with 4 streams
+// generating and 4 queued behind them gets SIGTERM. It drains: /health
+// answers 503 "draining", the 4 running streams finish with [DONE], the 4
+// queued get 503 draining + Retry-After, and the process exits 0 within
+// --drain-timeout. The running streams ask for 2,000 tokens (about a second
+// on a fast machine), so they are still generating when the signal comes
+// (sent as soon as /metrics shows 4 running and 4 waiting).
+TEST(ServeCli, SigtermDrainsRunningStreamsAndRefusesQueuedOnes) {
+  const std::string stories = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(stories);
+  ServeProcess p({"-m", "stories=" + stories, "--port", "0", "-t", "1", "--pool-size", "4", "--parallel", "4", "-c",
+                  "2048", "--drain-timeout", "60"});
+  const int port = p.wait_listening();
+  ASSERT_NE(port, 0) << p.err();
+  struct Answer {
+    int status = -1;
+    std::string body, retry_after;
+  };
+  std::vector<Answer> answers(8);
+  const std::string body =
+      json{{"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"ignore_eos", true}, {"stream", true}}.dump();
+  std::vector<std::thread> clients;
+  auto send = [&](size_t i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(120, 0);
+      if (auto r = c.Post("/v1/completions", body, "application/json"))
+        answers[i] = {r->status, r->body, r->get_header_value("Retry-After")};
+    });
+  };
+  httplib::Client c("127.0.0.1", port);
+  // Polls /metrics until both gauges of "stories" read as wanted (up to 30 s).
+  auto gauges = [&](int running, int waiting) {
+    const std::string want_r = "vllm:num_requests_running{model_name=\"stories\"} " + std::to_string(running) + "\n";
+    const std::string want_w = "vllm:num_requests_waiting{model_name=\"stories\"} " + std::to_string(waiting) + "\n";
+    for (int i = 0; i < 3000; ++i) {
+      auto r = c.Get("/metrics");
+      if (r && r->body.find(want_r) != std::string::npos && r->body.find(want_w) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  for (size_t i = 0; i < 4; ++i) send(i);
+  EXPECT_TRUE(gauges(4, 0));  // EXPECT: the client threads must be joined
+  for (size_t i = 4; i < 8; ++i) send(i);
+  EXPECT_TRUE(gauges(4, 4));
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(p.pid(), SIGTERM);
+  // Draining: /health says so (503) while the running streams finish.
+  bool saw_draining = false;
+  for (int i = 0; i < 500 && !saw_draining; ++i) {
+    auto h = c.Get("/health");
+    saw_draining = h && h->status == 503 && json::parse(h->body, nullptr, false)["status"] == "draining";
+    if (!h) break;  // already stopped
+    if (!saw_draining) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (auto& t : clients) t.join();
+  const int code = p.wait_exit();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("drain_ms", static_cast<int>(took * 1000));
+  EXPECT_EQ(code, 0) << p.err();
+  EXPECT_LT(took, 60.0);
+  EXPECT_TRUE(saw_draining);
+  int done = 0, refused = 0;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const Answer& a = answers[i];
+    if (a.status == 200) {
+      const bool ends_done = a.body.size() >= 14 && a.body.compare(a.body.size() - 14, 14, "data: [DONE]\n\n") == 0;
+      EXPECT_TRUE(ends_done) << i << ": " << a.body.substr(a.body.size() > 300 ? a.body.size() - 300 : 0);
+      done += ends_done;
+    } else {
+      EXPECT_EQ(a.status, 503) << i << ": " << a.body;
+      EXPECT_EQ(a.retry_after, "5") << i;
+      EXPECT_EQ(json::parse(a.body, nullptr, false)["error"]["code"], "draining") << i << ": " << a.body;
+      ++refused;
+    }
+  }
+  EXPECT_EQ(done, 4);
+  EXPECT_EQ(refused, 4);
+  EXPECT_NE(p.err().find("SIGTERM, draining"), std::string::npos) << p.err();
 }
 
 }  // namespace

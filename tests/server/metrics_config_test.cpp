@@ -171,6 +171,7 @@ body-timeout = 3
 keep_alive_timeout = 4
 write-timeout = 5
 step-budget-ms = 40
+drain-timeout = 7.5
 )",
                             "f.toml", c);
   ASSERT_TRUE(r.has_value()) << r.error().message;
@@ -185,9 +186,12 @@ step-budget-ms = 40
   EXPECT_DOUBLE_EQ(c.keep_alive_timeout_s, 4);
   EXPECT_DOUBLE_EQ(c.write_timeout_s, 5);
   EXPECT_DOUBLE_EQ(c.step_budget_ms, 40);
+  EXPECT_DOUBLE_EQ(c.drain_timeout_s, 7.5);
+  EXPECT_DOUBLE_EQ(ServeConfig{}.drain_timeout_s, 30);
   for (const char* bad :
        {"reasoning-format = \"raw\"\n", "seed = -1\n", "batch-size = 2000000\n", "max-connections = 0\n",
-        "header-timeout = 0\n", "write-timeout = \"5\"\n", "no-cache-prompt = 1\n", "step-budget-ms = -3\n"}) {
+        "header-timeout = 0\n", "write-timeout = \"5\"\n", "no-cache-prompt = 1\n", "step-budget-ms = -3\n",
+        "drain-timeout = -1\n", "drain-timeout = \"30\"\n"}) {
     ServeConfig d;
     auto e = apply_serve_toml(bad, "f.toml", d);
     ASSERT_FALSE(e.has_value()) << bad;

@@ -38,6 +38,7 @@ using nlohmann::json;
 class ServerHttp : public ::testing::Test {
  protected:
   virtual void customize(ServerOptions&) {}
+  virtual void customize_spec(engine::ModelSpec&) {}  // the "stories" registration
   virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
   virtual uint64_t budget_mb() const { return 0; }  // the ModelPool's --mem-budget
 
@@ -48,6 +49,7 @@ class ServerHttp : public ::testing::Test {
     spec_.path = stories_;
     spec_.pool_size = 1;
     spec_.ctx_size = 256;
+    customize_spec(spec_);
     pool_->loader_register("stories", spec_);
     auto m = pool_->acquire("stories");
     ASSERT_TRUE(m.has_value()) << m.error().message;
@@ -906,10 +908,12 @@ TEST_F(ServerHttpWithKey, WebChatPageIsServedOfflineAtRoot) {
   EXPECT_EQ(n->status, 404);
 }
 
-// A model whose advertised context is larger than its engines' (a stand-in
-// for any engine error after the stream has started): the engine fails the
-// request, and the stream ends with the error event — no usage chunk and no
-// [DONE] after it (they used to follow the error).
+// A model whose advertised context is larger than its engines': the engine
+// fails a prompt longer than its context before any text. A stream sends
+// its status only with its first event, so this one is answered like a
+// non-streamed request: the error's status and JSON body, no SSE. (An
+// error after the stream has started ends it with the error event: see
+// ServerHttpDrain.DrainTimeoutEndsRunningStreamsWithTheErrorEvent.)
 class ServerHttpEngineError : public ServerHttp {
  protected:
   engine::ModelPool::Loader loader() override {
@@ -921,7 +925,7 @@ class ServerHttpEngineError : public ServerHttp {
   }
 };
 
-TEST_F(ServerHttpEngineError, StreamEndsWithTheErrorEvent) {
+TEST_F(ServerHttpEngineError, StreamThatFailsBeforeItsFirstEventGetsItsStatus) {
   std::string prompt;
   for (int i = 0; i < 80; ++i) prompt += "Once upon a time ";
   json req = completion_body(prompt, 4);
@@ -930,12 +934,11 @@ TEST_F(ServerHttpEngineError, StreamEndsWithTheErrorEvent) {
   auto c = client();
   auto r = c.Post("/v1/completions", req.dump(), "application/json");
   ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200);
-  EXPECT_EQ(r->body.find("[DONE]"), std::string::npos) << r->body;
-  const size_t last = r->body.rfind("data: ");
-  ASSERT_NE(last, std::string::npos);
-  const json ev = json::parse(r->body.substr(last + 6), nullptr, false);
-  EXPECT_TRUE(ev.contains("error")) << r->body;
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  const json j = json::parse(r->body, nullptr, false);
+  EXPECT_TRUE(j.contains("error")) << r->body;
+  EXPECT_EQ(r->body.find("data: "), std::string::npos) << r->body;
 }
 
 // A client that hangs up while its NON-streamed answer is generated cancels
@@ -1049,27 +1052,41 @@ TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueu
   EXPECT_EQ(lm->scheduler->stats().running, 1);
   std::thread t_queued([&] { queued = post("/v1/completions", completion_body("Once upon a time", 4).dump()); });
   std::thread t_embed([&] { embed = post("/v1/embeddings", json{{"model", "stories"}, {"input", "hello"}}.dump()); });
-  int streamed_status = 0;
-  std::string streamed;
-  std::thread t_stream([&] {
-    json req = completion_body("Once upon a time", 4);
+  // Streamed, on both streaming routes: still queued, so no status is out yet.
+  struct Streamed {
+    int status = 0;
+    std::string body, retry_after, content_type;
+  };
+  Streamed streamed, streamed_chat;
+  auto stream_post = [&](const std::string& path, json req, Streamed& out) {
     req["stream"] = true;
     auto c = client();
-    if (auto r = c.Post("/v1/completions", req.dump(), "application/json")) {
-      streamed_status = r->status;
-      streamed = r->body;
+    if (auto r = c.Post(path, req.dump(), "application/json")) {
+      out.status = r->status;
+      out.body = r->body;
+      out.retry_after = r->get_header_value("Retry-After");
+      out.content_type = r->get_header_value("Content-Type");
     }
+  };
+  std::thread t_stream([&] { stream_post("/v1/completions", completion_body("Once upon a time", 4), streamed); });
+  std::thread t_chat([&] {
+    stream_post("/v1/chat/completions",
+                json{{"model", "stories"},
+                     {"messages", json::array({json{{"role", "user"}, {"content", "Hi"}}})},
+                     {"max_tokens", 4}},
+                streamed_chat);
   });
-  // All three wait in the model's queue (the loop is held, so nothing is admitted).
-  for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 3; ++i)
+  // All four wait in the model's queue (the loop is held, so nothing is admitted).
+  for (int i = 0; i < 10000 && lm->scheduler->stats().waiting < 4; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(lm->scheduler->stats().waiting, 3);
+  EXPECT_EQ(lm->scheduler->stats().waiting, 4);
   EXPECT_EQ(lm->scheduler->stats().running, 1);
   EXPECT_EQ(post("/admin/models/unload", json{{"id", "stories"}}.dump()).first, 200);
   gate_->release();  // threads join below
   t_queued.join();
   t_embed.join();
   t_stream.join();
+  t_chat.join();
   t_run.join();
   EXPECT_EQ(running.first, 200) << running.second.dump();
   EXPECT_EQ(running.second["usage"]["completion_tokens"], 64) << running.second.dump();
@@ -1079,10 +1096,247 @@ TEST_F(ServerHttpHeldSteps, UnloadMidRequestFinishesTheRunningOneAndTellsTheQueu
     EXPECT_NE(r->second["error"]["message"].get<std::string>().find("'stories'"), std::string::npos)
         << r->second.dump();
   }
-  // Streamed (its 200 and headers are out once it is queued): one error event, no [DONE].
-  EXPECT_EQ(streamed_status, 200) << streamed;
-  EXPECT_EQ(streamed.rfind("data: {\"error\":{\"code\":\"model_unloaded\"", 0), 0u) << streamed;
-  EXPECT_EQ(streamed.find("[DONE]"), std::string::npos) << streamed;
+  // Streamed: the status waits for the first event, so a stream that never
+  // left the queue gets the same 503 + Retry-After as a non-streamed request
+  // (it used to get 200, a role chunk and an in-stream error SDKs cannot retry).
+  for (const auto* s : {&streamed, &streamed_chat}) {
+    EXPECT_EQ(s->status, 503) << s->body;
+    EXPECT_EQ(s->retry_after, "1") << s->body;
+    EXPECT_EQ(s->content_type, "application/json") << s->body;
+    const json j = json::parse(s->body, nullptr, false);
+    EXPECT_EQ(j["error"]["code"], "model_unloaded") << s->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("'stories'"), std::string::npos) << s->body;
+  }
+}
+
+// Holds the scheduler loop after each forward step while `hold` is set, but
+// lets `passes` more steps through (a step to admit queued requests), and
+// records how many sequences the last step carried.
+struct PassGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false;
+  int passes = 0;
+  int held = 0;                // steps that stopped at the gate
+  int64_t last_sequences = 0;  // sequences of the last step that stopped
+
+  void on_step(int64_t sequences) {
+    std::unique_lock lock(mu);
+    if (!hold) return;
+    ++held;
+    last_sequences = sequences;
+    cv.notify_all();
+    cv.wait(lock, [&] { return !hold || passes > 0; });
+    if (hold) --passes;
+  }
+  // Waits (up to 10 s) until `n` steps have stopped at the gate.
+  bool wait_held(int n) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return held >= n; });
+  }
+  void pass_one() {
+    {
+      std::lock_guard lock(mu);
+      ++passes;
+    }
+    cv.notify_all();
+  }
+  void release() {
+    {
+      std::lock_guard lock(mu);
+      hold = false;
+    }
+    cv.notify_all();
+  }
+};
+
+// Four sequence slots (-np 4, pool size 4) behind a PassGate.
+class ServerHttpDrain : public ServerHttp {
+ protected:
+  void customize_spec(engine::ModelSpec& s) override {
+    s.pool_size = 4;
+    s.parallel = 4;
+  }
+  engine::ModelPool::Loader loader() override {
+    return engine::gguf_model_loader([gate = gate_](engine::SchedulerOptions& so) {
+      so.on_step = [gate](int64_t, int64_t sequences) { gate->on_step(sequences); };
+    });
+  }
+  void TearDown() override {
+    gate_->release();
+    ServerHttp::TearDown();
+  }
+  std::shared_ptr<PassGate> gate_ = std::make_shared<PassGate>();
+};
+
+// One streamed completion's answer.
+struct StreamAnswer {
+  int status = -1;
+  std::string body, retry_after;
+};
+
+// Server::drain (the first SIGTERM of `bonsai serve`) with 4 running and 4
+// queued streams: /health and new requests answer 503 draining at once,
+// the 4 running streams finish with [DONE], the 4 queued get 503 +
+// Retry-After, and run() returns well within the drain timeout. The loop
+// is held by the gate while the requests line up, so which are running and
+// which queued does not depend on the machine's speed.
+TEST_F(ServerHttpDrain, RunningStreamsFinishAndQueuedOnesGet503) {
+  auto lm = pool_->peek("stories");
+  ASSERT_NE(lm, nullptr);
+  ASSERT_EQ(lm->scheduler->options().max_sequences, 4);
+  json req = completion_body("Once upon a time", 16);
+  req["ignore_eos"] = true;
+  req["stream"] = true;
+  const std::string body = req.dump();
+  std::vector<StreamAnswer> answers(8);
+  std::vector<std::thread> clients;
+  auto send = [&](size_t i) {
+    clients.emplace_back([&, i] {
+      auto c = client();
+      if (auto r = c.Post("/v1/completions", body, "application/json")) {
+        answers[i] = {r->status, r->body, r->get_header_value("Retry-After")};
+      }
+    });
+  };
+  auto wait_for = [&](auto pred) {
+    for (int i = 0; i < 10000 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return pred();
+  };
+  {
+    std::lock_guard lock(gate_->mu);
+    gate_->hold = true;
+  }
+  // Stream 0 runs its first step and is held; 1..3 queue behind the held
+  // loop, then one more step admits them: 4 running.
+  send(0);
+  EXPECT_TRUE(gate_->wait_held(1));  // EXPECT: the client threads must be joined
+  for (size_t i = 1; i < 4; ++i) send(i);
+  EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 3; }));
+  gate_->pass_one();
+  EXPECT_TRUE(gate_->wait_held(2));
+  EXPECT_EQ(gate_->last_sequences, 4);
+  EXPECT_EQ(lm->scheduler->stats().running, 4);
+  // 4 more queue behind them.
+  for (size_t i = 4; i < 8; ++i) send(i);
+  EXPECT_TRUE(wait_for([&] { return lm->scheduler->stats().waiting == 4; }));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread drainer([&] { server_->drain(30); });
+  auto c = client();
+  auto draining = [&] {
+    auto h = c.Get("/health");
+    return h && h->status == 503 && json::parse(h->body, nullptr, false)["status"] == "draining";
+  };
+  EXPECT_TRUE(wait_for(draining));
+  auto fresh = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(fresh->status, 503) << fresh->body;
+  EXPECT_EQ(fresh->get_header_value("Retry-After"), "5");
+  EXPECT_EQ(json::parse(fresh->body, nullptr, false)["error"]["code"], "draining") << fresh->body;
+
+  gate_->release();
+  for (auto& t : clients) t.join();
+  drainer.join();
+  thread_.join();  // run() returned
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("drain_ms", static_cast<int>(took * 1000));
+  EXPECT_LT(took, 10.0);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(answers[i].status, 200) << i << ": " << answers[i].body;
+    const std::string& b = answers[i].body;
+    EXPECT_TRUE(b.size() >= 14 && b.compare(b.size() - 14, 14, "data: [DONE]\n\n") == 0) << i << ": " << b;
+    EXPECT_EQ(b.find("error"), std::string::npos) << i << ": " << b;
+  }
+  for (size_t i = 4; i < 8; ++i) {
+    EXPECT_EQ(answers[i].status, 503) << i << ": " << answers[i].body;
+    EXPECT_EQ(answers[i].retry_after, "5") << i;
+    EXPECT_EQ(json::parse(answers[i].body, nullptr, false)["error"]["code"], "draining")
+        << i << ": " << answers[i].body;
+  }
+}
+
+// Past the drain timeout, a stream still running is cancelled: having
+// started (status 200 and text out), it ends with the shutting_down error
+// event and no [DONE].
+TEST_F(ServerHttpDrain, DrainTimeoutEndsRunningStreamsWithTheErrorEvent) {
+  json req = completion_body("Once upon a time", 200);
+  req["ignore_eos"] = true;
+  req["stream"] = true;
+  {
+    std::lock_guard lock(gate_->mu);
+    gate_->hold = true;
+  }
+  StreamAnswer answer;
+  std::thread t([&] {
+    auto c = client();
+    if (auto r = c.Post("/v1/completions", req.dump(), "application/json"))
+      answer = {r->status, r->body, r->get_header_value("Retry-After")};
+  });
+  // Held after its second step: the first step's text is out (status 200 sent).
+  gate_->pass_one();
+  EXPECT_TRUE(gate_->wait_held(1));  // EXPECT: t must be joined
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->drain(0.2);  // the loop stays held: the timeout passes, stop() cuts the stream
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.2);
+  EXPECT_LT(took, 5.0);
+  gate_->release();
+  t.join();
+  EXPECT_EQ(answer.status, 200) << answer.body;
+  EXPECT_NE(answer.body.find("\"text\""), std::string::npos) << answer.body;
+  EXPECT_EQ(answer.body.find("[DONE]"), std::string::npos) << answer.body;
+  const size_t last = answer.body.rfind("data: ");
+  ASSERT_NE(last, std::string::npos) << answer.body;
+  const json ev = json::parse(answer.body.substr(last + 6), nullptr, false);
+  EXPECT_EQ(ev["error"]["code"], "shutting_down") << answer.body;
+}
+
+// Issue 33.3 over HTTP: with both model slots (--models-max 2) held by
+// running requests, an admin load evicts neither: it gets 503
+// insufficient_capacity + Retry-After naming both busy models, and both
+// requests finish.
+TEST_F(ServerHttpHeldSteps, AdminLoadDoesNotEvictModelsWithRunningRequests) {
+  ASSERT_EQ(
+      post("/admin/models/load", json{{"id", "b"}, {"path", stories_}, {"pool_size", 1}, {"ctx_size", 256}}.dump())
+          .first,
+      202);
+  pool_->wait_background();
+  ASSERT_NE(pool_->peek("b"), nullptr);
+  {
+    std::lock_guard lock(gate_->mu);
+    gate_->hold = true;
+  }
+  std::pair<int, json> on_stories, on_b;
+  std::thread t1([&] { on_stories = post("/v1/completions", completion_body("Once upon a time", 8).dump()); });
+  EXPECT_TRUE(gate_->wait_held());  // EXPECT: the threads must be joined
+  std::thread t2([&] {
+    json req = completion_body("Once upon a time", 8);
+    req["model"] = "b";
+    on_b = post("/v1/completions", req.dump());
+  });
+  for (int i = 0; i < 10000 && pool_->peek("b")->scheduler->stats().running == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto c = client();
+  auto r =
+      c.Post("/admin/models/load", json{{"id", "c"}, {"path", stories_}, {"pool_size", 1}, {"ctx_size", 256}}.dump(),
+             "application/json");
+  gate_->release();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(r->get_header_value("Retry-After"), "5");
+  const json j = json::parse(r->body, nullptr, false);
+  EXPECT_EQ(j["error"]["code"], "insufficient_capacity") << r->body;
+  const std::string msg = j["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find("all 2 model slots (--models-max) are busy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'stories' (1 request in flight)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'b' (1 request in flight)"), std::string::npos) << msg;
+  EXPECT_EQ(on_stories.first, 200) << on_stories.second.dump();
+  EXPECT_EQ(on_b.first, 200) << on_b.second.dump();
+  EXPECT_NE(pool_->peek("stories"), nullptr);
+  EXPECT_NE(pool_->peek("b"), nullptr);
 }
 
 // --timeout inf / 1e10 mean "no timeout"; the deadline computation used to
