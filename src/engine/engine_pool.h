@@ -386,10 +386,11 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 // `kv_budget_tokens`: the model's KV budget in positions (<= 0: the
 // default of kv_budget_positions); every replica's cache takes its blocks
 // from the one pool. kInvalidArgument when the budget is below one context.
-// `sequences` > 0: at least that many replicas (sequence slots for a
-// scheduler's -np; each costs its logits row and bookkeeping, its KV comes
-// from the shared pool), while the default KV budget still counts
-// resolve_pool_size(requested_size) full contexts.
+// `sequences` > 0: at least that many replicas (for callers that lease
+// one per concurrent generation; each costs its workspace and logits row,
+// its KV comes from the shared pool), while the default KV budget still
+// counts resolve_pool_size(requested_size) full contexts. The Scheduler
+// needs none: its -np sequences are its own (engine::Sequence).
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
                                                const model::LoadOptions& options = {},

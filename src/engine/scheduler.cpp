@@ -185,7 +185,9 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
       init_error_ = kp.error();
   }
   if (!shared_.model)
-    init_error_ = core::Error{core::Errc::kInvalidArgument, "scheduler: the engine pool has no replica"};
+    init_error_ = core::Error{core::Errc::kInvalidArgument,
+                              "scheduler: the engine pool had no idle replica to take the model from when the "
+                              "scheduler was made"};
   waker_->owner = this;
   thread_ = std::thread([this] { loop(); });
 }

@@ -1,61 +1,66 @@
-// Scheduler: continuous batching of one model's requests behind its
-// EnginePool (../shared/DESIGN.md, "Scheduler").
+// Scheduler: continuous batching of one model's requests as Sequences
+// (../shared/DESIGN.md, "Scheduler": the unit is a sequence, not a replica).
 //
 // One step-loop thread per loaded model. HTTP (or any) threads submit a
 // CompletionJob and read its events from a JobHandle; they never run the
-// model. Each step:
+// model. Each choice of a job is one engine::Sequence (sequence.h) owned by
+// the loop: its own KV cache (a block table over the model's KvPool), its
+// own sampler and RNG (the request's params, seeded params.seed + choice),
+// grammar state, emitter and limits. The EnginePool the scheduler is made
+// over lends it only what every sequence borrows (model, tokenizer,
+// vocabulary trie, metrics, KV types and pool); its replicas stay free for
+// library callers, and closing it (unload, shutdown) stops admission.
+// Each step:
 //   1. queued jobs that were cancelled leave the queue; jobs still queued at
 //      their deadline fail with kTimeout (the server's 503 + Retry-After);
+//      with the EnginePool closed every queued job fails with
+//      kResourceExhausted (running ones finish);
 //   2. queued jobs are admitted in arrival order while fewer than
-//      SchedulerOptions::max_sequences sequences live and the EnginePool has
-//      a free replica (EnginePool::acquire_best, without waiting): a replica
-//      is one sequence slot (KV cache, sampler + RNG, text emitter). With the
-//      prompt cache on, the idle slot holding the longest prefix of the
-//      prompt is chosen (if that is at least half of what it holds); when a
-//      running sequence, a finished one running its last token or another
-//      idle slot holds a longer prefix, the slot takes those KV blocks for it
-//      instead (shared, copy-on-write at the first divergent block), whoever
-//      computed them; only the rest of the prompt is computed;
+//      SchedulerOptions::max_sequences sequences live (-np / --parallel,
+//      independent of the replica count) and the KV pool can give the
+//      blocks of the prompt; with the prompt cache on, a new sequence adopts
+//      the longest prefix of its prompt held in the KV pool's prefix index
+//      (blocks keyed by their tokens and every token before them, whoever
+//      computed them: model::KvPool), so only the rest is computed;
 //   3. live sequences whose cancel flag is set stop (kCancelled); those past
 //      their deadline stop with kLength and timed_out (what was produced is
 //      the answer);
-//   4. one model::Batch gathers the next token of every decoding sequence
-//      plus chunks of pending prompts, at most `batch_size` tokens in all
-//      and as many prompt tokens as the step-time budget allows (StepCost;
-//      none in the occasional step that measures the decode step alone;
-//      decode tokens always go; prompt chunks share what is left, shortest
-//      pending prompt first, the oldest pending prompt keeping half), and
-//      Model::forward runs once (plan_step -> forward_step -> apply_step);
-//   5. each sequence whose prompt completed or that decoded samples from its
-//      own logits row with its own sampler and RNG (InferenceEngine's
-//      stepwise API); finished ones return their lease (engine, then permit).
-// KV budget (SchedulerOptions::kv_pool): a new sequence is admitted only
-// when the pool can give the blocks its prompt needs (free or evictable
-// prompt-cache blocks, less what admitted prompts still have to take), and
-// never while a preempted sequence waits; otherwise it waits in the queue
-// (SchedulerOptions::max_queue bounds it: 503 + Retry-After). Before each step every
-// running sequence gets the block for its next token, oldest first; when the
-// pool is full the youngest running sequence is preempted by recompute
-// (InferenceEngine::suspend: its blocks go back, its sampler/RNG/text stay)
-// and resumes, oldest first, when its tokens fit again, replaying them as a
-// prompt. Batch invariance makes its continuation bit-identical, so a
-// running sequence never fails for lack of KV. With the prompt cache on, a
-// finished sequence's last sampled token is run (one row without logits in
-// the next step) so its slot caches prompt + the whole answer.
+//   4. plan -> forward -> apply: one model::Batch gathers the next token of
+//      every decoding sequence plus chunks of pending prompts, at most
+//      `batch_size` tokens in all and as many prompt tokens as the
+//      step-time budget allows (StepCost; none in the occasional step that
+//      measures the decode step alone; decode tokens always go; prompt
+//      chunks share what is left, shortest pending prompt first, the oldest
+//      pending prompt keeping half), Model::forward runs once, and each
+//      sequence whose prompt completed or that decoded samples from its own
+//      logits row;
+//   5. blocks that became full are published in the prefix index at once;
+//      a finished sequence publishes its last, partial block too, and its
+//      blocks go back to the pool (published ones stay cached, evictable
+//      least recently used first).
+// KV budget (the model's KvPool): a new sequence is admitted only when the
+// pool can give the blocks its prompt needs (free or evictable cached
+// blocks, less what admitted prompts still have to take), and never while a
+// preempted sequence waits; otherwise it waits in the queue
+// (SchedulerOptions::max_queue bounds it: 503 + Retry-After). Before each
+// step every running sequence gets the block for its next token, oldest
+// first; when the pool is full the youngest running sequence is preempted
+// by recompute (Sequence::suspend: it publishes what it computed, its blocks
+// go back, its sampler / RNG / text stay) and resumes, oldest first, when its
+// tokens fit again: it re-adopts what the prefix index still holds of them
+// and replays the rest as a prompt. Batch invariance makes its continuation
+// bit-identical, so a running sequence never fails for lack of KV.
 // A job with n > 1 choices computes its prompt once: choice 0 prefills;
-// the other choices start when its prompt logits exist, in slots that get a
-// copy of the prompt's KV (or already hold it), sampling from those logits.
-// Choice i samples with params.seed + i.
+// the other choices start when its prompt logits exist, sharing its prompt
+// blocks (copy-on-write) and sampling from those logits.
 //
 // Embeddings (submit_embedding): each input of the job is one sequence,
-// admitted like a choice (its own slot, the same queue, KV admission,
-// deadline and cancellation rules); its tokens are fed as prompt chunks in
-// the same steps (every row's final hidden state wanted: BatchToken::hidden)
-// and its kDone carries the mean-pooled, L2-normalised vector
-// (InferenceEngine::start_embedding; equal to InferenceEngine::embed). An
-// embedding reuses no cached prefix (every token's row is needed); with the
-// prompt cache on it takes the idle slot holding the least, so other
-// conversations' caches stay warm.
+// admitted like a choice (the same queue, KV admission, deadline and
+// cancellation rules); its tokens are fed as prompt chunks in the same
+// steps (every row's final hidden state wanted: BatchToken::hidden) and its
+// kDone carries the mean-pooled, L2-normalised vector (equal to
+// InferenceEngine::embed). An embedding adopts and publishes nothing (every
+// token's row is needed; its input is not a conversation to continue).
 //
 // Cancellation: JobHandle::cancel() wakes the loop; the job stops within one
 // step whether queued, prefilling or decoding.
@@ -117,23 +122,23 @@ struct SchedulerOptions {
   // Called on the loop thread after every forward step with the number of
   // tokens and of sequences in it (metrics). Must be thread-safe and fast:
   // while it runs the loop is held (no sequence steps, nothing is admitted,
-  // no cancellation or deadline is swept, finished tails keep their
-  // replicas; requests still queue), which tests use to order events around
+  // no cancellation or deadline is swept; requests still queue), which tests use to order events around
   // a running generation (server_http_test's StepGate).
   std::function<void(int64_t tokens, int64_t sequences)> on_step;
   // Live sequences at most (llama.cpp's -np / --parallel, vLLM's
   // max_num_seqs): queued jobs are admitted while fewer run (each also
-  // needs a free replica of the pool and KV room). <= 0, or more than the
-  // pool's replicas: the pool's size.
+  // needs KV room). Independent of the pool's replica count. <= 0: the
+  // pool's size.
   int max_sequences = 0;
   // Jobs that may wait in the queue (not yet fully admitted); submit refuses
   // more with kResourceExhausted (the server's 503 + Retry-After). 0: no bound.
   size_t max_queue = 0;
-  // The KV block pool the replicas' caches draw from (EngineOptions::kv_pool;
-  // BuiltPool::kv_pool): the model's KV budget. Set: admission waits for KV
-  // room, running sequences preempt the youngest when it is full, and KV
-  // stats come from it. nullptr: standalone caches, no KV accounting beyond
-  // positions.
+  // The model's KV block pool (BuiltPool::kv_pool): every sequence's cache
+  // draws its blocks from it, and it holds the prefix index. nullptr: the
+  // replicas' pool when their caches are paged, else a pool the scheduler
+  // makes of the replicas' budget (replicas x n_ctx positions, their K/V
+  // types). Admission waits for KV room, running sequences preempt the
+  // youngest when it is full, and KV stats come from it.
   std::shared_ptr<model::KvPool> kv_pool;
 };
 
@@ -283,10 +288,11 @@ struct SchedulerStats {
   uint64_t cache_hits = 0;     // sequences that reused >= 1 cached token
   uint64_t sequences = 0;      // sequences started
   uint64_t embeddings = 0;     // of which embedding sequences (one per input of an EmbeddingJob)
-  // KV in positions. With a KV pool: kv_used = positions of the blocks held
-  // by running sequences (pinned), kv_cached = of blocks held only as
-  // prompt cache (evictable), kv_capacity = the pool's budget. Without:
-  // positions held by live sequences and replicas x n_ctx.
+  // KV in positions (the model's KV pool, model::KvPool::Usage):
+  // kv_used = positions of the blocks held by running sequences (pinned),
+  // kv_cached = of blocks held only as prompt cache (the prefix index or
+  // parked replica caches: evictable), kv_capacity = the pool's budget
+  // (0 when the scheduler has no pool: every job fails then).
   int64_t kv_used = 0;
   int64_t kv_cached = 0;
   int64_t kv_capacity = 0;
@@ -306,8 +312,11 @@ inline constexpr size_t kNumStepBuckets = sizeof(kStepBuckets) / sizeof(kStepBuc
 
 class Scheduler {
  public:
-  // Starts the loop thread over `pool` (shared with the caller; the
-  // scheduler leases its replicas, which must all run `model`).
+  // Starts the loop thread over `pool` (shared with the caller; its replicas
+  // must all run `model` and are not leased: the scheduler takes from one of
+  // them what its sequences borrow, and stops admitting once `pool` is
+  // closed). A pool with no idle replica at construction, or a KV pool
+  // that cannot be made, makes every submitted job fail with that error.
   Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
             SchedulerOptions options = {});
   // The same, owned by a shared_ptr that may be released on any thread,

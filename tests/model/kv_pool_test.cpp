@@ -478,6 +478,54 @@ TEST(KvPrefixIndex, OverwrittenPositionsAreCopiedAndTheIndexKeepsTheOriginal) {
   EXPECT_TRUE(holds_kv(q, 32, 50, 5));
 }
 
+// A last block whose adopted part the next write would have to copy is
+// taken only for at least B / 8 positions (4 of 32 here): a prompt sharing
+// just its first tokens (BOS) with a cached one takes no block; a prompt
+// that continues a partial entry takes it whatever its length (appending
+// needs no copy).
+TEST(KvPrefixIndex, ShortPartialMatchesThatNeedACopyAreRecomputed) {
+  auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
+  const auto toks = token_run(40, 1);
+  auto a = written(pool, 40, 1);
+  a.publish(toks, /*partial_last=*/true);  // block 0 full, block 1: 8 positions
+  auto b = *KvCache::create(pool, 256);
+  auto bos_only = token_run(40, 900);
+  bos_only[0] = toks[0];
+  EXPECT_EQ(b.cached_prefix_positions(bos_only), 0);  // 1 shared position: no copy for it
+  auto three = bos_only;
+  std::copy(toks.begin(), toks.begin() + 3, three.begin());
+  EXPECT_EQ(b.cached_prefix_positions(three), 0);
+  auto four = bos_only;
+  std::copy(toks.begin(), toks.begin() + 4, four.begin());
+  EXPECT_EQ(b.cached_prefix_positions(four), 4);
+  auto diverge_in_1 = toks;  // block 0 whole, then 2 of block 1's 8 positions
+  diverge_in_1[34] = 7777;
+  EXPECT_EQ(b.cached_prefix_positions(diverge_in_1), 32);
+  auto cont = toks;  // continues the partial entry: all of it, even 8 positions
+  cont.push_back(4242);
+  EXPECT_EQ(b.adopt_prefix(cont, 1000), 40);
+  EXPECT_EQ(b.blocks_needed(41), 1);  // shared with A: a copy to write position 40
+  auto c = *KvCache::create(pool, 256);
+  EXPECT_EQ(c.adopt_prefix(toks, 34), 32);  // a cap 2 positions into block 1: recomputed
+}
+
+// No block left for the copy of an indexed block that only this cache
+// holds: the write goes in place and the block leaves the index (it does
+// not fail).
+TEST(KvPrefixIndex, OverwriteWithoutAFreeBlockGoesInPlace) {
+  auto pool = *KvPool::create(tiny_config(), 2 * 32, KvType::kF16, KvType::kF16, 32);  // 2 blocks
+  const auto toks = token_run(64, 1);
+  auto a = written(pool, 64, 1);
+  a.publish(toks);
+  a.truncate(40);
+  ASSERT_EQ(pool->available_blocks(), 0);
+  ASSERT_TRUE(a.prepare(40, 64).has_value());  // no block for a copy: in place
+  EXPECT_EQ(pool->usage().used, 2);
+  EXPECT_EQ(pool->usage().indexed, 1);  // block 0 only
+  auto b = *KvCache::create(pool, 256);
+  EXPECT_EQ(b.cached_prefix_positions(toks), 32);
+}
+
 TEST(KvPrefixIndex, SameBlockTokensUnderAnotherParentDoNotMatch) {
   auto pool = *KvPool::create(tiny_config(), 8 * 32, KvType::kF16, KvType::kF16, 32);
   auto x = token_run(64, 1);
