@@ -646,9 +646,9 @@ void Server::stop() {
 }
 
 // Closing every model's engine pool is what makes the scheduler refuse the
-// jobs still queued (kResourceExhausted, answered 503 draining) while the
-// sequences already running keep their replicas and finish: the same
-// contract an admin unload relies on.
+// jobs still queued (kResourceExhausted, answered 503 draining) at its next
+// loop turn while the sequences already running finish: the same contract
+// an admin unload relies on.
 void Server::drain(double timeout_s) {
   if (!impl_) return;
   ServerContext& ctx = impl_->ctx;
