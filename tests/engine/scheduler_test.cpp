@@ -492,18 +492,19 @@ TEST_F(SchedulerTest, MaxSequencesBoundsLiveSequences) {
   EXPECT_EQ(sched_->options().max_sequences, 4);
 }
 
-// More sequence slots than replicas asked for (build_pool_from_gguf's
-// `sequences`, serve's -np): 16 slots that share the KV budget of 2
-// contexts (16 blocks of 256 positions); 16 short requests (one block
-// each) all run in the same steps.
-TEST_F(SchedulerTest, SixteenSequencesOnTwoReplicasWorthOfKv) {
+// -np beyond the replica count (serve's -np 16 over --pool-size 1): 16
+// sequences share the model's KV budget (16 blocks of 256 positions); 16
+// short requests (one block each) all run in the same steps.
+TEST_F(SchedulerTest, SixteenSequencesOnOneReplica) {
   constexpr int64_t kCtx = 2048;
   sched_.reset();
-  auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, kCtx, 2, {}, model::KvType::kF16,
-                                model::KvType::kF16, 0, 16);
+  // One replica, a KV budget of 16 blocks of 256 positions: -np 16 needs
+  // no replica per sequence (each is the scheduler's own Sequence).
+  auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, kCtx, 1, {}, model::KvType::kF16,
+                                model::KvType::kF16, 16 * 256);
   ASSERT_TRUE(b.has_value()) << b.error().message;
-  EXPECT_EQ(b->size, 16);
-  EXPECT_EQ(b->kv_pool->capacity_blocks() * b->kv_pool->block_size(), 2 * kCtx);
+  EXPECT_EQ(b->size, 1);
+  EXPECT_EQ(b->kv_pool->capacity_blocks() * b->kv_pool->block_size(), 16 * 256);
   model_ = b->model;
   tok_ = b->tokenizer;
   pool_ = std::make_shared<EnginePool>(std::move(b->pool));
@@ -530,7 +531,8 @@ TEST_F(SchedulerTest, SixteenSequencesOnTwoReplicasWorthOfKv) {
     EXPECT_EQ(o.results[0].tokens, alone(ps[i % 6], greedy(12), 1, kCtx).tokens) << i;
   }
   EXPECT_EQ(most.load(), 16);
-  sched_.reset();  // before the gate's state goes out of scope
+  EXPECT_EQ(pool_->available(), 1);  // the replica was never leased
+  sched_.reset();                    // before the gate's state goes out of scope
 }
 
 // set_notify: a reader that never waits (the server's streams) sees every
