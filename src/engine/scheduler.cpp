@@ -293,12 +293,14 @@ SchedulerStats Scheduler::stats() const {
   s.prompt_tokens = prompt_tokens_.load();
   s.cached_tokens = cached_tokens_.load();
   s.cache_hits = cache_hits_.load();
+  s.cache_queried_tokens = queried_tokens_.load();
   s.sequences = sequences_.load();
   s.embeddings = embeddings_.load();
   s.kv_used = kv_used_.load();
   s.kv_cached = kv_cached_.load();
   s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size() : 0;
   s.preemptions = preemptions_.load();
+  s.kv_evictions = opt_.kv_pool ? opt_.kv_pool->evictions() : 0;
   s.decode_step_seconds = decode_step_s_.load();
   s.prompt_token_seconds = prompt_token_s_.load();
   s.prompt_allowance = prompt_allowance_.load();
@@ -415,7 +417,10 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
   }
   // The prompt cache: whatever of the prompt the model's prefix index holds,
   // whoever computed it (prompt logprobs need every row: nothing reused).
-  if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) q.adopt_cached_prefix();
+  if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) {
+    q.adopt_cached_prefix();
+    queried_tokens_.fetch_add(static_cast<uint64_t>(n_prompt));
+  }
   const int64_t cached = q.next_pos();
   cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
   if (cached > 0) cache_hits_.fetch_add(1);

@@ -286,8 +286,12 @@ struct SchedulerStats {
   uint64_t prompt_tokens = 0;  // prompt tokens computed (not cached)
   uint64_t cached_tokens = 0;  // prompt tokens reused from the cache (or a sibling's KV)
   uint64_t cache_hits = 0;     // sequences that reused >= 1 cached token
-  uint64_t sequences = 0;      // sequences started
-  uint64_t embeddings = 0;     // of which embedding sequences (one per input of an EmbeddingJob)
+  // Prompt tokens looked up in the prefix index (the prompts of sequences
+  // started with the cache on; vLLM's prefix_cache_queries): cached_tokens
+  // of them were found.
+  uint64_t cache_queried_tokens = 0;
+  uint64_t sequences = 0;   // sequences started
+  uint64_t embeddings = 0;  // of which embedding sequences (one per input of an EmbeddingJob)
   // KV in positions (the model's KV pool, model::KvPool::Usage):
   // kv_used = positions of the blocks held by running sequences (pinned),
   // kv_cached = of blocks held only as prompt cache (the prefix index or
@@ -296,7 +300,8 @@ struct SchedulerStats {
   int64_t kv_used = 0;
   int64_t kv_cached = 0;
   int64_t kv_capacity = 0;
-  uint64_t preemptions = 0;  // sequences preempted (KV freed, recomputed later) for lack of KV
+  uint64_t preemptions = 0;   // sequences preempted (KV freed, recomputed later) for lack of KV
+  uint64_t kv_evictions = 0;  // cached KV blocks evicted for room (model::KvPool::evictions)
   // StepCost's current figures (0 until measured) and the prompt tokens the
   // last step with a pending prompt was allowed.
   double decode_step_seconds = 0;
@@ -412,7 +417,7 @@ class Scheduler {
   std::atomic<double> decode_step_s_{0}, prompt_token_s_{0};
   std::atomic<int64_t> prompt_allowance_{0};
   std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0},
-      embeddings_{0};
+      embeddings_{0}, queried_tokens_{0};
   std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};
   std::thread thread_;  // last: starts after everything above exists
 };

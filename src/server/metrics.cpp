@@ -227,12 +227,20 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kVllmRunning, "Requests running (vLLM-compatible name).", MetricType::kGauge);
   m.declare(kVllmWaiting, "Requests waiting (vLLM-compatible name).", MetricType::kGauge);
   m.declare(kVllmKvUsage, "KV-cache usage, 1 = full (vLLM-compatible name).", MetricType::kGauge);
+  m.declare(kKvCachedRatio, "KV-cache positions held only as prompt cache (evictable) / all positions (0..1).",
+            MetricType::kGauge);
+  m.declare(kKvEvictions, "Cached KV blocks evicted to make room, per model.", MetricType::kCounter);
+  m.declare(kPreemptions, "Sequences preempted for lack of KV (blocks freed, recomputed later).", MetricType::kCounter);
+  m.declare(kVllmPreemptions, "Sequences preempted (vLLM-compatible name).", MetricType::kCounter);
+  m.declare(kVllmPrefixQueries, "Prompt tokens looked up in the prefix cache (vLLM-compatible name).",
+            MetricType::kCounter);
+  m.declare(kVllmPrefixHits, "Prompt tokens found in the prefix cache (vLLM-compatible name).", MetricType::kCounter);
 }
 
 void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models) {
   auto rows = models.list();
   for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps, kRunning,
-                        kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage})
+                        kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage, kKvCachedRatio})
     reg.clear(g);
   size_t loaded = 0;
   for (const auto& m : rows) {
@@ -266,6 +274,15 @@ void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models)
       reg.set(kPromptTokenCost, l, ss.prompt_token_seconds);
       reg.set(kPromptAllowance, l, static_cast<double>(ss.prompt_allowance));
       reg.set(kParallel, l, static_cast<double>(lm->scheduler->options().max_sequences));
+      const double cached =
+          ss.kv_capacity > 0 ? static_cast<double>(ss.kv_cached) / static_cast<double>(ss.kv_capacity) : 0;
+      reg.set(kKvCachedRatio, l, cached);
+      reg.set(kKvEvictions, l, static_cast<double>(ss.kv_evictions));
+      reg.set(kPreemptions, l, static_cast<double>(ss.preemptions));
+      const Labels vl{{"model_name", m.id}};
+      reg.set(kVllmPreemptions, vl, static_cast<double>(ss.preemptions));
+      reg.set(kVllmPrefixQueries, vl, static_cast<double>(ss.cache_queried_tokens));
+      reg.set(kVllmPrefixHits, vl, static_cast<double>(ss.cached_tokens));
     }
   }
   reg.set(kModelsLoaded, {}, static_cast<double>(loaded));

@@ -119,6 +119,12 @@ inline constexpr const char* kParallel = "bonsai_parallel_sequences";
 inline constexpr const char* kVllmRunning = "vllm:num_requests_running";
 inline constexpr const char* kVllmWaiting = "vllm:num_requests_waiting";
 inline constexpr const char* kVllmKvUsage = "vllm:kv_cache_usage_perc";
+inline constexpr const char* kKvCachedRatio = "bonsai_kv_cache_cached_ratio";
+inline constexpr const char* kKvEvictions = "bonsai_kv_cache_evicted_blocks_total";
+inline constexpr const char* kPreemptions = "bonsai_preemptions_total";
+inline constexpr const char* kVllmPreemptions = "vllm:num_preemptions";
+inline constexpr const char* kVllmPrefixQueries = "vllm:prefix_cache_queries";
+inline constexpr const char* kVllmPrefixHits = "vllm:prefix_cache_hits";
 }  // namespace metric
 
 // Declares every family of namespace metric in `m` (HELP, TYPE, buckets).

@@ -28,6 +28,7 @@
 #include "gguf/gguf.h"           // File (KV layout check)
 #include "model/config.h"        // ModelConfig
 #include "server/server.h"
+#include "tokenizer/tokenizer.h"  // Tokenizer::encode_prompt (metrics test)
 
 namespace bonsai::server {
 namespace {
@@ -1508,9 +1509,9 @@ TEST_F(ServerHttpDefaultSeed, UnseededRequestsUseTheServerSeed) {
 // The scheduler's gauges, with the vLLM names routers read.
 TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
   ASSERT_EQ(post("/v1/completions", completion_body("Once upon a time", 4).dump()).first, 200);
-  // The gauges are sampled by the step loop: the finished sequence's last
-  // token (the prompt-cache tail) runs one step after its answer was sent, so
-  // its KV blocks are unpinned a moment later. Poll until it is idle.
+  // The gauges are sampled by the step loop, which lets the finished
+  // sequence's KV blocks go a moment after its answer was sent. Poll until
+  // it is idle.
   const std::vector<std::string> names = {"vllm:num_requests_running{model_name=\"stories\"} 0\n",
                                           "vllm:num_requests_waiting{model_name=\"stories\"} 0\n",
                                           "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0\n",
@@ -1518,7 +1519,12 @@ TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
                                           "bonsai_kv_cache_usage_ratio{",
                                           "bonsai_batch_tokens_per_step_bucket{",
                                           "bonsai_prompt_cache_hits_total{",
-                                          "bonsai_prompt_cache_tokens_total{"};
+                                          "bonsai_prompt_cache_tokens_total{",
+                                          "bonsai_kv_cache_cached_ratio{",
+                                          "bonsai_kv_cache_evicted_blocks_total{",
+                                          "vllm:num_preemptions{model_name=\"stories\"} 0\n",
+                                          "vllm:prefix_cache_queries{model_name=\"stories\"} ",
+                                          "vllm:prefix_cache_hits{model_name=\"stories\"} "};
   auto c = client();
   std::string body;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -1533,6 +1539,12 @@ TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
   }
   for (const auto& n : names) EXPECT_NE(body.find(n), std::string::npos) << n << "\n" << body;
   EXPECT_GT(server_->metrics().histogram_count("bonsai_batch_tokens_per_step", {{"model", "stories"}}), 0u);
+  // Every prompt token of the request was looked up in the prefix cache.
+  const auto prompt = pool_->peek("stories")->tokenizer->encode_prompt("Once upon a time");
+  EXPECT_GE(server_->metrics().value("vllm:prefix_cache_queries", {{"model_name", "stories"}}),
+            static_cast<double>(prompt.size()));
+  EXPECT_LE(server_->metrics().value("vllm:prefix_cache_hits", {{"model_name", "stories"}}),
+            server_->metrics().value("vllm:prefix_cache_queries", {{"model_name", "stories"}}));
 }
 
 }  // namespace
