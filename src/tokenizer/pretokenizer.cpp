@@ -71,6 +71,17 @@ core::Expected<RegexSplitter> RegexSplitter::qwen2() {
              "|\\s+"));
 }
 
+core::Expected<RegexSplitter> RegexSplitter::qwen35() {
+  return compile(
+      expand("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+             "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+"
+             "|\\p{N}"
+             "| ?[^{WS}\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+             "|\\s*[\\r\\n]+"
+             "|\\s+(?!\\S)"
+             "|\\s+"));
+}
+
 core::Expected<RegexSplitter> RegexSplitter::gpt2() {
   return compile(expand("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^{WS}\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"));
 }

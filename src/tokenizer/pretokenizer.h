@@ -1,5 +1,7 @@
 // Regex pre-tokenizer for byte-level BPE (internal to src/tokenizer): splits
-// text into the "words" that BPE merges never cross.
+// text into the "words" that BPE merges never cross. One pattern per
+// `tokenizer.ggml.pre` value bonsai knows ("qwen2", "qwen35"); any other value
+// gets GPT-2's pattern (see Tokenizer::Impl::read_pretokenizer).
 #pragma once
 
 #include <memory>
@@ -24,6 +26,17 @@ class RegexSplitter {
   // category tables and Hugging Face's regex treat as whitespace, U+0085
   // included; PCRE2's own \s would miss U+0085).
   static core::Expected<RegexSplitter> qwen2();
+  // The pattern llama.cpp uses for `tokenizer.ggml.pre` = "qwen35"
+  // (LLAMA_VOCAB_PRE_TYPE_QWEN35; Qwen3.5 and the 27B Bonsai family): qwen2's
+  // with combining marks (\p{M}) kept inside words and out of symbol runs:
+  //   (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
+  //   |[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+ |\p{N} | ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*
+  //   |\s*[\r\n]+ |\s+(?!\S) |\s+
+  // So "e\u0301", Thai "ที่" and Devanagari "नमस्ते" are one piece each, where
+  // qwen2 cuts before every mark (a mark run is then a symbol piece). The
+  // optional lead-in class does not exclude \p{M}, exactly as llama.cpp's.
+  // \s is the Unicode White_Space set, as for qwen2.
+  static core::Expected<RegexSplitter> qwen35();
   // GPT-2's original pattern (llama.cpp's default for unknown `pre`):
   //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
   static core::Expected<RegexSplitter> gpt2();

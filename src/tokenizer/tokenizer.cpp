@@ -285,16 +285,20 @@ core::Expected<void> Tokenizer::Impl::read_merges(const gguf::File& file) {
 }
 
 // gpt2: tokenizer.ggml.pre (default "default") picks the pre-tokenizer regex
-// and whether text is NFC-normalised first.
+// ("qwen2", "qwen35", else GPT-2's) and whether text is NFC-normalised first.
 core::Expected<void> Tokenizer::Impl::read_pretokenizer(const gguf::File& file) {
   auto name = file.has("tokenizer.ggml.pre") ? file.get<std::string>("tokenizer.ggml.pre")
                                              : core::Expected<std::string>(std::string("default"));
   if (!name) return std::unexpected(name.error());
   pre = *name;
-  auto regex = (pre == "qwen2") ? RegexSplitter::qwen2() : RegexSplitter::gpt2();
+  auto regex = (pre == "qwen2")    ? RegexSplitter::qwen2()
+               : (pre == "qwen35") ? RegexSplitter::qwen35()
+                                   : RegexSplitter::gpt2();
   if (!regex) return std::unexpected(regex.error());
   splitter = std::move(*regex);
-  nfc = (pre == "qwen2");  // Qwen2/Qwen3 tokenizer.json: normalizer NFC
+  // Qwen2/Qwen3 tokenizer.json: normalizer NFC (Hugging Face, see tokenizer.h).
+  // qwen35 follows llama.cpp (no NFC): its goldens tokenize NFD text as is.
+  nfc = (pre == "qwen2");
   return {};
 }
 

@@ -8,8 +8,11 @@
 //              llama.cpp uses for qwen2 (Unicode categories via PCRE2) and
 //              NFC-normalizes text first, as Qwen3's tokenizer.json declares
 //              (llama.cpp skips NFC; we follow Hugging Face, which the model
-//              was trained with). Other `pre` values fall back to the GPT-2
-//              regex.
+//              was trained with). "qwen35" (Qwen3.5, the 27B Bonsai family)
+//              uses llama.cpp's qwen35 regex (combining marks stay inside
+//              words) without NFC, so decomposed text such as "e\u0301"
+//              gives llama.cpp's ids (the qwen35 goldens pin this). Other
+//              `pre` values (or none) fall back to the GPT-2 regex.
 //   - "llama": SentencePiece-style BPE (merge the adjacent pair whose token
 //              has the highest score), "▁" for spaces, a space prefix on
 //              each text run (`tokenizer.ggml.add_space_prefix`, default
