@@ -1,7 +1,9 @@
 // `bonsai validate -m FILE [--q2-layout L]`: exit 0 when FILE is a loadable
 // Qwen3 (Bonsai) or llama model — the GGUF parses, every required key and
 // tensor is present with the right shape and a type the kernels compute on,
-// and its tokenizer (if it declares one) builds — else exit 1 with every
+// its tokenizer (if it declares one) builds and its Bonsai 2 Hadamard fold
+// (`prism.hadamard.*`, if any) is valid, printed as "Hadamard fold: block B,
+// sign widths [...], N folded matrices, ..." — else exit 1 with every
 // problem listed on stderr, one per line.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "apps/bonsai/commands.h"
 #include "core/ggml_types.h"      // parse_q2_layout
 #include "gguf/gguf.h"            // File
+#include "model/hadamard.h"       // read_hadamard_fold, describe
 #include "model/model.h"          // check_model, ModelConfig
 #include "tokenizer/tokenizer.h"  // Tokenizer
 
@@ -41,6 +44,8 @@ int run_validate(const ValidateOptions& o) {
     auto tok = tokenizer::Tokenizer::from_gguf(**file);
     if (!tok) problems.push_back("tokenizer: " + tok.error().message);
   }
+  auto fold = model::read_hadamard_fold(**file);
+  if (!fold) problems.push_back("Hadamard fold: " + fold.error().message);
   if (!problems.empty()) {
     std::cerr << o.model_path << ": INVALID (" << problems.size() << " problem" << (problems.size() == 1 ? "" : "s")
               << ")\n";
@@ -60,6 +65,7 @@ int run_validate(const ValidateOptions& o) {
             << " tensors";
   if (const auto l = (*file)->q2_layout()) std::cout << ", Q2_0 layout " << core::q2_layout_name(*l);
   if (!(*file)->has("tokenizer.ggml.model")) std::cout << " (no tokenizer)";
+  if (*fold) std::cout << ", Hadamard fold: " << model::describe(**fold);
   std::cout << "\n";
   return 0;
 }
