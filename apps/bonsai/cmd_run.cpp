@@ -30,6 +30,7 @@
 #include "core/thread_pool.h"         // set_global_thread_count
 #include "engine/completion.h"        // prepare_completion
 #include "engine/inference_engine.h"  // InferenceEngine
+#include "engine/engine_pool.h"       // check_ctx_supported
 #include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
 #include "model/model.h"              // Model::load
 #include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate
@@ -180,6 +181,10 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
     return std::nullopt;
   }
+  if (auto ok = engine::check_ctx_supported(path, o.ctx, (*model)->config()); !ok) {
+    std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+    return std::nullopt;
+  }
   engine::EngineOptions eo;
   eo.max_seq_len = o.ctx;
   eo.params = o.sampling;  // validated by InferenceEngine::create
@@ -189,12 +194,6 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   if (!eng) {
     std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";
     return std::nullopt;
-  }
-  if (const int64_t n_train = (*model)->config().n_ctx_train; eng->max_seq_len() > n_train) {
-    // As llama.cpp: positions past the training context are out of distribution.
-    std::cerr << "bonsai " << cmd << ": warning: the context (" << eng->max_seq_len()
-              << " tokens, -c) is larger than the model was trained on (" << n_train
-              << "); text past that is likely garbage\n";
   }
   Session s;
   s.model = *model;

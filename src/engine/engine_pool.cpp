@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <thread>
 
 #include "engine/inference_engine.h"  // InferenceEngine, EngineOptions
@@ -54,6 +56,30 @@ int64_t effective_ctx(int64_t requested, int64_t n_ctx_train) {
 
 }  // namespace
 
+int64_t max_supported_ctx(const model::ModelConfig& cfg) {
+  int64_t max_ctx = cfg.n_ctx_train;
+  if (cfg.n_ctx_train > 0 && cfg.rope_scaling != model::RopeScaling::kNone) {
+    const int64_t orig = cfg.rope_orig_ctx > 0 ? cfg.rope_orig_ctx : cfg.n_ctx_train;
+    const double scaled = static_cast<double>(orig) * static_cast<double>(cfg.rope_scaling_factor);
+    if (scaled > static_cast<double>(max_ctx)) max_ctx = scaled >= 9.0e18 ? INT64_MAX : static_cast<int64_t>(scaled);
+  }
+  return max_ctx;
+}
+
+core::Expected<void> check_ctx_supported(const std::string& path, int64_t ctx, const model::ModelConfig& cfg) {
+  const int64_t max_ctx = max_supported_ctx(cfg);
+  if (ctx <= 0 || max_ctx <= 0 || ctx <= max_ctx) return {};
+  const float factor = cfg.rope_scaling == model::RopeScaling::kNone ? 1.0f : cfg.rope_scaling_factor;
+  char f[32];
+  std::snprintf(f, sizeof f, "%g", static_cast<double>(factor));
+  return core::fail(core::Errc::kInvalidArgument,
+                    path + ": a context of " + std::to_string(ctx) + " tokens (-c / ctx-size) is more than the model " +
+                        "supports: at most " + std::to_string(max_ctx) + " (training context " +
+                        std::to_string(cfg.n_ctx_train) + " x RoPE scaling factor " + f +
+                        "); positions past it give garbage. Use -c " + std::to_string(max_ctx) +
+                        " or less (0: the default)");
+}
+
 int64_t kv_block_size_for(int64_t n_ctx) {
   return std::clamp<int64_t>((n_ctx + 31) / 32 * 32, 32, model::kKvBlockSize);
 }
@@ -73,6 +99,7 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
   if (!tok) return std::unexpected(tok.error());
 
+  if (auto ok = check_ctx_supported(path, max_seq_len, (*model)->config()); !ok) return std::unexpected(ok.error());
   const ComputeTier tier = ComputeTier::kCpu;  // the only tier today
   const int size = resolve_pool_size(requested_size, tier);
   EngineOptions opts;
@@ -150,13 +177,7 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
   f.kv_bytes = mul_sat(f.kv_bytes_per_position, static_cast<uint64_t>(f.kv_budget_tokens));
   f.n_ctx_train = cfg->n_ctx_train;
   f.rope_scaling_factor = cfg->rope_scaling == model::RopeScaling::kNone ? 1.0f : cfg->rope_scaling_factor;
-  f.max_ctx = f.n_ctx_train;
-  if (f.n_ctx_train > 0 && cfg->rope_scaling != model::RopeScaling::kNone) {
-    const int64_t orig = cfg->rope_orig_ctx > 0 ? cfg->rope_orig_ctx : f.n_ctx_train;
-    const double scaled = static_cast<double>(orig) * static_cast<double>(cfg->rope_scaling_factor);
-    if (scaled > static_cast<double>(f.max_ctx))
-      f.max_ctx = scaled >= 9.0e18 ? INT64_MAX : static_cast<int64_t>(scaled);
-  }
+  f.max_ctx = max_supported_ctx(*cfg);
   return f;
 }
 

@@ -379,7 +379,8 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
 // workspace and sampler. Every replica gets `params` with params.seed =
 // `seed`, so replicas are interchangeable. `max_seq_len` <= 0: the model's
 // context_length capped at kDefaultMaxSeqLen. Errors: the model's, the
-// tokenizer's and InferenceEngine::create's (each names the file).
+// tokenizer's and InferenceEngine::create's (each names the file), and
+// check_ctx_supported's (max_seq_len beyond what the model supports).
 // `options` go to Model::load (a forced Q2_0 layout). type_k / type_v: every
 // replica's KV cache types (EngineOptions::kv_type_k / kv_type_v; q8_0 needs
 // head dims that are multiples of 32, else InferenceEngine::create's error).
@@ -423,6 +424,19 @@ struct ModelFootprint {
 
   uint64_t total_bytes() const;  // mapped_bytes + kv_bytes (saturating)
 };
+
+// The longest context `cfg`'s model supports: n_ctx_train, or with RoPE
+// scaling (linear / YaRN) max(n_ctx_train, original_context_length x
+// factor), as llama.cpp extends it. 0 when the file gives no context_length.
+int64_t max_supported_ctx(const model::ModelConfig& cfg);
+// Refuses a requested context (`-c`, `ctx-size`, `ctx_size`; <= 0 means
+// the default and passes) longer than max_supported_ctx(cfg): positions
+// past the training context are out of distribution (stories260K at -c 8192
+// produces garbage past 2,048). Error kInvalidArgument naming `path`, the
+// value, the limit and how it is made (training context x RoPE factor).
+// build_pool_from_gguf and `bonsai run` / `chat` call it, so every path
+// (CLI flag, TOML key, admin load) refuses the same value.
+core::Expected<void> check_ctx_supported(const std::string& path, int64_t ctx, const model::ModelConfig& cfg);
 
 // The footprint of `path` built with `max_seq_len` positions and `pool_size`
 // replicas. Errors: gguf::File::open's and ModelConfig::from_gguf's (each

@@ -398,17 +398,22 @@ TEST(CliRepack, NoRepackGivesIdenticalResultsAndSaysZeroCopy) {
   }
 }
 
-// -c beyond the model's training context was accepted silently (llama.cpp
-// warns: "possible training context overflow"); now a warning on stderr.
-TEST(CliRun, ContextBeyondTrainingWarns) {
+// -c beyond what the model supports (its training context; no RoPE
+// scaling in stories260K) is refused with the limit, as the admin load
+// route refuses it (issue 33 item 6): positions past it give garbage.
+TEST(CliRun, ContextBeyondTrainingIsRefused) {
   REQUIRE_BONSAI_BIN();
   const std::string path = test::shared_path("models/stories260K/stories260K.gguf");  // trained on 2048
   BONSAI_REQUIRE_FILE(path);
   const auto over = run_cmd("run -m '" + path + "' -p Once -n 1 -t 1 -c 4096");
-  ASSERT_EQ(over.exit_code, 0) << over.out;
-  EXPECT_NE(over.out.find("warning: the context (4096 tokens, -c) is larger than the model was trained on (2048)"),
+  EXPECT_NE(over.exit_code, 0) << over.out;
+  EXPECT_NE(over.out.find("a context of 4096 tokens (-c / ctx-size) is more than the model supports: at most 2048 "
+                          "(training context 2048 x RoPE scaling factor 1)"),
             std::string::npos)
       << over.out;
+  const auto serve = run_cmd("serve -m 's=" + path + "' -c 4096 --port 0 -t 1");
+  EXPECT_NE(serve.exit_code, 0) << serve.out;
+  EXPECT_NE(serve.out.find("at most 2048"), std::string::npos) << serve.out;
   const auto fits = run_cmd("run -m '" + path + "' -p Once -n 1 -t 1 -c 2048");
   ASSERT_EQ(fits.exit_code, 0) << fits.out;
   EXPECT_EQ(fits.out.find("warning"), std::string::npos) << fits.out;

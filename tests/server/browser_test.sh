@@ -29,7 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN" serve -m "stories=$STORIES" -c 4096 --port 0 -t 1 >"$WORK/out" 2>"$WORK/err" &
+"$BIN" serve -m "stories=$STORIES" -c 2048 --port 0 -t 1 >"$WORK/out" 2>"$WORK/err" &
 SERVER_PID=$!
 URL=""
 for _ in $(seq 1 200); do
