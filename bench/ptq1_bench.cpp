@@ -91,7 +91,8 @@ struct Arena {
   uint8_t* base = nullptr;
   size_t bytes = 0;  // one copy
   int copies = 0;
-  kn::MatrixView proto;
+  kn::MatrixView proto;  // copy 0
+  // The view of copy i (i < copies).
   kn::MatrixView view(int i) const {
     kn::MatrixView v = proto;
     v.data = base + static_cast<size_t>(i) * bytes;
@@ -125,17 +126,23 @@ double read_bandwidth(const uint8_t* p, size_t bytes, bonsai::core::ThreadPool& 
   return best;
 }
 
-// Median seconds per GEMV over the arena's copies, running for >= min_s (>= 5 products).
-double time_gemv(const Arena& a, const float* x, float* y, bonsai::core::ThreadPool& pool, double min_s) {
-  for (int i = 0; i < 2; ++i) kn::gemv(a.view(i % a.copies), x, y, &pool);
-  std::vector<double> ts;
+// Median seconds per GEMV of each arena, the two formats alternating one
+// product at a time (so both see the same load on a shared machine), for
+// >= min_s in all (>= 5 products each).
+void time_gemv_pair(const Arena (&a)[2], const float* x, float* const (&y)[2], bonsai::core::ThreadPool& pool,
+                    double min_s, double (&out)[2]) {
+  for (int k = 0; k < 2; ++k)
+    for (int i = 0; i < 2; ++i) kn::gemv(a[k].view(i % a[k].copies), x, y[k], &pool);
+  std::vector<double> ts[2];
   const double start = now_s();
-  for (int i = 0; ts.size() < 5 || now_s() - start < min_s; ++i) {
-    const double t0 = now_s();
-    kn::gemv(a.view(i % a.copies), x, y, &pool);
-    ts.push_back(now_s() - t0);
+  for (int i = 0; ts[0].size() < 5 || now_s() - start < min_s; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const double t0 = now_s();
+      kn::gemv(a[k].view(i % a[k].copies), x, y[k], &pool);
+      ts[k].push_back(now_s() - t0);
+    }
   }
-  return median(ts);
+  for (int k = 0; k < 2; ++k) out[k] = median(ts[k]);
 }
 
 }  // namespace
@@ -216,7 +223,8 @@ int main(int argc, char** argv) {
     }
     if (!kn::tier_supported(tier) || !kn::set_active_tier(tier).has_value()) continue;
     double s[2];
-    for (int k = 0; k < 2; ++k) s[k] = time_gemv(arenas[k], x.data(), k == 0 ? y0.data() : y1.data(), pool, min_s);
+    float* const ys[2] = {y0.data(), y1.data()};
+    time_gemv_pair(arenas, x.data(), ys, pool, min_s, s);
     const bool same = std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(float)) == 0;
     nlohmann::json jt = {{"tier", name}, {"outputs_bit_identical", same}};
     for (int k = 0; k < 2; ++k) {
