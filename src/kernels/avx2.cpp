@@ -23,6 +23,8 @@
 // the integer sums use VPDPBUSD instead of PMADDUBSW + PMADDWD (the code in
 // avx2_rows.inc is compiled twice; same integer sums, bit-identical
 // results). Q8_0 weights: natural order, the canonical Q8_0 order.
+// PTQ1_0 blocks are decoded to int8 digits in registers (avx2_trit.inc) and
+// meet the natural-order quants; same canonical order, bit-identical.
 // Q1_0 matrices packed as avx2-tile16 (packing_for gives them to this tier on
 // CPUs without AVX-VNNI) run the table-lookup kernel of avx2_tile.inc
 // instead, on tables built from the natural-order quants; bit-identical.
@@ -165,6 +167,7 @@ namespace vnni {
 #pragma GCC pop_options
 
 #include "kernels/avx2_tile.inc"
+#include "kernels/avx2_trit.inc"
 
 void rows_q8(const MatrixView& w, const QuantAct& a, int64_t n, float* y, int64_t r0, int64_t r1) {
   const int64_t nb = w.cols / 32;
@@ -291,6 +294,11 @@ void prepare(Format f, const float* x, int64_t n, int64_t cols, QuantAct& a) {
     int8_t* q = a.q + j * cols;
     float* d = a.d + j * (cols / 32);
     quantize_act(x + j * cols, cols, q, d);
+    if (fam == Family::kTrit) {
+      // PTQ1_0 reads q in natural order (avx2_trit.inc) and its own lane order.
+      trit_lanes(q, d, cols, a.lane_neg + j * ls, a.lane_d + j * ls);
+      continue;
+    }
     if ((fam != Family::kSign && fam != Family::kCode2) || !pair_layout) continue;
     int8_t* xp = a.qp + j * xs;
     int32_t* neg = a.lane_neg + j * ls;
@@ -324,6 +332,8 @@ void rows(const MatrixView& w, const float* x, const QuantAct* a, int64_t n, flo
       rows_float<2, load8_bf16, scalar_bf16>(w, x, n, y, r0, r1);
     } else if constexpr (F == Format::kQ8_0) {
       rows_q8(w, *a, n, y, r0, r1);
+    } else if constexpr (kDef<F>.family == Family::kTrit) {
+      rows_trit(w, *a, n, y, r0, r1);
     } else if constexpr (kHasUnits<F>) {
       // (Rows past kAvx2TileMaxUnits are never so packed; the guard keeps a
       // hand-made view off the kernel's fixed-size scale array.)
@@ -421,7 +431,7 @@ bool avx2_vnni_in_use() { return use_vnni(); }
 
 const TierOps* avx2_ops() {
   static const TierOps ops{prepare,        rows,       dot_f32, dot_f16_f32_entry, axpy_f32,
-                           axpy_f16_entry, f32_to_f16, nullptr, nullptr,           kX86TierFormats};
+                           axpy_f16_entry, f32_to_f16, nullptr, nullptr,           kAvx2TierFormats};
   return &ops;
 }
 

@@ -60,7 +60,7 @@ enum class Family : uint8_t {
   kQ8,     // 8-bit quants: Q8_0 activations, chunks of 4
   kSign,   // 1-bit signs (+-d): chunks of 32, kernels walk 128-weight units
   kCode2,  // 2-bit codes, value code - 1 (ternary): chunks of 16, 64-weight units
-  kTrit,   // base-3 digits, 5 per byte (PTQ1_0): chunks of 16; reference tier only
+  kTrit,   // base-3 digits, 5 per byte (PTQ1_0): chunks of 16; decoded to int8 digits in registers
 };
 
 // One format's definition. Byte offsets are within a block.

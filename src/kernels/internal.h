@@ -161,6 +161,10 @@ inline constexpr uint32_t kX86TierFormats = format_bit(Format::kF32) | format_bi
                                             format_bit(Format::kBF16) | format_bit(Format::kQ8_0) |
                                             family_bits(Family::kSign) | family_bits(Family::kCode2);
 
+// The AVX2 tier also computes PTQ1_0 (avx2_trit.inc); the AVX-512 tier
+// hands PTQ1_0 products to it (ops_for_format).
+inline constexpr uint32_t kAvx2TierFormats = kX86TierFormats | family_bits(Family::kTrit);
+
 const TierOps* reference_ops();
 const TierOps* avx2_ops();
 const TierOps* avx512_ops();
@@ -170,8 +174,10 @@ const TierOps* neon_ops();
 const TierOps* tier_ops(Tier t);
 
 // The ops that compute products of format f for a tier whose ops are `ops`:
-// ops itself where it lists f (TierOps::formats), else reference_ops(),
-// which defines every format (kernels.cpp routes every product through it).
+// ops itself where it lists f (TierOps::formats); for the AVX-512 tier the
+// AVX2 tier where that lists f (PTQ1_0: every AVX-512 CPU runs AVX2 code);
+// else reference_ops(), which defines every format (kernels.cpp routes
+// every product through it).
 const TierOps* ops_for_format(const TierOps* ops, Format f);
 
 // Test hook: lets tests run the AVX-512 tier's code paths for CPUs without

@@ -507,7 +507,12 @@ int64_t argmax_f32(const float* p, int64_t n) {
 namespace bonsai::kernels::detail {
 
 const TierOps* ops_for_format(const TierOps* ops, Format f) {
-  return ((ops->formats >> static_cast<unsigned>(f)) & 1u) != 0 ? ops : reference_ops();
+  const auto lists = [f](const TierOps* o) {
+    return o != nullptr && ((o->formats >> static_cast<unsigned>(f)) & 1u) != 0;
+  };
+  if (lists(ops)) return ops;
+  if (ops == avx512_ops() && lists(avx2_ops()) && tier_supported(Tier::kAvx2)) return avx2_ops();
+  return reference_ops();
 }
 
 size_t QuantAct::bytes() const {

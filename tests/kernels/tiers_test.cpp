@@ -402,7 +402,8 @@ void encode_ptq1_0(const int* t, const uint8_t d[2], uint8_t* out) {
 
 // PrismML's PQ2_0 and PTQ1_0 (issue 30) holding the weights of a g64 matrix
 // whose block pairs share d give its products bit for bit on every tier
-// (PTQ1_0 runs on the reference kernels, TierOps::formats); PQ2_0's code 3
+// (PTQ1_0 on the AVX2 kernels of avx2_trit.inc where the tier has them,
+// TierOps::formats); PQ2_0's code 3
 // is +2, as g64's, so random codes 3 stay in.
 TEST(Tiers, PrismFormatsBitIdenticalToPairedG64) {
   const int64_t rows = 29, cols = 1024;
@@ -457,6 +458,48 @@ TEST(Tiers, PrismFormatsBitIdenticalToPairedG64) {
       EXPECT_EQ(std::memcmp(y64.data(), ypq.data(), ny * sizeof(float)), 0) << v.label << " PQ2_0 gemm n=" << n;
       EXPECT_EQ(std::memcmp(ytern.data(), ypt.data(), ny * sizeof(float)), 0) << v.label << " PTQ1_0 gemm n=" << n;
       EXPECT_NE(y64[0], 0.0f) << v.label;
+    }
+  }
+  ASSERT_TRUE(set_active_tier(before).has_value());
+}
+
+// PTQ1_0 on every SIMD tier equals the reference tier bit for bit on random
+// weights (every byte value: digits past a qh byte's fourth are ignored),
+// random scales and activations: the integer chunk sums are exact and the
+// float operations follow the canonical order. Odd row counts (the GEMV's
+// row pairs), one to many blocks per row, GEMV and GEMM (1 to 4 columns per
+// micro-kernel, column tiles of 64), per row range and threaded.
+TEST(Tiers, Ptq1BitIdenticalToReference) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  core::ThreadPool pool(2);
+  const Tier before = active_tier();
+  for (const Variant& v : variants()) {
+    GfniScope g(v);
+    ASSERT_TRUE(set_active_tier(v.tier).has_value());
+    for (Shape s : {Shape{1, 128}, Shape{3, 256}, Shape{7, 384}, Shape{33, 1152}, Shape{130, 2048}, Shape{5, 5120}}) {
+      auto m = testing::random_matrix(Format::kPTQ1_0, s.rows, s.cols, 4100 + static_cast<uint32_t>(s.rows + s.cols));
+      for (int64_t n : {1, 2, 3, 5, 17, 66}) {
+        const auto x = random_batch(n, s.cols, 800 + static_cast<uint32_t>(n + s.cols));
+        const size_t ny = static_cast<size_t>(n * s.rows);
+        std::vector<float> yr(ny), yt(ny, std::nanf("")), yp(ny, std::nanf(""));
+        gemm_rows(Tier::kReference, m.view, x.data(), n, yr.data(), 0, s.rows);
+        gemm_rows(v.tier, m.view, x.data(), n, yt.data(), 0, s.rows);
+        if (n == 1) {
+          gemv(m.view, x.data(), yp.data(), &pool);
+        } else {
+          gemm(m.view, x.data(), n, yp.data(), &pool);
+        }
+        for (size_t i = 0; i < ny; ++i) {
+          ASSERT_EQ(std::memcmp(&yr[i], &yt[i], sizeof(float)), 0)
+              << v.label << " rows " << s.rows << "x" << s.cols << " n=" << n << " at " << i << ": " << yt[i] << " ref "
+              << yr[i];
+          ASSERT_EQ(std::memcmp(&yr[i], &yp[i], sizeof(float)), 0)
+              << v.label << " gemm " << s.rows << "x" << s.cols << " n=" << n << " at " << i << ": " << yp[i] << " ref "
+              << yr[i];
+        }
+      }
     }
   }
   ASSERT_TRUE(set_active_tier(before).has_value());
