@@ -29,8 +29,8 @@
 #include "core/ggml_types.h"          // parse_q2_layout
 #include "core/thread_pool.h"         // set_global_thread_count
 #include "engine/completion.h"        // prepare_completion
-#include "engine/inference_engine.h"  // InferenceEngine
 #include "engine/engine_pool.h"       // check_ctx_supported
+#include "engine/inference_engine.h"  // InferenceEngine
 #include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
 #include "model/model.h"              // Model::load
 #include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate

@@ -180,11 +180,11 @@ std::string serve_startup_stderr(const std::string& args) {
 TEST(CliServe, StartupReportsOnlyModelsStillResidentUnderTheBudget) {
   BONSAI_REQUIRE_FILE(kStories);
   const std::string two =
-      "-m a='" + kStories + "' -m b='" + kStories + "' --port 0 -c 4096 --pool-size 1 --models-max 2";
+      "-m a='" + kStories + "' -m b='" + kStories + "' --port 0 -c 2048 --pool-size 1 --models-max 2";
   const std::string both = serve_startup_stderr(two);
   EXPECT_NE(both.find("bonsai serve: loaded 'a' from "), std::string::npos) << both;
   EXPECT_NE(both.find("bonsai serve: loaded 'b' from "), std::string::npos) << both;
-  // Each is ~3 MiB (the mapping and a 4096-position KV cache): 4 MiB holds one.
+  // Each is ~2.3 MiB (the mapping and a 2048-position KV cache): 4 MiB holds one.
   const std::string one = serve_startup_stderr(two + " --mem-budget 4");
   EXPECT_EQ(one.find("loaded 'a'"), std::string::npos) << one;
   EXPECT_NE(one.find("bonsai serve: 'a' was evicted at start-up to make room for a later model (--mem-budget 4 MiB, "
