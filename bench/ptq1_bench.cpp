@@ -52,32 +52,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// One PTQ1_0 block (28 bytes) of 128 digits t[e] in {0, 1, 2} and fp16 d
-// (kernels/formats.h BlockPTQ1_0: a qs byte = ceil(q * 256 / 243) of 5
-// digits, a qh byte of 4 digits as q * 3).
-void encode_ptq1_0(const int* t, uint16_t d, uint8_t* out) {
-  auto pack = [](const int* digits, int count) {
-    int q = 0;
-    for (int n = 0; n < count; ++n) q = q * 3 + digits[n];
-    if (count == 4) q *= 3;
-    return static_cast<uint8_t>((q * 256 + 242) / 243);
-  };
-  int digits[5];
-  for (int i = 0; i < 16; ++i) {
-    for (int n = 0; n < 5; ++n) digits[n] = t[16 * n + i];
-    out[i] = pack(digits, 5);
-  }
-  for (int i = 0; i < 8; ++i) {
-    for (int n = 0; n < 5; ++n) digits[n] = t[80 + 8 * n + i];
-    out[16 + i] = pack(digits, 5);
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int n = 0; n < 4; ++n) digits[n] = t[120 + 2 * n + i];
-    out[24 + i] = pack(digits, 4);
-  }
-  std::memcpy(out + 26, &d, 2);
-}
-
 // One PQ2_0 block (34 bytes: fp16 d, then 2-bit codes t, weight j at bits
 // 2 (j % 4) of qs[j / 4]) of the same digits.
 void encode_pq2_0(const int* t, uint16_t d, uint8_t* out) {
@@ -185,7 +159,9 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < nb; ++b) {
       for (int& v : t) v = static_cast<int>(rng() % 3);
       const uint16_t d = bonsai::core::fp32_to_fp16(scale(rng));
-      encode_ptq1_0(t, d, arenas[0].base + b * 28);
+      int8_t w[128];
+      for (int e = 0; e < 128; ++e) w[e] = static_cast<int8_t>(t[e] - 1);
+      kn::encode_ptq1_0(w, d, arenas[0].base + b * 28);
       encode_pq2_0(t, d, arenas[1].base + b * 34);
     }
   }

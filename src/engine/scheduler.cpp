@@ -417,13 +417,14 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
   }
   // The prompt cache: whatever of the prompt the model's prefix index holds,
   // whoever computed it (prompt logprobs need every row: nothing reused).
+  // Counted as prefix-cache lookups and hits: choice 0's only (a sibling
+  // shares its prompt's KV, which is not a cache hit), so hits <= queries.
   if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) {
-    q.adopt_cached_prefix();
+    const int64_t cached = q.adopt_cached_prefix();
     queried_tokens_.fetch_add(static_cast<uint64_t>(n_prompt));
+    cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
+    if (cached > 0) cache_hits_.fetch_add(1);
   }
-  const int64_t cached = q.next_pos();
-  cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
-  if (cached > 0) cache_hits_.fetch_add(1);
   sequences_.fetch_add(1);
   if (choice == 0) job.source = &q;
   ++job.next_choice;

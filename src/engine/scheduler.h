@@ -284,7 +284,7 @@ struct SchedulerStats {
   uint64_t steps = 0;          // forward steps run
   uint64_t step_tokens = 0;    // tokens over all steps
   uint64_t prompt_tokens = 0;  // prompt tokens computed (not cached)
-  uint64_t cached_tokens = 0;  // prompt tokens reused from the cache (or a sibling's KV)
+  uint64_t cached_tokens = 0;  // prompt tokens taken from the prefix cache (not a sibling choice's shared prompt)
   uint64_t cache_hits = 0;     // sequences that reused >= 1 cached token
   // Prompt tokens looked up in the prefix index (the prompts of sequences
   // started with the cache on; vLLM's prefix_cache_queries): cached_tokens

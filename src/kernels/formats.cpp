@@ -2,6 +2,9 @@
 // Portable code (no ISA flags).
 #include "kernels/formats.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace bonsai::kernels {
 
 namespace {
@@ -77,6 +80,22 @@ float decode_ptq1_0(const uint8_t* block, int8_t* w) {
     w[e] = static_cast<int8_t>(t - 1);
   }
   return load_fp16(b->d);
+}
+
+void encode_ptq1_0(const int8_t* w, uint16_t d, uint8_t* out) {
+  auto* b = reinterpret_cast<BlockPTQ1_0*>(out);
+  const auto digit = [w](int e) { return std::clamp<int>(w[e], -1, 1) + 1; };
+  // count digits, most significant first: ceil(q * 256 / 243) for 5, of 3q for 4.
+  const auto pack = [&](int first, int stride, int count) {
+    int q = 0;
+    for (int n = 0; n < count; ++n) q = q * 3 + digit(first + stride * n);
+    if (count == 4) q *= 3;
+    return static_cast<uint8_t>((q * 256 + 242) / 243);
+  };
+  for (int i = 0; i < 16; ++i) b->qs[i] = pack(i, 16, 5);          // weights i, i + 16, ..., i + 64
+  for (int i = 0; i < 8; ++i) b->qs[16 + i] = pack(80 + i, 8, 5);  // weights 80 + i, ..., 80 + i + 32
+  for (int i = 0; i < 2; ++i) b->qh[i] = pack(120 + i, 2, 4);      // weights 120 + i, ..., 120 + i + 6
+  std::memcpy(b->d, &d, sizeof d);
 }
 
 const FormatDef& format_def(Format f) {

@@ -88,6 +88,14 @@ float decode_q2_0_g128d(const uint8_t* block, int8_t* w);   // code 3 -> 0
 float decode_q2_0_g128qs(const uint8_t* block, int8_t* w);  // code 3 -> 0
 float decode_pq2_0(const uint8_t* block, int8_t* w);        // codes as g64 (3 -> 2)
 float decode_ptq1_0(const uint8_t* block, int8_t* w);       // digits 0, 1, 2 -> -1, 0, 1
+// The inverse of decode_ptq1_0: writes the 28-byte PTQ1_0 block (`out`) of
+// 128 weights w[e] in {-1, 0, +1} (digit w[e] + 1, in the format's weight
+// order; BlockPTQ1_0) with the fp16 scale bits `d`. A qs byte of 5 digits
+// is ceil(q * 256 / 243), a qh byte of 4 is ceil(3q * 256 / 243) (q the
+// digits read most significant first), the encoding of
+// ../shared/fixtures/README.md "Weight formats" (ggml's TQ1_0 packing).
+// Values of w outside {-1, 0, 1} are a caller error (clamped).
+void encode_ptq1_0(const int8_t* w, uint16_t d, uint8_t* out);
 
 // Indexed by Format. Sources: ggml type_traits (llama.cpp ggml.c) for the
 // geometry of Q8_0 / Q1_0 / Q2_0; OxiBonsai's TQ2_0_g128 and PrismML's

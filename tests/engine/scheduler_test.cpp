@@ -661,7 +661,11 @@ TEST_F(SchedulerTest, FourChoicesPrefillOnce) {
   ASSERT_EQ(o.results.size(), 4u);
   const SchedulerStats st = sched_->stats();
   EXPECT_EQ(st.prompt_tokens, prompt.size()) << "the prompt was computed more than once";
-  EXPECT_EQ(st.cached_tokens, 3 * prompt.size());
+  // The siblings share the prompt's KV: not prefix-cache hits (the cache is
+  // off: no lookups, no hits; hits never exceed lookups).
+  EXPECT_EQ(st.cached_tokens, 0u);
+  EXPECT_EQ(st.cache_hits, 0u);
+  EXPECT_EQ(st.cache_queried_tokens, 0u);
   for (int i = 0; i < 4; ++i) {
     const GenerationResult solo = alone(prompt, p, 500 + i, kCtx);
     EXPECT_EQ(o.results[i].tokens, solo.tokens) << "choice " << i;
@@ -1127,6 +1131,10 @@ TEST_F(SchedulerTest, FourChoicesShareThePromptBlocks) {
   ASSERT_FALSE(o.failed) << o.error.message;
   ASSERT_EQ(o.results.size(), 4u);
   EXPECT_EQ(sched_->stats().prompt_tokens, prompt.size());
+  // One lookup of the prompt (choice 0's), nothing cached yet: the siblings'
+  // shared prompt is not counted as hits (vllm:prefix_cache_hits <= queries).
+  EXPECT_EQ(sched_->stats().cache_queried_tokens, prompt.size());
+  EXPECT_EQ(sched_->stats().cached_tokens, 0u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(o.results[i].tokens, alone(prompt, p, 500 + i, kCtx).tokens) << "choice " << i;
   // Blocks: the full prompt blocks (70 / 32 = 2) once, plus each choice's own
   // last block, kept in the prefix index (prompt + the answer but its last

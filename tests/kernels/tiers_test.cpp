@@ -373,33 +373,6 @@ TEST(Tiers, G128BitIdenticalToPairedG64) {
   ASSERT_TRUE(set_active_tier(before).has_value());
 }
 
-// PTQ1_0 bytes of 128 base-3 digits t[e] in {0, 1, 2} (formats.h
-// BlockPTQ1_0): 5 digits a qs byte as ceil(q * 256 / 243), 4 a qh byte as
-// ceil(3q * 256 / 243), in the format's weight order; d after them.
-void encode_ptq1_0(const int* t, const uint8_t d[2], uint8_t* out) {
-  auto pack = [](const int* digits, int count) {
-    int q = 0;
-    for (int n = 0; n < count; ++n) q = q * 3 + digits[n];
-    if (count == 4) q *= 3;
-    return static_cast<uint8_t>((q * 256 + 242) / 243);
-  };
-  int digits[5];
-  for (int i = 0; i < 16; ++i) {
-    for (int n = 0; n < 5; ++n) digits[n] = t[16 * n + i];
-    out[i] = pack(digits, 5);
-  }
-  for (int i = 0; i < 8; ++i) {
-    for (int n = 0; n < 5; ++n) digits[n] = t[80 + 8 * n + i];
-    out[16 + i] = pack(digits, 5);
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int n = 0; n < 4; ++n) digits[n] = t[120 + 2 * n + i];
-    out[24 + i] = pack(digits, 4);
-  }
-  out[26] = d[0];
-  out[27] = d[1];
-}
-
 // PrismML's PQ2_0 and PTQ1_0 (issue 30) holding the weights of a g64 matrix
 // whose block pairs share d give its products bit for bit on every tier
 // (PTQ1_0 on the AVX2 kernels of avx2_trit.inc where the tier has them,
@@ -419,16 +392,18 @@ TEST(Tiers, PrismFormatsBitIdenticalToPairedG64) {
     std::memcpy(p, b0, 2);
     std::memcpy(p + 2, b0 + 2, 16);
     std::memcpy(p + 18, b0 + 20, 16);
-    int t[128];
+    int8_t t[128];  // the ternary weights, -1 / 0 / +1
     for (int e = 0; e < 128; ++e) {
       const uint8_t* qs = (e < 64 ? b0 : b0 + 18) + 2;
       const int j = e % 64;
       const int code = (qs[j / 4] >> (2 * (j % 4))) & 3;
-      t[e] = code == 3 ? 1 : code;
+      t[e] = static_cast<int8_t>((code == 3 ? 1 : code) - 1);
       uint8_t& tb = g64_ternary[static_cast<size_t>((2 * k + e / 64) * 18 + 2 + j / 4)];
       if (code == 3) tb = static_cast<uint8_t>(tb & ~(2u << (2 * (j % 4))));
     }
-    encode_ptq1_0(t, b0, pt.data() + k * 28);
+    uint16_t d16 = 0;
+    std::memcpy(&d16, b0, 2);
+    encode_ptq1_0(t, d16, pt.data() + k * 28);
   }
   const MatrixView pq_view{pq.data(), Format::kPQ2_0, rows, cols, static_cast<size_t>(cols / 128 * 34)};
   const MatrixView pt_view{pt.data(), Format::kPTQ1_0, rows, cols, static_cast<size_t>(cols / 128 * 28)};
