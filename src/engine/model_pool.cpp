@@ -343,6 +343,7 @@ std::vector<ModelInfo> ModelPool::list() const {
         info.kv_capacity_bytes = kp.capacity_bytes();
         info.kv_used_bytes = static_cast<uint64_t>(u.used) * kp.block_bytes();
         info.kv_cached_bytes = static_cast<uint64_t>(u.cached) * kp.block_bytes();
+        info.kv_pinned_bytes = static_cast<uint64_t>(u.pinned) * kp.block_bytes();
         info.kv_block_tokens = kp.block_size();
       }
     }

@@ -140,7 +140,8 @@ struct ModelInfo {
   uint64_t kv_capacity_bytes = 0;
   uint64_t kv_used_bytes = 0;
   uint64_t kv_cached_bytes = 0;
-  int64_t kv_block_tokens = 0;  // positions per block
+  uint64_t kv_pinned_bytes = 0;  // held by running sequences (kv_used_bytes - kv_cached_bytes)
+  int64_t kv_block_tokens = 0;   // positions per block
 };
 
 class ModelPool;

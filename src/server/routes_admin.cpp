@@ -93,11 +93,13 @@ struct AdminRoutes {
              {"parallel", m.parallel},
              {"running", m.running}};
       if (m.kv_capacity_bytes > 0) {
-        // The model's KV block pool: its budget, the bytes held by sequences
-        // (running ones and cached prefixes) and of those the prompt cache only.
+        // The model's KV block pool: its budget, the bytes of blocks not free
+        // (running sequences' and cached prefixes'), of those the prompt cache
+        // only (evictable), and the running sequences' (pinned).
         j["kv_capacity_bytes"] = m.kv_capacity_bytes;
         j["kv_used_bytes"] = m.kv_used_bytes;
         j["kv_cached_bytes"] = m.kv_cached_bytes;
+        j["kv_pinned_bytes"] = m.kv_pinned_bytes;
         j["kv_block_tokens"] = m.kv_block_tokens;
       }
       if (with_files) j["path"] = m.path;

@@ -415,7 +415,26 @@ TEST_F(ServerHttpMemLimit, AdminLoadRefusesKvCachesAboveTheLimit) {
     EXPECT_EQ(m.kv_capacity_bytes, 2u * 256u * per_position_);
     EXPECT_EQ(m.kv_used_bytes, 0u);
     EXPECT_EQ(m.kv_cached_bytes, 0u);
+    EXPECT_EQ(m.kv_pinned_bytes, 0u);
     EXPECT_EQ(m.kv_block_tokens, 256);
+  }
+  // After a request: its blocks are prompt cache only (used = cached > 0,
+  // nothing pinned), not counted as in use by running sequences.
+  json req = completion_body("Once upon a time", 8);
+  req["model"] = "big";
+  std::tie(st, j) = post("/v1/completions", req.dump());
+  ASSERT_EQ(st, 200) << j.dump();
+  bool idle = false;
+  for (int i = 0; i < 2000 && !idle; ++i) {
+    for (const auto& m : pool_->list())
+      if (m.id == "big") idle = m.kv_pinned_bytes == 0 && m.kv_cached_bytes > 0;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (const auto& m : pool_->list()) {
+    if (m.id != "big") continue;
+    EXPECT_EQ(m.kv_pinned_bytes, 0u);
+    EXPECT_GT(m.kv_cached_bytes, 0u);
+    EXPECT_EQ(m.kv_used_bytes, m.kv_cached_bytes);
   }
 }
 
