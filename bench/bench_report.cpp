@@ -1,6 +1,11 @@
 #include "bench_report.h"
 
+#include <sys/mman.h>  // madvise
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 
@@ -86,6 +91,26 @@ bool write_json(const std::string& path, std::string_view bench, int argc, char*
     return false;
   }
   return true;
+}
+
+uint8_t* huge_alloc(size_t n, bool huge_pages) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t sz = (n + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, sz);
+  if (p == nullptr) {
+    std::fprintf(stderr, "bench: cannot allocate %zu MiB\n", sz >> 20);
+    std::exit(1);
+  }
+  if (huge_pages) madvise(p, sz, MADV_HUGEPAGE);
+  return static_cast<uint8_t*>(p);
+}
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace bonsai::bench

@@ -8,10 +8,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace bonsai::bench {
 
@@ -46,5 +49,15 @@ void add_json_option(CLI::App& app, std::string& path);
 // Writes {"bench", "cpu", "command", "results"} to `path` (nothing when
 // `path` is empty). False after printing why the file could not be written.
 bool write_json(const std::string& path, std::string_view bench, int argc, char** argv, nlohmann::json results);
+
+// Helpers the timing drivers share.
+// n bytes (rounded up to 2 MiB), 2 MiB-aligned; with `huge_pages`,
+// transparent huge pages are asked for (madvise MADV_HUGEPAGE). Freed with
+// std::free. Exits the process with a message when the memory is not there.
+uint8_t* huge_alloc(size_t n, bool huge_pages = true);
+// Seconds on a monotonic clock (std::chrono::steady_clock).
+double now_s();
+// The median of `v` (the upper one for an even count); 0 when empty.
+double median(std::vector<double> v);
 
 }  // namespace bonsai::bench

@@ -41,7 +41,6 @@
 // The kernel tier is the best supported one unless BONSAI_KERNEL is set.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,6 +55,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_report.h"  // huge_alloc
 #include "core/cpu_features.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -71,18 +71,8 @@ size_t g_arena_bytes = size_t{1536} << 20;
 bool g_huge_pages = true;
 bool g_repack = true;
 
-// 2 MiB-aligned, huge-page advised (unless --huge_pages=0) allocation of n bytes.
-uint8_t* huge_alloc(size_t n) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t sz = (n + kHuge - 1) / kHuge * kHuge;
-  void* p = std::aligned_alloc(kHuge, sz);
-  if (p == nullptr) {
-    std::fprintf(stderr, "bonsai_bench_kernels: cannot allocate %zu MiB\n", sz >> 20);
-    std::exit(1);
-  }
-  if (g_huge_pages) madvise(p, sz, MADV_HUGEPAGE);
-  return static_cast<uint8_t*>(p);
-}
+// 2 MiB-aligned allocation of n bytes, huge-page advised unless --huge_pages=0.
+uint8_t* huge_alloc(size_t n) { return bonsai::bench::huge_alloc(n, g_huge_pages); }
 
 // AnonHugePages of this process (kB, /proc/self/smaps_rollup), -1 if unknown:
 // printed so a run shows whether the weight streams really got 2 MiB pages.

@@ -11,7 +11,6 @@
 //
 // Usage: bonsai_bench_ptq1 [--rows R] [--cols C] [-t THREADS] [--arena_mb N]
 //        [--min_s S] [--tiers reference,avx2,...] [--json FILE]
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,24 +32,9 @@
 namespace {
 
 namespace kn = bonsai::kernels;
-
-// n bytes, 2 MiB aligned, transparent huge pages asked for (freed with std::free).
-uint8_t* huge_alloc(size_t n) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t sz = (n + kHuge - 1) / kHuge * kHuge;
-  void* p = std::aligned_alloc(kHuge, sz);
-  madvise(p, sz, MADV_HUGEPAGE);
-  return static_cast<uint8_t*>(p);
-}
-
-// Seconds on a monotonic clock.
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// The median of v (upper median for even sizes).
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bonsai::bench::huge_alloc;  // bench_report.h
+using bonsai::bench::median;
+using bonsai::bench::now_s;
 
 // One PQ2_0 block (34 bytes: fp16 d, then 2-bit codes t, weight j at bits
 // 2 (j % 4) of qs[j / 4]) of the same digits.

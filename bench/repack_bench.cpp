@@ -18,7 +18,6 @@
 // packing_name: "avx512-row-quad", "tile16", "avx2-tile16") when given and defined
 // for the shape, so that two layouts compare in one binary; with none the packed
 // column repeats the stored one.
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -38,21 +37,9 @@
 namespace {
 
 namespace kn = bonsai::kernels;
-
-uint8_t* huge_alloc(size_t n) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t sz = (n + kHuge - 1) / kHuge * kHuge;
-  void* p = std::aligned_alloc(kHuge, sz);
-  madvise(p, sz, MADV_HUGEPAGE);
-  return static_cast<uint8_t*>(p);
-}
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bonsai::bench::huge_alloc;  // bench_report.h
+using bonsai::bench::median;
+using bonsai::bench::now_s;
 
 }  // namespace
 

@@ -50,13 +50,9 @@ namespace {
 
 constexpr int kDepth = 32;  // prompt tokens per sequence before decoding
 
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using bench::median;  // bench_report.h
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // One forward's matrix products with n columns, each product on its own.
 double products_ms(const model::Model& m, int n, core::ThreadPool& tp) {
