@@ -31,16 +31,9 @@ const char* finish_reason_name(FinishReason r) {
   return "unknown";
 }
 
-struct Sequence::State {
-  SequenceModel shared;
-  int64_t n_vocab = 0;
-  model::KvCache cache;
-  Sampler sampler;
-  std::vector<int32_t> history;  // the tokens in the cache, by position
-  std::vector<uint32_t> mask;    // grammar mask scratch: bit id = allowed
-  std::vector<float> masked;     // [n_vocab] logits with the grammar mask applied
-
-  // The generation (or embedding) in progress: start .. finish.
+// The generation (or embedding) in progress, start .. finish; a fresh
+// value is "none" (Sequence::State::clear_generation).
+struct SequenceGeneration {
   bool active = false;
   bool done = false;
   std::vector<int32_t> prompt;  // copy of the request's prompt (or the embedding's input)
@@ -57,7 +50,7 @@ struct Sequence::State {
   Clock::time_point t_start{}, t_prefilled{};
   bool prefilled = false;
   // Constrained decoding (SamplingParams::grammar): the matcher state and
-  // the model's trie (owned by shared.token_trie).
+  // the model's trie (owned by SequenceModel::token_trie).
   std::optional<structured::GrammarState> grammar;
   const structured::TokenTrie* vocab = nullptr;
   std::vector<int32_t> replay;  // after suspend(): the tokens to recompute (positions 0..)
@@ -65,28 +58,19 @@ struct Sequence::State {
   bool embed = false;
   std::vector<double> emb_acc;  // [n_embd] sum of the rows of positions [0, emb_rows)
   int64_t emb_rows = 0;
+};
+
+struct Sequence::State : SequenceGeneration {
+  SequenceModel shared;
+  int64_t n_vocab = 0;
+  model::KvCache cache;
+  Sampler sampler;
+  std::vector<int32_t> history;  // the tokens in the cache, by position
+  std::vector<uint32_t> mask;    // grammar mask scratch: bit id = allowed
+  std::vector<float> masked;     // [n_vocab] logits with the grammar mask applied
 
   // Forgets the generation (not the cache, tokens or sampler).
-  void clear_generation() {
-    active = done = prefilled = embed = false;
-    prompt.clear();
-    restore_params.reset();
-    restore_rng.reset();
-    on_token = nullptr;
-    cancel = nullptr;
-    own_tracker = RequestRateTracker();
-    tracker = nullptr;
-    emitter = TextEmitter();
-    res = GenerationResult();
-    n_sampled = 0;
-    last = -1;
-    t_start = t_prefilled = Clock::time_point{};
-    grammar.reset();
-    vocab = nullptr;
-    replay.clear();
-    emb_acc.clear();
-    emb_rows = 0;
-  }
+  void clear_generation() { static_cast<SequenceGeneration&>(*this) = SequenceGeneration(); }
   // Samples under the grammar: the mask applied to a copy of `logits`, then
   // the sampler's chain. -1 when the grammar allows no token (a dead end).
   int32_t sample_constrained(std::span<const float> logits);
