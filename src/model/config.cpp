@@ -85,9 +85,14 @@ bool read_arch(const gguf::File& f, ModelConfig& c, std::vector<core::Error>& er
     c.arch = Arch::kLlama;
     c.rope_type = RopeType::kNorm;
     c.qk_norm = false;
+  } else if (arch == "qwen35") {
+    c.arch = Arch::kQwen35;
+    c.rope_type = RopeType::kNeox;  // llama.cpp: LLAMA_ROPE_TYPE_IMROPE; every text position section is the same
+    c.qk_norm = true;
+    c.attn_output_gate = true;
   } else {
     errors.push_back({core::Errc::kUnsupported, f.path() + ": general.architecture '" + arch +
-                                                    "' is not supported (expected 'qwen3' or 'llama')"});
+                                                    "' is not supported (expected 'qwen3', 'qwen35' or 'llama')"});
     return false;
   }
   return true;
@@ -206,6 +211,48 @@ void read_rope_scaling(const gguf::File& f, KeyReader& r, ModelConfig& c, std::v
   c.yarn_beta_slow = r.real_or("rope.scaling.yarn_beta_slow", 1.0f).value_or(1.0f);
 }
 
+// qwen35's Gated DeltaNet shape (llama.cpp load_hparams for LLM_ARCH_QWEN35:
+// ssm.conv_kernel, ssm.state_size, ssm.group_count, ssm.time_step_rank,
+// ssm.inner_size, full_attention_interval). The bounds keep a hostile file
+// from asking for an absurd recurrent state: the real 27B has conv kernel 4
+// and state size 128.
+void read_ssm(KeyReader& r, ModelConfig& c) {
+  c.full_attn_interval = r.count_or("full_attention_interval", 4).value_or(0);
+  c.ssm_conv_kernel = r.count("ssm.conv_kernel").value_or(0);
+  c.ssm_head_dim = r.count("ssm.state_size").value_or(0);
+  c.ssm_n_k_heads = r.count("ssm.group_count").value_or(0);
+  c.ssm_n_v_heads = r.count("ssm.time_step_rank").value_or(0);
+  const auto inner = r.count("ssm.inner_size");
+  if (c.n_layer > 0 && c.full_attn_interval > c.n_layer) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("full_attention_interval") +
+                                       "' = " + std::to_string(c.full_attn_interval) +
+                                       " leaves no attention layer in " + std::to_string(c.n_layer) + " layers");
+  }
+  if (c.ssm_conv_kernel > 64 || c.ssm_conv_kernel < 2) {
+    r.problem(core::Errc::kFormat,
+              "key '" + r.key("ssm.conv_kernel") + "' = " + std::to_string(c.ssm_conv_kernel) + " is outside 2..64");
+  }
+  if (c.ssm_head_dim > 1024) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("ssm.state_size") + "' = " + std::to_string(c.ssm_head_dim) +
+                                       " is over 1024 (the recurrent state is heads x state_size^2 floats)");
+  }
+  if (c.ssm_n_k_heads > 0 && c.ssm_n_v_heads % c.ssm_n_k_heads != 0) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("ssm.time_step_rank") + "' = " + std::to_string(c.ssm_n_v_heads) +
+                                       " is not a multiple of '" + r.key("ssm.group_count") +
+                                       "' = " + std::to_string(c.ssm_n_k_heads));
+  }
+  if (inner && c.ssm_head_dim > 0 && *inner != c.ssm_v_dim()) {
+    r.problem(core::Errc::kFormat, "key '" + r.key("ssm.inner_size") + "' = " + std::to_string(*inner) +
+                                       " is not time_step_rank x state_size = " + std::to_string(c.ssm_v_dim()));
+  }
+  // The gated full attention: q rows hold [q, gate] per head.
+  if (c.head_dim_k != c.head_dim_v && c.head_dim_k > 0) {
+    r.problem(core::Errc::kFormat, "keys '" + r.key("attention.key_length") + "' and 'value_length' differ (" +
+                                       std::to_string(c.head_dim_k) + " vs " + std::to_string(c.head_dim_v) +
+                                       "); qwen35's gated attention needs them equal");
+  }
+}
+
 // Vocabulary size and tied output from the tensor table, checked against the
 // tokenizer's token count.
 void read_vocab_size(const gguf::File& f, KeyReader& r, ModelConfig& c, std::vector<core::Error>& errors) {
@@ -242,6 +289,7 @@ ModelConfig parse_config(const gguf::File& f, std::vector<core::Error>& errors) 
   read_shape(f, r, c);
   read_rope(r, c);
   read_rope_scaling(f, r, c, errors);
+  if (c.arch == Arch::kQwen35) read_ssm(r, c);
   read_vocab_size(f, r, c, errors);
   return c;
 }

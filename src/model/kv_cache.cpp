@@ -40,15 +40,20 @@ size_t kv_row_bytes(KvType t, int64_t n) {
   return 0;
 }
 
+uint64_t KvCache::recurrent_bytes(const ModelConfig& c) {
+  return static_cast<uint64_t>(c.n_recurrent_layer()) * static_cast<uint64_t>(c.recurrent_floats_per_layer()) *
+         sizeof(float);
+}
+
 uint64_t KvCache::bytes_per_position(const ModelConfig& c, KvType type_k, KvType type_v) {
-  return static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_head_kv) *
+  return static_cast<uint64_t>(c.n_kv_layer()) * static_cast<uint64_t>(c.n_head_kv) *
          (kv_row_bytes(type_k, c.head_dim_k) + kv_row_bytes(type_v, c.head_dim_v));
 }
 
 namespace {
 
 core::Expected<void> check_dims(const ModelConfig& config, KvType type_k, KvType type_v) {
-  if (config.n_layer <= 0 || config.n_head_kv <= 0 || config.head_dim_k <= 0 || config.head_dim_v <= 0) {
+  if (config.n_kv_layer() <= 0 || config.n_head_kv <= 0 || config.head_dim_k <= 0 || config.head_dim_v <= 0) {
     return core::fail(core::Errc::kInvalidArgument, "KV cache: model config has no layers/heads");
   }
   if ((type_k == KvType::kQ8_0 && config.head_dim_k % 32 != 0) ||
@@ -79,7 +84,7 @@ core::Expected<std::shared_ptr<KvPool>> KvPool::create(const ModelConfig& config
   if (blocks > INT32_MAX) {
     return core::fail(core::Errc::kInvalidArgument, "KV pool: " + std::to_string(blocks) + " blocks exceed 2^31-1");
   }
-  const long double bb = static_cast<long double>(config.n_layer) * config.n_head_kv * block_size *
+  const long double bb = static_cast<long double>(config.n_kv_layer()) * config.n_head_kv * block_size *
                          (kv_row_bytes(type_k, config.head_dim_k) + kv_row_bytes(type_v, config.head_dim_v));
   if (bb * blocks > static_cast<long double>(SIZE_MAX / 2)) {
     return core::fail(core::Errc::kResourceExhausted, "KV pool: size overflows");
@@ -90,7 +95,9 @@ core::Expected<std::shared_ptr<KvPool>> KvPool::create(const ModelConfig& config
   p->block_bytes_ = static_cast<uint64_t>(bb);
   p->type_k_ = type_k;
   p->type_v_ = type_v;
-  p->n_layer_ = config.n_layer;
+  p->n_layer_ = config.n_kv_layer();
+  p->rec_layers_ = config.n_recurrent_layer();
+  p->rec_floats_ = config.recurrent_floats_per_layer();
   p->n_head_kv_ = config.n_head_kv;
   p->head_dim_k_ = config.head_dim_k;
   p->head_dim_v_ = config.head_dim_v;
@@ -328,6 +335,8 @@ core::Expected<KvCache> KvCache::make(std::shared_ptr<KvPool> pool, int64_t n_ct
   c.n_ctx_ = n_ctx;
   c.bs_ = pool->bs_;
   c.n_layer_ = pool->n_layer_;
+  c.rec_layers_ = pool->rec_layers_;
+  c.rec_floats_ = pool->rec_floats_;
   c.n_head_kv_ = pool->n_head_kv_;
   c.head_dim_k_ = pool->head_dim_k_;
   c.head_dim_v_ = pool->head_dim_v_;
@@ -382,6 +391,10 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept {
     n_ctx_ = o.n_ctx_;
     bs_ = o.bs_;
     n_layer_ = o.n_layer_;
+    rec_layers_ = o.rec_layers_;
+    rec_floats_ = o.rec_floats_;
+    rec_ = std::move(o.rec_);
+    rec_pos_ = o.rec_pos_;
     n_head_kv_ = o.n_head_kv_;
     head_dim_k_ = o.head_dim_k_;
     head_dim_v_ = o.head_dim_v_;
@@ -408,16 +421,25 @@ void KvCache::release_all() {
 
 size_t KvCache::bytes() const {
   if (!pool_) return 0;
-  if (fixed_) return pool_->capacity_bytes();
-  return static_cast<size_t>(blocks()) * pool_->block_bytes();
+  const size_t rec = rec_.size() * sizeof(float);
+  if (fixed_) return pool_->capacity_bytes() + rec;
+  return static_cast<size_t>(blocks()) * pool_->block_bytes() + rec;
+}
+
+int64_t KvCache::resumable(int64_t n) const {
+  const int64_t held = std::clamp<int64_t>(n, 0, size());
+  if (rec_layers_ == 0) return held;
+  return held == size() && rec_pos_ == size() ? held : 0;
 }
 
 void KvCache::truncate(int64_t n) {
   if (!t_) return;
   if (t_->parked) unpark();
   n = std::max<int64_t>(0, n);
+  if (rec_layers_ > 0 && n != 0 && resumable(n) != n) n = 0;  // a recurrent state cannot rewind
   if (n >= t_->size) return;
   t_->size = n;
+  if (rec_layers_ > 0) rec_pos_ = 0;
   if (fixed_) return;
   std::lock_guard lock(pool_->mu_);
   pool_->drop_tail_locked(*t_, pool_->blocks_for(n), /*active=*/true);
@@ -426,6 +448,31 @@ void KvCache::truncate(int64_t n) {
 void KvCache::set_size(int64_t n) {
   if (t_->parked) unpark();
   t_->size = n;
+  rec_pos_ = n;
+}
+
+core::Expected<void> KvCache::begin_recurrent(int64_t from) {
+  if (rec_layers_ == 0) return {};
+  if (from != 0 && (from != size() || rec_pos_ != size())) {
+    return core::fail(core::Errc::kInvalidArgument, "KV cache: a recurrent state continues only at position " +
+                                                        std::to_string(size()) + " or restarts at 0, not at " +
+                                                        std::to_string(from) +
+                                                        (rec_pos_ != size() ? " (its state was dropped)" : ""));
+  }
+  if (rec_.empty()) {
+    const auto n = static_cast<size_t>(rec_layers_) * static_cast<size_t>(rec_floats_);
+    try {
+      rec_.resize(n);
+    } catch (const std::bad_alloc&) {
+      return core::fail(core::Errc::kResourceExhausted,
+                        "KV cache: cannot allocate " + std::to_string(n * sizeof(float)) + " bytes of recurrent state");
+    }
+  }
+  if (from == 0) {
+    std::fill(rec_.begin(), rec_.end(), 0.0f);
+    rec_pos_ = 0;  // summarises nothing until set_size
+  }
+  return {};
 }
 
 int64_t KvCache::blocks_needed(int64_t end) const {
@@ -512,6 +559,21 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
                                                         "or more than the source holds or this cache fits)");
   }
   if (t_->parked) unpark();
+  std::vector<float> rec;  // the source's recurrent state, installed once the copy succeeds
+  if (rec_layers_ > 0 && n > 0) {
+    // The state summarises all of the source's positions: only a copy of
+    // the whole of it (up to where its state stands) is meaningful.
+    if (n != src.size() || src.rec_pos_ != n || src.rec_.empty()) {
+      return core::fail(core::Errc::kInvalidArgument, "KV cache: a recurrent state can only be copied whole (" +
+                                                          std::to_string(n) + " of " + std::to_string(src.size()) +
+                                                          " positions asked)");
+    }
+    try {
+      rec = src.rec_;
+    } catch (const std::bad_alloc&) {
+      return core::fail(core::Errc::kResourceExhausted, "KV cache: cannot allocate the recurrent state copy");
+    }
+  }
   if (paged() && src.pool_ == pool_) {
     KvPool& p = *pool_;
     std::lock_guard lock(p.mu_);
@@ -533,6 +595,8 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
     t_->keys.assign(
         src.t_->keys.begin(),
         src.t_->keys.begin() + static_cast<ptrdiff_t>(std::min(src.t_->keys.size(), static_cast<size_t>(n / bs_))));
+    if (rec_layers_ > 0) rec_ = std::move(rec);
+    rec_pos_ = n;
     return {};
   }
   truncate(0);
@@ -548,6 +612,8 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
     }
   }
   t_->size = n;
+  if (rec_layers_ > 0) rec_ = std::move(rec);
+  rec_pos_ = n;
   return {};
 }
 
@@ -585,7 +651,7 @@ bool KvCache::parked() const {
 // ---- Prefix index ---------------------------------------------------------------------
 
 void KvCache::publish(std::span<const int32_t> tokens, bool partial_last) {
-  if (!paged() || !t_) return;
+  if (!paged() || !t_ || rec_layers_ > 0) return;  // no state snapshots yet: nothing another cache could adopt
   KvPool& p = *pool_;
   std::lock_guard lock(p.mu_);
   KvPool::Table& t = *t_;
@@ -613,6 +679,7 @@ void KvCache::publish(std::span<const int32_t> tokens, bool partial_last) {
 int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens, int64_t max_positions) {
   if (!paged() || !t_) return 0;
   truncate(0);
+  if (rec_layers_ > 0) return 0;
   KvPool& p = *pool_;
   std::lock_guard lock(p.mu_);
   KvPool::Table& t = *t_;
@@ -632,7 +699,7 @@ int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens, int64_t max_posit
 }
 
 int64_t KvCache::cached_prefix_positions(std::span<const int32_t> tokens) const {
-  if (!paged() || !t_) return 0;
+  if (!paged() || !t_ || rec_layers_ > 0) return 0;
   std::lock_guard lock(pool_->mu_);
   return pool_->match_locked(tokens, n_ctx_, nullptr, nullptr);
 }

@@ -130,8 +130,9 @@ class KvPool {
 
   // Whether caches of this pool fit a model with these dimensions.
   bool matches(const ModelConfig& c) const {
-    return n_layer_ == c.n_layer && n_head_kv_ == c.n_head_kv && head_dim_k_ == c.head_dim_k &&
-           head_dim_v_ == c.head_dim_v;
+    return n_layer_ == c.n_kv_layer() && n_head_kv_ == c.n_head_kv && head_dim_k_ == c.head_dim_k &&
+           head_dim_v_ == c.head_dim_v && rec_layers_ == c.n_recurrent_layer() &&
+           (rec_layers_ == 0 || rec_floats_ == c.recurrent_floats_per_layer());
   }
 
  private:
@@ -168,7 +169,8 @@ class KvPool {
   int64_t capacity_ = 0;
   uint64_t block_bytes_ = 0;
   KvType type_k_ = KvType::kF16, type_v_ = KvType::kF16;
-  int64_t n_layer_ = 0, n_head_kv_ = 0, head_dim_k_ = 0, head_dim_v_ = 0;
+  int64_t n_layer_ = 0, n_head_kv_ = 0, head_dim_k_ = 0, head_dim_v_ = 0;  // n_layer_: KV (attention) layers
+  int64_t rec_layers_ = 0, rec_floats_ = 0;      // recurrent (GDN) layers and state floats per layer (qwen35)
   std::vector<std::unique_ptr<uint8_t[]>> mem_;  // [capacity]: allocated on first use
   std::vector<int32_t> refs_;                    // [capacity]: caches holding the block
   std::vector<int32_t> active_;                  // [capacity]: unparked caches holding it
@@ -197,7 +199,8 @@ struct KvPool::Table {
   std::list<Table*>::iterator where;  // in KvPool::parked_ while parked
 };
 
-// Per-sequence KV cache: a block table into a KvPool. Position p of layer l,
+// Per-sequence KV cache: a block table into a KvPool, plus, for a hybrid
+// model (qwen35), the sequence's recurrent state. Position p of KV layer l,
 // KV head h lives in block table[p / B] at row (h * B + p % B) of that
 // layer's K (or V) part (B = the pool's block size, see KvPool).
 //
@@ -212,6 +215,17 @@ struct KvPool::Table {
 // size() == p0 + m; it calls prepare() first, which allocates the blocks.
 // Not thread-safe: one user at a time per cache (the pool itself is).
 // Movable, not copyable.
+//
+// Layers: the pool's layers are the model's attention layers only
+// (ModelConfig::n_kv_layer; forward() maps model layer l to kv_layer(l)).
+// A hybrid model's Gated DeltaNet layers keep instead a recurrent state
+// (ModelConfig::recurrent_floats_per_layer floats per GDN layer: conv tail
+// and per-head state matrices), owned by the cache, allocated on the first
+// forward (begin_recurrent) and counted in bytes(). It summarises every
+// position held, so it cannot rewind: truncate(n) with 0 < n < size() drops
+// to 0, a prefix of another cache is taken only whole (copy_prefix_from),
+// and the prefix index is not used (publish / adopt_prefix do nothing; no
+// state snapshots yet). resumable() says where a forward may continue.
 class KvCache {
  public:
   // A standalone cache of n_ctx positions for `config`'s layers and KV
@@ -231,9 +245,11 @@ class KvCache {
   // no block until prepare() (or forward()) needs one. Errors:
   // kInvalidArgument (null pool, n_ctx < 1 or > 2^31-1).
   static core::Expected<KvCache> create(std::shared_ptr<KvPool> pool, int64_t n_ctx);
-  // Bytes one position takes in every layer (K and V of all KV heads). Used
-  // by memory budgets.
+  // Bytes one position takes in every KV layer (K and V of all KV heads).
+  // Used by memory budgets.
   static uint64_t bytes_per_position(const ModelConfig& config, KvType type_k, KvType type_v);
+  // Bytes of one sequence's recurrent state (0 for a model without GDN layers).
+  static uint64_t recurrent_bytes(const ModelConfig& config);
 
   KvCache() = default;
   KvCache(KvCache&&) noexcept = default;
@@ -248,8 +264,16 @@ class KvCache {
   KvType type_k() const { return type_k_; }
   KvType type_v() const { return type_v_; }
   // Bytes of the blocks this cache references (a standalone cache: all of
-  // its private pool; shared blocks are counted by each holder).
+  // its private pool; shared blocks are counted by each holder), plus its
+  // recurrent state once allocated.
   size_t bytes() const;
+  // Whether the cache keeps a recurrent state (a hybrid model).
+  bool recurrent() const { return rec_layers_ > 0; }
+  // The longest prefix of at most n positions (n clamped to [0, size()])
+  // from which a forward can continue: min(n, size()) without a recurrent
+  // state; with one, size() when n >= size() and the state is current, else
+  // 0 (it cannot rewind).
+  int64_t resumable(int64_t n) const;
   int64_t block_size() const { return bs_; }
   int64_t blocks() const { return t_ ? static_cast<int64_t>(t_->ids.size()) : 0; }  // blocks referenced now
   const std::shared_ptr<KvPool>& pool() const { return pool_; }
@@ -257,7 +281,9 @@ class KvCache {
 
   // Forget every position (a paged cache gives its blocks back).
   void clear() { truncate(0); }
-  // Keep positions 0..n-1; a paged cache gives back blocks wholly past n.
+  // Keep positions 0..n-1 (n = resumable(n): a recurrent cache keeps all or
+  // nothing); a paged cache gives back blocks wholly past n. Callers read
+  // size() afterwards.
   void truncate(int64_t n);
 
   // Makes positions [from, end) writable: blocks are attached up to `end`
@@ -341,17 +367,30 @@ class KvCache {
   const uint8_t* v_row(int64_t layer, int64_t head, int64_t pos) const {
     return const_cast<KvCache*>(this)->v_row(layer, head, pos);
   }
-  void set_size(int64_t n);  // forward() only (positions [0, n) written and attached)
+  void set_size(int64_t n);  // forward() only (positions [0, n) written and attached; state current)
+  // forward() only, before it writes positions from `from` on: allocates the
+  // recurrent state on first use and zeroes it when from == 0. No effect
+  // without GDN layers. Errors: kInvalidArgument when from is neither 0 nor
+  // size() with a current state (it cannot rewind); kResourceExhausted when
+  // the state cannot be allocated.
+  core::Expected<void> begin_recurrent(int64_t from);
+  // GDN layer r's state (r = ModelConfig::recurrent_layer(l)):
+  // [(conv_kernel - 1)][conv_dim] conv inputs (oldest first), then
+  // [n_v_heads][head_dim][head_dim] state matrices S[h][i][j] (i: value dim,
+  // j: key dim). Valid after begin_recurrent.
+  float* recurrent_state(int64_t r) { return rec_.data() + static_cast<size_t>(r * rec_floats_); }
 
   // Whether this cache was made for a model with these dimensions.
   bool matches(const ModelConfig& c) const {
-    return n_layer_ == c.n_layer && n_head_kv_ == c.n_head_kv && head_dim_k_ == c.head_dim_k &&
-           head_dim_v_ == c.head_dim_v;
+    return n_layer_ == c.n_kv_layer() && n_head_kv_ == c.n_head_kv && head_dim_k_ == c.head_dim_k &&
+           head_dim_v_ == c.head_dim_v && rec_layers_ == c.n_recurrent_layer() &&
+           (rec_layers_ == 0 || rec_floats_ == c.recurrent_floats_per_layer());
   }
   // Same dimensions and K/V types as `o` (rows can be copied between them).
   bool matches_cache(const KvCache& o) const {
     return n_layer_ == o.n_layer_ && n_head_kv_ == o.n_head_kv_ && head_dim_k_ == o.head_dim_k_ &&
-           head_dim_v_ == o.head_dim_v_ && type_k_ == o.type_k_ && type_v_ == o.type_v_;
+           head_dim_v_ == o.head_dim_v_ && type_k_ == o.type_k_ && type_v_ == o.type_v_ &&
+           rec_layers_ == o.rec_layers_ && rec_floats_ == o.rec_floats_;
   }
 
  private:
@@ -365,7 +404,11 @@ class KvCache {
   KvType type_v_ = KvType::kF16;
   int64_t n_ctx_ = 0;
   int64_t bs_ = kKvBlockSize;
-  int64_t n_layer_ = 0;
+  int64_t n_layer_ = 0;     // KV (attention) layers
+  int64_t rec_layers_ = 0;  // recurrent (GDN) layers
+  int64_t rec_floats_ = 0;  // state floats per recurrent layer
+  std::vector<float> rec_;  // [rec_layers_][rec_floats_] once allocated (begin_recurrent)
+  int64_t rec_pos_ = 0;     // positions the state summarises (current when == size())
   int64_t n_head_kv_ = 0;
   int64_t head_dim_k_ = 0;
   int64_t head_dim_v_ = 0;

@@ -19,7 +19,8 @@
 #include "core/fp16.h"
 #include "core/mapped_file.h"  // MappedFile::release
 #include "core/thread_pool.h"
-#include "model/attention.h"  // attention
+#include "kernels/hadamard.h"  // hadamard_unrotate (Bonsai 2 embedding rows)
+#include "model/attention.h"   // attention
 #include "model/model_internal.h"
 
 namespace bonsai::model {
@@ -67,15 +68,18 @@ class TensorChecker {
     return kernels::MatrixView{t->data, *fmt, rows, cols, stride};
   }
 
-  // A norm weight vector of n elements (F32 viewed in place; F16/BF16 converted).
-  std::optional<NormWeight> vector(const std::string& name, int64_t n) {
+  // A norm weight vector of n elements (F32 viewed in place; F16/BF16
+  // converted); with n1 > 1 a 2-D [n, n1] table read the same way (n * n1
+  // floats, ne[0] fastest).
+  std::optional<NormWeight> vector(const std::string& name, int64_t n, int64_t n1 = 1) {
     const gguf::TensorInfo* t = find(name);
     if (t == nullptr) return std::nullopt;
-    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-      problem(core::Errc::kFormat,
-              "tensor '" + name + "' has shape " + shape(*t) + ", expected [" + std::to_string(n) + "]");
+    if (t->ne[0] != n || t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1) {
+      problem(core::Errc::kFormat, "tensor '" + name + "' has shape " + shape(*t) + ", expected [" + std::to_string(n) +
+                                       (n1 > 1 ? ", " + std::to_string(n1) : "") + "]");
       return std::nullopt;
     }
+    n *= n1;
     NormWeight w;
     if (t->type == core::GgmlType::F32) {
       w.data = reinterpret_cast<const float*>(t->data);
@@ -149,15 +153,29 @@ Weights build_weights(const gguf::File& f, const ModelConfig& c, std::vector<cor
       return tc.matrix(p + name, rows, cols).value_or(kernels::MatrixView{});
     };
     L.attn_norm = fix_norm(tc.vector(p + "attn_norm.weight", c.n_embd));
-    L.wq = mat("attn_q.weight", c.q_dim(), c.n_embd);
-    L.wk = mat("attn_k.weight", c.k_dim(), c.n_embd);
-    L.wv = mat("attn_v.weight", c.v_dim(), c.n_embd);
-    if (c.qk_norm) {
-      L.q_norm = fix_norm(tc.vector(p + "attn_q_norm.weight", c.head_dim_k));
-      L.k_norm = fix_norm(tc.vector(p + "attn_k_norm.weight", c.head_dim_k));
+    if (c.is_recurrent(l)) {
+      GdnWeights& G = L.gdn;
+      G.w_qkv = mat("attn_qkv.weight", c.ssm_conv_dim(), c.n_embd);
+      G.w_z = mat("attn_gate.weight", c.ssm_v_dim(), c.n_embd);
+      G.w_beta = mat("ssm_beta.weight", c.ssm_n_v_heads, c.n_embd);
+      G.w_alpha = mat("ssm_alpha.weight", c.ssm_n_v_heads, c.n_embd);
+      G.conv = fix_norm(tc.vector(p + "ssm_conv1d.weight", c.ssm_conv_kernel, c.ssm_conv_dim()));
+      G.dt_bias = fix_norm(tc.vector(p + "ssm_dt.bias", c.ssm_n_v_heads));
+      G.a = fix_norm(tc.vector(p + "ssm_a", c.ssm_n_v_heads));
+      G.norm = fix_norm(tc.vector(p + "ssm_norm.weight", c.ssm_head_dim));
+      G.w_out = mat("ssm_out.weight", c.n_embd, c.ssm_v_dim());
+    } else {
+      L.wq = mat("attn_q.weight", c.attn_output_gate ? 2 * c.q_dim() : c.q_dim(), c.n_embd);
+      L.wk = mat("attn_k.weight", c.k_dim(), c.n_embd);
+      L.wv = mat("attn_v.weight", c.v_dim(), c.n_embd);
+      if (c.qk_norm) {
+        L.q_norm = fix_norm(tc.vector(p + "attn_q_norm.weight", c.head_dim_k));
+        L.k_norm = fix_norm(tc.vector(p + "attn_k_norm.weight", c.head_dim_k));
+      }
+      L.wo = mat("attn_output.weight", c.n_embd, c.attn_out_dim());
     }
-    L.wo = mat("attn_output.weight", c.n_embd, c.attn_out_dim());
-    L.ffn_norm = fix_norm(tc.vector(p + "ffn_norm.weight", c.n_embd));
+    L.ffn_norm =
+        fix_norm(tc.vector(p + (c.arch == Arch::kQwen35 ? "post_attention_norm.weight" : "ffn_norm.weight"), c.n_embd));
     L.w_gate = mat("ffn_gate.weight", c.n_ff, c.n_embd);
     L.w_up = mat("ffn_up.weight", c.n_ff, c.n_embd);
     L.w_down = mat("ffn_down.weight", c.n_embd, c.n_ff);
@@ -186,6 +204,68 @@ Weights build_weights(const gguf::File& f, const ModelConfig& c, std::vector<cor
   return w;
 }
 
+// The Bonsai 2 Hadamard fold (model/hadamard.h), when the file has
+// prism.hadamard.* keys: validated, then recorded as the FoldBit of every
+// listed matrix. Only qwen35's graph is defined with it (README "The Bonsai 2
+// Hadamard fold"); on another architecture it is refused rather than ignored.
+void read_fold(const gguf::File& f, const ModelConfig& c, Weights& w, std::vector<core::Error>& errors) {
+  auto fold = read_hadamard_fold(f);
+  if (!fold) {
+    errors.push_back(fold.error());
+    return;
+  }
+  if (!*fold) return;
+  if (c.arch != Arch::kQwen35) {
+    errors.push_back({core::Errc::kUnsupported, f.path() +
+                                                    ": prism.hadamard.* keys (the Bonsai 2 fold) are only "
+                                                    "supported on qwen35 models, not " +
+                                                    c.arch_name});
+    return;
+  }
+  static constexpr std::pair<const char*, FoldBit> kKinds[] = {
+      {"attn_q.weight", kFoldQ},       {"attn_k.weight", kFoldK},      {"attn_v.weight", kFoldV},
+      {"attn_output.weight", kFoldO},  {"ffn_gate.weight", kFoldGate}, {"ffn_up.weight", kFoldUp},
+      {"ffn_down.weight", kFoldDown},  {"attn_qkv.weight", kFoldQkv},  {"attn_gate.weight", kFoldZ},
+      {"ssm_out.weight", kFoldSsmOut},
+  };
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    for (const auto& [kind, bit] : kKinds) {
+      if ((*fold)->folded(p + kind)) w.layers[l].folded |= bit;
+    }
+  }
+  // Matrices that read the same activation are rotated together (it is
+  // transformed once for all of them): a fold covering part of such a group
+  // is refused rather than computed two ways.
+  static constexpr std::pair<uint32_t, const char*> kGroups[] = {
+      {kFoldQ | kFoldK | kFoldV, "attn_q, attn_k and attn_v"},
+      {kFoldGate | kFoldUp, "ffn_gate and ffn_up"},
+      {kFoldQkv | kFoldZ, "attn_qkv and attn_gate"},
+  };
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    for (const auto& [bits, names] : kGroups) {
+      const uint32_t have = w.layers[l].folded & bits;
+      // A group bit with no tensor on this layer (GDN vs attention) never gets set.
+      const uint32_t present = c.is_recurrent(static_cast<int64_t>(l)) ? (bits & ~(kFoldQ | kFoldK | kFoldV))
+                                                                       : (bits & ~(kFoldQkv | kFoldZ));
+      if (have != 0 && have != present) {
+        errors.push_back({core::Errc::kUnsupported, f.path() + ": prism.hadamard.weight_names folds only some of blk." +
+                                                        std::to_string(l) + "'s " + names +
+                                                        ", which read the same input (fold all or none)"});
+      }
+    }
+  }
+  w.output_folded = (*fold)->folded("output.weight");
+  w.embd_inverted = (*fold)->inverted("token_embd.weight");
+  if (c.tied_output && (w.output_folded != w.embd_inverted)) {
+    // One tied matrix cannot be both rotated and not (the fold's version 2
+    // tied case is refused by read_hadamard_fold already).
+    errors.push_back({core::Errc::kFormat, f.path() + ": prism.hadamard.* folds only one use of the tied "
+                                                      "token_embd.weight (output and embedding must agree)"});
+  }
+  w.fold = std::move(**fold);
+}
+
 // Config + weights, collecting every problem.
 struct Checked {
   ModelConfig config;
@@ -210,21 +290,13 @@ Checked check_all(const gguf::File& f) {
                               " is more than the file's " + std::to_string(f.tensors().size()) + " tensors can hold"});
     } else {
       r.weights = build_weights(f, c, r.errors, r.weight_bytes);
+      read_fold(f, c, r.weights, r.errors);
     }
   }
   return r;
 }
 
 // ---- Forward-pass building blocks (single token, single thread) -----------------
-
-// y = x / sqrt(mean(x^2) + eps) * w   (RMSNorm, Zhang & Sennrich 2019; ggml_rms_norm
-// sums in double). x and y may alias.
-void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
-}
 
 // Rotates the first n_rot dims of one head by the cached angles.
 //   kNorm: pairs (x[2i], x[2i+1]);  kNeox: pairs (x[i], x[i + n_rot/2]).
@@ -240,17 +312,6 @@ void apply_rope(RopeType type, const float* cs, int64_t n_rot, float* x) {
     const float x1 = x[b];
     x[a] = x0 * cos_t[i] - x1 * sin_t[i];
     x[b] = x0 * sin_t[i] + x1 * cos_t[i];
-  }
-}
-
-// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several
-// (prefill). The activations are quantized into `act` (the Workspace's).
-void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool,
-            kernels::ActScratch& act) {
-  if (n == 1) {
-    kernels::gemv(w, x, y, &pool, &act);
-  } else {
-    kernels::gemm(w, x, n, y, &pool, &act);
   }
 }
 
@@ -270,15 +331,31 @@ void store_kv_row(KvType t, const float* src, uint8_t* dst, int64_t n) {
   }
 }
 
-constexpr int64_t kTokChunk = 4;         // tokens per task for the cheap per-token steps
 constexpr int64_t kFusedMaxTokens = 16;  // largest batch whose attention rides the QKV dispatch
 
-template <class T>
-void grow(std::vector<T>& v, int64_t n) {
-  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+}  // namespace
+
+// ---- Shared forward helpers (model_internal.h) ------------------------------------
+
+// y = x / sqrt(mean(x^2) + eps) * w   (RMSNorm, Zhang & Sennrich 2019; ggml_rms_norm
+// sums in double). x and y may alias.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
-}  // namespace
+// Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several
+// (prefill). The activations are quantized into `act` (the Workspace's).
+void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool,
+            kernels::ActScratch& act) {
+  if (n == 1) {
+    kernels::gemv(w, x, y, &pool, &act);
+  } else {
+    kernels::gemm(w, x, n, y, &pool, &act);
+  }
+}
 
 // ---- RoPE angles (model_internal.h) ----------------------------------------------
 
@@ -364,7 +441,10 @@ core::Expected<void> Model::repack_weights() {
   // looked-up rows fault back in from the file).
   std::vector<kernels::MatrixView*> mats;
   for (LayerWeights& L : weights_.layers) {
-    for (kernels::MatrixView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) mats.push_back(m);
+    for (kernels::MatrixView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.gdn.w_qkv, &L.gdn.w_z,
+                                   &L.gdn.w_beta, &L.gdn.w_alpha, &L.gdn.w_out}) {
+      if (m->data != nullptr) mats.push_back(m);
+    }
   }
   mats.push_back(&weights_.output);
   struct Job {
@@ -514,6 +594,12 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
                                                           std::to_string(t.seq) + " should be " + std::to_string(next) +
                                                           " (positions must be consecutive)");
     }
+    if (next < 0 && kv.recurrent() && t.pos != 0 && kv.resumable(t.pos) != t.pos) {
+      return core::fail(core::Errc::kInvalidArgument, where() + "position " + std::to_string(t.pos) + " of sequence " +
+                                                          std::to_string(t.seq) +
+                                                          ": a recurrent state continues only at its end (" +
+                                                          std::to_string(kv.resumable(t.pos)) + ") or restarts at 0");
+    }
     if (t.pos >= kv.n_ctx()) {
       return core::fail(core::Errc::kOutOfRange, where() + "position " + std::to_string(t.pos) +
                                                      " is beyond the context size " + std::to_string(kv.n_ctx()));
@@ -525,6 +611,14 @@ core::Expected<void> Model::forward_impl(const Batch& batch, std::span<KvCache* 
   for (size_t s = 0; s < caches.size(); ++s) {
     if (ws.seq_next_[s] < 0) continue;
     if (auto ok = caches[s]->prepare(ws.seq_first_[s], ws.seq_next_[s]); !ok) {
+      return core::fail(ok.error().code, "forward: sequence " + std::to_string(s) + ": " + ok.error().message);
+    }
+  }
+  // Recurrent states (qwen35): allocated on first use, zeroed for a sequence
+  // that starts at position 0.
+  for (size_t s = 0; s < caches.size(); ++s) {
+    if (ws.seq_next_[s] < 0) continue;
+    if (auto ok = caches[s]->begin_recurrent(ws.seq_first_[s]); !ok) {
       return core::fail(ok.error().code, "forward: sequence " + std::to_string(s) + ": " + ok.error().message);
     }
   }
@@ -569,11 +663,19 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
   grow(ws.up_, n * c.n_ff);
   grow(ws.rope_, n * c.n_rot);
   grow(ws.out_, std::max<int64_t>(1, n_wanted) * E);
+  if (c.attn_output_gate) {
+    grow(ws.qg_, n * 2 * c.q_dim());
+    grow(ws.agate_, n * c.q_dim());
+  }
 
   embed_tokens(tok, ws, pool);  // x[i] = token_embd[token_i], RoPE angles of pos_i
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    attention_block(l, tok, caches, ws, pool);  // x = x + Wo attention(RMSNorm(x))
-    ffn_block(l, n, ws, pool);                  // x = x + W_down (silu(W_gate xb) * W_up xb)
+    if (c.is_recurrent(l)) {
+      gdn_block(l, tok, caches, ws, pool);  // x = x + W_out GatedDeltaNet(RMSNorm(x)) (qwen35)
+    } else {
+      attention_block(l, tok, caches, ws, pool);  // x = x + Wo attention(RMSNorm(x))
+    }
+    ffn_block(l, n, ws, pool);  // x = x + W_down (silu(W_gate xb) * W_up xb)
   }
   write_outputs(tok, n_wanted, ws, logits, hidden_rows, pool, hidden);
 }
@@ -594,6 +696,11 @@ void Model::embed_tokens(std::span<const BatchToken> tok, Workspace& ws, core::T
           const auto* row = static_cast<const uint8_t*>(W.token_embd.data) +
                             static_cast<size_t>(tok[i].token) * W.token_embd.row_stride;
           kernels::dequantize_row(W.token_embd.format, row, x + i * E, E);
+          // Bonsai 2: the stored row is rotated; e = s (.) H z.
+          if (W.embd_inverted) {
+            kernels::hadamard_unrotate(std::span<float>(x + i * E, static_cast<size_t>(E)), W.fold->signs_for(E),
+                                       W.fold->block);
+          }
           rope_angles(c, corr_dims, tok[i].pos, ws.rope_.data() + i * c.n_rot);
         }
       },
@@ -616,19 +723,26 @@ void Model::attention_block(int64_t l, std::span<const BatchToken> tok, std::spa
   float* proj = ws.proj_.data();
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd_k));
   const int64_t group = c.n_head / n_head_kv;  // query heads per KV head
+  const int64_t kl = c.kv_layer(l);            // its layer in the KV cache (qwen35: attention layers only)
+  // qwen35: the q product holds [q, gate] per head (2 q_dim rows); the
+  // per-head steps split it into q and agate.
+  const bool gated = c.attn_output_gate;
+  float* qg = gated ? ws.qg_.data() : q;
+  float* agate = ws.agate_.data();
   // Decode-sized batches run the QKV product, the per-head steps and
   // attention as one pool dispatch per layer, split by KV head; that needs
   // enough KV heads for every thread (two runs each). Larger batches keep
   // attention's finer (tile x head) split.
   const bool fuse_attention = n <= kFusedMaxTokens && n_head_kv >= 2 * pool.size();
 
-  // xb = RMSNorm(x) * attn_norm
+  // xb = RMSNorm(x) * attn_norm; the products read T(xb) when folded.
   pool.parallel_for(
       n,
       [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
       },
       kTokChunk);
+  const float* xin = (L.folded & kFoldQ) != 0 ? rotated_input(xb, n, E, false, ws, pool) : xb;
 
   // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
   // once); equal to three separate products bit for bit. Then per token and
@@ -642,17 +756,22 @@ void Model::attention_block(int64_t l, std::span<const BatchToken> tok, std::spa
     float* ki = k + i * c.k_dim() + h * hd_k;
     const float* cs = ws.rope_.data() + i * c.n_rot;
     for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
+      if (gated) {  // head qh's rows of the product: [q (hd), gate (hd)]
+        const float* src = qg + i * 2 * c.q_dim() + qh * 2 * hd_k;
+        std::memcpy(qi + qh * hd_k, src, static_cast<size_t>(hd_k) * sizeof(float));
+        std::memcpy(agate + i * c.q_dim() + qh * hd_k, src + hd_k, static_cast<size_t>(hd_k) * sizeof(float));
+      }
       if (c.qk_norm) rms_norm(qi + qh * hd_k, L.q_norm.data, qi + qh * hd_k, hd_k, c.rms_eps);
       apply_rope(c.rope_type, cs, c.n_rot, qi + qh * hd_k);
     }
     if (c.qk_norm) rms_norm(ki, L.k_norm.data, ki, hd_k, c.rms_eps);
     apply_rope(c.rope_type, cs, c.n_rot, ki);
     KvCache& kv = *caches[tok[i].seq];
-    store_kv_row(kv.type_k(), ki, kv.k_row(l, h, tok[i].pos), hd_k);
-    store_kv_row(kv.type_v(), v + i * c.v_dim() + h * hd_v, kv.v_row(l, h, tok[i].pos), hd_v);
+    store_kv_row(kv.type_k(), ki, kv.k_row(kl, h, tok[i].pos), hd_k);
+    store_kv_row(kv.type_v(), v + i * c.v_dim() + h * hd_v, kv.v_row(kl, h, tok[i].pos), hd_v);
   };
   const kernels::MatrixView qkv[] = {L.wq, L.wk, L.wv};
-  float* const qkv_out[] = {q, k, v};
+  float* const qkv_out[] = {qg, k, v};
   if (fuse_attention) {
     // Decode-sized batches: one pool dispatch per layer for all of it, each
     // task a run of KV heads (their q, k, v rows, then the per-head steps,
@@ -660,16 +779,16 @@ void Model::attention_block(int64_t l, std::span<const BatchToken> tok, std::spa
     // h are stored before head h's attention reads them: both run in the
     // task that owns h.
     kernels::gemm_units(
-        qkv, 3, xb, n, qkv_out, n_head_kv,
+        qkv, 3, xin, n, qkv_out, n_head_kv,
         [&](int64_t h0, int64_t h1) {
           for (int64_t i = 0; i < n; ++i) {
             for (int64_t h = h0; h < h1; ++h) qk_rope_store(i, h);
           }
-          attention(c, l, tok, caches, q, att, kq_scale, pool, h0, h1);
+          attention(c, kl, tok, caches, q, att, kq_scale, pool, h0, h1);
         },
         &pool, &ws.act_);
   } else {
-    kernels::gemm_multi(qkv, 3, xb, n, qkv_out, &pool, &ws.act_);
+    kernels::gemm_multi(qkv, 3, xin, n, qkv_out, &pool, &ws.act_);
     pool.parallel_for(
         n,
         [&](int64_t b, int64_t e) {
@@ -678,11 +797,17 @@ void Model::attention_block(int64_t l, std::span<const BatchToken> tok, std::spa
           }
         },
         kTokChunk);
-    attention(c, l, tok, caches, q, att, kq_scale, pool);
+    attention(c, kl, tok, caches, q, att, kq_scale, pool);
+  }
+  // qwen35: att = att * sigmoid(gate), the per-head output gate.
+  if (gated) {
+    const int64_t m = n * c.attn_out_dim();
+    for (int64_t j = 0; j < m; ++j) att[j] /= 1.0f + std::exp(-agate[j]);
   }
 
   // x = x + Wo att
-  matmul(L.wo, att, n, proj, pool, ws.act_);
+  matmul(L.wo, (L.folded & kFoldO) != 0 ? rotated_input(att, n, c.attn_out_dim(), false, ws, pool) : att, n, proj, pool,
+         ws.act_);
   for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
 }
 
@@ -711,8 +836,9 @@ void Model::ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& poo
   // right after it, on the same thread: no dispatch of its own)
   const kernels::MatrixView gu[] = {L.w_gate, L.w_up};
   float* const outs[] = {gate, up};
+  const float* xin = (L.folded & kFoldGate) != 0 ? rotated_input(xb, n, E, false, ws, pool) : xb;
   kernels::gemm_units(
-      gu, 2, xb, n, outs, c.n_ff / ff_unit,
+      gu, 2, xin, n, outs, c.n_ff / ff_unit,
       [&](int64_t u0, int64_t u1) {
         for (int64_t i = 0; i < n; ++i) {
           float* g = gate + i * c.n_ff;
@@ -722,7 +848,8 @@ void Model::ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& poo
       },
       &pool, &ws.act_);
   // x = x + W_down gate
-  matmul(L.w_down, gate, n, proj, pool, ws.act_);
+  matmul(L.w_down, (L.folded & kFoldDown) != 0 ? rotated_input(gate, n, c.n_ff, false, ws, pool) : gate, n, proj, pool,
+         ws.act_);
   for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
 }
 
@@ -744,7 +871,10 @@ void Model::write_outputs(std::span<const BatchToken> tok, int64_t n_wanted, Wor
       rms_norm(x + i * E, W.output_norm.data, out + j * E, E, c.rms_eps);
       ++j;
     }
-    if (!hidden) matmul(W.output, out, n_wanted, logits, pool, ws.act_);
+    if (!hidden) {
+      const float* in = W.output_folded ? rotated_input(out, n_wanted, E, false, ws, pool) : out;
+      matmul(W.output, in, n_wanted, logits, pool, ws.act_);
+    }
   }
   // Embedding rows (BatchToken::hidden): out_j = RMSNorm(x_i) * output_norm, no product.
   for (int64_t i = 0, j = 0; i < n; ++i) {

@@ -24,6 +24,7 @@
 #include "kernels/kernels.h"  // MatrixView
 #include "model/batch.h"      // Batch
 #include "model/config.h"     // ModelConfig
+#include "model/hadamard.h"   // HadamardFold
 #include "model/kv_cache.h"   // KvCache
 
 namespace bonsai::core {
@@ -39,20 +40,52 @@ struct NormWeight {
   std::vector<float> owned;
 };
 
+// Which of a layer's matrices read a Hadamard-rotated input (the Bonsai 2
+// fold, model/hadamard.h): bits of LayerWeights::folded.
+enum FoldBit : uint32_t {
+  kFoldQ = 1u << 0,  // attn_q, attn_k, attn_v: one bit each
+  kFoldK = 1u << 1,
+  kFoldV = 1u << 2,
+  kFoldO = 1u << 3,  // attn_output
+  kFoldGate = 1u << 4,
+  kFoldUp = 1u << 5,
+  kFoldDown = 1u << 6,
+  kFoldQkv = 1u << 7,     // attn_qkv (GDN)
+  kFoldZ = 1u << 8,       // attn_gate (GDN)
+  kFoldSsmOut = 1u << 9,  // ssm_out (GDN)
+};
+
+// A qwen35 Gated DeltaNet layer's own tensors (llama.cpp names, model/config.h
+// for the widths; the math is ../shared/fixtures/README.md "The graph").
+struct GdnWeights {
+  kernels::MatrixView w_qkv;    // attn_qkv.weight   ssm_conv_dim x n_embd
+  kernels::MatrixView w_z;      // attn_gate.weight  ssm_v_dim x n_embd (the output gate z)
+  kernels::MatrixView w_beta;   // ssm_beta.weight   ssm_n_v_heads x n_embd (BF16 in the real files)
+  kernels::MatrixView w_alpha;  // ssm_alpha.weight  ssm_n_v_heads x n_embd
+  NormWeight conv;              // ssm_conv1d.weight [conv_kernel, conv_dim]: tap k of channel c at c*kernel + k
+  NormWeight dt_bias;           // ssm_dt.bias       [ssm_n_v_heads]
+  NormWeight a;                 // ssm_a             [ssm_n_v_heads] (stored negative: -exp(A_log))
+  NormWeight norm;              // ssm_norm.weight   [ssm_head_dim]
+  kernels::MatrixView w_out;    // ssm_out.weight    n_embd x ssm_v_dim
+};
+
 // Views of one transformer block's tensors (llama.cpp names `blk.N.*`).
-// Matrix shapes as rows x cols (GGUF ne = [cols, rows]).
+// Matrix shapes as rows x cols (GGUF ne = [cols, rows]). A qwen35 GDN layer
+// uses attn_norm, gdn and the FFN; its attention members are empty.
 struct LayerWeights {
   NormWeight attn_norm;        // attn_norm.weight   [n_embd]
-  kernels::MatrixView wq;      // attn_q.weight      q_dim x n_embd
+  kernels::MatrixView wq;      // attn_q.weight      q_dim x n_embd (qwen35: 2 q_dim, [q, gate] per head)
   kernels::MatrixView wk;      // attn_k.weight      k_dim x n_embd
   kernels::MatrixView wv;      // attn_v.weight      v_dim x n_embd
   NormWeight q_norm;           // attn_q_norm.weight [head_dim_k] (qwen3 only)
   NormWeight k_norm;           // attn_k_norm.weight [head_dim_k] (qwen3 only)
   kernels::MatrixView wo;      // attn_output.weight n_embd x attn_out_dim
-  NormWeight ffn_norm;         // ffn_norm.weight    [n_embd]
+  NormWeight ffn_norm;         // ffn_norm.weight    [n_embd] (qwen35: post_attention_norm.weight)
   kernels::MatrixView w_gate;  // ffn_gate.weight    n_ff x n_embd
   kernels::MatrixView w_up;    // ffn_up.weight      n_ff x n_embd
   kernels::MatrixView w_down;  // ffn_down.weight    n_embd x n_ff
+  GdnWeights gdn;              // qwen35 GDN layers only
+  uint32_t folded = 0;         // FoldBit: matrices whose input is Hadamard-rotated
 };
 
 // All weights: views into the gguf::File's mapping (zero-copy), except that
@@ -63,6 +96,12 @@ struct Weights {
   NormWeight output_norm;          // [n_embd]
   kernels::MatrixView output;      // n_vocab x n_embd; == token_embd when tied
   std::vector<LayerWeights> layers;
+  // The Bonsai 2 Hadamard fold (prism.hadamard.*), when the file has one:
+  // block size and sign vectors by input width; which matrices it covers is
+  // LayerWeights::folded, output_folded and embd_inverted.
+  std::optional<HadamardFold> fold;
+  bool output_folded = false;  // output.weight's input is rotated
+  bool embd_inverted = false;  // token_embd rows get the inverse transform after lookup
 };
 
 // Per-caller scratch buffers for forward(), grown on demand and reused across
@@ -78,19 +117,33 @@ class Workspace {
  private:
   friend class Model;
   // Row-major [n_tokens][dim] activations.
-  std::vector<float> x_;            // residual stream       [n][n_embd]
-  std::vector<float> xb_;           // normed input          [n][n_embd]
-  std::vector<float> q_;            // queries               [n][q_dim]
-  std::vector<float> k_;            // keys                  [n][k_dim]
-  std::vector<float> v_;            // values                [n][v_dim]
-  std::vector<float> att_;          // attention output      [n][attn_out_dim]
-  std::vector<float> proj_;         // wo / w_down output    [n][n_embd]
-  std::vector<float> gate_;         // silu(gate) * up       [n][n_ff]
-  std::vector<float> up_;           //                       [n][n_ff]
-  std::vector<float> rope_;         // cos/sin per token     [n][n_rot]
-  std::vector<float> out_;          // final-normed rows of wanted tokens [n_wanted][n_embd]
-  std::vector<int64_t> seq_next_;   // per sequence id: next position in this batch (-1: absent)
-  std::vector<int64_t> seq_first_;  // per sequence id: its first position in this batch
+  std::vector<float> x_;     // residual stream       [n][n_embd]
+  std::vector<float> xb_;    // normed input          [n][n_embd]
+  std::vector<float> q_;     // queries               [n][q_dim]
+  std::vector<float> k_;     // keys                  [n][k_dim]
+  std::vector<float> v_;     // values                [n][v_dim]
+  std::vector<float> att_;   // attention output      [n][attn_out_dim]
+  std::vector<float> proj_;  // wo / w_down output    [n][n_embd]
+  std::vector<float> gate_;  // silu(gate) * up       [n][n_ff]
+  std::vector<float> up_;    //                       [n][n_ff]
+  std::vector<float> rope_;  // cos/sin per token     [n][n_rot]
+  // qwen35: rotated matmul inputs (the Hadamard fold) [n][widest folded
+  // input]; the gated attention's q|gate rows [n][2 q_dim] and gate
+  // [n][q_dim]; GDN conv input/output [n][conv_dim], z [n][v_dim], beta and
+  // alpha [n][n_v_heads], output [n][v_dim].
+  std::vector<float> rot_;
+  std::vector<float> qg_;
+  std::vector<float> agate_;
+  std::vector<float> qkv_;
+  std::vector<float> conv_;
+  std::vector<float> z_;
+  std::vector<float> beta_;
+  std::vector<float> alpha_;
+  std::vector<float> ssm_o_;
+  std::vector<std::vector<int32_t>> seq_tokens_;  // per sequence id: its token indices in the ubatch, in order
+  std::vector<float> out_;                        // final-normed rows of wanted tokens [n_wanted][n_embd]
+  std::vector<int64_t> seq_next_;                 // per sequence id: next position in this batch (-1: absent)
+  std::vector<int64_t> seq_first_;                // per sequence id: its first position in this batch
   // Quantized activations of the products: ~2.3 bytes x [n][largest cols]
   // (the widest product's input, n_ff for w_down), grown on demand.
   kernels::ActScratch act_;
@@ -217,6 +270,16 @@ class Model {
   // attention, Wo) added to x;
   void attention_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws,
                        core::ThreadPool& pool) const;
+  // qwen35 GDN layer l (norm, qkv/z/beta/alpha products, causal conv + SiLU,
+  // L2-normed q/k, the gated delta rule over each sequence's recurrent
+  // state, gated RMSNorm, ssm_out) added to x (gated_delta_net.cpp);
+  void gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCache* const> caches, Workspace& ws,
+                 core::ThreadPool& pool) const;
+  // the input of a Hadamard-folded product: ws.rot_ = T(P(x)) for n rows of
+  // `width` floats (P: the GDN v-head regrouping, when `gdn_permute` and the
+  // fold's gdn_v_grouped; T: weights_.fold's transform); returns ws.rot_.
+  const float* rotated_input(const float* x, int64_t n, int64_t width, bool gdn_permute, Workspace& ws,
+                             core::ThreadPool& pool) const;
   // layer l's feed-forward block (norm, SwiGLU) added to x, for n tokens;
   void ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& pool) const;
   // the final-normed rows and logits (run_ubatch's outputs) from x.
