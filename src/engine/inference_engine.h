@@ -127,7 +127,9 @@ class InferenceEngine {
   // [n_vocab], valid until the next call. Long inputs run in chunks of
   // kPrefillChunk tokens (bounded workspace). Errors: kInvalidArgument
   // (empty tokens, pos beyond the current position, id outside the
-  // vocabulary), kOutOfRange (pos + n > max_seq_len()), the model's errors;
+  // vocabulary, or for a recurrent qwen35 model a pos other than 0 or the
+  // current position: its state cannot rewind), kOutOfRange (pos + n >
+  // max_seq_len()), the model's errors;
   // on error the cache holds positions [0, pos) at most.
   core::Expected<std::span<const float>> prefill_from_pos(std::span<const int32_t> tokens, int64_t pos);
   // Runs one token at the current position; returns its logits [n_vocab].

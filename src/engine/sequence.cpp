@@ -163,13 +163,14 @@ core::Expected<void> Sequence::start(const GenerateRequest& req, const StartOpti
   if (opt.reuse_prefix && !prompt_rows) {
     keep = cached_prefix(m.prompt);
     // The last prompt token is recomputed for its logits unless they were given.
-    if (keep >= n_prompt && !have_logits) keep = n_prompt - 1;
+    if (keep >= n_prompt && !have_logits) keep = m.cache.resumable(n_prompt - 1);
   }
   if (prompt_rows) {
     m.res.prompt_logprobs.reserve(m.prompt.size());
     m.res.prompt_logprobs.push_back(TokenLogprob{.token = m.prompt[0]});  // logprob NaN: no context
   }
   m.cache.truncate(keep);
+  keep = std::min(keep, m.cache.size());  // (a recurrent cache keeps all or nothing; resumable said which)
   m.history.resize(static_cast<size_t>(keep));
   m.res.cached_tokens = static_cast<int32_t>(keep);
   if (keep == n_prompt) {
@@ -494,7 +495,8 @@ int64_t Sequence::cached_prefix(std::span<const int32_t> tokens) const {
   const size_t n = std::min(h.size(), tokens.size());
   size_t i = 0;
   while (i < n && h[i] == tokens[i]) ++i;
-  return static_cast<int64_t>(i);
+  // A recurrent (qwen35) cache continues only from its end.
+  return s_->cache.resumable(static_cast<int64_t>(i));
 }
 
 core::Expected<void> Sequence::copy_prefix_from(const Sequence& src, int64_t n) {
@@ -543,7 +545,7 @@ void Sequence::truncate(int64_t n) {
   claim();
   n = std::clamp<int64_t>(n, 0, static_cast<int64_t>(m.history.size()));
   m.cache.truncate(n);
-  m.history.resize(static_cast<size_t>(n));
+  m.history.resize(static_cast<size_t>(std::min(n, m.cache.size())));  // a recurrent cache may drop to 0
 }
 
 void Sequence::append_tokens(std::span<const int32_t> tokens) {

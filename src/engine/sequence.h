@@ -249,7 +249,9 @@ class Sequence {
   void record_hidden_rows(std::span<const float> rows);
 
   // ---- The cache and its tokens ------------------------------------------
-  // Length of the longest common prefix of `tokens` and the cache's tokens.
+  // Length of the longest common prefix of `tokens` and the cache's tokens
+  // from which the sequence can continue (model::KvCache::resumable: for a
+  // recurrent qwen35 cache, all of it or 0).
   int64_t cached_prefix(std::span<const int32_t> tokens) const;
   // Makes positions [0, n) of `src`'s cache and tokens this sequence's (same
   // model dimensions and types; n <= src.next_pos(), n <= n_ctx). In one KV
@@ -267,7 +269,8 @@ class Sequence {
   // partial one) in the KV pool's prefix index, keyed by the tokens
   // (model::KvCache::publish). Cheap when nothing new is full.
   void publish(bool partial_last = false);
-  // Drops positions >= n (cache and tokens); claims a parked cache first.
+  // Drops positions >= n (cache and tokens); claims a parked cache first. A
+  // recurrent cache cannot rewind: 0 < n < next_pos() drops everything.
   void truncate(int64_t n);
   // Records that `tokens` now occupy positions [next_pos(), next_pos() + k)
   // of the cache (a driver that ran them outside the stepwise moves).
