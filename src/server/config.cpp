@@ -832,10 +832,15 @@ core::Expected<void> apply_serve_toml(std::string_view text, const std::string& 
 
 namespace {
 
-// A markdown table cell: '|' escaped, so it stays one cell.
+// A markdown table cell: '|' escaped, so it stays one cell, and '<' as an
+// entity, so "<think>" shows instead of being taken for an HTML tag.
 std::string cell(std::string_view text) {
   std::string out;
   for (const char c : text) {
+    if (c == '<') {
+      out += "&lt;";
+      continue;
+    }
     if (c == '|') out += '\\';
     out += c;
   }
