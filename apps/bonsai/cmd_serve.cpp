@@ -1,15 +1,13 @@
 // `bonsai serve`: the OpenAI-compatible HTTP server over one or more models.
 //
-//   bonsai serve [-m [ID=]FILE ...] [--pool-size N] [-np N] [--models-max K]
-//                [--mem-budget MB] [-c CTX] [-t THREADS] [--host 127.0.0.1]
-//                [--port 8080] [--api-key KEY] [--config FILE.toml]
-//                [--q2-layout g64|g128-d-first|g128-qs-first] [--no-repack]
-//                [-s SEED] [-b BATCH] [--step-budget-ms MS] [--no-cache-prompt]
-//                [--reasoning-format deepseek|none] [--cors-origin ORIGINS]
+//   bonsai serve [-m [ID=]FILE ...] [--config FILE.toml] [SETTING ...]
 //
-// Flags follow llama.cpp's llama-server names where they exist. A TOML file
-// (--config) may hold the same keys (see src/server/config.h); flags given
-// on the command line win. With no model at all, the built-in default model
+// The settings are one table (server::serve_settings, src/server/config.h):
+// the flags (server::add_serve_flags), `serve --help`, the config file's
+// keys and the README's table (`serve --help-markdown`) all come from it.
+// Flags follow llama.cpp's llama-server names where they exist (main.cpp
+// rewrites -np / -ctk / -ctv to their long names). Flags given on the
+// command line win over the --config file. With no model at all, the built-in default model
 // is served. SIGINT/SIGTERM drain (running requests finish within
 // --drain-timeout, new and queued ones get 503) and exit 0; a second one
 // exits at once (status 130/143).
@@ -44,7 +42,7 @@
 #include "core/thread_pool.h"          // set_global_thread_count
 #include "engine/engine_pool.h"        // default_cpu_pool_size
 #include "engine/model_pool.h"         // ModelPool, gguf_model_loader
-#include "engine/model_spec_fields.h"  // set_model_field: the model flags
+#include "engine/model_spec_fields.h"  // set_model_field: the config's q2-layout name
 #include "model/model.h"               // Model::file (the Q2_0 layout used), describe(RepackStats)
 #include "server/config.h"             // ServeConfig, load_serve_toml
 #include "server/server.h"             // Server
@@ -53,98 +51,21 @@
 namespace bonsai::app {
 namespace {
 
-struct ServeFlags {
-  std::vector<std::string> models;
-  int pool_size = 0;
-  int parallel = 0;  // -np/--parallel: live sequences per model (0: the config's, else 16)
-  int models_max = 0;
-  uint64_t mem_budget = 0;
-  int ctx = 0;
-  int64_t kv_budget_tokens = 0;  // --kv-budget-tokens: KV positions per model (0: pool-size x ctx-size)
-  int threads = 0;
-  std::string host;
-  int port = 0;
-  std::string api_key;
-  bool admin_open = false;  // --admin-open: /admin without a key on a non-loopback host
-  std::string config;
-  std::string cache_type_k, cache_type_v;  // -ctk / -ctv (empty: the config's, else f16)
-  double timeout = 0;
-  std::string q2_layout;                      // --q2-layout, else env BONSAI_Q2_LAYOUT, else the config's q2-layout
-  bool no_repack = false;                     // --no-repack, or the config's no-repack
-  uint64_t seed = 0;                          // -s/--seed: default seed of requests without one (given: reproducible)
-  int batch_size = 0;                         // -b/--batch-size: tokens per scheduler step (0: 512)
-  double step_budget_ms = 0;                  // --step-budget-ms: prompt chunks sized in time (0: 2x decode step)
-  bool no_cache_prompt = false;               // --no-cache-prompt: no prompt-prefix reuse across requests
-  std::string reasoning_format = "deepseek";  // --reasoning-format: deepseek (reasoning_content) | none
-  int max_connections = 1024;                 // --max-connections: open connections served; more get 503 and are closed
-  // --header-timeout / --body-timeout / --keep-alive-timeout / --write-timeout (s; 0: the transport's default)
-  double header_timeout = 0, body_timeout = 0, idle_timeout = 0, write_timeout = 0;
-  std::string cors_origin;    // --cors-origin: "*" or a comma-separated list (empty: off)
-  uint64_t max_body = 0;      // --max-body: request body bytes at most (config max-body; default 4 MiB)
-  int queue_factor = 0;       // --queue-factor: requests waiting per sequence slot before 503 (default 4)
-  double drain_timeout = 30;  // --drain-timeout: seconds running requests get after SIGTERM (config drain-timeout)
-};
-
 // The config file (--config), then every flag given on the command line
-// over it (the flags win). Returns 0, or the exit code of a failure after
-// reporting it (1: the file or a bad -m; kExitUsage: a blank --api-key).
-int read_serve_config(CLI::App* cmd, const ServeFlags& f, server::ServeConfig& cfg) {
-  if (!f.config.empty()) {
-    if (auto r = server::load_serve_toml(f.config, cfg); !r) {
+// over it (the flags win); `config_path` is --config's value. Returns 0, or
+// the exit code of a failure after reporting it (1: the file; kExitUsage: a
+// flag, which CLI11's checks have already refused in practice).
+int read_serve_config(const CLI::App& cmd, const std::string& config_path, server::ServeConfig& cfg) {
+  if (!config_path.empty()) {
+    if (auto r = server::load_serve_toml(config_path, cfg); !r) {
       std::cerr << "bonsai serve: " << r.error().message << "\n";
       return 1;
     }
   }
-  auto given = [&](const char* name) { return cmd->get_option(name)->count() > 0; };
-  if (given("--model")) {
-    cfg.models.clear();
-    for (const auto& m : f.models) {
-      auto arg = server::parse_model_arg(m);
-      if (!arg) {
-        std::cerr << "bonsai serve: " << arg.error().message << "\n";
-        return 1;
-      }
-      cfg.models.push_back(*arg);
-    }
+  if (auto r = server::apply_serve_flags(cmd, cfg); !r) {
+    std::cerr << "bonsai serve: " << r.error().message << "\n";
+    return kExitUsage;
   }
-  if (given("--pool-size")) cfg.pool_size = f.pool_size;
-  if (given("--parallel")) cfg.parallel = f.parallel;
-  if (given("--models-max")) cfg.models_max = f.models_max;
-  if (given("--mem-budget")) cfg.mem_budget_mb = f.mem_budget;
-  if (given("--ctx-size")) cfg.ctx_size = f.ctx;
-  if (given("--kv-budget-tokens")) cfg.kv_budget_tokens = f.kv_budget_tokens;
-  if (given("--threads")) cfg.threads = f.threads;
-  if (given("--host")) cfg.host = f.host;
-  if (given("--port")) cfg.port = f.port;
-  if (given("--api-key")) {
-    if (server::is_blank_key(f.api_key)) {
-      std::cerr << "bonsai serve: --api-key is blank (an unset variable?); give a key, or leave the flag out to "
-                   "serve without authentication\n";
-      return kExitUsage;
-    }
-    cfg.api_key = f.api_key;
-  }
-  if (given("--admin-open")) cfg.admin_open = f.admin_open;
-  if (given("--timeout")) cfg.timeout_s = f.timeout;
-  if (given("--cache-type-k")) cfg.cache_type_k = f.cache_type_k;
-  if (given("--cache-type-v")) cfg.cache_type_v = f.cache_type_v;
-  if (given("--cors-origin")) cfg.cors_origin = f.cors_origin;
-  if (given("--batch-size")) cfg.batch_size = f.batch_size;
-  if (given("--seed")) {
-    cfg.seed = f.seed;
-    cfg.seed_set = true;
-  }
-  if (given("--reasoning-format")) cfg.reasoning_format = f.reasoning_format;
-  if (given("--no-cache-prompt")) cfg.no_cache_prompt = f.no_cache_prompt;
-  if (given("--max-connections")) cfg.max_connections = f.max_connections;
-  if (given("--header-timeout")) cfg.header_timeout_s = f.header_timeout;
-  if (given("--body-timeout")) cfg.body_timeout_s = f.body_timeout;
-  if (given("--keep-alive-timeout")) cfg.keep_alive_timeout_s = f.idle_timeout;
-  if (given("--write-timeout")) cfg.write_timeout_s = f.write_timeout;
-  if (given("--max-body")) cfg.max_body_bytes = f.max_body;
-  if (given("--queue-factor")) cfg.queue_factor = f.queue_factor;
-  if (given("--step-budget-ms")) cfg.step_budget_ms = f.step_budget_ms;
-  if (given("--drain-timeout")) cfg.drain_timeout_s = f.drain_timeout;
   return 0;
 }
 
@@ -158,16 +79,6 @@ engine::ModelSpec base_model_spec(const server::ServeConfig& cfg, bool repack) {
   base.q2_layout.reset();
   base.repack = repack && base.repack;
   return base;
-}
-
-// A CLI11 check of a ModelSpec flag's value by the one parser
-// (engine::set_model_field): CLI11 reports "--FLAG: <message>" as a usage error.
-auto model_field_check(std::string_view name) {
-  return [name](const std::string& text) {
-    engine::ModelSpec scratch;
-    const auto r = engine::set_model_field_text(scratch, name, text);
-    return r ? std::string() : r.error().message;
-  };
 }
 
 // Loads the models to preload (the config's [router] preload, else the first
@@ -248,20 +159,28 @@ server::ServerOptions server_options(const server::ServeConfig& cfg, const engin
   return so;
 }
 
-int serve_main(CLI::App* cmd, const ServeFlags& f) {
+int serve_main(const CLI::App& cmd) {
   server::ServeConfig cfg;
-  if (const int rc = read_serve_config(cmd, f, cfg); rc != 0) return rc;
+  const CLI::Option* config_opt = cmd.get_option("--config");
+  const std::string config_path = config_opt->count() > 0 ? config_opt->as<std::string>() : std::string();
+  if (const int rc = read_serve_config(cmd, config_path, cfg); rc != 0) return rc;
+  // --q2-layout / --no-repack as given on the command line (the config's
+  // q2-layout is applied below, after the env var; its no-repack through
+  // the model spec).
+  const bool q2_flag = cmd.get_option("--q2-layout")->count() > 0;
+  const bool no_repack_flag = cmd.get_option("--no-repack")->count() > 0 && cfg.no_repack;
   // Q2_0 layout: the flag or env (shared with the other commands), else the
   // config file's; a bad name anywhere is exit 2, as in validate and logits.
   // The CLI's runtime initialisation (BONSAI_KERNEL too); -t is applied below.
-  const auto rt = init_runtime_or_report(
-      "serve", RuntimeFlags{.size_global_pool = false, .q2_layout = f.q2_layout, .no_repack = f.no_repack});
+  const auto rt = init_runtime_or_report("serve", RuntimeFlags{.size_global_pool = false,
+                                                               .q2_layout = q2_flag ? cfg.q2_layout : std::string(),
+                                                               .no_repack = no_repack_flag});
   if (!rt) return kExitUsage;
   std::optional<core::Q2Layout> q2_layout = rt->open_options.file.q2_layout;
   if (!cfg.q2_layout.empty()) {
     engine::ModelSpec from_config;
     if (auto r = engine::set_model_field(from_config, "q2_layout", cfg.q2_layout); !r) {
-      std::cerr << "bonsai serve: " << f.config << ": key 'q2-layout': " << r.error().message << "\n";
+      std::cerr << "bonsai serve: " << config_path << ": key 'q2-layout': " << r.error().message << "\n";
       return 2;
     }
     if (!q2_layout) q2_layout = from_config.q2_layout;
@@ -358,85 +277,23 @@ int serve_main(CLI::App* cmd, const ServeFlags& f) {
 
 void register_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API (chat/completions, SSE streaming)");
-  auto f = std::make_shared<ServeFlags>();
-  cmd->add_option("-m,--model", f->models, "Model as [ID=]FILE (repeatable; default: the built-in model)");
-  cmd->add_option("--pool-size", f->pool_size,
-                  "Engine replicas per model; sizes the default KV budget (pool-size x ctx-size) "
-                  "(default: cores, at most 4)")
-      ->check(model_field_check("pool_size"));
-  cmd->add_option("--parallel", f->parallel,
-                  "Sequences per model generating at once, batched in one step loop, whatever --pool-size "
-                  "is (default 16; also -np)")
-      ->check(model_field_check("parallel"));
-  cmd->add_option("--models-max", f->models_max, "Models resident at once (LRU; default: the number of -m)");
-  cmd->add_option("--mem-budget", f->mem_budget, "Memory budget for resident models in MiB (0: unlimited)");
-  cmd->add_option("-c,--ctx-size", f->ctx, "Context size per replica in tokens (0: the model's, at most 4096)")
-      ->check(model_field_check("ctx_size"));
-  cmd->add_option("-t,--threads", f->threads, "Compute threads shared by all replicas (default: physical cores)");
-  cmd->add_option("--host", f->host, "Address to listen on (default 127.0.0.1)");
-  cmd->add_option("--port", f->port, "Port to listen on (default 8080; 0: any free port)");
-  cmd->add_option("--api-key", f->api_key, "Require 'Authorization: Bearer KEY' on /v1 and /admin (never blank)");
-  cmd->add_flag("--admin-open", f->admin_open,
-                "Serve /admin without an API key on a non-loopback --host (otherwise 403 there)");
-  cmd->add_option("--config", f->config, "TOML file with the same keys and [router] preload = [...]");
-  cmd->add_option("--timeout", f->timeout, "Per-request timeout in seconds (default 600)");
-  cmd->add_option("--cache-type-k", f->cache_type_k, "KV cache type for K: f16 (default), f32, q8_0 (also -ctk)")
-      ->check(model_field_check("cache_type_k"));
-  cmd->add_option("--cache-type-v", f->cache_type_v, "KV cache type for V: f16 (default), f32, q8_0 (also -ctv)")
-      ->check(model_field_check("cache_type_v"));
-  cmd->add_option("--max-connections", f->max_connections,
-                  "Open connections served at once; past it a new connection gets 503 and is closed (default 1024)")
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--header-timeout", f->header_timeout,
-                  "Seconds a client has to send a request's whole header; then the connection is closed (default 10)")
-      ->check(CLI::Range(0.001, 86400.0));
-  cmd->add_option("--body-timeout", f->body_timeout,
-                  "Seconds a client has to send a request's whole body once its header is in (default 30)")
-      ->check(CLI::Range(0.001, 86400.0));
-  cmd->add_option("--keep-alive-timeout", f->idle_timeout,
-                  "Seconds an idle keep-alive connection waits for its next request (default 5)")
-      ->check(CLI::Range(0.001, 86400.0));
-  cmd->add_option("--write-timeout", f->write_timeout,
-                  "Seconds one write to a client may make no progress before the connection is closed (default 60)")
-      ->check(CLI::Range(0.001, 86400.0));
-  cmd->add_option("--q2-layout", f->q2_layout,
-                  "Force the type-42 layout of the -m models: g64, g128-d-first, g128-qs-first "
-                  "(env BONSAI_Q2_LAYOUT; default: detected)");
-  cmd->add_flag("--no-repack", f->no_repack, kNoRepackHelp);
-  cmd->add_option("-s,--seed", f->seed, "Seed of requests that give none (default: a fresh random seed per request)");
-  cmd->add_option("--kv-budget-tokens", f->kv_budget_tokens,
-                  "KV cache budget per model in tokens, shared by all its sequences in blocks as they grow "
-                  "(default: pool-size x ctx-size; at least ctx-size)")
-      ->check(model_field_check("kv_budget_tokens"));
-  cmd->add_option("-b,--batch-size", f->batch_size,
-                  "Most tokens per scheduler step: running streams' tokens plus prompt chunks (default 512)")
-      ->check(model_field_check("batch_size"));
-  cmd->add_option("--step-budget-ms", f->step_budget_ms,
-                  "Target duration of a scheduler step with running streams, in ms: long prompts advance in "
-                  "chunks sized to it from measured step costs (default 0: twice the decode step, so streams "
-                  "keep their pace)")
-      ->check(model_field_check("step_budget_ms"));
-  cmd->add_flag("--no-cache-prompt", f->no_cache_prompt,
-                "Do not reuse cached prompt prefixes across requests (the prompt cache is on by default)");
-  cmd->add_option("--reasoning-format", f->reasoning_format,
-                  "Chat answers' <think>...</think>: 'deepseek' returns it as reasoning_content (default), "
-                  "'none' leaves it in content (llama-server's flag)")
-      ->check(CLI::IsMember({"deepseek", "none"}));
-  cmd->add_option("--max-body", f->max_body, "Largest request body in bytes; larger ones get 413 (default 4194304)")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
-  cmd->add_option("--queue-factor", f->queue_factor,
-                  "Requests that may wait per sequence slot (--parallel) before new ones get 503 + Retry-After "
-                  "(default 4)")
-      ->check(model_field_check("queue_factor"));
-  cmd->add_option("--drain-timeout", f->drain_timeout,
-                  "Seconds the first SIGTERM/SIGINT lets running requests finish (new and queued ones get 503 "
-                  "draining; /health 503) before the rest are cancelled and the server exits 0; 0: at once "
-                  "(default 30)")
-      ->check(CLI::Range(0.0, 86400.0));
-  cmd->add_option("--cors-origin", f->cors_origin,
-                  "Allow browsers on these origins to call the API (CORS): '*' or a comma-separated list "
-                  "(default: off)");
-  cmd->callback([cmd, f] { set_exit_code(serve_main(cmd, *f)); });
+  // Every setting, from the one table (server/config.h): the flags, their
+  // checks and their help.
+  server::add_serve_flags(*cmd);
+  cmd->footer(
+      "Every option but --config is also a key of the --config TOML file (its long name; '_' may replace "
+      "'-'); see the README's settings table.");
+  // The README's settings table (scripts/settings_table.sh writes it there).
+  const std::string markdown_help = "Print the settings as the README's markdown table";
+  CLI::Option* markdown = cmd->add_flag("--help-markdown", markdown_help);
+  markdown->group("");  // hidden
+  cmd->callback([cmd, markdown] {
+    if (markdown->count() > 0) {
+      std::fputs(server::serve_settings_markdown().c_str(), stdout);
+      return set_exit_code(0);
+    }
+    set_exit_code(serve_main(*cmd));
+  });
 }
 
 }  // namespace bonsai::app

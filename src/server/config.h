@@ -1,35 +1,35 @@
-// `bonsai serve` configuration: the command-line flags and the same keys in
-// a TOML file (--config FILE.toml, parsed with toml++). Flags given on the
+// `bonsai serve` configuration: one table of settings (serve_settings())
+// from which the command-line flags (add_serve_flags), the TOML config file's
+// keys (--config FILE.toml, parsed with toml++), `bonsai serve --help` and
+// the README's settings table (serve_settings_markdown) are all produced, so
+// a setting cannot exist in one and not the other. Flags given on the
 // command line override the file.
 //
-// TOML keys (the long flag names; '_' may replace '-'):
-//   model = ["stories=/path/stories260K.gguf", "/path/other.gguf"]   # -m, repeatable
-//   pool-size = 2        models-max = 2        mem-budget = 0   # MiB, 0 = unlimited
-//   ctx-size = 2048      threads = 4           host = "127.0.0.1"   port = 8080
-//   api-key = "..."      timeout = 600         # seconds per request (api-key: never blank)
-//   admin-open = false   # /admin without a key on a non-loopback host (--admin-open)
-//   parallel = 16        # live sequences per model (-np), independent of pool-size
-//   step-budget-ms = 0   # step-time budget for prompt chunks (0: twice the decode step)
-//   batch-size = 512     seed = 42             reasoning-format = "deepseek"   no-cache-prompt = false
-//   max-connections = 1024   header-timeout = 10   body-timeout = 30   keep-alive-timeout = 5   write-timeout = 60
-//   drain-timeout = 30   # seconds running requests get to finish after SIGTERM
-//   max-body = 4194304   # bytes               queue-factor = 4     # waiting per sequence slot
-//   q2-layout = "g128-d-first"   # force the type-42 layout of every model (--q2-layout)
-//   cors-origin = "*"    # CORS: "*" or "https://a.example,https://b.example" (--cors-origin; default off)
-//   [models]             # another way to name models: id = "path"
+// TOML: every setting's long name is a key ('_' may replace '-'), with the
+// same value as the flag (a switch takes true / false, a repeatable flag a
+// string or an array of strings), except `config` itself. Two tables are
+// other spellings of settings:
+//   model = ["stories=/path/stories260K.gguf", "/path/other.gguf"]   # -m
+//   [models]             # id = "path", each one more -m ID=FILE
 //   tiny = "/path/qwen3-tiny-q1_0.gguf"
 //   [router]
-//   preload = ["stories"]   # loaded at start; the others load on first use
+//   preload = ["stories"]   # --preload (the top-level key preload is the same)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "core/error.h"
 #include "engine/model_spec_fields.h"  // ModelSpec, kMaxModelParallel
+
+namespace CLI {
+class App;
+}
 
 namespace bonsai::server {
 
@@ -45,6 +45,7 @@ inline constexpr int kMaxParallel = engine::kMaxModelParallel;
 struct ModelArg {
   std::string id;  // defaults to the file name without .gguf
   std::string path;
+  bool operator==(const ModelArg&) const = default;
 };
 
 struct ServeConfig {
@@ -106,6 +107,8 @@ struct ServeConfig {
   // no-repack = true: every model's weights stay zero-copy views of the file
   // (`serve --no-repack`; model::LoadOptions::repack, DESIGN.md "Weights").
   bool no_repack = false;
+
+  bool operator==(const ServeConfig&) const = default;
 };
 
 // True for a host the server reaches only from this machine: "localhost",
@@ -120,9 +123,91 @@ bool is_blank_key(std::string_view key);
 // Errors: kInvalidArgument for an empty id or path.
 core::Expected<ModelArg> parse_model_arg(std::string_view arg);
 
+// What a setting's value is, on the command line and in TOML.
+enum class SettingKind : uint8_t {
+  kSwitch,  // a flag without a value (--no-repack); TOML true / false
+  kInt,     // an integer in [min, max]
+  kNumber,  // an integer or a decimal number in [min_number, max_number] (seconds, ms)
+  kString,  // text; one of `choices` where the row has them
+  kList,    // a repeatable flag (-m A -m B); TOML a string or an array of strings
+};
+
+// Where a setting applies.
+enum class SettingScope : uint8_t {
+  kServer,       // the server process (host, timeouts, ...)
+  kModel,        // every model given with -m / in the config, and the default of admin loads of new files:
+                 // an engine::ModelSpec field (model_spec_fields.h), which POST /admin/models/load may set per model
+  kCommandLine,  // a flag only (--config: a config file cannot name another)
+};
+
+// A setting's value as a source read it (a flag's text converted by its
+// kind, a TOML node); std::monostate: none of what the kind takes.
+using SettingValue = std::variant<std::monostate, int64_t, double, bool, std::string, std::vector<std::string>>;
+
+struct SettingInfo;
+// Stores a value of the row's kind, already checked for its type, range and
+// choices, into `config`, checking what else the setting needs (a blank API
+// key, an -m argument). Errors: kInvalidArgument with the bare reason, which
+// the caller frames with the flag or the file and key.
+using SettingApply = core::Expected<void> (*)(const SettingInfo& info, const SettingValue& value, ServeConfig& config);
+
+// One row of the settings table. Static storage (serve_settings()).
+struct SettingInfo {
+  std::string_view name;   // the long flag without "--", and the TOML key ("ctx-size")
+  std::string_view alias;  // short flag ("-c"; "-np", "-ctk" as llama-server spells them), or empty
+  SettingKind kind;
+  SettingScope scope;
+  std::string_view value_name;            // the value in --help and the README ("N", "SECONDS"); empty for a switch
+  std::string_view default_text;          // what applies when the setting is not given, in words ("16", "off")
+  std::string_view help;                  // what it does, plain text
+  std::string_view example;               // a valid value other than the default, as flag text ("true" for a switch)
+  int64_t min = 0, max = 0;               // kInt server settings: the range, both ends included
+  double min_number = 0, max_number = 0;  // kNumber server settings: the range
+  std::string_view choices;               // kString: "a|b", a closed set; empty: any text `apply` accepts
+  // kServer / kCommandLine: stores the value; kModel rows use the one
+  // ModelSpec parser (engine::set_model_field: its ranges and messages) and
+  // leave this null.
+  SettingApply apply = nullptr;
+};
+
+// Every setting of `bonsai serve`, in the order --help and the README list them.
+std::span<const SettingInfo> serve_settings();
+
+// The row whose name (with '-' or '_'), "--" + name or alias is `key`; nullptr for none.
+const SettingInfo* find_serve_setting(std::string_view key);
+
+// What flag `s` given with `texts` (its values in order; a switch: none, or
+// "true" / "false") does to `config`: the text converted by the row's kind
+// (a model row's by engine::parse_model_field_text), checked and stored, as
+// the same value in TOML would be. Errors: kInvalidArgument with the bare
+// reason ("expected an integer in [0, 65535]"), which the caller frames.
+core::Expected<void> apply_serve_setting_text(const SettingInfo& s, std::span<const std::string> texts,
+                                              ServeConfig& config);
+
+// Registers one CLI11 option per row on `cmd` (`bonsai serve`): "--name"
+// plus a one-letter alias (the longer ones, -np / -ctk / -ctv, are rewritten
+// to their long names by main.cpp), the row's help with its default, and a
+// check that runs the row's parser, so a bad value is a usage error
+// "--name: <reason>". The options refer only to the static table.
+void add_serve_flags(CLI::App& cmd);
+
+// After `cmd` parsed a command line: applies every flag that was given over
+// `config` (the flags win over the file); --config is the caller's. Errors:
+// kInvalidArgument "--name: <reason>" (the checks make these rare).
+core::Expected<void> apply_serve_flags(const CLI::App& cmd, ServeConfig& config);
+
+// The README's table of settings (GitHub markdown, one row per setting,
+// ending in a newline): flag, TOML key, default, scope, help. The README
+// holds it between "<!-- serve-settings:begin -->" and
+// "<!-- serve-settings:end -->"; `bonsai serve --help-markdown` prints it and
+// scripts/settings_table.sh writes it there.
+std::string serve_settings_markdown();
+
 // Applies the keys of TOML text `text` (from file `name`, for messages) onto
-// `config`. Unknown keys are errors (a typo should not be silently ignored),
-// as are wrong types; messages name the file and the key.
+// `config`: each key through its row of serve_settings(), as the flag's
+// value would be. Unknown keys are errors listing the known ones (a typo
+// should not be silently ignored), as are wrong types and ranges: messages
+// "<name>: key '<key>': <reason>".
 core::Expected<void> apply_serve_toml(std::string_view text, const std::string& name, ServeConfig& config);
 
 // Reads `path` and applies it as above. Errors: kNotFound/kIo for the file.

@@ -392,6 +392,14 @@ struct Server::Impl {
   static std::string finish_name(const engine::GenerationResult& r) {
     return engine::finish_reason_name(r.finish_reason);
   }
+  // A choice that --timeout ended while generating: finish_reason stays
+  // "length" (OpenAI's closed set, which SDKs validate) and the choice says
+  // why with the extension field "timed_out": true, left out otherwise (a
+  // max_tokens "length" has none). `choice`: a choices[] element of a
+  // response body or of a finish chunk.
+  static void mark_timed_out(const engine::GenerationResult& r, json& choice) {
+    if (r.timed_out) choice["timed_out"] = true;
+  }
 
   // The API's view of engine log probabilities: token bytes resolved with the model's tokenizer.
   static std::vector<LogprobEntry> logprob_entries(const Job& job, std::span<const engine::TokenLogprob> lps) {
@@ -411,6 +419,7 @@ struct Server::Impl {
     if (pr.failed)
       return send_error(res, job_failure_error(ctx, *pr.failed, job.meta.model, pr.cut == CutReason::kClientGone));
     std::vector<Choice> choices;
+    std::vector<const engine::GenerationResult*> results;  // per choice, for mark_timed_out
     Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
     usage.cached_tokens = pr.done.empty() || !pr.done.front() ? 0 : pr.done.front()->cached_tokens;
     for (auto& d : pr.done) {
@@ -437,8 +446,11 @@ struct Server::Impl {
         if (!ch.tool_calls.empty() && ch.finish_reason == "stop") ch.finish_reason = "tool_calls";
       }
       choices.push_back(std::move(ch));
+      results.push_back(&*d);
     }
-    send_json(res, 200, build_response(job.meta, choices, usage));
+    json body = build_response(job.meta, choices, usage);
+    for (size_t i = 0; i < results.size(); ++i) mark_timed_out(*results[i], body["choices"][i]);
+    send_json(res, 200, body);
   }
 
   // A completion job's answer (its JobPump takes the events): Server-Sent
@@ -613,7 +625,9 @@ struct Server::Impl {
           alive = alive && ensure_role(i) && emit(i, parser.finish());
           if (!parser.tool_calls().empty() && finish == "stop") finish = "tool_calls";
         }
-        alive = alive && ensure_role(i) && chunk(build_finish_chunk(job->meta, i, finish, take_lp(i)));
+        json fin = build_finish_chunk(job->meta, i, finish, take_lp(i));
+        mark_timed_out(*d, fin["choices"][0]);
+        alive = alive && ensure_role(i) && chunk(std::move(fin));
       }
       if (alive) {
         if (job->include_usage) write(sse_event(build_usage_chunk(job->meta, usage)));

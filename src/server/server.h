@@ -23,7 +23,8 @@
 // stream that fails while queued gets its real status, e.g. 503 +
 // Retry-After) or collected into one body. A request still
 // queued at its deadline is a 503 "timeout"; one that reaches the deadline
-// while generating returns what it produced with finish_reason "length".
+// while generating returns what it produced with finish_reason "length"
+// and "timed_out": true on its choice (a max_tokens "length" has no such field).
 // A request without `seed` gets ServerOptions::default_seed or a fresh
 // random one; usage.prompt_tokens_details.cached_tokens says how much of the
 // prompt came from the prompt cache.

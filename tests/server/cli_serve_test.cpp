@@ -366,7 +366,7 @@ TEST(ServeCli, BlankApiKeyIsAUsageError) {
   for (const char* key : {"", "   "}) {
     const auto [code, err] = startup_error({"-m", "g=" + kG64, "--api-key", key});
     EXPECT_EQ(code, 2) << err;
-    EXPECT_NE(err.find("--api-key is blank"), std::string::npos) << err;
+    EXPECT_NE(err.find("--api-key: the API key is blank"), std::string::npos) << err;
   }
 }
 

@@ -281,6 +281,21 @@ spent=$((spent - 1))
 check "timeout counted" 1 "$(metric 'bonsai_generations_cancelled_total{reason="timeout"}')"
 check "timeout while streaming: 200" 200 "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true,"stream":true}')"
 grep -q '"finish_reason":"length"' "$WORK/body" && grep -q 'data: \[DONE\]' "$WORK/body" && ok "timeout: the stream ends with finish_reason length and [DONE]" || bad "timeout: the stream did not end with length: $(tail -c 300 "$WORK/body")"
+# The "length" a --timeout gives carries "timed_out": true on its choice
+# (streamed: on the finish chunk), for completions and chat; a max_tokens
+# "length" does not (issue 33 item 7).
+grep '"finish_reason":"length"' "$WORK/body" | grep -q '"timed_out":true' && ok "timeout: the streamed finish chunk says timed_out" || bad "timeout: no timed_out in the stream: $(tail -c 300 "$WORK/body")"
+LONG_CHAT='{"model":"stories","messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":1900,"ignore_eos":true'
+check "timeout: completions marker" true "$(req POST /v1/completions '{"model":"stories","prompt":"Once upon a time","max_tokens":1900,"ignore_eos":true}' >/dev/null; jget "$WORK/body" 'j.choices[0].timed_out')"
+check "timeout: chat finish_reason" length "$(req POST /v1/chat/completions "$LONG_CHAT}" >/dev/null; jget "$WORK/body" 'j.choices[0].finish_reason')"
+check "timeout: chat marker" true "$(jget "$WORK/body" 'j.choices[0].timed_out')"
+check "timeout: streamed chat: 200" 200 "$(req POST /v1/chat/completions "$LONG_CHAT,\"stream\":true}")"
+fin=$(grep '"finish_reason":"length"' "$WORK/body" | head -1)
+[[ "$fin" == *'"timed_out":true'* ]] && grep -q 'data: \[DONE\]' "$WORK/body" && ok "timeout: the streamed chat finish chunk says timed_out" || bad "timeout: streamed chat: $(tail -c 300 "$WORK/body")"
+check "max_tokens: finish_reason length" length "$(req POST /v1/completions '{"model":"stories","prompt":"Once","max_tokens":2,"ignore_eos":true}' >/dev/null; jget "$WORK/body" 'j.choices[0].finish_reason')"
+check "max_tokens: no timed_out" false "$(jget "$WORK/body" '"timed_out" in j.choices[0]')"
+check "max_tokens streamed: 200" 200 "$(req POST /v1/chat/completions '{"model":"stories","messages":[{"role":"user","content":"Once"}],"max_tokens":2,"ignore_eos":true,"stream":true}')"
+grep -q '"finish_reason":"length"' "$WORK/body" && ! grep -q 'timed_out' "$WORK/body" && ok "max_tokens: the stream has no timed_out" || bad "max_tokens stream: $(tail -c 300 "$WORK/body")"
 stop_server
 
 # ---- a model that cannot fit the memory budget even alone is refused clearly ----
