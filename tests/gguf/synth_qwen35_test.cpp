@@ -5,7 +5,6 @@
 // deterministic, and (when /usr/bin/python3 has numpy) the float64 reference
 // ../shared/tools/qwen35_ref.py runs every file to finite logits.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -80,40 +79,39 @@ struct TensorWant {
 std::vector<TensorWant> tiny_tensors() {
   using core::GgmlType;
   const auto F32 = GgmlType::F32, BF16 = GgmlType::BF16;
-  std::vector<TensorWant> t = {{"token_embd.weight", {}, {128, 8128}},
-                             {"output_norm.weight", F32, {128}},
-                             {"output.weight", {}, {128, 8128}}};
+  std::vector<TensorWant> t = {
+      {"token_embd.weight", {}, {128, 8128}}, {"output_norm.weight", F32, {128}}, {"output.weight", {}, {128, 8128}}};
   for (int i = 0; i < 3; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
     for (TensorWant e : std::vector<TensorWant>{{"attn_norm.weight", F32, {128}},
-                                            {"attn_qkv.weight", {}, {128, 512}},
-                                            {"attn_gate.weight", {}, {128, 256}},
-                                            {"ssm_conv1d.weight", F32, {4, 512}},
-                                            {"ssm_dt.bias", F32, {8}},
-                                            {"ssm_a", F32, {8}},
-                                            {"ssm_beta.weight", BF16, {128, 8}},
-                                            {"ssm_alpha.weight", BF16, {128, 8}},
-                                            {"ssm_norm.weight", F32, {32}},
-                                            {"ssm_out.weight", {}, {256, 128}},
-                                            {"post_attention_norm.weight", F32, {128}},
-                                            {"ffn_gate.weight", {}, {128, 384}},
-                                            {"ffn_up.weight", {}, {128, 384}},
-                                            {"ffn_down.weight", {}, {384, 128}}}) {
+                                                {"attn_qkv.weight", {}, {128, 512}},
+                                                {"attn_gate.weight", {}, {128, 256}},
+                                                {"ssm_conv1d.weight", F32, {4, 512}},
+                                                {"ssm_dt.bias", F32, {8}},
+                                                {"ssm_a", F32, {8}},
+                                                {"ssm_beta.weight", BF16, {128, 8}},
+                                                {"ssm_alpha.weight", BF16, {128, 8}},
+                                                {"ssm_norm.weight", F32, {32}},
+                                                {"ssm_out.weight", {}, {256, 128}},
+                                                {"post_attention_norm.weight", F32, {128}},
+                                                {"ffn_gate.weight", {}, {128, 384}},
+                                                {"ffn_up.weight", {}, {128, 384}},
+                                                {"ffn_down.weight", {}, {384, 128}}}) {
       e.name = b + e.name;
       t.push_back(e);
     }
   }
   for (TensorWant e : std::vector<TensorWant>{{"attn_norm.weight", F32, {128}},
-                                          {"attn_q.weight", {}, {128, 512}},
-                                          {"attn_k.weight", {}, {128, 128}},
-                                          {"attn_v.weight", {}, {128, 128}},
-                                          {"attn_output.weight", {}, {256, 128}},
-                                          {"attn_q_norm.weight", F32, {64}},
-                                          {"attn_k_norm.weight", F32, {64}},
-                                          {"post_attention_norm.weight", F32, {128}},
-                                          {"ffn_gate.weight", {}, {128, 384}},
-                                          {"ffn_up.weight", {}, {128, 384}},
-                                          {"ffn_down.weight", {}, {384, 128}}}) {
+                                              {"attn_q.weight", {}, {128, 512}},
+                                              {"attn_k.weight", {}, {128, 128}},
+                                              {"attn_v.weight", {}, {128, 128}},
+                                              {"attn_output.weight", {}, {256, 128}},
+                                              {"attn_q_norm.weight", F32, {64}},
+                                              {"attn_k_norm.weight", F32, {64}},
+                                              {"post_attention_norm.weight", F32, {128}},
+                                              {"ffn_gate.weight", {}, {128, 384}},
+                                              {"ffn_up.weight", {}, {128, 384}},
+                                              {"ffn_down.weight", {}, {384, 128}}}) {
     e.name = "blk.3." + e.name;
     t.push_back(e);
   }
@@ -245,10 +243,10 @@ TEST(SynthQwen35, TernaryTypesHoldOneModelAndAreWellScaled) {
   // Entry rms: 2/sqrt(row length) for the projections, 1 for the embedding,
   // ~4/sqrt(128) spread over rows for the lm head (quiet PAD/special rows).
   for (const auto* f : {ref.get(), q1.get()}) {
-    for (const auto& [name, want] : {std::pair{"blk.0.attn_qkv.weight", 2.0 / std::sqrt(128.0)},
-                                     std::pair{"blk.2.ssm_out.weight", 2.0 / std::sqrt(256.0)},
-                                     std::pair{"blk.3.ffn_down.weight", 2.0 / std::sqrt(384.0)},
-                                     std::pair{"token_embd.weight", 1.0}}) {
+    for (const auto& [name, want] :
+         {std::pair{"blk.0.attn_qkv.weight", 2.0 / std::sqrt(128.0)},
+          std::pair{"blk.2.ssm_out.weight", 2.0 / std::sqrt(256.0)},
+          std::pair{"blk.3.ffn_down.weight", 2.0 / std::sqrt(384.0)}, std::pair{"token_embd.weight", 1.0}}) {
       double ms = 0;
       for (float x : dequantize(*f->find_tensor(name))) ms += static_cast<double>(x) * x;
       const double rms = std::sqrt(ms / static_cast<double>(f->find_tensor(name)->n_elements()));
@@ -288,12 +286,10 @@ TEST(SynthQwen35, TokenizerHasTheFixtureLayout) {
   EXPECT_EQ(f->get<uint32_t>("tokenizer.ggml.padding_token_id").value(), 8094u);
   EXPECT_EQ(f->get<uint32_t>("tokenizer.ggml.eos_token_id").value(), 8096u);
   EXPECT_FALSE(f->get<bool>("tokenizer.ggml.add_bos_token").value());
-  const std::map<uint32_t, std::string> ids = {{8094, "<|endoftext|>"},   {8095, "<|im_start|>"},
-                                               {8096, "<|im_end|>"},      {8108, "<tool_call>"},
-                                               {8109, "</tool_call>"},    {8116, "<tool_response>"},
-                                               {8117, "</tool_response>"}, {8118, "<think>"},
-                                               {8119, "</think>"},        {8120, "[PAD8120]"},
-                                               {8127, "[PAD8127]"}};
+  const std::map<uint32_t, std::string> ids = {
+      {8094, "<|endoftext|>"}, {8095, "<|im_start|>"},    {8096, "<|im_end|>"},       {8108, "<tool_call>"},
+      {8109, "</tool_call>"},  {8116, "<tool_response>"}, {8117, "</tool_response>"}, {8118, "<think>"},
+      {8119, "</think>"},      {8120, "[PAD8120]"},       {8127, "[PAD8127]"}};
   for (const auto& [id, text] : ids) EXPECT_EQ(tokens[id], text) << id;
   EXPECT_EQ(types[8096], 3);  // control
   EXPECT_EQ(types[8118], 4);  // user-defined
