@@ -1,7 +1,8 @@
-// `bonsai synth -o FILE --preset tiny|1.7b|4b|8b [--type q1_0|q2_0|f16] [--seed N]`:
-// writes a Qwen3-architecture GGUF with deterministic random weights (see
-// synth.h). Prints a one-line summary; errors print the message and exit 1.
-// On a terminal, a progress line on stderr while the tensors are written.
+// `bonsai synth -o FILE [--arch qwen3|qwen35] [--preset P] [--type T] [--seed N] [--hadamard]`:
+// writes a Qwen3- or Qwen3.5-architecture GGUF with deterministic random
+// weights (see synth.h). Prints a one-line summary; errors print the message
+// and exit 1. On a terminal, a progress line on stderr while the tensors are
+// written.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
@@ -16,19 +17,34 @@ namespace bonsai::app {
 void register_synth(CLI::App& app) {
   struct Options {
     std::string out;
+    std::string arch = "qwen3";
     std::string preset = "tiny";
     std::string type = "q1_0";
     uint64_t seed = 1;
+    bool hadamard = false;
   };
   auto opt = std::make_shared<Options>();
-  auto* cmd =
-      app.add_subcommand("synth", "Write a Qwen3 GGUF with deterministic random weights and a small BPE tokenizer");
+  auto* cmd = app.add_subcommand(
+      "synth", "Write a Qwen3 or Qwen3.5 GGUF with deterministic random weights and a small BPE tokenizer");
   cmd->add_option("-o,--output", opt->out, "Output GGUF file")->required();
-  cmd->add_option("--preset", opt->preset, "Model shape: tiny | 1.7b | 4b | 8b (default tiny)");
-  cmd->add_option("--type", opt->type, "Matrix weight type: q1_0 | q2_0 | f16 (default q1_0)");
+  cmd->add_option("--arch", opt->arch,
+                  "Architecture: qwen3 (Bonsai 1.7B/4B/8B) | qwen35 (the 27B family: Gated DeltaNet + gated "
+                  "attention) (default qwen3)");
+  cmd->add_option("--preset", opt->preset,
+                  "Model shape: qwen3 tiny | 1.7b | 4b | 8b; qwen35 tiny | 27b (about 6 GB in ptq1_0) (default tiny)");
+  cmd->add_option("--type", opt->type,
+                  "Matrix weight type: q1_0 | q2_0 | f16; qwen35 also pq2_0 | ptq1_0 (default q1_0)");
   cmd->add_option("--seed", opt->seed, "Random seed (default 1)");
+  cmd->add_flag("--hadamard", opt->hadamard,
+                "qwen35 with q2_0 | pq2_0 | ptq1_0: add the Bonsai 2 prism.hadamard.* keys (the weights stay random)");
   cmd->callback([opt] {
-    auto preset = synth::preset(opt->preset);
+    auto arch = synth::parse_arch(opt->arch);
+    if (!arch) {
+      std::cerr << "bonsai synth: unknown --arch '" << opt->arch << "' (expected qwen3 or qwen35)\n";
+      set_exit_code(1);
+      return;
+    }
+    auto preset = synth::preset(opt->preset, *arch);
     if (!preset) {
       std::cerr << "bonsai synth: " << preset.error().message << "\n";
       set_exit_code(1);
@@ -36,7 +52,7 @@ void register_synth(CLI::App& app) {
     }
     auto type = synth::parse_weight_type(opt->type);
     if (!type) {
-      std::cerr << "bonsai synth: unknown --type '" << opt->type << "' (expected q1_0, q2_0 or f16)\n";
+      std::cerr << "bonsai synth: unknown --type '" << opt->type << "' (expected q1_0, q2_0, f16, pq2_0 or ptq1_0)\n";
       set_exit_code(1);
       return;
     }
@@ -46,7 +62,7 @@ void register_synth(CLI::App& app) {
       set_exit_code(kExitUsage);
       return;
     }
-    synth::Options o{*preset, *type, opt->seed, {}};
+    synth::Options o{*preset, *type, opt->seed, {}, opt->hadamard};
     Progress progress("synth: writing " + opt->out, 0, Progress::Unit::kBytes, rt->progress);
     o.on_progress = [&progress](uint64_t done, uint64_t total) {
       progress.set_total(total);
@@ -65,8 +81,9 @@ void register_synth(CLI::App& app) {
       set_exit_code(1);
       return;
     }
-    std::cout << "wrote " << opt->out << ": preset " << preset->name << ", type " << synth::weight_type_name(*type)
-              << ", seed " << opt->seed << ", " << w->n_tensors() << " tensors\n";
+    std::cout << "wrote " << opt->out << ": arch " << synth::arch_name(*arch) << ", preset " << preset->name
+              << ", type " << synth::weight_type_name(*type) << (opt->hadamard ? " + hadamard" : "") << ", seed "
+              << opt->seed << ", " << w->n_tensors() << " tensors\n";
   });
 }
 

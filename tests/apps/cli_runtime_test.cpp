@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "gguf/gguf.h"
 
 namespace {
 
@@ -152,6 +153,36 @@ TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
   EXPECT_EQ(r.err,
             "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or "
             "neon)\n");
+}
+
+// `synth --arch qwen35`: writes the Qwen3.5 file its flags name (the keys are
+// checked in tests/gguf/synth_qwen35_test.cpp) and refuses combinations the
+// architecture does not take with exit 1 and a message naming the flag.
+TEST(CliSynth, Qwen35FlagsWriteOrRefuse) {
+  const auto out = std::filesystem::temp_directory_path() / ("bonsai_synth35_" + std::to_string(::getpid()) + ".gguf");
+  const auto ok = run_bonsai("synth --arch qwen35 --type pq2_0 --hadamard --seed 3 -o '" + out.string() + "'");
+  ASSERT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_EQ(ok.out,
+            "wrote " + out.string() + ": arch qwen35, preset tiny, type pq2_0 + hadamard, seed 3, 56 tensors\n");
+  auto f = bonsai::gguf::File::open(out.string());
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ((*f)->get<std::string>("general.architecture").value(), "qwen35");
+  EXPECT_EQ((*f)->get<uint32_t>("prism.hadamard.block_size").value(), 64u);
+  EXPECT_EQ((*f)->find_tensor("blk.0.attn_qkv.weight")->type, bonsai::core::GgmlType::PQ2_0);
+  std::filesystem::remove(out);
+  const std::pair<std::string, std::string> refused[] = {
+      {"--arch qwen35 --preset 8b", "unknown preset '8b' for --arch qwen35 (expected tiny or 27b)"},
+      {"--arch qwen4", "unknown --arch 'qwen4' (expected qwen3 or qwen35)"},
+      {"--arch qwen35 --type q1_0 --hadamard", "--hadamard needs a ternary --type (q2_0, pq2_0 or ptq1_0)"},
+      {"--type ptq1_0", "--type ptq1_0 is for --arch qwen35"},
+      {"--hadamard --type q2_0", "--hadamard is for --arch qwen35"},
+  };
+  for (const auto& [flags, message] : refused) {
+    const auto r = run_bonsai("synth " + flags + " -o '" + out.string() + "'");
+    EXPECT_EQ(r.rc, 1) << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out)) << flags;
+  }
 }
 
 }  // namespace
