@@ -8,7 +8,8 @@ PKGS=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config ccache git  # li
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libtomlplusplus-dev
       libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
-      curl nodejs prometheus)  # server e2e test: curl, the OpenAI Node SDK, promtool
+      curl nodejs prometheus  # server e2e test: curl, the OpenAI Node SDK, promtool
+      python3-numpy)  # ../shared/tools/qwen35_ref.py (the float64 qwen35 reference the synth test runs)
 # libboost-dev: Boost.Beast/Asio (header-only), the server's HTTP transport; libcpp-httplib-dev: tests' client.
 # npm ships inside some nodejs builds (NodeSource); Debian packages it apart.
 command -v npm >/dev/null 2>&1 || PKGS+=(npm)
