@@ -176,27 +176,26 @@ void Model::gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCa
   // state's conv tail (zeros at position 0); the tail then keeps the last K-1
   // inputs. Split by channel ranges: channels are independent.
   constexpr int64_t kChanChunk = 64;
-  pool.parallel_for(
-      (cd + kChanChunk - 1) / kChanChunk,
-      [&](int64_t b, int64_t e) {
-        float win[64];  // K <= 64 (ModelConfig check)
-        for (int32_t s : seqs) {
-          float* tail = caches[s]->recurrent_state(rl);  // [(K-1)][cd]
-          for (int64_t ch = b * kChanChunk; ch < std::min(cd, e * kChanChunk); ++ch) {
-            const float* w = G.conv.data + ch * K;
-            for (int64_t k = 0; k + 1 < K; ++k) win[k] = tail[k * cd + ch];
-            for (int32_t i : seq_tokens[static_cast<size_t>(s)]) {
-              win[K - 1] = qkv[i * cd + ch];
-              float acc = 0.0f;
-              for (int64_t k = 0; k < K; ++k) acc += w[k] * win[k];
-              conv[i * cd + ch] = silu(acc);
-              for (int64_t k = 0; k + 1 < K; ++k) win[k] = win[k + 1];
-            }
-            for (int64_t k = 0; k + 1 < K; ++k) tail[k * cd + ch] = win[k];
-          }
-        }
-      },
-      1);
+  pool.parallel_for((cd + kChanChunk - 1) / kChanChunk,
+                    [&](int64_t b, int64_t e) {
+                      float win[64];  // K <= 64 (ModelConfig check)
+                      for (int32_t s : seqs) {
+                        float* tail = caches[s]->recurrent_state(rl);  // [(K-1)][cd]
+                        for (int64_t ch = b * kChanChunk; ch < std::min(cd, e * kChanChunk); ++ch) {
+                          const float* w = G.conv.data + ch * K;
+                          for (int64_t k = 0; k + 1 < K; ++k) win[k] = tail[k * cd + ch];
+                          for (int32_t i : seq_tokens[static_cast<size_t>(s)]) {
+                            win[K - 1] = qkv[i * cd + ch];
+                            float acc = 0.0f;
+                            for (int64_t k = 0; k < K; ++k) acc += w[k] * win[k];
+                            conv[i * cd + ch] = silu(acc);
+                            for (int64_t k = 0; k + 1 < K; ++k) win[k] = win[k + 1];
+                          }
+                          for (int64_t k = 0; k + 1 < K; ++k) tail[k * cd + ch] = win[k];
+                        }
+                      }
+                    },
+                    1);
 
   // Per token: q and k heads L2-normalised (eps = rms eps, as llama.cpp);
   // beta = sigmoid(beta); alpha becomes the decay g = exp(a * softplus(alpha + dt_bias)).
@@ -239,8 +238,7 @@ void Model::gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCa
       1);
 
   // x = x + W_out o
-  matmul(G.w_out, (L.folded & kFoldSsmOut) != 0 ? rotated_input(o, n, vd, true, ws, pool) : o, n, proj, pool,
-         ws.act_);
+  matmul(G.w_out, (L.folded & kFoldSsmOut) != 0 ? rotated_input(o, n, vd, true, ws, pool) : o, n, proj, pool, ws.act_);
   for (int64_t j = 0; j < n * E; ++j) x[j] += proj[j];
 }
 

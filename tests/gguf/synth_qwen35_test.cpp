@@ -5,14 +5,13 @@
 // deterministic, and (when /usr/bin/python3 has numpy) the float64 reference
 // ../shared/tools/qwen35_ref.py runs every file to finite logits.
 #include <gtest/gtest.h>
-
-#include <cstdlib>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
