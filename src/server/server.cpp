@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <expected>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -272,14 +273,28 @@ struct Server::Impl {
   // nullopt with the answer (an error) in `res`.
   std::optional<SubmittedJob> handle_completion(const std::string& body_text, HttpResponse& res, Endpoint endpoint,
                                                 Clock::time_point admitted) {
-    // Every early answer below is an error: `fail(e)` writes it and returns no job.
-    auto fail = [&res](const ApiError& e) -> std::optional<SubmittedJob> {
-      send_error(res, e);
-      return std::nullopt;
-    };
     CompletionRequest cr;
-    if (auto e = parse_completion_request(body_text, endpoint, cr)) return fail(*e);
+    auto job = [&]() -> std::expected<std::shared_ptr<Job>, ApiError> {
+      if (auto e = parse_completion_request(body_text, endpoint, cr)) return std::unexpected(*e);
+      return submit_completion(std::move(cr), admitted);
+    }();
+    if (!job) {
+      send_error(res, job.error());
+      return std::nullopt;
+    }
+    auto handle = (*job)->handle;
+    const int n = (*job)->n;
+    return SubmittedJob{std::move(handle), n, std::make_shared<CompletionAnswer>(this, std::move(*job))};
+  }
 
+  // The preparation every chat-shaped route shares (chat completions, and
+  // /v1/responses after translating its request into `cr`): the model, the
+  // queue check, engine::prepare_completion (template, tokens, context,
+  // sampling), the output parser's options and the submit to the model's
+  // scheduler. Returns the submitted job, or the error to answer.
+  std::expected<std::shared_ptr<Job>, ApiError> submit_completion(CompletionRequest cr, Clock::time_point admitted) {
+    const Endpoint endpoint = cr.endpoint;
+    auto fail = [](const ApiError& e) -> std::expected<std::shared_ptr<Job>, ApiError> { return std::unexpected(e); };
     auto job = std::make_shared<Job>();
     job->pool = ctx.models;
     job->admitted = admitted;
@@ -362,7 +377,7 @@ struct Server::Impl {
     job->handle = *handle;
     job->stream = cr.stream;
     ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
-    return SubmittedJob{std::move(*handle), job->n, std::make_shared<CompletionAnswer>(this, std::move(job))};
+    return job;
   }
 
   // Metrics of what a finished job ran, and the cut reason of a cancelled one.
