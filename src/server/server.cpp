@@ -31,6 +31,7 @@
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
+#include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
 #include "server/routes_tokens.h"     // add_token_routes
 #include "server/transport.h"         // HttpTransport
 #include "tokenizer/tokenizer.h"      // Tokenizer
@@ -49,6 +50,8 @@ std::string route_label(const std::string& path) {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
       "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
   if (known.contains(path)) return path;
+  if (path == "/v1/responses") return path;
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
@@ -180,7 +183,7 @@ struct Server::Impl {
     if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method") || cors_allowed(req).empty())
       return false;
     res.status = 204;
-    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     const std::string asked = req.header("Access-Control-Request-Headers");
     res.set_header("Access-Control-Allow-Headers", asked.empty() ? std::string("Authorization, Content-Type") : asked);
     res.set_header("Access-Control-Max-Age", "86400");
@@ -264,6 +267,20 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
+    // POST /v1/responses: translated into a chat request, prepared and submitted as chat completions are.
+    add_responses_routes(
+        http, ctx, [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
+          auto job = submit_completion(std::move(cr), admitted);
+          if (!job) return std::unexpected(job.error());
+          SubmittedChat s;
+          s.handle = (*job)->handle;
+          s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
+          s.output = (*job)->output;
+          s.model = (*job)->meta.model;
+          s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
+          s.owner = std::move(*job);
+          return s;
+        });
   }
 
   // ---- completions --------------------------------------------------------
