@@ -356,7 +356,7 @@ std::optional<ApiError> parse_responses_request(std::string_view body_text, Resp
   // Checked by the chat parser under the same names.
   for (const char* key :
        {"model", "temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_p", "repeat_penalty",
-        "presence_penalty", "frequency_penalty", "stop", "logit_bias", "ignore_eos"})
+        "presence_penalty", "frequency_penalty", "stop", "logit_bias", "ignore_eos", "grammar"})
     if (const Json* v = member(body, key)) chat[key] = *v;
   if (const Json* k = member(body, "chat_template_kwargs"); k && !chat.contains("chat_template_kwargs"))
     chat["chat_template_kwargs"] = *k;

@@ -28,7 +28,7 @@
 // parallel_tool_calls, metadata, user, store, stream, previous_response_id,
 // truncation; llama.cpp's sampling extensions as on chat completions (seed,
 // top_k, min_p, repeat_penalty, presence_penalty, frequency_penalty, stop,
-// logit_bias, ignore_eos, chat_template_kwargs). Other fields are ignored.
+// logit_bias, ignore_eos, chat_template_kwargs, grammar). Other fields are ignored.
 // Bad input is a 400 whose `param` names the Responses field ("input[2].call_id",
 // "text.format.schema", "max_output_tokens").
 #pragma once

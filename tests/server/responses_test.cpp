@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -562,6 +563,53 @@ TEST_F(ResponsesHttp, JsonSchemaFormatGivesJsonThatFitsTheSchemaAsChatsResponseF
   ASSERT_TRUE(c);
   ASSERT_EQ(c->status, 200) << c->body;
   EXPECT_EQ(output_text(resp), json::parse(c->body)["choices"][0]["message"]["content"].get<std::string>());
+}
+
+// <think> text is a "reasoning" item before the message, streamed as
+// reasoning_text events (llama.cpp's `grammar` makes the random model write it).
+TEST_F(ResponsesHttp, ThinkTextBecomesAReasoningItemStreamedAndNot) {
+  const json body{{"model", "qwen"},
+                  {"input", "Hi"},
+                  {"temperature", 0},
+                  {"max_output_tokens", 100},
+                  {"grammar", R"(root ::= "<think>\nI should greet.\n</think>\n\nHello there")"}};
+  auto [st, r] = post("/v1/responses", body);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["status"], "completed") << r.dump();
+  ASSERT_EQ(r["output"].size(), 2u) << r.dump();
+  const json& rs = r["output"][0];
+  EXPECT_EQ(rs["type"], "reasoning");
+  EXPECT_EQ(rs["id"].get<std::string>().rfind("rs_", 0), 0u);
+  EXPECT_EQ(rs["summary"], json::array());
+  EXPECT_EQ(rs["content"], json::parse(R"([{"type": "reasoning_text", "text": "I should greet."}])"));
+  EXPECT_EQ(output_text(r), "Hello there");
+
+  const std::vector<json> evs = stream(body);
+  std::string reasoning, text;
+  std::vector<std::string> types;
+  for (const json& e : evs) {
+    types.push_back(e["type"]);
+    if (e["type"] == "response.reasoning_text.delta") {
+      EXPECT_EQ(e["output_index"], 0);
+      reasoning += e["delta"].get<std::string>();
+    }
+    if (e["type"] == "response.output_text.delta") {
+      EXPECT_EQ(e["output_index"], 1);
+      text += e["delta"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(reasoning, "I should greet.");
+  EXPECT_EQ(text, "Hello there");
+  ASSERT_GE(types.size(), 12u);
+  EXPECT_EQ(types[2], "response.output_item.added");
+  EXPECT_EQ(evs[2]["item"]["type"], "reasoning");
+  EXPECT_EQ(evs[3]["part"]["type"], "reasoning_text");
+  EXPECT_NE(std::find(types.begin(), types.end(), "response.reasoning_text.done"), types.end());
+  const json& final_r = evs.back()["response"];
+  EXPECT_EQ(evs.back()["type"], "response.completed");
+  ASSERT_EQ(final_r["output"].size(), 2u);
+  EXPECT_EQ(final_r["output"][0]["content"], rs["content"]);
+  EXPECT_EQ(output_text(final_r), "Hello there");
 }
 
 TEST_F(ResponsesHttp, PreviousResponseIdContinuesTheStoredConversation) {
