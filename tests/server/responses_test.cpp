@@ -9,7 +9,10 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -263,10 +266,12 @@ const std::string kQwen = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
 // A Server on 127.0.0.1 (free port) serving "stories" (the default) and "qwen".
 class ResponsesHttp : public ::testing::Test {
  protected:
+  virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
+
   void SetUp() override {
     BONSAI_REQUIRE_FILE(kStories);
     BONSAI_REQUIRE_FILE(kQwen);
-    pool_ = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+    pool_ = std::make_shared<engine::ModelPool>(2, 0, loader(), engine::gguf_model_estimator());
     engine::ModelSpec spec;
     spec.pool_size = 1;
     spec.ctx_size = 512;
@@ -689,6 +694,62 @@ TEST_F(ResponsesHttp, BadInputIs400NamingTheFieldAndTheServerKeepsServing) {
   }
   auto [st, ok] = post("/v1/responses", json{{"input", "Hi"}, {"max_output_tokens", 2}});
   EXPECT_EQ(st, 200) << ok.dump();
+}
+
+// Scheduler steps slowed to 10 ms, so a stream is still running when the server stops.
+class ResponsesHttpSlowSteps : public ResponsesHttp {
+ protected:
+  engine::ModelPool::Loader loader() override {
+    return engine::gguf_model_loader([](engine::SchedulerOptions& so) {
+      so.on_step = [](int64_t, int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); };
+    });
+  }
+};
+
+// A stream cut after it started (here: the server stops) ends with
+// response.failed, its Response "failed" with the error, and nothing after.
+TEST_F(ResponsesHttpSlowSteps, StreamCutMidwayEndsWithResponseFailed) {
+  const json body{{"input", "Once upon a time"}, {"max_output_tokens", 400}, {"ignore_eos", true}, {"stream", true}};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string got;
+  int status = -1;
+  std::thread reader([&] {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/responses";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      std::lock_guard lock(mu);
+      got.append(data, n);
+      cv.notify_all();
+      return true;
+    };
+    auto r = c.send(req);
+    std::lock_guard lock(mu);
+    status = r ? r->status : -2;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] {
+      return got.find("response.output_text.delta") != std::string::npos || status != -1;
+    }));
+  }
+  server_->stop();
+  reader.join();
+  EXPECT_EQ(status, 200);
+  const size_t last = got.rfind("event: ");
+  ASSERT_NE(last, std::string::npos) << got;
+  const std::string ev = got.substr(last);
+  ASSERT_EQ(ev.rfind("event: response.failed\ndata: ", 0), 0u) << ev;
+  const json data = json::parse(ev.substr(ev.find('\n') + 7));
+  EXPECT_EQ(data["response"]["status"], "failed");
+  EXPECT_EQ(data["response"]["error"]["code"], "shutting_down");
+  EXPECT_FALSE(data["response"]["error"]["message"].get<std::string>().empty());
+  EXPECT_EQ(data["response"]["output"][0]["type"], "message");  // what was sent before the cut
 }
 
 }  // namespace
