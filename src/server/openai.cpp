@@ -540,10 +540,19 @@ std::optional<ApiError> parse_output_grammar(const Json& body, Endpoint endpoint
 
 std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
                                                  CompletionRequest& out) {
+  Json body;
+  if (auto e = parse_body(body_text, body)) {
+    out = CompletionRequest{};
+    out.endpoint = endpoint;
+    return e;
+  }
+  return parse_completion_request_json(body, endpoint, out);
+}
+
+std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_json& body, Endpoint endpoint,
+                                                      CompletionRequest& out) {
   out = CompletionRequest{};
   out.endpoint = endpoint;
-  Json body;
-  if (auto e = parse_body(body_text, body)) return e;
   if (auto e = parse_input(body, endpoint, out)) return e;
   if (auto e = check_response_format(body)) return e;
   if (auto e = check_optional_string(body, "user", "")) return e;

@@ -99,6 +99,11 @@ bool json_nesting_exceeds(std::string_view text, int max_depth);
 // naming it in `param`; a body nested deeper than kMaxJsonDepth is a 400
 // (code "invalid_json").
 std::optional<ApiError> parse_completion_request(std::string_view body, Endpoint endpoint, CompletionRequest& out);
+// The same over a body already parsed into a JSON object (document order):
+// the path of a route that translates its own dialect into a chat request
+// (POST /v1/responses, routes_responses.h). Nesting depth is the caller's to check.
+std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_json& body, Endpoint endpoint,
+                                                      CompletionRequest& out);
 
 // Token counts of one request (OpenAI `usage`).
 struct Usage {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <expected>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
+#include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
 #include "server/routes_tokens.h"     // add_token_routes
 #include "server/transport.h"         // HttpTransport
 #include "tokenizer/tokenizer.h"      // Tokenizer
@@ -48,6 +50,8 @@ std::string route_label(const std::string& path) {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
       "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
   if (known.contains(path)) return path;
+  if (path == "/v1/responses") return path;
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
@@ -179,7 +183,7 @@ struct Server::Impl {
     if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method") || cors_allowed(req).empty())
       return false;
     res.status = 204;
-    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     const std::string asked = req.header("Access-Control-Request-Headers");
     res.set_header("Access-Control-Allow-Headers", asked.empty() ? std::string("Authorization, Content-Type") : asked);
     res.set_header("Access-Control-Max-Age", "86400");
@@ -263,6 +267,20 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
+    // POST /v1/responses: translated into a chat request, prepared and submitted as chat completions are.
+    add_responses_routes(
+        http, ctx, [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
+          auto job = submit_completion(std::move(cr), admitted);
+          if (!job) return std::unexpected(job.error());
+          SubmittedChat s;
+          s.handle = (*job)->handle;
+          s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
+          s.output = (*job)->output;
+          s.model = (*job)->meta.model;
+          s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
+          s.owner = std::move(*job);
+          return s;
+        });
   }
 
   // ---- completions --------------------------------------------------------
@@ -272,14 +290,28 @@ struct Server::Impl {
   // nullopt with the answer (an error) in `res`.
   std::optional<SubmittedJob> handle_completion(const std::string& body_text, HttpResponse& res, Endpoint endpoint,
                                                 Clock::time_point admitted) {
-    // Every early answer below is an error: `fail(e)` writes it and returns no job.
-    auto fail = [&res](const ApiError& e) -> std::optional<SubmittedJob> {
-      send_error(res, e);
-      return std::nullopt;
-    };
     CompletionRequest cr;
-    if (auto e = parse_completion_request(body_text, endpoint, cr)) return fail(*e);
+    auto job = [&]() -> std::expected<std::shared_ptr<Job>, ApiError> {
+      if (auto e = parse_completion_request(body_text, endpoint, cr)) return std::unexpected(*e);
+      return submit_completion(std::move(cr), admitted);
+    }();
+    if (!job) {
+      send_error(res, job.error());
+      return std::nullopt;
+    }
+    auto handle = (*job)->handle;
+    const int n = (*job)->n;
+    return SubmittedJob{std::move(handle), n, std::make_shared<CompletionAnswer>(this, std::move(*job))};
+  }
 
+  // The preparation every chat-shaped route shares (chat completions, and
+  // /v1/responses after translating its request into `cr`): the model, the
+  // queue check, engine::prepare_completion (template, tokens, context,
+  // sampling), the output parser's options and the submit to the model's
+  // scheduler. Returns the submitted job, or the error to answer.
+  std::expected<std::shared_ptr<Job>, ApiError> submit_completion(CompletionRequest cr, Clock::time_point admitted) {
+    const Endpoint endpoint = cr.endpoint;
+    auto fail = [](const ApiError& e) -> std::expected<std::shared_ptr<Job>, ApiError> { return std::unexpected(e); };
     auto job = std::make_shared<Job>();
     job->pool = ctx.models;
     job->admitted = admitted;
@@ -362,7 +394,7 @@ struct Server::Impl {
     job->handle = *handle;
     job->stream = cr.stream;
     ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
-    return SubmittedJob{std::move(*handle), job->n, std::make_shared<CompletionAnswer>(this, std::move(job))};
+    return job;
   }
 
   // Metrics of what a finished job ran, and the cut reason of a cancelled one.
