@@ -1,4 +1,4 @@
-// Streaming split of Qwen3 output into reasoning, content and tool calls. See chat_output.h.
+// Streaming split of Qwen3 / Qwen3.5 output into reasoning, content and tool calls. See chat_output.h.
 #include "engine/chat_output.h"
 
 #include <algorithm>
@@ -30,7 +30,86 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+constexpr std::string_view kFunctionOpen = "<function=";
+constexpr std::string_view kFunctionClose = "</function>";
+constexpr std::string_view kParamOpen = "<parameter=";
+constexpr std::string_view kParamClose = "</parameter>";
+
+// Reads "NAME>" after an XML tag opener from the front of `s`: NAME
+// non-empty, on one line, surrounding spaces dropped. Empty when not so.
+std::string_view take_tag_name(std::string_view& s) {
+  const size_t gt = s.find('>');
+  if (gt == std::string_view::npos) return {};
+  const std::string_view name = trim(s.substr(0, gt));
+  if (name.empty() || name.find('\n') != std::string_view::npos) return {};
+  s.remove_prefix(gt + 1);
+  return name;
+}
+
+// The schema of parameter `key` of tool `name` in an OpenAI `tools` array
+// (and in `params` the tool's `parameters`, what its $refs point into);
+// nullptr when the tool or the parameter is not declared.
+const nlohmann::ordered_json* parameter_schema(const nlohmann::ordered_json* tools, std::string_view name,
+                                               std::string_view key, const nlohmann::ordered_json*& params_out) {
+  if (tools == nullptr || !tools->is_array()) return nullptr;
+  for (const auto& tool : *tools) {
+    if (!tool.is_object()) continue;
+    const auto fn = tool.find("function");
+    if (fn == tool.end() || !fn->is_object()) continue;
+    const auto n = fn->find("name");
+    if (n == fn->end() || !n->is_string() || n->get_ref<const std::string&>() != name) continue;
+    const auto params = fn->find("parameters");
+    if (params == fn->end() || !params->is_object()) return nullptr;
+    const auto props = params->find("properties");
+    if (props == params->end() || !props->is_object()) return nullptr;
+    params_out = &*params;
+    const auto p = props->find(std::string(key));
+    return p == props->end() ? nullptr : &*p;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+bool schema_resolves_to_string(const nlohmann::ordered_json& schema_in, const nlohmann::ordered_json* root) {
+  const nlohmann::ordered_json* schema_ptr = &schema_in;
+  for (int hops = 0; root != nullptr && hops < 16 && schema_ptr->is_object(); ++hops) {
+    const auto ref = schema_ptr->find("$ref");
+    if (ref == schema_ptr->end() || !ref->is_string()) break;
+    const std::string& r = ref->get_ref<const std::string&>();
+    if (!r.starts_with("#/")) return false;  // another document, or the whole (object) schema
+    // A JSON pointer that is malformed or points nowhere: not a string.
+    try {
+      const nlohmann::ordered_json::json_pointer ptr(r.substr(1));
+      if (!root->contains(ptr)) return false;
+      schema_ptr = &root->at(ptr);
+    } catch (const nlohmann::json::exception&) {
+      return false;
+    }
+  }
+  const nlohmann::ordered_json& schema = *schema_ptr;
+  if (!schema.is_object()) return false;
+  const auto t = schema.find("type");
+  if (t == schema.end()) return false;
+  if (t->is_string()) return *t == "string";
+  if (t->is_array()) {
+    for (const auto& e : *t)
+      if (e == "string") return true;
+  }
+  return false;
+}
+
+ChatOutputParser::Options chat_output_options(const tokenizer::ChatTemplate& tmpl, const tokenizer::ChatOptions& chat,
+                                              bool parse_reasoning, bool parse_tool_calls) {
+  ChatOutputParser::Options o;
+  o.parse_reasoning = parse_reasoning;
+  o.parse_tool_calls = parse_tool_calls;
+  o.starts_in_reasoning = tmpl.prompt_opens_reasoning(chat);
+  o.tool_call_syntax = tmpl.tool_call_syntax();
+  if (o.tool_call_syntax == tokenizer::ToolCallSyntax::kXml && chat.tools.is_array())
+    o.tools = std::make_shared<const nlohmann::ordered_json>(chat.tools);
+  return o;
+}
 
 ChatOutputParser::ChatOutputParser(Options options) : opt_(options) {
   if (opt_.starts_in_reasoning && opt_.parse_reasoning) {
@@ -64,11 +143,10 @@ void ChatOutputParser::emit_text(ChatOutputDelta& out, std::string_view text) {
   (mode_ == Mode::kReasoning ? out.reasoning : out.content).append(text);
 }
 
-void ChatOutputParser::close_tool_call(ChatOutputDelta& out) {
+bool ChatOutputParser::parse_json_call(ParsedToolCall& call) const {
   const std::string_view body = trim(call_text_);
   const auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   bool ok = j.is_object() && j.contains("name") && j["name"].is_string() && !j["name"].get<std::string>().empty();
-  ParsedToolCall call;
   if (ok) {
     call.name = j["name"].get<std::string>();
     auto it = j.find("arguments");
@@ -85,6 +163,54 @@ void ChatOutputParser::close_tool_call(ChatOutputDelta& out) {
       call.arguments = it->dump();
     }
   }
+  return ok;
+}
+
+bool ChatOutputParser::parse_xml_call(ParsedToolCall& call) const {
+  std::string_view s = trim(call_text_);
+  if (!s.starts_with(kFunctionOpen)) return false;
+  s.remove_prefix(kFunctionOpen.size());
+  const std::string_view name = take_tag_name(s);
+  if (name.empty()) return false;
+  auto args = nlohmann::ordered_json::object();
+  while (true) {
+    s = trim(s);
+    if (s.starts_with(kFunctionClose)) {
+      if (!trim(s.substr(kFunctionClose.size())).empty()) return false;  // one function per block
+      break;
+    }
+    if (!s.starts_with(kParamOpen)) return false;
+    s.remove_prefix(kParamOpen.size());
+    const std::string_view key = take_tag_name(s);
+    if (key.empty()) return false;
+    const size_t end = s.find(kParamClose);
+    if (end == std::string_view::npos) return false;
+    std::string_view value = s.substr(0, end);
+    s.remove_prefix(end + kParamClose.size());
+    // The template's own newlines around the value.
+    if (value.starts_with('\n')) value.remove_prefix(1);
+    if (value.ends_with('\n')) value.remove_suffix(1);
+    const nlohmann::ordered_json* params = nullptr;
+    const nlohmann::ordered_json* schema = parameter_schema(opt_.tools.get(), name, key, params);
+    nlohmann::ordered_json typed = nlohmann::ordered_json::value_t::discarded;
+    if (schema != nullptr && !schema_resolves_to_string(*schema, params))
+      typed = nlohmann::ordered_json::parse(value, nullptr, /*allow_exceptions=*/false);
+    if (typed.is_discarded()) {
+      args[std::string(key)] = std::string(value);
+    } else {
+      args[std::string(key)] = std::move(typed);
+    }
+  }
+  call.name = std::string(name);
+  // Replace (not throw on) bytes that are not UTF-8: the model wrote them.
+  call.arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  return true;
+}
+
+void ChatOutputParser::close_tool_call(ChatOutputDelta& out) {
+  ParsedToolCall call;
+  const bool ok =
+      opt_.tool_call_syntax == tokenizer::ToolCallSyntax::kXml ? parse_xml_call(call) : parse_json_call(call);
   if (ok) {
     calls_.push_back(call);
     out.tool_calls.push_back(std::move(call));

@@ -1,9 +1,9 @@
-// ChatOutputParser: splits the text a Qwen3 model generates into OpenAI's
-// assistant-message parts as it streams: `reasoning_content` (the text inside
-// <think>...</think>), `content`, and `tool_calls` (each
-// <tool_call>{"name": ..., "arguments": ...}</tool_call> block).
+// ChatOutputParser: splits the text a Qwen3 / Qwen3.5 model generates into
+// OpenAI's assistant-message parts as it streams: `reasoning_content` (the
+// text inside <think>...</think>), `content`, and `tool_calls` (each
+// <tool_call>...</tool_call> block).
 //
-// Formats (Qwen3's chat template, tokenizer.chat_template in the GGUF):
+// Formats (the chat templates, tokenizer.chat_template in the GGUF):
 //   - reasoning: "<think>\n" REASONING "\n</think>\n\n" CONTENT; the
 //     whitespace right after <think> and </think> is dropped, as llama-server's
 //     `--reasoning-format deepseek` does. A generation that starts inside the
@@ -15,6 +15,20 @@
 //     several may follow each other (parallel calls). A block whose JSON does
 //     not parse, or lacks a string name, is kept as plain content (the client
 //     sees what the model wrote rather than losing it).
+//   - Qwen3.5 tool calls (Options::tool_call_syntax kXml), one function per
+//     block:
+//       <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
+//     VALUE is the text up to the first "</parameter>", less one newline on
+//     each side (the ones the template writes). It becomes a JSON string,
+//     except where the request's tool declares parameter KEY with a schema
+//     that does not resolve to a string ("type" other than "string", or a
+//     type list without "string", or no "type"): then VALUE is read as JSON
+//     and keeps its type when it parses (7, true, {"a": 1}), else stays a
+//     string. This is llama.cpp's rule for this format (string-typed
+//     parameters raw, others JSON). `arguments` is the object of the
+//     parameters in the order written. A block that is not exactly that
+//     shape is kept as plain content. Only the template's own syntax is
+//     accepted: XML in a Qwen3 answer, or JSON in a Qwen3.5 one, is content.
 //
 // Streaming: feed() returns only text that can no longer change meaning. A
 // chunk ending in a prefix of a tag ("<thi", "</tool_") is held back until
@@ -23,9 +37,13 @@
 // Not thread-safe: one parser per choice of one request.
 #pragma once
 
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tokenizer/chat_template.h"  // ChatTemplate, ChatOptions, ToolCallSyntax
 
 namespace bonsai::engine {
 
@@ -49,6 +67,13 @@ class ChatOutputParser {
     bool parse_reasoning = true;       // false: <think> text stays in content (--reasoning-format none)
     bool parse_tool_calls = true;      // false: <tool_call> text stays in content (no tools in the request)
     bool starts_in_reasoning = false;  // the prompt already opened <think>
+    // The syntax inside <tool_call>...</tool_call>: the template's
+    // (ChatTemplate::tool_call_syntax()).
+    tokenizer::ToolCallSyntax tool_call_syntax = tokenizer::ToolCallSyntax::kJson;
+    // kXml: the request's OpenAI `tools` array (read-only, shared by the
+    // parsers of every choice), whose parameter schemas say which values
+    // keep a JSON type. nullptr: every value is a string.
+    std::shared_ptr<const nlohmann::ordered_json> tools;
   };
 
   ChatOutputParser() : ChatOutputParser(Options{}) {}
@@ -69,6 +94,10 @@ class ChatOutputParser {
   void drain(ChatOutputDelta& out, bool final);
   void emit_text(ChatOutputDelta& out, std::string_view text);
   void close_tool_call(ChatOutputDelta& out);
+  // The block body `call_text_` as a Qwen3 JSON call / Qwen3.5 XML call;
+  // false when it is not one.
+  bool parse_json_call(ParsedToolCall& call) const;
+  bool parse_xml_call(ParsedToolCall& call) const;
 
   Options opt_;
   Mode mode_ = Mode::kContent;
@@ -77,5 +106,22 @@ class ChatOutputParser {
   bool skip_ws_ = false;   // drop whitespace at the start of the next text (after a tag)
   std::vector<ParsedToolCall> calls_;
 };
+
+// Whether a tool parameter's JSON Schema resolves to a string: "type"
+// "string", or a type list that holds "string", after following a local
+// "$ref" ("#/$defs/NAME", any JSON pointer into `root`, the tool's
+// `parameters`; at most 16 hops) — llama.cpp's rule for the XML call format.
+// Such a parameter's XML value is its raw text; any other declared
+// parameter's value is JSON. Shared by the parser above and the forced-call
+// grammar (server/structured_output.h), which must agree.
+bool schema_resolves_to_string(const nlohmann::ordered_json& schema, const nlohmann::ordered_json* root = nullptr);
+
+// The parser options for the answer to a chat rendered with `tmpl` and
+// `chat`: the tool-call syntax is the template's; the answer starts in
+// reasoning when the rendered prompt opened <think>
+// (ChatTemplate::prompt_opens_reasoning); `chat.tools` is kept for the XML
+// parameter types. `parse_reasoning` / `parse_tool_calls` as in Options.
+ChatOutputParser::Options chat_output_options(const tokenizer::ChatTemplate& tmpl, const tokenizer::ChatOptions& chat,
+                                              bool parse_reasoning, bool parse_tool_calls);
 
 }  // namespace bonsai::engine

@@ -33,8 +33,9 @@
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
 #include "server/routes_tokens.h"     // add_token_routes
-#include "server/transport.h"         // HttpTransport
-#include "tokenizer/tokenizer.h"      // Tokenizer
+#include "server/structured_output.h"
+#include "server/transport.h"     // HttpTransport
+#include "tokenizer/tokenizer.h"  // Tokenizer
 
 namespace bonsai::server {
 
@@ -338,6 +339,20 @@ struct Server::Impl {
                                  " requests are already waiting. Retry later.",
                              "overloaded", 1));
     }
+    // A grammar (structured output, forced tool calls) was compiled for
+    // Qwen3's answer form while parsing; a template that writes otherwise
+    // (Qwen3.5: XML tool calls, the answer starting inside <think>) gets it
+    // compiled again in its own form (build_output_grammar's GrammarForm).
+    const tokenizer::ChatTemplate& tmpl = lm.tokenizer->chat_template();
+    tokenizer::ChatOptions rendering;
+    rendering.enable_thinking = cr.enable_thinking;
+    const GrammarForm form{tmpl.tool_call_syntax(), tmpl.prompt_opens_reasoning(rendering)};
+    if (endpoint == Endpoint::kChat && cr.sampling.grammar &&
+        (form.tool_call_syntax != tokenizer::ToolCallSyntax::kJson || form.opens_reasoning)) {
+      OutputGrammar og;
+      if (auto e = build_output_grammar(nlohmann::ordered_json::parse(body_text), endpoint, og, form)) return fail(*e);
+      cr.sampling.grammar = std::move(og.grammar);
+    }
     // The prompt (byte cap before tokenizing), the context check and the
     // sampling parameters: engine::prepare_completion, as the CLI's.
     engine::CompletionInput in;
@@ -375,9 +390,15 @@ struct Server::Impl {
     }
     job->n = cr.n;
     job->include_usage = cr.include_usage;
-    job->output.parse_reasoning = endpoint == Endpoint::kChat && ctx.opt.parse_reasoning;
-    job->output.parse_tool_calls =
-        endpoint == Endpoint::kChat && cr.tools.is_array() && !cr.tools.empty() && !cr.tool_choice_none;
+    // The template decides the tool-call syntax (Qwen3 JSON / Qwen3.5 XML)
+    // and whether the answer starts inside the <think> its prompt opened.
+    if (endpoint == Endpoint::kChat) {
+      job->output = engine::chat_output_options(lm.tokenizer->chat_template(), in.chat_options, ctx.opt.parse_reasoning,
+                                                cr.tools.is_array() && !cr.tools.empty() && !cr.tool_choice_none);
+    } else {
+      job->output.parse_reasoning = false;
+      job->output.parse_tool_calls = false;
+    }
     job->meta = ResponseMeta{new_response_id(endpoint), unix_now(), model_id, endpoint};
 
     // Bounded admission: the model's scheduler queues the job (503 +

@@ -1,8 +1,11 @@
 // Structured outputs: request fields -> one compiled grammar. See structured_output.h.
 #include "server/structured_output.h"
 
+#include <algorithm>
+#include <cassert>
 #include <vector>
 
+#include "engine/chat_output.h"      // schema_resolves_to_string
 #include "structured/grammar.h"      // Grammar::parse
 #include "structured/json_schema.h"  // json_schema_doc_to_gbnf, json_object_gbnf
 
@@ -126,8 +129,93 @@ std::string prefix_gbnf_rules(const std::string& gbnf, const std::string& prefix
   return out;
 }
 
+std::string text_without_gbnf(std::string_view pattern, const std::string& name) {
+  assert(!pattern.empty() && pattern.find(pattern[0], 1) == std::string_view::npos);
+  // State i: the text so far ends in pattern[0, i). The pattern's first
+  // character always leads to state 1; pattern[i] to state i + 1 (never to
+  // the full match); anything else back to state 0. Any state may end.
+  const auto cls = [](char c) {
+    return c == ']' || c == '\\' || c == '^' || c == '-' ? std::string("\\") + c : std::string(1, c);
+  };
+  const std::string first = std::string(1, pattern[0]);
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    out += name + "-" + std::to_string(i) + " ::= ( ";
+    if (i == 0) {
+      out += "[^" + cls(pattern[0]) + "] " + name + "-0 | " + gbnf_literal(first) + " " + name + "-1";
+    } else {
+      out += "[^" + cls(pattern[0]) + cls(pattern[i]) + "] " + name + "-0 | " + gbnf_literal(first) + " " + name + "-1";
+      if (i + 1 < pattern.size())
+        out += " | " + gbnf_literal(std::string(1, pattern[i])) + " " + name + "-" + std::to_string(i + 1);
+    }
+    out += " )?\n";
+  }
+  return out;
+}
+
+namespace {
+
+// Qwen3.5's XML block body for one tool (rules prefixed `prefix`): its
+// declared parameters in order, required ones always, others optional.
+std::optional<ApiError> xml_call_gbnf(const ordered_json& fn, size_t i, const std::string& prefix, std::string& call,
+                                      std::string& rules) {
+  const std::string name = fn["name"].get<std::string>();
+  call = gbnf_literal(name + ">\n");
+  const auto params = fn.find("parameters");
+  if (params == fn.end() || !params->is_object()) return std::nullopt;
+  const auto props = params->find("properties");
+  if (props == params->end() || !props->is_object()) return std::nullopt;
+  std::vector<std::string> required;
+  if (auto r = params->find("required"); r != params->end() && r->is_array())
+    for (const auto& k : *r)
+      if (k.is_string()) required.push_back(k.get<std::string>());
+  size_t j = 0;
+  for (auto it = props->begin(); it != props->end(); ++it, ++j) {
+    const std::string rule = prefix + "p" + std::to_string(j);
+    std::string value;
+    if (engine::schema_resolves_to_string(*it, &*params)) {
+      value = "xml-text-0";
+    } else {
+      // The property's schema as a document of its own, with the
+      // definitions its $refs may point to.
+      ordered_json doc = it->is_object() ? *it : ordered_json::object();
+      for (const char* defs : {"$defs", "definitions"})
+        if (auto d = params->find(defs); d != params->end() && !doc.contains(defs)) doc[defs] = *d;
+      std::string g;
+      const std::string field = "tools[" + std::to_string(i) + "].function.parameters.properties." + it.key();
+      if (auto e = schema_gbnf(doc, field, g)) return e;
+      rules += prefix_gbnf_rules(g, rule + "-");
+      value = rule + "-root";
+    }
+    rules += rule + " ::= " + gbnf_literal("<parameter=" + it.key() + ">\n") + " " + value + " " +
+             gbnf_literal("\n</parameter>\n") + "\n";
+    const bool req = std::find(required.begin(), required.end(), it.key()) != required.end();
+    call += " " + rule + (req ? "" : "?");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ApiError> tool_call_gbnf(const ordered_json& tools, const std::optional<std::string>& only, bool parallel,
-                                       std::string& out) {
+                                       std::string& out, tokenizer::ToolCallSyntax syntax) {
+  const std::string repeat =
+      parallel ? " ( \"\\n\" tool-call ){0," + std::to_string(kMaxParallelToolCalls - 1) + "}" : "";
+  if (syntax == tokenizer::ToolCallSyntax::kXml) {
+    std::string alts, rules;
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ordered_json& fn = tools[i]["function"];
+      if (only && fn["name"].get<std::string>() != *only) continue;
+      std::string call;
+      if (auto e = xml_call_gbnf(fn, i, "t" + std::to_string(i) + "-", call, rules)) return e;
+      alts += std::string(alts.empty() ? "" : " | ") + "( " + call + " )";
+    }
+    if (alts.empty()) return bad_request("No tool matches 'tool_choice'.", "tool_choice", "invalid_value");
+    out = "root ::= tool-call" + repeat + "\n" + "tool-call ::= " + gbnf_literal("<tool_call>\n<function=") + " call " +
+          gbnf_literal("</function>\n</tool_call>") + "\n" + "call ::= " + alts + "\n" + rules +
+          text_without_gbnf("</parameter>", "xml-text");
+    return std::nullopt;
+  }
   // One alternative per tool: the call's fixed text as Qwen3's template writes
   // it, around the arguments' grammar (the tool's own rules, prefixed "tK-").
   std::string alts, rules;
@@ -145,14 +233,13 @@ std::optional<ApiError> tool_call_gbnf(const ordered_json& tools, const std::opt
     rules += prefix_gbnf_rules(args, prefix);
   }
   if (alts.empty()) return bad_request("No tool matches 'tool_choice'.", "tool_choice", "invalid_value");
-  out = std::string("root ::= tool-call") +
-        (parallel ? " ( \"\\n\" tool-call ){0," + std::to_string(kMaxParallelToolCalls - 1) + "}" : "") + "\n" +
-        "tool-call ::= " + gbnf_literal("<tool_call>\n") + " call " + gbnf_literal("\n</tool_call>") + "\n" +
-        "call ::= " + alts + "\n" + rules;
+  out = std::string("root ::= tool-call") + repeat + "\n" + "tool-call ::= " + gbnf_literal("<tool_call>\n") +
+        " call " + gbnf_literal("\n</tool_call>") + "\n" + "call ::= " + alts + "\n" + rules;
   return std::nullopt;
 }
 
-std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint endpoint, OutputGrammar& out) {
+std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint endpoint, OutputGrammar& out,
+                                             const GrammarForm& form) {
   out = OutputGrammar{};
   std::string content, source;
   if (auto e = content_gbnf(body, content, source)) return e;
@@ -178,7 +265,7 @@ std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint 
     if (auto p = body.find("parallel_tool_calls"); p != body.end() && p->is_boolean()) parallel = p->get<bool>();
     forced = choice == "required" || choice == "function";
     if (forced || (choice == "auto" && !content.empty())) {
-      if (auto e = tool_call_gbnf(*tools, only, parallel, tools_gbnf)) return e;
+      if (auto e = tool_call_gbnf(*tools, only, parallel, tools_gbnf, form.tool_call_syntax)) return e;
     }
   }
 
@@ -193,6 +280,10 @@ std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint 
     gbnf = std::move(content);
   }
   if (gbnf.empty()) return std::nullopt;
+  if (form.opens_reasoning) {
+    gbnf = "root ::= think-0 " + gbnf_literal("</think>\n\n") + " answer-root\n" +
+           text_without_gbnf("</think>", "think") + prefix_gbnf_rules(gbnf, "answer-");
+  }
   auto g = structured::Grammar::parse(gbnf);
   if (!g) {
     const std::string param = source == "response_format" ? "response_format.json_schema.schema" : source;

@@ -1,9 +1,13 @@
-// Built-in renderers for the ChatML template family. The Qwen3 renderer is a
-// line-by-line transcription of the Jinja template Qwen3 ships in
-// tokenizer_config.json / GGUF `tokenizer.chat_template` (comments quote it).
+// Built-in renderers for the ChatML template family. The Qwen3 and Qwen3.5
+// renderers are line-by-line transcriptions of the Jinja templates those
+// models ship in tokenizer_config.json / GGUF `tokenizer.chat_template`
+// (comments quote them).
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
 namespace bonsai::tokenizer {
 
@@ -88,6 +92,42 @@ void append_json_string(std::string_view s, std::string& out) {
   out.push_back('"');
 }
 
+// Python's repr(float): the shortest digits that read back to `d`, written
+// fixed when the decimal exponent is in [-4, 16), else as d.ddde+XX (at
+// least two exponent digits); an integral fixed value ends in ".0".
+std::string python_float_repr(double d) {
+  char buf[64];
+  // Shortest round-trip digits in scientific form: "-d.ddde-XX".
+  const auto res = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  std::string_view sci(buf, static_cast<size_t>(res.ptr - buf));
+  std::string sign;
+  if (sci.starts_with('-')) {
+    sign = "-";
+    sci.remove_prefix(1);
+  }
+  const size_t e = sci.find('e');
+  std::string digits;
+  for (char c : sci.substr(0, e))
+    if (c != '.') digits.push_back(c);
+  const int exp = std::atoi(std::string(sci.substr(e + 1)).c_str());
+  std::string out = sign;
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) {
+      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
+      out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
+    } else {
+      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(static_cast<size_t>(exp) + 1);
+    }
+    return out;
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char ebuf[16];
+  std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+  return out + ebuf;
+}
+
 void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
   switch (v.type()) {
     case nlohmann::ordered_json::value_t::object: {
@@ -117,7 +157,10 @@ void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
     case nlohmann::ordered_json::value_t::string:
       append_json_string(v.get_ref<const std::string&>(), out);
       break;
-    default:  // numbers, booleans, null: JSON's spelling is Python's
+    case nlohmann::ordered_json::value_t::number_float:
+      out += python_float_repr(v.get<double>());
+      break;
+    default:  // integers, booleans, null: JSON's spelling is Python json.dumps'
       out += v.dump();
       break;
   }
@@ -246,6 +289,194 @@ RenderedChat render_qwen3(std::span<const ChatMessage> messages, const ChatOptio
   return e.take();
 }
 
+// Python's str.isspace() code points (what Jinja's `trim` strips):
+// \t \n \v \f \r, U+001C..U+001F, space, U+0085, U+00A0, U+1680,
+// U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000.
+bool python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// Decodes the UTF-8 character of `len` bytes at `p` (a valid sequence, or
+// U+FFFD-like 0xFFFFFFFF for anything else, which is never space).
+char32_t decode_at(std::string_view s, size_t p, size_t len) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[p + i]); };
+  if (len == 1) return b(0);
+  char32_t c = b(0) & (0x7F >> len);
+  for (size_t i = 1; i < len; ++i) {
+    if ((b(i) & 0xC0) != 0x80) return 0xFFFFFFFF;
+    c = (c << 6) | (b(i) & 0x3F);
+  }
+  return c;
+}
+
+// Bytes of the UTF-8 sequence led by byte `lead` (1 for a stray byte).
+size_t utf8_len(unsigned char lead) {
+  if (lead >= 0xF0 && lead < 0xF8) return 4;
+  if (lead >= 0xE0) return lead < 0xF0 ? 3 : 1;
+  if (lead >= 0xC0) return 2;
+  return 1;
+}
+
+// Jinja's `trim` filter: Python str.strip() with no argument (Unicode
+// whitespace, not only ASCII), over UTF-8 text.
+std::string_view py_strip(std::string_view s) {
+  while (!s.empty()) {
+    const size_t len = std::min(utf8_len(static_cast<unsigned char>(s[0])), s.size());
+    if (!python_space(decode_at(s, 0, len))) break;
+    s.remove_prefix(len);
+  }
+  while (!s.empty()) {
+    size_t start = s.size() - 1;  // back up over continuation bytes (at most 3)
+    while (start > 0 && s.size() - start < 4 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    const size_t len = s.size() - start;
+    if (utf8_len(static_cast<unsigned char>(s[start])) != len || !python_space(decode_at(s, start, len))) break;
+    s.remove_suffix(len);
+  }
+  return s;
+}
+
+core::Expected<RenderedChat> qwen35_refuses(std::string message) {
+  return core::fail(core::Errc::kInvalidArgument, "chat template (qwen35): " + std::move(message));
+}
+
+// One tool call of the Qwen3.5 template:
+//   <tool_call>\n<function=NAME>\n(<parameter=KEY>\nVALUE\n</parameter>\n)*</function>\n</tool_call>
+// VALUE: `args_value | tojson` for an object or array, else `args_value | string`.
+core::Expected<void> render_qwen35_call(const ToolCall& tc, size_t msg, size_t j, Emitter& e) {
+  e.user(tc.name);
+  e.tmpl(">\n");
+  if (!tc.arguments.empty()) {  // {%- if tool_call.arguments is defined %}
+    const auto args = nlohmann::ordered_json::parse(tc.arguments, nullptr, /*allow_exceptions=*/false);
+    if (!args.is_object()) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "chat template (qwen35): messages[" + std::to_string(msg) + "].tool_calls[" +
+                            std::to_string(j) +
+                            "].function.arguments must be a JSON object (the template writes each of its "
+                            "members as a <parameter=...> block)");
+    }
+    // {%- for args_name, args_value in tool_call.arguments|items %}
+    for (auto it = args.begin(); it != args.end(); ++it) {
+      e.tmpl("<parameter=");
+      e.user(it.key());
+      e.tmpl(">\n");
+      e.user(to_python_str(it.value()));
+      e.tmpl("\n</parameter>\n");
+    }
+  }
+  e.tmpl("</function>\n</tool_call>");
+  return {};
+}
+
+// Qwen3.5's template. Every message's text goes through `trim` (Python
+// strip); client-supplied text goes out as user segments.
+core::Expected<RenderedChat> render_qwen35(std::span<const ChatMessage> messages, const ChatOptions& options) {
+  Emitter e;
+  const size_t n = messages.size();
+  // {%- if tools and tools is iterable and tools is not mapping %}
+  if (options.tools.is_array() && !options.tools.empty()) {
+    e.tmpl("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
+    for (const auto& tool : options.tools) {
+      e.tmpl("\n");
+      e.user(to_python_json(tool));
+    }
+    e.tmpl(
+        "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+        "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+        "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "
+        "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow "
+        "the specified format: an inner <function=...></function> block must be nested within "
+        "<tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional "
+        "reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If "
+        "there is no function call available, answer the question like normal with your current knowledge and "
+        "do not tell the user about function calls\n</IMPORTANT>");
+    if (messages[0].role == "system") {
+      const std::string_view content = py_strip(messages[0].content);
+      if (!content.empty()) {
+        e.tmpl("\n\n");
+        e.user(content);
+      }
+    }
+    e.tmpl("<|im_end|>\n");
+  } else if (messages[0].role == "system") {
+    e.tmpl("<|im_start|>system\n");
+    e.user(py_strip(messages[0].content));
+    e.tmpl("<|im_end|>\n");
+  }
+  // ns.last_query_index: the last user message that is not only a wrapped
+  // tool response; none is an error (raise_exception).
+  std::optional<size_t> last_query_index;
+  for (size_t k = n; k-- > 0;) {
+    if (messages[k].role != "user") continue;
+    const std::string_view c = py_strip(messages[k].content);
+    if (!(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
+      last_query_index = k;
+      break;
+    }
+  }
+  if (!last_query_index) {
+    return qwen35_refuses(
+        "no user query found in 'messages' (the template needs a user message that is not only a "
+        "<tool_response>)");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ChatMessage& m = messages[i];
+    std::string_view content = py_strip(m.content);
+    if (m.role == "system") {
+      if (i != 0) {
+        return qwen35_refuses("messages[" + std::to_string(i) +
+                              "] is a system message; the template accepts one only as the first message");
+      }
+    } else if (m.role == "user") {
+      e.tmpl("<|im_start|>user\n");
+      e.user(content);
+      e.tmpl("<|im_end|>\n");
+    } else if (m.role == "assistant") {
+      std::string_view reasoning;
+      if (m.reasoning_content.has_value()) {
+        reasoning = *m.reasoning_content;
+      } else if (content.find("</think>") != std::string_view::npos) {
+        // reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+        // content = content.split('</think>')[-1].lstrip('\n')
+        reasoning = lstrip(after_last(rstrip(before_first(content, "</think>"), "\n"), "<think>"), "\n");
+        content = lstrip(after_last(content, "</think>"), "\n");
+      }
+      reasoning = py_strip(reasoning);
+      if (i > *last_query_index) {
+        e.tmpl("<|im_start|>assistant\n<think>\n");
+        e.user(reasoning);
+        e.tmpl("\n</think>\n\n");
+        e.user(content);
+      } else {
+        e.tmpl("<|im_start|>assistant\n");
+        e.user(content);
+      }
+      for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+        if (j == 0) {
+          e.tmpl(py_strip(content).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=");
+        } else {
+          e.tmpl("\n<tool_call>\n<function=");
+        }
+        if (auto ok = render_qwen35_call(m.tool_calls[j], i, j, e); !ok) return std::unexpected(ok.error());
+      }
+      e.tmpl("<|im_end|>\n");
+    } else {  // tool (check() allows no other role)
+      // {%- if loop.previtem and loop.previtem.role != "tool" %}: the first
+      // message has no previtem, so a leading tool message opens no turn.
+      if (i > 0 && messages[i - 1].role != "tool") e.tmpl("<|im_start|>user");
+      e.tmpl("\n<tool_response>\n");
+      e.user(content);
+      e.tmpl("\n</tool_response>");
+      if (i + 1 == n || messages[i + 1].role != "tool") e.tmpl("<|im_end|>\n");
+    }
+  }
+  if (options.add_generation_prompt) {
+    e.tmpl("<|im_start|>assistant\n");
+    e.tmpl(options.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
+  }
+  return e.take();
+}
+
 }  // namespace
 
 std::string RenderedChat::text() const {
@@ -258,6 +489,19 @@ std::string to_python_json(const nlohmann::ordered_json& value) {
   std::string out;
   append_python_json(value, out);
   return out;
+}
+
+std::string to_python_str(const nlohmann::ordered_json& value) {
+  switch (value.type()) {
+    case nlohmann::ordered_json::value_t::string:
+      return value.get<std::string>();
+    case nlohmann::ordered_json::value_t::boolean:
+      return value.get<bool>() ? "True" : "False";
+    case nlohmann::ordered_json::value_t::null:
+      return "None";
+    default:  // numbers, objects, arrays
+      return to_python_json(value);
+  }
 }
 
 namespace {
@@ -394,20 +638,52 @@ core::Expected<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann:
 ChatTemplate ChatTemplate::from_text(std::string_view jinja_source) {
   ChatTemplate t;
   t.source_ = std::string(jinja_source);
-  // Qwen3: ChatML markers plus its <think> handling.
-  const bool chatml = jinja_source.find("<|im_start|>") != std::string_view::npos;
-  const bool think = jinja_source.find("<think>") != std::string_view::npos &&
-                     jinja_source.find("reasoning_content") != std::string_view::npos;
-  t.family_ = (chatml && think) ? Family::kQwen3 : Family::kChatML;
+  const auto has = [&](std::string_view marker) { return jinja_source.find(marker) != std::string_view::npos; };
+  // Qwen3: ChatML markers plus its <think> handling. Qwen3.5: the same plus
+  // tool calls written as <function=...> / <parameter=...> XML.
+  const bool chatml = has("<|im_start|>");
+  const bool think = has("<think>") && has("reasoning_content");
+  const bool xml_calls = has("<function=") && has("<parameter=");
+  if (chatml && think) {
+    t.family_ = xml_calls ? Family::kQwen35 : Family::kQwen3;
+  } else {
+    t.family_ = Family::kChatML;
+  }
   return t;
 }
 
-std::string_view ChatTemplate::family_name() const { return family_ == Family::kQwen3 ? "qwen3" : "chatml"; }
+std::string_view ChatTemplate::family_name() const {
+  switch (family_) {
+    case Family::kQwen3:
+      return "qwen3";
+    case Family::kQwen35:
+      return "qwen35";
+    case Family::kChatML:
+      break;
+  }
+  return "chatml";
+}
+
+ToolCallSyntax ChatTemplate::tool_call_syntax() const {
+  return family_ == Family::kQwen35 ? ToolCallSyntax::kXml : ToolCallSyntax::kJson;
+}
+
+bool ChatTemplate::prompt_opens_reasoning(const ChatOptions& options) const {
+  return family_ == Family::kQwen35 && options.add_generation_prompt && options.enable_thinking;
+}
 
 core::Expected<RenderedChat> ChatTemplate::render(std::span<const ChatMessage> messages,
                                                   const ChatOptions& options) const {
   if (auto ok = check(messages, options); !ok) return std::unexpected(ok.error());
-  return family_ == Family::kQwen3 ? render_qwen3(messages, options) : render_chatml(messages, options);
+  switch (family_) {
+    case Family::kQwen3:
+      return render_qwen3(messages, options);
+    case Family::kQwen35:
+      return render_qwen35(messages, options);
+    case Family::kChatML:
+      break;
+  }
+  return render_chatml(messages, options);
 }
 
 }  // namespace bonsai::tokenizer

@@ -8,6 +8,14 @@
 //              dropped, `enable_thinking`, tools, tool calls, tool responses),
 //              matched against llama.cpp's Jinja rendering in
 //              ../shared/fixtures/golden/chat-template.json.
+//   - kQwen35: the Qwen3.5 template (PrismML's 27B models; llama.cpp's
+//              models/templates/Qwen3.5-4B.jinja): ChatML with every text
+//              trimmed, a <think> block on every assistant turn after the last
+//              user query, the generation prompt opening "<think>\n" (closed
+//              at once with enable_thinking=false), and tool calls in XML:
+//                <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>
+//              matched against Jinja2's rendering of the template stored in
+//              ../shared/fixtures/qwen35 (tests/tokenizer/gen_qwen35_chat_cases.py).
 //   - kChatML: plain ChatML ("<|im_start|>ROLE\nCONTENT<|im_end|>\n"), the
 //              fallback for any other or missing template (llama.cpp's default).
 //
@@ -33,10 +41,12 @@ namespace bonsai::tokenizer {
 
 // One tool call made by the assistant (OpenAI `tool_calls[i]`).
 struct ToolCall {
-  std::string id;    // "call_1" (not rendered by the Qwen3 template)
+  std::string id;    // "call_1" (not rendered by the Qwen3 / Qwen3.5 templates)
   std::string name;  // function.name
   // function.arguments: the JSON text as the client sent it (OpenAI sends a
-  // string). Rendered verbatim, as the template does for a string.
+  // string). Qwen3 renders it verbatim, as the template does for a string;
+  // Qwen3.5 needs a JSON object (its template iterates the arguments' items)
+  // and refuses anything else; empty: no arguments.
   std::string arguments;
 };
 
@@ -56,14 +66,21 @@ struct ChatMessage {
 struct ChatOptions {
   // Append "<|im_start|>assistant\n" so the model answers next.
   bool add_generation_prompt = true;
-  // Qwen3 `enable_thinking`; false appends "<think>\n\n</think>\n\n" after the
-  // generation prompt (the template's way of switching reasoning off).
+  // Qwen3 / Qwen3.5 `enable_thinking`; false appends "<think>\n\n</think>\n\n"
+  // after the generation prompt (the templates' way of switching reasoning
+  // off). true: Qwen3 adds nothing, Qwen3.5 opens "<think>\n".
   bool enable_thinking = true;
   // OpenAI `tools`: a JSON array of tool objects, or null for none. Each tool
   // is rendered with Python-json.dumps-style `tojson` (", " and ": "
   // separators, keys in the order they appear here, non-ASCII kept), so parse
   // requests into nlohmann::ordered_json to keep the client's key order.
   nlohmann::ordered_json tools = nullptr;
+};
+
+// How a template's model writes a tool call inside <tool_call>...</tool_call>.
+enum class ToolCallSyntax {
+  kJson,  // Qwen3: {"name": NAME, "arguments": {...}}
+  kXml,   // Qwen3.5: <function=NAME> <parameter=KEY>VALUE</parameter>... </function>
 };
 
 // A piece of rendered prompt text and who produced it.
@@ -86,22 +103,37 @@ class ChatTemplate {
  public:
   enum class Family {
     kQwen3,   // Qwen3 ChatML with <think> handling and tools
+    kQwen35,  // Qwen3.5: <think> on every late assistant turn, XML tool calls
     kChatML,  // plain ChatML (fallback)
   };
 
-  // Recognises the family from the template text (empty text → kChatML).
-  // Never fails: an unknown template falls back to plain ChatML.
+  // Recognises the family from the template text (empty text → kChatML):
+  // kQwen35 by its XML tool-call markers ("<function=", "<parameter=") with
+  // ChatML and <think>/reasoning_content handling (Qwen3-Coder's template,
+  // which has the XML calls but no <think>, stays ChatML); kQwen3 by ChatML
+  // with <think>/reasoning_content. Never fails: an unknown template falls
+  // back to plain ChatML.
   static ChatTemplate from_text(std::string_view jinja_source);
 
   Family family() const { return family_; }
-  // "qwen3" or "chatml" (for logs and `bonsai info`).
+  // "qwen3", "qwen35" or "chatml" (for logs and `bonsai info`).
   std::string_view family_name() const;
+  // The syntax the family's model writes tool calls in (kXml for kQwen35,
+  // kJson otherwise).
+  ToolCallSyntax tool_call_syntax() const;
+  // True when render(..., options) ends inside an open <think> block, so
+  // the model's answer starts with reasoning and no "<think>" of its own
+  // (kQwen35 with add_generation_prompt and enable_thinking).
+  bool prompt_opens_reasoning(const ChatOptions& options) const;
   // The Jinja source it was built from (may be empty).
   const std::string& source() const { return source_; }
 
   // Renders `messages`. Errors (kInvalidArgument, message names the message
   // index and field): no messages, a role other than system/user/assistant/
-  // tool, `tools` that is neither null nor an array.
+  // tool, `tools` that is neither null nor an array; for kQwen35 also what
+  // its template refuses (raise_exception): no user query (a user message
+  // that is not only a <tool_response>), a system message after the first,
+  // and tool-call arguments that are not a JSON object.
   core::Expected<RenderedChat> render(std::span<const ChatMessage> messages, const ChatOptions& options = {}) const;
 
  private:
@@ -138,7 +170,16 @@ core::Expected<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann:
 
 // Serialises JSON the way the Qwen template's `tojson` filter does in
 // llama.cpp/transformers (Python json.dumps defaults with ensure_ascii=False):
-// ", " between items, ": " after keys, no newlines, keys in stored order.
+// ", " between items, ": " after keys, no newlines, keys in stored order,
+// floats as Python's repr (shortest round-trip digits; exponent form below
+// 1e-4 and from 1e16: 1e-05, 1e+16; integral values end in ".0").
 std::string to_python_json(const nlohmann::ordered_json& value);
+
+// Python's str() of a JSON value as a Jinja `| string` filter writes it in
+// Hugging Face's Jinja2 renderer: a string verbatim, true/false/null as
+// True/False/None, numbers as Python prints them, objects and arrays with
+// to_python_json. (How the Qwen3.5 template writes a tool-call parameter
+// value; it uses tojson for objects and arrays.)
+std::string to_python_str(const nlohmann::ordered_json& value);
 
 }  // namespace bonsai::tokenizer

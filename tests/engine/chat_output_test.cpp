@@ -1,9 +1,12 @@
-// ChatOutputParser: reasoning / content / tool-call split of Qwen3 output,
-// whole and streamed in every split.
+// ChatOutputParser: reasoning / content / tool-call split of Qwen3 output
+// (JSON tool calls) and Qwen3.5 output (XML tool calls), whole and streamed
+// in every split.
 #include "engine/chat_output.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -128,6 +131,141 @@ TEST(ChatOutput, PartialTagIsHeldBackThenReleased) {
 TEST(ChatOutput, MultibyteUtf8PassesThroughUnchanged) {
   expect_all_splits("<think>\n\xe4\xb8\xad\xe6\x96\x87\n</think>\n\n\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80",
                     "\xe4\xb8\xad\xe6\x96\x87", "\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80", {});
+}
+
+// ---- Qwen3.5: XML tool calls ----
+
+// The request's tools: get_weather(city: string, days: integer,
+// units: ["string", "null"]), set(flag: boolean, obj: object, list: array,
+// n: ["integer", "null"], any: no type).
+std::shared_ptr<const nlohmann::ordered_json> weather_tools() {
+  return std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+      "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": ["string", "null"]}}}}},
+    {"type": "function", "function": {"name": "set", "parameters": {"type": "object", "properties": {
+      "flag": {"type": "boolean"}, "obj": {"type": "object"}, "list": {"type": "array"},
+      "n": {"type": ["integer", "null"]}, "any": {"description": "no type"}}}}}])"));
+}
+
+ChatOutputParser::Options xml_options(bool starts_in_reasoning = false) {
+  ChatOutputParser::Options opt;
+  opt.tool_call_syntax = tokenizer::ToolCallSyntax::kXml;
+  opt.tools = weather_tools();
+  opt.starts_in_reasoning = starts_in_reasoning;
+  return opt;
+}
+
+const std::string kWeatherCall =
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+    "</function>\n</tool_call>";
+
+TEST(ChatOutputXml, ToolCallIsParsedWithDeclaredTypes) {
+  expect_all_splits(kWeatherCall, "", "", {{"get_weather", R"({"city":"Paris","days":3})"}}, xml_options());
+}
+
+TEST(ChatOutputXml, ReasoningFromTheOpenedThinkThenTextThenParallelCalls) {
+  // As a Qwen3.5 answer comes after a prompt ending "<think>\n".
+  const std::string text = "Need the weather.\n</think>\n\nLet me check.\n\n" + kWeatherCall +
+                           "\n<tool_call>\n<function=set>\n<parameter=flag>\ntrue\n</parameter>\n<parameter=obj>\n"
+                           "{\"a\": [1, \"é\"]}\n</parameter>\n<parameter=list>\n[1, 2]\n</parameter>\n<parameter=n>\n"
+                           "null\n</parameter>\n<parameter=any>\n4.5\n</parameter>\n</function>\n</tool_call>\n";
+  expect_all_splits(text, "Need the weather.", "Let me check.\n\n",
+                    {{"get_weather", R"({"city":"Paris","days":3})"},
+                     {"set", R"({"flag":true,"obj":{"a":[1,"é"]},"list":[1,2],"n":null,"any":4.5})"}},
+                    xml_options(/*starts_in_reasoning=*/true));
+}
+
+TEST(ChatOutputXml, StringTypedUndeclaredAndUnparsableValuesStayStrings) {
+  // city is a string even when it looks like a number; days that is not JSON
+  // stays the model's text; an undeclared parameter or tool is a string;
+  // ["string", "null"] resolves to a string.
+  expect_all_splits(
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\nthree\n"
+      "</parameter>\n<parameter=units>\nnull\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n"
+      "</tool_call><tool_call>\n<function=unknown>\n<parameter=x>\n{\"a\": 1}\n</parameter>\n</function>\n"
+      "</tool_call>",
+      "", "",
+      {{"get_weather", R"({"city":"123","days":"three","units":"null","extra":"7"})"},
+       {"unknown", R"({"x":"{\"a\": 1}"})"}},
+      xml_options());
+  // No tools given at all: every value is a string.
+  ChatOutputParser::Options no_tools;
+  no_tools.tool_call_syntax = tokenizer::ToolCallSyntax::kXml;
+  expect_all_splits(kWeatherCall, "", "", {{"get_weather", R"({"city":"Paris","days":"3"})"}}, no_tools);
+}
+
+TEST(ChatOutputXml, ValuesKeepNewlinesAngleBracketsAndUnicode) {
+  // Only the template's newline on each side of a value is dropped.
+  expect_all_splits(
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\n\nSão Paulo <b>&</b>\n2 < 3\n<parameter=x> 世界 "
+      "🦙\n\n"
+      "</parameter>\n</function>\n</tool_call>",
+      "", "", {{"get_weather", "{\"city\":\"\\nSão Paulo <b>&</b>\\n2 < 3\\n<parameter=x> 世界 🦙\\n\"}"}},
+      xml_options());
+  // No parameters, and values written without the newlines.
+  expect_all_splits("<tool_call><function=ping></function></tool_call>", "", "", {{"ping", "{}"}}, xml_options());
+  expect_all_splits("<tool_call><function=get_weather><parameter=days>5</parameter></function></tool_call>", "", "",
+                    {{"get_weather", R"({"days":5})"}}, xml_options());
+}
+
+TEST(ChatOutputXml, MalformedBlocksAreKeptAsContent) {
+  for (const std::string bad : {
+           "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>",   // no
+                                                                                                        // </parameter>
+           "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</tool_call>",  // no
+                                                                                                        // </function>
+           "<tool_call>\n<function=>\n</function>\n</tool_call>",                                       // no name
+           "<tool_call>\n<function=a\nb>\n</function>\n</tool_call>",                          // name over lines
+           "<tool_call>\n<parameter=city>\nParis\n</parameter>\n</tool_call>",                 // no function
+           "<tool_call>\n<function=a>\n</function>\n<function=b>\n</function>\n</tool_call>",  // two functions
+           "<tool_call>\n<function=a>\ntext\n</function>\n</tool_call>",                       // stray text
+           "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>",                  // Qwen3's JSON form
+       }) {
+    SCOPED_TRACE(bad);
+    expect_all_splits("Before " + bad + " after", "", "Before " + bad + "after", {}, xml_options());
+  }
+  // Unterminated: all of it is content at finish.
+  const std::string cut = "x <tool_call>\n<function=get_weather>\n<parameter=city>\nPar";
+  expect_all_splits(cut, "", cut, {}, xml_options());
+}
+
+TEST(ChatOutputXml, Qwen3ParserDoesNotAcceptXml) {
+  // The JSON syntax (Qwen3) leaves an XML block as content.
+  expect_all_splits(kWeatherCall, "", kWeatherCall, {});
+}
+
+TEST(ChatOutputXml, EveryTwoPieceSplitGivesTheSameCalls) {
+  const std::string text = "R\n</think>\n\nOK " + kWeatherCall + " done";
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    ChatOutputParser p(xml_options(true));
+    Collected c;
+    add(c, p.feed(std::string_view(text).substr(0, cut)));
+    add(c, p.feed(std::string_view(text).substr(cut)));
+    add(c, p.finish());
+    ASSERT_EQ(c.calls.size(), 1u) << cut;
+    EXPECT_EQ(c.calls[0].arguments, R"({"city":"Paris","days":3})") << cut;
+    EXPECT_EQ(c.reasoning, "R") << cut;
+    EXPECT_EQ(c.content, "OK done") << cut;
+  }
+}
+
+TEST(ChatOutputXml, OptionsFollowTheTemplate) {
+  const auto q35 = tokenizer::ChatTemplate::from_text("<|im_start|> <think> reasoning_content <function= <parameter=");
+  const auto q3 = tokenizer::ChatTemplate::from_text("<|im_start|> <think> reasoning_content");
+  tokenizer::ChatOptions chat;
+  chat.tools = *weather_tools();
+  auto o = chat_output_options(q35, chat, true, true);
+  EXPECT_EQ(o.tool_call_syntax, tokenizer::ToolCallSyntax::kXml);
+  EXPECT_TRUE(o.starts_in_reasoning);
+  ASSERT_NE(o.tools, nullptr);
+  EXPECT_EQ(o.tools->size(), 2u);
+  chat.enable_thinking = false;
+  EXPECT_FALSE(chat_output_options(q35, chat, true, true).starts_in_reasoning);
+  o = chat_output_options(q3, chat, true, false);
+  EXPECT_EQ(o.tool_call_syntax, tokenizer::ToolCallSyntax::kJson);
+  EXPECT_FALSE(o.starts_in_reasoning);
+  EXPECT_FALSE(o.parse_tool_calls);
+  EXPECT_EQ(o.tools, nullptr);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "engine/chat_output.h"  // ChatOutputParser (the XML grammar and parser agree)
 #include "server/openai.h"
 #include "structured/grammar.h"
 #include "structured/token_mask.h"
@@ -163,6 +164,120 @@ TEST(StructuredOutput, ToolChoiceModes) {
   EXPECT_TRUE(accepts(none.grammar, R"({"x": 1})"));
   // The legacy route has no tools.
   EXPECT_EQ(build("{" + tools + R"(, "tool_choice": "required"})", Endpoint::kCompletion).grammar, nullptr);
+}
+
+// ---- Qwen3.5: XML tool calls (GrammarForm kXml) ----
+
+const std::string kAddXml =
+    "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n-2\n</parameter>\n</function>\n"
+    "</tool_call>";
+const std::string kNowXml = "<tool_call>\n<function=now>\n</function>\n</tool_call>";
+// find's id is a $ref to a string schema: written raw, as the template writes strings.
+const std::string kFindXml =
+    "<tool_call>\n<function=find>\n<parameter=id>\nQ7\n</parameter>\n</function>\n</tool_call>";
+// note(text: string, tags: array, level: integer optional).
+const char* kNoteTool = R"({"type": "function", "function": {"name": "note", "parameters": {"type": "object",
+    "properties": {"text": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "level": {"type": "integer"}}, "required": ["text", "tags"]}}})";
+
+std::string note_call(const std::string& text, const std::string& rest = "") {
+  return "<tool_call>\n<function=note>\n<parameter=text>\n" + text +
+         "\n</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n" + rest + "</function>\n</tool_call>";
+}
+
+TEST(StructuredOutput, XmlToolCallGrammarAcceptsTheQwen35FormOnly) {
+  auto tools = ordered_json::parse(kTools);
+  tools.push_back(ordered_json::parse(kNoteTool));
+  std::string gbnf;
+  ASSERT_FALSE(tool_call_gbnf(tools, std::nullopt, true, gbnf, tokenizer::ToolCallSyntax::kXml).has_value());
+  auto g = compile(gbnf);
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(accepts(g, kAddXml));
+  EXPECT_TRUE(accepts(g, kNowXml));
+  EXPECT_TRUE(accepts(g, kFindXml));
+  EXPECT_TRUE(accepts(g, kAddXml + "\n" + kNowXml + "\n" + kFindXml));
+  // String values: any text without "</parameter>", newlines and tags included.
+  EXPECT_TRUE(accepts(g, note_call("line 1\n<b>bold</b> </param a<b\n\n  São 🦙")));
+  EXPECT_TRUE(accepts(g, note_call("")));
+  EXPECT_TRUE(accepts(g, note_call(std::string(5000, 'x') + "\n" + std::string(3000, '<'))));  // long: no deep stacks
+  EXPECT_TRUE(accepts(g, note_call("x", "<parameter=level>\n3\n</parameter>\n")));
+  EXPECT_FALSE(accepts(g, note_call("a</parameter>b")));
+  EXPECT_FALSE(accepts(g, note_call("x", "<parameter=level>\nhigh\n</parameter>\n")));  // not an integer
+  EXPECT_FALSE(
+      accepts(g, "<tool_call>\n<function=note>\n<parameter=text>\nx\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(g, "<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(g,
+                       "<tool_call>\n<function=add>\n<parameter=a>\nx\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
+                       "</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(g, "<tool_call>\n<function=sub>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(g, kAdd));  // Qwen3's JSON form
+  EXPECT_FALSE(accepts(g, ""));
+  std::string one;
+  ASSERT_FALSE(tool_call_gbnf(tools, std::string("now"), false, one, tokenizer::ToolCallSyntax::kXml).has_value());
+  auto g1 = compile(one);
+  ASSERT_NE(g1, nullptr);
+  EXPECT_TRUE(accepts(g1, kNowXml));
+  EXPECT_FALSE(accepts(g1, kNowXml + "\n" + kNowXml));
+  EXPECT_FALSE(accepts(g1, kAddXml));
+}
+
+// What the grammar lets the model write, the parser reads back as the call
+// (the two share engine::schema_resolves_to_string).
+TEST(StructuredOutput, XmlToolCallGrammarAndParserAgree) {
+  auto tools = ordered_json::parse(kTools);
+  tools.push_back(ordered_json::parse(kNoteTool));
+  std::string gbnf;
+  ASSERT_FALSE(tool_call_gbnf(tools, std::nullopt, true, gbnf, tokenizer::ToolCallSyntax::kXml).has_value());
+  auto g = compile(gbnf);
+  ASSERT_NE(g, nullptr);
+  const std::string text =
+      kAddXml + "\n" + kFindXml + "\n" + note_call("7\n<i>", "<parameter=level>\n2\n</parameter>\n");
+  ASSERT_TRUE(accepts(g, text));
+  engine::ChatOutputParser::Options opt;
+  opt.tool_call_syntax = tokenizer::ToolCallSyntax::kXml;
+  opt.tools = std::make_shared<const ordered_json>(tools);
+  engine::ChatOutputParser p(opt);
+  auto d = p.feed(text);
+  auto f = p.finish();
+  EXPECT_EQ(d.content + f.content, "");
+  ASSERT_EQ(p.tool_calls().size(), 3u);
+  EXPECT_EQ(p.tool_calls()[0].arguments, R"({"a":1,"b":-2})");
+  EXPECT_EQ(p.tool_calls()[1].arguments, R"({"id":"Q7"})");
+  EXPECT_EQ(p.tool_calls()[2].name, "note");
+  EXPECT_EQ(p.tool_calls()[2].arguments, R"({"text":"7\n<i>","tags":["a","b"],"level":2})");
+}
+
+// A prompt that opened <think>: reasoning first, then "</think>\n\n", then
+// what is constrained (forced calls or a response format).
+TEST(StructuredOutput, OpenReasoningComesBeforeTheConstrainedAnswer) {
+  const std::string tools = std::string(R"("tools": )") + kTools;
+  OutputGrammar og;
+  const GrammarForm form{tokenizer::ToolCallSyntax::kXml, /*opens_reasoning=*/true};
+  ASSERT_FALSE(build_output_grammar(ordered_json::parse("{" + tools + R"(, "tool_choice": "required"})"),
+                                    Endpoint::kChat, og, form)
+                   .has_value());
+  ASSERT_NE(og.grammar, nullptr);
+  EXPECT_TRUE(og.forced_tool_call);
+  EXPECT_TRUE(accepts(og.grammar, "The user wants a sum.\n<think> </thin\n</think>\n\n" + kAddXml));
+  EXPECT_TRUE(accepts(og.grammar, "</think>\n\n" + kNowXml + "\n" + kAddXml));
+  EXPECT_FALSE(accepts(og.grammar, kAddXml));  // the open <think> must be closed first
+  EXPECT_FALSE(accepts(og.grammar, "a</think>\n\nb</think>\n\n" + kAddXml));
+  EXPECT_FALSE(accepts(og.grammar, "</think>\n\n" + kAdd));
+  OutputGrammar rf;
+  ASSERT_FALSE(build_output_grammar(ordered_json::parse(R"({"response_format": {"type": "json_object"}})"),
+                                    Endpoint::kChat, rf, form)
+                   .has_value());
+  EXPECT_TRUE(accepts(rf.grammar, "hmm\n</think>\n\n{\"a\": 1}"));
+  EXPECT_FALSE(accepts(rf.grammar, "{\"a\": 1}"));
+  // The default form is Qwen3's, unchanged.
+  EXPECT_TRUE(accepts(build("{" + tools + R"(, "tool_choice": "required"})").grammar, kAdd));
+}
+
+TEST(StructuredOutput, TextWithoutPatternRules) {
+  auto g = compile("root ::= t-0 \"!\"\n" + text_without_gbnf("</x>", "t"));
+  ASSERT_NE(g, nullptr);
+  for (const char* ok : {"!", "a!", "<<</x!", "</ x>!", "<</</x<>!", "</x!"}) EXPECT_TRUE(accepts(g, ok)) << ok;
+  for (const char* bad : {"</x>!", "a<</x>b!", "</x></x>!"}) EXPECT_FALSE(accepts(g, bad)) << bad;
 }
 
 TEST(StructuredOutput, ParseCompletionRequestCarriesTheGrammar) {

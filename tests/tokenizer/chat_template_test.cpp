@@ -147,6 +147,169 @@ TEST(ChatTemplate, PlainChatMLFallbackAndErrors) {
   EXPECT_FALSE(chat_messages_from_json(nlohmann::ordered_json::parse(R"({"role":"user"})")).has_value());
 }
 
+constexpr const char* kQwen35Gguf = "fixtures/qwen35/qwen35-tiny-q1_0.gguf";
+
+// Recognition: each fixture's own template, Qwen3-Coder's XML-without-<think>
+// and anything unknown fall where they should.
+TEST(ChatTemplate, RecognisesQwen3Qwen35AndFallsBackToChatML) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen35Gguf));
+  auto qwen3 = load_tokenizer(kQwenGguf);
+  auto qwen35 = load_tokenizer(kQwen35Gguf);
+  ASSERT_NE(qwen3, nullptr);
+  ASSERT_NE(qwen35, nullptr);
+  EXPECT_EQ(qwen3->chat_template().family(), ChatTemplate::Family::kQwen3);
+  EXPECT_EQ(qwen3->chat_template().family_name(), "qwen3");
+  EXPECT_EQ(qwen3->chat_template().tool_call_syntax(), ToolCallSyntax::kJson);
+  const ChatTemplate& t35 = qwen35->chat_template();
+  EXPECT_EQ(t35.family(), ChatTemplate::Family::kQwen35);
+  EXPECT_EQ(t35.family_name(), "qwen35");
+  EXPECT_EQ(t35.tool_call_syntax(), ToolCallSyntax::kXml);
+  // Recognised from the text alone (a signature, not the whole text).
+  EXPECT_EQ(ChatTemplate::from_text(t35.source()).family(), ChatTemplate::Family::kQwen35);
+  EXPECT_EQ(ChatTemplate::from_text("<|im_start|> <think> reasoning_content <function= <parameter=").family(),
+            ChatTemplate::Family::kQwen35);
+  // Qwen3-Coder style: XML calls without <think> handling is not Qwen3.5.
+  EXPECT_EQ(ChatTemplate::from_text("<|im_start|> <tool_call>\n<function= <parameter=").family(),
+            ChatTemplate::Family::kChatML);
+  EXPECT_EQ(ChatTemplate::from_text("{{ bos_token }}[INST] {{ m }} [/INST]").family(), ChatTemplate::Family::kChatML);
+  // The generation prompt opens <think> only for Qwen3.5 with thinking on.
+  ChatOptions opt;
+  EXPECT_TRUE(t35.prompt_opens_reasoning(opt));
+  EXPECT_FALSE(qwen3->chat_template().prompt_opens_reasoning(opt));
+  opt.enable_thinking = false;
+  EXPECT_FALSE(t35.prompt_opens_reasoning(opt));
+  opt.enable_thinking = true;
+  opt.add_generation_prompt = false;
+  EXPECT_FALSE(t35.prompt_opens_reasoning(opt));
+}
+
+// Hand-written and seeded random conversations rendered by Jinja2 with the
+// Qwen3.5 template stored in the qwen35 fixture GGUF (system / user /
+// assistant, earlier reasoning dropped, thinking on and off, the tools
+// preamble, XML tool calls with every JSON value type, grouped tool
+// responses, Unicode trimming, and the template's refusals); regenerate
+// with tests/tokenizer/gen_qwen35_chat_cases.py. Tool-call arguments go in
+// both as JSON objects and as the JSON strings OpenAI clients send.
+TEST(ChatTemplate, Qwen35MatchesJinjaRenderingsOfTheGgufTemplate) {
+  const std::string path = std::string(BONSAI_TOKENIZER_TEST_DATA) + "/qwen35_chat_jinja_cases.json";
+  BONSAI_REQUIRE_FILE(path);
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen35Gguf));
+  auto tok = load_tokenizer(kQwen35Gguf);
+  ASSERT_NE(tok, nullptr);
+  const ChatTemplate& t = tok->chat_template();
+  ASSERT_EQ(t.family(), ChatTemplate::Family::kQwen35);
+  const auto data = nlohmann::ordered_json::parse(read_file(path));
+  const auto& cases = data.at("cases");
+  ASSERT_EQ(cases.size(), 42u);
+  size_t rendered_cases = 0, refused_cases = 0, calls = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    for (bool string_arguments : {false, true}) {
+      SCOPED_TRACE("case " + std::to_string(i) + (string_arguments ? " (string arguments)" : ""));
+      nlohmann::ordered_json msgs = c.at("messages");
+      for (auto& m : msgs) {
+        if (!m.contains("tool_calls")) continue;
+        for (auto& call : m["tool_calls"]) {
+          auto& args = call["function"]["arguments"];
+          if (string_arguments) args = args.dump();  // compact: the renderer re-reads it
+          if (!string_arguments) ++calls;
+        }
+      }
+      auto messages = chat_messages_from_json(msgs);
+      ASSERT_TRUE(messages.has_value()) << messages.error().message;
+      ChatOptions opt;
+      opt.add_generation_prompt = c.at("add_generation_prompt").get<bool>();
+      opt.enable_thinking = c.at("enable_thinking").get<bool>();
+      opt.tools = c.at("tools");
+      auto rendered = t.render(*messages, opt);
+      if (c.contains("error")) {
+        ASSERT_FALSE(rendered.has_value()) << "Jinja refused: " << c["error"].get<std::string>();
+        EXPECT_EQ(rendered.error().code, core::Errc::kInvalidArgument);
+        refused_cases += !string_arguments;
+        continue;
+      }
+      ASSERT_TRUE(rendered.has_value()) << rendered.error().message;
+      EXPECT_EQ(rendered->text(), c.at("prompt").get<std::string>()) << c.at("messages").dump();
+      rendered_cases += !string_arguments;
+    }
+  }
+  // The file holds both kinds (a regenerated file that lost them fails here).
+  EXPECT_EQ(rendered_cases, 29u);
+  EXPECT_EQ(refused_cases, 13u);
+  EXPECT_GE(calls, 10u);
+}
+
+// Exact strings for the rules a reader checks first: the thinking switch,
+// an XML call with typed values, and its tool response.
+TEST(ChatTemplate, Qwen35ToolCallsAndThinking) {
+  const ChatTemplate t = ChatTemplate::from_text("<|im_start|> <think> reasoning_content <function= <parameter=");
+  ASSERT_EQ(t.family(), ChatTemplate::Family::kQwen35);
+  std::vector<ChatMessage> msgs = {{.role = "user", .content = " Hi\n"}};
+  ChatOptions opt;
+  auto r = t.render(msgs, opt);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->text(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  opt.enable_thinking = false;
+  r = t.render(msgs, opt);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->text(), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+
+  msgs.push_back(
+      {.role = "assistant",
+       .content = "",
+       .tool_calls = {{.id = "c1",
+                       .name = "f",
+                       .arguments = R"({"s":"a <b>\nc","n":2,"x":1.5e-7,"b":true,"z":null,"o":{"k":[1]}})"}}});
+  msgs.push_back({.role = "tool", .content = "ok"});
+  opt.add_generation_prompt = false;
+  r = t.render(msgs, opt);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->text(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+            "<tool_call>\n<function=f>\n<parameter=s>\na <b>\nc\n</parameter>\n<parameter=n>\n2\n</parameter>\n"
+            "<parameter=x>\n1.5e-07\n</parameter>\n<parameter=b>\nTrue\n</parameter>\n<parameter=z>\nNone\n"
+            "</parameter>\n<parameter=o>\n{\"k\": [1]}\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n");
+  // The parameter names and values are the client's text, never template text.
+  bool value_is_user_text = false;
+  for (const ChatSegment& seg : r->segments)
+    if (seg.text == "a <b>\nc") value_is_user_text = !seg.from_template;
+  EXPECT_TRUE(value_is_user_text);
+
+  // Arguments that are not a JSON object are refused with the field named.
+  msgs[1].tool_calls[0].arguments = "[1, 2]";
+  r = t.render(msgs, opt);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message.find("messages[1].tool_calls[0].function.arguments"), std::string::npos);
+  msgs[1].tool_calls[0].arguments = "not json";
+  EXPECT_FALSE(t.render(msgs, opt).has_value());
+  msgs[1].tool_calls[0].arguments = "";  // no arguments: no parameters
+  r = t.render(msgs, opt);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->text().find("<tool_call>\n<function=f>\n</function>\n</tool_call>"), std::string::npos);
+}
+
+TEST(ChatTemplate, PythonStrAndFloatRepr) {
+  using J = nlohmann::ordered_json;
+  EXPECT_EQ(to_python_str(J("x\ny")), "x\ny");
+  EXPECT_EQ(to_python_str(J(true)), "True");
+  EXPECT_EQ(to_python_str(J(false)), "False");
+  EXPECT_EQ(to_python_str(J(nullptr)), "None");
+  EXPECT_EQ(to_python_str(J(-12)), "-12");
+  EXPECT_EQ(to_python_str(J::parse("[true, null, \"é\"]")), "[true, null, \"é\"]");
+  // Python repr(float) (what json.dumps and str() write).
+  const std::vector<std::pair<double, std::string>> floats = {
+      {1.0, "1.0"},         {2.5, "2.5"},
+      {-0.0, "-0.0"},       {0.1, "0.1"},
+      {1e-4, "0.0001"},     {1e-5, "1e-05"},
+      {1.5e-7, "1.5e-07"},  {1e15, "1000000000000000.0"},
+      {1e16, "1e+16"},      {1e20, "1e+20"},
+      {123.456, "123.456"}, {1.7976931348623157e308, "1.7976931348623157e+308"},
+      {5e-324, "5e-324"},   {12345678.9, "12345678.9"}};
+  for (const auto& [d, want] : floats) EXPECT_EQ(to_python_str(J(d)), want) << want;
+}
+
 TEST(ChatTemplate, PythonStyleJson) {
   const auto j = nlohmann::ordered_json::parse(R"({"b": [1, 2.5, true, null], "a": "x\"y\n\u0001é", "c": {}})");
   EXPECT_EQ(to_python_json(j), "{\"b\": [1, 2.5, true, null], \"a\": \"x\\\"y\\n\\u0001é\", \"c\": {}}");
