@@ -76,6 +76,10 @@ struct CompletionRequest {
   bool include_usage = false;     // stream_options.include_usage
   bool forced_tool_call = false;  // the grammar makes the answer tool calls
   bool echo = false;              // completions: the prompt precedes the answer
+  // The request body when it asked for a grammar (else null): the server
+  // compiles it again for a model whose template writes answers in another
+  // form (server.cpp, build_output_grammar's GrammarForm).
+  nlohmann::ordered_json grammar_source = nullptr;
   // sampling.logprobs, or -1 when off.
   int32_t logprobs() const { return sampling.logprobs.value_or(-1); }
 };

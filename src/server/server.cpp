@@ -350,7 +350,7 @@ struct Server::Impl {
     if (endpoint == Endpoint::kChat && cr.sampling.grammar &&
         (form.tool_call_syntax != tokenizer::ToolCallSyntax::kJson || form.opens_reasoning)) {
       OutputGrammar og;
-      if (auto e = build_output_grammar(nlohmann::ordered_json::parse(body_text), endpoint, og, form)) return fail(*e);
+      if (auto e = build_output_grammar(cr.grammar_source, endpoint, og, form)) return fail(*e);
       cr.sampling.grammar = std::move(og.grammar);
     }
     // The prompt (byte cap before tokenizing), the context check and the
