@@ -150,6 +150,23 @@ size_t packed_bytes(const MatrixView& w, Packing p);
 // thread). p must be packing_for(w) (a layout defined for w.format), not kNone.
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool);
 
+// Load-time transcoding (issue 30 item 4): PTQ1_0 (28 bytes per 128
+// ternary weights) is computed by the AVX2 trit kernels at 0.52-0.56x the
+// weights per second of PQ2_0's (34 bytes; bench/results/ptq1_0-simd-
+// 2026-12-06-zen3.txt: compute-bound decoding the base-3 digits), so where
+// that holds the model copies a PTQ1_0 matrix once into PQ2_0 at load (one
+// copy, 34/28 = 1.21x the bytes, the mapped pages released) and runs the
+// PQ2_0 kernels. The two formats share the Q2_0 chunk order, so the
+// products are bit-identical either way.
+// The format `w` is better computed in on the active tier: kPQ2_0 for a
+// PTQ1_0 matrix on the AVX2 and AVX-512 tiers, else w.format (no change).
+Format transcode_target(const MatrixView& w);
+// Writes w (PTQ1_0) as PQ2_0 rows to dst (w.rows * row_bytes(kPQ2_0,
+// w.cols) bytes; block b of a row keeps its fp16 scale bits and each digit
+// t becomes the 2-bit code t, i.e. weight t - 1): rows split over `pool`
+// (nullptr: the calling thread). w.format must be kPTQ1_0.
+void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool);
+
 namespace detail {
 struct QuantAct;
 }

@@ -271,4 +271,50 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
   }
 }
 
+Format transcode_target(const MatrixView& w) {
+  if (w.format != Format::kPTQ1_0 || w.data == nullptr) return w.format;
+  const Tier tier = active_tier();
+  return tier == Tier::kAvx2 || tier == Tier::kAvx512 ? Format::kPQ2_0 : w.format;
+}
+
+void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool) {
+  // digits[b][n]: digit n (most significant first) of base-3 byte b, as
+  // BlockPTQ1_0 reads it ((uint8)(b * 3^n) * 3) >> 8: a table, as the
+  // multi-GB load of a 27B model goes through every byte once.
+  static const auto digits = [] {
+    std::array<std::array<uint8_t, 5>, 256> t{};
+    for (int b = 0; b < 256; ++b) {
+      int p3 = 1;
+      for (int n = 0; n < 5; ++n, p3 *= 3) t[b][n] = static_cast<uint8_t>((static_cast<uint8_t>(b * p3) * 3) >> 8);
+    }
+    return t;
+  }();
+  const int64_t blocks = w.cols / block_elems(Format::kPTQ1_0);
+  const size_t out_stride = row_bytes(Format::kPQ2_0, w.cols);
+  auto* out = static_cast<uint8_t*>(dst);
+  split(pool, w.rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const auto* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
+      for (int64_t b = 0; b < blocks; ++b) {
+        BlockPTQ1_0 in;
+        std::memcpy(&in, src + b * sizeof(BlockPTQ1_0), sizeof in);
+        BlockPQ2_0 o{};
+        std::memcpy(o.d, in.d, 2);
+        // Weight e's digit is its PQ2_0 code (digit t means t - 1, as code c means c - 1).
+        const auto put = [&o](int e, uint8_t code) { o.qs[e / 4] |= static_cast<uint8_t>(code << (2 * (e % 4))); };
+        for (int m = 0; m < 16; ++m) {
+          for (int n = 0; n < 5; ++n) put(16 * n + m, digits[in.qs[m]][n]);  // e < 80
+        }
+        for (int m = 0; m < 8; ++m) {
+          for (int n = 0; n < 5; ++n) put(80 + 8 * n + m, digits[in.qs[16 + m]][n]);  // 80 <= e < 120
+        }
+        for (int h = 0; h < 2; ++h) {
+          for (int n = 0; n < 4; ++n) put(120 + 2 * n + h, digits[in.qh[h]][n]);  // e >= 120
+        }
+        std::memcpy(out + static_cast<size_t>(r) * out_stride + b * sizeof(BlockPQ2_0), &o, sizeof o);
+      }
+    }
+  });
+}
+
 }  // namespace bonsai::kernels

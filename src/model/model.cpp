@@ -415,7 +415,22 @@ core::Expected<std::shared_ptr<const Model>> Model::load(const std::string& path
 }
 
 std::string describe(const RepackStats& st) {
-  if (st.packing == kernels::Packing::kNone || st.tensors == 0) return "weights not repacked (zero-copy)";
+  std::string transcoded;  // "402 PTQ1_0 tensors transcoded to PQ2_0 (4704.0 -> 5712.0 MiB)"
+  if (st.transcoded > 0) {
+    char t[160];
+    std::snprintf(t, sizeof t, "%d PTQ1_0 tensors transcoded to PQ2_0 (%.1f -> %.1f MiB)", st.transcoded,
+                  static_cast<double>(st.transcoded_from_bytes) / (1 << 20),
+                  static_cast<double>(st.transcoded_from_bytes) * 34.0 / 28.0 / (1 << 20));
+    transcoded = t;
+  }
+  if (st.packing == kernels::Packing::kNone || st.tensors == 0) {
+    if (st.transcoded == 0) return "weights not repacked (zero-copy)";
+    char b[320];
+    std::snprintf(b, sizeof b, "%s in %.0f ms on %d thread%s, %.1f MiB of mapped pages released", transcoded.c_str(),
+                  st.seconds * 1e3, st.threads, st.threads == 1 ? "" : "s",
+                  static_cast<double>(st.released_bytes) / (1 << 20));
+    return b;
+  }
   std::string layouts;  // "169 tile16, 28 avx512-row-quad", or the one layout's name
   int kinds = 0;
   for (size_t i = 1; i < st.by_packing.size(); ++i) kinds += st.by_packing[i] > 0 ? 1 : 0;
@@ -426,12 +441,13 @@ std::string describe(const RepackStats& st) {
   }
   char buf[320];
   const double mib = static_cast<double>(st.bytes) / (1 << 20);
-  std::snprintf(buf, sizeof buf,
-                "repacked %d tensors (%s), %.1f MiB in %.0f ms on %d thread%s (%.2f s/GB), %.1f MiB of mapped pages "
-                "released",
-                st.tensors, layouts.c_str(), mib, st.seconds * 1e3, st.threads, st.threads == 1 ? "" : "s",
-                st.bytes > 0 ? st.seconds / (static_cast<double>(st.bytes) / 1e9) : 0.0,
-                static_cast<double>(st.released_bytes) / (1 << 20));
+  std::snprintf(
+      buf, sizeof buf,
+      "%s%srepacked %d tensors (%s), %.1f MiB in %.0f ms on %d thread%s (%.2f s/GB), %.1f MiB of mapped pages "
+      "released",
+      transcoded.c_str(), transcoded.empty() ? "" : "; ", st.tensors, layouts.c_str(), mib, st.seconds * 1e3,
+      st.threads, st.threads == 1 ? "" : "s", st.bytes > 0 ? st.seconds / (static_cast<double>(st.bytes) / 1e9) : 0.0,
+      static_cast<double>(st.released_bytes) / (1 << 20));
   return buf;
 }
 
@@ -447,17 +463,28 @@ core::Expected<void> Model::repack_weights() {
     }
   }
   mats.push_back(&weights_.output);
+  // A job either packs a matrix into another layout of its format, or
+  // transcodes it into another format the tier computes faster
+  // (kernels::transcode_target: PTQ1_0 -> PQ2_0 on AVX2 / AVX-512); a
+  // transcoded matrix is not packed further.
   struct Job {
     kernels::MatrixView* m;
     kernels::Packing p;
     size_t offset;
+    kernels::Format to;  // == m->format: pack; else transcode into `to`
   };
   std::vector<Job> jobs;
   size_t total = 0;
   for (kernels::MatrixView* m : mats) {
+    const kernels::Format to = kernels::transcode_target(*m);
+    if (to != m->format) {
+      jobs.push_back({m, kernels::Packing::kNone, total, to});
+      total += (static_cast<size_t>(m->rows) * kernels::row_bytes(to, m->cols) + 63) / 64 * 64;
+      continue;
+    }
     const kernels::Packing p = kernels::packing_for(*m);
     if (p == kernels::Packing::kNone) continue;
-    jobs.push_back({m, p, total});
+    jobs.push_back({m, p, total, m->format});
     total += (kernels::packed_bytes(*m, p) + 63) / 64 * 64;
   }
   if (jobs.empty()) return {};
@@ -480,6 +507,18 @@ core::Expected<void> Model::repack_weights() {
   st.threads = pool.size();
   for (const Job& j : jobs) {
     uint8_t* dst = packed_.get() + j.offset;
+    if (j.to != j.m->format) {
+      kernels::transcode_ptq1_0_to_pq2_0(*j.m, dst, &pool);
+      const size_t stride = kernels::row_bytes(j.to, j.m->cols);
+      st.released_bytes += file_->mapping()->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
+      st.transcoded_from_bytes += static_cast<uint64_t>(j.m->rows) * j.m->row_stride;
+      j.m->data = dst;
+      j.m->format = j.to;
+      j.m->row_stride = stride;
+      st.bytes += static_cast<uint64_t>(j.m->rows) * stride;
+      ++st.transcoded;
+      continue;
+    }
     kernels::pack_matrix(*j.m, j.p, dst, &pool);
     st.released_bytes += file_->mapping()->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
     j.m->packed = dst;

@@ -162,7 +162,12 @@ struct RepackStats {
   // (AVX-512 with VBMI: Q1_0 rows of up to 2,048 columns as tile16, the rest
   // as row quads; the AVX2 tier has one, avx2-tile16).
   std::array<int, kernels::kPackingCount> by_packing{};
-  uint64_t bytes = 0;           // bytes of the packed copies
+  uint64_t bytes = 0;  // bytes of the packed (and transcoded) copies
+  // Matrices copied into another format at load (kernels::transcode_target:
+  // PTQ1_0 -> PQ2_0 where the PQ2_0 kernels are faster), and their bytes
+  // as stored in the file (the copies take 34/28 of that).
+  int transcoded = 0;
+  uint64_t transcoded_from_bytes = 0;
   uint64_t released_bytes = 0;  // mapped bytes released (MADV_DONTNEED)
   double seconds = 0;           // wall time (packing and release)
   int threads = 1;              // compute threads it ran on

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "core/fp16.h"
 #include "core/ggml_types.h"
+#include "core/thread_pool.h"
 #include "gguf/gguf.h"
 #include "kernels/internal.h"
 #include "kernels/kernels.h"
@@ -166,6 +168,39 @@ TEST(Formats, Qwen35FixtureRowsDequantizeExactly) {
   }
   // Each of the four quantized formats had rows to check.
   for (const char* f : {"Q1_0", "Q2_0", "PQ2_0", "PTQ1_0"}) EXPECT_GT(rows_checked[f], 0) << f;
+}
+
+// The load-time PTQ1_0 -> PQ2_0 transcode keeps every weight and scale:
+// random trits (every digit position of qs and qh), 3 rows x 4 blocks, split
+// over a pool; each output block decodes (PQ2_0 reference) to the input's.
+TEST(Formats, Ptq1TranscodesToPq2Exactly) {
+  const int64_t rows = 3, cols = 512;
+  std::vector<uint8_t> src(static_cast<size_t>(rows) * row_bytes(Format::kPTQ1_0, cols));
+  uint64_t s = 12345;
+  std::vector<int8_t> want(static_cast<size_t>(rows * cols));
+  for (int64_t b = 0; b < rows * cols / 128; ++b) {
+    int8_t* w = want.data() + b * 128;
+    for (int e = 0; e < 128; ++e) {
+      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+      w[e] = static_cast<int8_t>(static_cast<int>(s >> 62) % 3 - 1);
+    }
+    encode_ptq1_0(w, static_cast<uint16_t>(0x3c00 + b), src.data() + b * 28);
+  }
+  const MatrixView m{src.data(), Format::kPTQ1_0, rows, cols, row_bytes(Format::kPTQ1_0, cols)};
+  std::vector<uint8_t> out(static_cast<size_t>(rows) * row_bytes(Format::kPQ2_0, cols));
+  core::ThreadPool pool(2);
+  transcode_ptq1_0_to_pq2_0(m, out.data(), &pool);
+  for (int64_t b = 0; b < rows * cols / 128; ++b) {
+    int8_t got[128];
+    const float d = decode_pq2_0(out.data() + b * 34, got);
+    EXPECT_EQ(d, core::fp16_to_fp32(static_cast<uint16_t>(0x3c00 + b))) << "block " << b;
+    EXPECT_EQ(std::memcmp(got, want.data() + b * 128, 128), 0) << "block " << b;
+  }
+  // Only PTQ1_0 has a target, and only where the SIMD tiers run.
+  const MatrixView q1{src.data(), Format::kQ1_0, 1, 128, 18};
+  EXPECT_EQ(transcode_target(q1), Format::kQ1_0);
+  const bool simd = active_tier() == Tier::kAvx2 || active_tier() == Tier::kAvx512;
+  EXPECT_EQ(transcode_target(m), simd ? Format::kPQ2_0 : Format::kPTQ1_0);
 }
 
 }  // namespace

@@ -191,6 +191,48 @@ TEST(Qwen35, SameWeightsSameBitsAcrossFormats) {
   EXPECT_GT(std::sqrt(ss / static_cast<double>(plain.size())), 1.0);  // README: about 5 rms apart
 }
 
+// PTQ1_0 matrices are transcoded to PQ2_0 at load on the SIMD tiers (their
+// kernels are faster there) and stay PTQ1_0 with --no-repack or on the
+// reference tier; the logits are the same bits either way.
+TEST(Qwen35, Ptq1TranscodedAtLoadSameBits) {
+  const std::string path = fixture("qwen35-tiny-bonsai2-ptq1_0");
+  BONSAI_REQUIRE_FILE(path);
+  auto loaded = Model::load(path);
+  ASSERT_TRUE(loaded.has_value()) << loaded.error().message;
+  auto zero_copy = Model::load(path, LoadOptions{.repack = false});
+  ASSERT_TRUE(zero_copy.has_value());
+  const Model& m = **loaded;
+  const bool simd = kernels::active_tier() == kernels::Tier::kAvx2 || kernels::active_tier() == kernels::Tier::kAvx512;
+  const kernels::MatrixView& qkv = m.weights().layers[0].gdn.w_qkv;
+  EXPECT_EQ(qkv.format, simd ? kernels::Format::kPQ2_0 : kernels::Format::kPTQ1_0);
+  EXPECT_EQ((*zero_copy)->weights().layers[0].gdn.w_qkv.format, kernels::Format::kPTQ1_0);
+  // Every ternary matrix: 7 per GDN layer (qkv, z, out, gate, up, down) and
+  // attention layer (q, k, v, o, gate, up, down), and output; not token_embd.
+  EXPECT_EQ(m.repack_stats().transcoded, simd ? 3 * 6 + 7 + 1 : 0);
+  if (simd) {
+    EXPECT_EQ(
+        m.repack_stats().transcoded_from_bytes, (*zero_copy)->weight_bytes() - [&] {
+          // Everything but the transcoded matrices: token_embd, norms, conv, dt, a, alpha, beta.
+          const auto& W = (*zero_copy)->weights();
+          uint64_t rest = static_cast<uint64_t>(W.token_embd.rows) * W.token_embd.row_stride;
+          for (const gguf::TensorInfo& t : (*zero_copy)->file().tensors()) {
+            if (t.type == core::GgmlType::F32 || t.type == core::GgmlType::BF16) rest += t.n_bytes;
+          }
+          return rest;
+        }());
+    EXPECT_NE(describe(m.repack_stats()).find("26 PTQ1_0 tensors transcoded to PQ2_0"), std::string::npos)
+        << describe(m.repack_stats());
+  }
+  core::ThreadPool pool(2);
+  Workspace ws;
+  const std::vector<int32_t> ids = prompt_ids(19, 9);
+  auto c1 = KvCache::create(m.config(), 32);
+  auto c2 = KvCache::create(m.config(), 32);
+  ASSERT_TRUE(c1.has_value() && c2.has_value());
+  EXPECT_TRUE(
+      same_bits(run_sequence(m, ids, 0, *c1, ws, pool, true), run_sequence(**zero_copy, ids, 0, *c2, ws, pool, true)));
+}
+
 // The recurrent state cannot rewind; it is copied whole.
 TEST(Qwen35, RecurrentCacheRules) {
   const std::string path = fixture("qwen35-tiny-q1_0");
