@@ -82,8 +82,9 @@ TEST(StateMetrics, AdminModelsAndMetricsCountTheRecurrentState) {
   ASSERT_EQ(metrics->status, 200);
   for (const char* want :
        {"\nbonsai_recurrent_state_bytes{model=\"q35\"} 0\n", "\nbonsai_state_snapshot_bytes{model=\"q35\"} ",
-        "\nbonsai_state_snapshot_hits_total{model=\"q35\"} 0\n", "\nbonsai_state_snapshot_evictions_total{model=\"q35\"} ",
-        "# TYPE bonsai_recurrent_state_bytes gauge", "# TYPE bonsai_state_snapshot_hits_total counter"})
+        "\nbonsai_state_snapshot_hits_total{model=\"q35\"} 0\n",
+        "\nbonsai_state_snapshot_evictions_total{model=\"q35\"} ", "# TYPE bonsai_recurrent_state_bytes gauge",
+        "# TYPE bonsai_state_snapshot_hits_total counter"})
     EXPECT_NE(metrics->body.find(want), std::string::npos) << want;
 
   server.stop();
