@@ -159,8 +159,7 @@ TEST(Qwen35, BatchInvariance) {
   ASSERT_TRUE(m->forward(d, ptrs, ws, step, pool).has_value());
   for (size_t k = 0; k < 3; ++k) {
     const size_t s = 2 - k;
-    EXPECT_EQ(std::memcmp(step.data() + k * V, solo_step[s].data(), static_cast<size_t>(V) * 4), 0) << "sequence "
-                                                                                                   << s;
+    EXPECT_EQ(std::memcmp(step.data() + k * V, solo_step[s].data(), static_cast<size_t>(V) * 4), 0) << "sequence " << s;
   }
 }
 
