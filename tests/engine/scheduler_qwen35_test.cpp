@@ -21,6 +21,7 @@
 #include "common/test_util.h"
 #include "engine/engine_pool.h"
 #include "engine/inference_engine.h"
+#include "engine/load_fit.h"
 #include "engine/scheduler.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -361,6 +362,19 @@ TEST_F(SchedulerQwen35Test, FootprintCountsRecurrentStateAndSnapshots) {
     EXPECT_EQ(fp3->recurrent_state_bytes, 0u);
     EXPECT_EQ(fp3->total_bytes(), fp3->mapped_bytes + fp3->kv_bytes);
   }
+  // A --mem-budget that holds the mapping and the KV but not the states is refused, naming them.
+  ModelSpec spec;
+  spec.path = kQwen35;
+  spec.ctx_size = 64;
+  spec.pool_size = 2;
+  spec.parallel = 3;
+  EXPECT_FALSE(check_load_fit("q35", spec, false, false, fp->total_bytes(), 0).has_value());
+  const auto refused = check_load_fit("q35", spec, false, false, fp->mapped_bytes + fp->kv_bytes + state, 0);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->code, "insufficient_memory");
+  EXPECT_NE(refused->message.find("of recurrent state (" + std::to_string(state) + " bytes per sequence x 3"),
+            std::string::npos)
+      << refused->message;
   // build_pool_from_gguf sets the same snapshot budget on the model's KV pool.
   auto b = build_pool_from_gguf(kQwen35, SamplingParams{}, kDefaultSeed, 64, 2);
   ASSERT_TRUE(b.has_value()) << b.error().message;
