@@ -90,6 +90,21 @@ int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_token
   return static_cast<int64_t>(std::max(replicas, 1)) * ((std::max<int64_t>(n_ctx, 1) + bs - 1) / bs) * bs;
 }
 
+int64_t state_snapshot_count(const model::ModelConfig& cfg, int64_t n_ctx, int64_t kv_positions) {
+  if (cfg.n_recurrent_layer() <= 0) return 0;
+  const int64_t ctx = std::max<int64_t>(n_ctx, 1);
+  const int64_t contexts = std::max<int64_t>(1, (std::max<int64_t>(kv_positions, 0) + ctx - 1) / ctx);
+  return 2 * contexts;
+}
+
+uint64_t state_snapshot_budget_bytes(const model::ModelConfig& cfg, int64_t n_ctx, int64_t kv_positions) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(static_cast<uint64_t>(state_snapshot_count(cfg, n_ctx, kv_positions)),
+                                model::KvCache::recurrent_bytes(cfg), &r)
+             ? UINT64_MAX
+             : r;
+}
+
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
                                                const model::LoadOptions& options, model::KvType type_k,
@@ -120,6 +135,8 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   }
   auto kv_pool = model::KvPool::create((*model)->config(), budget, opts.kv_type_k, opts.kv_type_v, bs);
   if (!kv_pool) return core::fail(kv_pool.error().code, path + ": " + kv_pool.error().message);
+  const uint64_t snapshot_bytes = state_snapshot_budget_bytes((*model)->config(), opts.max_seq_len, budget);
+  (*kv_pool)->set_snapshot_budget(snapshot_bytes);  // the prompt cache of a hybrid model (qwen35)
   opts.kv_pool = *kv_pool;
 
   const int replicas = std::max(size, sequences);
@@ -141,6 +158,8 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   out.mapped_bytes = (*model)->file().mapping()->size();
   out.kv_pool = *kv_pool;
   out.kv_bytes = (*kv_pool)->capacity_bytes();
+  out.recurrent_state_bytes = model::KvCache::recurrent_bytes((*model)->config());
+  out.snapshot_bytes = snapshot_bytes;
   return out;
 }
 
@@ -153,14 +172,21 @@ uint64_t mul_sat(uint64_t a, uint64_t b) {
 
 }  // namespace
 
+uint64_t ModelFootprint::cache_bytes() const {
+  uint64_t r = 0, t = 0;
+  if (__builtin_add_overflow(kv_bytes, states_bytes, &r) || __builtin_add_overflow(r, snapshot_bytes, &t))
+    return UINT64_MAX;
+  return t;
+}
+
 uint64_t ModelFootprint::total_bytes() const {
   uint64_t r = 0;
-  return __builtin_add_overflow(mapped_bytes, kv_bytes, &r) ? UINT64_MAX : r;
+  return __builtin_add_overflow(mapped_bytes, cache_bytes(), &r) ? UINT64_MAX : r;
 }
 
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
                                                const model::LoadOptions& options, model::KvType type_k,
-                                               model::KvType type_v, int64_t kv_budget_tokens) {
+                                               model::KvType type_v, int64_t kv_budget_tokens, int parallel) {
   auto file = gguf::File::open(path, options.file);
   if (!file) return std::unexpected(file.error());
   auto cfg = model::ModelConfig::from_gguf(**file);
@@ -175,6 +201,12 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
   f.kv_block_size = kv_block_size_for(f.n_ctx);
   f.kv_budget_tokens = kv_budget_positions(f.n_ctx, f.replicas, kv_budget_tokens);
   f.kv_bytes = mul_sat(f.kv_bytes_per_position, static_cast<uint64_t>(f.kv_budget_tokens));
+  f.recurrent_state_bytes = model::KvCache::recurrent_bytes(*cfg);
+  if (f.recurrent_state_bytes > 0) {
+    f.sequences = parallel > 0 ? parallel : f.replicas;
+    f.states_bytes = mul_sat(f.recurrent_state_bytes, static_cast<uint64_t>(f.sequences));
+    f.snapshot_bytes = state_snapshot_budget_bytes(*cfg, f.n_ctx, f.kv_budget_tokens);
+  }
   f.n_ctx_train = cfg->n_ctx_train;
   f.rope_scaling_factor = cfg->rope_scaling == model::RopeScaling::kNone ? 1.0f : cfg->rope_scaling_factor;
   f.max_ctx = max_supported_ctx(*cfg);
@@ -183,8 +215,8 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
 
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
                                               const model::LoadOptions& options, model::KvType type_k,
-                                              model::KvType type_v, int64_t kv_budget_tokens) {
-  auto f = model_footprint(path, max_seq_len, pool_size, options, type_k, type_v, kv_budget_tokens);
+                                              model::KvType type_v, int64_t kv_budget_tokens, int parallel) {
+  auto f = model_footprint(path, max_seq_len, pool_size, options, type_k, type_v, kv_budget_tokens, parallel);
   if (!f) return std::unexpected(f.error());
   return f->total_bytes();
 }

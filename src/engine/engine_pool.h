@@ -361,6 +361,11 @@ struct BuiltPool {
   // budget of kv_budget_positions(n_ctx, size, kv_budget_tokens) positions.
   std::shared_ptr<model::KvPool> kv_pool;
   uint64_t kv_bytes = 0;  // the KV pool's capacity in bytes
+  // Recurrent state (qwen35; 0 otherwise): one sequence's state
+  // (model::KvCache::recurrent_bytes), and the state-snapshot budget set on
+  // kv_pool (state_snapshot_budget_bytes).
+  uint64_t recurrent_state_bytes = 0;
+  uint64_t snapshot_bytes = 0;
 };
 
 // Positions per KV block for replicas of n_ctx positions: n_ctx rounded up to
@@ -372,6 +377,16 @@ int64_t kv_block_size_for(int64_t n_ctx);
 // ceil(n_ctx / block) blocks: every slot can reach n_ctx at once, as before
 // paging).
 int64_t kv_budget_positions(int64_t n_ctx, int replicas, int64_t kv_budget_tokens);
+// Recurrent-state snapshots one model's prompt cache may hold
+// (model::KvPool::set_snapshot_budget), in snapshots: two per full context
+// the KV budget holds (ceil(kv_positions / n_ctx)): room for each
+// conversation the KV budget is sized for to keep the state at its
+// prompt's last block boundary and at its latest one (multi-turn reuse),
+// besides what shared prefixes take under LRU. 0 for a model without
+// recurrent layers.
+int64_t state_snapshot_count(const model::ModelConfig& cfg, int64_t n_ctx, int64_t kv_positions);
+// state_snapshot_count(...) x model::KvCache::recurrent_bytes(cfg) (saturating).
+uint64_t state_snapshot_budget_bytes(const model::ModelConfig& cfg, int64_t n_ctx, int64_t kv_positions);
 
 // Maps `path` once (Model::load), builds the tokenizer from it, and creates
 // resolve_pool_size(requested_size, tier) replicas that all borrow the same
@@ -414,7 +429,16 @@ struct ModelFootprint {
   int64_t kv_block_size = 0;     // positions per KV block (kv_block_size_for(n_ctx))
   int64_t kv_budget_tokens = 0;  // KV positions of the model's pool (kv_budget_positions)
   uint64_t kv_bytes = 0;         // kv_bytes_per_position x kv_budget_tokens (saturating)
-  int64_t n_ctx_train = 0;       // <arch>.context_length (0: the file does not say)
+  // Recurrent state (qwen35; all 0 for a model without GDN layers):
+  // recurrent_state_bytes is one sequence's (model::KvCache::recurrent_bytes);
+  // `sequences` run at once at most (`parallel` > 0, else replicas), each
+  // holding one: states_bytes = their product; snapshot_bytes is the prompt
+  // cache's state-snapshot budget (state_snapshot_budget_bytes).
+  uint64_t recurrent_state_bytes = 0;
+  int sequences = 0;
+  uint64_t states_bytes = 0;
+  uint64_t snapshot_bytes = 0;
+  int64_t n_ctx_train = 0;  // <arch>.context_length (0: the file does not say)
   // The longest context the model supports: n_ctx_train, or with RoPE
   // scaling (linear / YaRN) max(n_ctx_train, original_context_length x
   // factor), as llama.cpp extends it (n_ctx_orig_yarn x rope_freq_scale^-1).
@@ -422,7 +446,9 @@ struct ModelFootprint {
   int64_t max_ctx = 0;
   float rope_scaling_factor = 1.0f;  // 1 without RoPE scaling
 
-  uint64_t total_bytes() const;  // mapped_bytes + kv_bytes (saturating)
+  uint64_t total_bytes() const;  // mapped_bytes + kv_bytes + states_bytes + snapshot_bytes (saturating)
+  // What the caches take beside the mapping: kv_bytes + states_bytes + snapshot_bytes (saturating).
+  uint64_t cache_bytes() const;
 };
 
 // The longest context `cfg`'s model supports: n_ctx_train, or with RoPE
@@ -441,18 +467,23 @@ core::Expected<void> check_ctx_supported(const std::string& path, int64_t ctx, c
 // The footprint of `path` built with `max_seq_len` positions and `pool_size`
 // replicas. Errors: gguf::File::open's and ModelConfig::from_gguf's (each
 // names the file). `options` go to gguf::File::open (a forced Q2_0 layout).
+// `parallel`: the sequences the model's scheduler runs at once (ModelSpec::
+// parallel; <= 0: the replicas), each with a recurrent state for a hybrid model.
 core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t max_seq_len, int pool_size,
                                                const model::LoadOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
-                                               model::KvType type_v = model::KvType::kF16,
-                                               int64_t kv_budget_tokens = 0);
+                                               model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0,
+                                               int parallel = 0);
 
 // Bytes one model needs when built as above: model_footprint(...).total_bytes(),
 // i.e. the file size (the mapping) plus `pool_size` KV caches of
-// `max_seq_len` positions (K and V of type_k / type_v, every layer).
+// `max_seq_len` positions (K and V of type_k / type_v, every layer), plus
+// for a hybrid model the recurrent states of `parallel` sequences and the
+// state-snapshot budget.
 core::Expected<uint64_t> estimate_model_bytes(const std::string& path, int64_t max_seq_len, int pool_size,
                                               const model::LoadOptions& options = {},
                                               model::KvType type_k = model::KvType::kF16,
-                                              model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0);
+                                              model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0,
+                                              int parallel = 0);
 
 }  // namespace bonsai::engine

@@ -50,7 +50,7 @@ std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpe
   open.file.q2_layout = spec.q2_layout;
   open.repack = spec.repack;
   auto fp = model_footprint(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
-                            spec.kv_budget_tokens);
+                            spec.kv_budget_tokens, spec.parallel);
   if (!fp) return std::nullopt;
   if (ctx_given && spec.ctx_size > 0 && fp->max_ctx > 0 && spec.ctx_size > fp->max_ctx) {
     char factor[32];
@@ -63,10 +63,12 @@ std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpe
   const uint64_t budget = budget_bytes;
   const uint64_t limit = budget > 0 ? budget : mem_limit_bytes > 0 ? mem_limit_bytes : available_memory_bytes();
   if (limit == 0) return std::nullopt;  // /proc/meminfo unreadable: nothing to compare with
-  const uint64_t need = budget > 0 ? fp->total_bytes() : fp->kv_bytes;
+  const uint64_t need = budget > 0 ? fp->total_bytes() : fp->cache_bytes();
   if (need <= limit) return std::nullopt;
-  // The context per replica that would fit (0 if not even the mapping does).
-  const uint64_t room = budget > 0 ? (limit > fp->mapped_bytes ? limit - fp->mapped_bytes : 0) : limit;
+  // The context per replica that would fit (0 if not even the mapping and
+  // the recurrent states do).
+  const uint64_t fixed = (budget > 0 ? fp->mapped_bytes : 0) + fp->states_bytes + fp->snapshot_bytes;
+  const uint64_t room = limit > fixed ? limit - fixed : 0;
   const uint64_t per_ctx = fp->kv_bytes_per_position * static_cast<uint64_t>(fp->replicas);
   const uint64_t fit_ctx = per_ctx > 0 ? room / per_ctx : 0;
   std::string msg = "Model '" + id + "' with ctx_size " + std::to_string(fp->n_ctx) + " and " +
@@ -77,6 +79,11 @@ std::optional<LoadFitError> check_load_fit(const std::string& id, const ModelSpe
                          ? ", as a budget of " + std::to_string(fp->kv_budget_tokens) + " positions"
                          : std::string()) +
                     ")";
+  if (fp->recurrent_state_bytes > 0) {
+    msg += " plus " + size_text(fp->states_bytes) + " of recurrent state (" +
+           std::to_string(fp->recurrent_state_bytes) + " bytes per sequence x " + std::to_string(fp->sequences) +
+           " parallel sequences) and " + size_text(fp->snapshot_bytes) + " of state snapshots for the prompt cache";
+  }
   if (budget > 0) {
     msg += " plus " + size_text(fp->mapped_bytes) + " of mapped weights = " + size_text(need) +
            ", more than the memory budget (--mem-budget) of " + size_text(limit) + ".";

@@ -33,10 +33,11 @@ struct LoadFitError {
 //    refused (ctx_size 0 stays allowed: the model's default context);
 //  - `budget_bytes` > 0 (ModelPool's --mem-budget): mapping + KV caches
 //    (n_layer x n_head_kv x (head_dim_k + head_dim_v) x ctx x the bytes of
-//    spec.kv_type_k / kv_type_v x replicas)
-//    must fit it (ModelPool would otherwise refuse the model only later, as
+//    spec.kv_type_k / kv_type_v x replicas), plus for a hybrid model the
+//    recurrent states of spec.parallel sequences and the state-snapshot
+//    budget (ModelFootprint), must fit it (ModelPool would otherwise refuse the model only later, as
 //    a 503 that retrying never cures);
-//  - otherwise the KV caches must fit `mem_limit_bytes`, or when that is 0
+//  - otherwise the KV caches (and states) must fit `mem_limit_bytes`, or when that is 0
 //    available_memory_bytes() (the caches are committed lazily, so an
 //    oversized one would not fail at load but kill the process later).
 // nullopt: it fits, or the header cannot be read (left to the loader's own

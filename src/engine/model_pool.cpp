@@ -345,6 +345,15 @@ std::vector<ModelInfo> ModelPool::list() const {
         info.kv_cached_bytes = static_cast<uint64_t>(u.cached) * kp.block_bytes();
         info.kv_pinned_bytes = static_cast<uint64_t>(u.pinned) * kp.block_bytes();
         info.kv_block_tokens = kp.block_size();
+        if (kp.state_bytes() > 0) {
+          const model::KvPool::StateUsage su = kp.state_usage();
+          info.recurrent_state_bytes = su.state_bytes;
+          info.recurrent_states = su.states;
+          if (e.model->scheduler) info.recurrent_state_budget_bytes = e.model->scheduler->options().state_budget_bytes;
+          info.state_snapshot_bytes = su.snapshot_bytes;
+          info.state_snapshot_budget_bytes = su.snapshot_budget;
+          info.state_snapshots = su.snapshots;
+        }
       }
     }
     rows.emplace_back(e.last_used, std::move(info));
@@ -592,8 +601,13 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     so.max_queue =
         spec.queue_factor > 0 ? static_cast<size_t>(spec.queue_factor) * static_cast<size_t>(so.max_sequences) : 0;
     if (tune_scheduler) tune_scheduler(so);
+    // A hybrid model's running sequences each hold a recurrent state: their
+    // memory is budgeted (and counted in mem_bytes) for max_sequences of them.
+    if (so.state_budget_bytes == 0)
+      so.state_budget_bytes = built->recurrent_state_bytes * static_cast<uint64_t>(std::max(1, so.max_sequences));
     m->scheduler = Scheduler::create(m->pool, m->model, built->n_ctx, so);
-    m->mem_bytes = built->mapped_bytes + built->kv_bytes;
+    m->mem_bytes = built->mapped_bytes + built->kv_bytes +
+                   (built->recurrent_state_bytes > 0 ? so.state_budget_bytes : 0) + built->snapshot_bytes;
     return m;
   };
 }
@@ -604,7 +618,7 @@ ModelPool::Estimator gguf_model_estimator() {
     open.file.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
     return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
-                                spec.kv_budget_tokens);
+                                spec.kv_budget_tokens, spec.parallel);
   };
 }
 

@@ -113,7 +113,7 @@ struct LoadedModel {
   // The KV block pool every replica's cache draws from (one budget per
   // model; usage() for /admin/models and the KV gauges). May be null in tests.
   std::shared_ptr<model::KvPool> kv_pool;
-  uint64_t mem_bytes = 0;     // mapped bytes + the KV pool's capacity
+  uint64_t mem_bytes = 0;     // mapped bytes + the KV pool's capacity (+ recurrent states and snapshot budget)
   uint64_t created_unix = 0;  // seconds since the epoch (OpenAI `created`)
 };
 
@@ -142,6 +142,16 @@ struct ModelInfo {
   uint64_t kv_cached_bytes = 0;
   uint64_t kv_pinned_bytes = 0;  // held by running sequences (kv_used_bytes - kv_cached_bytes)
   int64_t kv_block_tokens = 0;   // positions per block
+  // Recurrent state of a hybrid model (qwen35; 0 otherwise): the states the
+  // model's caches hold now (running sequences) and their bytes, the
+  // scheduler's bound on them (SchedulerOptions::state_budget_bytes), and
+  // the prompt cache's state snapshots (count, bytes, budget).
+  uint64_t recurrent_state_bytes = 0;
+  int64_t recurrent_states = 0;
+  uint64_t recurrent_state_budget_bytes = 0;
+  uint64_t state_snapshot_bytes = 0;
+  uint64_t state_snapshot_budget_bytes = 0;
+  int64_t state_snapshots = 0;
 };
 
 class ModelPool;

@@ -178,11 +178,14 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
     // Replicas with standalone caches: the sequences get a pool of the
     // same budget (a full context per replica).
     const int64_t bs = kv_block_size_for(n_ctx_);
-    auto kp = model::KvPool::create(model_->config(), kv_budget_positions(n_ctx_, replicas, 0), tk, tv, bs);
-    if (kp)
+    const int64_t positions = kv_budget_positions(n_ctx_, replicas, 0);
+    auto kp = model::KvPool::create(model_->config(), positions, tk, tv, bs);
+    if (kp) {
+      (*kp)->set_snapshot_budget(state_snapshot_budget_bytes(model_->config(), n_ctx_, positions));
       opt_.kv_pool = std::move(*kp);
-    else
+    } else {
       init_error_ = kp.error();
+    }
   }
   if (!shared_.model)
     init_error_ = core::Error{core::Errc::kInvalidArgument,
@@ -301,6 +304,16 @@ SchedulerStats Scheduler::stats() const {
   s.kv_capacity = opt_.kv_pool ? opt_.kv_pool->capacity_blocks() * opt_.kv_pool->block_size() : 0;
   s.preemptions = preemptions_.load();
   s.kv_evictions = opt_.kv_pool ? opt_.kv_pool->evictions() : 0;
+  if (opt_.kv_pool) {
+    const model::KvPool::StateUsage su = opt_.kv_pool->state_usage();
+    s.recurrent_states = su.states;
+    s.recurrent_state_bytes = su.state_bytes;
+    s.state_snapshots = su.snapshots;
+    s.state_snapshot_bytes = su.snapshot_bytes;
+    s.state_snapshot_budget = su.snapshot_budget;
+    s.state_snapshot_hits = su.snapshot_hits;
+    s.state_snapshot_evictions = su.snapshot_evictions;
+  }
   s.decode_step_seconds = decode_step_s_.load();
   s.prompt_token_seconds = prompt_token_s_.load();
   s.prompt_allowance = prompt_allowance_.load();
@@ -464,6 +477,7 @@ void Scheduler::admit(Clock::time_point now) {
             std::min<int64_t>(static_cast<int64_t>(job.prompt_of(job.next_choice).size()) + 1, n_ctx_);
         const int64_t need = job.next_choice > 0 && !job.embed ? 1 : opt_.kv_pool->blocks_for(positions);
         if (kv_available() < need) return;  // the queue waits (FIFO)
+        if (!state_room()) return;          // so it does for recurrent-state memory
       }
       if (!start_choice(jp)) break;
     }
@@ -517,6 +531,15 @@ int64_t Scheduler::kv_available() const {
   return kp.available_blocks() - owed;
 }
 
+bool Scheduler::state_room() const {
+  const uint64_t per = opt_.kv_pool ? opt_.kv_pool->state_bytes() : 0;
+  if (per == 0 || opt_.state_budget_bytes == 0) return true;
+  uint64_t running = 0;  // sequences holding (or about to allocate) a state: all but the preempted
+  for (const auto& l : live_)
+    if (!l->suspended) ++running;
+  return (running + 1) * per <= opt_.state_budget_bytes;
+}
+
 void Scheduler::preempt(size_t i) {
   Live& l = *live_[i];
   // Its blocks go back; what it computed stays findable in the prefix
@@ -535,7 +558,7 @@ void Scheduler::resume_preempted() {
     const Sequence& q = *l->seq;
     const int64_t target = std::min<int64_t>(q.next_pos() + q.pending_prompt() + 1, n_ctx_);
     // Oldest first; with nothing running it always fits (budget >= one context).
-    if (running && kv_available() < opt_.kv_pool->blocks_for(target)) return;
+    if (running && (kv_available() < opt_.kv_pool->blocks_for(target) || !state_room())) return;
     l->suspended = false;
     if (opt_.prompt_cache && !l->seq->is_embedding()) l->seq->adopt_cached_prefix();
     running = true;

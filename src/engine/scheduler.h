@@ -38,6 +38,11 @@
 //      a finished sequence publishes its last, partial block too, and its
 //      blocks go back to the pool (published ones stay cached, evictable
 //      least recently used first).
+// Recurrent states (qwen35): each running sequence holds one (allocated on
+// its first forward, freed when it is preempted or ends); a new sequence
+// also waits while one more would exceed SchedulerOptions::state_budget_bytes.
+// Their prompt cache is the KvPool's state snapshots at block boundaries
+// (model::KvPool), which adopt and publish use like the KV blocks.
 // KV budget (the model's KvPool): a new sequence is admitted only when the
 // pool can give the blocks its prompt needs (free or evictable cached
 // blocks, less what admitted prompts still have to take), and never while a
@@ -140,6 +145,13 @@ struct SchedulerOptions {
   // types). Admission waits for KV room, running sequences preempt the
   // youngest when it is full, and KV stats come from it.
   std::shared_ptr<model::KvPool> kv_pool;
+  // Recurrent-state memory (hybrid models, qwen35): bytes the states of the
+  // running sequences may take together (each model::KvCache::
+  // recurrent_bytes, ~157 MB for a 27B). A new (or preempted) sequence
+  // waits in the queue while one more state would exceed it; with nothing
+  // running one is always admitted. 0: no bound beyond max_sequences. No
+  // effect for a model without recurrent layers.
+  uint64_t state_budget_bytes = 0;
 };
 
 // Longest a step without decoding streams aims to last (seconds): the wait
@@ -302,6 +314,17 @@ struct SchedulerStats {
   int64_t kv_capacity = 0;
   uint64_t preemptions = 0;   // sequences preempted (KV freed, recomputed later) for lack of KV
   uint64_t kv_evictions = 0;  // cached KV blocks evicted for room (model::KvPool::evictions)
+  // Recurrent states (hybrid models; model::KvPool::StateUsage): states
+  // held by the model's caches now and their bytes, the state snapshots of
+  // the prompt cache (count, bytes, budget), snapshot hits (adoptions that
+  // restored a state) and snapshots evicted for room.
+  int64_t recurrent_states = 0;
+  uint64_t recurrent_state_bytes = 0;
+  int64_t state_snapshots = 0;
+  uint64_t state_snapshot_bytes = 0;
+  uint64_t state_snapshot_budget = 0;
+  uint64_t state_snapshot_hits = 0;
+  uint64_t state_snapshot_evictions = 0;
   // StepCost's current figures (0 until measured) and the prompt tokens the
   // last step with a pending prompt was allowed.
   double decode_step_seconds = 0;
@@ -382,6 +405,9 @@ class Scheduler {
   void apply_step(const core::Expected<void>& ok);  // each sequence takes its rows: samples, emits
   // KV budget (kv_pool set; loop thread only).
   int64_t kv_available() const;  // blocks a new sequence may count on now
+  // Whether one more running sequence's recurrent state fits
+  // SchedulerOptions::state_budget_bytes (always without recurrent layers).
+  bool state_room() const;
   void resume_preempted();
   void reserve_next_tokens();
   void preempt(size_t i);

@@ -199,8 +199,15 @@ std::span<const int32_t> Sequence::next_input(int64_t max_prompt) const {
   if (const int64_t pending = pending_prompt(); pending > 0) {
     const size_t at = m.history.size();
     const auto& src = m.replay.empty() ? m.prompt : m.replay;
-    return std::span<const int32_t>(src).subspan(
-        at, static_cast<size_t>(std::min(pending, std::max<int64_t>(1, max_prompt))));
+    int64_t len = std::min(pending, std::max<int64_t>(1, max_prompt));
+    if (m.cache.recurrent() && m.cache.paged()) {
+      // A recurrent state can be snapshotted only where it stands: a chunk
+      // ends at the next block boundary, so the state visits every one
+      // (model::KvPool's snapshots; chunking invariance keeps the bits).
+      const int64_t bs = m.cache.block_size();
+      len = std::min(len, bs - static_cast<int64_t>(at) % bs);
+    }
+    return std::span<const int32_t>(src).subspan(at, static_cast<size_t>(len));
   }
   return std::span<const int32_t>(&m.last, 1);
 }
@@ -242,6 +249,7 @@ void Sequence::suspend() {
   if (m.prefilled && m.replay.empty()) m.replay = m.history;
   m.history.clear();
   m.cache.clear();
+  m.cache.release_recurrent();  // a waiting sequence holds no recurrent state
 }
 
 bool Sequence::replaying() const { return !s_->replay.empty(); }
@@ -537,7 +545,7 @@ int64_t Sequence::adopt_cached_prefix() {
 
 void Sequence::publish(bool partial_last) {
   State& m = *s_;
-  if (m.cache.paged()) m.cache.publish(m.history, partial_last);
+  if (m.cache.paged()) m.cache.publish(m.history, partial_last, static_cast<int64_t>(m.prompt.size()));
 }
 
 void Sequence::truncate(int64_t n) {

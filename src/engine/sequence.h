@@ -186,7 +186,9 @@ class Sequence {
   bool finished() const;  // active and done: call finish()
   // Tokens to run next (empty when finished): pending prompt tokens, at most
   // `max_prompt` (>= 1), or the one sampled token to decode. The first goes
-  // at position next_pos(). Valid until the next non-const call.
+  // at position next_pos(). Valid until the next non-const call. With a
+  // recurrent (qwen35) cache in a KV pool, prompt chunks end at the next
+  // block boundary, so the state can be snapshotted there (publish).
   std::span<const int32_t> next_input(int64_t max_prompt) const;
   int64_t next_pos() const;        // positions in the cache (= tokens().size())
   int64_t pending_prompt() const;  // prompt (or replay) tokens not yet in the cache
@@ -211,7 +213,8 @@ class Sequence {
   // tokens so far. next_input then replays the tokens that were in the
   // cache (logits not wanted), and decoding goes on from the last sampled
   // token. By batch invariance the recomputed KV is bit-identical, so the
-  // continuation is exactly what it would have been.
+  // continuation is exactly what it would have been. A recurrent state's
+  // memory is freed too (allocated again when the sequence resumes).
   void suspend();
   bool replaying() const;     // replay after suspend() not complete yet
   bool is_embedding() const;  // active and started by start_embedding
@@ -267,7 +270,9 @@ class Sequence {
   int64_t adopt_cached_prefix();
   // Registers the cache's full blocks (and, with partial_last, its last
   // partial one) in the KV pool's prefix index, keyed by the tokens
-  // (model::KvCache::publish). Cheap when nothing new is full.
+  // (model::KvCache::publish; a recurrent cache also snapshots its state at
+  // a block boundary, keeping the one at the prompt's last boundary). Cheap
+  // when nothing new is full.
   void publish(bool partial_last = false);
   // Drops positions >= n (cache and tokens); claims a parked cache first. A
   // recurrent cache cannot rewind: 0 < n < next_pos() drops everything.

@@ -105,6 +105,8 @@ core::Expected<std::shared_ptr<KvPool>> KvPool::create(const ModelConfig& config
   p->refs_.assign(static_cast<size_t>(blocks), 0);
   p->active_.assign(static_cast<size_t>(blocks), 0);
   p->index_.resize(static_cast<size_t>(blocks));
+  p->state_bytes_ = KvCache::recurrent_bytes(config);
+  if (p->rec_layers_ > 0) p->snap_.resize(static_cast<size_t>(blocks));
   p->free_.reserve(static_cast<size_t>(blocks));
   for (int64_t i = blocks; i-- > 0;) p->free_.push_back(static_cast<int32_t>(i));  // 0 handed out first
   return p;
@@ -130,6 +132,101 @@ int64_t KvPool::available_blocks() const {
 uint64_t KvPool::evictions() const {
   std::lock_guard lock(mu_);
   return evictions_;
+}
+
+void KvPool::set_snapshot_budget(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (rec_layers_ == 0) return;
+  snap_budget_ = bytes;
+  while (snaps_ > 0 && static_cast<uint64_t>(snaps_) * state_bytes_ > snap_budget_) {
+    drop_snapshot_locked(snap_lru_.front());
+    ++snap_evictions_;
+  }
+}
+
+uint64_t KvPool::snapshot_budget() const {
+  std::lock_guard lock(mu_);
+  return snap_budget_;
+}
+
+KvPool::StateUsage KvPool::state_usage() const {
+  std::lock_guard lock(mu_);
+  const int64_t states = states_.load(std::memory_order_relaxed);
+  return StateUsage{.states = states,
+                    .state_bytes = static_cast<uint64_t>(states) * state_bytes_,
+                    .snapshots = snaps_,
+                    .snapshot_bytes = static_cast<uint64_t>(snaps_) * state_bytes_,
+                    .snapshot_budget = snap_budget_,
+                    .snapshot_hits = snap_hits_,
+                    .snapshot_stores = snap_stores_,
+                    .snapshot_evictions = snap_evictions_};
+}
+
+int32_t KvPool::indexed_block_locked(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const {
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return -1;
+  const Entry& e = index_[static_cast<size_t>(it->second)];
+  if (e.parent != parent || e.tokens.size() != tokens.size() || static_cast<int64_t>(tokens.size()) != bs_ ||
+      !std::equal(tokens.begin(), tokens.end(), e.tokens.begin())) {
+    return -1;
+  }
+  return it->second;
+}
+
+bool KvPool::store_snapshot_locked(int32_t id, std::shared_ptr<const float[]> state, const Table* owner) {
+  if (state_bytes_ == 0 || snap_budget_ < state_bytes_) return false;
+  Snapshot& sn = snap_[static_cast<size_t>(id)];
+  if (sn.state) return false;
+  while (static_cast<uint64_t>(snaps_ + 1) * state_bytes_ > snap_budget_ && !snap_lru_.empty()) {
+    drop_snapshot_locked(snap_lru_.front());
+    ++snap_evictions_;
+  }
+  sn.state = std::move(state);
+  sn.owner = owner;
+  sn.lru = snap_lru_.insert(snap_lru_.end(), id);
+  ++snaps_;
+  ++snap_stores_;
+  return true;
+}
+
+void KvPool::drop_snapshot_locked(int32_t id) {
+  if (snap_.empty()) return;
+  Snapshot& sn = snap_[static_cast<size_t>(id)];
+  if (!sn.state) return;
+  snap_lru_.erase(sn.lru);
+  sn.state.reset();
+  sn.owner = nullptr;
+  --snaps_;
+}
+
+void KvPool::touch_snapshot_locked(int32_t id) {
+  Snapshot& sn = snap_[static_cast<size_t>(id)];
+  if (sn.state) snap_lru_.splice(snap_lru_.end(), snap_lru_, sn.lru);
+}
+
+void KvPool::disown_locked(Table& t) {
+  if (t.snap >= 0 && !snap_.empty()) {
+    Snapshot& sn = snap_[static_cast<size_t>(t.snap)];
+    if (sn.state && sn.owner == &t) sn.owner = nullptr;
+  }
+  t.snap = -1;
+  t.fork_at = -1;
+}
+
+int64_t KvPool::match_snapshot_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids_out,
+                                      std::vector<uint64_t>* keys_out, int64_t* kv_full) const {
+  std::vector<int32_t> ids;
+  std::vector<uint64_t> keys;
+  match_locked(tokens, limit, &ids, &keys);
+  // Whole blocks only, back to the last one that has a snapshot.
+  size_t j = keys.size();
+  if (kv_full) *kv_full = static_cast<int64_t>(j) * bs_;
+  while (j > 0 && (snap_.empty() || !snap_[static_cast<size_t>(ids[j - 1])].state)) --j;
+  ids.resize(j);
+  keys.resize(j);
+  if (ids_out) *ids_out = std::move(ids);
+  if (keys_out) *keys_out = std::move(keys);
+  return static_cast<int64_t>(j) * bs_;
 }
 
 int32_t KvPool::alloc_locked() {
@@ -218,6 +315,7 @@ void KvPool::index_locked(int32_t id, uint64_t key, uint64_t parent, std::span<c
 void KvPool::unindex_locked(int32_t id) {
   Entry& e = index_[static_cast<size_t>(id)];
   if (e.tokens.empty()) return;
+  drop_snapshot_locked(id);  // the state belongs to this entry's tokens
   if (auto it = by_key_.find(e.key); it != by_key_.end() && it->second == id) by_key_.erase(it);
   for (auto [it, end] = children_.equal_range(prefix_key(e.parent, std::span(e.tokens).first(1))); it != end; ++it) {
     if (it->second == id) {
@@ -409,8 +507,10 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept {
 KvCache::~KvCache() { release_all(); }
 
 void KvCache::release_all() {
+  free_recurrent();
   if (!pool_ || !t_) return;
   std::lock_guard lock(pool_->mu_);
+  pool_->disown_locked(*t_);
   const bool active = !t_->parked;
   if (t_->parked && t_->where != pool_->parked_.end()) pool_->parked_.erase(t_->where);
   t_->where = pool_->parked_.end();
@@ -442,7 +542,32 @@ void KvCache::truncate(int64_t n) {
   if (rec_layers_ > 0) rec_pos_ = 0;
   if (fixed_) return;
   std::lock_guard lock(pool_->mu_);
+  if (rec_layers_ > 0) pool_->disown_locked(*t_);  // its latest snapshot stays, kept
   pool_->drop_tail_locked(*t_, pool_->blocks_for(n), /*active=*/true);
+}
+
+bool KvCache::alloc_recurrent() {
+  if (!rec_.empty()) return true;
+  try {
+    rec_.resize(static_cast<size_t>(rec_layers_) * static_cast<size_t>(rec_floats_));
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  if (pool_) pool_->states_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void KvCache::free_recurrent() {
+  if (rec_.empty()) return;
+  rec_ = std::vector<float>();
+  if (pool_) pool_->states_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void KvCache::release_recurrent() {
+  if (rec_layers_ == 0) return;
+  truncate(0);
+  free_recurrent();
+  rec_pos_ = 0;
 }
 
 void KvCache::set_size(int64_t n) {
@@ -459,14 +584,10 @@ core::Expected<void> KvCache::begin_recurrent(int64_t from) {
                                                         std::to_string(from) +
                                                         (rec_pos_ != size() ? " (its state was dropped)" : ""));
   }
-  if (rec_.empty()) {
+  if (!alloc_recurrent()) {
     const auto n = static_cast<size_t>(rec_layers_) * static_cast<size_t>(rec_floats_);
-    try {
-      rec_.resize(n);
-    } catch (const std::bad_alloc&) {
-      return core::fail(core::Errc::kResourceExhausted,
-                        "KV cache: cannot allocate " + std::to_string(n * sizeof(float)) + " bytes of recurrent state");
-    }
+    return core::fail(core::Errc::kResourceExhausted,
+                      "KV cache: cannot allocate " + std::to_string(n * sizeof(float)) + " bytes of recurrent state");
   }
   if (from == 0) {
     std::fill(rec_.begin(), rec_.end(), 0.0f);
@@ -595,7 +716,10 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
     t_->keys.assign(
         src.t_->keys.begin(),
         src.t_->keys.begin() + static_cast<ptrdiff_t>(std::min(src.t_->keys.size(), static_cast<size_t>(n / bs_))));
-    if (rec_layers_ > 0) rec_ = std::move(rec);
+    if (!rec.empty()) {
+      if (rec_.empty()) pool_->states_.fetch_add(1, std::memory_order_relaxed);
+      rec_ = std::move(rec);
+    }
     rec_pos_ = n;
     return {};
   }
@@ -612,7 +736,10 @@ core::Expected<void> KvCache::copy_prefix_from(const KvCache& src, int64_t n) {
     }
   }
   t_->size = n;
-  if (rec_layers_ > 0) rec_ = std::move(rec);
+  if (!rec.empty()) {
+    if (rec_.empty() && pool_) pool_->states_.fetch_add(1, std::memory_order_relaxed);
+    rec_ = std::move(rec);
+  }
   rec_pos_ = n;
   return {};
 }
@@ -650,36 +777,111 @@ bool KvCache::parked() const {
 
 // ---- Prefix index ---------------------------------------------------------------------
 
-void KvCache::publish(std::span<const int32_t> tokens, bool partial_last) {
-  if (!paged() || !t_ || rec_layers_ > 0) return;  // no state snapshots yet: nothing another cache could adopt
+void KvCache::publish(std::span<const int32_t> tokens, bool partial_last, int64_t prompt_positions) {
+  if (!paged() || !t_) return;
+  const bool rec = rec_layers_ > 0;
   KvPool& p = *pool_;
-  std::lock_guard lock(p.mu_);
   KvPool::Table& t = *t_;
-  const int64_t n = std::min({t.size, static_cast<int64_t>(tokens.size()),
-                              static_cast<int64_t>(t.ids.size()) * bs_});  // a parked cache may have shrunk
-  auto block_tokens = [&](int64_t b, int64_t count) {
-    return tokens.subspan(static_cast<size_t>(b * bs_), static_cast<size_t>(count));
-  };
-  while (static_cast<int64_t>(t.keys.size()) < n / bs_) {
-    const auto b = static_cast<int64_t>(t.keys.size());
-    const uint64_t parent = t.keys.empty() ? KvPool::kPrefixSeed : t.keys.back();
-    const auto bt = block_tokens(b, bs_);
-    const uint64_t key = KvPool::prefix_key(parent, bt);
-    p.index_locked(t.ids[static_cast<size_t>(b)], key, parent, bt);
-    t.keys.push_back(key);
+  uint64_t snap_key = 0, snap_parent = 0;  // the block whose snapshot to take (rec, size() at a boundary)
+  {
+    std::lock_guard lock(p.mu_);
+    // A recurrent cache's blocks are only adoptable with a snapshot.
+    if (rec && p.snap_budget_ < p.state_bytes_) return;
+    const int64_t n = std::min({t.size, static_cast<int64_t>(tokens.size()),
+                                static_cast<int64_t>(t.ids.size()) * bs_});  // a parked cache may have shrunk
+    auto block_tokens = [&](int64_t b, int64_t count) {
+      return tokens.subspan(static_cast<size_t>(b * bs_), static_cast<size_t>(count));
+    };
+    while (static_cast<int64_t>(t.keys.size()) < n / bs_) {
+      const auto b = static_cast<int64_t>(t.keys.size());
+      const uint64_t parent = t.keys.empty() ? KvPool::kPrefixSeed : t.keys.back();
+      const auto bt = block_tokens(b, bs_);
+      const uint64_t key = KvPool::prefix_key(parent, bt);
+      p.index_locked(t.ids[static_cast<size_t>(b)], key, parent, bt);
+      t.keys.push_back(key);
+    }
+    if (!rec && partial_last && n % bs_ != 0) {
+      const int64_t b = n / bs_;
+      const uint64_t parent = t.keys.empty() ? KvPool::kPrefixSeed : t.keys.back();
+      const auto bt = block_tokens(b, n % bs_);
+      p.index_locked(t.ids[static_cast<size_t>(b)], KvPool::prefix_key(parent, bt), parent, bt);
+    }
+    if (!rec || n == 0 || n != t.size || n % bs_ != 0 || rec_pos_ != n || rec_.empty() ||
+        static_cast<int64_t>(t.keys.size()) != n / bs_) {
+      return;  // the state does not stand at a published boundary
+    }
+    const int64_t b = n / bs_ - 1;
+    snap_key = t.keys.back();
+    snap_parent = b > 0 ? t.keys[static_cast<size_t>(b - 1)] : KvPool::kPrefixSeed;
+    const int32_t id = p.indexed_block_locked(snap_key, snap_parent, block_tokens(b, bs_));
+    if (id < 0) return;  // not in the index (a collision kept it out)
+    if (p.snap_[static_cast<size_t>(id)].state) {
+      p.touch_snapshot_locked(id);  // this state is there already (another cache's, or ours)
+      return;
+    }
   }
-  if (partial_last && n % bs_ != 0) {
-    const int64_t b = n / bs_;
-    const uint64_t parent = t.keys.empty() ? KvPool::kPrefixSeed : t.keys.back();
-    const auto bt = block_tokens(b, n % bs_);
-    p.index_locked(t.ids[static_cast<size_t>(b)], KvPool::prefix_key(parent, bt), parent, bt);
+  // The copy, outside the pool's mutex (a 27B state is ~157 MB).
+  const size_t count = rec_.size();
+  std::shared_ptr<float[]> copy(new (std::nothrow) float[count]);
+  if (!copy) return;  // no memory for a snapshot: the cache goes on without one
+  std::memcpy(copy.get(), rec_.data(), count * sizeof(float));
+  std::lock_guard lock(p.mu_);
+  const int64_t n = t.size;
+  const int64_t b = n / bs_ - 1;
+  const int32_t id = p.indexed_block_locked(snap_key, snap_parent,
+                                            tokens.subspan(static_cast<size_t>(b * bs_), static_cast<size_t>(bs_)));
+  if (id < 0 || p.snap_[static_cast<size_t>(id)].state) return;  // left the index, or taken meanwhile
+  const bool keep = n == t.fork_at || (prompt_positions > 0 && n == prompt_positions / bs_ * bs_);
+  if (!p.store_snapshot_locked(id, std::move(copy), keep ? nullptr : &t)) return;
+  // The new one replaces the previous latest, unless that one is kept by now.
+  if (t.snap >= 0 && t.snap != id && p.snap_[static_cast<size_t>(t.snap)].owner == &t) p.drop_snapshot_locked(t.snap);
+  t.snap = keep ? -1 : id;
+}
+
+int64_t KvCache::adopt_recurrent(std::span<const int32_t> tokens, int64_t max_positions) {
+  KvPool& p = *pool_;
+  KvPool::Table& t = *t_;
+  std::shared_ptr<const float[]> state;
+  {
+    std::lock_guard lock(p.mu_);
+    t.fork_at = -1;
+    if (p.snap_budget_ < p.state_bytes_) return 0;
+    std::vector<int32_t> ids;
+    std::vector<uint64_t> keys;
+    int64_t kv_full = 0;
+    const int64_t n = p.match_snapshot_locked(tokens, std::min(max_positions, n_ctx_), &ids, &keys, &kv_full);
+    // The KV matched past the last snapshot: a prefix shared with another
+    // prompt ends there; the snapshot this cache takes there is kept.
+    if (kv_full > n) t.fork_at = kv_full;
+    if (n <= 0) return 0;
+    const int32_t last = ids.back();
+    KvPool::Snapshot& sn = p.snap_[static_cast<size_t>(last)];
+    state = sn.state;
+    sn.owner = nullptr;  // shared now: kept
+    p.touch_snapshot_locked(last);
+    ++p.snap_hits_;
+    const bool active = !t.parked;
+    for (int32_t id : ids) {
+      p.retain_locked(id, active);
+      t.ids.push_back(id);
+      t.ptrs.push_back(p.mem_[static_cast<size_t>(id)].get());
+    }
+    t.keys = std::move(keys);
+    t.size = n;
   }
+  if (!alloc_recurrent()) {  // no memory for the state: nothing adopted (the forward from 0 reports it)
+    truncate(0);
+    return 0;
+  }
+  std::memcpy(rec_.data(), state.get(), rec_.size() * sizeof(float));
+  rec_pos_ = t.size;
+  return t.size;
 }
 
 int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens, int64_t max_positions) {
   if (!paged() || !t_) return 0;
   truncate(0);
-  if (rec_layers_ > 0) return 0;
+  if (rec_layers_ > 0) return adopt_recurrent(tokens, max_positions);
   KvPool& p = *pool_;
   std::lock_guard lock(p.mu_);
   KvPool::Table& t = *t_;
@@ -699,8 +901,9 @@ int64_t KvCache::adopt_prefix(std::span<const int32_t> tokens, int64_t max_posit
 }
 
 int64_t KvCache::cached_prefix_positions(std::span<const int32_t> tokens) const {
-  if (!paged() || !t_ || rec_layers_ > 0) return 0;
+  if (!paged() || !t_) return 0;
   std::lock_guard lock(pool_->mu_);
+  if (rec_layers_ > 0) return pool_->match_snapshot_locked(tokens, n_ctx_, nullptr, nullptr, nullptr);
   return pool_->match_locked(tokens, n_ctx_, nullptr, nullptr);
 }
 

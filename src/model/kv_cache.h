@@ -1,6 +1,7 @@
 // KvCache: the keys and values of one sequence, for every layer, by position.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -79,9 +80,36 @@ class KvCache;
 // write goes in place and the block leaves the index); appending past a
 // partial entry's positions writes in place.
 //
+// Recurrent-state snapshots (hybrid models, qwen35): a cached prefix of a
+// model with Gated DeltaNet layers is only usable with the recurrent state
+// that summarises it, and that state cannot be rebuilt from the KV blocks.
+// So the pool keeps a bounded store of state copies, each attached to the
+// index entry of a full block: the state of the sequence right after that
+// block's last position (a block boundary). A recurrent cache's publish()
+// takes one when its state stands exactly at a boundary whose block it has
+// entered in the index (engine::Sequence cuts a recurrent sequence's prompt
+// chunks at block boundaries so that every boundary is visited), and its
+// adopt_prefix() takes the longest indexed prefix of whole blocks whose
+// last block has a snapshot, restoring the state from it (never a partial
+// block). A snapshot lives with its index entry: when the block leaves the
+// index (reused, overwritten) the snapshot goes too, so an adopted state
+// always belongs to exactly the verified tokens.
+// Bounds: the store holds at most snapshot_budget() bytes (set_snapshot_budget;
+// 0, the default, turns snapshots off and with them the prefix index for
+// recurrent caches), least recently used snapshot evicted first. Per cache
+// a running sequence keeps one replaceable snapshot, its latest boundary
+// (replaced when it reaches the next one), plus kept ones: the last boundary
+// of its prompt (publish's prompt_positions), the boundary where its adopted
+// prefix's KV match ended beyond the snapshot it could use (a fork point
+// another prompt shares), and any snapshot another cache adopted. When the
+// cache lets go of its positions (truncate, destruction) its latest one
+// becomes kept too (a finished conversation's end, a preempted sequence's
+// resume point). So a sequence holds at most three snapshots however long
+// it runs; a 27B state is ~157 MB, which is why not every boundary is kept.
+//
 // Thread-safe: one mutex (mu_) guards counts, the free list, the parked
-// tables, the index and its LRU list. Shared through std::shared_ptr by the
-// caches that use it.
+// tables, the index, its LRU list and the snapshot store. Shared through
+// std::shared_ptr by the caches that use it.
 class KvPool {
  public:
   // A pool of ceil(capacity_positions / block_size) blocks for `config`'s
@@ -121,6 +149,28 @@ class KvPool {
   // Blocks evicted so far: references dropped from parked caches plus
   // cached-free blocks taken out of the prefix index for reuse.
   uint64_t evictions() const;
+
+  // ---- Recurrent states and their snapshots (see the class comment) ----
+  // Bytes of one sequence's recurrent state (KvCache::recurrent_bytes of the
+  // pool's model; 0 without GDN layers): also the size of one snapshot.
+  uint64_t state_bytes() const { return state_bytes_; }
+  // Sets the snapshot store's bound in bytes (0: no snapshots; a budget
+  // under state_bytes() holds none). Lowering it evicts at once. No effect
+  // without GDN layers.
+  void set_snapshot_budget(uint64_t bytes);
+  uint64_t snapshot_budget() const;
+  // Point-in-time counts of recurrent state memory (under the mutex).
+  struct StateUsage {
+    int64_t states = 0;               // recurrent states allocated by caches of this pool now (each state_bytes())
+    uint64_t state_bytes = 0;         // states x state_bytes()
+    int64_t snapshots = 0;            // snapshots in the store
+    uint64_t snapshot_bytes = 0;      // snapshots x state_bytes()
+    uint64_t snapshot_budget = 0;     // the store's bound (set_snapshot_budget)
+    uint64_t snapshot_hits = 0;       // adoptions that restored a state from a snapshot
+    uint64_t snapshot_stores = 0;     // snapshots taken
+    uint64_t snapshot_evictions = 0;  // snapshots dropped for room (LRU), not counting ones that left with their block
+  };
+  StateUsage state_usage() const;
 
   // Parent key of block 0 in the prefix index (see the class comment).
   static constexpr uint64_t kPrefixSeed = 0x626f6e7361692d31ULL;  // "bonsai-1"
@@ -163,6 +213,29 @@ class KvPool {
   // `keys` (keys of the fully matched blocks) when not null.
   int64_t match_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids,
                        std::vector<uint64_t>* keys) const;
+  // Snapshot store (see the class comment).
+  struct Snapshot {
+    std::shared_ptr<const float[]> state;  // [rec_layers_][rec_floats_] after the block's last position; null: none
+    const Table* owner = nullptr;          // the cache whose replaceable latest snapshot it is; nullptr: kept
+    std::list<int32_t>::iterator lru;      // in snap_lru_ while state is set
+  };
+  // The indexed block holding full block `tokens` under `key` with parent
+  // `parent` (verified token by token), or -1.
+  int32_t indexed_block_locked(uint64_t key, uint64_t parent, std::span<const int32_t> tokens) const;
+  // Attaches `state` to block `id` (indexed, no snapshot yet), evicting
+  // least recently used snapshots for room; false when the budget cannot
+  // hold one.
+  bool store_snapshot_locked(int32_t id, std::shared_ptr<const float[]> state, const Table* owner);
+  void drop_snapshot_locked(int32_t id);
+  void touch_snapshot_locked(int32_t id);  // most recently used now
+  // The cache lets go of its positions: its replaceable snapshot is kept, its fork point forgotten.
+  void disown_locked(Table& t);
+  // Under the mutex: the longest prefix of whole blocks of `tokens` (at most
+  // `limit` positions) whose last block has a snapshot. Returns its
+  // positions; fills ids / keys of those blocks and `kv_full` (positions of
+  // whole blocks the KV index matched, snapshot or not) when not null.
+  int64_t match_snapshot_locked(std::span<const int32_t> tokens, int64_t limit, std::vector<int32_t>* ids,
+                                std::vector<uint64_t>* keys, int64_t* kv_full) const;
 
   mutable std::mutex mu_;
   int64_t bs_ = kKvBlockSize;
@@ -186,15 +259,26 @@ class KvPool {
   std::unordered_multimap<uint64_t, int32_t> children_;
   std::list<int32_t> lru_;  // cached-free blocks (indexed, refs 0): least recently released first
   int64_t indexed_ = 0;     // blocks in the index
+  // Recurrent states (rec_layers_ > 0).
+  uint64_t state_bytes_ = 0;        // one state: rec_layers_ x rec_floats_ x 4
+  std::atomic<int64_t> states_{0};  // states allocated by this pool's caches (no mutex: caches count their own)
+  std::vector<Snapshot> snap_;      // [capacity]: the snapshot at the end of indexed full block id
+  std::list<int32_t> snap_lru_;     // blocks with a snapshot, least recently used first
+  uint64_t snap_budget_ = 0;        // bytes the store may hold
+  int64_t snaps_ = 0;               // snapshots held
+  uint64_t snap_hits_ = 0, snap_stores_ = 0, snap_evictions_ = 0;
 };
 
 // One cache's block table (KvCache holds it on the heap so the pool's parked
 // list can point at it while the cache moves).
 struct KvPool::Table {
-  std::vector<int32_t> ids;           // block ids, position p in ids[p / block_size]
-  std::vector<uint8_t*> ptrs;         // their memory, same order
-  int64_t size = 0;                   // positions held
-  std::vector<uint64_t> keys;         // index keys of the leading published full blocks (<= size / B)
+  std::vector<int32_t> ids;    // block ids, position p in ids[p / block_size]
+  std::vector<uint8_t*> ptrs;  // their memory, same order
+  int64_t size = 0;            // positions held
+  std::vector<uint64_t> keys;  // index keys of the leading published full blocks (<= size / B)
+  // Snapshot bookkeeping (recurrent caches; the pool's mutex guards both):
+  int32_t snap = -1;                  // block whose snapshot is this cache's replaceable latest one, or -1
+  int64_t fork_at = -1;               // boundary whose snapshot will be kept (adopt_prefix's KV match end), or -1
   bool parked = false;                // guarded by the pool's mutex
   std::list<Table*>::iterator where;  // in KvPool::parked_ while parked
 };
@@ -224,8 +308,11 @@ struct KvPool::Table {
 // forward (begin_recurrent) and counted in bytes(). It summarises every
 // position held, so it cannot rewind: truncate(n) with 0 < n < size() drops
 // to 0, a prefix of another cache is taken only whole (copy_prefix_from),
-// and the prefix index is not used (publish / adopt_prefix do nothing; no
-// state snapshots yet). resumable() says where a forward may continue.
+// and the prefix index is reached through state snapshots at block
+// boundaries (KvPool's class comment): publish() snapshots the state when it
+// stands at a boundary, adopt_prefix() adopts whole blocks up to the longest
+// snapshot and restores it (both do nothing while the pool's snapshot budget
+// is 0). resumable() says where a forward may continue.
 class KvCache {
  public:
   // A standalone cache of n_ctx positions for `config`'s layers and KV
@@ -324,7 +411,18 @@ class KvCache {
   // costs O(new blocks) plus O(B) for a partial last block. A block another
   // block already holds the key of stays out of the index (not an error).
   // No effect on a standalone cache. Takes the pool's mutex.
-  void publish(std::span<const int32_t> tokens, bool partial_last = false);
+  // A recurrent cache (snapshot budget > 0) enters its full blocks only
+  // (partial_last is ignored: a partial block is never adopted without the
+  // state inside it) and, when size() is a multiple of block_size() and its
+  // state is current, attaches a copy of the state to the last block's
+  // index entry (unless it has one): its replaceable latest snapshot,
+  // replacing its previous one, or a kept one when size() is the last
+  // boundary at or below `prompt_positions` (the prompt's length: a
+  // conversation's next turn or a retry shares the prompt even when the
+  // answer is re-rendered differently) or the fork point adopt_prefix
+  // recorded. The copy (state_bytes(), ~157 MB for a 27B) is made outside
+  // the pool's mutex.
+  void publish(std::span<const int32_t> tokens, bool partial_last = false, int64_t prompt_positions = -1);
   // Clears this cache (truncate(0): it is unparked too), then attaches the
   // longest prefix of `tokens` that the index holds: whole blocks whose key,
   // parent key and tokens match, then at most one more block matched
@@ -340,10 +438,18 @@ class KvCache {
   // critical section under the pool's mutex: nothing is evicted in between.
   // Returns the positions adopted (0: nothing matched, or a standalone
   // cache).
+  // A recurrent cache adopts only whole blocks, up to the longest matched
+  // block that has a state snapshot (at most min(max_positions, n_ctx())),
+  // and restores its state from that snapshot (the state is allocated here
+  // if it was not; 0 when that fails); when the KV blocks matched further
+  // than the snapshot, the boundary where they end is remembered as a fork
+  // point whose snapshot publish() keeps. The snapshot is copied outside the
+  // pool's mutex (it stays valid: snapshots are immutable and shared).
   int64_t adopt_prefix(std::span<const int32_t> tokens, int64_t max_positions);
   // What adopt_prefix(tokens, n_ctx()) would adopt now, in positions,
   // changing nothing (admission accounting; another cache may evict or
-  // publish before an adopt). 0 for a standalone cache.
+  // publish before an adopt). 0 for a standalone cache. A recurrent cache:
+  // the whole blocks up to the longest snapshot, as adopt_prefix.
   int64_t cached_prefix_positions(std::span<const int32_t> tokens) const;
 
   // Raw access for the forward pass. K of layer l, KV head h, position p
@@ -368,6 +474,10 @@ class KvCache {
     return const_cast<KvCache*>(this)->v_row(layer, head, pos);
   }
   void set_size(int64_t n);  // forward() only (positions [0, n) written and attached; state current)
+  // Frees the recurrent state's memory (a preempted sequence holds none
+  // while it waits); the cache is cleared first (truncate(0)). The next
+  // forward from 0 allocates it again. No effect without GDN layers.
+  void release_recurrent();
   // forward() only, before it writes positions from `from` on: allocates the
   // recurrent state on first use and zeroes it when from == 0. No effect
   // without GDN layers. Errors: kInvalidArgument when from is neither 0 nor
@@ -396,6 +506,10 @@ class KvCache {
  private:
   void release_all();
   static core::Expected<KvCache> make(std::shared_ptr<KvPool> pool, int64_t n_ctx);
+  // Allocates rec_ if empty (counted in the pool's states); false when it cannot.
+  bool alloc_recurrent();
+  void free_recurrent();  // frees rec_ (uncounted)
+  int64_t adopt_recurrent(std::span<const int32_t> tokens, int64_t max_positions);
 
   std::shared_ptr<KvPool> pool_;
   std::unique_ptr<KvPool::Table> t_;  // heap-held: the pool's parked list points at it

@@ -235,12 +235,21 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kVllmPrefixQueries, "Prompt tokens looked up in the prefix cache (vLLM-compatible name).",
             MetricType::kCounter);
   m.declare(kVllmPrefixHits, "Prompt tokens found in the prefix cache (vLLM-compatible name).", MetricType::kCounter);
+  m.declare(kStateBytes, "Bytes of recurrent state (qwen35 Gated DeltaNet layers) held by a model's sequences.",
+            MetricType::kGauge);
+  m.declare(kSnapshotBytes, "Bytes of recurrent-state snapshots kept at block boundaries for the prompt cache.",
+            MetricType::kGauge);
+  m.declare(kSnapshotHits, "Prompt-cache adoptions that restored a recurrent state from a snapshot.",
+            MetricType::kCounter);
+  m.declare(kSnapshotEvictions, "Recurrent-state snapshots evicted (least recently used) for room.",
+            MetricType::kCounter);
 }
 
 void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models) {
   auto rows = models.list();
-  for (const char* g : {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps, kRunning,
-                        kKvUsage, kVllmRunning, kVllmWaiting, kVllmKvUsage, kKvCachedRatio})
+  for (const char* g :
+       {kPoolSize, kPoolBusy, kModelBytes, kWaiting, kEngineItlP50, kEngineItlP95, kEngineTps, kRunning, kKvUsage,
+        kVllmRunning, kVllmWaiting, kVllmKvUsage, kKvCachedRatio, kStateBytes, kSnapshotBytes})
     reg.clear(g);
   size_t loaded = 0;
   for (const auto& m : rows) {
@@ -283,6 +292,12 @@ void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models)
       reg.set(kVllmPreemptions, vl, static_cast<double>(ss.preemptions));
       reg.set(kVllmPrefixQueries, vl, static_cast<double>(ss.cache_queried_tokens));
       reg.set(kVllmPrefixHits, vl, static_cast<double>(ss.cached_tokens));
+      if (lm->kv_pool && lm->kv_pool->state_bytes() > 0) {
+        reg.set(kStateBytes, l, static_cast<double>(ss.recurrent_state_bytes));
+        reg.set(kSnapshotBytes, l, static_cast<double>(ss.state_snapshot_bytes));
+        reg.set(kSnapshotHits, l, static_cast<double>(ss.state_snapshot_hits));
+        reg.set(kSnapshotEvictions, l, static_cast<double>(ss.state_snapshot_evictions));
+      }
     }
   }
   reg.set(kModelsLoaded, {}, static_cast<double>(loaded));

@@ -125,6 +125,11 @@ inline constexpr const char* kPreemptions = "bonsai_preemptions_total";
 inline constexpr const char* kVllmPreemptions = "vllm:num_preemptions";
 inline constexpr const char* kVllmPrefixQueries = "vllm:prefix_cache_queries";
 inline constexpr const char* kVllmPrefixHits = "vllm:prefix_cache_hits";
+// Recurrent state of hybrid models (qwen35), per model; absent for other models.
+inline constexpr const char* kStateBytes = "bonsai_recurrent_state_bytes";
+inline constexpr const char* kSnapshotBytes = "bonsai_state_snapshot_bytes";
+inline constexpr const char* kSnapshotHits = "bonsai_state_snapshot_hits_total";
+inline constexpr const char* kSnapshotEvictions = "bonsai_state_snapshot_evictions_total";
 }  // namespace metric
 
 // Declares every family of namespace metric in `m` (HELP, TYPE, buckets).

@@ -102,6 +102,16 @@ struct AdminRoutes {
         j["kv_pinned_bytes"] = m.kv_pinned_bytes;
         j["kv_block_tokens"] = m.kv_block_tokens;
       }
+      if (m.state_snapshot_budget_bytes > 0 || m.recurrent_state_budget_bytes > 0) {
+        // A hybrid model's recurrent state: held by its running sequences now
+        // (count and bytes), their bound, and the prompt cache's snapshots.
+        j["recurrent_state_bytes"] = m.recurrent_state_bytes;
+        j["recurrent_states"] = m.recurrent_states;
+        j["recurrent_state_budget_bytes"] = m.recurrent_state_budget_bytes;
+        j["state_snapshot_bytes"] = m.state_snapshot_bytes;
+        j["state_snapshot_budget_bytes"] = m.state_snapshot_budget_bytes;
+        j["state_snapshots"] = m.state_snapshots;
+      }
       if (with_files) j["path"] = m.path;
       if (with_files && m.state == engine::ModelState::kFailed) j["reason"] = m.reason;
       arr.push_back(std::move(j));
