@@ -123,7 +123,9 @@ ModelStats model_stats(const model::Model& m, const std::string& path, model::Kv
     s.n_params += static_cast<uint64_t>(t.n_elements());
   }
   for (const auto& l : m.weights().layers) {
-    for (const auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+    // (qwen35: a GDN layer's matrices instead of attention's; the absent ones are empty views.)
+    for (const auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.gdn.w_qkv, &l.gdn.w_z,
+                          &l.gdn.w_beta, &l.gdn.w_alpha, &l.gdn.w_out}) {
       s.matrix_bytes += view_bytes(*v);
       s.layer_weights += view_weights(*v);
     }
@@ -147,7 +149,12 @@ ModelStats model_stats(const model::Model& m, const std::string& path, model::Kv
     label = buf;
   }
   std::string type = "?";
-  if (const auto* t = m.file().find_tensor("blk.0.attn_q.weight")) type = core::ggml_type_name(t->type_id);
+  // The layer matrices' type (qwen35's layer 0 is a GDN layer: its ffn_up).
+  if (const auto* t = m.file().find_tensor("blk.0.attn_q.weight")) {
+    type = core::ggml_type_name(t->type_id);
+  } else if (const auto* u = m.file().find_tensor("blk.0.ffn_up.weight")) {
+    type = core::ggml_type_name(u->type_id);
+  }
   s.type = c.arch_name + " " + label + " " + type;
   return s;
 }

@@ -28,8 +28,6 @@ struct ValidateOptions {
   std::string q2_layout;  // --q2-layout, else env BONSAI_Q2_LAYOUT
 };
 
-const char* arch_label(model::Arch a) { return a == model::Arch::kQwen3 ? "qwen3" : "llama"; }
-
 int run_validate(const ValidateOptions& o) {
   // BONSAI_KERNEL, --q2-layout: usage errors (exit 2), as in every command.
   const auto rt = init_runtime_or_report("validate", RuntimeFlags{.size_global_pool = false, .q2_layout = o.q2_layout});
@@ -58,11 +56,15 @@ int run_validate(const ValidateOptions& o) {
     std::cerr << o.model_path << ": INVALID\n  " << c.error().message << "\n";
     return 1;
   }
-  std::cout << o.model_path << ": OK: " << arch_label(c->arch) << ", " << c->n_layer << " layers, n_embd " << c->n_embd
-            << ", " << c->n_head << "/" << c->n_head_kv << " heads, head_dim " << c->head_dim_k << ", n_ff " << c->n_ff
+  std::cout << o.model_path << ": OK: " << c->arch_name << ", " << c->n_layer << " layers, n_embd " << c->n_embd << ", "
+            << c->n_head << "/" << c->n_head_kv << " heads, head_dim " << c->head_dim_k << ", n_ff " << c->n_ff
             << ", n_vocab " << c->n_vocab << ", context " << c->n_ctx_train
             << (c->tied_output ? ", tied output" : ", untied output") << ", " << (*file)->tensors().size()
             << " tensors";
+  if (c->n_recurrent_layer() > 0) {
+    std::cout << " (" << c->n_recurrent_layer() << " Gated DeltaNet, " << c->n_kv_layer()
+              << " attention), recurrent state " << model::KvCache::recurrent_bytes(*c) << " bytes per sequence";
+  }
   if (const auto l = (*file)->q2_layout()) std::cout << ", Q2_0 layout " << core::q2_layout_name(*l);
   if (!(*file)->has("tokenizer.ggml.model")) std::cout << " (no tokenizer)";
   if (*fold) std::cout << ", Hadamard fold: " << model::describe(**fold);
