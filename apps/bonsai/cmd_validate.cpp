@@ -42,8 +42,9 @@ int run_validate(const ValidateOptions& o) {
     auto tok = tokenizer::Tokenizer::from_gguf(**file);
     if (!tok) problems.push_back("tokenizer: " + tok.error().message);
   }
+  // (check_model already lists a fold that does not validate; read here for the summary line.)
   auto fold = model::read_hadamard_fold(**file);
-  if (!fold) problems.push_back("Hadamard fold: " + fold.error().message);
+  if (!fold && problems.empty()) problems.push_back("Hadamard fold: " + fold.error().message);
   if (!problems.empty()) {
     std::cerr << o.model_path << ": INVALID (" << problems.size() << " problem" << (problems.size() == 1 ? "" : "s")
               << ")\n";

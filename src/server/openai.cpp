@@ -576,7 +576,7 @@ std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_js
   if (out.echo && out.logprobs() >= 0) s.prompt_logprobs = out.logprobs();  // echo: the prompt's too
   // Kept for a grammar compiled again in the model's answer form (the
   // server learns the model's template only after parsing).
-  if (s.grammar) out.grammar_source = body;
+  if (s.grammar.has_value() && *s.grammar != nullptr) out.grammar_source = body;
   return std::nullopt;
 }
 

@@ -346,8 +346,19 @@ struct Server::Impl {
     const tokenizer::ChatTemplate& tmpl = lm.tokenizer->chat_template();
     tokenizer::ChatOptions rendering;
     rendering.enable_thinking = cr.enable_thinking;
+    // A constrained answer (forced tool call, response_format) starts at its
+    // first token, as it does for Qwen3 (whose grammar leaves no room for a
+    // <think> block): where the template itself would open the reasoning
+    // (Qwen3.5), the prompt is rendered with thinking off. Otherwise a model
+    // that never closes </think> returns no call and no JSON at all, and the
+    // README's "the answer is one call" would not hold.
+    const bool constrained = cr.sampling.grammar.has_value() && *cr.sampling.grammar != nullptr;
+    if (endpoint == Endpoint::kChat && constrained && tmpl.prompt_opens_reasoning(rendering)) {
+      cr.enable_thinking = false;
+      rendering.enable_thinking = false;
+    }
     const GrammarForm form{tmpl.tool_call_syntax(), tmpl.prompt_opens_reasoning(rendering)};
-    if (endpoint == Endpoint::kChat && cr.sampling.grammar &&
+    if (endpoint == Endpoint::kChat && constrained &&
         (form.tool_call_syntax != tokenizer::ToolCallSyntax::kJson || form.opens_reasoning)) {
       OutputGrammar og;
       if (auto e = build_output_grammar(cr.grammar_source, endpoint, og, form)) return fail(*e);

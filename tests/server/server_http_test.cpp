@@ -1694,6 +1694,36 @@ TEST_F(ServerHttpQwen35, AnswerStartsInReasoningAndForcedCallsAreXml) {
   const json args = json::parse(fn["arguments"].get<std::string>());
   ASSERT_TRUE(args.contains("tomorrow")) << args.dump();
   EXPECT_TRUE(args["tomorrow"].is_boolean()) << args.dump();
+
+  // Thinking left on (the default): a constrained answer still starts at
+  // its first token (the prompt is rendered with thinking off, as Qwen3's
+  // grammar leaves no room for <think>), so a model that would never close
+  // </think> still returns the call, and a json_schema answer parses.
+  std::tie(status, body) = post("/v1/chat/completions", json{{"messages", user},
+                                                             {"tools", tools},
+                                                             {"tool_choice", "required"},
+                                                             {"parallel_tool_calls", false},
+                                                             {"max_tokens", 64},
+                                                             {"temperature", 0}}
+                                                            .dump());
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls") << body.dump();
+  ASSERT_EQ(body["choices"][0]["message"]["tool_calls"].size(), 1u) << body.dump();
+  EXPECT_EQ(body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "is_sunny");
+  const json schema = json::parse(
+      R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+          "additionalProperties": false})");
+  std::tie(status, body) =
+      post("/v1/chat/completions",
+           json{{"messages", user},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "c"}, {"schema", schema}}}}},
+                {"max_tokens", 64},
+                {"temperature", 0}}
+               .dump());
+  ASSERT_EQ(status, 200) << body.dump();
+  const json out = json::parse(body["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
+  ASSERT_TRUE(out.is_object()) << body.dump();
+  EXPECT_TRUE(out.contains("city") && out["city"].is_string()) << out.dump();
 }
 
 }  // namespace
