@@ -125,12 +125,7 @@ void Model::gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCa
   float* proj = ws.proj_.data();
 
   // xb = RMSNorm(x) * attn_norm
-  pool.parallel_for(
-      n,
-      [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
-      },
-      kTokChunk);
+  rms_norm_rows(x, L.attn_norm.data, xb, n, E, c.rms_eps, pool);
   // qkv = W_qkv xb, z = W_z xb (the fold rotates their input);
   // beta = W_beta xb, alpha = W_alpha xb (never folded).
   {

@@ -346,6 +346,16 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps,
+                   core::ThreadPool& pool) {
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) rms_norm(x + i * dim, w, y + i * dim, dim, eps);
+      },
+      kTokChunk);
+}
+
 // Y[n][rows] = X[n][cols] W^T: GEMV for one token (decode), GEMM for several
 // (prefill). The activations are quantized into `act` (the Workspace's).
 void matmul(const kernels::MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool& pool,
@@ -775,12 +785,7 @@ void Model::attention_block(int64_t l, std::span<const BatchToken> tok, std::spa
   const bool fuse_attention = n <= kFusedMaxTokens && n_head_kv >= 2 * pool.size();
 
   // xb = RMSNorm(x) * attn_norm; the products read T(xb) when folded.
-  pool.parallel_for(
-      n,
-      [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.attn_norm.data, xb + i * E, E, c.rms_eps);
-      },
-      kTokChunk);
+  rms_norm_rows(x, L.attn_norm.data, xb, n, E, c.rms_eps, pool);
   const float* xin = (L.folded & kFoldQ) != 0 ? rotated_input(xb, n, E, false, ws, pool) : xb;
 
   // q = Wq xb,  k = Wk xb,  v = Wv xb: one pass (the activations quantized
@@ -864,12 +869,7 @@ void Model::ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& poo
   while (c.n_ff % ff_unit != 0) ff_unit /= 2;
 
   // xb = RMSNorm(x) * ffn_norm
-  pool.parallel_for(
-      n,
-      [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) rms_norm(x + i * E, L.ffn_norm.data, xb + i * E, E, c.rms_eps);
-      },
-      kTokChunk);
+  rms_norm_rows(x, L.ffn_norm.data, xb, n, E, c.rms_eps, pool);
   // gate = W_gate xb,  up = W_up xb,  gate = silu(gate) * up,  silu(g) = g / (1 + e^-g)
   // (the product in slices of ff_unit rows of both; each slice's silu * up
   // right after it, on the same thread: no dispatch of its own)

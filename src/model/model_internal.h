@@ -46,6 +46,9 @@ void grow(std::vector<T>& v, int64_t n) {
 // y = x / sqrt(mean(x^2) + eps) * w over n floats (RMSNorm, Zhang & Sennrich
 // 2019; the sum in double as ggml_rms_norm). x and y may alias.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+// rms_norm of each of n rows of `dim` floats (x and y [n][dim], may alias),
+// split over `pool` in kTokChunk runs of rows.
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t n, int64_t dim, float eps, core::ThreadPool& pool);
 
 // Y[n][w.rows] = X[n][w.cols] W^T on `pool` (GEMV when n == 1, else GEMM);
 // the activations are quantized into `act` for the quantized formats.

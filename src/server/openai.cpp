@@ -49,34 +49,6 @@ namespace {
 // template's tojson), parsed once per request.
 using Json = nlohmann::ordered_json;
 
-const char* json_type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "boolean";
-    case Json::value_t::string:
-      return "string";
-    case Json::value_t::array:
-      return "array";
-    case Json::value_t::object:
-      return "object";
-    case Json::value_t::number_float:
-      return "number";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-      return "integer";
-    default:
-      return "unknown";
-  }
-}
-
-ApiError wrong_type(const std::string& field, const char* expected, const Json& got) {
-  return bad_request(
-      "Invalid type for '" + field + "': expected " + expected + ", but got " + json_type_name(got) + ".", field,
-      "invalid_type");
-}
-
 // Reads an optional number in [lo, hi]; null means absent.
 std::optional<ApiError> get_number(const Json& body, const char* field, double lo, double hi,
                                    std::optional<float>& out) {
@@ -333,6 +305,34 @@ std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
 }
 
 }  // namespace
+
+const char* json_type_name(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "boolean";
+    case Json::value_t::string:
+      return "string";
+    case Json::value_t::array:
+      return "array";
+    case Json::value_t::object:
+      return "object";
+    case Json::value_t::number_float:
+      return "number";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+      return "integer";
+    default:
+      return "unknown";
+  }
+}
+
+ApiError wrong_type(const std::string& field, const char* expected, const Json& got) {
+  return bad_request(
+      "Invalid type for '" + field + "': expected " + expected + ", but got " + json_type_name(got) + ".", field,
+      "invalid_type");
+}
 
 bool json_nesting_exceeds(std::string_view text, int max_depth) {
   int depth = 0;

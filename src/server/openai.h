@@ -40,6 +40,11 @@ struct ApiError {
 
 // Shorthands for the errors the server returns.
 ApiError bad_request(std::string message, std::string param = {}, std::string code = {});
+// JSON Schema's name for v's type ("null", "boolean", "string", "array",
+// "object", "number" for floats, "integer"), as the 400s name what they got.
+const char* json_type_name(const nlohmann::ordered_json& v);
+// 400 invalid_type: "Invalid type for 'FIELD': expected EXPECTED, but got TYPE." (param = field).
+ApiError wrong_type(const std::string& field, const char* expected, const nlohmann::ordered_json& got);
 ApiError overloaded(std::string message, std::string code = "overloaded", int retry_after_s = 1);
 
 enum class Endpoint { kChat, kCompletion };

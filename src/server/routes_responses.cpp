@@ -14,30 +14,6 @@ using nlohmann::json;                 // answer side
 
 constexpr std::string_view kPrefix = "/v1/responses/";
 
-const char* type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "boolean";
-    case Json::value_t::string:
-      return "string";
-    case Json::value_t::array:
-      return "array";
-    case Json::value_t::object:
-      return "object";
-    case Json::value_t::number_float:
-      return "number";
-    default:
-      return "integer";
-  }
-}
-
-ApiError wrong_type(const std::string& field, const char* expected, const Json& got) {
-  return bad_request("Invalid type for '" + field + "': expected " + expected + ", but got " + type_name(got) + ".",
-                     field, "invalid_type");
-}
-
 ApiError missing(const std::string& field) {
   return bad_request("Missing required parameter: '" + field + "'.", field, "missing_required_parameter");
 }
