@@ -52,10 +52,13 @@ build_target gguf_fuzz src/gguf/gguf.h \
 # The HTTP request path: OpenAI request parsing/validation, chat rendering,
 # the response builders (logprobs: tokenizer/unicode's sanitize_utf8, so
 # utf8proc is linked), and the structured-output fields (response_format / json_schema / grammar /
-# tool_choice -> JSON Schema -> GBNF -> compiled grammar) that parsing calls.
+# tool_choice -> JSON Schema -> GBNF -> compiled grammar) that parsing calls
+# (with engine/chat_output's schema_resolves_to_string, which the XML tool-call
+# grammar shares with the parser).
 build_target http_fuzz src/server/openai.h \
   src/server/openai.cpp src/server/structured_output.cpp src/structured/grammar.cpp src/structured/json_schema.cpp \
-  src/tokenizer/chat_template.cpp src/tokenizer/unicode.cpp src/core/error.cpp tests/server/http_fuzz.cpp
+  src/engine/chat_output.cpp src/tokenizer/chat_template.cpp src/tokenizer/unicode.cpp src/core/error.cpp \
+  tests/server/http_fuzz.cpp
 
 # Seeds: the first 4 KiB of every shared .gguf (header + part of the
 # metadata), plus the tiny generated files the hostile test writes.
