@@ -3,6 +3,7 @@
 // tensor (name, ggml type, shape in ne order, offset, bytes) and key by key.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>  // getpid: temp files unique per test process
 
 #include <cstdio>
 #include <filesystem>
@@ -76,7 +77,9 @@ void expect_json_matches(const nlohmann::json& j, const File& f) {
 }
 
 TEST(CliInfo, SynthThenInfoRoundTrips) {
-  const auto path = (std::filesystem::temp_directory_path() / "bonsai_cli_synth_test.gguf").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bonsai_cli_synth_test-" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   auto w = run("synth -o '" + path + "' --preset tiny --type q2_0 --seed 7", true);
   ASSERT_EQ(w.exit_code, 0) << w.out;
   auto r = run("info -m '" + path + "' --json");
@@ -131,7 +134,9 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   BONSAI_REQUIRE_FILE(d_first);
   // A file valid under both g128 byte orders: detection refuses it; the flag
   // and the env var force an order.
-  const auto amb = (std::filesystem::temp_directory_path() / "bonsai_cli_ambiguous_g128.gguf").string();
+  const auto amb =
+      (std::filesystem::temp_directory_path() / ("bonsai_cli_ambiguous_g128-" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   ASSERT_EQ(test::write_ambiguous_g128_copy(d_first, amb), "");
   auto refused = run("info -m '" + amb + "'", true);
   EXPECT_EQ(refused.exit_code, 1);
@@ -162,7 +167,8 @@ TEST(CliInfo, LayoutOverrideAndErrors) {
   auto missing = run("info -m /nonexistent/file.gguf", true);
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.out.find("/nonexistent/file.gguf"), std::string::npos);
-  const auto junk = (std::filesystem::temp_directory_path() / "bonsai_cli_junk.gguf").string();
+  const auto junk =
+      (std::filesystem::temp_directory_path() / ("bonsai_cli_junk-" + std::to_string(::getpid()) + ".gguf")).string();
   {
     std::FILE* f = std::fopen(junk.c_str(), "wb");
     std::fputs("GGUF\x03\x00\x00\x00garbage", f);
@@ -189,7 +195,9 @@ TEST(CliInfo, TextModeEscapesControlCharactersFromTheFile) {
   w.set_bool("x.k\x1b[31mey", true);
   auto t = w.add_tensor("t\x1b]0;title\x07", core::GgmlType::F32, {4}, std::vector<uint8_t>(16, 0));
   ASSERT_TRUE(t.has_value()) << t.error().message;
-  const auto path = (std::filesystem::temp_directory_path() / "bonsai_cli_info_escapes.gguf").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bonsai_cli_info_escapes-" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   ASSERT_TRUE(w.write(path).has_value());
   const auto r = run("info -m '" + path + "'");
   ASSERT_EQ(r.exit_code, 0);

@@ -5,6 +5,7 @@
 // valid, parse into tensors that lie inside the buffer. Run under
 // -DBONSAI_SANITIZE=ON to prove there is no over-read.
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid: temp files unique per test process
 
 #include <cmath>
 #include <cstring>
@@ -158,7 +159,9 @@ TEST(GgufWriter, WriteStreamsSameBytesAsToBytes) {
   EXPECT_FALSE(w.add_tensor("e.weight", core::GgmlType::Q8_0, {33},
                             std::vector<uint8_t>(34)));                                        // not a block multiple
   EXPECT_FALSE(w.add_tensor("e.weight", core::GgmlType::F32, {4}, std::vector<uint8_t>(15)));  // wrong size
-  const auto path = (std::filesystem::temp_directory_path() / "bonsai_gguf_writer_test.gguf").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bonsai_gguf_writer_test-" + std::to_string(::getpid()) + ".gguf"))
+          .string();
   ASSERT_TRUE(w.write(path));
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -4,6 +4,7 @@
 #include "apps/bonsai/synth.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid: temp files unique per test process
 
 #include <cmath>
 #include <cstdlib>
@@ -157,7 +158,8 @@ TEST(Synth, DeterministicPerSeed) {
   ASSERT_EQ(a.size(), c.size());
   EXPECT_NE(a, c);
   // write() streams the same bytes as to_bytes().
-  const auto path = (std::filesystem::temp_directory_path() / "bonsai_synth_test.gguf").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bonsai_synth_test-" + std::to_string(::getpid()) + ".gguf")).string();
   Options o{preset("tiny").value(), WeightType::kQ1_0, 1};
   ASSERT_TRUE(write_model(path, o));
   std::ifstream in(path, std::ios::binary);

@@ -294,7 +294,9 @@ TEST(CheckModel, MissingKeysAndArchitecture) {
   {
     gguf::Writer w;
     w.set_string("general.architecture", "gpt2");
-    const auto path = (std::filesystem::temp_directory_path() / "bonsai_model_test_arch.gguf").string();
+    const auto path =
+        (std::filesystem::temp_directory_path() / ("bonsai_model_test_arch-" + std::to_string(::getpid()) + ".gguf"))
+            .string();
     ASSERT_TRUE(w.write(path).has_value());
     auto f = open_or_fail(path);
     ASSERT_TRUE(f);
@@ -306,7 +308,9 @@ TEST(CheckModel, MissingKeysAndArchitecture) {
   {
     gguf::Writer w;
     w.set_string("general.architecture", "llama");
-    const auto path = (std::filesystem::temp_directory_path() / "bonsai_model_test_nokeys.gguf").string();
+    const auto path =
+        (std::filesystem::temp_directory_path() / ("bonsai_model_test_nokeys-" + std::to_string(::getpid()) + ".gguf"))
+            .string();
     ASSERT_TRUE(w.write(path).has_value());
     auto f = open_or_fail(path);
     ASSERT_TRUE(f);

@@ -9,6 +9,7 @@
 //     cleanly or gives a model whose forward pass runs on a short prompt.
 // Run under scripts/sanitize.sh asan to prove there is no over-read.
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid: temp files unique per test process
 
 #include <algorithm>
 #include <cstdint>
@@ -34,7 +35,9 @@ synth::Options tiny_options() {
 }
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("bonsai-q35-hostile-" + name + ".gguf")).string();
+  return (std::filesystem::temp_directory_path() /
+          ("bonsai-q35-hostile-" + name + "-" + std::to_string(::getpid()) + ".gguf"))
+      .string();
 }
 
 TEST(Qwen35Hostile, TheBaseFileLoadsAndRuns) {
