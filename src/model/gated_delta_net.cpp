@@ -154,16 +154,9 @@ void Model::gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCa
     kernels::gemm_multi(ab, 2, ab_in, n, ab_out, &pool, &ws.act_);
   }
 
-  // Each sequence's tokens in order (positions are consecutive in batch order).
-  auto& seq_tokens = ws.seq_tokens_;
-  if (seq_tokens.size() < caches.size()) seq_tokens.resize(caches.size());
-  for (auto& v : seq_tokens) v.clear();
-  std::vector<int32_t> seqs;  // the sequences present, in first-appearance order
-  for (int64_t i = 0; i < n; ++i) {
-    auto& list = seq_tokens[static_cast<size_t>(tok[i].seq)];
-    if (list.empty()) seqs.push_back(tok[i].seq);
-    list.push_back(static_cast<int32_t>(i));
-  }
+  // Each sequence's tokens in order (run_ubatch grouped them once for all GDN layers).
+  const auto& seq_tokens = ws.seq_tokens_;
+  const auto& seqs = ws.seq_order_;
 
   // Causal depthwise conv over the cd channels, then SiLU:
   //   conv_t[ch] = silu(sum_{k<K} w[ch K + k] * in_{t-K+1+k}[ch])

@@ -717,6 +717,18 @@ void Model::run_ubatch(std::span<const BatchToken> tok, std::span<KvCache* const
     grow(ws.agate_, n * c.q_dim());
   }
 
+  if (c.n_recurrent_layer() > 0) {
+    // GDN layers walk each sequence's tokens in order: grouped once per ubatch
+    // (positions are consecutive in batch order), reusing the workspace's lists.
+    if (ws.seq_tokens_.size() < caches.size()) ws.seq_tokens_.resize(caches.size());
+    for (auto& list : ws.seq_tokens_) list.clear();
+    ws.seq_order_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      auto& list = ws.seq_tokens_[static_cast<size_t>(tok[i].seq)];
+      if (list.empty()) ws.seq_order_.push_back(tok[i].seq);
+      list.push_back(static_cast<int32_t>(i));
+    }
+  }
   embed_tokens(tok, ws, pool);  // x[i] = token_embd[token_i], RoPE angles of pos_i
   for (int64_t l = 0; l < c.n_layer; ++l) {
     if (c.is_recurrent(l)) {

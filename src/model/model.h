@@ -141,6 +141,7 @@ class Workspace {
   std::vector<float> alpha_;
   std::vector<float> ssm_o_;
   std::vector<std::vector<int32_t>> seq_tokens_;  // per sequence id: its token indices in the ubatch, in order
+  std::vector<int32_t> seq_order_;                // the sequence ids present in the ubatch, first appearance first
   std::vector<float> out_;                        // final-normed rows of wanted tokens [n_wanted][n_embd]
   std::vector<int64_t> seq_next_;                 // per sequence id: next position in this batch (-1: absent)
   std::vector<int64_t> seq_first_;                // per sequence id: its first position in this batch
