@@ -278,17 +278,26 @@ Format transcode_target(const MatrixView& w) {
 }
 
 void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool) {
-  // digits[b][n]: digit n (most significant first) of base-3 byte b, as
-  // BlockPTQ1_0 reads it ((uint8)(b * 3^n) * 3) >> 8: a table, as the
-  // multi-GB load of a 27B model goes through every byte once.
-  static const auto digits = [] {
-    std::array<std::array<uint8_t, 5>, 256> t{};
+  // spread[b]: the five base-3 digits of byte b (most significant first, as
+  // BlockPTQ1_0 reads them: ((uint8)(b * 3^n) * 3) >> 8), digit n in byte n
+  // of the word. A digit t means t - 1, as PQ2_0's 2-bit code c means c - 1,
+  // so a digit is its code. A table: a 27B model's load goes through every
+  // byte once.
+  static const auto spread = [] {
+    std::array<uint64_t, 256> t{};
     for (int b = 0; b < 256; ++b) {
       int p3 = 1;
-      for (int n = 0; n < 5; ++n, p3 *= 3) t[b][n] = static_cast<uint8_t>((static_cast<uint8_t>(b * p3) * 3) >> 8);
+      for (int n = 0; n < 5; ++n, p3 *= 3)
+        t[static_cast<size_t>(b)] |= static_cast<uint64_t>((static_cast<uint8_t>(b * p3) * 3) >> 8) << (8 * n);
     }
     return t;
   }();
+  // The codes of the four digit bytes src[0..3] interleaved: byte n of the
+  // result = digit n of src[0] | digit n of src[1] << 2 | ... << 6, i.e.
+  // the PQ2_0 byte of four consecutive weights (codes <= 2: no carries).
+  const auto four = [](const uint8_t* src) {
+    return spread[src[0]] | spread[src[1]] << 2 | spread[src[2]] << 4 | spread[src[3]] << 6;
+  };
   const int64_t blocks = w.cols / block_elems(Format::kPTQ1_0);
   const size_t out_stride = row_bytes(Format::kPQ2_0, w.cols);
   auto* out = static_cast<uint8_t*>(dst);
@@ -300,16 +309,24 @@ void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool*
         std::memcpy(&in, src + b * sizeof(BlockPTQ1_0), sizeof in);
         BlockPQ2_0 o{};
         std::memcpy(o.d, in.d, 2);
-        // Weight e's digit is its PQ2_0 code (digit t means t - 1, as code c means c - 1).
-        const auto put = [&o](int e, uint8_t code) { o.qs[e / 4] |= static_cast<uint8_t>(code << (2 * (e % 4))); };
-        for (int m = 0; m < 16; ++m) {
-          for (int n = 0; n < 5; ++n) put(16 * n + m, digits[in.qs[m]][n]);  // e < 80
+        // Weight e at PQ2_0 byte e / 4, bits 2 (e % 4). qs[m], m < 16: digit n
+        // is weight 16 n + m (byte 4 n + m / 4); qs[16 + m], m < 8: weight
+        // 80 + 8 n + m (byte 20 + 2 n + m / 4); qh[h]'s 4 digits: weight
+        // 120 + 2 n + h.
+        for (int a = 0; a < 4; ++a) {
+          const uint64_t x = four(in.qs + 4 * a);
+          for (int n = 0; n < 5; ++n) o.qs[4 * n + a] = static_cast<uint8_t>(x >> (8 * n));
         }
-        for (int m = 0; m < 8; ++m) {
-          for (int n = 0; n < 5; ++n) put(80 + 8 * n + m, digits[in.qs[16 + m]][n]);  // 80 <= e < 120
+        for (int a = 0; a < 2; ++a) {
+          const uint64_t x = four(in.qs + 16 + 4 * a);
+          for (int n = 0; n < 5; ++n) o.qs[20 + 2 * n + a] = static_cast<uint8_t>(x >> (8 * n));
         }
         for (int h = 0; h < 2; ++h) {
-          for (int n = 0; n < 4; ++n) put(120 + 2 * n + h, digits[in.qh[h]][n]);  // e >= 120
+          const uint64_t x = spread[in.qh[h]];
+          for (int n = 0; n < 4; ++n) {
+            const int e = 120 + 2 * n + h;
+            o.qs[e / 4] |= static_cast<uint8_t>(((x >> (8 * n)) & 3) << (2 * (e % 4)));
+          }
         }
         std::memcpy(out + static_cast<size_t>(r) * out_stride + b * sizeof(BlockPQ2_0), &o, sizeof o);
       }
