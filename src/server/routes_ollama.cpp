@@ -738,8 +738,9 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
   EmbeddingsDialect dialect;
   dialect.error = send_ollama_error;
   ServerContext* c = &ctx;
-  dialect.body = [legacy, name, dimensions, unload, admitted, c](std::vector<std::vector<float>> vecs,
-                                                                 const std::string& model_id, int64_t tokens) {
+  auto submitted = std::make_shared<Clock::time_point>(admitted);  // set once the job is submitted
+  dialect.body = [legacy, name, dimensions, unload, admitted, submitted, c](
+                     std::vector<std::vector<float>> vecs, const std::string& model_id, int64_t tokens) {
     for (auto& v : vecs) {
       if (dimensions <= 0 || static_cast<size_t>(dimensions) >= v.size()) continue;
       // Shortened (Ollama's dimensions): the first `dimensions` values, L2-normalised again.
@@ -756,11 +757,13 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
     return json{{"model", name},
                 {"embeddings", std::move(vecs)},
                 {"total_duration", ns_between(admitted, Clock::now())},
-                {"load_duration", 0},
+                {"load_duration", ns_between(admitted, *submitted)},
                 {"prompt_eval_count", tokens}};
   };
   const Json obody{{"model", id}, {"input", std::move(input)}};
-  return submit_embeddings(ctx, obody.dump(), res, admitted, std::move(dialect));
+  auto job = submit_embeddings(ctx, obody.dump(), res, admitted, std::move(dialect));
+  *submitted = Clock::now();  // before the pump starts: the body reads it later, on the pump's thread
+  return job;
 }
 
 }  // namespace

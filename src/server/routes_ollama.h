@@ -20,7 +20,11 @@
 //   POST /api/embed       {"model", "input": str | [str], "dimensions"?} ->
 //                         {"model", "embeddings", "total_duration",
 //                         "load_duration", "prompt_eval_count"}
-//   POST /api/embeddings  (older) {"model", "prompt"} -> {"embedding"}
+//                         (L2-normalised, as Ollama's; "dimensions" keeps the
+//                         first values and normalises again; an input longer
+//                         than the context is a 400 whatever "truncate" says)
+//   POST /api/embeddings  (older) {"model", "prompt"} -> {"embedding"} (the
+//                         same vector as /api/embed's: normalised)
 //   POST /api/pull, /api/push, /api/create, /api/copy, DELETE /api/delete:
 //                         models are GGUF files named at start (-m ID=FILE)
 //                         or loaded by POST /admin/models/load: a pull of a

@@ -9,9 +9,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -172,11 +175,12 @@ const std::string kQwen = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
 class OllamaHttp : public ::testing::Test {
  protected:
   virtual void options(ServerOptions&) {}
+  virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
 
   void SetUp() override {
     BONSAI_REQUIRE_FILE(kStories);
     BONSAI_REQUIRE_FILE(kQwen);
-    pool_ = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+    pool_ = std::make_shared<engine::ModelPool>(2, 0, loader(), engine::gguf_model_estimator());
     engine::ModelSpec spec;
     spec.pool_size = 1;
     spec.ctx_size = 512;
@@ -501,6 +505,26 @@ TEST_F(OllamaHttp, ToolCallsAreObjectsAndTheirResultsContinue) {
             c["choices"][0]["message"]["content"].is_string() ? c["choices"][0]["message"]["content"] : json(""));
 }
 
+// think false renders the prompt as chat_template_kwargs.enable_thinking false does.
+TEST_F(OllamaHttp, ThinkFalseIsEnableThinkingFalse) {
+  const json msgs = {{{"role", "user"}, {"content", "Hi"}}};
+  auto count = [&](const json& extra) {
+    json body{{"model", "qwen"}, {"messages", msgs}, {"stream", false}, {"options", {{"num_predict", 1}}}};
+    body.update(extra);
+    auto [st, r] = post("/api/chat", body);
+    EXPECT_EQ(st, 200) << r.dump();
+    return r["prompt_eval_count"].get<int64_t>();
+  };
+  auto [cst, c] = post("/v1/chat/completions", {{"model", "qwen"},
+                                                {"messages", msgs},
+                                                {"max_tokens", 1},
+                                                {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  ASSERT_EQ(cst, 200) << c.dump();
+  EXPECT_EQ(count({{"think", false}}), c["usage"]["prompt_tokens"]);
+  EXPECT_LT(count({{"think", true}}), c["usage"]["prompt_tokens"]);  // no empty <think></think> appended
+  EXPECT_EQ(count({{"think", "low"}}), count({{"think", true}}));
+}
+
 // <think> text is message.thinking (llama.cpp's `grammar`, a bonsai extension, makes the random model write it).
 TEST_F(OllamaHttp, ThinkTextIsThinking) {
   const json body{{"model", "qwen"},
@@ -532,6 +556,8 @@ TEST_F(OllamaHttp, EmbedEqualsV1Embeddings) {
   EXPECT_EQ(r["embeddings"][1], o["data"][1]["embedding"]);
   EXPECT_EQ(r["prompt_eval_count"], o["usage"]["prompt_tokens"]);
   EXPECT_GT(r["total_duration"].get<int64_t>(), 0);
+  EXPECT_GT(r["load_duration"].get<int64_t>(), 0);
+  EXPECT_LE(r["load_duration"].get<int64_t>(), r["total_duration"].get<int64_t>());
 
   auto [dst, d] = post("/api/embed", {{"model", "stories"}, {"input", "a cat"}, {"dimensions", 8}});
   ASSERT_EQ(dst, 200) << d.dump();
@@ -640,6 +666,60 @@ TEST_F(OllamaHttpKey, ApiRoutesNeedTheKey) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
   EXPECT_EQ(json::parse(ok->body)["models"].size(), 2u);
+}
+
+class OllamaHttpSlowSteps : public OllamaHttp {
+ protected:
+  engine::ModelPool::Loader loader() override {
+    return engine::gguf_model_loader([](engine::SchedulerOptions& so) {
+      so.on_step = [](int64_t, int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); };
+    });
+  }
+};
+
+// A stream cut after it started (here: the server stops) ends with Ollama's
+// error line {"error": "..."} (the client raises it), and nothing after.
+TEST_F(OllamaHttpSlowSteps, StreamCutMidwayEndsWithAnErrorLine) {
+  const json body{
+      {"model", "stories"}, {"prompt", "Once upon a time"}, {"raw", true}, {"options", {{"num_predict", 400}}}};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string got;
+  int status = -1;
+  std::thread reader([&] {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/api/generate";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      std::lock_guard lock(mu);
+      got.append(data, n);
+      cv.notify_all();
+      return true;
+    };
+    auto r = c.send(req);
+    std::lock_guard lock(mu);
+    status = r ? r->status : -2;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60),
+                            [&] { return got.find("\"done\":false") != std::string::npos || status != -1; }));
+  }
+  server_->stop();
+  reader.join();
+  EXPECT_EQ(status, 200);
+  ASSERT_FALSE(got.empty());
+  ASSERT_EQ(got.back(), '\n');
+  const size_t prev = got.rfind('\n', got.size() - 2);
+  const json last = json::parse(got.substr(prev == std::string::npos ? 0 : prev + 1));
+  ASSERT_TRUE(last["error"].is_string()) << got;
+  EXPECT_NE(last["error"].get<std::string>().find("shutting down"), std::string::npos) << last.dump();
+  EXPECT_EQ(last.size(), 1u);
+  EXPECT_EQ(got.find("\"done\":true"), std::string::npos);
 }
 
 }  // namespace
