@@ -128,7 +128,9 @@ class JobPump : public std::enable_shared_from_this<JobPump> {
 // admitted)` parses, admits and submits the request and returns the job to
 // pump, or nullopt with its (error) answer written in `res`. A draining
 // server (Server::drain) answers 503 draining before `submit` runs. `ctx` and
-// `http` outlive the route.
+// `http` outlive the route. `write_error` writes the route's own errors
+// (multipart, stopping, draining) in its dialect: OpenAI's error object by
+// default (send_error), Ollama's {"error": "..."} for /api/* (routes_ollama.h).
 struct SubmittedJob {
   std::shared_ptr<engine::JobHandle> handle;
   int n = 1;  // choices (completions) or inputs (embeddings)
@@ -136,6 +138,8 @@ struct SubmittedJob {
 };
 using JobSubmitter =
     std::function<std::optional<SubmittedJob>(const std::string& body, HttpResponse& res, engine::Clock::time_point)>;
-void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit);
+using ErrorWriter = void (*)(HttpResponse& res, const ApiError& e);
+void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit,
+                   ErrorWriter write_error = send_error);
 
 }  // namespace bonsai::server

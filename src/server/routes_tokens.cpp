@@ -159,6 +159,7 @@ struct EmbedAnswer : JobAnswer {
   std::string model_id;
   bool base64 = false;
   int64_t total_tokens = 0;
+  EmbeddingsDialect dialect;  // body unset: OpenAI's list object
 
   std::string missing_result_message() const override {
     return "the request ended without an embedding for every input";
@@ -171,11 +172,13 @@ struct EmbedAnswer : JobAnswer {
   }
 
   void answer(HttpResponse& res, JobProgress& pr) {
+    auto send_error = [this](HttpResponse& r, const ApiError& e) { dialect.error(r, e); };
     const bool gone = pr.cut == CutReason::kClientGone && !ctx->stopping;
     if (pr.failed) return send_error(res, job_failure_error(*ctx, *pr.failed, model_id, gone));
     json data = json::array();
+    std::vector<std::vector<float>> vectors;  // dialect.body's
     for (size_t k = 0; k < pr.done.size(); ++k) {
-      const engine::GenerationResult& r = *pr.done[k];
+      engine::GenerationResult& r = *pr.done[k];
       if (r.finish_reason == engine::FinishReason::kCancelled) return send_error(res, job_cut_error(gone));
       if (r.timed_out)
         return send_error(res, overloaded("The request timed out before its embeddings were computed.", "timeout", 1));
@@ -183,6 +186,10 @@ struct EmbedAnswer : JobAnswer {
         return send_error(res, from_core_error(core::Error{core::Errc::kInternal, "input " + std::to_string(k) +
                                                                                       " ended without an embedding"},
                                                500));
+      if (dialect.body) {
+        vectors.push_back(std::move(r.embedding));
+        continue;
+      }
       json vec;
       if (base64) {
         static_assert(std::endian::native == std::endian::little, "base64 embeddings are little-endian float32");
@@ -193,6 +200,7 @@ struct EmbedAnswer : JobAnswer {
       }
       data.push_back({{"object", "embedding"}, {"index", k}, {"embedding", std::move(vec)}});
     }
+    if (dialect.body) return send_json(res, 200, dialect.body(std::move(vectors), model_id, total_tokens));
     send_json(res, 200,
               json{{"object", "list"},
                    {"data", std::move(data)},
@@ -201,13 +209,14 @@ struct EmbedAnswer : JobAnswer {
   }
 };
 
-// Parses, validates and tokenizes the request (admitted at `admitted`) and
-// submits it to the model's scheduler. Returns the job for its JobPump, or
-// nullopt with the answer (an error) in `res`.
-std::optional<SubmittedJob> handle_embeddings(ServerContext& ctx, const std::string& text, HttpResponse& res,
-                                              engine::Clock::time_point admitted) {
-  auto fail = [&res](const ApiError& e) -> std::optional<SubmittedJob> {
-    send_error(res, e);
+}  // namespace
+
+// Validates and tokenizes the request and submits it to the model's scheduler.
+
+std::optional<SubmittedJob> submit_embeddings(ServerContext& ctx, const std::string& text, HttpResponse& res,
+                                              engine::Clock::time_point admitted, EmbeddingsDialect dialect) {
+  auto fail = [&res, &dialect](const ApiError& e) -> std::optional<SubmittedJob> {
+    dialect.error(res, e);
     return std::nullopt;
   };
   const engine::Clock::time_point deadline = deadline_after(admitted, ctx.opt.timeout_s);
@@ -294,10 +303,9 @@ std::optional<SubmittedJob> handle_embeddings(ServerContext& ctx, const std::str
   answer->model_id = lm.id;
   answer->base64 = format == "base64";
   answer->total_tokens = total;
+  answer->dialect = std::move(dialect);
   return SubmittedJob{std::move(*handle), static_cast<int>(n_inputs), std::move(answer)};
 }
-
-}  // namespace
 
 void add_token_routes(HttpTransport& http, ServerContext& ctx) {
   auto bad_body = [](const HttpRequest&, HttpResponse& res) {
@@ -314,7 +322,7 @@ void add_token_routes(HttpTransport& http, ServerContext& ctx) {
   // Answered later, from the scheduler job's events (EmbedAnswer).
   add_job_route(http, ctx, "/v1/embeddings",
                 [&ctx](const std::string& body, HttpResponse& res, engine::Clock::time_point admitted) {
-                  return handle_embeddings(ctx, body, res, admitted);
+                  return submit_embeddings(ctx, body, res, admitted);
                 });
 }
 

@@ -20,9 +20,15 @@
 // the HTTP thread.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "server/job_pump.h"       // SubmittedJob
 #include "server/routes_common.h"  // ServerContext
 #include "server/transport.h"      // HttpTransport
 
@@ -30,6 +36,28 @@ namespace bonsai::server {
 
 // Registers the routes above on `http`. `ctx` must outlive `http`'s handlers.
 void add_token_routes(HttpTransport& http, ServerContext& ctx);
+
+// How an embeddings job answers, for a route of another dialect that
+// submits through POST /v1/embeddings' path (Ollama's /api/embed): the body
+// of a finished job and the writer of an error answer (submit-time errors
+// included). Both run on the job's pump thread (errors found at submit: on
+// the route's thread).
+struct EmbeddingsDialect {
+  // The 200 body: one embedding per input (in order, each [n_embd], L2-normalised),
+  // the id of the model that computed them and the input tokens in all.
+  std::function<nlohmann::json(std::vector<std::vector<float>> embeddings, const std::string& model_id,
+                               int64_t prompt_tokens)>
+      body;
+  ErrorWriter error = send_error;
+};
+
+// Parses `body` (the OpenAI /v1/embeddings request above: "input",
+// "model", "encoding_format"), tokenizes and submits it to the model's
+// scheduler, admitted at `admitted`: the job for its JobPump, or nullopt
+// with the error answer written in `res` (by dialect.error). With
+// dialect.body unset, the answer is OpenAI's list object.
+std::optional<SubmittedJob> submit_embeddings(ServerContext& ctx, const std::string& body, HttpResponse& res,
+                                              engine::Clock::time_point admitted, EmbeddingsDialect dialect = {});
 
 // RFC 4648 base64 (with '=' padding) of `bytes`: OpenAI's
 // encoding_format "base64" (the little-endian float32 array).

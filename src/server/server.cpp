@@ -31,6 +31,7 @@
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
+#include "server/routes_ollama.h"     // add_ollama_routes, send_ollama_error
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
 #include "server/routes_tokens.h"     // add_token_routes
 #include "server/structured_output.h"
@@ -52,6 +53,12 @@ std::string route_label(const std::string& path) {
       "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
   if (known.contains(path)) return path;
   if (path == "/v1/responses") return path;
+  if (path.rfind("/api/", 0) == 0) {  // Ollama's API: its known routes, every other path as one
+    static const std::set<std::string> ollama = {"/api/version", "/api/tags",       "/api/show",
+                                                 "/api/ps",      "/api/chat",       "/api/generate",
+                                                 "/api/embed",   "/api/embeddings", "/api/pull"};
+    return ollama.contains(path) ? path : "/api/other";
+  }
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -201,12 +208,15 @@ struct Server::Impl {
       });
     }
     http.set_pre_routing([this](const HttpRequest& req, HttpResponse& res) {
-      if (cors_preflight(req, res)) return true;   // before authorization: a preflight carries no credentials
+      if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
+      // Ollama's API (/api/*) answers errors in its own shape, {"error": "..."}.
+      const bool ollama = req.path.rfind("/api/", 0) == 0;
+      const auto write_error = ollama ? send_ollama_error : send_error;
       if (ctx.draining && req.method == "POST") {  // no new work while draining (GET /health says so)
-        send_error(res, draining_error());
+        write_error(res, draining_error());
         return true;
       }
-      const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
+      const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 || ollama ||
                                    req.path == "/tokenize" || req.path == "/detokenize";
       if (!protected_route) return false;
       ApiError e;
@@ -225,7 +235,7 @@ struct Server::Impl {
       } else {
         return false;
       }
-      send_error(res, e);
+      write_error(res, e);
       return true;
     });
 
@@ -268,20 +278,26 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
-    // POST /v1/responses: translated into a chat request, prepared and submitted as chat completions are.
-    add_responses_routes(
-        http, ctx, [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
-          auto job = submit_completion(std::move(cr), admitted);
-          if (!job) return std::unexpected(job.error());
-          SubmittedChat s;
-          s.handle = (*job)->handle;
-          s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
-          s.output = (*job)->output;
-          s.model = (*job)->meta.model;
-          s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
-          s.owner = std::move(*job);
-          return s;
-        });
+    // POST /v1/responses and Ollama's /api/chat, /api/generate: translated
+    // into a chat (or completions) request, prepared and submitted as chat completions are.
+    add_responses_routes(http, ctx, chat_submitter());
+    add_ollama_routes(http, ctx, chat_submitter());
+  }
+
+  // The server's chat path as a route of another dialect submits through it.
+  ChatSubmitter chat_submitter() {
+    return [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
+      auto job = submit_completion(std::move(cr), admitted);
+      if (!job) return std::unexpected(job.error());
+      SubmittedChat s;
+      s.handle = (*job)->handle;
+      s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
+      s.output = (*job)->output;
+      s.model = (*job)->meta.model;
+      s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
+      s.owner = std::move(*job);
+      return s;
+    };
   }
 
   // ---- completions --------------------------------------------------------
