@@ -78,8 +78,9 @@ std::optional<hub::ModelFiles> fetch(const char* cmd, const std::string& repo_ar
 void add_hf_flags(CLI::App* cmd, HfFlags& flags) {
   cmd->add_option("--hf-repo", flags.repo,
                   "Hugging Face model OWNER/NAME[:QUANT] (also -hf, as llama.cpp), e.g. prism-ml/Bonsai-8B-gguf:Q1_0; "
-                  "downloaded into the Hugging Face cache on first use (HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE)");
-  cmd->add_option("--hf-file", flags.file, "The exact file of the --hf-repo repository (also -hff)");
+                  "downloaded into the Hugging Face cache on first use (HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE)")
+      ->type_name("OWNER/NAME[:QUANT]");
+  cmd->add_option("--hf-file", flags.file, "The exact file of the --hf-repo repository (also -hff)")->type_name("FILE");
 }
 
 bool hf_conflicts_with_m(const char* cmd, const HfFlags& flags, bool has_m) {
@@ -117,7 +118,7 @@ void register_pull(CLI::App& app) {
       "pull", "Download a model from Hugging Face into its cache (HF_HOME, HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE)");
   cmd->add_option("repo", o->repo, "OWNER/NAME[:QUANT] (QUANT: Q1_0, Q2_0, PQ2_0, PTQ1_0, ...; or a file name)")
       ->required();
-  cmd->add_option("--hf-file", o->file, "The exact file of the repository (also -hff)");
+  cmd->add_option("--hf-file", o->file, "The exact file of the repository (also -hff)")->type_name("FILE");
   cmd->callback([o] {
     auto files = fetch("pull", o->repo, o->file, /*check_for_update=*/true);
     if (!files) return set_exit_code(1);

@@ -193,8 +193,9 @@ Response http_once(const std::string& url, bool head, const std::string& token, 
 
 // A request that follows up to 10 redirects itself, sending the token only
 // to URLs on the endpoint's origin (scheme, host and port): a CDN that a
-// redirect leads to never sees it. `follow_after_head`: a HEAD stops at the
-// first redirect that leaves the endpoint (the Hub's metadata headers are on it).
+// redirect leads to never sees it. A HEAD stops at the first redirect that
+// carries the Hub's file metadata (X-Linked-Etag) or leaves the endpoint:
+// its headers are what head_file reads, its Location where the bytes are.
 Response http(std::string url, bool head, const HubOptions& o, const std::string& range = {},
               const Sink* sink = nullptr) {
   const std::string endpoint_origin = origin_of(o.endpoint);
@@ -349,7 +350,13 @@ core::Expected<FileMeta> head_file(const std::string& repo, const std::string& f
   const std::string size = !r.header("x-linked-size").empty() ? r.header("x-linked-size") : r.header("content-length");
   m.size = std::strtoull(size.c_str(), nullptr, 10);
   m.url = (r.status >= 300 && !r.redirect.empty()) ? r.redirect : url;
-  if (m.commit.empty() || m.etag.empty() || m.etag.find('/') != std::string::npos)
+  // The ETag names a file in blobs/: letters, digits, '-' and '_' only (the Hub's are hex).
+  const bool etag_ok = !m.etag.empty() && std::all_of(m.etag.begin(), m.etag.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
+  if (m.commit.empty() || !etag_ok || !std::all_of(m.commit.begin(), m.commit.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c));
+      }))
     return fail(Errc::kIo, repo + ": " + file + ": " + o.endpoint +
                                " did not send X-Repo-Commit and an ETag (is HF_ENDPOINT a Hugging Face Hub?)");
   return m;
@@ -433,7 +440,8 @@ core::Expected<void> download_blob(const RepoCache& cache, const fs::path& locks
     const uint64_t before = done;
     first_chunk = true;
     Response r = http(meta.url, false, o, range, &sink);
-    std::fflush(f);
+    // Buffered bytes that do not fit on the disk fail here rather than in fwrite.
+    if (std::fflush(f) != 0 && r.write_errno == 0) r.write_errno = errno != 0 ? errno : EIO;
     if (r.write_errno != 0 || std::ferror(f)) {
       const int err = r.write_errno != 0 ? r.write_errno : EIO;
       closer.reset();
@@ -499,9 +507,16 @@ core::Expected<fs::path> link_snapshot(const RepoCache& cache, const std::string
   for (size_t depth = 0; depth < static_cast<size_t>(std::count(file.begin(), file.end(), '/')) + 2; ++depth)
     target /= "..";
   target = target / "blobs" / etag;
-  fs::remove(link, ec);
-  fs::create_symlink(target, link, ec);
-  if (ec) return fail(Errc::kIo, link.string() + ": cannot link to the blob: " + ec.message());
+  // A link under a temporary name, renamed over the entry: another process
+  // linking the same file at the same time cannot make this one fail.
+  const fs::path tmp = link.string() + ".link" + std::to_string(getpid());
+  fs::remove(tmp, ec);
+  fs::create_symlink(target, tmp, ec);
+  if (!ec) fs::rename(tmp, link, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return fail(Errc::kIo, link.string() + ": cannot link to the blob: " + ec.message());
+  }
   return link;
 }
 

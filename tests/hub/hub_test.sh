@@ -5,11 +5,14 @@
 #   - a connection dropped mid-file is resumed with a Range request, and the
 #     cache then has huggingface_hub's layout (read back by path): refs/main
 #     = the commit, snapshots/COMMIT/FILE -> ../../blobs/SHA256, no .incomplete;
+#   - an .incomplete left by an earlier process is never loaded or listed,
+#     and the next download resumes it;
 #   - a second run and HF_HUB_OFFLINE=1 use the cache with the hub stopped;
 #   - quant tags: the right file (Q2_0 is not PQ2_0), ambiguity and a missing
 #     tag listed; -hff; split files fetched whole (their load refused clearly);
 #     the mmproj file noted;
 #   - a wrong sha256 is refused and nothing is left in blobs/ or snapshots/;
+#     so is a file larger than the free disk (checked before downloading);
 #   - 401 without / with a wrong token, the token sent to the hub and never to
 #     the CDN it redirects to, never printed; 404 repository; no network;
 #   - run -hf generates, serve -hf answers a completion.
@@ -99,6 +102,22 @@ assert os.path.dirname(real) == os.path.realpath(os.path.join(repo, "blobs")), r
 assert os.path.getsize(real) == size and open(real, "rb").read(4) == b"GGUF"
 EOF
 
+# ---- an .incomplete left by an earlier process: never used, resumed ----
+fresh_cache partial
+start_mock
+PBLOBS="$CACHE/models--prism-test--Tiny-gguf/blobs"
+mkdir -p "$PBLOBS"
+head -c 1000 "$R/Tiny-gguf/Tiny-Q1_0.gguf" >"$PBLOBS/$Q1_SHA.incomplete"
+if HF_HUB_OFFLINE=1 "$BIN" run -hf prism-test/Tiny-gguf:Q1_0 -n 1 >"$WORK/out" 2>"$WORK/err"; then bad "a partial download was loaded"; else
+  has "a partial download is not in the cache" "not in the cache" "$WORK/err"
+fi
+check "list does not show a partial download" "[]" "$(HF_HUB_OFFLINE=1 "$BIN" list --json | tr -d ' \n')"
+: >"$WORK/log"
+"$BIN" pull prism-test/Tiny-gguf:Q1_0 >"$WORK/out" 2>"$WORK/err" || bad "pull over a partial download: $(cat "$WORK/err")"
+check "the next process resumes it at its size" "1" \
+  "$(grep -c '"port": "cdn", "method": "GET", "path": "/blob/'"$Q1_SHA"'", "range": "bytes=1000-"' "$WORK/log")"
+check "the resumed file is whole" "$Q1_SHA" "$(sha256sum "$PBLOBS/$Q1_SHA" | cut -d' ' -f1)"
+
 # ---- the second run does not touch the network ----
 stop_mock
 if "$BIN" run -hf prism-test/Tiny-gguf:Q1_0 -p "hello" -n 4 --temp 0 >"$WORK/out" 2>"$WORK/err"; then
@@ -165,6 +184,14 @@ if "$BIN" pull prism-test/Tiny-gguf:Q1_0 >"$WORK/out" 2>"$WORK/err"; then bad "a
 fi
 check "nothing in blobs/ after a mismatch" "0" "$(find "$CACHE" -path '*blobs*' -type f | wc -l)"
 check "no snapshot entry after a mismatch" "0" "$(find "$CACHE" -path '*snapshots*' \( -type f -o -type l \) | wc -l)"
+
+# ---- a file larger than the free disk is refused before a byte is written ----
+fresh_cache disk
+start_mock --claim-size 1152921504606846976
+if "$BIN" pull prism-test/Tiny-gguf:Q1_0 >"$WORK/out" 2>"$WORK/err"; then bad "a file larger than the disk"; else
+  has "disk full: named with what to do" "prism-test/Tiny-gguf: Tiny-Q1_0.gguf: needs 1073741824.00 GiB more, .* free in .*; free some space or set HF_HOME to a larger disk" "$WORK/err"
+fi
+check "disk full: nothing in blobs/" "0" "$(find "$CACHE" -path '*blobs*' -type f | wc -l)"
 
 # ---- tokens ----
 fresh_cache token

@@ -16,7 +16,9 @@ the hub port lacks "Authorization: Bearer TOKEN".
 
 Switches: --drop-after N (the first CDN GET of each blob sends its headers
 for the whole body, then N bytes, then closes the connection), --wrong-sha
-(the tree's lfs.oid and X-Linked-Etag are a sha256 the bytes do not have).
+(the tree's lfs.oid and X-Linked-Etag are a sha256 the bytes do not have),
+--claim-size N (the tree's lfs.size and X-Linked-Size of *.gguf files say N
+bytes: a file larger than the disk).
 Every request is logged as a JSON line to --log: {port: "hub"|"cdn", method,
 path, range, auth} where auth is whether an Authorization header came.
 The ports are written to --port-file as "HUB CDN" once both listen.
@@ -123,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
                 for p, (_, size, sha, git) in files.items():
                     e = {"type": "file", "path": p, "size": size, "oid": git}
                     if p.endswith(".gguf"):
-                        e["lfs"] = {"oid": sha, "size": size, "pointerSize": 134}
+                        e["lfs"] = {"oid": sha, "size": args.claim_size or size, "pointerSize": 134}
                     tree.append(e)
                 return self.reply(200, json.dumps(tree).encode())
         if len(parts) >= 5 and parts[2] == "resolve":
@@ -140,7 +142,8 @@ class Handler(BaseHTTPRequestHandler):
             common = {"X-Repo-Commit": commit_of(repo)}
             if rel.endswith(".gguf"):
                 loc = "http://127.0.0.1:%d/blob/%s" % (cdn_port, sha)
-                common.update({"X-Linked-Etag": '"%s"' % sha, "X-Linked-Size": str(size), "Location": loc,
+                common.update({"X-Linked-Etag": '"%s"' % sha, "X-Linked-Size": str(args.claim_size or size),
+                               "Location": loc,
                                "ETag": '"%s"' % git})
                 return self.reply(302, b"", common)
             common["ETag"] = '"%s"' % git
@@ -202,6 +205,7 @@ def main():
     p.add_argument("--token")
     p.add_argument("--drop-after", type=int, default=0)
     p.add_argument("--wrong-sha", action="store_true")
+    p.add_argument("--claim-size", type=int, default=0)
     args = p.parse_args()
     hub = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     cdn = ThreadingHTTPServer(("127.0.0.1", 0), CdnHandler)

@@ -15,6 +15,9 @@ SRC="$(cd "$(dirname "$0")/../.." && pwd)"
 skip() { if [ "${CI:-}" = "true" ]; then echo "FAIL: $1"; exit 1; fi; echo "SKIP: $1"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "dpkg -i needs root"
 command -v dpkg >/dev/null && command -v cpack >/dev/null || skip "dpkg or cpack is missing"
+# Two suites on one machine (two clones) take turns: one package, one user.
+exec 9>/var/lock/bonsai_deb_test.lock
+flock -w 300 9 || skip "another deb_test held /var/lock/bonsai_deb_test.lock for 300 s"
 if dpkg-query -W -f='${Status}' bonsai 2>/dev/null | grep -q "install ok installed"; then
   skip "a bonsai package is already installed (not this test's to remove)"
 fi
@@ -49,8 +52,13 @@ for lib in libc6 libcurl4 adduser; do
 done
 check "the config is a conffile" "/etc/bonsai/bonsai.toml" "$(dpkg-deb --ctrl-tarfile "$DEB" | tar -xO ./conffiles)"
 
-dpkg -i "$DEB" >"$WORK/dpkg.log" 2>&1 || { cat "$WORK/dpkg.log"; echo "FAIL: dpkg -i"; exit 1; }
-INSTALLED=1
+# dpkg -i; another dpkg / apt run (a setup.sh elsewhere) holding dpkg's lock is waited for, up to 2 min.
+for try in $(seq 60); do
+  if dpkg -i "$DEB" >"$WORK/dpkg.log" 2>&1; then INSTALLED=1; break; fi
+  grep -q "lock" "$WORK/dpkg.log" || break
+  sleep 2
+done
+[ "$INSTALLED" = 1 ] || { cat "$WORK/dpkg.log"; echo "FAIL: dpkg -i (try $try)"; exit 1; }
 ok "dpkg -i"
 check "bonsai --version" "bonsai 0.1.0" "$(/usr/bin/bonsai --version)"
 for f in /usr/bin/bonsai /usr/lib/systemd/system/bonsai.service /etc/bonsai/bonsai.toml /usr/share/man/man1/bonsai.1.gz; do
@@ -100,8 +108,14 @@ else
   bad "the installed server did not start: $(cat "$WORK/serr")"
 fi
 
-dpkg --purge bonsai >"$WORK/dpkg.log" 2>&1 && ok "dpkg --purge" || bad "dpkg --purge: $(cat "$WORK/dpkg.log")"
-INSTALLED=0
+purged=0
+for _ in $(seq 60); do
+  if dpkg --purge bonsai >"$WORK/dpkg.log" 2>&1; then purged=1; break; fi
+  grep -q "lock" "$WORK/dpkg.log" || break
+  sleep 2
+done
+[ "$purged" = 1 ] && ok "dpkg --purge" || bad "dpkg --purge: $(cat "$WORK/dpkg.log")"
+INSTALLED=$((1 - purged))
 for f in /usr/bin/bonsai /usr/lib/systemd/system/bonsai.service /etc/bonsai /var/lib/bonsai; do
   [ -e "$f" ] && bad "left after purge: $f" || ok "purged $f"
 done
