@@ -8,6 +8,7 @@ PKGS=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config ccache git  # li
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libcpp-httplib-dev libboost-dev libcli11-dev libtomlplusplus-dev
       libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
+      libcurl4-openssl-dev libssl-dev  # src/hub: -hf downloads (HTTPS, ranges) and their sha256 (OpenSSL EVP)
       curl nodejs prometheus  # server e2e test: curl, the OpenAI Node SDK, promtool
       python3-numpy)  # ../shared/tools/qwen35_ref.py (the float64 qwen35 reference the synth test runs)
 # libboost-dev: Boost.Beast/Asio (header-only), the server's HTTP transport; libcpp-httplib-dev: tests' client.

@@ -51,11 +51,12 @@
 
 #include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/synth.h"  // synth::ensure_default_model
-#include "core/ggml_types.h"    // ggml_type_name
-#include "core/thread_pool.h"   // ThreadPool
-#include "kernels/roofline.h"   // measure_read_bandwidth, measure_int8_peak
-#include "model/model.h"        // Model, KvCache, Workspace, Batch
+#include "apps/bonsai/hub_cli.h"  // -hf / -hff
+#include "apps/bonsai/synth.h"    // synth::ensure_default_model
+#include "core/ggml_types.h"      // ggml_type_name
+#include "core/thread_pool.h"     // ThreadPool
+#include "kernels/roofline.h"     // measure_read_bandwidth, measure_int8_peak
+#include "model/model.h"          // Model, KvCache, Workspace, Batch
 
 namespace bonsai::app {
 namespace {
@@ -67,6 +68,7 @@ using kernels::measure_read_bandwidth;
 
 struct BenchFlags {
   std::vector<std::string> models;
+  HfFlags hf;  // -hf: one more model, from Hugging Face (after the -m ones)
   std::vector<std::string> n_prompt{"512"};
   std::vector<std::string> n_gen{"128"};
   std::vector<std::string> pg;  // "PP,TG" each
@@ -539,6 +541,11 @@ core::Expected<std::vector<std::string>> model_paths(const BenchFlags& f) {
   for (const auto& m : f.models) {
     if (!m.empty()) paths.push_back(m);
   }
+  if (!f.hf.repo.empty()) {
+    auto p = resolve_hf_model("bench", f.hf.repo, f.hf.file);
+    if (!p) return core::fail(core::Errc::kNotFound, "the -hf model is not available (see above)");
+    paths.push_back(*p);
+  }
   if (paths.empty()) {
     auto p = synth::ensure_default_model();
     if (!p) return std::unexpected(p.error());
@@ -710,8 +717,10 @@ int bench_main(const BenchFlags& f) {
   if (pf->threads.empty()) pf->threads.push_back(rt->threads);
   auto plan = make_plan(*pf);
   if (plan.empty()) return usage("nothing to run: every -p and -n is 0 and no -pg was given");
+  if (f.hf.repo.empty() && !f.hf.file.empty()) return usage("-hff needs -hf OWNER/NAME");
   auto paths = model_paths(f);
   if (!paths) {
+    if (!f.hf.repo.empty()) return 1;  // resolve_hf_model printed why
     std::cerr << "bonsai bench: cannot prepare the built-in default model: " << paths.error().message << "\n";
     return 1;
   }
@@ -733,6 +742,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-m,--model", f->models,
                   "GGUF model file(s), comma-separated or repeated (default: the built-in tiny model)")
       ->delimiter(',');
+  add_hf_flags(cmd, f->hf);
   cmd->add_option("-p,--n-prompt", f->n_prompt, "Prompt tokens per pp test, comma list (0: no pp test)")
       ->delimiter(',')
       ->capture_default_str();

@@ -22,6 +22,7 @@
 
 #include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
+#include "apps/bonsai/hub_cli.h"  // -hf / -hff
 #include "gguf/gguf.h"
 
 namespace bonsai::app {
@@ -204,12 +205,14 @@ void print_text(const gguf::File& f, std::ostream& os) {
 void register_info(CLI::App& app) {
   struct Options {
     std::string model;
+    HfFlags hf;
     bool json = false;
     std::string q2_layout;
   };
   auto opt = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("info", "Show a GGUF file's metadata, tokenizer summary and tensors");
-  cmd->add_option("-m,--model", opt->model, "GGUF file")->required();
+  cmd->add_option("-m,--model", opt->model, "GGUF file");
+  add_hf_flags(cmd, opt->hf);
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of text");
   cmd->add_option("--q2-layout", opt->q2_layout,
                   "Layout of type-42 (Q2_0) tensors: g64|g128-d-first|g128-qs-first (default: detect; "
@@ -221,6 +224,16 @@ void register_info(CLI::App& app) {
     if (!rt) {
       set_exit_code(kExitUsage);
       return;
+    }
+    if (hf_conflicts_with_m("info", opt->hf, !opt->model.empty())) return set_exit_code(kExitUsage);
+    if (opt->model.empty() && opt->hf.repo.empty()) {
+      std::cerr << "bonsai info: give a model: -m FILE or -hf OWNER/NAME[:QUANT]\n";
+      return set_exit_code(kExitUsage);
+    }
+    if (!opt->hf.repo.empty()) {
+      auto p = resolve_hf_model("info", opt->hf.repo, opt->hf.file);
+      if (!p) return set_exit_code(1);
+      opt->model = *p;
     }
     auto f = gguf::File::open(opt->model, rt->open_options.file);
     if (!f) {

@@ -24,6 +24,7 @@
 
 #include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
+#include "apps/bonsai/hub_cli.h"      // -hf / -hff
 #include "apps/bonsai/synth.h"        // synth::ensure_default_model
 #include "core/error.h"               // core::Expected
 #include "core/ggml_types.h"          // parse_q2_layout
@@ -84,6 +85,7 @@ core::Expected<engine::GenerationResult> generate_to_stdout(engine::InferenceEng
 // -n is max_tokens, --temp temperature); the CLI's -n default is 256.
 struct GenOptions {
   std::string model_path;
+  HfFlags hf;  // -hf / -hff: a Hugging Face model instead of -m
   engine::SamplingParams sampling{.max_tokens = 256};
   int64_t ctx = 0;
   int threads = 0;
@@ -95,6 +97,7 @@ struct GenOptions {
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
+  add_hf_flags(cmd, o.hf);
   engine::SamplingParams& p = o.sampling;
   cmd->add_option("-n,--n-predict", p.max_tokens, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
@@ -155,7 +158,13 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   if (o.threads > 0 && !core::set_global_thread_count(o.threads)) {
     std::cerr << "bonsai " << cmd << ": warning: -t ignored (the thread pool already started)\n";
   }
+  if (hf_conflicts_with_m(cmd, o.hf, !o.model_path.empty())) return std::nullopt;
   std::string path = o.model_path;
+  if (!o.hf.repo.empty()) {
+    auto p = resolve_hf_model(cmd, o.hf.repo, o.hf.file);
+    if (!p) return std::nullopt;
+    path = *p;
+  }
   if (path.empty()) {
     auto p = synth::ensure_default_model();
     if (!p) {

@@ -37,6 +37,7 @@
 
 #include "apps/bonsai/cli_common.h"  // open_options_from_cli
 #include "apps/bonsai/commands.h"
+#include "apps/bonsai/hub_cli.h"       // resolve_hf_model: -hf
 #include "apps/bonsai/synth.h"         // synth::ensure_default_model
 #include "core/ggml_types.h"           // parse_q2_layout, q2_layout_name
 #include "core/thread_pool.h"          // set_global_thread_count
@@ -186,6 +187,41 @@ int serve_main(const CLI::App& cmd) {
     if (!q2_layout) q2_layout = from_config.q2_layout;
   }
 
+  if (!cfg.hf_file.empty() && cfg.hf_repos.size() != 1) {
+    std::cerr << "bonsai serve: -hff (hf-file) names the file of one -hf repository; " << cfg.hf_repos.size()
+              << " given\n";
+    return kExitUsage;
+  }
+  // SIGINT/SIGTERM are blocked from here on, before the first thread starts
+  // (writing the built-in model starts the compute pool): a thread started
+  // with them unblocked would take a later SIGTERM's default action, killing
+  // the server instead of draining it (status 143 on a first start under
+  // systemd). Until serving starts, one stops the preparation at once: a
+  // download keeps its .incomplete file for the next start to resume.
+  server::ShutdownSignals::block();
+  // -t before anything computes (writing the built-in model uses the pool).
+  if (cfg.threads > 0 && !core::set_global_thread_count(cfg.threads))
+    std::cerr << "bonsai serve: warning: -t ignored (the thread pool already started)\n";
+  std::optional<server::ShutdownSignals> preparing(std::in_place, [](int sig) {
+    std::fprintf(stderr, "bonsai serve: %s before serving started, exiting\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    std::_Exit(128 + sig);
+  });
+  // -hf / hf-repo: each model from the Hugging Face cache, downloaded first if needed.
+  for (const std::string& item : cfg.hf_repos) {
+    std::string id, repo = item;
+    if (const size_t eq = item.find('='); eq != std::string::npos) {
+      id = item.substr(0, eq);
+      repo = item.substr(eq + 1);
+    }
+    auto path = resolve_hf_model("serve", repo, cfg.hf_file);
+    if (!path) return 1;
+    auto arg = server::parse_model_arg(id.empty() ? *path : id + "=" + *path);
+    if (!arg) {
+      std::cerr << "bonsai serve: -hf '" << item << "': " << arg.error().message << "\n";
+      return kExitUsage;
+    }
+    cfg.models.push_back(*arg);
+  }
   if (cfg.models.empty()) {
     auto p = synth::ensure_default_model();
     if (!p) {
@@ -215,13 +251,10 @@ int serve_main(const CLI::App& cmd) {
     const int hw = static_cast<int>(std::thread::hardware_concurrency());
     mallopt(M_ARENA_MAX, std::clamp(hw, 2, 8));
   }
-  if (cfg.threads > 0 && !core::set_global_thread_count(cfg.threads))
-    std::cerr << "bonsai serve: warning: -t ignored (the thread pool already started)\n";
 
-  // Signals: SIGINT/SIGTERM blocked in every thread (threads started from
-  // here inherit the mask) and watched by server::ShutdownSignals below: the
+  // Signals: SIGINT/SIGTERM blocked in every thread (blocked above, before
+  // any thread started) and watched by server::ShutdownSignals below: the
   // first one stops the server gracefully, a second one exits at once.
-  server::ShutdownSignals::block();
   signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the process
   const size_t capacity =
       cfg.models_max > 0 ? static_cast<size_t>(cfg.models_max) : std::max<size_t>(1, cfg.models.size());
@@ -261,6 +294,7 @@ int serve_main(const CLI::App& cmd) {
   // The first signal drains (Server::drain: running requests finish within
   // --drain-timeout, new and queued ones get 503), then stops; exit 0.
   const double drain_s = cfg.drain_timeout_s;
+  preparing.reset();  // the serving watcher takes over (a signal in between stays pending for it)
   server::ShutdownSignals signals([&](int) { srv.drain(drain_s); }, {},
                                   [drain_s](int sig) {
                                     std::cerr << "bonsai serve: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/bonsai/commands.h"
+#include "apps/bonsai/hub_cli.h"  // register_pull, register_list
 
 namespace bonsai::app {
 namespace {
@@ -30,25 +31,36 @@ int main(int argc, char** argv) {
   bonsai::app::register_tokenize(app);
   bonsai::app::register_logits(app);
   bonsai::app::register_bench(app);
+  bonsai::app::register_pull(app);
+  bonsai::app::register_list(app);
   // llama.cpp's multi-letter single-dash flags, which CLI11 cannot register
   // (it takes one letter after a single dash): after the command word they
   // are passed on as their long names -- `-ctk` / `-ctv` as --cache-type-k /
   // --cache-type-v in run, chat, serve and bench (llama-cli, llama-server and
   // llama-bench all take them), llama-bench's `-pg PP,TG` as bench's --pg,
-  // and llama-server's `-np N` as serve's --parallel.
+  // llama-server's `-np N` as serve's --parallel, and llama.cpp's
+  // `-hf` / `-hff` as --hf-repo / --hf-file in run, chat, serve, bench,
+  // info and pull.
   // Only a whole argument is rewritten (a prompt that merely contains
   // "-ctk" is untouched).
   std::vector<char*> args(argv, argv + argc);
   char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v", np_long[] = "--parallel";
+  char hf_long[] = "--hf-repo", hff_long[] = "--hf-file";
   const char* command = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (command == nullptr) {
-      for (const char* c : {"run", "chat", "serve", "bench"}) {
+      for (const char* c : {"run", "chat", "serve", "bench", "info", "pull"}) {
         if (std::strcmp(argv[i], c) == 0) command = c;
       }
       continue;
     }
-    if (std::strcmp(argv[i], "-ctk") == 0)
+    if (std::strcmp(argv[i], "-hf") == 0 && std::strcmp(command, "pull") != 0)
+      args[static_cast<size_t>(i)] = hf_long;
+    else if (std::strcmp(argv[i], "-hff") == 0)
+      args[static_cast<size_t>(i)] = hff_long;
+    else if (std::strcmp(command, "info") == 0 || std::strcmp(command, "pull") == 0)
+      continue;  // the other rewrites are for the model-running commands
+    else if (std::strcmp(argv[i], "-ctk") == 0)
       args[static_cast<size_t>(i)] = ctk_long;
     else if (std::strcmp(argv[i], "-ctv") == 0)
       args[static_cast<size_t>(i)] = ctv_long;

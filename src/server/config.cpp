@@ -348,6 +348,17 @@ core::Expected<void> apply_models(const SettingInfo&, const SettingValue& v, Ser
   c.models = std::move(models);  // the flags replace the file's; in a file, [models] adds to them
   return {};
 }
+core::Expected<void> apply_hf_repos(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
+  for (const auto& item : list_of(v))
+    if (item.empty() || item.find('/') == std::string::npos)
+      return refuse("'" + item + "': expected [ID=]OWNER/NAME[:QUANT] (e.g. prism-ml/Bonsai-8B-gguf:Q1_0)");
+  c.hf_repos = list_of(v);
+  return {};
+}
+core::Expected<void> apply_hf_file(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
+  c.hf_file = text_of(v);
+  return {};
+}
 core::Expected<void> apply_preload(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
   c.preload = list_of(v);
   c.preload_set = true;
@@ -439,6 +450,25 @@ constexpr SettingInfo kSettings[] = {
      .help = "A model to serve; ID is the name requests give, the file name without .gguf if left out. Repeatable.",
      .example = "tiny=/models/tiny.gguf",
      .apply = apply_models},
+    {.name = "hf-repo",
+     .alias = "-hf",
+     .kind = kList,
+     .scope = kServer,
+     .value_name = "[ID=]OWNER/NAME[:QUANT]",
+     .default_text = "none",
+     .help = "A model from Hugging Face (QUANT: Q1_0, Q2_0, PQ2_0, PTQ1_0, ...), downloaded into its cache before "
+             "serving and read from there afterwards (HF_HOME, HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE). Repeatable.",
+     .example = "prism-ml/Bonsai-8B-gguf:Q1_0",
+     .apply = apply_hf_repos},
+    {.name = "hf-file",
+     .alias = "-hff",
+     .kind = kString,
+     .scope = kServer,
+     .value_name = "FILE",
+     .default_text = "chosen by QUANT",
+     .help = "The exact file of the one hf-repo repository.",
+     .example = "Bonsai-8B-Q1_0.gguf",
+     .apply = apply_hf_file},
     {.name = "config",
      .kind = kString,
      .scope = kCommandLine,

@@ -50,6 +50,11 @@ struct ModelArg {
 
 struct ServeConfig {
   std::vector<ModelArg> models;
+  // hf-repo (-hf, llama-server's flag): "[ID=]OWNER/NAME[:QUANT]" models
+  // from Hugging Face, fetched into its cache by `bonsai serve` (src/hub)
+  // before serving; ID defaults to the file name without .gguf.
+  std::vector<std::string> hf_repos;
+  std::string hf_file;               // hf-file (-hff): the exact file of the one hf-repo
   std::vector<std::string> preload;  // [router] preload
   bool preload_set = false;          // false: preload every model (up to models_max)
   // The model keys (pool-size, parallel, ctx-size, kv-budget-tokens,
