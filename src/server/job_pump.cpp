@@ -153,20 +153,21 @@ void JobPump::finish() {
   ctx_.jobs_cv.notify_all();
 }
 
-void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit) {
-  http.route("POST", path, [&ctx, &http, submit = std::move(submit)](const std::shared_ptr<Exchange>& ex) {
+void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit,
+                   ErrorWriter write_error) {
+  http.route("POST", path, [&ctx, &http, submit = std::move(submit), write_error](const std::shared_ptr<Exchange>& ex) {
     const HttpRequest& req = ex->request();
     HttpResponse res;
     if (req.is_multipart()) {
-      send_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
+      write_error(res, bad_request("The request body must be JSON (got multipart/form-data).", {}, "invalid_json"));
       return ex->respond(std::move(res));
     }
     if (ctx.stopping) {
-      send_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
+      write_error(res, overloaded("The server is shutting down.", "shutting_down", 5));
       return ex->respond(std::move(res));
     }
     if (ctx.draining) {
-      send_error(res, draining_error());
+      write_error(res, draining_error());
       return ex->respond(std::move(res));
     }
     auto job = submit(req.body, res, Clock::now());

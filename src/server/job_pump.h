@@ -127,8 +127,10 @@ class JobPump : public std::enable_shared_from_this<JobPump> {
 // 400, a stopping server a 503 shutting_down; otherwise `submit(body, res,
 // admitted)` parses, admits and submits the request and returns the job to
 // pump, or nullopt with its (error) answer written in `res`. A draining
-// server (Server::drain) answers 503 draining before `submit` runs. `ctx` and
-// `http` outlive the route.
+// server (Server::drain) answers 503 draining before `submit` runs. The
+// route's own errors are written by `write_error` (send_error: OpenAI's
+// shape; another dialect's routes pass theirs). `ctx` and `http` outlive
+// the route.
 struct SubmittedJob {
   std::shared_ptr<engine::JobHandle> handle;
   int n = 1;  // choices (completions) or inputs (embeddings)
@@ -136,6 +138,8 @@ struct SubmittedJob {
 };
 using JobSubmitter =
     std::function<std::optional<SubmittedJob>(const std::string& body, HttpResponse& res, engine::Clock::time_point)>;
-void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit);
+using ErrorWriter = void (*)(HttpResponse&, const ApiError&);
+void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit,
+                   ErrorWriter write_error = send_error);
 
 }  // namespace bonsai::server
