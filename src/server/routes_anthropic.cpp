@@ -281,6 +281,8 @@ std::optional<ApiError> parse_messages_request(std::string_view body_text, Messa
   if (auto e = translate_tools(body, chat)) return e;
   if (auto e = translate_tool_choice(body, chat)) return e;
   if (auto e = translate_thinking(body, chat)) return e;
+  if (const Json* k = member(body, "chat_template_kwargs"); k && !chat.contains("chat_template_kwargs"))
+    chat["chat_template_kwargs"] = *k;  // llama.cpp's extension; `thinking` wins
   if (count_only) return std::nullopt;
 
   const Json* max_tokens = member(body, "max_tokens");
@@ -306,7 +308,10 @@ std::optional<ApiError> parse_messages_request(std::string_view body_text, Messa
     if (!s->is_boolean()) return wrong_type("stream", "a boolean", *s);
     out.stream = s->get<bool>();
   }
-  for (const char* key : {"temperature", "top_p", "top_k"})  // checked by the chat parser under the same names
+  // Checked by the chat parser under the same names: Anthropic's, and
+  // llama.cpp's sampling extensions as on chat completions.
+  for (const char* key : {"temperature", "top_p", "top_k", "seed", "min_p", "repeat_penalty", "presence_penalty",
+                          "frequency_penalty", "logit_bias", "ignore_eos", "grammar"})
     if (const Json* v = member(body, key)) chat[key] = *v;
   return std::nullopt;
 }
@@ -318,8 +323,6 @@ ApiError anthropic_error(ApiError e) {
   std::string renamed(p);
   if (p == "stop") {
     renamed = "stop_sequences";
-  } else if (starts("chat_template_kwargs")) {
-    renamed = "thinking";
   } else if (starts("tool_choice.function")) {
     renamed = "tool_choice" + std::string(p.substr(20));
   } else if (starts("tools[")) {

@@ -33,7 +33,10 @@
 // ({type: auto | any | tool (+ name) | none}, disable_parallel_tool_use),
 // temperature, top_p, top_k, stop_sequences, thinking ({type: enabled |
 // disabled}; absent: the model's default, as on chat completions),
-// metadata (user_id), stream. Other fields are ignored; the
+// metadata (user_id), stream; llama.cpp's sampling extensions as on chat
+// completions (seed, min_p, repeat_penalty, presence_penalty,
+// frequency_penalty, logit_bias, ignore_eos, grammar, chat_template_kwargs,
+// which `thinking` overrides). Other fields are ignored; the
 // anthropic-version and anthropic-beta headers are accepted and ignored.
 //
 // stop_reason: "max_tokens" (the token limit or --timeout cut it),
@@ -73,10 +76,9 @@ struct MessagesRequest {
 
 // Validates `body` (JSON text) and translates it. `count_only`: the
 // count_tokens body (max_tokens, stream and the sampling fields are not
-// read). A field of the wrong type or value is a 400 whose message and
-// `param` name the Anthropic field ("messages[1].content[0].tool_use_id");
-// a body nested deeper than kMaxJsonDepth or not a JSON object is a 400.
-// Values the chat parser checks (ranges, tool names, schemas) are checked
+// read; thinking and chat_template_kwargs are, as they change the prompt). A field of the wrong type or value is a 400
+// whose message and `param` name the Anthropic field ("messages[1].content[0].tool_use_id"); a body nested deeper than
+// kMaxJsonDepth or not a JSON object is a 400. Values the chat parser checks (ranges, tool names, schemas) are checked
 // there and renamed by anthropic_error.
 std::optional<ApiError> parse_messages_request(std::string_view body, MessagesRequest& out, bool count_only = false);
 
@@ -84,8 +86,7 @@ std::optional<ApiError> parse_messages_request(std::string_view body, MessagesRe
 // its param and the quoted names in its message renamed to the Messages
 // fields: "stop" -> "stop_sequences", "tools[0].function.parameters" ->
 // "tools[0].input_schema", "tools[0].function.name" -> "tools[0].name",
-// "tool_choice.function.name" -> "tool_choice.name", "chat_template_kwargs"
-// -> "thinking".
+// "tool_choice.function.name" -> "tool_choice.name".
 ApiError anthropic_error(ApiError e);
 
 // Anthropic's error type for an HTTP status (docs.anthropic.com/en/api/errors):

@@ -9,7 +9,10 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -279,11 +282,12 @@ const std::string kQwen = test::shared_path("fixtures/qwen3-tiny-q1_0.gguf");
 class AnthropicHttp : public ::testing::Test {
  protected:
   virtual std::string api_key() const { return {}; }
+  virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
 
   void SetUp() override {
     BONSAI_REQUIRE_FILE(kStories);
     BONSAI_REQUIRE_FILE(kQwen);
-    pool_ = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+    pool_ = std::make_shared<engine::ModelPool>(2, 0, loader(), engine::gguf_model_estimator());
     engine::ModelSpec spec;
     spec.pool_size = 1;
     spec.ctx_size = 512;
@@ -585,6 +589,61 @@ TEST_F(AnthropicHttp, StopSequenceEndsTheTextAndIsNamed) {
   EXPECT_EQ(full["stop_sequence"], nullptr);
 }
 
+// <think> text is a "thinking" block before the text, streamed as
+// thinking_delta events and a signature_delta (llama.cpp's `grammar` makes
+// the random model write it); `thinking` disabled renders the prompt
+// without it, as chat_template_kwargs.enable_thinking false does.
+TEST_F(AnthropicHttp, ThinkTextBecomesAThinkingBlockStreamedAndNot) {
+  const json body{{"model", "qwen"},
+                  {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                  {"temperature", 0},
+                  {"max_tokens", 100},
+                  {"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}}},
+                  {"grammar", R"(root ::= "<think>\nI should greet.\n</think>\n\nHello there")"}};
+  auto [st, m] = post("/v1/messages", body);
+  ASSERT_EQ(st, 200) << m.dump();
+  EXPECT_EQ(m["stop_reason"], "end_turn");
+  EXPECT_EQ(m["content"], json::parse(R"([{"type": "thinking", "thinking": "I should greet.", "signature": ""},
+                                          {"type": "text", "text": "Hello there"}])"));
+  const std::vector<json> evs = stream(body);
+  json folded = fold_stream(evs);
+  folded["id"] = m["id"];
+  EXPECT_EQ(folded, m);
+  std::vector<std::string> deltas;
+  for (const json& e : evs)
+    if (e["type"] == "content_block_delta") deltas.push_back(e["delta"]["type"]);
+  ASSERT_GE(deltas.size(), 3u);
+  EXPECT_EQ(deltas.front(), "thinking_delta");
+  EXPECT_EQ(deltas.back(), "text_delta");
+  EXPECT_NE(std::find(deltas.begin(), deltas.end(), "signature_delta"), deltas.end());
+
+  json off = body;
+  off["thinking"] = {{"type", "disabled"}};
+  off.erase("grammar");
+  off["max_tokens"] = 8;
+  auto [ost, o] = post("/v1/messages", off);
+  ASSERT_EQ(ost, 200) << o.dump();
+  const json chat{{"model", "qwen"},
+                  {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                  {"temperature", 0},
+                  {"max_tokens", 8},
+                  {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  auto [cst, c] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cst, 200) << c.dump();
+  EXPECT_EQ(o["usage"]["input_tokens"], c["usage"]["prompt_tokens"]);
+  EXPECT_EQ(text_of(o), c["choices"][0]["message"]["content"].get<std::string>());
+  json on = off;
+  on["thinking"] = {{"type", "enabled"}};
+  auto [nst, n] = post("/v1/messages", on);
+  ASSERT_EQ(nst, 200) << n.dump();
+  EXPECT_NE(n["usage"]["input_tokens"], o["usage"]["input_tokens"]);  // Qwen3's template differs by thinking
+  json count_off = off;
+  count_off.erase("max_tokens");
+  auto [kst, k] = post("/v1/messages/count_tokens", count_off);
+  ASSERT_EQ(kst, 200) << k.dump();
+  EXPECT_EQ(k["input_tokens"], o["usage"]["input_tokens"]);
+}
+
 TEST_F(AnthropicHttp, ErrorsTakeAnthropicsShapeAndTheServerKeepsServing) {
   auto expect_error = [&](const std::string& path, const json& body, int status, const char* type,
                           const char* mentions) {
@@ -632,6 +691,63 @@ TEST_F(AnthropicHttp, ErrorsTakeAnthropicsShapeAndTheServerKeepsServing) {
   // Still serving.
   auto [st, m] = post("/v1/messages", {{"messages", user}, {"max_tokens", 3}});
   EXPECT_EQ(st, 200) << m.dump();
+}
+
+class AnthropicHttpSlowSteps : public AnthropicHttp {
+ protected:
+  engine::ModelPool::Loader loader() override {
+    return engine::gguf_model_loader([](engine::SchedulerOptions& so) {
+      so.on_step = [](int64_t, int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(10)); };
+    });
+  }
+};
+
+// A stream cut after it started (here: the server stops) ends with an
+// `error` event in Anthropic's shape, and nothing after it.
+TEST_F(AnthropicHttpSlowSteps, StreamCutMidwayEndsWithAnErrorEvent) {
+  const json body{{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                  {"max_tokens", 400},
+                  {"ignore_eos", true},
+                  {"stream", true}};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string got;
+  int status = -1;
+  std::thread reader([&] {
+    auto c = client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/messages";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      std::lock_guard lock(mu);
+      got.append(data, n);
+      cv.notify_all();
+      return true;
+    };
+    auto r = c.send(req);
+    std::lock_guard lock(mu);
+    status = r ? r->status : -2;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60),
+                            [&] { return got.find("text_delta") != std::string::npos || status != -1; }));
+  }
+  server_->stop();
+  reader.join();
+  EXPECT_EQ(status, 200);
+  const size_t last = got.rfind("event: ");
+  ASSERT_NE(last, std::string::npos) << got;
+  const std::string ev = got.substr(last);
+  ASSERT_EQ(ev.rfind("event: error\ndata: ", 0), 0u) << ev;
+  const json data = json::parse(ev.substr(ev.find('\n') + 7));
+  EXPECT_EQ(data["type"], "error");
+  EXPECT_EQ(data["error"]["type"], "overloaded_error");  // 503 shutting_down
+  EXPECT_FALSE(data["error"]["message"].get<std::string>().empty());
+  EXPECT_EQ(got.find("message_stop"), std::string::npos);
 }
 
 class AnthropicHttpKey : public AnthropicHttp {
