@@ -248,18 +248,19 @@ std::optional<ApiError> translate_tool_choice(const Json& body, Json& chat) {
   return std::nullopt;
 }
 
-// `thinking` {type: enabled | disabled, budget_tokens?}: enable_thinking.
+// `thinking` {type: enabled | adaptive | disabled, budget_tokens?}:
+// enable_thinking (the budget is not enforced: max_tokens bounds the whole answer).
 std::optional<ApiError> translate_thinking(const Json& body, Json& chat) {
   const Json* t = member(body, "thinking");
   if (!t) return std::nullopt;
   if (!t->is_object()) return wrong_type("thinking", "an object", *t);
   std::string type;
   if (auto e = required_string(*t, "type", "thinking", type)) return e;
-  if (type != "enabled" && type != "disabled")
-    return bad_value("thinking.type", (*t)["type"], "'enabled' and 'disabled'");
+  if (type != "enabled" && type != "disabled" && type != "adaptive")
+    return bad_value("thinking.type", (*t)["type"], "'enabled', 'adaptive' and 'disabled'");
   if (const Json* b = member(*t, "budget_tokens"); b && !b->is_number_integer())
     return wrong_type("thinking.budget_tokens", "an integer", *b);
-  chat["chat_template_kwargs"] = Json{{"enable_thinking", type == "enabled"}};
+  chat["chat_template_kwargs"] = Json{{"enable_thinking", type != "disabled"}};
   return std::nullopt;
 }
 

@@ -32,7 +32,7 @@
 // ({name, description?, input_schema}; type absent or "custom"), tool_choice
 // ({type: auto | any | tool (+ name) | none}, disable_parallel_tool_use),
 // temperature, top_p, top_k, stop_sequences, thinking ({type: enabled |
-// disabled}; absent: the model's default, as on chat completions),
+// adaptive | disabled}; absent: the model's default, as on chat completions),
 // metadata (user_id), stream; llama.cpp's sampling extensions as on chat
 // completions (seed, min_p, repeat_penalty, presence_penalty,
 // frequency_penalty, logit_bias, ignore_eos, grammar, chat_template_kwargs,

@@ -64,6 +64,10 @@ TEST(AnthropicTranslate, SystemMessagesAndSamplingTakeChatShapes) {
                          "thinking": {"type": "enabled", "budget_tokens": 1024}})")
                 .chat["chat_template_kwargs"]["enable_thinking"],
             true);
+  EXPECT_EQ(parse_ok(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                         "thinking": {"type": "adaptive"}})")
+                .chat["chat_template_kwargs"]["enable_thinking"],
+            true);
   // Absent: the model's default, as on chat completions.
   EXPECT_FALSE(parse_ok(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})")
                    .chat.contains("chat_template_kwargs"));
