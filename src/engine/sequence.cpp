@@ -335,6 +335,7 @@ void Sequence::accept_logits(std::span<const float> logits) {
   const std::string piece = m.emitter.push(tk.token_to_bytes(tok));
   if (m.emitter.stopped()) {
     m.res.finish_reason = FinishReason::kStop;
+    m.res.stop_sequence = m.emitter.stop()[static_cast<size_t>(m.emitter.matched_stop())];
     m.done = true;
     emit(tok, index, piece);
     return;

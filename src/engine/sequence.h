@@ -107,6 +107,9 @@ struct GenerationResult {
   RequestRateSummary rate;        // TTFT / ITL / tokens/s of this call
   int32_t cached_tokens = 0;      // prompt tokens reused from the cache (not recomputed)
   bool timed_out = false;         // ended by a deadline (finish_reason kLength; see Scheduler)
+  // The stop string (SamplingParams::stop) that ended the generation
+  // (finish_reason kStop); empty when none did (EOS, length, cancel).
+  std::string stop_sequence;
   // SamplingParams::logprobs >= 0: one entry per element of `tokens` (same
   // order; a terminating EOS has none). Empty otherwise.
   std::vector<TokenLogprob> logprobs;

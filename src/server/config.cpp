@@ -539,7 +539,8 @@ constexpr SettingInfo kSettings[] = {
      .scope = kServer,
      .value_name = "KEY",
      .default_text = "none: no authentication",
-     .help = "Require 'Authorization: Bearer KEY' on /v1 and /admin. Never blank: an empty or whitespace key is "
+     .help = "Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on /v1 and /admin. Never blank: an "
+             "empty or whitespace key is "
              "a usage error. Without a key on a non-loopback host the server warns and /admin answers 403.",
      .example = "secret",
      .apply = apply_api_key},

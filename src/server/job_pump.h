@@ -130,7 +130,8 @@ class JobPump : public std::enable_shared_from_this<JobPump> {
 // server (Server::drain) answers 503 draining before `submit` runs. `ctx` and
 // `http` outlive the route. `write_error` writes the route's own errors
 // (multipart, stopping, draining) in its dialect: OpenAI's error object by
-// default (send_error), Ollama's {"error": "..."} for /api/* (routes_ollama.h).
+// default (send_error), Ollama's {"error": "..."} for /api/* (routes_ollama.h),
+// Anthropic's error object for /v1/messages (routes_anthropic.h).
 struct SubmittedJob {
   std::shared_ptr<engine::JobHandle> handle;
   int n = 1;  // choices (completions) or inputs (embeddings)

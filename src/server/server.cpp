@@ -30,6 +30,7 @@
 #include "server/job_pump.h"          // JobPump, add_job_route, deadline_after
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
+#include "server/routes_anthropic.h"  // add_anthropic_routes, send_anthropic_error
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
 #include "server/routes_ollama.h"     // add_ollama_routes, send_ollama_error
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
@@ -52,7 +53,7 @@ std::string route_label(const std::string& path) {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
       "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
   if (known.contains(path)) return path;
-  if (path == "/v1/responses") return path;
+  if (path == "/v1/responses" || path == "/v1/messages" || path == "/v1/messages/count_tokens") return path;
   if (path.rfind("/api/", 0) == 0) {  // Ollama's API: its known routes, every other path as one
     static const std::set<std::string> ollama = {"/api/version", "/api/tags",       "/api/show",
                                                  "/api/ps",      "/api/chat",       "/api/generate",
@@ -142,15 +143,25 @@ struct Server::Impl {
     return t;
   }
 
+  // The key, from "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY"
+  // (Anthropic's header, docs.anthropic.com/en/api/overview): either one
+  // that holds the key is enough, on every protected route. Both carry the
+  // same secret, compared the same way, so the second header opens nothing
+  // the first does not; and a client set up for Anthropic (which sends only
+  // x-api-key) can also list /v1/models.
   bool authorized(const HttpRequest& req) const {
     if (ctx.opt.api_key.empty()) return true;
+    if (req.has_header("x-api-key") && key_matches(req.header("x-api-key"))) return true;
     std::string h = req.header("Authorization");
     // RFC 7235 section 2.1: the auth scheme is case-insensitive ("bearer KEY" is valid).
     constexpr std::string_view kScheme = "bearer ";
     if (h.size() < kScheme.size()) return false;
     for (size_t i = 0; i < kScheme.size(); ++i)
       if (std::tolower(static_cast<unsigned char>(h[i])) != kScheme[i]) return false;
-    const std::string_view key = std::string_view(h).substr(kScheme.size());
+    return key_matches(std::string_view(h).substr(kScheme.size()));
+  }
+  // True when `key` is ctx.opt.api_key (non-empty), compared in constant time in its length.
+  bool key_matches(std::string_view key) const {
     const std::string& want = ctx.opt.api_key;
     if (key.size() != want.size()) return false;
     unsigned diff = 0;  // constant time in the key's length
@@ -209,9 +220,11 @@ struct Server::Impl {
     }
     http.set_pre_routing([this](const HttpRequest& req, HttpResponse& res) {
       if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
-      // Ollama's API (/api/*) answers errors in its own shape, {"error": "..."}.
+      // Ollama's API (/api/*) and Anthropic's routes answer errors in their own shapes.
       const bool ollama = req.path.rfind("/api/", 0) == 0;
-      const auto write_error = ollama ? send_ollama_error : send_error;
+      const auto write_error = ollama                        ? send_ollama_error
+                               : is_anthropic_path(req.path) ? send_anthropic_error
+                                                             : send_error;
       if (ctx.draining && req.method == "POST") {  // no new work while draining (GET /health says so)
         write_error(res, draining_error());
         return true;
@@ -223,10 +236,10 @@ struct Server::Impl {
       if (!authorized(req)) {
         e.status = 401;
         e.code = "invalid_api_key";
-        e.message = req.has_header("Authorization")
+        e.message = req.has_header("Authorization") || req.has_header("x-api-key")
                         ? "Incorrect API key provided."
                         : "You didn't provide an API key. Provide it in the Authorization header (Authorization: "
-                          "Bearer YOUR_KEY).";
+                          "Bearer YOUR_KEY) or the x-api-key header.";
       } else if (admin_closed(req)) {
         e.status = 403;
         e.code = "admin_forbidden";
@@ -278,26 +291,59 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
-    // POST /v1/responses and Ollama's /api/chat, /api/generate: translated
-    // into a chat (or completions) request, prepared and submitted as chat completions are.
-    add_responses_routes(http, ctx, chat_submitter());
-    add_ollama_routes(http, ctx, chat_submitter());
+    // POST /v1/responses, Ollama's /api/chat and /api/generate and
+    // Anthropic's /v1/messages: translated into a chat (or completions)
+    // request, prepared and submitted as chat completions are.
+    const ChatSubmitter submit = [this](CompletionRequest cr, Clock::time_point admitted) {
+      return submit_chat(std::move(cr), admitted);
+    };
+    add_responses_routes(http, ctx, submit);
+    add_ollama_routes(http, ctx, submit);
+    // Anthropic's also counts a prompt's tokens (/v1/messages/count_tokens).
+    add_anthropic_routes(http, ctx, submit, [this](CompletionRequest cr) { return count_chat_prompt(cr); });
   }
 
-  // The server's chat path as a route of another dialect submits through it.
-  ChatSubmitter chat_submitter() {
-    return [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
-      auto job = submit_completion(std::move(cr), admitted);
-      if (!job) return std::unexpected(job.error());
-      SubmittedChat s;
-      s.handle = (*job)->handle;
-      s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
-      s.output = (*job)->output;
-      s.model = (*job)->meta.model;
-      s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
-      s.owner = std::move(*job);
-      return s;
-    };
+  // The chat path as another dialect's route takes it (ChatSubmitter,
+  // routes_responses.h): submit_completion, the job handed over as a SubmittedChat.
+  std::expected<SubmittedChat, ApiError> submit_chat(CompletionRequest cr, Clock::time_point admitted) {
+    auto job = submit_completion(std::move(cr), admitted);
+    if (!job) return std::unexpected(job.error());
+    SubmittedChat s;
+    s.handle = (*job)->handle;
+    s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
+    s.output = (*job)->output;
+    s.model = (*job)->meta.model;
+    s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
+    s.owner = std::move(*job);
+    return s;
+  }
+
+  // The prompt tokens `cr` (a parsed chat request) renders to with its
+  // model's template, as submit_completion would render it (a constrained
+  // answer on a template that opens the reasoning itself is rendered with
+  // thinking off); nothing is submitted. POST /v1/messages/count_tokens.
+  std::expected<int64_t, ApiError> count_chat_prompt(const CompletionRequest& cr) {
+    const std::string model_id = cr.model.empty() ? ctx.opt.default_model : cr.model;
+    auto model = acquire_model(ctx, model_id);
+    if (!model) return std::unexpected(model.error());
+    const engine::ModelHandle hold = std::move(*model);  // gives the model back on every path
+    if (!hold->tokenizer) return std::unexpected(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
+    const tokenizer::Tokenizer& tok = *hold->tokenizer;
+    tokenizer::ChatOptions rendering;
+    rendering.enable_thinking = cr.enable_thinking;
+    rendering.tools = cr.tools;
+    const bool constrained = cr.sampling.grammar.has_value() && *cr.sampling.grammar != nullptr;
+    if (constrained && tok.chat_template().prompt_opens_reasoning(rendering)) rendering.enable_thinking = false;
+    auto rendered = tok.chat_template().render(cr.messages, rendering);
+    if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages"));
+    size_t bytes = 0;
+    for (const auto& seg : rendered->segments) bytes += seg.text.size();
+    if (bytes > max_prompt_bytes(hold->n_ctx))
+      return std::unexpected(
+          bad_request("The messages text is " + std::to_string(bytes) + " bytes; this server tokenizes at most " +
+                          std::to_string(max_prompt_bytes(hold->n_ctx)) + " bytes of prompt for this model.",
+                      "messages", "context_length_exceeded"));
+    return static_cast<int64_t>(tok.encode_chat(*rendered).size());
   }
 
   // ---- completions --------------------------------------------------------
