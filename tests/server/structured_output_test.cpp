@@ -123,7 +123,7 @@ TEST(StructuredOutput, ErrorsNameTheFieldAndTheKeyword) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "response_format.json_schema.schema");
   EXPECT_NE(e.message.find("patternProperties"), std::string::npos) << e.message;
-  e = build_error(R"({"json_schema": {"type": "number", "multipleOf": 3}})", Endpoint::kCompletion);
+  e = build_error(R"({"json_schema": {"type": "number", "multipleOf": 1234567}})", Endpoint::kCompletion);
   EXPECT_EQ(e.param, "json_schema");
   EXPECT_NE(e.message.find("multipleOf"), std::string::npos) << e.message;
   e = build_error(R"({"grammar": "root ::= nope"})");

@@ -176,7 +176,7 @@ await check("response_format json_object: an object (or a cut-off prefix of one)
 await check("400s name the field and the keyword", async () => {
   const cases = [
     [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object", patternProperties: { "^a": { type: "string" } } } } } }, "response_format.json_schema.schema", /patternProperties/],
-    [{ json_schema: { type: "string", format: "hostname" } }, "json_schema", /hostname/],
+    [{ json_schema: { type: "string", format: "cuid2" } }, "json_schema", /cuid2/],
     [{ grammar: 'root ::= "a" undefined-rule' }, "grammar", /undefined-rule/],
     [{ grammar: "root ::= (" }, "grammar", /line 1/],
     [{ grammar: 'root ::= "a"', json_schema: { type: "boolean" } }, "json_schema", /grammar/],
@@ -189,7 +189,7 @@ await check("400s name the field and the keyword", async () => {
     assert.equal(r.json.error.param, param, JSON.stringify(r.json));
     assert.match(r.json.error.message, re);
   }
-  const c = await post("/v1/completions", { model: qwen, prompt: "x", max_tokens: 8, json_schema: { type: "object", properties: { a: { type: "number", multipleOf: 2 } } } });
+  const c = await post("/v1/completions", { model: qwen, prompt: "x", max_tokens: 8, json_schema: { type: "object", properties: { a: { type: "number", multipleOf: 1234567 } } } });
   assert.equal(c.status, 400);
   assert.equal(c.json.error.param, "json_schema");
   assert.match(c.json.error.message, /multipleOf/);
