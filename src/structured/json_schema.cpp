@@ -748,17 +748,21 @@ class Converter {
   }
 
   // Numbers (integers when `integer`) meeting every bound and multipleOf, as
-  // one DFA over the number's text (no exponent; at most 16 integral and 16
-  // fraction digits): non-negative texts and '-' texts are built apart, each
-  // the intersection of digit-by-digit comparisons with the bounds.
+  // one DFA over the number's text (no exponent; at most 15 digits in all,
+  // DBL_DIG: a validator that reads the value as an IEEE double — JavaScript,
+  // Python — then compares and divides exactly as the decimal text does, so
+  // 2.4999999999999999 never rounds onto an exclusive bound 2.5):
+  // non-negative texts and '-' texts are built apart, each the intersection
+  // of digit-by-digit comparisons with the bounds.
   std::string bounded_number(const Json& s, const std::string& path, bool integer) {
     const uint32_t frac = integer ? 0 : kMaxDigits;
     const Decimal zero;
-    std::optional<Dfa> pos = magnitude_dfa(Cmp::kAny, zero, kMaxDigits, frac);
+    constexpr uint32_t kSignificant = 15;
+    std::optional<Dfa> pos = magnitude_dfa(Cmp::kAny, zero, kMaxDigits, frac, kSignificant);
     std::optional<Dfa> neg = pos;
     auto meet = [&](std::optional<Dfa>& side, Cmp op, const Decimal& m) {
       if (!side) return;
-      auto d = dfa_intersect(*side, magnitude_dfa(op, m, kMaxDigits, frac));
+      auto d = dfa_intersect(*side, magnitude_dfa(op, m, kMaxDigits, frac, kSignificant));
       if (!d) fail("bounds at " + at_path(path) + ": " + d.error().message);
       side = std::move(*d);
     };

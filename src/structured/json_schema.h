@@ -9,7 +9,8 @@
 // the same document ("#", "#/$defs/x", "#/definitions/x", any JSON pointer;
 // recursion allowed), integer / number minimum / maximum / exclusiveMinimum /
 // exclusiveMaximum (any decimal value, exact: digit-by-digit comparison
-// automata; bounded numbers have no exponent) and multipleOf (exact:
+// automata; bounded numbers have no exponent and at most 15 digits, so a
+// double holds them for validators that compare doubles) and multipleOf (exact:
 // remainder automata; digits of multipleOf x (fraction digits + 1) at most
 // 10000, else an error naming the limit), string minLength / maxLength,
 // format (date, time, date-time, uuid, email, uri, ipv4, ipv6, hostname; see

@@ -896,7 +896,8 @@ std::optional<std::pair<bool, Decimal>> parse_decimal(std::string_view t) {
   return std::make_pair(neg, d);
 }
 
-Dfa magnitude_dfa(Cmp op, const Decimal& m, uint32_t max_int_digits, uint32_t max_frac_digits) {
+Dfa magnitude_dfa(Cmp op, const Decimal& m, uint32_t max_int_digits, uint32_t max_frac_digits,
+                  uint32_t max_total_digits) {
   // c: -1 / 0 / +1 = the digits read so far compare less / equal / greater
   // than m's digits at the same places (m's fraction padded with zeros).
   const std::string& mi = m.int_digits;
@@ -917,41 +918,44 @@ Dfa magnitude_dfa(Cmp op, const Decimal& m, uint32_t max_int_digits, uint32_t ma
     return false;
   };
   const auto cmp = [](char a, char b) { return a < b ? -1 : a > b ? 1 : 0; };
-  // State keys: (phase 0 start / 1 integer / 2 fraction, count, c, zero int).
-  std::map<std::tuple<int, uint32_t, int, bool>, uint32_t> ids;
-  std::vector<std::tuple<int, uint32_t, int, bool>> keys;
-  auto id = [&](std::tuple<int, uint32_t, int, bool> k) {
+  // State: phase (0 start, 1 integer part, 2 fraction), n (digits of the
+  // current part), c, zero (the integer part is "0"), total (digits counted
+  // against max_total_digits: a lone "0" integer part does not count).
+  using Key = std::tuple<int, uint32_t, int, bool, uint32_t>;
+  std::map<Key, uint32_t> ids;
+  std::vector<Key> keys;
+  auto id = [&](Key k) {
     auto [it, fresh] = ids.emplace(k, static_cast<uint32_t>(keys.size()));
     if (fresh) keys.push_back(k);
     return it->second;
   };
-  id({0, 0, 0, false});
+  id({0, 0, 0, false, 0});
   Dfa d;
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto [phase, n, c, zero] = keys[i];
+    auto [phase, n, c, zero, total] = keys[i];
     std::vector<Dfa::Edge> es;
     bool accept = false;
     if (phase == 0) {
-      es.push_back({'0', '0', id({1, 1, cmp('0', mi[0]), true})});
-      for (char g = '1'; g <= '9'; ++g) es.push_back({uint32_t(g), uint32_t(g), id({1, 1, cmp(g, mi[0]), false})});
+      es.push_back({'0', '0', id({1, 1, cmp('0', mi[0]), true, 0})});
+      for (char g = '1'; g <= '9'; ++g) es.push_back({uint32_t(g), uint32_t(g), id({1, 1, cmp(g, mi[0]), false, 1})});
     } else if (phase == 1) {
       const size_t len = mi.size();
       const int int_c = n > len ? 1 : n < len ? -1 : c;
       accept = ok(int_c != 0 ? int_c : (mf.empty() ? 0 : -1));
-      if (max_frac_digits > 0) es.push_back({'.', '.', id({2, 0, int_c, false})});
-      if (!zero && n < max_int_digits) {
+      if (max_frac_digits > 0 && total < max_total_digits) es.push_back({'.', '.', id({2, 0, int_c, false, total})});
+      if (!zero && n < max_int_digits && total < max_total_digits) {
         for (char g = '0'; g <= '9'; ++g) {
           int nc = c != 0 || n >= len ? c : cmp(g, mi[n]);
-          es.push_back({uint32_t(g), uint32_t(g), id({1, n + 1, nc, false})});
+          es.push_back({uint32_t(g), uint32_t(g), id({1, n + 1, nc, false, total + 1})});
         }
       }
       std::sort(es.begin(), es.end(), [](const Dfa::Edge& x, const Dfa::Edge& y) { return x.lo < y.lo; });
     } else {
       accept = n >= 1 && ok(c != 0 ? c : (n < mf.size() ? -1 : 0));
-      if (n < max_frac_digits) {
+      if (n < max_frac_digits && total < max_total_digits) {
         for (char g = '0'; g <= '9'; ++g) {
           int nc = c != 0 ? c : cmp(g, n < mf.size() ? mf[n] : '0');
-          es.push_back({uint32_t(g), uint32_t(g), id({2, n + 1, nc, false})});
+          es.push_back({uint32_t(g), uint32_t(g), id({2, n + 1, nc, false, total + 1})});
         }
       }
     }

@@ -97,9 +97,11 @@ std::optional<std::pair<bool, Decimal>> parse_decimal(std::string_view json_numb
 enum class Cmp : uint8_t { kAny, kLt, kLe, kGt, kGe };
 // Unsigned JSON number texts without exponent, "I" or "I.F" (I: "0" or 1 to
 // max_int_digits digits without a leading zero; F: 1 to max_frac_digits
-// digits, none when max_frac_digits is 0), whose value compares to `m` as
+// digits, none when max_frac_digits is 0; at most max_total_digits digits in
+// all, a lone "0" integer part not counted), whose value compares to `m` as
 // `op` (kAny: every such text). Exact: a digit-by-digit comparison.
-Dfa magnitude_dfa(Cmp op, const Decimal& m, uint32_t max_int_digits, uint32_t max_frac_digits);
+Dfa magnitude_dfa(Cmp op, const Decimal& m, uint32_t max_int_digits, uint32_t max_frac_digits,
+                  uint32_t max_total_digits);
 // Unsigned decimal texts "I" or "I.F" (digits only, no length limit; meant to
 // be intersected with magnitude_dfa) whose value is an integral multiple of
 // p / 10^d: the remainder of the digits read so far modulo p is the state.
