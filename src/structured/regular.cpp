@@ -771,59 +771,155 @@ Dfa dfa_minimize(const Dfa& a) {
     empty.accepting.push_back(false);
     return empty;
   }
-  // Moore's partition refinement over the live states.
-  std::vector<uint32_t> cls(n, 0);
-  for (size_t s = 0; s < n; ++s) cls[s] = a.accepting[s] ? 1 : 0;
-  size_t count = 0;
-  while (true) {
-    std::map<std::vector<uint32_t>, uint32_t> sig_ids;
-    std::vector<uint32_t> next(n, 0);
-    for (size_t s = 0; s < n; ++s) {
-      if (!live[s]) continue;
-      std::vector<uint32_t> sig = {cls[s]};
-      uint32_t last_to = UINT32_MAX, last_hi = 0;
-      for (const auto& e : a.edges[s]) {
-        if (!live[e.to]) continue;
-        if (last_to == cls[e.to] && last_hi + 1 == e.lo) {
-          sig.back() = e.hi;
-        } else {
-          sig.insert(sig.end(), {e.lo, cls[e.to], e.hi});  // hi last: a merge extends it
-        }
-        last_to = cls[e.to];
-        last_hi = e.hi;
-      }
-      next[s] = sig_ids.emplace(std::move(sig), static_cast<uint32_t>(sig_ids.size())).first->second;
+  // Hopcroft's partition refinement (O(m n log n)) over the live states and
+  // one dead state `dead` that takes every missing transition. The alphabet:
+  // the elementary intervals between all edge boundaries.
+  std::vector<uint32_t> idx(n, UINT32_MAX), states;
+  for (size_t s = 0; s < n; ++s) {
+    if (live[s]) {
+      idx[s] = static_cast<uint32_t>(states.size());
+      states.push_back(static_cast<uint32_t>(s));
     }
-    const size_t c = sig_ids.size();
-    cls = std::move(next);
-    if (c == count) break;
-    count = c;
   }
-  // Renumber classes in BFS order from the start.
-  std::vector<int64_t> id(count, -1);
-  std::vector<uint32_t> rep;  // a representative state per new id
-  id[cls[0]] = 0;
-  rep.push_back(0);
-  Dfa d;
-  for (size_t i = 0; i < rep.size(); ++i) {
-    uint32_t s = rep[i];
-    std::vector<Dfa::Edge> es;
+  const auto ns = static_cast<uint32_t>(states.size());
+  const uint32_t dead = ns, total = ns + 1;
+  std::vector<uint32_t> cuts;
+  for (uint32_t s : states) {
     for (const auto& e : a.edges[s]) {
       if (!live[e.to]) continue;
-      uint32_t c = cls[e.to];
-      if (id[c] < 0) {
-        id[c] = static_cast<int64_t>(rep.size());
-        rep.push_back(e.to);
+      cuts.push_back(e.lo);
+      cuts.push_back(e.hi + 1);
+    }
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  const uint32_t m = cuts.empty() ? 0 : static_cast<uint32_t>(cuts.size() - 1);  // symbols
+  std::vector<uint32_t> delta(static_cast<size_t>(total) * m, dead);             // [state * m + symbol]
+  for (uint32_t i = 0; i < ns; ++i) {
+    for (const auto& e : a.edges[states[i]]) {
+      if (!live[e.to]) continue;
+      auto k = static_cast<uint32_t>(std::lower_bound(cuts.begin(), cuts.end(), e.lo) - cuts.begin());
+      for (; k < m && cuts[k] <= e.hi; ++k) delta[static_cast<size_t>(i) * m + k] = idx[e.to];
+    }
+  }
+  // Predecessors by symbol: inv_start[k * (total + 1) + t] .. of inv.
+  std::vector<uint32_t> inv_start(static_cast<size_t>(m) * (total + 1) + 1, 0), inv(static_cast<size_t>(total) * m);
+  for (uint32_t s = 0; s < total; ++s)
+    for (uint32_t k = 0; k < m; ++k) ++inv_start[static_cast<size_t>(k) * (total + 1) + delta[size_t{s} * m + k] + 1];
+  for (size_t i = 1; i < inv_start.size(); ++i) inv_start[i] += inv_start[i - 1];
+  {
+    std::vector<uint32_t> fill(inv_start.begin(), inv_start.end() - 1);
+    for (uint32_t s = 0; s < total; ++s)
+      for (uint32_t k = 0; k < m; ++k) inv[fill[static_cast<size_t>(k) * (total + 1) + delta[size_t{s} * m + k]]++] = s;
+  }
+  // The partition: elems[bstart[b] .. bend[b]) are block b's states.
+  std::vector<uint32_t> elems(total), pos(total), block(total), bstart, bend, marked;
+  {
+    uint32_t at = 0;
+    for (bool acc : {true, false}) {
+      const uint32_t b = static_cast<uint32_t>(bstart.size());
+      bstart.push_back(at);
+      for (uint32_t s = 0; s < total; ++s) {
+        const bool sa = s < ns && a.accepting[states[s]];
+        if (sa != acc) continue;
+        elems[at] = s;
+        pos[s] = at++;
+        block[s] = b;
       }
-      auto to = static_cast<uint32_t>(id[c]);
-      if (!es.empty() && es.back().to == to && es.back().hi + 1 == e.lo) {
-        es.back().hi = e.hi;
+      bend.push_back(at);
+      if (bend.back() == bstart.back()) {
+        bstart.pop_back();
+        bend.pop_back();
+      }
+    }
+    // Renumber block ids if the accepting block was empty.
+    for (uint32_t s = 0; s < total; ++s) block[s] = pos[s] < bend[0] ? 0 : 1;
+    marked.assign(bstart.size(), 0);
+  }
+  std::vector<uint8_t> in_work;                        // [block * m + symbol]
+  std::vector<std::pair<uint32_t, uint32_t>> pending;  // (block, symbol) splitters
+  in_work.assign(bstart.size() * m, 0);
+  for (uint32_t b = 0; b < bstart.size(); ++b) {
+    for (uint32_t k = 0; k < m; ++k) {
+      pending.emplace_back(b, k);
+      in_work[size_t{b} * m + k] = 1;
+    }
+  }
+  std::vector<uint32_t> touched;
+  while (!pending.empty()) {
+    auto [b, k] = pending.back();
+    pending.pop_back();
+    in_work[size_t{b} * m + k] = 0;
+    touched.clear();
+    // Mark every predecessor (by k) of a state in b.
+    for (uint32_t i = bstart[b]; i < bend[b]; ++i) {
+      const uint32_t t = elems[i];
+      const size_t base = static_cast<size_t>(k) * (total + 1) + t;
+      for (uint32_t j = inv_start[base]; j < inv_start[base + 1]; ++j) {
+        const uint32_t s = inv[j];
+        const uint32_t y = block[s];
+        const uint32_t slot = bstart[y] + marked[y];
+        if (pos[s] < slot) continue;  // already marked
+        if (marked[y] == 0) touched.push_back(y);
+        const uint32_t other = elems[slot];
+        std::swap(elems[pos[s]], elems[slot]);
+        pos[other] = pos[s];
+        pos[s] = slot;
+        ++marked[y];
+      }
+    }
+    for (uint32_t y : touched) {
+      const uint32_t cnt = marked[y];
+      marked[y] = 0;
+      if (cnt == bend[y] - bstart[y]) continue;  // the whole block: no split
+      // The marked front part becomes a new block z.
+      const auto z = static_cast<uint32_t>(bstart.size());
+      bstart.push_back(bstart[y]);
+      bend.push_back(bstart[y] + cnt);
+      marked.push_back(0);
+      bstart[y] += cnt;
+      for (uint32_t i = bstart[z]; i < bend[z]; ++i) block[elems[i]] = z;
+      in_work.resize(bstart.size() * m, 0);
+      const bool z_smaller = bend[z] - bstart[z] <= bend[y] - bstart[y];
+      for (uint32_t c = 0; c < m; ++c) {
+        if (in_work[size_t{y} * m + c] || z_smaller) {
+          pending.emplace_back(z, c);
+          in_work[size_t{z} * m + c] = 1;
+        } else {
+          pending.emplace_back(y, c);
+          in_work[size_t{y} * m + c] = 1;
+        }
+      }
+    }
+  }
+  // Blocks in BFS order from the start; the dead state's block is dropped.
+  const uint32_t dead_block = block[dead];
+  std::vector<int64_t> id(bstart.size(), -1);
+  std::vector<uint32_t> rep;  // a representative (compact index) per new id
+  id[block[idx[0]]] = 0;
+  rep.push_back(idx[0]);
+  Dfa d;
+  for (size_t i = 0; i < rep.size(); ++i) {
+    const uint32_t s = rep[i];
+    std::vector<Dfa::Edge> es;
+    for (uint32_t k = 0; k < m; ++k) {
+      const uint32_t t = delta[size_t{s} * m + k];
+      const uint32_t bt = block[t];
+      if (bt == dead_block) continue;
+      if (id[bt] < 0) {
+        id[bt] = static_cast<int64_t>(rep.size());
+        rep.push_back(t);
+      }
+      const auto to = static_cast<uint32_t>(id[bt]);
+      const uint32_t lo = cuts[k], hi = cuts[k + 1] - 1;
+      if (!es.empty() && es.back().to == to && es.back().hi + 1 == lo) {
+        es.back().hi = hi;
       } else {
-        es.push_back({e.lo, e.hi, to});
+        es.push_back({lo, hi, to});
       }
     }
     d.edges.push_back(std::move(es));
-    d.accepting.push_back(a.accepting[s]);
+    d.accepting.push_back(a.accepting[states[s]]);
   }
   return d;
 }

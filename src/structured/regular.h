@@ -72,7 +72,9 @@ Dfa dfa_complement(const Dfa& a);
 // Concatenation "x" · L(a) for a literal prefix (e.g. a '-' sign).
 Dfa dfa_prefixed(std::string_view prefix, const Dfa& a);
 // Minimal equivalent DFA with unreachable and dead states removed (a state
-// from which no accepting state can be reached). An empty language is one
+// from which no accepting state can be reached): Hopcroft's algorithm,
+// O(m n log n) for n states and m elementary code point intervals (a chain
+// of 5000 counter states takes milliseconds). An empty language is one
 // non-accepting state with no edges.
 Dfa dfa_minimize(const Dfa& a);
 // True when the language is empty.

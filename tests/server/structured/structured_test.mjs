@@ -341,8 +341,9 @@ await check("zod 4 formats and number checks: 200 and zod's parse accepts", asyn
       });
     }
   }
+  const started = Date.now();
   const failures = (await pool(tasks, 8)).filter((f) => f !== null);
-  console.log(`# zod 4: ${tasks.length} answers, ${tasks.length - failures.length} accepted by zod`);
+  console.log(`# zod 4: ${tasks.length} answers, ${tasks.length - failures.length} accepted by zod, ${((Date.now() - started) / 1000).toFixed(1)} s`);
   assert.deepEqual(failures, []);
 });
 
