@@ -371,6 +371,22 @@ TEST(JsonSchema, FormatPatternLengthIntersect) {
   }
 }
 
+// Large counters stay cheap (Hopcroft minimisation) and exact; a pattern
+// past the automaton limit is refused naming it.
+TEST(JsonSchema, LargeLengthBoundsAndTheStateLimit) {
+  auto gbnf = json_schema_to_gbnf(R"({"type":"string","pattern":"^[a-z]+$","maxLength":3000})");
+  ASSERT_TRUE(gbnf) << gbnf.error().message;
+  auto g = Grammar::parse(*gbnf);
+  ASSERT_TRUE(g) << g.error().message;
+  EXPECT_TRUE(accepts(*g, "\"" + std::string(3000, 'q') + "\""));
+  EXPECT_FALSE(accepts(*g, "\"" + std::string(3001, 'q') + "\""));
+  EXPECT_FALSE(accepts(*g, "\"\""));
+  auto e = json_schema_to_gbnf(R"({"type":"string","pattern":"^.{0,3000}x.{0,3000}$"})");
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().message,
+            "json_schema: unsupported pattern at /pattern: pattern needs more than 20000 automaton states");
+}
+
 // The date format is the real calendar: every date of four years (two leap
 // years, 1900 and 2023 not) and out-of-range months / days.
 TEST(JsonSchema, DateFormatIsTheCalendar) {
