@@ -17,6 +17,8 @@ namespace {
 
 constexpr uint32_t kMaxCp = 0x10FFFF;
 constexpr size_t kMaxNfaStates = 200000;
+constexpr int kMaxGroupDepth = 100;            // nested groups / lookaheads in a pattern
+constexpr uint64_t kMaxSubsetWork = 50000000;  // NFA states visited by the subset construction
 
 struct RegexError {
   std::string message;
@@ -116,12 +118,14 @@ class RegexParser {
       }
       if (in_look) b.start = true;  // a lookahead reads from its own position
       while (b.start && (re_.substr(pos_, 3) == "(?=" || re_.substr(pos_, 3) == "(?!")) {
+        if (++depth_ > kMaxGroupDepth) err("groups nested deeper than " + std::to_string(kMaxGroupDepth));
         Look l;
         l.negative = re_[pos_ + 2] == '!';
         pos_ += 3;
         l.body = branches(true);
         if (!at(')')) err("missing ')'");
         ++pos_;
+        --depth_;
         b.looks.push_back(std::move(l));
       }
       b.seq = sequence();
@@ -250,6 +254,7 @@ class RegexParser {
   Node atom() {
     char c = re_[pos_];
     if (c == '(') {
+      if (++depth_ > kMaxGroupDepth) err("groups nested deeper than " + std::to_string(kMaxGroupDepth));
       ++pos_;
       if (re_.substr(pos_, 2) == "?:") {
         pos_ += 2;
@@ -265,6 +270,7 @@ class RegexParser {
       Node inner = alternation();
       if (!at(')')) err("missing ')'");
       ++pos_;
+      --depth_;
       return inner;
     }
     if (c == '[') return char_class();
@@ -388,6 +394,7 @@ class RegexParser {
 
   std::string_view re_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open at pos_
 };
 
 // ---- Thompson NFA and the subset construction -----------------------------------
@@ -477,6 +484,7 @@ Dfa nfa_to_dfa(const Nfa& nfa, uint32_t start, uint32_t accept) {
   closure(nfa, s0);
   ids[s0] = 0;
   sets.push_back(s0);
+  uint64_t work = 0;
   for (size_t i = 0; i < sets.size(); ++i) {
     if (sets.size() > kMaxDfaStates)
       throw RegexError{"pattern needs more than " + std::to_string(kMaxDfaStates) + " automaton states"};
@@ -490,6 +498,8 @@ Dfa nfa_to_dfa(const Nfa& nfa, uint32_t start, uint32_t accept) {
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    work += cur.size() * (cuts.size() + 1);
+    if (work > kMaxSubsetWork) throw RegexError{"pattern too large to compile (subset construction limit)"};
     std::vector<Dfa::Edge> out;
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
       uint32_t lo = cuts[c], hi = cuts[c + 1] - 1;

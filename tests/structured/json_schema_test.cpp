@@ -381,6 +381,12 @@ TEST(JsonSchema, LargeLengthBoundsAndTheStateLimit) {
   EXPECT_TRUE(accepts(*g, "\"" + std::string(3000, 'q') + "\""));
   EXPECT_FALSE(accepts(*g, "\"" + std::string(3001, 'q') + "\""));
   EXPECT_FALSE(accepts(*g, "\"\""));
+  const std::string deep =
+      R"({"type":"string","pattern":")" + std::string(150, '(') + "a" + std::string(150, ')') + "\"}";
+  auto d = json_schema_to_gbnf(deep);
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().message,
+            "json_schema: unsupported pattern at /pattern: groups nested deeper than 100 (at offset 100)");
   auto e = json_schema_to_gbnf(R"({"type":"string","pattern":"^.{0,3000}x.{0,3000}$"})");
   ASSERT_FALSE(e);
   EXPECT_EQ(e.error().message,
