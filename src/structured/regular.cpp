@@ -698,14 +698,6 @@ Dfa length_dfa(uint32_t min, std::optional<uint32_t> max) {
   return d;
 }
 
-Dfa charset_star_dfa(const CodeRanges& chars) {
-  Dfa d;
-  d.edges.emplace_back();
-  for (auto [lo, hi] : intersect(normalize(chars), sigma())) d.edges[0].push_back({lo, hi, 0});
-  d.accepting.push_back(true);
-  return d;
-}
-
 core::Expected<Dfa> dfa_intersect(const Dfa& a, const Dfa& b) { return product(a, b, true); }
 core::Expected<Dfa> dfa_union(const Dfa& a, const Dfa& b) { return product(a, b, false); }
 
@@ -937,22 +929,6 @@ Dfa dfa_minimize(const Dfa& a) {
 bool dfa_empty(const Dfa& a) {
   Dfa m = dfa_minimize(a);
   return m.edges[0].empty() && !m.accepting[0];
-}
-
-bool dfa_matches(const Dfa& a, std::string_view s) {
-  uint32_t st = 0;
-  for (size_t i = 0; i < s.size();) {
-    auto b = static_cast<unsigned char>(s[i]);
-    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + static_cast<size_t>(len) > s.size()) return false;
-    uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
-    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-    i += static_cast<size_t>(len);
-    int64_t t = target(a.edges[st], cp);
-    if (t < 0) return false;
-    st = static_cast<uint32_t>(t);
-  }
-  return a.accepting[st];
 }
 
 std::optional<std::pair<bool, Decimal>> parse_decimal(std::string_view t) {

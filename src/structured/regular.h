@@ -61,8 +61,6 @@ inline constexpr size_t kMaxDfaStates = 20000;
 core::Expected<Dfa> regex_to_dfa(std::string_view re, const Dfa* within = nullptr);
 // Strings whose length in code points is in [min, max] (max empty: no bound).
 Dfa length_dfa(uint32_t min, std::optional<uint32_t> max);
-// Strings made of characters in `chars` only (any length).
-Dfa charset_star_dfa(const CodeRanges& chars);
 // Intersection / union of two languages; kInvalidArgument past kMaxDfaStates.
 // The result is minimal and has no dead states.
 core::Expected<Dfa> dfa_intersect(const Dfa& a, const Dfa& b);
@@ -79,8 +77,6 @@ Dfa dfa_prefixed(std::string_view prefix, const Dfa& a);
 Dfa dfa_minimize(const Dfa& a);
 // True when the language is empty.
 bool dfa_empty(const Dfa& a);
-// True when `a` accepts `s` (UTF-8); for tests.
-bool dfa_matches(const Dfa& a, std::string_view s);
 
 // ---- decimal numbers (JSON Schema minimum / maximum / exclusive* / multipleOf)
 
