@@ -106,8 +106,7 @@ ChatOutputParser::Options chat_output_options(const tokenizer::ChatTemplate& tmp
   o.parse_tool_calls = parse_tool_calls;
   o.starts_in_reasoning = tmpl.prompt_opens_reasoning(chat);
   o.tool_call_syntax = tmpl.tool_call_syntax();
-  if (o.tool_call_syntax == tokenizer::ToolCallSyntax::kXml && chat.tools.is_array())
-    o.tools = std::make_shared<const nlohmann::ordered_json>(chat.tools);
+  if (chat.tools.is_array()) o.tools = std::make_shared<const nlohmann::ordered_json>(chat.tools);
   return o;
 }
 
@@ -129,8 +128,8 @@ ChatOutputDelta ChatOutputParser::finish() {
   ChatOutputDelta out;
   drain(out, /*final=*/true);
   if (mode_ == Mode::kToolCall) {
-    // Never closed: what the model wrote, as text.
-    out.content += std::string(kCallOpen) + call_text_ + buf_;
+    // Never closed: a cut call is no content (and no call).
+    cut_call_ = true;
     call_text_.clear();
     mode_ = Mode::kContent;
   }
@@ -207,10 +206,23 @@ bool ChatOutputParser::parse_xml_call(ParsedToolCall& call) const {
   return true;
 }
 
+bool ChatOutputParser::declared(std::string_view name) const {
+  if (opt_.tools == nullptr || !opt_.tools->is_array()) return true;
+  for (const auto& tool : *opt_.tools) {
+    if (!tool.is_object()) continue;
+    const auto fn = tool.find("function");
+    if (fn == tool.end() || !fn->is_object()) continue;
+    const auto n = fn->find("name");
+    if (n != fn->end() && n->is_string() && n->get_ref<const std::string&>() == name) return true;
+  }
+  return false;
+}
+
 void ChatOutputParser::close_tool_call(ChatOutputDelta& out) {
   ParsedToolCall call;
   const bool ok =
-      opt_.tool_call_syntax == tokenizer::ToolCallSyntax::kXml ? parse_xml_call(call) : parse_json_call(call);
+      (opt_.tool_call_syntax == tokenizer::ToolCallSyntax::kXml ? parse_xml_call(call) : parse_json_call(call)) &&
+      declared(call.name);
   if (ok) {
     calls_.push_back(call);
     out.tool_calls.push_back(std::move(call));

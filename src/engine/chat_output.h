@@ -15,6 +15,14 @@
 //     several may follow each other (parallel calls). A block whose JSON does
 //     not parse, or lacks a string name, is kept as plain content (the client
 //     sees what the model wrote rather than losing it).
+//   - Only declared functions become tool calls: when Options::tools holds
+//     the request's `tools`, a complete block calling a name that is not one
+//     of its functions is kept as plain content, like a malformed block (the
+//     client could not dispatch it; a forced call's grammar never writes one).
+//   - A block the generation never closes (cut by max_tokens, or the model
+//     stopped inside it) is dropped: no raw <tool_call> markup reaches
+//     content, streamed or not; cut_tool_call() tells the caller, whose
+//     finish_reason stays "length" for a cut.
 //   - Qwen3.5 tool calls (Options::tool_call_syntax kXml), one function per
 //     block:
 //       <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>
@@ -70,9 +78,11 @@ class ChatOutputParser {
     // The syntax inside <tool_call>...</tool_call>: the template's
     // (ChatTemplate::tool_call_syntax()).
     tokenizer::ToolCallSyntax tool_call_syntax = tokenizer::ToolCallSyntax::kJson;
-    // kXml: the request's OpenAI `tools` array (read-only, shared by the
-    // parsers of every choice), whose parameter schemas say which values
-    // keep a JSON type. nullptr: every value is a string.
+    // The request's OpenAI `tools` array (read-only, shared by the parsers
+    // of every choice): the declared function names (a call to another name
+    // stays content) and, for kXml, the parameter schemas that say which
+    // values keep a JSON type. nullptr: any name is a call and every XML
+    // value is a string.
     std::shared_ptr<const nlohmann::ordered_json> tools;
   };
 
@@ -82,8 +92,11 @@ class ChatOutputParser {
   // Appends generated text (any split, UTF-8 or not: tags are ASCII).
   ChatOutputDelta feed(std::string_view text);
   // End of generation: releases held-back text. An unterminated <tool_call>
-  // block is returned as content; unterminated reasoning as reasoning.
+  // block is dropped (see cut_tool_call); unterminated reasoning is returned
+  // as reasoning.
   ChatOutputDelta finish();
+  // True when finish() dropped an unterminated <tool_call> block.
+  bool cut_tool_call() const { return cut_call_; }
 
   // Every tool call parsed so far (the non-streaming response's tool_calls).
   const std::vector<ParsedToolCall>& tool_calls() const { return calls_; }
@@ -98,12 +111,15 @@ class ChatOutputParser {
   // false when it is not one.
   bool parse_json_call(ParsedToolCall& call) const;
   bool parse_xml_call(ParsedToolCall& call) const;
+  // True when Options::tools is unset or declares a function `name`.
+  bool declared(std::string_view name) const;
 
   Options opt_;
   Mode mode_ = Mode::kContent;
   std::string buf_;        // undecided text
   std::string call_text_;  // body of the <tool_call> block being read
   bool skip_ws_ = false;   // drop whitespace at the start of the next text (after a tag)
+  bool cut_call_ = false;  // finish() dropped an unterminated block
   std::vector<ParsedToolCall> calls_;
 };
 
@@ -119,8 +135,8 @@ bool schema_resolves_to_string(const nlohmann::ordered_json& schema, const nlohm
 // The parser options for the answer to a chat rendered with `tmpl` and
 // `chat`: the tool-call syntax is the template's; the answer starts in
 // reasoning when the rendered prompt opened <think>
-// (ChatTemplate::prompt_opens_reasoning); `chat.tools` is kept for the XML
-// parameter types. `parse_reasoning` / `parse_tool_calls` as in Options.
+// (ChatTemplate::prompt_opens_reasoning); `chat.tools` is kept for the
+// declared function names and the XML parameter types. `parse_reasoning` / `parse_tool_calls` as in Options.
 ChatOutputParser::Options chat_output_options(const tokenizer::ChatTemplate& tmpl, const tokenizer::ChatOptions& chat,
                                               bool parse_reasoning, bool parse_tool_calls);
 

@@ -6,9 +6,13 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <vector>
+
+#include "structured/regular.h"  // Dfa: pattern / format / length / number automata
 
 namespace bonsai::structured {
 
@@ -46,7 +50,8 @@ const std::set<std::string> kKeywords = {"type",
                                          "minLength",
                                          "maxLength",
                                          "format",
-                                         "pattern"};
+                                         "pattern",
+                                         "multipleOf"};
 const std::set<std::string> kAnnotations = {"title", "description", "examples",   "default",  "$schema",
                                             "$id",   "$comment",    "deprecated", "readOnly", "writeOnly"};
 
@@ -230,282 +235,6 @@ std::string int_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   return alts.size() == 1 ? alts[0] : "( " + alts[0] + " | " + alts[1] + " )";
 }
 
-// ---- regex (JSON Schema `pattern`) -------------------------------------------
-
-class RegexToGbnf {
- public:
-  RegexToGbnf(std::string_view re, std::string path) : re_(re), path_(std::move(path)) {}
-
-  std::string run() {
-    bool anchored_start = false, anchored_end = false;
-    if (!re_.empty() && re_[0] == '^') {
-      anchored_start = true;
-      pos_ = 1;
-    }
-    size_t backslashes = 0;  // an odd count before the final '$' escapes it
-    while (re_.size() >= backslashes + 2 && re_[re_.size() - 2 - backslashes] == '\\') ++backslashes;
-    if (re_.size() > pos_ && re_.back() == '$' && backslashes % 2 == 0) {
-      anchored_end = true;
-      re_.remove_suffix(1);
-    }
-    std::string body = alternation();
-    if (pos_ < re_.size()) err("unexpected ')'");
-    std::string out = "\"\\\"\" ";
-    if (!anchored_start) out += "strchar* ";
-    out += body;
-    if (!anchored_end) out += " strchar*";
-    return out + " \"\\\"\"";
-  }
-
- private:
-  [[noreturn]] void err(const std::string& what) const {
-    fail("unsupported pattern at " + at_path(path_) + ": " + what + " (at offset " + std::to_string(pos_) + ")");
-  }
-
-  uint32_t next_cp() {
-    auto b = static_cast<unsigned char>(re_[pos_]);
-    int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    if (len == 0 || pos_ + len > re_.size()) err("invalid UTF-8");
-    uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
-    for (int i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<unsigned char>(re_[pos_ + i]) & 0x3F);
-    pos_ += len;
-    return cp;
-  }
-
-  static std::string literal_cp(uint32_t cp) {
-    // The JSON encoding of this one character.
-    std::string utf8;
-    if (cp < 0x80) {
-      utf8 += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      utf8 += static_cast<char>(0xC0 | (cp >> 6));
-      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      utf8 += static_cast<char>(0xE0 | (cp >> 12));
-      utf8 += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      utf8 += static_cast<char>(0xF0 | (cp >> 18));
-      utf8 += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      utf8 += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    std::string enc = Json(utf8).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    return lit(enc.substr(1, enc.size() - 2));
-  }
-
-  static std::string class_expr(const Ranges& r, bool with_ws_escapes) {
-    Ranges plain = intersect_strchar(r);
-    std::vector<std::string> alts;
-    if (!plain.empty()) alts.push_back(class_text(plain));
-    // Characters that must be escaped in JSON: \t \n \r " \ .
-    auto has = [&](uint32_t c) {
-      for (auto [lo, hi] : r)
-        if (c >= lo && c <= hi) return true;
-      return false;
-    };
-    if (with_ws_escapes) {
-      if (has('\t')) alts.push_back("\"\\\\t\"");
-      if (has('\n')) alts.push_back("\"\\\\n\"");
-      if (has('\r')) alts.push_back("\"\\\\r\"");
-    }
-    if (has('"')) alts.push_back("\"\\\\\\\"\"");
-    if (has('\\')) alts.push_back("\"\\\\\\\\\"");
-    if (alts.empty()) return "";
-    if (alts.size() == 1) return alts[0];
-    std::string out = "(";
-    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
-    return out + " )";
-  }
-
-  // \d \w \s and negations; returns false if `c` is not a class escape.
-  static bool escape_class(char c, Ranges& out) {
-    Ranges base;
-    switch (c) {
-      case 'd':
-      case 'D':
-        base = {{'0', '9'}};
-        break;
-      case 'w':
-      case 'W':
-        base = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
-        break;
-      case 's':
-      case 'S':
-        base = {{'\t', '\n'}, {'\r', '\r'}, {' ', ' '}};
-        break;
-      default:
-        return false;
-    }
-    out = (c >= 'A' && c <= 'Z') ? complement(base) : base;
-    return true;
-  }
-
-  uint32_t escaped_cp(char c) {
-    switch (c) {
-      case 'n':
-        return '\n';
-      case 't':
-        return '\t';
-      case 'r':
-        return '\r';
-      case 'f':
-        return '\f';
-      case 'v':
-        return '\v';
-      default:
-        break;
-    }
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) {
-      err(std::string("escape '\\") + c + "' (backreferences, \\b, \\p, \\u are not supported)");
-    }
-    return static_cast<unsigned char>(c);
-  }
-
-  std::string alternation() {
-    std::vector<std::string> alts{sequence()};
-    while (pos_ < re_.size() && re_[pos_] == '|') {
-      ++pos_;
-      alts.push_back(sequence());
-    }
-    if (alts.size() == 1) return alts[0];
-    std::string out = "(";
-    for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : " ") + alts[i];
-    return out + " )";
-  }
-
-  std::string sequence() {
-    std::string out;
-    while (pos_ < re_.size() && re_[pos_] != '|' && re_[pos_] != ')') {
-      std::string atom = this->atom();
-      atom = quantified(atom);
-      out += (out.empty() ? "" : " ") + atom;
-    }
-    return out.empty() ? "\"\"" : "( " + out + " )";
-  }
-
-  std::string atom() {
-    char c = re_[pos_];
-    if (c == '(') {
-      ++pos_;
-      if (re_.substr(pos_, 2) == "?:") {
-        pos_ += 2;
-      } else if (re_.substr(pos_, 2) == "?<" && re_.substr(pos_, 3) != "?<=" && re_.substr(pos_, 3) != "?<!") {
-        size_t close = re_.find('>', pos_);
-        if (close == std::string_view::npos) err("unterminated group name");
-        pos_ = close + 1;
-      } else if (pos_ < re_.size() && re_[pos_] == '?') {
-        err("lookaround / group flags '(?" + std::string(1, re_.size() > pos_ + 1 ? re_[pos_ + 1] : ' ') + "'");
-      }
-      std::string inner = alternation();
-      if (pos_ >= re_.size() || re_[pos_] != ')') err("missing ')'");
-      ++pos_;
-      return "( " + inner + " )";
-    }
-    if (c == '[') return char_class();
-    if (c == '.') {
-      ++pos_;
-      return "strchar";
-    }
-    if (c == '^' || c == '$') err("anchor inside the pattern");
-    if (c == '*' || c == '+' || c == '?' || c == '{') err("quantifier without a preceding atom");
-    if (c == '\\') {
-      ++pos_;
-      if (pos_ >= re_.size()) err("trailing '\\'");
-      char e = re_[pos_++];
-      Ranges r;
-      if (escape_class(e, r)) return class_expr(r, true);
-      return literal_cp(escaped_cp(e));
-    }
-    return literal_cp(next_cp());
-  }
-
-  std::string char_class() {
-    ++pos_;  // '['
-    bool negated = pos_ < re_.size() && re_[pos_] == '^';
-    if (negated) ++pos_;
-    Ranges r;
-    bool first = true;
-    while (pos_ < re_.size() && (re_[pos_] != ']' || first)) {
-      first = false;
-      uint32_t lo;
-      if (re_[pos_] == '\\') {
-        ++pos_;
-        if (pos_ >= re_.size()) err("trailing '\\' in class");
-        char e = re_[pos_++];
-        Ranges sub;
-        if (escape_class(e, sub)) {
-          r.insert(r.end(), sub.begin(), sub.end());
-          continue;
-        }
-        lo = escaped_cp(e);
-      } else {
-        lo = next_cp();
-      }
-      uint32_t hi = lo;
-      if (pos_ + 1 < re_.size() && re_[pos_] == '-' && re_[pos_ + 1] != ']') {
-        ++pos_;
-        if (re_[pos_] == '\\') {
-          ++pos_;
-          hi = escaped_cp(re_[pos_++]);
-        } else {
-          hi = next_cp();
-        }
-        if (hi < lo) err("reversed range in class");
-      }
-      r.emplace_back(lo, hi);
-    }
-    if (pos_ >= re_.size()) err("missing ']'");
-    ++pos_;
-    if (negated) r = complement(r);
-    std::string e = class_expr(r, true);
-    if (e.empty()) err("character class matches no JSON string character");
-    return e;
-  }
-
-  uint32_t number() {
-    size_t start = pos_;
-    uint32_t v = 0;
-    while (pos_ < re_.size() && re_[pos_] >= '0' && re_[pos_] <= '9') {
-      v = v * 10 + static_cast<uint32_t>(re_[pos_++] - '0');
-      if (v > 10000) err("repetition count above 10000");
-    }
-    if (start == pos_) err("expected a number in {m,n}");
-    return v;
-  }
-
-  std::string quantified(std::string atom) {
-    if (pos_ >= re_.size()) return atom;
-    char q = re_[pos_];
-    std::string suffix;
-    if (q == '*' || q == '+' || q == '?') {
-      ++pos_;
-      suffix = std::string(1, q);
-    } else if (q == '{') {
-      ++pos_;
-      uint32_t m = number();
-      std::string s = "{" + std::to_string(m);
-      if (pos_ < re_.size() && re_[pos_] == ',') {
-        ++pos_;
-        s += ",";
-        if (pos_ < re_.size() && re_[pos_] != '}') s += std::to_string(number());
-      }
-      if (pos_ >= re_.size() || re_[pos_] != '}') err("missing '}'");
-      ++pos_;
-      suffix = s + "}";
-    } else {
-      return atom;
-    }
-    if (pos_ < re_.size() && re_[pos_] == '?') ++pos_;  // lazy: same language
-    if (pos_ < re_.size() && re_[pos_] == '+') err("possessive quantifier");
-    return "( " + atom + " )" + suffix;
-  }
-
-  std::string_view re_;
-  std::string path_;
-  size_t pos_ = 0;
-};
-
 // ---- the converter -------------------------------------------------------------
 
 class Converter {
@@ -646,8 +375,8 @@ class Converter {
       // short string or null: each branch keeps its own type's keywords.
       static const std::map<std::string, std::vector<std::string>> kTypeKeywords = {
           {"string", {"minLength", "maxLength", "pattern", "format"}},
-          {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
-          {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}},
+          {"integer", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
+          {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
           {"array", {"items", "minItems", "maxItems"}},
           {"object", {"properties", "required", "additionalProperties"}},
       };
@@ -678,7 +407,7 @@ class Converter {
     } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern") || s.contains("format")) {
       type = "string";
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
-               s.contains("exclusiveMaximum")) {
+               s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
       type = "number";
     } else {
       return use("value");
@@ -908,59 +637,187 @@ class Converter {
       }
     }
     const bool has_len = s.contains("minLength") || s.contains("maxLength");
-    if (s.contains("pattern")) {
-      if (has_len || s.contains("format"))
-        fail("'pattern' combined with minLength/maxLength/format at " + at_path(path) + " is unsupported");
-      use("strchar");
-      return add_rule("pattern", RegexToGbnf(s["pattern"].get<std::string>(), path + "/pattern").run());
-    }
-    if (s.contains("format")) {
-      if (has_len) fail("'format' combined with minLength/maxLength at " + at_path(path) + " is unsupported");
-      return gen_format(s["format"].get<std::string>(), path);
-    }
-    if (!has_len) return use("string");
     uint32_t min = count(s, "minLength", path).value_or(0);
     std::optional<uint32_t> max = count(s, "maxLength", path);
     if (max && *max < min) fail("maxLength < minLength at " + at_path(path));
-    use("char");
-    return add_rule("str",
-                    "\"\\\"\" char{" + std::to_string(min) + "," + (max ? std::to_string(*max) : "") + "} \"\\\"\"");
+    if (!s.contains("pattern") && !s.contains("format")) {
+      if (!has_len) return use("string");
+      use("char");
+      return add_rule("str",
+                      "\"\\\"\" char{" + std::to_string(min) + "," + (max ? std::to_string(*max) : "") + "} \"\\\"\"");
+    }
+    // pattern ∩ format ∩ length: each a DFA over code points, intersected.
+    std::optional<Dfa> lang;
+    std::string what;
+    auto meet = [&](Dfa d, const std::string& name) {
+      if (lang) {
+        auto both = dfa_intersect(*lang, d);
+        if (!both) fail(what + " and " + name + " at " + at_path(path) + ": " + both.error().message);
+        lang = std::move(*both);
+        what += " and " + name;
+      } else {
+        lang = std::move(d);
+        what = name;
+      }
+    };
+    if (s.contains("format")) {
+      if (!s["format"].is_string()) fail("'format' at " + at_path(path) + " must be a string");
+      const std::string f = s["format"].get<std::string>();
+      meet(format_dfa(f, path), "format '" + f + "'");
+    }
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) fail("'pattern' at " + at_path(path) + " must be a string");
+      auto d = regex_to_dfa(s["pattern"].get<std::string>(), lang ? &*lang : nullptr);
+      if (!d) fail("unsupported pattern at " + at_path(path + "/pattern") + ": " + d.error().message);
+      meet(std::move(*d), "pattern");
+    }
+    if (has_len) meet(length_dfa(min, max), "minLength/maxLength");
+    if (dfa_empty(*lang)) fail(what + " at " + at_path(path) + " admit no string");
+    const std::string start = dfa_to_gbnf(*lang, new_name("str"), DfaText::kJsonString, rules_);
+    return add_rule("str", "\"\\\"\" " + start + " \"\\\"\"");
   }
 
-  std::string gen_format(const std::string& f, const std::string& path) {
-    // A real calendar date (RFC 3339 full-date, as validators check it): days
-    // 29-31 only in months that have them, Feb 29 only in leap years
-    // (YY % 4 == 0 for YY != 00; CC00 when CC % 4 == 0).
-    const std::string date =
-        "( [0-9]{4} \"-\" ( ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"
-        " | ( \"0\" [13-9] | \"1\" [0-2] ) \"-\" ( \"29\" | \"30\" )"
-        " | ( \"0\" [13578] | \"1\" [02] ) \"-31\" )"
-        " | ( [0-9]{2} ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"0\" [048] | [2468] [048] | [13579] [26] ) "
-        "\"00\" )"
-        " \"-02-29\" )";
-    const std::string time =
-        "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? "
-        "( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )";
-    std::string body;
-    if (f == "date")
-      body = date;
-    else if (f == "time")
-      body = time;
-    else if (f == "date-time")
-      body = date + " \"T\" " + time;
-    else if (f == "uuid")
-      body =
-          "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" "
-          "[0-9a-fA-F]{12}";
-    else if (f == "email")
-      // Dot-separated atoms (no leading, trailing or double dot) @ labels that
-      // neither start nor end with '-' (the shape validators check), bounded.
-      body =
-          "[a-zA-Z0-9_%+-]{1,32} ( \".\" [a-zA-Z0-9_%+-]{1,32} ){0,3} \"@\""
-          " ( [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,61} [a-zA-Z0-9] )? \".\" ){1,4} [a-zA-Z]{2,24}";
-    else
-      fail("unsupported format '" + f + "' at " + at_path(path));
-    return add_rule(f, "\"\\\"\" " + body + " \"\\\"\"");
+  // The language of a `format` (JSON Schema 2020-12 §7.3), as an ECMAScript
+  // regex: exactly the strings the format's RFC allows where that is
+  // regular and small (date: RFC 3339 full-date with the real calendar, leap
+  // years included; time: RFC 3339 full-time with an offset, at most 6
+  // fraction digits; ipv4: dotted quad 0-255; ipv6: RFC 4291 §2.2 forms 1
+  // and 2, without an embedded IPv4), otherwise a bounded subset every
+  // validator accepts (email: dot-atoms of [A-Za-z0-9_+-], at most 3 atoms of
+  // 16 characters, @, 1-3 labels of at most 16 characters, a letters-only TLD
+  // of 2-12 — also inside zod's email regex; uuid: RFC 9562 versions 1-8 and
+  // variant 10x, which zod's uuid() checks; uri: scheme://host[:port][/path]
+  // [?query][#fragment] of unreserved characters, a TLD starting with a
+  // letter (WHATWG's URL parser reads an all-digit last label as IPv4);
+  // hostname: 1-4 labels of at most 22 characters (RFC 1123)).
+  Dfa format_dfa(const std::string& f, const std::string& path) {
+    static const std::string date =
+        "(?:\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)"
+        "|02-(?:0[1-9]|1\\d|2[0-8]))|(?:\\d\\d(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)"
+        "-02-29)";
+    static const std::string time =
+        "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d{1,6})?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
+    static const std::string octet = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+    static const std::string h = "[0-9a-fA-F]{1,4}";
+    static const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,20}[A-Za-z0-9])?";
+    static const std::map<std::string, std::string> kFormats = {
+        {"date", date},
+        {"time", time},
+        {"date-time", date + "T" + time},
+        {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}"},
+        {"email",
+         "[A-Za-z0-9_+-]{1,16}(?:\\.[A-Za-z0-9_+-]{1,16}){0,2}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,14}[A-Za-z0-9])?\\.)"
+         "{1,3}[A-Za-z]{2,12}"},
+        {"uri",
+         "[a-z][a-z0-9+.-]{0,9}://(?:[a-z0-9]{1,16}\\.){0,3}[a-z][a-z0-9]{0,9}(?::[1-9]\\d{0,3})?"
+         "(?:/[A-Za-z0-9._~-]{0,16}){0,4}(?:\\?[A-Za-z0-9._~=&-]{0,24})?(?:#[A-Za-z0-9._~-]{0,16})?"},
+        {"ipv4", "(?:" + octet + "\\.){3}" + octet},
+        {"ipv6", "(?:" + h + ":){7}" + h + "|(?:" + h + ":){1,7}:|(?:" + h + ":){1,6}:" + h + "|(?:" + h +
+                     ":){1,5}(?::" + h + "){1,2}|(?:" + h + ":){1,4}(?::" + h + "){1,3}|(?:" + h + ":){1,3}(?::" + h +
+                     "){1,4}|(?:" + h + ":){1,2}(?::" + h + "){1,5}|" + h + ":(?::" + h + "){1,6}|:(?:(?::" + h +
+                     "){1,7}|:)"},
+        {"hostname", label + "(?:\\." + label + "){0,3}"},
+    };
+    auto it = kFormats.find(f);
+    if (it == kFormats.end()) {
+      std::string known;
+      for (const auto& [k, v] : kFormats) known += (known.empty() ? "" : ", ") + k;
+      fail("unsupported format '" + f + "' at " + at_path(path) + " (supported: " + known + ")");
+    }
+    static std::map<std::string, Dfa> cache;  // built once per format (read-only afterwards)
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
+    auto c = cache.find(f);
+    if (c == cache.end()) {
+      auto d = regex_to_dfa("^(?:" + it->second + ")$");
+      if (!d) fail("format '" + f + "': " + d.error().message);  // a bug in the table above
+      c = cache.emplace(f, std::move(*d)).first;
+    }
+    return c->second;
+  }
+
+  // A bound keyword as (negative, magnitude); nullopt when absent.
+  static std::optional<std::pair<bool, Decimal>> decimal(const Json& s, const char* key, const std::string& path) {
+    if (!s.contains(key)) return std::nullopt;
+    if (!s[key].is_number())
+      fail(std::string("'") + key + "' at " + at_path(path) +
+           " must be a number (draft-4 boolean form is unsupported)");
+    auto d = parse_decimal(s[key].dump());
+    if (!d) fail(std::string("'") + key + "' at " + at_path(path) + " is out of range");
+    return d;
+  }
+
+  // Numbers (integers when `integer`) meeting every bound and multipleOf, as
+  // one DFA over the number's text (no exponent; at most 15 digits in all,
+  // DBL_DIG: a validator that reads the value as an IEEE double — JavaScript,
+  // Python — then compares and divides exactly as the decimal text does, so
+  // 2.4999999999999999 never rounds onto an exclusive bound 2.5):
+  // non-negative texts and '-' texts are built apart, each the intersection
+  // of digit-by-digit comparisons with the bounds.
+  std::string bounded_number(const Json& s, const std::string& path, bool integer) {
+    const uint32_t frac = integer ? 0 : kMaxDigits;
+    const Decimal zero;
+    constexpr uint32_t kSignificant = 15;
+    std::optional<Dfa> pos = magnitude_dfa(Cmp::kAny, zero, kMaxDigits, frac, kSignificant);
+    std::optional<Dfa> neg = pos;
+    auto meet = [&](std::optional<Dfa>& side, Cmp op, const Decimal& m) {
+      if (!side) return;
+      auto d = dfa_intersect(*side, magnitude_dfa(op, m, kMaxDigits, frac, kSignificant));
+      if (!d) fail("bounds at " + at_path(path) + ": " + d.error().message);
+      side = std::move(*d);
+    };
+    // value >= v (or >): non-negative texts need magnitude >= v when v >= 0;
+    // '-' texts need magnitude <= -v, impossible when v > 0.
+    for (const auto& [key, exclusive, lower] :
+         {std::tuple{"minimum", false, true}, std::tuple{"exclusiveMinimum", true, true},
+          std::tuple{"maximum", false, false}, std::tuple{"exclusiveMaximum", true, false}}) {
+      auto b = decimal(s, key, path);
+      if (!b) continue;
+      const bool below_zero = b->first && !b->second.is_zero();
+      const bool above_zero = !b->first && !b->second.is_zero();
+      if (lower) {
+        if (!below_zero) meet(pos, exclusive ? Cmp::kGt : Cmp::kGe, b->second);
+        if (above_zero)
+          neg.reset();
+        else
+          meet(neg, exclusive ? Cmp::kLt : Cmp::kLe, b->second);
+      } else {
+        if (!above_zero) meet(neg, exclusive ? Cmp::kGt : Cmp::kGe, b->second);
+        if (below_zero)
+          pos.reset();
+        else
+          meet(pos, exclusive ? Cmp::kLt : Cmp::kLe, b->second);
+      }
+    }
+    if (auto m = decimal(s, "multipleOf", path)) {
+      if (m->first || m->second.is_zero()) fail("'multipleOf' at " + at_path(path) + " must be greater than 0");
+      std::string digits = m->second.int_digits + m->second.frac_digits;
+      digits.erase(0, digits.find_first_not_of('0'));
+      const auto d = static_cast<uint32_t>(m->second.frac_digits.size());
+      const uint64_t p = digits.size() > 6 ? UINT64_MAX : std::stoull(digits);
+      if (p == UINT64_MAX || p * (d + 1) > kMaxMultipleStates) {
+        fail("'multipleOf' " + s["multipleOf"].dump() + " at " + at_path(path) +
+             " is unsupported: its remainder automaton needs more than " + std::to_string(kMaxMultipleStates) +
+             " states (digits of multipleOf x (fraction digits + 1) must be at most that)");
+      }
+      const Dfa mult = multiple_of_dfa(static_cast<uint32_t>(p), d);
+      for (auto* side : {&pos, &neg}) {
+        if (!*side) continue;
+        auto r = dfa_intersect(**side, mult);
+        if (!r) fail("multipleOf at " + at_path(path) + ": " + r.error().message);
+        *side = std::move(*r);
+      }
+    }
+    if (pos && dfa_empty(*pos)) pos.reset();
+    if (neg && dfa_empty(*neg)) neg.reset();
+    if (!pos && !neg) fail("the bounds at " + at_path(path) + " admit no " + (integer ? "integer" : "number"));
+    Dfa all = pos ? *pos : dfa_prefixed("-", *neg);
+    if (pos && neg) {
+      auto u = dfa_union(*pos, dfa_prefixed("-", *neg));
+      if (!u) fail("bounds at " + at_path(path) + ": " + u.error().message);
+      all = std::move(*u);
+    }
+    return dfa_to_gbnf(all, new_name(integer ? "int" : "num"), DfaText::kRaw, rules_);
   }
 
   std::optional<int64_t> int_bound(const Json& s, const std::string& path, bool lower) {
@@ -981,10 +838,12 @@ class Converter {
   std::string gen_integer(const Json& s, const std::string& path) {
     for (const auto& [k, v] : s.items()) {
       if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
-      if (k != "type" && k != "minimum" && k != "maximum" && k != "exclusiveMinimum" && k != "exclusiveMaximum") {
+      if (k != "type" && k != "minimum" && k != "maximum" && k != "exclusiveMinimum" && k != "exclusiveMaximum" &&
+          k != "multipleOf") {
         fail("unsupported keyword '" + k + "' for type integer at " + at_path(path));
       }
     }
+    if (s.contains("multipleOf")) return bounded_number(s, path, true);
     auto lo = int_bound(s, path, true), hi = int_bound(s, path, false);
     if (!lo && !hi) return use("integer");
     return add_rule("int", int_range(lo, hi));
@@ -993,42 +852,16 @@ class Converter {
   std::string gen_number(const Json& s, const std::string& path) {
     for (const auto& [k, v] : s.items()) {
       if (kAnnotations.count(k) || k == "$defs" || k == "definitions") continue;
-      if (k != "type" && k != "minimum" && k != "maximum") {
-        fail("unsupported keyword '" + k + "' for type number at " + at_path(path) +
-             (k.rfind("exclusive", 0) == 0 ? " (exclusive bounds are supported on integers only)" : ""));
+      if (k != "type" && k != "minimum" && k != "maximum" && k != "exclusiveMinimum" && k != "exclusiveMaximum" &&
+          k != "multipleOf") {
+        fail("unsupported keyword '" + k + "' for type number at " + at_path(path));
       }
     }
-    auto mn = num(s, "minimum", path), mx = num(s, "maximum", path);
-    if (!mn && !mx) return use("number");
-    for (auto v : {mn, mx}) {
-      if (v && (*v != std::floor(*v) || std::fabs(*v) > double(kMaxMagnitude))) {
-        fail("number bound " + std::to_string(*v) + " at " + at_path(path) +
-             " is unsupported (only integral bounds up to 16 digits)");
-      }
+    if (!s.contains("minimum") && !s.contains("maximum") && !s.contains("exclusiveMinimum") &&
+        !s.contains("exclusiveMaximum") && !s.contains("multipleOf")) {
+      return use("number");
     }
-    std::optional<int64_t> lo, hi;
-    if (mn) lo = static_cast<int64_t>(*mn);
-    if (mx) hi = static_cast<int64_t>(*mx);
-    if (lo && hi && *lo > *hi) fail("minimum > maximum at " + at_path(path));
-    const std::string frac = "( \".\" [0-9]{1,16} )?", zero = "( \".\" \"0\"{1,16} )?";
-    // Magnitudes [a, b] (b empty = unbounded): int part in [a, b-1] with any
-    // fraction, or exactly b with a zero fraction.
-    auto mag = [&](uint64_t a, std::optional<uint64_t> b) {
-      if (!b) return uint_range(a, std::nullopt) + " " + frac;
-      std::string out = "( ";
-      if (*b > a) out += uint_range(a, *b - 1) + " " + frac + " | ";
-      return out + "\"" + std::to_string(*b) + "\" " + zero + " )";
-    };
-    std::vector<std::string> alts;
-    if (!hi || *hi >= 0) {
-      uint64_t a = lo ? static_cast<uint64_t>(std::max<int64_t>(*lo, 0)) : 0;
-      alts.push_back(mag(a, hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt));
-    }
-    if (!lo || *lo < 0) {
-      uint64_t a = (hi && *hi < 0) ? static_cast<uint64_t>(-*hi) : 0;
-      alts.push_back("\"-\" " + mag(a, lo ? std::optional<uint64_t>(static_cast<uint64_t>(-*lo)) : std::nullopt));
-    }
-    return add_rule("num", alts.size() == 1 ? alts[0] : alts[0] + " | " + alts[1]);
+    return bounded_number(s, path, false);
   }
 
   const Json& doc_;

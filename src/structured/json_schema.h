@@ -7,16 +7,23 @@
 // maxItems, enum, const, anyOf / oneOf (oneOf's exclusivity is not enforced),
 // allOf of object schemas (properties merged, required unioned), $ref into
 // the same document ("#", "#/$defs/x", "#/definitions/x", any JSON pointer;
-// recursion allowed), integer minimum / maximum / exclusiveMinimum /
-// exclusiveMaximum (exact digit ranges), number minimum / maximum with
-// integral values (exact; no exponent then), string minLength / maxLength,
-// format (date, time, date-time, uuid, email — dates are real calendar
-// dates, leap years included; email is bounded ASCII dot-atoms@labels.tld), pattern (regex with literals, classes, \d
-// \w \s and their negations, '.', groups, (?:...), alternation, * + ? {m} {m,} {m,n}; a missing ^ or $ means any string
+// recursion allowed), integer / number minimum / maximum / exclusiveMinimum /
+// exclusiveMaximum (any decimal value, exact: digit-by-digit comparison
+// automata; bounded numbers have no exponent and at most 15 digits, so a
+// double holds them for validators that compare doubles) and multipleOf (exact:
+// remainder automata; digits of multipleOf x (fraction digits + 1) at most
+// 10000, else an error naming the limit), string minLength / maxLength,
+// format (date, time, date-time, uuid, email, uri, ipv4, ipv6, hostname; see
+// format_dfa in json_schema.cpp for which are exact and which are bounded
+// subsets every validator accepts) and pattern (ECMAScript regex, see
+// regular.h: a missing ^ or $ means any
 // characters may come before / after). Annotations (title, description, examples, default, $schema, $id, $comment,
 // deprecated, readOnly, writeOnly) are ignored. Anything else is an error naming the keyword and the JSON pointer of
 // the schema
 // ("json_schema: unsupported keyword 'patternProperties' at /properties/x").
+// pattern, format and length bounds given together are intersected (product
+// automaton, at most 20000 states, else an error naming the limit); nothing
+// is dropped: an empty intersection is an error too.
 //
 // Output shape: properties appear in the order listed in `properties`, each
 // optional one may be left out; extra properties (when allowed) come after
@@ -26,7 +33,7 @@
 // Numbers: at most 16 integral digits, 16 fraction digits and a 2-digit
 // exponent (so every number is a finite double); free strings
 // use any JSON string character including escapes; pattern/format strings
-// contain no escapes or control characters.
+// escape only what JSON requires (" \\ and control characters).
 #pragma once
 
 #include <nlohmann/json.hpp>

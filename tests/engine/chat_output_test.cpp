@@ -105,8 +105,41 @@ TEST(ChatOutput, BadToolCallJsonIsKeptAsContent) {
   expect_all_splits(badstr, "", badstr, {});
 }
 
-TEST(ChatOutput, UnterminatedToolCallIsContentAtFinish) {
-  expect_all_splits("ok <tool_call>\n{\"name\": \"a\"", "", "ok <tool_call>\n{\"name\": \"a\"", {});
+// A block cut by max_tokens (never closed) is neither a call nor content,
+// streamed in any split; cut_tool_call() reports it.
+TEST(ChatOutput, UnterminatedToolCallIsDroppedAtFinish) {
+  expect_all_splits("ok <tool_call>\n{\"name\": \"a\"", "", "ok ", {});
+  const std::string done = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  expect_all_splits("A " + done + "\n<tool_call>\n{\"name\": \"b\", \"argu", "", "A ", {{"a", R"({"x":1})"}});
+  for (size_t step : {size_t{1}, size_t{4}, size_t{100}}) {
+    ChatOutputParser p;
+    const std::string text = "A " + done + "\n<tool_call>\n{\"name\": \"b\", \"argu";
+    std::string content;
+    for (size_t i = 0; i < text.size(); i += step) content += p.feed(text.substr(i, step)).content;
+    EXPECT_FALSE(p.cut_tool_call());
+    content += p.finish().content;
+    EXPECT_TRUE(p.cut_tool_call());
+    EXPECT_EQ(content, "A ");
+  }
+  ChatOutputParser whole;
+  whole.feed("A " + done);
+  whole.finish();
+  EXPECT_FALSE(whole.cut_tool_call());
+}
+
+// With the request's tools given, only their functions become calls; a call
+// to any other name is the model's text (JSON form; the XML form below).
+TEST(ChatOutput, UndeclaredFunctionStaysContent) {
+  ChatOutputParser::Options opt;
+  opt.tools = std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])"));
+  const std::string other = "<tool_call>\n{\"name\": \"delete_all\", \"arguments\": {}}\n</tool_call>";
+  const std::string ok = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  expect_all_splits(other + ok, "", other, {{"get_weather", R"({"city":"Oslo"})"}}, opt);
+  // A prefix or a case variant of a declared name is not it.
+  const std::string near =
+      "<tool_call>{\"name\": \"get_weathe\"}</tool_call><tool_call>{\"name\": \"Get_weather\"}</tool_call>";
+  expect_all_splits(near, "", near, {}, opt);
 }
 
 TEST(ChatOutput, ToolParsingOffKeepsText) {
@@ -182,12 +215,14 @@ TEST(ChatOutputXml, StringTypedUndeclaredAndUnparsableValuesStayStrings) {
   expect_all_splits(
       "<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\nthree\n"
       "</parameter>\n<parameter=units>\nnull\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n"
-      "</tool_call><tool_call>\n<function=unknown>\n<parameter=x>\n{\"a\": 1}\n</parameter>\n</function>\n"
       "</tool_call>",
-      "", "",
-      {{"get_weather", R"({"city":"123","days":"three","units":"null","extra":"7"})"},
-       {"unknown", R"({"x":"{\"a\": 1}"})"}},
-      xml_options());
+      "", "", {{"get_weather", R"({"city":"123","days":"three","units":"null","extra":"7"})"}}, xml_options());
+  // A function the request does not declare is not a call: its block stays
+  // content.
+  const std::string unknown =
+      "<tool_call>\n<function=unknown>\n<parameter=x>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>";
+  expect_all_splits(unknown + kWeatherCall, "", unknown, {{"get_weather", R"({"city":"Paris","days":3})"}},
+                    xml_options());
   // No tools given at all: every value is a string.
   ChatOutputParser::Options no_tools;
   no_tools.tool_call_syntax = tokenizer::ToolCallSyntax::kXml;
@@ -203,7 +238,9 @@ TEST(ChatOutputXml, ValuesKeepNewlinesAngleBracketsAndUnicode) {
       "", "", {{"get_weather", "{\"city\":\"\\nSão Paulo <b>&</b>\\n2 < 3\\n<parameter=x> 世界 🦙\\n\"}"}},
       xml_options());
   // No parameters, and values written without the newlines.
-  expect_all_splits("<tool_call><function=ping></function></tool_call>", "", "", {{"ping", "{}"}}, xml_options());
+  ChatOutputParser::Options any_name = xml_options();
+  any_name.tools = nullptr;  // no tools given: any name is a call
+  expect_all_splits("<tool_call><function=ping></function></tool_call>", "", "", {{"ping", "{}"}}, any_name);
   expect_all_splits("<tool_call><function=get_weather><parameter=days>5</parameter></function></tool_call>", "", "",
                     {{"get_weather", R"({"days":5})"}}, xml_options());
 }
@@ -224,9 +261,9 @@ TEST(ChatOutputXml, MalformedBlocksAreKeptAsContent) {
     SCOPED_TRACE(bad);
     expect_all_splits("Before " + bad + " after", "", "Before " + bad + "after", {}, xml_options());
   }
-  // Unterminated: all of it is content at finish.
+  // Unterminated (cut by max_tokens): dropped, no markup in content.
   const std::string cut = "x <tool_call>\n<function=get_weather>\n<parameter=city>\nPar";
-  expect_all_splits(cut, "", cut, {}, xml_options());
+  expect_all_splits(cut, "", "x ", {}, xml_options());
 }
 
 TEST(ChatOutputXml, Qwen3ParserDoesNotAcceptXml) {
@@ -265,7 +302,9 @@ TEST(ChatOutputXml, OptionsFollowTheTemplate) {
   EXPECT_EQ(o.tool_call_syntax, tokenizer::ToolCallSyntax::kJson);
   EXPECT_FALSE(o.starts_in_reasoning);
   EXPECT_FALSE(o.parse_tool_calls);
-  EXPECT_EQ(o.tools, nullptr);
+  // Qwen3 keeps the tools too: their names are the declared functions.
+  ASSERT_NE(o.tools, nullptr);
+  EXPECT_EQ(o.tools->size(), 2u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "engine/chat_output.h"  // ChatOutputParser (the XML grammar and parser agree)
 #include "server/openai.h"
@@ -117,13 +118,43 @@ TEST(StructuredOutput, ResponseFormatGrammarAndJsonSchemaFields) {
   EXPECT_FALSE(accepts(js.grammar, "\"c\""));
 }
 
+// The schemas zod 4's zodResponseFormat sends (openai 6: z.toJSONSchema,
+// draft-7, strict) for z.email(), z.uuid(), z.url(), z.iso.date(),
+// z.iso.datetime(), .positive(), .min(0.5), .multipleOf(5): accepted (were
+// 400s), each grammar taking a value zod accepts and refusing one it rejects.
+TEST(StructuredOutput, ZodFormatsAndNumberChecksAreAccepted) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {R"({"type":"string","format":"email","pattern":"^(?:[A-Za-z0-9_'+\\-]+\\.)*[A-Za-z0-9_'+\\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"})",
+       R"("ann.lee@mail.example.org")", R"("ann.@mail.example.org")"},
+      {R"({"type":"string","format":"uuid","pattern":"^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"})",
+       R"("3f2b8c1e-9d4a-4b6e-8f00-1a2b3c4d5e6f")", R"("3f2b8c1e-9d4a-0b6e-8f00-1a2b3c4d5e6f")"},
+      {R"({"type":"string","format":"uri"})", R"("https://example.com/a/b?x=1#top")", R"("example.com")"},
+      {R"({"type":"string","format":"date","pattern":"^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))$"})",
+       R"("2024-02-29")", R"("2023-02-29")"},
+      {R"({"type":"string","format":"date-time","pattern":"^(?:(?:\\d\\d[2468][048]|\\d\\d[13579][26]|\\d\\d0[48]|[02468][048]00|[13579][26]00)-02-29|\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|(?:02)-(?:0[1-9]|1\\d|2[0-8])))T(?:(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d+)?(?:Z))$"})",
+       R"("2024-05-01T12:30:00.25Z")", R"("2024-05-01T12:30:00+02:00")"},
+      {R"({"type":"number","exclusiveMinimum":0})", "0.001", "0"},
+      {R"({"type":"number","minimum":0.5})", "0.5", "0.49"},
+      {R"({"type":"number","multipleOf":5})", "-15", "12"},
+  };
+  for (const auto& [schema, good, bad] : cases) {
+    SCOPED_TRACE(schema);
+    const std::string body = R"({"response_format": {"type": "json_schema", "json_schema": {"name": "v", "strict": true,
+        "schema": {"type": "object", "properties": {"v": )" +
+                             schema + R"(}, "required": ["v"], "additionalProperties": false}}}})";
+    auto rf = build(body);
+    EXPECT_TRUE(accepts(rf.grammar, R"({"v": )" + good + "}"));
+    EXPECT_FALSE(accepts(rf.grammar, R"({"v": )" + bad + "}"));
+  }
+}
+
 TEST(StructuredOutput, ErrorsNameTheFieldAndTheKeyword) {
   ApiError e = build_error(R"({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                               "schema": {"type": "object", "patternProperties": {}}}}})");
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "response_format.json_schema.schema");
   EXPECT_NE(e.message.find("patternProperties"), std::string::npos) << e.message;
-  e = build_error(R"({"json_schema": {"type": "number", "multipleOf": 3}})", Endpoint::kCompletion);
+  e = build_error(R"({"json_schema": {"type": "number", "multipleOf": 1234567}})", Endpoint::kCompletion);
   EXPECT_EQ(e.param, "json_schema");
   EXPECT_NE(e.message.find("multipleOf"), std::string::npos) << e.message;
   e = build_error(R"({"grammar": "root ::= nope"})");

@@ -6,7 +6,8 @@
 # structured/structured_test.mjs: the schema corpus at temperature 0 and 1 on
 # every model (finish "stop" within 512 tokens, valid by ajv), llama.cpp's
 # grammar / json_schema fields, the 400s, forced tool calls (valid, streamed ==
-# non-streamed) and the SDK's zodResponseFormat + parse.
+# non-streamed) and the SDK's zodResponseFormat + parse (zod 3 with openai 4;
+# zod 4's formats and number checks with openai 6, 20 runs each).
 # Usage: structured_test.sh BONSAI_BINARY SHARED_DIR [full|quick]
 #   quick (sanitizer builds): one temperature and fewer seeds.
 # Exit 77 (ctest: skipped) when a fixture is missing, unless CI=true.
@@ -58,9 +59,10 @@ done
 NODE_DIR="$BUILD/tests/server/structured_node"
 mkdir -p "$NODE_DIR"
 cp "$HERE/structured/package.json" "$HERE/structured/structured_test.mjs" "$HERE/structured/schemas.json" "$NODE_DIR/"
-if [ ! -f "$NODE_DIR/node_modules/ajv-formats/package.json" ] || [ ! -f "$NODE_DIR/node_modules/zod/package.json" ]; then
+if [ ! -f "$NODE_DIR/node_modules/ajv-formats/package.json" ] || [ ! -d "$NODE_DIR/node_modules/zod/v4" ] ||
+   [ ! -f "$NODE_DIR/node_modules/openai-v6/package.json" ]; then
   (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error >"$WORK/npm.log" 2>&1) || {
-    echo "FAIL: 'npm install' of openai/ajv/ajv-formats/zod failed (is the npm registry reachable?):"; cat "$WORK/npm.log"; exit 1; }
+    echo "FAIL: 'npm install' of openai/openai-v6/ajv/ajv-formats/zod failed (is the npm registry reachable?):"; cat "$WORK/npm.log"; exit 1; }
 fi
 
 "$BIN" serve --config "$WORK/serve.toml" --port 0 >"$WORK/out" 2>"$WORK/err" &

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -145,17 +148,94 @@ TEST(JsonSchema, IntegerRangesAreExact) {
   check_range(R"({"type":"integer","minimum":1.5,"maximum":7.9})", 2, 7, -10, 20);
 }
 
-TEST(JsonSchema, NumberBounds) {
-  run_cases({
-      {R"({"type":"number","minimum":0,"maximum":10})",
-       {"0", "0.5", "9.99", "10", "10.000"},
-       {"-0.5", "10.01", "11", "-1"}},
-      {R"({"type":"number","minimum":-5,"maximum":-2})", {"-5", "-2", "-3.5", "-2.0"}, {"-5.1", "-1.9", "0", "2"}},
-      {R"({"type":"number","minimum":1})", {"1", "1234.5"}, {"0.99", "-3"}},
-  });
-  auto e = json_schema_to_gbnf(R"({"type":"number","minimum":0.5})");
-  ASSERT_FALSE(e);
-  EXPECT_NE(e.error().message.find("only integral bounds"), std::string::npos) << e.error().message;
+// Number texts from -13 to 13 in many spellings (0-3 fraction digits,
+// trailing zeros) with their value x 1000.
+std::vector<std::pair<std::string, int64_t>> number_texts() {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (int64_t i = 0; i <= 13; ++i) {
+    for (const char* f : {"", "0", "5", "25", "250", "05", "001", "999", "75", "125", "1", "00"}) {
+      std::string frac = f;
+      int64_t milli = 0;
+      for (size_t k = 0; k < 3; ++k) milli = milli * 10 + (k < frac.size() ? frac[k] - '0' : 0);
+      std::string text = std::to_string(i) + (frac.empty() ? "" : "." + frac);
+      out.emplace_back(text, i * 1000 + milli);
+      out.emplace_back("-" + text, -(i * 1000 + milli));
+    }
+  }
+  return out;
+}
+
+TEST(JsonSchema, NumberBoundsAreExact) {
+  // Schemas zod 4 / Pydantic emit: positive(), negative(), min(0.5), lt(2.5),
+  // ge=-1.25 + le=10, gt=0 + lt=1; each text accepted iff its value fits.
+  struct Bounds {
+    const char* schema;
+    std::function<bool(int64_t)> fits;  // value x 1000
+  };
+  const std::vector<Bounds> cases = {
+      {R"({"type":"number","exclusiveMinimum":0})", [](int64_t v) { return v > 0; }},
+      {R"({"type":"number","exclusiveMaximum":0})", [](int64_t v) { return v < 0; }},
+      {R"({"type":"number","minimum":0.5})", [](int64_t v) { return v >= 500; }},
+      {R"({"type":"number","exclusiveMaximum":2.5})", [](int64_t v) { return v < 2500; }},
+      {R"({"type":"number","minimum":-1.25,"maximum":10})", [](int64_t v) { return v >= -1250 && v <= 10000; }},
+      {R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1})", [](int64_t v) { return v > 0 && v < 1000; }},
+      {R"({"type":"number","minimum":-5,"maximum":-2})", [](int64_t v) { return v >= -5000 && v <= -2000; }},
+      {R"({"type":"number","minimum":0,"exclusiveMinimum":0.999,"maximum":12.125})",
+       [](int64_t v) { return v > 999 && v <= 12125; }},
+      {R"({"type":"number","maximum":0})", [](int64_t v) { return v <= 0; }},
+      {R"({"type":"number","multipleOf":5})", [](int64_t v) { return v % 5000 == 0; }},
+      {R"({"type":"number","multipleOf":0.25,"minimum":-3})", [](int64_t v) { return v % 250 == 0 && v >= -3000; }},
+      {R"({"type":"number","multipleOf":2.5,"exclusiveMaximum":7.5})",
+       [](int64_t v) { return v % 2500 == 0 && v < 7500; }},
+      {R"({"type":"integer","exclusiveMinimum":0.5,"maximum":9.75})",
+       [](int64_t v) { return v % 1000 == 0 && v > 500 && v <= 9750; }},
+  };
+  const auto texts = number_texts();
+  for (const auto& c : cases) {
+    auto gbnf = json_schema_to_gbnf(c.schema);
+    ASSERT_TRUE(gbnf) << c.schema << ": " << gbnf.error().message;
+    auto g = Grammar::parse(*gbnf);
+    ASSERT_TRUE(g) << g.error().message;
+    for (const auto& [text, milli] : texts) {
+      // Integers are written without a fraction.
+      const bool integer_text = text.find('.') == std::string::npos;
+      const bool want = c.fits(milli) && (std::string(c.schema).find("integer") == std::string::npos || integer_text);
+      EXPECT_EQ(accepts(*g, text), want) << c.schema << " " << text;
+    }
+    // At most 15 digits: a double holds the value exactly enough that a
+    // JavaScript / Python validator agrees (2.4999999999999999 would read as 2.5).
+    EXPECT_FALSE(accepts(*g, "2.4999999999999999")) << c.schema;
+    EXPECT_FALSE(accepts(*g, "1234567890123456")) << c.schema;
+    // No exponent, no leading zeros, no bare '-' / '.'.
+    for (const char* bad : {"1e2", "01", "-", "1.", ".5", "+1"}) EXPECT_FALSE(accepts(*g, bad)) << c.schema << bad;
+  }
+}
+
+TEST(JsonSchema, IntegerMultipleOf) {
+  for (int k : {1, 3, 5, 7, 12, 1000}) {
+    const std::string schema =
+        R"({"type":"integer","minimum":-250,"maximum":2500,"multipleOf":)" + std::to_string(k) + "}";
+    auto gbnf = json_schema_to_gbnf(schema);
+    ASSERT_TRUE(gbnf) << gbnf.error().message;
+    auto g = Grammar::parse(*gbnf);
+    ASSERT_TRUE(g) << g.error().message;
+    for (int v = -400; v <= 2600; ++v) {
+      EXPECT_EQ(accepts(*g, std::to_string(v)), v % k == 0 && v >= -250 && v <= 2500) << schema << " " << v;
+    }
+    EXPECT_FALSE(accepts(*g, "10.0")) << schema;
+  }
+  // zod 4's z.int().multipleOf(5): the safe-integer bounds too.
+  auto gbnf = json_schema_to_gbnf(
+      R"({"type":"integer","minimum":-9007199254740991,"maximum":9007199254740991,"multipleOf":5})");
+  ASSERT_TRUE(gbnf) << gbnf.error().message;
+  auto g = Grammar::parse(*gbnf);
+  ASSERT_TRUE(g);
+  // At most 15 digits (exact as a double, what zod's check computes with).
+  EXPECT_TRUE(accepts(*g, "900719925474095"));
+  EXPECT_FALSE(accepts(*g, "900719925474096"));
+  EXPECT_FALSE(accepts(*g, "9007199254740990"));
+  EXPECT_TRUE(accepts(*g, "-15"));
+  EXPECT_FALSE(accepts(*g, "16"));
 }
 
 TEST(JsonSchema, StringLengthFormatPattern) {
@@ -192,6 +272,147 @@ TEST(JsonSchema, StringLengthFormatPattern) {
   });
 }
 
+// A random sentence of `g` (ASCII bytes only): at each step a random byte the
+// grammar allows; stops at a complete sentence with probability 1/8 (or when
+// nothing else is allowed).
+std::string sample(const std::shared_ptr<const Grammar>& g, std::mt19937& rng) {
+  Matcher m(g);
+  auto st = m.initial();
+  EXPECT_TRUE(st);
+  MatchState cur = *st;
+  std::string out;
+  for (int steps = 0; steps < 2000; ++steps) {
+    std::vector<std::pair<uint8_t, MatchState>> next;
+    for (int b = 1; b < 0x80; ++b) {
+      MatchState o;
+      if (m.step(cur, static_cast<uint8_t>(b), o) == StepResult::kOk) next.emplace_back(static_cast<uint8_t>(b), o);
+    }
+    if (Matcher::can_end(cur) && (next.empty() || rng() % 8 == 0)) return out;
+    if (next.empty()) {
+      ADD_FAILURE() << "grammar stuck after " << out;
+      return out;
+    }
+    auto& pick = next[rng() % next.size()];
+    out += static_cast<char>(pick.first);
+    cur = pick.second;
+  }
+  ADD_FAILURE() << "no end after 2000 bytes: " << out;
+  return out;
+}
+
+// zod 4's JSON Schemas (format + pattern, as z.toJSONSchema writes them) and
+// Pydantic-style pattern + length bounds: every sampled string is a JSON
+// string whose value matches the pattern (std::regex, ECMAScript), the
+// length bounds and the format's own check.
+TEST(JsonSchema, FormatPatternLengthIntersect) {
+  struct Case {
+    std::string schema;
+    std::vector<std::string> regexes;  // the value must match each (ECMAScript)
+    size_t min_len = 0, max_len = SIZE_MAX;
+  };
+  const std::string zod_email =
+      R"(^(?:[A-Za-z0-9_'+\-]+\.)*[A-Za-z0-9_'+\-]*[A-Za-z0-9_+-]@(?:[A-Za-z0-9][A-Za-z0-9\-]*\.)+[A-Za-z]{2,}$)";
+  const std::string zod_uuid =
+      "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-"
+      "0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$";
+  const std::string zod_date_body =
+      R"((?:(?:\d\d[2468][048]|\d\d[13579][26]|\d\d0[48]|[02468][048]00|[13579][26]00)-02-29|\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)|(?:02)-(?:0[1-9]|1\d|2[0-8]))))";
+  const std::string zod_datetime = "^" + zod_date_body + R"(T(?:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?(?:Z))$)";
+  const std::string zod_ipv4 =
+      R"(^(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])$)";
+  const std::string zod_hostname =
+      R"(^(?=.{1,253}\.?$)[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[-0-9a-zA-Z]{0,61}[0-9a-zA-Z])?)*\.?$)";
+  const std::string zod_ipv6 =
+      R"(^(([0-9a-fA-F]{1,4}:){7}[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,7}:|([0-9a-fA-F]{1,4}:){1,6}:[0-9a-fA-F]{1,4}|([0-9a-fA-F]{1,4}:){1,5}(:[0-9a-fA-F]{1,4}){1,2}|([0-9a-fA-F]{1,4}:){1,4}(:[0-9a-fA-F]{1,4}){1,3}|([0-9a-fA-F]{1,4}:){1,3}(:[0-9a-fA-F]{1,4}){1,4}|([0-9a-fA-F]{1,4}:){1,2}(:[0-9a-fA-F]{1,4}){1,5}|[0-9a-fA-F]{1,4}:((:[0-9a-fA-F]{1,4}){1,6})|:((:[0-9a-fA-F]{1,4}){1,7}|:))$)";
+  auto schema = [](const std::string& format, const std::string& pattern, const std::string& extra = "") {
+    nlohmann::json j = {{"type", "string"}};
+    if (!format.empty()) j["format"] = format;
+    if (!pattern.empty()) j["pattern"] = pattern;
+    if (!extra.empty()) j.update(nlohmann::json::parse(extra));
+    return j.dump();
+  };
+  // Checks of the formats themselves (as validators do).
+  const std::string uri_check = R"(^[a-z][a-z0-9+.-]*://[A-Za-z0-9.-]+(:\d+)?(/[A-Za-z0-9._~-]*)*(\?[^#\s]*)?(#\S*)?$)";
+  const std::string time_check = R"(^\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$)";
+  const std::vector<Case> cases = {
+      {schema("email", zod_email), {zod_email}},
+      {schema("email", zod_email, R"({"maxLength":40})"), {zod_email}, 0, 40},
+      {schema("uuid", zod_uuid), {zod_uuid}},
+      {schema("date", "^" + zod_date_body + "$"), {"^" + zod_date_body + "$"}},
+      {schema("date-time", zod_datetime), {zod_datetime}},
+      {schema("ipv4", zod_ipv4), {zod_ipv4}},
+      {schema("ipv6", zod_ipv6), {zod_ipv6}},
+      {schema("hostname", zod_hostname), {zod_hostname}},
+      {schema("uri", ""), {uri_check}},
+      {schema("time", ""), {time_check}},
+      {schema("", "^[a-z]+$", R"({"minLength":3,"maxLength":10})"), {"^[a-z]+$"}, 3, 10},
+      {schema("", "^[cC][0-9a-z]{6,}$", R"({"maxLength":12})"), {"^[cC][0-9a-z]{6,}$"}, 0, 12},
+      {schema("", "^(?!\\.)(?!.*\\.\\.)[a-z.]{1,12}$"), {"^(?!\\.)(?!.*\\.\\.)[a-z.]{1,12}$"}},
+      {schema("", "ab+c", R"({"minLength":5,"maxLength":8})"), {"ab+c"}, 5, 8},
+      {schema("", R"(^\d{3}-\d{4}$)", R"({"minLength":8})"), {R"(^\d{3}-\d{4}$)"}, 8, 8},
+  };
+  std::mt19937 rng(1234);
+  for (const auto& c : cases) {
+    auto gbnf = json_schema_to_gbnf(c.schema);
+    ASSERT_TRUE(gbnf) << c.schema << ": " << gbnf.error().message;
+    auto g = Grammar::parse(*gbnf);
+    ASSERT_TRUE(g) << g.error().message;
+    std::vector<std::regex> res;
+    for (const auto& r : c.regexes) res.emplace_back(r, std::regex::ECMAScript);
+    for (int i = 0; i < 150; ++i) {
+      const std::string text = sample(*g, rng);
+      auto value = nlohmann::json::parse(text, nullptr, false);
+      ASSERT_TRUE(value.is_string()) << c.schema << ": " << text;
+      const std::string v = value.get<std::string>();
+      for (size_t k = 0; k < res.size(); ++k) EXPECT_TRUE(std::regex_search(v, res[k])) << c.regexes[k] << " " << v;
+      EXPECT_GE(v.size(), c.min_len) << c.schema << " " << v;
+      EXPECT_LE(v.size(), c.max_len) << c.schema << " " << v;
+    }
+  }
+}
+
+// Large counters stay cheap (Hopcroft minimisation) and exact; a pattern
+// past the automaton limit is refused naming it.
+TEST(JsonSchema, LargeLengthBoundsAndTheStateLimit) {
+  auto gbnf = json_schema_to_gbnf(R"({"type":"string","pattern":"^[a-z]+$","maxLength":3000})");
+  ASSERT_TRUE(gbnf) << gbnf.error().message;
+  auto g = Grammar::parse(*gbnf);
+  ASSERT_TRUE(g) << g.error().message;
+  EXPECT_TRUE(accepts(*g, "\"" + std::string(3000, 'q') + "\""));
+  EXPECT_FALSE(accepts(*g, "\"" + std::string(3001, 'q') + "\""));
+  EXPECT_FALSE(accepts(*g, "\"\""));
+  const std::string deep =
+      R"({"type":"string","pattern":")" + std::string(150, '(') + "a" + std::string(150, ')') + "\"}";
+  auto d = json_schema_to_gbnf(deep);
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().message,
+            "json_schema: unsupported pattern at /pattern: groups nested deeper than 100 (at offset 100)");
+  auto e = json_schema_to_gbnf(R"({"type":"string","pattern":"^.{0,3000}x.{0,3000}$"})");
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().message,
+            "json_schema: unsupported pattern at /pattern: pattern needs more than 20000 automaton states");
+}
+
+// The date format is the real calendar: every date of four years (two leap
+// years, 1900 and 2023 not) and out-of-range months / days.
+TEST(JsonSchema, DateFormatIsTheCalendar) {
+  auto gbnf = json_schema_to_gbnf(R"({"type":"string","format":"date"})");
+  ASSERT_TRUE(gbnf);
+  auto g = Grammar::parse(*gbnf);
+  ASSERT_TRUE(g);
+  for (int y : {1900, 2000, 2023, 2024}) {
+    const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    for (int m = 0; m <= 13; ++m) {
+      const int days = m == 2 ? (leap ? 29 : 28) : (m == 4 || m == 6 || m == 9 || m == 11) ? 30 : 31;
+      for (int d = 0; d <= 32; ++d) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "\"%04d-%02d-%02d\"", y, m, d);
+        EXPECT_EQ(accepts(*g, buf), m >= 1 && m <= 12 && d >= 1 && d <= days) << buf;
+      }
+    }
+  }
+}
+
 TEST(JsonSchema, JsonObjectMode) {
   auto g = Grammar::parse(json_object_gbnf());
   ASSERT_TRUE(g);
@@ -210,9 +431,20 @@ TEST(JsonSchema, UnsupportedKeywordsAreErrorsNamingThem) {
   EXPECT_EQ(err(R"({"type":"array","uniqueItems":true})"), "json_schema: unsupported keyword 'uniqueItems' at /");
   EXPECT_EQ(err(R"({"type":"array","prefixItems":[{}]})"), "json_schema: unsupported keyword 'prefixItems' at /");
   EXPECT_EQ(err(R"({"type":"object","minProperties":1})"), "json_schema: unsupported keyword 'minProperties' at /");
-  EXPECT_EQ(err(R"({"type":"number","multipleOf":2})"), "json_schema: unsupported keyword 'multipleOf' at /");
+  EXPECT_EQ(err(R"({"type":"number","multipleOf":123457})"),
+            "json_schema: 'multipleOf' 123457 at / is unsupported: its remainder automaton needs more than 10000 "
+            "states (digits of multipleOf x (fraction digits + 1) must be at most that)");
+  EXPECT_EQ(err(R"({"type":"number","multipleOf":0})"), "json_schema: 'multipleOf' at / must be greater than 0");
+  EXPECT_EQ(err(R"({"type":"number","minimum":2.5,"exclusiveMaximum":2.5})"),
+            "json_schema: the bounds at / admit no number");
   EXPECT_EQ(err(R"({"not":{"type":"string"}})"), "json_schema: unsupported keyword 'not' at /");
-  EXPECT_EQ(err(R"({"type":"string","format":"hostname"})"), "json_schema: unsupported format 'hostname' at /");
+  EXPECT_EQ(err(R"({"type":"string","format":"cuid"})"),
+            "json_schema: unsupported format 'cuid' at / (supported: date, date-time, email, hostname, ipv4, ipv6, "
+            "time, uri, uuid)");
+  EXPECT_EQ(err(R"({"type":"string","format":"date","pattern":"^x"})"),
+            "json_schema: format 'date' and pattern at / admit no string");
+  EXPECT_EQ(err(R"({"type":"string","pattern":"^a{3}$","maxLength":2})"),
+            "json_schema: pattern and minLength/maxLength at / admit no string");
   EXPECT_EQ(err(R"({"type":"string","maxLength":3,"minimum":2})"),
             "json_schema: unsupported keyword 'minimum' for type string at /");
   EXPECT_EQ(err(R"({"$ref":"http://x/y.json"})"),
@@ -220,10 +452,16 @@ TEST(JsonSchema, UnsupportedKeywordsAreErrorsNamingThem) {
             "(#...) are supported");
   EXPECT_EQ(err(R"({"$ref":"#/$defs/missing"})"), "json_schema: $ref '#/$defs/missing' at / does not resolve");
   EXPECT_EQ(err(R"({"type":"string","pattern":"^(a)\\1$"})"),
-            "json_schema: unsupported pattern at /pattern: escape '\\1' (backreferences, \\b, \\p, "
-            "\\u are not supported) (at offset 6)");
-  EXPECT_EQ(err(R"({"type":"string","pattern":"^(?=a)b$"})"),
-            "json_schema: unsupported pattern at /pattern: lookaround / group flags '(?=' (at offset 2)");
+            "json_schema: unsupported pattern at /pattern: escape '\\1' (backreferences, \\b, \\B, \\p, "
+            "\\k, \\c are not supported) (at offset 4)");
+  EXPECT_EQ(err(R"({"type":"string","pattern":"^a(?=b)$"})"),
+            "json_schema: unsupported pattern at /pattern: lookaround / group flags '(?=' (lookaheads are supported "
+            "only right after a leading '^') (at offset 2)");
+  EXPECT_EQ(err(R"({"type":"string","pattern":"^(?<=a)b$"})"),
+            "json_schema: unsupported pattern at /pattern: lookaround / group flags '(?<' (lookaheads are supported "
+            "only right after a leading '^') (at offset 1)");
+  EXPECT_EQ(err(R"({"type":"string","pattern":"a\\bc"})"),
+            "json_schema: unsupported pattern at /pattern: word boundary '\\b' (at offset 1)");
   EXPECT_EQ(err(R"({"type":"wat"})"), "json_schema: unknown type 'wat' at /");
   EXPECT_EQ(err("{"), "json_schema: not valid JSON");
   // Annotations are ignored.

@@ -13,7 +13,9 @@
 //     parameters), finish_reason "tool_calls" (up to 8 parallel calls, so up
 //     to 1500 tokens); streamed deltas reassemble to the
 //     non-streamed answer (same seed); the SDK's streaming helper sees the calls;
-//   - the SDK's zodResponseFormat + chat.completions.parse end to end.
+//   - the SDK's zodResponseFormat + chat.completions.parse end to end, with
+//     zod 3 (openai 4) and with zod 4's formats and number checks (openai 6,
+//     20 runs each at temperature 1, every value accepted by zod's parse).
 // Usage: node structured_test.mjs BASE_URL MODE MODEL... (MODE full | quick:
 // quick runs each schema once per model at one temperature, for sanitizer builds).
 import assert from "node:assert/strict";
@@ -176,7 +178,7 @@ await check("response_format json_object: an object (or a cut-off prefix of one)
 await check("400s name the field and the keyword", async () => {
   const cases = [
     [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object", patternProperties: { "^a": { type: "string" } } } } } }, "response_format.json_schema.schema", /patternProperties/],
-    [{ json_schema: { type: "string", format: "hostname" } }, "json_schema", /hostname/],
+    [{ json_schema: { type: "string", format: "cuid2" } }, "json_schema", /cuid2/],
     [{ grammar: 'root ::= "a" undefined-rule' }, "grammar", /undefined-rule/],
     [{ grammar: "root ::= (" }, "grammar", /line 1/],
     [{ grammar: 'root ::= "a"', json_schema: { type: "boolean" } }, "json_schema", /grammar/],
@@ -189,7 +191,7 @@ await check("400s name the field and the keyword", async () => {
     assert.equal(r.json.error.param, param, JSON.stringify(r.json));
     assert.match(r.json.error.message, re);
   }
-  const c = await post("/v1/completions", { model: qwen, prompt: "x", max_tokens: 8, json_schema: { type: "object", properties: { a: { type: "number", multipleOf: 2 } } } });
+  const c = await post("/v1/completions", { model: qwen, prompt: "x", max_tokens: 8, json_schema: { type: "object", properties: { a: { type: "number", multipleOf: 1234567 } } } });
   assert.equal(c.status, 400);
   assert.equal(c.json.error.param, "json_schema");
   assert.match(c.json.error.message, /multipleOf/);
@@ -303,6 +305,46 @@ await check("zodResponseFormat + chat.completions.parse", async () => {
       Answer.parse(msg.parsed);
     }
   }
+});
+
+// zod 4 (the `zod/v4` API) through openai 6's zodResponseFormat, which
+// sends z.toJSONSchema's draft-7 output: formats with zod's own patterns,
+// exclusiveMinimum, decimal minimum, multipleOf. Each field 20 times at
+// temperature 1 (5 in quick mode) on a random-weight Qwen3 fixture: HTTP 200,
+// finish "stop", and zod's parse accepts the value (the SDK's parse and ours).
+await check("zod 4 formats and number checks: 200 and zod's parse accepts", async () => {
+  const { z } = await import("zod/v4");
+  const { default: OpenAI6 } = await import("openai-v6");
+  const { zodResponseFormat } = await import("openai-v6/helpers/zod");
+  const client6 = new OpenAI6({ baseURL: `${baseURL}/v1`, apiKey: "none", maxRetries: 2, timeout: 300_000 });
+  const fields = {
+    email: z.email(), uuid: z.uuid(), url: z.url(), date: z.iso.date(), datetime: z.iso.datetime(),
+    positive: z.number().positive(), min_half: z.number().min(0.5), multiple_of_5: z.number().multipleOf(5),
+  };
+  const runs = mode === "quick" ? 5 : 20;
+  const tasks = [];
+  for (const [name, field] of Object.entries(fields)) {
+    const Schema = z.object({ v: field });
+    for (let seed = 0; seed < runs; seed++) {
+      tasks.push(async () => {
+        try {
+          const r = await client6.chat.completions.parse({ model: qwen, messages, temperature: 1, seed, max_tokens: 512, response_format: zodResponseFormat(Schema, name) });
+          const c = r.choices[0];
+          if (c.finish_reason !== "stop") return `${name} seed ${seed}: finish_reason ${c.finish_reason}: ${c.message.content}`;
+          const ok = Schema.safeParse(JSON.parse(c.message.content));
+          if (!ok.success) return `${name} seed ${seed}: zod rejects ${c.message.content}: ${ok.error.message}`;
+          if (JSON.stringify(c.message.parsed) !== JSON.stringify(ok.data)) return `${name} seed ${seed}: SDK parsed ${JSON.stringify(c.message.parsed)}`;
+          return null;
+        } catch (e) {
+          return `${name} seed ${seed}: ${e.status ?? ""} ${e.message}`;
+        }
+      });
+    }
+  }
+  const started = Date.now();
+  const failures = (await pool(tasks, 8)).filter((f) => f !== null);
+  console.log(`# zod 4: ${tasks.length} answers, ${tasks.length - failures.length} accepted by zod, ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  assert.deepEqual(failures, []);
 });
 
 console.log(`# ${passed} checks passed`);
