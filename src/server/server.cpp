@@ -31,6 +31,7 @@
 #include "server/openai.h"            // request parsing, response builders, ApiError
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
+#include "server/routes_llama.h"      // add_llama_routes, build_fim_prompt
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
 #include "server/routes_tokens.h"     // add_token_routes
 #include "server/structured_output.h"
@@ -50,7 +51,7 @@ std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
       "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
-  if (known.contains(path)) return path;
+  if (known.contains(path) || is_llama_route(path)) return path;
   if (path == "/v1/responses") return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -207,7 +208,7 @@ struct Server::Impl {
         return true;
       }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
-                                   req.path == "/tokenize" || req.path == "/detokenize";
+                                   req.path == "/tokenize" || req.path == "/detokenize" || is_llama_route(req.path);
       if (!protected_route) return false;
       ApiError e;
       if (!authorized(req)) {
@@ -240,6 +241,10 @@ struct Server::Impl {
         e.code = "request_too_large";
       } else if (status == 404) {
         e.code = "unknown_url";
+      } else if (status == 405) {
+        e.code = "method_not_allowed";
+      } else if (status == 415) {
+        e.code = "unsupported_media_type";
       } else if (status == 431) {
         e.code = "request_header_fields_too_large";
       } else if (status == 503) {
@@ -268,20 +273,29 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
-    // POST /v1/responses: translated into a chat request, prepared and submitted as chat completions are.
-    add_responses_routes(
-        http, ctx, [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
-          auto job = submit_completion(std::move(cr), admitted);
-          if (!job) return std::unexpected(job.error());
-          SubmittedChat s;
-          s.handle = (*job)->handle;
-          s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
-          s.output = (*job)->output;
-          s.model = (*job)->meta.model;
-          s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
-          s.owner = std::move(*job);
-          return s;
-        });
+    // POST /v1/responses: translated into a chat request, prepared and
+    // submitted as chat completions are (and llama.cpp's /completion and
+    // /infill into a completions request).
+    const ChatSubmitter submit_chat = [this](CompletionRequest cr,
+                                             Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
+      auto job = submit_completion(std::move(cr), admitted);
+      if (!job) return std::unexpected(job.error());
+      SubmittedChat s;
+      s.handle = (*job)->handle;
+      s.prompt_tokens = static_cast<int64_t>((*job)->prompt.size());
+      s.output = (*job)->output;
+      s.model = (*job)->meta.model;
+      s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
+      s.prompt = (*job)->prompt;
+      s.params = (*job)->params;
+      s.tokenizer = (*job)->model->tokenizer;
+      s.n_ctx = (*job)->model->n_ctx;
+      s.owner = std::move(*job);
+      return s;
+    };
+    add_responses_routes(http, ctx, submit_chat);
+    // llama.cpp's own routes (/completion, /infill, /props, /slots): translated onto the same path.
+    add_llama_routes(http, ctx, submit_chat);
   }
 
   // ---- completions --------------------------------------------------------
@@ -317,12 +331,12 @@ struct Server::Impl {
     job->pool = ctx.models;
     job->admitted = admitted;
     job->deadline = deadline_after(admitted, ctx.opt.timeout_s);
-    const std::string model_id = cr.model.empty() ? ctx.opt.default_model : cr.model;
     // The model: 404 unknown, 503 loading; a registered model loads on demand here.
-    auto model = acquire_model(ctx, model_id);
+    auto model = acquire_model(ctx, cr.model);
     if (!model) return fail(model.error());
     job->model = std::move(*model);
     const engine::LoadedModel& lm = *job->model;
+    const std::string model_id = lm.id;  // the model that serves it (another name may have been asked for)
     if (!lm.pool || !lm.tokenizer) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
 
     // Refused before the prompt costs anything (issue 10.2): a full queue
@@ -373,6 +387,12 @@ struct Server::Impl {
     in.chat_options.tools = cr.tools;
     in.prompt = std::move(cr.prompt);
     in.prompt_ids = std::move(cr.prompt_ids);
+    if (cr.fim) {  // fill in the middle: the prompt from the vocabulary's FIM tokens (400 without them)
+      auto ids = build_fim_prompt(*lm.tokenizer, in.prompt, *cr.fim, max_prompt_bytes(lm.n_ctx));
+      if (!ids) return fail(ids.error());
+      in.prompt_ids = std::move(*ids);
+      in.prompt.clear();
+    }
     // The request's sampling fields as parsed (stop, ignore_eos, logit_bias
     // and grammar are the request's even when absent), and its seed: the
     // request's, else --seed, else a fresh random one.
