@@ -5,7 +5,9 @@
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions, POST
 // /v1/embeddings, POST /tokenize, POST /detokenize, GET /v1/models,
-// GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), GET /
+// GET /v1/models/{id}, llama.cpp's POST /completion, POST /infill, GET
+// /props, GET /slots (routes_llama.h), GET /health (HEAD too, as every GET
+// route), GET /metrics (Prometheus text), GET /
 // (the web chat page), and the admin routes GET /admin/models, POST
 // /admin/models/load (202, background load; 400 before anything is allocated
 // when ctx_size exceeds the model's context or the KV caches it implies
