@@ -98,6 +98,12 @@ struct GenOptions {
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
   add_hf_flags(cmd, o.hf);
+  // llama-cli's -md (main.cpp passes it on as --model-draft): reserved, a
+  // usage error until speculative decoding exists.
+  cmd->add_option("--model-draft")
+      ->description("Draft model for speculative decoding (also -md): not built yet (issue 29)")
+      ->type_name("FILE")
+      ->check([](const std::string&) { return std::string("speculative decoding is not built yet (issue 29)"); }, "");
   engine::SamplingParams& p = o.sampling;
   cmd->add_option("-n,--n-predict", p.max_tokens, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();

@@ -157,6 +157,7 @@ server::ServerOptions server_options(const server::ServeConfig& cfg, const engin
   so.idle_timeout_s = cfg.keep_alive_timeout_s;
   so.write_timeout_s = cfg.write_timeout_s;
   so.cors_origin = cfg.cors_origin;
+  so.strict_model_names = cfg.strict_model_names;
   return so;
 }
 
@@ -241,6 +242,7 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: " << v.error().message << "\n";
     return 1;
   }
+  if (!cfg.alias.empty()) cfg.models.front().id = cfg.alias;  // --alias: the one model's name (checked above)
   // glibc gives each thread that allocates its own malloc arena (up to 8 x
   // cores). The transport's worker threads (request bodies, JSON, SSE
   // chunks), each model's step loop and the loaders all allocate short-lived

@@ -38,13 +38,16 @@ int main(int argc, char** argv) {
   // are passed on as their long names -- `-ctk` / `-ctv` as --cache-type-k /
   // --cache-type-v in run, chat, serve and bench (llama-cli, llama-server and
   // llama-bench all take them), llama-bench's `-pg PP,TG` as bench's --pg,
-  // llama-server's `-np N` as serve's --parallel, and llama.cpp's
-  // `-hf` / `-hff` as --hf-repo / --hf-file in run, chat, serve, bench,
-  // info and pull.
+  // llama-server's `-np N` as serve's --parallel, llama.cpp's `-hf` /
+  // `-hff` as --hf-repo / --hf-file in run, chat, serve, bench, info and
+  // pull, and llama-server's / llama-cli's `-md FILE` as --model-draft in
+  // run, chat and serve (CLI11 would read it as `-m d`; the flag refuses
+  // until speculative decoding exists, issue 29).
   // Only a whole argument is rewritten (a prompt that merely contains
   // "-ctk" is untouched).
   std::vector<char*> args(argv, argv + argc);
-  char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v", np_long[] = "--parallel";
+  char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v", np_long[] = "--parallel",
+       md_long[] = "--model-draft";
   char hf_long[] = "--hf-repo", hff_long[] = "--hf-file";
   const char* command = nullptr;
   for (int i = 1; i < argc; ++i) {
@@ -68,6 +71,8 @@ int main(int argc, char** argv) {
       args[static_cast<size_t>(i)] = pg_long;
     else if (std::strcmp(command, "serve") == 0 && std::strcmp(argv[i], "-np") == 0)
       args[static_cast<size_t>(i)] = np_long;
+    else if (std::strcmp(command, "bench") != 0 && std::strcmp(argv[i], "-md") == 0)
+      args[static_cast<size_t>(i)] = md_long;
   }
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge

@@ -384,6 +384,21 @@ core::Expected<void> apply_admin_open(const SettingInfo&, const SettingValue& v,
   c.admin_open = std::get<bool>(v);
   return {};
 }
+core::Expected<void> apply_alias(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
+  c.alias = text_of(v);
+  if (c.alias.empty()) return core::fail(core::Errc::kInvalidArgument, "the alias is empty");
+  return {};
+}
+core::Expected<void> apply_strict_model_names(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
+  c.strict_model_names = std::get<bool>(v);
+  return {};
+}
+// Reserved for speculative decoding (llama-server's -md / --model-draft):
+// refused until it is built, so `-md FILE` never means `-m d` or is ignored.
+core::Expected<void> apply_model_draft(const SettingInfo&, const SettingValue&, ServeConfig&) {
+  return core::fail(core::Errc::kInvalidArgument,
+                    "speculative decoding is not built yet (issue 29): a draft model cannot be used");
+}
 core::Expected<void> apply_cors_origin(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
   c.cors_origin = text_of(v);
   return {};
@@ -469,6 +484,34 @@ constexpr SettingInfo kSettings[] = {
      .help = "The exact file of the one hf-repo repository.",
      .example = "Bonsai-8B-Q1_0.gguf",
      .apply = apply_hf_file},
+    {.name = "alias",
+     .alias = "-a",
+     .kind = kString,
+     .scope = kServer,
+     .value_name = "NAME",
+     .default_text = "the model's id",
+     .help = "The name /v1/models lists and answers report for the one model served (llama-server's --alias); "
+             "with several models, name each with -m ID=FILE instead.",
+     .example = "qwen3",
+     .apply = apply_alias},
+    {.name = "strict-model-names",
+     .kind = kSwitch,
+     .scope = kServer,
+     .default_text = "off: with one model served, any model name is that model",
+     .help = "A request naming a model that is not served gets 404 model_not_found even when only one model is "
+             "served (by default any name means the one model, as llama-server does).",
+     .example = "true",
+     .apply = apply_strict_model_names},
+    {.name = "model-draft",
+     .alias = "-md",
+     .kind = kString,
+     .scope = kCommandLine,
+     .value_name = "FILE",
+     .default_text = "none",
+     .help = "Draft model for speculative decoding (llama-server's flag): reserved; refused until speculative "
+             "decoding is built (issue 29).",
+     .example = "draft.gguf",
+     .apply = apply_model_draft},
     {.name = "config",
      .kind = kString,
      .scope = kCommandLine,
@@ -948,6 +991,10 @@ core::Expected<void> validate_serve_config(const ServeConfig& c) {
     for (size_t j = i + 1; j < c.models.size(); ++j)
       if (c.models[i].id == c.models[j].id)
         return core::fail(core::Errc::kInvalidArgument, "model id '" + c.models[i].id + "' is given twice");
+  if (!c.alias.empty() && c.models.size() > 1)
+    return core::fail(core::Errc::kInvalidArgument, "alias '" + c.alias + "' names the one model served, but " +
+                                                        std::to_string(c.models.size()) +
+                                                        " models are given; name each with -m ID=FILE instead");
   for (const auto& id : c.preload) {
     bool found = false;
     for (const auto& m : c.models) found = found || m.id == id;

@@ -80,7 +80,14 @@ struct ServeConfig {
   // admin-open: /admin routes answer without a key on a non-loopback host
   // (ServerOptions::admin_open). Off: there they need api-key (403 without).
   bool admin_open = false;
-  std::string cors_origin;           // cors-origin: ServerOptions::cors_origin (empty: CORS off)
+  std::string cors_origin;  // cors-origin: ServerOptions::cors_origin (empty: CORS off)
+  // alias (-a/--alias, llama-server's): the id of the one model served (in
+  // /v1/models and answers) instead of the one -m derives; empty: that one.
+  // validate_serve_config refuses it with more than one model.
+  std::string alias;
+  // strict-model-names: ServerOptions::strict_model_names (an unknown model
+  // name is a 404 even when one model is served).
+  bool strict_model_names = false;
   double timeout_s = 600;            // per request (waiting + generating)
   size_t max_body_bytes = 4u << 20;  // larger bodies get 413
   int queue_factor = 4;              // requests waiting per sequence slot (parallel) before 503

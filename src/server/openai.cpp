@@ -411,10 +411,10 @@ std::optional<ApiError> parse_logprobs(const Json& body, Endpoint endpoint, Comp
   return std::nullopt;
 }
 
-// Completions only: `echo`, and the legacy fields that change what is
-// generated, refused rather than silently ignored: `suffix` (insertion)
-// asks for nothing only when empty; `best_of` only at 1 (it must also be
-// >= n, as OpenAI checks).
+// Completions only: `echo`, `suffix` (a non-empty one asks for
+// fill-in-the-middle: CompletionRequest::fim; it needs a text prompt), and
+// the legacy field that changes what is generated, refused rather than
+// silently ignored: `best_of` only at 1 (it must also be >= n, as OpenAI checks).
 std::optional<ApiError> parse_legacy_completion_fields(const Json& body, CompletionRequest& out) {
   if (auto e = get_bool(body, "echo", out.echo)) return e;
   auto not_done = [](const char* field, const char* what) {
@@ -424,7 +424,10 @@ std::optional<ApiError> parse_legacy_completion_fields(const Json& body, Complet
   };
   if (auto e = check_optional_string(body, "suffix", "")) return e;
   if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty()) {
-    return not_done("suffix", "no insertion / fill-in-the-middle");
+    if (!out.prompt_ids.empty())
+      return bad_request("Invalid 'suffix': fill-in-the-middle needs a text 'prompt' (got token ids).", "suffix",
+                         "invalid_value");
+    out.fim = FimRequest{it->get<std::string>(), {}, {}};
   }
   std::optional<int64_t> best_of;
   if (auto e = get_int(body, "best_of", 1, 20, best_of)) return e;

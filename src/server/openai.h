@@ -49,6 +49,17 @@ ApiError overloaded(std::string message, std::string code = "overloaded", int re
 
 enum class Endpoint { kChat, kCompletion };
 
+// A fill-in-the-middle request (/v1/completions `suffix`, llama.cpp's POST
+// /infill): the model writes what goes between the prefix (the request's
+// `prompt` text) and `suffix`. The server builds the prompt from the
+// vocabulary's FIM tokens (build_fim_prompt, routes_llama.h).
+struct FimRequest {
+  std::string suffix;  // the text after the insertion point
+  std::string middle;  // text the answer starts with, after <|fim_middle|> (llama.cpp infill's `prompt`)
+  // Other files as context (llama.cpp infill's input_extra): (filename, text).
+  std::vector<std::pair<std::string, std::string>> extra;
+};
+
 // A validated /v1/chat/completions or /v1/completions request, parsed once
 // from its body. Optional fields are unset when the client did not send them
 // (or sent null), so the model's defaults apply.
@@ -81,6 +92,9 @@ struct CompletionRequest {
   bool include_usage = false;     // stream_options.include_usage
   bool forced_tool_call = false;  // the grammar makes the answer tool calls
   bool echo = false;              // completions: the prompt precedes the answer
+  // Completions with a non-empty `suffix` (a text prompt only): fill in the
+  // middle between `prompt` and the suffix. Unset: a plain completion.
+  std::optional<FimRequest> fim;
   // The request body when it asked for a grammar (else null): the server
   // compiles it again for a model whose template writes answers in another
   // form (server.cpp, build_output_grammar's GrammarForm).

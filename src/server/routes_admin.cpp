@@ -45,12 +45,24 @@ struct AdminRoutes {
   // Models a request may name: registered ones (loadable on demand) and
   // resident ones; a failed load of an unregistered id is not one (it is
   // listed, with its reason, by GET /admin/models only).
-  std::vector<std::string> all_model_ids() const {
-    std::set<std::string> ids;
-    for (const auto& id : ctx_.models->registered_ids()) ids.insert(id);
-    for (const auto& m : ctx_.models->list())
-      if (m.state != engine::ModelState::kFailed) ids.insert(m.id);
-    return {ids.begin(), ids.end()};
+  std::vector<std::string> all_model_ids() const { return served_model_ids(*ctx_.models); }
+
+  // A /v1/models entry: OpenAI's model object plus the context length the
+  // model is served with, as `context_length` (OpenRouter's / LM Studio's
+  // name) and `max_model_len` (vLLM's): the running model's n_ctx, or for a
+  // registered model not loaded now its ctx-size setting (0: the model's own
+  // context, capped at 4096, known once loaded; the fields are left out then).
+  json model_entry(const std::string& id) const {
+    json j = model_object(id, created_of(id));
+    int64_t n_ctx = 0;
+    if (auto m = ctx_.models->peek(id)) n_ctx = m->n_ctx;
+    if (n_ctx <= 0)
+      if (auto reg = ctx_.models->registration(id)) n_ctx = reg->ctx_size;
+    if (n_ctx > 0) {
+      j["context_length"] = n_ctx;
+      j["max_model_len"] = n_ctx;
+    }
+    return j;
   }
 
   int64_t created_of(const std::string& id) const {
@@ -61,7 +73,7 @@ struct AdminRoutes {
 
   void handle_models(HttpResponse& res) {
     json data = json::array();
-    for (const auto& id : all_model_ids()) data.push_back(model_object(id, created_of(id)));
+    for (const auto& id : all_model_ids()) data.push_back(model_entry(id));
     send_json(res, 200, json{{"object", "list"}, {"data", data}});
   }
 
@@ -75,7 +87,7 @@ struct AdminRoutes {
       e.code = "model_not_found";
       return send_error(res, e);
     }
-    send_json(res, 200, model_object(id, created_of(id)));
+    send_json(res, 200, model_entry(id));
   }
 
   // The model rows of /admin/models and /health. `with_files`: include each

@@ -2,7 +2,9 @@
 #include "server/routes_common.h"
 
 #include <chrono>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace bonsai::server {
 
@@ -46,9 +48,22 @@ ApiError from_core_error(const core::Error& e, int default_status) {
   return a;
 }
 
+std::vector<std::string> served_model_ids(const engine::ModelPool& pool) {
+  std::set<std::string> ids;
+  for (const auto& id : pool.registered_ids()) ids.insert(id);
+  for (const auto& m : pool.list())
+    if (m.state != engine::ModelState::kFailed) ids.insert(m.id);
+  return {ids.begin(), ids.end()};
+}
+
 std::expected<engine::ModelHandle, ApiError> acquire_model(ServerContext& ctx, const std::string& id) {
-  const std::string model_id = id.empty() ? ctx.opt.default_model : id;
+  std::string model_id = id.empty() ? ctx.opt.default_model : id;
   if (model_id.empty()) return std::unexpected(bad_request("You must provide a model parameter.", "model"));
+  // One model served: any name means it (llama-server's habit), unless strict.
+  if (!ctx.opt.strict_model_names && !ctx.models->is_registered(model_id)) {
+    const std::vector<std::string> ids = served_model_ids(*ctx.models);
+    if (ids.size() == 1 && ids.front() != model_id) model_id = ids.front();
+  }
   auto model = ctx.models->acquire(model_id);
   if (model) return std::move(*model);
   const core::Error& err = model.error();

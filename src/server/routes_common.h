@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/model_pool.h"  // ModelPool
@@ -63,8 +64,16 @@ void send_error(HttpResponse& res, const ApiError& e);
 // 503 overloaded, anything else `default_status` (a server_error when >= 500).
 ApiError from_core_error(const core::Error& e, int default_status = 400);
 
+// The models a request may name, sorted: registered ones (loadable on
+// demand) and resident ones; a failed load of an unregistered id is not one.
+std::vector<std::string> served_model_ids(const engine::ModelPool& pool);
+
 // A model held for one request (ModelPool::acquire; a registered model
-// loads on demand): `id` empty means ctx.opt.default_model. Errors in the
+// loads on demand): `id` empty means ctx.opt.default_model. While exactly
+// one model is served (served_model_ids) any other name means that model,
+// as llama-server answers whatever name a request gives, unless
+// ServerOptions::strict_model_names; the handle's LoadedModel::id is the
+// model that serves it (what answers report). Errors in the
 // API's terms: 400 no model named and no default, 404 model_not_found (an id
 // that names no model), 503 model_loading / insufficient_capacity, 500
 // model_load_failed. The handle gives the model back when dropped.

@@ -48,11 +48,13 @@
 #include <vector>
 
 #include "engine/chat_output.h"    // ChatOutputParser, ChatOutputDelta
+#include "engine/sampling.h"       // SamplingParams
 #include "engine/scheduler.h"      // JobHandle, Clock
 #include "server/job_pump.h"       // JobProgress
 #include "server/openai.h"         // CompletionRequest, ApiError
 #include "server/routes_common.h"  // ServerContext
 #include "server/transport.h"      // HttpTransport
+#include "tokenizer/tokenizer.h"   // Tokenizer
 
 namespace bonsai::server {
 
@@ -67,6 +69,13 @@ struct SubmittedChat {
   engine::ChatOutputParser::Options output;   // how the text splits (reasoning, tool calls)
   std::string model;                          // the model id that serves it
   std::function<void(JobProgress&)> account;  // the server's metrics of a finished job
+  // What llama.cpp's native routes report (routes_llama.h): the prompt's
+  // token ids, the sampling parameters it runs with, the model's tokenizer
+  // (shared; outlives the job) and context length.
+  std::vector<int32_t> prompt;
+  engine::SamplingParams params;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+  int64_t n_ctx = 0;
 };
 // Prepares and submits a parsed chat request admitted at the given time:
 // the submitted job, or the API error to answer (400 / 404 / 503).

@@ -32,6 +32,7 @@
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_anthropic.h"  // add_anthropic_routes, send_anthropic_error
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
+#include "server/routes_llama.h"      // add_llama_routes, build_fim_prompt
 #include "server/routes_ollama.h"     // add_ollama_routes, send_ollama_error
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
 #include "server/routes_tokens.h"     // add_token_routes
@@ -52,7 +53,7 @@ std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
       "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
-  if (known.contains(path)) return path;
+  if (known.contains(path) || is_llama_route(path)) return path;
   if (path == "/v1/responses" || path == "/v1/messages" || path == "/v1/messages/count_tokens") return path;
   if (path.rfind("/api/", 0) == 0) {  // Ollama's API: its known routes, every other path as one
     static const std::set<std::string> ollama = {"/api/version", "/api/tags",       "/api/show",
@@ -230,7 +231,7 @@ struct Server::Impl {
         return true;
       }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 || ollama ||
-                                   req.path == "/tokenize" || req.path == "/detokenize";
+                                   req.path == "/tokenize" || req.path == "/detokenize" || is_llama_route(req.path);
       if (!protected_route) return false;
       ApiError e;
       if (!authorized(req)) {
@@ -263,6 +264,10 @@ struct Server::Impl {
         e.code = "request_too_large";
       } else if (status == 404) {
         e.code = "unknown_url";
+      } else if (status == 405) {
+        e.code = "method_not_allowed";
+      } else if (status == 415) {
+        e.code = "unsupported_media_type";
       } else if (status == 431) {
         e.code = "request_header_fields_too_large";
       } else if (status == 503) {
@@ -291,14 +296,17 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
-    // POST /v1/responses, Ollama's /api/chat and /api/generate and
-    // Anthropic's /v1/messages: translated into a chat (or completions)
-    // request, prepared and submitted as chat completions are.
+    // POST /v1/responses, Ollama's /api/chat and /api/generate,
+    // Anthropic's /v1/messages and llama.cpp's /completion and /infill:
+    // translated into a chat (or completions) request, prepared and
+    // submitted as chat completions are.
     const ChatSubmitter submit = [this](CompletionRequest cr, Clock::time_point admitted) {
       return submit_chat(std::move(cr), admitted);
     };
     add_responses_routes(http, ctx, submit);
     add_ollama_routes(http, ctx, submit);
+    // llama.cpp's own routes (/completion, /infill, /props, /slots).
+    add_llama_routes(http, ctx, submit);
     // Anthropic's also counts a prompt's tokens (/v1/messages/count_tokens).
     add_anthropic_routes(http, ctx, submit, [this](CompletionRequest cr) { return count_chat_prompt(cr); });
   }
@@ -314,6 +322,10 @@ struct Server::Impl {
     s.output = (*job)->output;
     s.model = (*job)->meta.model;
     s.account = [this, raw = job->get()](JobProgress& pr) { account(*raw, pr); };
+    s.prompt = (*job)->prompt;
+    s.params = (*job)->params;
+    s.tokenizer = (*job)->model->tokenizer;
+    s.n_ctx = (*job)->model->n_ctx;
     s.owner = std::move(*job);
     return s;
   }
@@ -379,12 +391,12 @@ struct Server::Impl {
     job->pool = ctx.models;
     job->admitted = admitted;
     job->deadline = deadline_after(admitted, ctx.opt.timeout_s);
-    const std::string model_id = cr.model.empty() ? ctx.opt.default_model : cr.model;
     // The model: 404 unknown, 503 loading; a registered model loads on demand here.
-    auto model = acquire_model(ctx, model_id);
+    auto model = acquire_model(ctx, cr.model);
     if (!model) return fail(model.error());
     job->model = std::move(*model);
     const engine::LoadedModel& lm = *job->model;
+    const std::string model_id = lm.id;  // the model that serves it (another name may have been asked for)
     if (!lm.pool || !lm.tokenizer) return fail(overloaded("Model '" + model_id + "' is not ready.", "model_loading"));
 
     // Refused before the prompt costs anything (issue 10.2): a full queue
@@ -435,6 +447,12 @@ struct Server::Impl {
     in.chat_options.tools = cr.tools;
     in.prompt = std::move(cr.prompt);
     in.prompt_ids = std::move(cr.prompt_ids);
+    if (cr.fim) {  // fill in the middle: the prompt from the vocabulary's FIM tokens (400 without them)
+      auto ids = build_fim_prompt(*lm.tokenizer, in.prompt, *cr.fim, max_prompt_bytes(lm.n_ctx));
+      if (!ids) return fail(ids.error());
+      in.prompt_ids = std::move(*ids);
+      in.prompt.clear();
+    }
     // The request's sampling fields as parsed (stop, ignore_eos, logit_bias
     // and grammar are the request's even when absent), and its seed: the
     // request's, else --seed, else a fresh random one.

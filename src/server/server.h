@@ -5,7 +5,9 @@
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions, POST
 // /v1/embeddings, POST /tokenize, POST /detokenize, GET /v1/models,
-// GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text), GET /
+// GET /v1/models/{id}, llama.cpp's POST /completion, POST /infill, GET
+// /props, GET /slots (routes_llama.h), GET /health (HEAD too, as every GET
+// route), GET /metrics (Prometheus text), GET /
 // (the web chat page), and the admin routes GET /admin/models, POST
 // /admin/models/load (202, background load; 400 before anything is allocated
 // when ctx_size exceeds the model's context or the KV caches it implies
@@ -81,7 +83,11 @@ struct ServerOptions {
   // naming the limit, before any tokenization. 0: 32 bytes per context
   // position of the model, at least 64 KiB.
   size_t max_prompt_bytes = 0;
-  std::string default_model;       // used when a request names no model
+  std::string default_model;  // used when a request names no model
+  // While one model is served, a request naming another model gets that
+  // one (llama-server's habit: clients send "gpt-4o" or any name); true
+  // (`serve --strict-model-names`): an unknown name is a 404 model_not_found.
+  bool strict_model_names = false;
   engine::ModelSpec default_spec;  // pool size / context / sampling for admin loads
   // Seed of requests that give none (`serve --seed`, reproducible
   // deployments); unset: a fresh random seed per request.

@@ -116,6 +116,18 @@ HttpResponse default_error_body(int status, const std::string& message) {
   return r;
 }
 
+// The request's Content-Encoding when it names a coding other than
+// identity (lower-cased, whitespace trimmed; a list such as "gzip, br" as
+// sent), else "".
+std::string content_coding(const HttpRequest& req) {
+  std::string v = req.header("Content-Encoding");
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t b = v.find_first_not_of(" \t");
+  if (b == std::string::npos) return {};
+  v = v.substr(b, v.find_last_not_of(" \t") + 1 - b);
+  return v == "identity" ? std::string() : v;
+}
+
 }  // namespace
 
 // ---- shared state -------------------------------------------------------------------
@@ -167,7 +179,32 @@ struct TransportCore {
     workers.join();
   }
 
+  // The route of `method` on `path` (see HttpTransport::route); a HEAD
+  // request takes the GET route when the path has no HEAD route (RFC 9110
+  // section 9.3.2: HEAD is GET without the body, which the connection drops).
   const RouteEntry* find_route(const std::string& method, const std::string& path) const {
+    const RouteEntry* r = find_route_exact(method, path);
+    if (r == nullptr && method == "HEAD") r = find_route_exact("GET", path);
+    return r;
+  }
+
+  // The methods some route serves `path` with, in registration order, HEAD
+  // added after GET (the Allow header of a 405; RFC 9110 section 15.5.6).
+  // Empty: no route has the path under any method (a 404).
+  std::vector<std::string> allowed_methods(const std::string& path) const {
+    std::vector<std::string> out;
+    auto add = [&out](const std::string& m) {
+      if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+    };
+    for (const auto& r : routes) {
+      if (find_route_exact(r.method, path) == nullptr) continue;
+      add(r.method);
+      if (r.method == "GET") add("HEAD");
+    }
+    return out;
+  }
+
+  const RouteEntry* find_route_exact(const std::string& method, const std::string& path) const {
     const RouteEntry* best = nullptr;
     for (const auto& r : routes) {
       if (r.method != method) continue;
@@ -427,6 +464,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (core_->pre_route(req, res)) return ex->respond(std::move(res));
     }
     const RouteEntry* route = core_->find_route(req.method, req.path);
+    if (route == nullptr) {
+      // The path is served, but not with this method: 405 and the methods it has.
+      const std::vector<std::string> allowed = core_->allowed_methods(req.path);
+      if (!allowed.empty()) {
+        std::string list;
+        for (const auto& m : allowed) list += (list.empty() ? "" : ", ") + m;
+        HttpResponse r = core_->error_body(
+            405, "Method " + req.method + " is not allowed on " + req.path + " (allowed: " + list + ").");
+        r.status = 405;
+        r.set_header("Allow", list);
+        return ex->respond(std::move(r));
+      }
+    } else if (const std::string coding = content_coding(req); !coding.empty() && !req.body.empty()) {
+      // RFC 9110 section 15.5.16 / RFC 7694: a body in a content coding the
+      // server does not decode is a 415 naming the codings it accepts.
+      HttpResponse r = core_->error_body(415, "Content-Encoding '" + coding +
+                                                  "' is not supported: send the request body uncompressed "
+                                                  "(Content-Encoding identity, or no Content-Encoding header).");
+      r.status = 415;
+      r.set_header("Accept-Encoding", "identity");
+      return ex->respond(std::move(r));
+    }
     Handler h = route ? route->handler : core_->not_found;
     if (!h) {
       HttpResponse r = core_->error_body(404, "Unknown request URL: " + req.method + " " + req.path + ".");
@@ -830,6 +889,20 @@ void HttpTransport::get(std::string path, SyncHandler handler, Dispatch dispatch
         ex->respond(std::move(res));
       },
       dispatch);
+}
+
+std::string HttpRequest::query_param(std::string_view name) const {
+  for (size_t b = 0; b < query.size();) {
+    size_t e = query.find('&', b);
+    if (e == std::string::npos) e = query.size();
+    std::string item = query.substr(b, e - b);
+    std::replace(item.begin(), item.end(), '+', ' ');
+    const size_t eq = item.find('=');
+    if (percent_decode(std::string_view(item).substr(0, eq)) == name)
+      return eq == std::string::npos ? std::string() : percent_decode(std::string_view(item).substr(eq + 1));
+    b = e + 1;
+  }
+  return {};
 }
 
 bool HttpRequest::is_multipart() const {

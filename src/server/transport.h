@@ -36,9 +36,16 @@
 //   flight finish (no keep-alive after them) and makes run() return when
 //   they have; after `stop_grace_s` the remaining connections are closed.
 //
-// Errors the transport writes itself (400, 404, 413, 417, 431, 503, 505; a
-// timed-out read is closed without an answer) get their body from an ErrorBody
-// callback (the server writes OpenAI error objects) or a plain default.
+// - Routing: a HEAD request is answered by the path's GET route without the
+//   body; a path served only under other methods answers 405 with an Allow
+//   header listing them; a routed request whose body carries a
+//   Content-Encoding other than identity answers 415 with
+//   "Accept-Encoding: identity" (bodies are never decompressed).
+//
+// Errors the transport writes itself (400, 404, 405, 413, 415, 417, 431,
+// 503, 505; a timed-out read is closed without an answer) get their body
+// from an ErrorBody callback (the server writes OpenAI error objects) or a
+// plain default.
 #pragma once
 
 #include <atomic>
@@ -89,6 +96,9 @@ struct HttpRequest {
   // The first header named `name` (case-insensitive), or "" if none.
   std::string header(std::string_view name) const;
   bool has_header(std::string_view name) const;
+  // The first `name=value` of the query string, percent-decoded ('+' is a
+  // space, application/x-www-form-urlencoded), or "" if none.
+  std::string query_param(std::string_view name) const;
   // Whether Content-Type starts with multipart/form-data (case-insensitive):
   // the body routes that take JSON refuse it (HttpTransport::post_json).
   bool is_multipart() const;
@@ -211,8 +221,9 @@ class HttpTransport {
   // Routes: `path` matched exactly, or as a prefix when it ends in '*'
   // ("/v1/models/*" matches "/v1/models/x", not "/v1/models/"). Exact
   // routes win over prefix routes, longer prefixes over shorter; the method
-  // must match exactly. No match: the not-found handler (default: 404
-  // through ErrorBody). Register before run().
+  // must match exactly (HEAD falls back to GET). No match: 405 + Allow
+  // when the path has routes under other methods, else the not-found
+  // handler (default: 404 through ErrorBody). Register before run().
   void route(std::string method, std::string path, Handler handler, Dispatch dispatch = Dispatch::kWorker);
   // A GET route answered at once (see route() for `path`).
   void get(std::string path, SyncHandler handler, Dispatch dispatch = Dispatch::kWorker);

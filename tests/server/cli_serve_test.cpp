@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -520,6 +521,82 @@ TEST(ServeCli, SigtermDrainsRunningStreamsAndRefusesQueuedOnes) {
   EXPECT_EQ(done, 4);
   EXPECT_EQ(refused, 4);
   EXPECT_NE(p.err().find("SIGTERM, draining"), std::string::npos) << p.err();
+}
+
+// llama-server's -md / --model-draft is reserved for speculative decoding:
+// a usage error naming the issue, in serve and in run (CLI11 read `-md F`
+// as `-m d` before main.cpp passed it on as --model-draft).
+TEST(ServeCli, ModelDraftIsAClearUsageError) {
+  BONSAI_REQUIRE_FILE(kG64);
+  for (const char* flag : {"-md", "--model-draft"}) {
+    const auto [code, err] = startup_error({"-m", kG64, flag, kG64});
+    EXPECT_EQ(code, 2) << flag << ": " << err;
+    EXPECT_NE(err.find("--model-draft: speculative decoding is not built yet (issue 29)"), std::string::npos)
+        << flag << ": " << err;
+  }
+  const std::string run = bonsai_bin() + " run -m " + kG64 + " -md " + kG64 + " -p hi -n 1 2>&1";
+  std::FILE* f = ::popen(run.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[512];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = ::pclose(f);
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("speculative decoding is not built yet (issue 29)"), std::string::npos) << out;
+  // The config file cannot name it either (a command-line flag only).
+  const fs::path toml = write_toml("draft.toml", "model-draft = \"x.gguf\"\n");
+  const auto [code, err] = startup_error({"-m", kG64, "--config", toml.string()});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(err.find("model-draft"), std::string::npos) << err;
+}
+
+// -a / --alias names the one model: /v1/models lists the alias with its
+// context length, answers report it; any other name means that model unless
+// --strict-model-names. With two models --alias is refused.
+TEST(ServeCli, AliasNamesTheOneModelAndAnyNameReachesIt) {
+  BONSAI_REQUIRE_FILE(kG64);
+  for (const char* flag : {"-a", "--alias"}) {
+    ServeProcess p(serve_args({"-m", kG64, flag, "my-qwen"}));
+    const int port = p.wait_listening();
+    ASSERT_NE(port, 0) << p.err();
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models);
+    const json list = json::parse(models->body);
+    ASSERT_EQ(list["data"].size(), 1u) << models->body;
+    EXPECT_EQ(list["data"][0]["id"], "my-qwen");
+    EXPECT_EQ(list["data"][0]["context_length"], 128);  // -c 128
+    EXPECT_EQ(list["data"][0]["max_model_len"], 128);
+    for (const char* name : {"my-qwen", "gpt-4o", "qwen3-tiny-q2_0-paired-g64"}) {
+      const json body{{"model", name}, {"prompt", "Hello"}, {"max_tokens", 2}, {"temperature", 0}};
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 200) << name << ": " << r->body;
+      EXPECT_EQ(json::parse(r->body)["model"], "my-qwen") << name;
+    }
+    EXPECT_EQ(p.stop(), 0) << p.err();
+  }
+  {
+    ServeProcess p(serve_args({"-m", kG64, "--alias", "my-qwen", "--strict-model-names"}));
+    const int port = p.wait_listening();
+    ASSERT_NE(port, 0) << p.err();
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    const json body{{"model", "gpt-4o"}, {"prompt", "Hello"}, {"max_tokens", 2}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "model_not_found");
+    auto ok = c.Post("/v1/completions", json{{"model", "my-qwen"}, {"prompt", "Hi"}, {"max_tokens", 1}}.dump(),
+                     "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200) << ok->body;
+    EXPECT_EQ(p.stop(), 0) << p.err();
+  }
+  const auto [code, err] = startup_error({"-m", "a=" + kG64, "-m", "b=" + kG64, "--alias", "x"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("alias 'x' names the one model served, but 2 models are given"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -262,8 +262,9 @@ TEST(OpenAiParse, OtherOptionalFieldsOfTheWrongTypeAre400) {
 }
 
 // Log probabilities and echo are parsed (they were refused as unsupported
-// before they were computed); suffix and best_of > 1 still are refused.
-TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
+// before they were computed); a suffix asks for fill-in-the-middle (with a
+// text prompt only); best_of > 1 still is refused.
+TEST(OpenAiParse, LogprobsEchoAndSuffixAreParsedBestOfRefused) {
   CompletionRequest r;
   ASSERT_FALSE(
       parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3})", Endpoint::kChat, r)
@@ -284,6 +285,13 @@ TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
   CompletionRequest r3;
   ASSERT_FALSE(parse(R"({"prompt":"x"})", Endpoint::kCompletion, r3).has_value());
   EXPECT_EQ(r3.sampling.logprobs, -1);  // off by default
+  EXPECT_FALSE(r3.fim.has_value());
+  CompletionRequest r4;
+  ASSERT_FALSE(parse(R"({"prompt":"def f(","suffix":"\nf(1)\n"})", Endpoint::kCompletion, r4).has_value());
+  ASSERT_TRUE(r4.fim.has_value());
+  EXPECT_EQ(r4.prompt, "def f(");
+  EXPECT_EQ(r4.fim->suffix, "\nf(1)\n");
+  EXPECT_TRUE(r4.fim->middle.empty());
   struct Case {
     const char* body;
     Endpoint ep;
@@ -296,7 +304,7 @@ TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
       {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", Endpoint::kChat,
        "top_logprobs", "invalid_value"},
       {R"({"prompt":"x","logprobs":-1})", Endpoint::kCompletion, "logprobs", "invalid_value"},
-      {R"({"prompt":"x","suffix":"tail"})", Endpoint::kCompletion, "suffix", "unsupported_value"},
+      {R"({"prompt":[1,2],"suffix":"tail"})", Endpoint::kCompletion, "suffix", "invalid_value"},
       {R"({"prompt":"x","best_of":3})", Endpoint::kCompletion, "best_of", "unsupported_value"},
   };
   for (const auto& c : cases) {
@@ -313,7 +321,9 @@ TEST(OpenAiParse, LogprobsAndEchoAreParsedSuffixAndBestOfRefused) {
       parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0})", Endpoint::kChat, r)
           .has_value());
   EXPECT_FALSE(parse(R"({"prompt":"x","logprobs":null,"echo":false})", Endpoint::kCompletion, r).has_value());
-  EXPECT_FALSE(parse(R"({"prompt":"x","suffix":"","best_of":1})", Endpoint::kCompletion, r).has_value());
+  CompletionRequest r5;
+  EXPECT_FALSE(parse(R"({"prompt":"x","suffix":"","best_of":1})", Endpoint::kCompletion, r5).has_value());
+  EXPECT_FALSE(r5.fim.has_value());  // an empty suffix is none
   EXPECT_FALSE(parse(R"({"prompt":"x","suffix":null})", Endpoint::kCompletion, r).has_value());
   // A wrong type or range is invalid, not unsupported.
   e = parse(R"({"prompt":"x","best_of":0})", Endpoint::kCompletion, r);

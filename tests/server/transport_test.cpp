@@ -280,6 +280,62 @@ TEST_F(TransportFixture, RoutesAndKeepAlive) {
   EXPECT_EQ(body_of(s.read_response()), "3");
 }
 
+// A served path under another method is a 405 whose Allow lists the path's
+// methods (HEAD with GET; a prefix route's too); HEAD is the GET route
+// without its body (same Content-Length), and the connection stays usable;
+// a body in a content coding is a 415 naming identity; no route at all is a 404.
+TEST_F(TransportFixture, MethodNotAllowedHeadAndEncodedBodies) {
+  start();
+  Sock s(port_);
+  ASSERT_TRUE(s.send_all("DELETE /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string r = s.read_response();
+  EXPECT_EQ(status_of(r), 405) << r;
+  EXPECT_NE(r.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << r;
+  EXPECT_NE(body_of(r).find("DELETE is not allowed on /health (allowed: GET, HEAD)"), std::string::npos) << r;
+  ASSERT_TRUE(s.send_all("GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"));
+  r = s.read_response();
+  EXPECT_EQ(status_of(r), 405) << r;
+  EXPECT_NE(r.find("\r\nAllow: POST\r\n"), std::string::npos) << r;
+  ASSERT_TRUE(s.send_all("POST /items/a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"));
+  r = s.read_response();
+  EXPECT_EQ(status_of(r), 405) << r;
+  EXPECT_NE(r.find("\r\nAllow: GET, HEAD\r\n"), std::string::npos) << r;
+  // HEAD: the status and headers of GET, no body; the next request on the connection is answered.
+  // (No body follows a HEAD answer's Content-Length: read what comes within 300 ms.)
+  ASSERT_TRUE(s.send_all("HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  r = s.read_response(300);
+  EXPECT_EQ(status_of(r), 200) << r;
+  EXPECT_NE(r.find("Content-Length: 2\r\n"), std::string::npos) << r;
+  EXPECT_EQ(r.substr(r.find("\r\n\r\n") + 4), "") << r;
+  ASSERT_TRUE(s.send_all("HEAD /items/a HTTP/1.1\r\nHost: x\r\n\r\n"));
+  r = s.read_response(300);
+  EXPECT_EQ(status_of(r), 200) << r;
+  EXPECT_NE(r.find("Content-Length: 8\r\n"), std::string::npos) << r;  // "/items/a"
+  // Encoded bodies.
+  ASSERT_TRUE(s.send_all("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc"));
+  r = s.read_response();
+  EXPECT_EQ(status_of(r), 415) << r;
+  EXPECT_NE(r.find("\r\nAccept-Encoding: identity\r\n"), std::string::npos) << r;
+  EXPECT_NE(body_of(r).find("Content-Encoding 'gzip' is not supported"), std::string::npos) << r;
+  ASSERT_TRUE(
+      s.send_all("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding:  Identity \r\nContent-Length: 3\r\n\r\nabc"));
+  EXPECT_EQ(body_of(s.read_response()), "3");
+  ASSERT_TRUE(s.send_all("PUT /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"));
+  r = s.read_response();
+  EXPECT_EQ(status_of(r), 404) << r;
+  EXPECT_EQ(r.find("Allow:"), std::string::npos) << r;
+}
+
+TEST(Transport, QueryParamIsPercentDecoded) {
+  HttpRequest req;
+  req.query = "a=1&model=my%2Fmodel+x&empty=&flag";
+  EXPECT_EQ(req.query_param("model"), "my/model x");
+  EXPECT_EQ(req.query_param("a"), "1");
+  EXPECT_EQ(req.query_param("empty"), "");
+  EXPECT_EQ(req.query_param("flag"), "");
+  EXPECT_EQ(req.query_param("missing"), "");
+}
+
 TEST_F(TransportFixture, PipelinedRequestsAnswerInOrder) {
   start();
   Sock s(port_);
