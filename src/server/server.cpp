@@ -32,6 +32,7 @@
 #include "server/routes_admin.h"      // add_admin_routes
 #include "server/routes_common.h"     // ServerContext, send_json, send_error, acquire_model
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
+#include "server/routes_template.h"   // add_template_routes
 #include "server/routes_tokens.h"     // add_token_routes
 #include "server/structured_output.h"
 #include "server/transport.h"     // HttpTransport
@@ -48,8 +49,8 @@ namespace {
 // The route a path belongs to (bounded label values for /metrics).
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
-      "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
-      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
+      "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",    "/admin/models",
+      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize", "/apply-template"};
   if (known.contains(path)) return path;
   if (path == "/v1/responses") return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
@@ -207,7 +208,8 @@ struct Server::Impl {
         return true;
       }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 ||
-                                   req.path == "/tokenize" || req.path == "/detokenize";
+                                   req.path == "/tokenize" || req.path == "/detokenize" ||
+                                   req.path == "/apply-template";
       if (!protected_route) return false;
       ApiError e;
       if (!authorized(req)) {
@@ -268,6 +270,7 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
+    add_template_routes(http, ctx);
     // POST /v1/responses: translated into a chat request, prepared and submitted as chat completions are.
     add_responses_routes(
         http, ctx, [this](CompletionRequest cr, Clock::time_point admitted) -> std::expected<SubmittedChat, ApiError> {
