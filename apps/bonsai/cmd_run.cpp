@@ -394,7 +394,7 @@ int chat_main(const ChatCliOptions& o) {
   const tokenizer::Tokenizer& tok = *s->tok;
   engine::InferenceEngine& eng = *s->engine;
   warn_if_not_chatml("chat", tok);
-  std::cerr << "bonsai chat: template " << tok.chat_template().family_name()
+  std::cerr << "bonsai chat: template " << tok.chat_template().describe()
             << ". Type a message; /reset clears the conversation, /exit or end of input quits,\n"
             << "Ctrl-C stops an answer.\n";
 
