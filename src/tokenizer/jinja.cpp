@@ -888,6 +888,7 @@ struct Expr {
   std::vector<ExprP> args;  // call / filter / test arguments, list / tuple items, dict keys and values
   std::vector<std::pair<std::string, ExprP>> kwargs;
   bool negate = false;  // kTest: `is not`
+  int depth = 1;        // height of this subtree (bounded by Parser::finish)
 };
 
 enum class SK : uint8_t { kText, kOutput, kIf, kFor, kSet, kSetAttr, kSetBlock, kMacro, kBreak, kContinue };
@@ -963,7 +964,8 @@ class Parser {
   }
 
  private:
-  static constexpr int kMaxDepth = 200;  // nesting of blocks and expressions
+  static constexpr int kMaxDepth = 100;      // nesting of blocks and parenthesised expressions
+  static constexpr int kMaxExprDepth = 200;  // height of one expression's tree
 
   const Token& peek(size_t k = 0) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
   const Token& next() { return t_[std::min(p_++, t_.size() - 1)]; }
@@ -1203,6 +1205,21 @@ class Parser {
 
   ExprP make(EK k, int line) { return std::make_unique<Expr>(Expr{.kind = k, .line = line}); }
 
+  // Records a composite node's height once its children are attached and
+  // refuses a tree higher than kMaxExprDepth: evaluating and freeing the tree
+  // recurse once per level (a chain "1+1+...+1" is parsed by a loop, so the
+  // nesting guard alone would not bound it).
+  ExprP finish(ExprP n) {
+    int d = 0;
+    for (const Expr* c : {n->a.get(), n->b.get(), n->c.get(), n->step.get()})
+      if (c) d = std::max(d, c->depth);
+    for (const ExprP& c : n->args) d = std::max(d, c->depth);
+    for (const auto& kv : n->kwargs) d = std::max(d, kv.second->depth);
+    n->depth = d + 1;
+    if (n->depth > kMaxExprDepth) fail_at(n->line, "expression nested too deeply", core::Errc::kUnsupported);
+    return n;
+  }
+
   ExprP parse_expr() { return parse_ternary(true); }
 
   // A tuple without parentheses is only read where Jinja reads one: `set a, b = ...` is handled
@@ -1220,7 +1237,7 @@ class Parser {
         ++p_;
         t->c = parse_ternary(true);
       }
-      e = std::move(t);
+      e = finish(std::move(t));
     }
     return e;
   }
@@ -1231,7 +1248,7 @@ class Parser {
       auto n = make(EK::kOr, next().line);
       n->a = std::move(e);
       n->b = parse_and();
-      e = std::move(n);
+      e = finish(std::move(n));
     }
     return e;
   }
@@ -1242,7 +1259,7 @@ class Parser {
       auto n = make(EK::kAnd, next().line);
       n->a = std::move(e);
       n->b = parse_not();
-      e = std::move(n);
+      e = finish(std::move(n));
     }
     return e;
   }
@@ -1252,7 +1269,7 @@ class Parser {
       DepthGuard guard(*this);
       auto n = make(EK::kNot, next().line);
       n->a = parse_not();
-      return n;
+      return finish(std::move(n));
     }
     return parse_compare();
   }
@@ -1278,7 +1295,7 @@ class Parser {
       n->name = op;
       n->a = std::move(e);
       n->b = parse_math1();
-      e = std::move(n);
+      e = finish(std::move(n));
     }
   }
 
@@ -1289,7 +1306,7 @@ class Parser {
       n->name = next().text;
       n->a = std::move(e);
       n->b = (this->*sub)();
-      e = std::move(n);
+      e = finish(std::move(n));
     }
     return e;
   }
@@ -1304,7 +1321,7 @@ class Parser {
       const EK kind = at_op("-") ? EK::kNeg : EK::kPos;
       auto n = make(kind, next().line);
       n->a = parse_unary();
-      return parse_filters(std::move(n));
+      return parse_filters(finish(std::move(n)));
     }
     return parse_filters(parse_postfix(parse_primary()));
   }
@@ -1366,7 +1383,7 @@ class Parser {
             tup->args.push_back(parse_expr());
           }
           expect_op(")");
-          return tup;
+          return finish(std::move(tup));
         }
         if (t.text == "[") {
           ++p_;
@@ -1376,7 +1393,7 @@ class Parser {
             if (!at_op("]")) expect_op(",");
           }
           ++p_;
-          return list;
+          return finish(std::move(list));
         }
         if (t.text == "{") {
           ++p_;
@@ -1388,7 +1405,7 @@ class Parser {
             if (!at_op("}")) expect_op(",");
           }
           ++p_;
-          return dict;
+          return finish(std::move(dict));
         }
         break;
       default:
@@ -1424,14 +1441,14 @@ class Parser {
           n->a = std::move(e);
           n->b = make(EK::kLiteral, line);
           n->b->literal = Value::integer(next().i);
-          e = std::move(n);
+          e = finish(std::move(n));
           continue;
         }
         n->name = expect_name();
         n->a = std::move(e);
         if (at_op("(") && !method_names().contains(n->name) && n->name != "cycle")
           fail_at(line, "unsupported method '" + n->name + "()'", core::Errc::kUnsupported);
-        e = std::move(n);
+        e = finish(std::move(n));
       } else if (at_op("[")) {
         ++p_;
         ExprP start, stop, step;
@@ -1452,13 +1469,13 @@ class Parser {
         n->b = std::move(start);
         n->c = std::move(stop);
         n->step = std::move(step);
-        e = std::move(n);
+        e = finish(std::move(n));
       } else if (at_op("(")) {
         if (e->kind == EK::kName) called_names_.emplace_back(e->name, line);
         auto n = make(EK::kCall, line);
         n->a = std::move(e);
         parse_call_args(*n);
-        e = std::move(n);
+        e = finish(std::move(n));
       } else {
         return e;
       }
@@ -1477,7 +1494,7 @@ class Parser {
           fail_at(line, "unsupported filter '" + n->name + "'", core::Errc::kUnsupported);
         n->a = std::move(e);
         if (at_op("(")) parse_call_args(*n);
-        e = parse_postfix(std::move(n));
+        e = parse_postfix(finish(std::move(n)));
       } else if (at_name("is")) {
         ++p_;
         auto n = make(EK::kTest, line);
@@ -1502,7 +1519,7 @@ class Parser {
                     !at_name("if") && !at_name("not") && !at_name("in") && !at_name("is"))) {
           n->args.push_back(parse_postfix(parse_primary()));  // `is divisibleby 3`, `is sameas false`
         }
-        e = std::move(n);
+        e = finish(std::move(n));
       } else {
         return e;
       }
@@ -1628,6 +1645,7 @@ class Renderer {
   }
 
   Flow exec(const Stmt& s) {
+    const Nesting nesting(*this);
     line_ = s.line;
     step();
     switch (s.kind) {
@@ -1791,7 +1809,21 @@ class Renderer {
     return derived(py_str(v), {&v});
   }
 
+  // Counts nested exec / eval calls (the C++ stack they use) against
+  // kMaxNesting, whatever mix of blocks, expressions and macro calls makes it.
+  struct Nesting {
+    explicit Nesting(Renderer& r) : r_(r) {
+      if (++r_.nesting_ > kMaxNesting)
+        fail_at(r_.line_, "template evaluation nested deeper than " + std::to_string(kMaxNesting),
+                core::Errc::kResourceExhausted);
+    }
+    ~Nesting() { --r_.nesting_; }
+    Renderer& r_;
+  };
+  static constexpr int kMaxNesting = 2000;
+
   Value eval(const Expr& e) {
+    const Nesting nesting(*this);
     line_ = e.line;
     switch (e.kind) {
       case EK::kLiteral:
@@ -2807,6 +2839,7 @@ class Renderer {
   std::vector<Buffer> buffers_;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  int nesting_ = 0;
   int line_ = 0;
 };
 

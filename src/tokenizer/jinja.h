@@ -30,8 +30,11 @@
 //
 // Bounds (a GGUF's template is untrusted input): Limits caps the output size,
 // any intermediate string / list size, the number of evaluation steps (loop
-// iterations and statements) and the nesting depth of macro calls; exceeding
-// one is a kResourceExhausted error, never a hang or an abort.
+// iterations and statements) and the nesting depth of macro calls; the
+// parser bounds block nesting and each expression's height, the renderer its
+// own recursion. Exceeding a bound is an error (kUnsupported when parsing,
+// kResourceExhausted when rendering), never a hang, an abort or a stack
+// overflow.
 #pragma once
 
 #include <cstddef>
@@ -49,7 +52,7 @@ namespace bonsai::tokenizer::jinja {
 struct Limits {
   size_t max_output_bytes = size_t{8} << 20;  // the rendered text, and any one string or list value
   uint64_t max_steps = 5'000'000;             // statements executed + loop iterations + filter elements
-  int max_call_depth = 64;                    // nested macro calls
+  int max_call_depth = 32;                    // nested macro calls
 };
 
 // A rendered template: `text`, and per byte of it whether that byte came from

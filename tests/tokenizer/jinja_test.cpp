@@ -222,6 +222,31 @@ TEST(Jinja, WorkIsBounded) {
   // Deep nesting is refused at parse time, not by overflowing the stack.
   EXPECT_FALSE(Template::parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").has_value());
   EXPECT_FALSE(Template::parse("{{ " + std::string(3000, '[') + std::string(3000, ']') + " }}").has_value());
+  // A long flat chain is as deep to evaluate (and to free) as a nested one.
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " + 1";
+  auto long_chain = Template::parse(chain + " }}");
+  ASSERT_FALSE(long_chain.has_value());
+  EXPECT_EQ(long_chain.error().message, "jinja: line 1: expression nested too deeply");
+  std::string attrs = "{{ x";
+  for (int i = 0; i < 100000; ++i) attrs += ".a";
+  EXPECT_FALSE(Template::parse(attrs + " }}").has_value());
+  // Recursion through macros with deep expressions stops on the nesting bound (default limits).
+  std::string deep = "{% macro f(n) %}{{ ";
+  for (int i = 0; i < 40; ++i) deep += "(1 + ";
+  deep += "f(n + 1)" + std::string(40, ')') + " }}{% endmacro %}{{ f(0) }}";
+  auto rec = Template::parse(deep);
+  ASSERT_TRUE(rec.has_value()) << rec.error().message;
+  Limits many_calls;
+  many_calls.max_call_depth = 100000;  // the nesting bound, not the call bound, must stop it
+  auto rec_out = rec->render(OJson::object(), OJson::object(), many_calls);
+  ASSERT_FALSE(rec_out.has_value());
+  EXPECT_EQ(rec_out.error().code, core::Errc::kResourceExhausted);
+  EXPECT_NE(rec_out.error().message.find("nested deeper than 2000"), std::string::npos) << rec_out.error().message;
+  // With the default limits the call depth stops it first.
+  auto rec_default = rec->render(OJson::object(), OJson::object());
+  ASSERT_FALSE(rec_default.has_value());
+  EXPECT_NE(rec_default.error().message.find("macro calls nested deeper than 32"), std::string::npos);
   std::string nested_ifs;
   for (int i = 0; i < 1000; ++i) nested_ifs += "{% if true %}";
   for (int i = 0; i < 1000; ++i) nested_ifs += "{% endif %}";
