@@ -57,7 +57,7 @@ build_target gguf_fuzz src/gguf/gguf.h \
 # grammar shares with the parser).
 build_target http_fuzz src/server/openai.h \
   src/server/openai.cpp src/server/structured_output.cpp src/structured/grammar.cpp src/structured/json_schema.cpp src/structured/regular.cpp \
-  src/engine/chat_output.cpp src/tokenizer/chat_template.cpp src/tokenizer/unicode.cpp src/core/error.cpp \
+  src/engine/chat_output.cpp src/tokenizer/chat_template.cpp src/tokenizer/jinja.cpp src/tokenizer/unicode.cpp src/core/error.cpp \
   tests/server/http_fuzz.cpp
 
 # Seeds: the first 4 KiB of every shared .gguf (header + part of the

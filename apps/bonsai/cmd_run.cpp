@@ -32,6 +32,7 @@
 #include "engine/completion.h"        // prepare_completion
 #include "engine/engine_pool.h"       // check_ctx_supported
 #include "engine/inference_engine.h"  // InferenceEngine
+#include "engine/model_pool.h"        // ModelSpec, chat_template_options
 #include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
 #include "model/model.h"              // Model::load
 #include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate
@@ -93,6 +94,11 @@ struct GenOptions {
   bool no_repack = false;            // --no-repack: weights stay zero-copy views
   std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
   std::string cache_type_v = "f16";  // -ctv
+  // The chat template (engine::ModelSpec's fields of the same names, as serve).
+  bool jinja = false;              // --jinja: the default, accepted for llama.cpp's command lines
+  bool no_jinja = false;           // --no-jinja: the built-in renderer of the template's family
+  std::string chat_template;       // --chat-template NAME|TEMPLATE
+  std::string chat_template_file;  // --chat-template-file FILE
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
@@ -135,6 +141,11 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--q2-layout", o.q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
   cmd->add_flag("--no-repack", o.no_repack, kNoRepackHelp);
+  cmd->add_flag("--jinja", o.jinja, "Render chat prompts with the model's Jinja chat template (the default)");
+  cmd->add_flag("--no-jinja", o.no_jinja, "Render chat prompts with the built-in renderer of the template's family");
+  cmd->add_option("--chat-template", o.chat_template,
+                  "Chat template: a built-in renderer (chatml, qwen3, qwen35) or a Jinja template's text");
+  cmd->add_option("--chat-template-file", o.chat_template_file, "Chat template read from a Jinja file");
   const auto kv_type_ok = [](const std::string& s) {
     const auto t = model::parse_kv_type(s);
     return t ? std::string() : t.error().message;
@@ -191,7 +202,16 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": cannot load model: " << model.error().message << "\n";
     return std::nullopt;
   }
-  auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
+  engine::ModelSpec chat_spec;
+  chat_spec.jinja = !o.no_jinja;
+  chat_spec.chat_template = o.chat_template;
+  chat_spec.chat_template_file = o.chat_template_file;
+  const auto chat = engine::chat_template_options(chat_spec);
+  if (!chat) {
+    std::cerr << "bonsai " << cmd << ": " << chat.error().message << "\n";
+    return std::nullopt;
+  }
+  auto tok = tokenizer::Tokenizer::from_gguf((*model)->file(), *chat);
   if (!tok) {
     std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
     return std::nullopt;
@@ -217,11 +237,13 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   return s;
 }
 
-// Only the ChatML family is rendered (issue 3); say so when the model's own
-// template is absent or of another family, instead of silently sending a
-// prompt format the model may never have seen.
+// Says when the prompt is not written in the model's own template: none in
+// the GGUF (ChatML is used), or --no-jinja with a template of no built-in
+// family (written as ChatML), instead of silently sending a prompt format
+// the model may never have seen.
 void warn_if_not_chatml(const char* cmd, const tokenizer::Tokenizer& tok) {
   const std::string& src = tok.chat_template().source();
+  if (tok.chat_template().uses_jinja()) return;
   if (src.empty()) {
     std::cerr << "bonsai " << cmd << ": note: the model has no chat template (tokenizer.chat_template); using ChatML\n";
   } else if (src.find("<|im_start|>") == std::string::npos) {
@@ -387,7 +409,7 @@ int chat_main(const ChatCliOptions& o) {
   const tokenizer::Tokenizer& tok = *s->tok;
   engine::InferenceEngine& eng = *s->engine;
   warn_if_not_chatml("chat", tok);
-  std::cerr << "bonsai chat: template " << tok.chat_template().family_name()
+  std::cerr << "bonsai chat: template " << tok.chat_template().describe()
             << ". Type a message; /reset clears the conversation, /exit or end of input quits,\n"
             << "Ctrl-C stops an answer.\n";
 

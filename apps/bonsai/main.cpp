@@ -73,7 +73,11 @@ int main(int argc, char** argv) {
       args[static_cast<size_t>(i)] = np_long;
     else if (std::strcmp(command, "bench") != 0 && std::strcmp(argv[i], "-md") == 0)
       args[static_cast<size_t>(i)] = md_long;
+    else if (std::strcmp(command, "serve") == 0 && std::strcmp(argv[i], "--jinja") == 0)
+      args[static_cast<size_t>(i)] = nullptr;  // llama-server's --jinja: serve's default (--no-jinja turns it off)
   }
+  std::erase(args, nullptr);
+  argc = static_cast<int>(args.size());
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge
   // request, std::system_error from the OS) still ends with a message and

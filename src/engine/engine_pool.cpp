@@ -108,10 +108,11 @@ uint64_t state_snapshot_budget_bytes(const model::ModelConfig& cfg, int64_t n_ct
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
                                                const model::LoadOptions& options, model::KvType type_k,
-                                               model::KvType type_v, int64_t kv_budget_tokens, int sequences) {
+                                               model::KvType type_v, int64_t kv_budget_tokens, int sequences,
+                                               const tokenizer::ChatTemplateOptions& chat) {
   auto model = model::Model::load(path, options);
   if (!model) return std::unexpected(model.error());
-  auto tok = tokenizer::Tokenizer::from_gguf((*model)->file());
+  auto tok = tokenizer::Tokenizer::from_gguf((*model)->file(), chat);
   if (!tok) return std::unexpected(tok.error());
 
   if (auto ok = check_ctx_supported(path, max_seq_len, (*model)->config()); !ok) return std::unexpected(ok.error());

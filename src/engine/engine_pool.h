@@ -32,10 +32,11 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"      // core::Expected
-#include "gguf/gguf.h"       // OpenOptions
-#include "model/kv_cache.h"  // KvType (-ctk / -ctv)
-#include "model/model.h"     // LoadOptions
+#include "core/error.h"               // core::Expected
+#include "gguf/gguf.h"                // OpenOptions
+#include "model/kv_cache.h"           // KvType (-ctk / -ctv)
+#include "model/model.h"              // LoadOptions
+#include "tokenizer/chat_template.h"  // ChatTemplateOptions
 
 namespace bonsai::model {
 class Model;   // model/model.h
@@ -406,13 +407,15 @@ uint64_t state_snapshot_budget_bytes(const model::ModelConfig& cfg, int64_t n_ct
 // one per concurrent generation; each costs its workspace and logits row,
 // its KV comes from the shared pool), while the default KV budget still
 // counts resolve_pool_size(requested_size) full contexts. The Scheduler
-// needs none: its -np sequences are its own (engine::Sequence).
+// needs none: its -np sequences are its own (engine::Sequence). `chat`:
+// the tokenizer's chat template choice (Tokenizer::from_gguf; a template
+// the Jinja interpreter cannot parse fails the load, kUnsupported).
 core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const SamplingParams& params, uint64_t seed,
                                                int64_t max_seq_len, int requested_size,
                                                const model::LoadOptions& options = {},
                                                model::KvType type_k = model::KvType::kF16,
                                                model::KvType type_v = model::KvType::kF16, int64_t kv_budget_tokens = 0,
-                                               int sequences = 0);
+                                               int sequences = 0, const tokenizer::ChatTemplateOptions& chat = {});
 
 // What one model built by build_pool_from_gguf(path, .., max_seq_len,
 // pool_size) will need, read from the GGUF header alone (no weights read, no

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -572,14 +574,36 @@ void ModelPool::close_all() {
     if (z.model && z.model->pool) z.model->pool->close();
 }
 
+core::Expected<tokenizer::ChatTemplateOptions> chat_template_options(const ModelSpec& spec) {
+  tokenizer::ChatTemplateOptions chat;
+  chat.jinja = spec.jinja;
+  chat.override_template = spec.chat_template;
+  if (!spec.chat_template_file.empty()) {
+    std::ifstream in(spec.chat_template_file, std::ios::binary);
+    if (!in) {
+      return core::fail(std::filesystem::exists(spec.chat_template_file) ? core::Errc::kIo : core::Errc::kNotFound,
+                        spec.chat_template_file + ": cannot read the chat template file (--chat-template-file)");
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    chat.override_template = ss.str();
+    if (chat.override_template.empty())
+      return core::fail(core::Errc::kInvalidArgument,
+                        spec.chat_template_file + ": the chat template file (--chat-template-file) is empty");
+  }
+  return chat;
+}
+
 ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_scheduler) {
   return [tune_scheduler = std::move(tune_scheduler)](
              const std::string& id, const ModelSpec& spec) -> core::Expected<std::shared_ptr<LoadedModel>> {
     model::LoadOptions open;
     open.file.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
+    auto chat = chat_template_options(spec);
+    if (!chat) return std::unexpected(chat.error());
     auto built = build_pool_from_gguf(spec.path, spec.defaults, spec.defaults.seed, spec.ctx_size, spec.pool_size, open,
-                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens);
+                                      spec.kv_type_k, spec.kv_type_v, spec.kv_budget_tokens, 0, *chat);
     if (!built) return std::unexpected(built.error());
     auto m = std::make_shared<LoadedModel>();
     m->id = id;

@@ -64,6 +64,14 @@ struct ModelSpec {
   // step_budget_ms); <= 0: twice the measured decode step.
   double step_budget_ms = 0;
   bool prompt_cache = true;  // reuse cached prompt prefixes across requests
+  // The chat template (tokenizer::ChatTemplateOptions, llama-server's flags):
+  // jinja (--jinja, default; false: --no-jinja, the built-in renderer of the
+  // template's family), chat_template (--chat-template: a built-in name or a
+  // Jinja template's text; empty: the GGUF's), chat_template_file
+  // (--chat-template-file: a file holding the template, read at load).
+  bool jinja = true;
+  std::string chat_template;
+  std::string chat_template_file;
   // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
   // SchedulerOptions::max_sequences), independent of pool_size: each is a
   // Sequence of the scheduler with its own block table over the model's
@@ -378,6 +386,11 @@ class ModelPool {
   };
   std::vector<BgLoad> bg_threads_;
 };
+
+// The chat template options of `spec` (jinja, chat_template, and
+// chat_template_file's contents, which win over chat_template). Errors:
+// kNotFound / kIo naming the file that cannot be read.
+core::Expected<tokenizer::ChatTemplateOptions> chat_template_options(const ModelSpec& spec);
 
 // The loader and estimator for real GGUF models: build_pool_from_gguf with
 // the spec's pool size, context, default sampling (seed = defaults.seed) and

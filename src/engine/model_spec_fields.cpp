@@ -28,6 +28,9 @@ constexpr ModelFieldInfo kFields[] = {
     {ModelField::kBatchSize, "batch_size", "batch-size", "-b", false, kInt, 0, 1 << 20},
     {ModelField::kStepBudgetMs, "step_budget_ms", "step-budget-ms", "", false, kNumber, 0, 600000},
     {ModelField::kPromptCache, "prompt_cache", "no-cache-prompt", "", true, kBool, 0, 0},
+    {ModelField::kJinja, "jinja", "no-jinja", "", true, kBool, 0, 0},
+    {ModelField::kChatTemplate, "chat_template", "chat-template", "", false, kString, 0, 0},
+    {ModelField::kChatTemplateFile, "chat_template_file", "chat-template-file", "", false, kString, 0, 0},
 };
 
 std::string range_text(const ModelFieldInfo& f) {
@@ -55,6 +58,16 @@ std::expected<double, FieldError> checked_number(const ModelFieldInfo& f, const 
 
 // Sets a string field (a name it parses).
 std::expected<void, FieldError> set_name(ModelSpec& spec, const ModelFieldInfo& f, const std::string& name) {
+  // A template name or text, and a file path: read and checked when the model loads
+  // (chat_template_options), where a bad one is an error naming the file or the construct.
+  if (f.field == ModelField::kChatTemplate) {
+    spec.chat_template = name;
+    return {};
+  }
+  if (f.field == ModelField::kChatTemplateFile) {
+    spec.chat_template_file = name;
+    return {};
+  }
   if (f.field == ModelField::kQ2Layout) {
     const auto layout = core::parse_q2_layout(name);
     if (!layout)
@@ -134,7 +147,9 @@ std::expected<void, FieldError> set_model_field(ModelSpec& spec, std::string_vie
       if (b == nullptr) return refuse(FieldErrorKind::kWrongType, "expected a boolean");
       // A negated spelling (no-repack) is any but the canonical name.
       const bool on = f->negated && key != f->name ? !*b : *b;
-      (f->field == ModelField::kRepack ? spec.repack : spec.prompt_cache) = on;
+      (f->field == ModelField::kRepack  ? spec.repack
+       : f->field == ModelField::kJinja ? spec.jinja
+                                        : spec.prompt_cache) = on;
       return {};
     }
     case kString: {

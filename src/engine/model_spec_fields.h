@@ -48,11 +48,15 @@ enum class ModelField : uint8_t {
   kBatchSize,
   kStepBudgetMs,
   kPromptCache,
+  kJinja,
+  kChatTemplate,
+  kChatTemplateFile,
 };
 
 // A field's value type: kInt takes an integer only, kNumber an integer or a
 // floating-point number, kBool a boolean, kString a string (a name the field
-// parses: a Q2_0 layout or a KV cache type).
+// parses: a Q2_0 layout or a KV cache type; any text for chat_template /
+// chat_template_file).
 enum class FieldType : uint8_t { kInt, kNumber, kBool, kString };
 
 // One row of the field table.

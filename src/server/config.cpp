@@ -100,6 +100,12 @@ engine::FieldValue config_model_value(const ServeConfig& c, engine::ModelField f
       return c.step_budget_ms;
     case kPromptCache:
       return c.no_cache_prompt;  // spelled no-cache-prompt
+    case kJinja:
+      return c.no_jinja;  // spelled no-jinja
+    case kChatTemplate:
+      return c.chat_template.empty() ? engine::FieldValue{} : engine::FieldValue{c.chat_template};
+    case kChatTemplateFile:
+      return c.chat_template_file.empty() ? engine::FieldValue{} : engine::FieldValue{c.chat_template_file};
   }
   return std::monostate{};
 }
@@ -146,6 +152,15 @@ void store_model_value(ServeConfig& c, engine::ModelField f, const engine::Field
       break;
     case kPromptCache:
       c.no_cache_prompt = std::get<bool>(v);
+      break;
+    case kJinja:
+      c.no_jinja = std::get<bool>(v);
+      break;
+    case kChatTemplate:
+      c.chat_template = std::get<std::string>(v);
+      break;
+    case kChatTemplateFile:
+      c.chat_template_file = std::get<std::string>(v);
       break;
   }
 }
@@ -718,6 +733,30 @@ constexpr SettingInfo kSettings[] = {
      .min = 0,
      .max = kInt64Max,
      .apply = apply_seed},
+    {.name = "no-jinja",
+     .kind = kSwitch,
+     .scope = kModel,
+     .default_text = "off",
+     .help = "Render chat prompts with the built-in renderer of the template's family (Qwen3, Qwen3.5, else "
+             "ChatML) instead of the Jinja interpreter, which renders the model's template by default (llama-server's "
+             "--jinja, accepted and ignored).",
+     .example = "true"},
+    {.name = "chat-template",
+     .kind = kString,
+     .scope = kModel,
+     .value_name = "NAME|TEMPLATE",
+     .default_text = "the GGUF's tokenizer.chat_template",
+     .help = "Chat template: a built-in renderer (chatml, qwen3, qwen35) or a Jinja template's text (llama-server's "
+             "flag).",
+     .example = "chatml"},
+    {.name = "chat-template-file",
+     .kind = kString,
+     .scope = kModel,
+     .value_name = "FILE",
+     .default_text = "none",
+     .help = "Chat template read from a Jinja file when the model loads (llama-server's flag); wins over "
+             "--chat-template.",
+     .example = "template.jinja"},
     {.name = "reasoning-format",
      .kind = kString,
      .scope = kServer,

@@ -99,7 +99,12 @@ struct ServeConfig {
   uint64_t seed = 0;                          // seed of requests that give none
   std::string reasoning_format = "deepseek";  // reasoning-format: deepseek | none
   bool no_cache_prompt = false;               // no-cache-prompt
-  int max_connections = 1024;                 // max-connections: 1..2^20
+  // Chat template (ModelSpec::jinja / chat_template / chat_template_file):
+  // no-jinja, chat-template NAME|TEXT, chat-template-file FILE.
+  bool no_jinja = false;
+  std::string chat_template;
+  std::string chat_template_file;
+  int max_connections = 1024;  // max-connections: 1..2^20
   // header-timeout / body-timeout / keep-alive-timeout / write-timeout in
   // seconds (0: the transport's default; given: 0.001..86400).
   double header_timeout_s = 0, body_timeout_s = 0, keep_alive_timeout_s = 0, write_timeout_s = 0;

@@ -35,6 +35,7 @@
 #include "server/routes_llama.h"      // add_llama_routes, build_fim_prompt
 #include "server/routes_ollama.h"     // add_ollama_routes, send_ollama_error
 #include "server/routes_responses.h"  // add_responses_routes, SubmittedChat
+#include "server/routes_template.h"   // add_template_routes
 #include "server/routes_tokens.h"     // add_token_routes
 #include "server/structured_output.h"
 #include "server/transport.h"     // HttpTransport
@@ -51,8 +52,8 @@ namespace {
 // The route a path belongs to (bounded label values for /metrics).
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
-      "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",   "/admin/models",
-      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize"};
+      "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",    "/admin/models",
+      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize", "/apply-template"};
   if (known.contains(path) || is_llama_route(path)) return path;
   if (path == "/v1/responses" || path == "/v1/messages" || path == "/v1/messages/count_tokens") return path;
   if (path.rfind("/api/", 0) == 0) {  // Ollama's API: its known routes, every other path as one
@@ -231,7 +232,8 @@ struct Server::Impl {
         return true;
       }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 || ollama ||
-                                   req.path == "/tokenize" || req.path == "/detokenize" || is_llama_route(req.path);
+                                   req.path == "/tokenize" || req.path == "/detokenize" ||
+                                   req.path == "/apply-template" || is_llama_route(req.path);
       if (!protected_route) return false;
       ApiError e;
       if (!authorized(req)) {
@@ -296,6 +298,7 @@ struct Server::Impl {
     }
     add_admin_routes(http, ctx);
     add_token_routes(http, ctx);
+    add_template_routes(http, ctx);
     // POST /v1/responses, Ollama's /api/chat and /api/generate,
     // Anthropic's /v1/messages and llama.cpp's /completion and /infill:
     // translated into a chat (or completions) request, prepared and

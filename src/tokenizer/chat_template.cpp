@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tokenizer/jinja.h"  // the interpreter of --jinja
+
 namespace bonsai::tokenizer {
 
 namespace {
@@ -588,6 +590,7 @@ std::expected<ChatMessage, ChatMessageError> parse_chat_message(const nlohmann::
                    where + ".role");
   }
   if (auto ok = read_content(m, where, msg.content); !ok) return std::unexpected(ok.error());
+  if (auto c = m.find("content"); c == m.end() || c->is_null()) msg.content_null = true;
   if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null()) {
     if (!rc->is_string()) return wrong_type(where + ".reasoning_content", "a string", *rc);
     msg.reasoning_content = rc->get<std::string>();
@@ -635,6 +638,125 @@ core::Expected<std::vector<ChatMessage>> chat_messages_from_json(const nlohmann:
   return out;
 }
 
+std::span<const std::string_view> builtin_template_names() {
+  static constexpr std::string_view kNames[] = {"chatml", "qwen3", "qwen35"};
+  return kNames;
+}
+
+namespace {
+
+// The Jinja view of a conversation (see ChatTemplate::render).
+OJson messages_json(std::span<const ChatMessage> messages, bool string_arguments, bool null_content) {
+  OJson out = OJson::array();
+  for (const ChatMessage& m : messages) {
+    OJson j = OJson::object();
+    j["role"] = m.role;
+    j["content"] = (m.content_null && null_content) ? OJson(nullptr) : OJson(m.content);
+    if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      OJson calls = OJson::array();
+      for (const ToolCall& tc : m.tool_calls) {
+        OJson args = tc.arguments;
+        if (!string_arguments) {
+          OJson parsed = OJson::parse(tc.arguments.empty() ? std::string("{}") : tc.arguments, nullptr, false);
+          if (parsed.is_object()) args = std::move(parsed);
+        }
+        OJson call = OJson::object();
+        if (!tc.id.empty()) call["id"] = tc.id;
+        call["type"] = "function";
+        call["function"] = OJson{{"name", tc.name}, {"arguments", std::move(args)}};
+        calls.push_back(std::move(call));
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+OJson trusted_json(const ChatOptions& options, const std::string& bos, const std::string& eos) {
+  return OJson{{"add_generation_prompt", options.add_generation_prompt},
+               {"enable_thinking", options.enable_thinking},
+               {"bos_token", bos},
+               {"eos_token", eos}};
+}
+
+// Whether `tmpl` renders a tool call whose arguments are the JSON text
+// verbatim, and whether it renders an assistant turn with null content
+// (llama.cpp's minja probes its templates' capabilities the same way).
+// Returns {string_arguments, null_content}.
+std::pair<bool, bool> probe_capabilities(const jinja::Template& tmpl, const std::string& bos, const std::string& eos) {
+  static constexpr std::string_view kArgs = R"({"probe_argument": "probe_value"})";
+  const auto render = [&](bool content_null) -> std::optional<std::string> {
+    std::vector<ChatMessage> conv(2);
+    conv[0].role = "user";
+    conv[0].content = "probe";
+    conv[1].role = "assistant";
+    conv[1].content_null = content_null;
+    conv[1].tool_calls.push_back(ToolCall{"call_probe", "probe_function", std::string(kArgs)});
+    const OJson data{{"messages", messages_json(conv, true, true)}};
+    auto out = tmpl.render(data, trusted_json(ChatOptions{.add_generation_prompt = false}, bos, eos));
+    if (!out) return std::nullopt;
+    return std::move(out->text);
+  };
+  const auto with_empty = render(false), with_null = render(true);
+  const auto shows_args = [&](const std::optional<std::string>& r) { return r && r->find(kArgs) != std::string::npos; };
+  return {shows_args(with_empty) || shows_args(with_null), with_null.has_value()};
+}
+
+}  // namespace
+
+core::Expected<ChatTemplate> ChatTemplate::load(std::string_view gguf_source, const ChatTemplateOptions& options,
+                                                std::string bos_token, std::string eos_token) {
+  const std::string_view source = options.override_template.empty() ? gguf_source : options.override_template;
+  const auto names = builtin_template_names();
+  if (std::find(names.begin(), names.end(), source) != names.end()) {
+    ChatTemplate t;
+    t.family_ = source == "qwen3" ? Family::kQwen3 : source == "qwen35" ? Family::kQwen35 : Family::kChatML;
+    return t;
+  }
+  if (!options.jinja || source.empty()) return from_text(source);
+  auto parsed = jinja::Template::parse(source);
+  if (!parsed) {
+    return core::fail(parsed.error().code,
+                      "chat template " +
+                          std::string(options.override_template.empty() ? "of the GGUF (tokenizer.chat_template)"
+                                                                        : "given with --chat-template(-file)") +
+                          " cannot be rendered: " + parsed.error().message +
+                          " (use --chat-template chatml, another --chat-template-file, or --no-jinja)");
+  }
+  ChatTemplate t = from_text(source);
+  t.jinja_ = std::make_shared<const jinja::Template>(std::move(*parsed));
+  t.bos_token_ = std::move(bos_token);
+  t.eos_token_ = std::move(eos_token);
+  std::tie(t.string_arguments_, t.null_content_) = probe_capabilities(*t.jinja_, t.bos_token_, t.eos_token_);
+  return t;
+}
+
+std::string ChatTemplate::describe() const {
+  return std::string(jinja_ ? "jinja (family " : "built-in ") + std::string(family_name()) + (jinja_ ? ")" : "");
+}
+
+core::Expected<RenderedChat> ChatTemplate::render_jinja(std::span<const ChatMessage> messages,
+                                                        const ChatOptions& options) const {
+  OJson data{{"messages", messages_json(messages, string_arguments_, null_content_)}};
+  if (!options.tools.is_null()) data["tools"] = options.tools;
+  auto out = jinja_->render(data, trusted_json(options, bos_token_, eos_token_));
+  if (!out) return std::unexpected(out.error());
+  // Runs of equal provenance become segments: input bytes are user text.
+  RenderedChat r;
+  const std::string& text = out->text;
+  const std::string& mask = out->input_mask;
+  for (size_t b = 0; b < text.size();) {
+    size_t e = b;
+    while (e < text.size() && mask[e] == mask[b]) ++e;
+    r.segments.push_back(ChatSegment{text.substr(b, e - b), mask[b] == '\0'});
+    b = e;
+  }
+  return r;
+}
+
 ChatTemplate ChatTemplate::from_text(std::string_view jinja_source) {
   ChatTemplate t;
   t.source_ = std::string(jinja_source);
@@ -675,6 +797,7 @@ bool ChatTemplate::prompt_opens_reasoning(const ChatOptions& options) const {
 core::Expected<RenderedChat> ChatTemplate::render(std::span<const ChatMessage> messages,
                                                   const ChatOptions& options) const {
   if (auto ok = check(messages, options); !ok) return std::unexpected(ok.error());
+  if (jinja_) return render_jinja(messages, options);
   switch (family_) {
     case Family::kQwen3:
       return render_qwen3(messages, options);

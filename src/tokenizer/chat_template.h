@@ -1,9 +1,14 @@
 // Chat templates: turns a conversation into the prompt text the model was
 // trained on, as SEGMENTS that remember who wrote each piece of text.
 //
-// The GGUF stores a Jinja template (`tokenizer.chat_template`). We do not run
-// Jinja; we recognise the template's family from its text and render it with a
-// built-in renderer that reproduces the template byte for byte:
+// The GGUF stores a Jinja template (`tokenizer.chat_template`). By default
+// (`--jinja`, ChatTemplate::load) it is rendered by our Jinja interpreter
+// (tokenizer/jinja.h), whatever the model; a template the interpreter cannot
+// parse is refused at load, naming the construct (never a silent fallback).
+// The template's FAMILY is also recognised from its text: it decides how the
+// model's answer is parsed (tool_call_syntax, prompt_opens_reasoning). With
+// `--no-jinja`, or a built-in `--chat-template NAME`, the family's built-in
+// renderer is used instead; each reproduces its template byte for byte:
 //   - kQwen3:  the Qwen3 ChatML template (reasoning of earlier assistant turns
 //              dropped, `enable_thinking`, tools, tool calls, tool responses),
 //              matched against llama.cpp's Jinja rendering in
@@ -17,7 +22,9 @@
 //              matched against Jinja2's rendering of the template stored in
 //              ../shared/fixtures/qwen35 (tests/tokenizer/gen_qwen35_chat_cases.py).
 //   - kChatML: plain ChatML ("<|im_start|>ROLE\nCONTENT<|im_end|>\n"), the
-//              fallback for any other or missing template (llama.cpp's default).
+//              built-in renderer for any other or missing template with
+//              --no-jinja, and for a model without a template (llama.cpp's
+//              default).
 //
 // Injection safety: a segment is either text the template itself emits
 // (`from_template` = true; special tokens such as <|im_start|> are recognised
@@ -28,6 +35,7 @@
 
 #include <cstddef>
 #include <expected>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -38,6 +46,10 @@
 #include "core/error.h"
 
 namespace bonsai::tokenizer {
+
+namespace jinja {
+class Template;
+}
 
 // One tool call made by the assistant (OpenAI `tool_calls[i]`).
 struct ToolCall {
@@ -54,6 +66,10 @@ struct ToolCall {
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
+  // `content` was null or absent (an assistant turn with only tool calls).
+  // A Jinja template sees null (DeepSeek's tests `content is none`) unless
+  // it cannot render null content (Qwen3 concatenates it): then "".
+  bool content_null = false;
   // Assistant reasoning given separately (OpenAI-style `reasoning_content`).
   // When absent, the Qwen3 template extracts it from "<think>...</think>" in
   // `content` itself.
@@ -98,6 +114,23 @@ struct RenderedChat {
   std::string text() const;
 };
 
+// How a model's chat template is chosen (`bonsai serve/run/chat` flags, as
+// llama.cpp's llama-server spells them).
+struct ChatTemplateOptions {
+  // --jinja (default) / --no-jinja: render the template with the Jinja
+  // interpreter, or with the built-in renderer of its recognised family.
+  bool jinja = true;
+  // --chat-template NAME|TEMPLATE, or the text of --chat-template-file:
+  // replaces the GGUF's template. A built-in name (builtin_template_names)
+  // selects that built-in renderer; any other text is a Jinja template.
+  // Empty: the GGUF's `tokenizer.chat_template`.
+  std::string override_template;
+};
+
+// The names --chat-template accepts for a built-in renderer: "chatml",
+// "qwen3", "qwen35".
+std::span<const std::string_view> builtin_template_names();
+
 // A chat template recognised from its Jinja source. Cheap to copy; immutable.
 class ChatTemplate {
  public:
@@ -115,6 +148,22 @@ class ChatTemplate {
   // back to plain ChatML.
   static ChatTemplate from_text(std::string_view jinja_source);
 
+  // The template a model renders with: `options.override_template` if
+  // given, else `gguf_source` (the GGUF's `tokenizer.chat_template`; empty:
+  // none, then built-in ChatML as llama.cpp does). A built-in name or
+  // options.jinja == false: the family's built-in renderer (from_text).
+  // Otherwise the Jinja interpreter renders the text, with `bos_token` /
+  // `eos_token` set to the given texts (the model's BOS / EOS tokens as
+  // llama.cpp passes them; "" when the vocabulary has none).
+  // Errors (kUnsupported): the interpreter cannot parse the template; the
+  // message names the construct and its line and points to
+  // `--chat-template chatml` / `--no-jinja`.
+  static core::Expected<ChatTemplate> load(std::string_view gguf_source, const ChatTemplateOptions& options,
+                                           std::string bos_token, std::string eos_token);
+
+  // True when render() runs the Jinja interpreter (load with jinja on).
+  bool uses_jinja() const { return jinja_ != nullptr; }
+
   Family family() const { return family_; }
   // "qwen3", "qwen35" or "chatml" (for logs and `bonsai info`).
   std::string_view family_name() const;
@@ -127,18 +176,38 @@ class ChatTemplate {
   bool prompt_opens_reasoning(const ChatOptions& options) const;
   // The Jinja source it was built from (may be empty).
   const std::string& source() const { return source_; }
+  // "jinja" or "built-in" and the family (for logs and `bonsai info`).
+  std::string describe() const;
 
   // Renders `messages`. Errors (kInvalidArgument, message names the message
   // index and field): no messages, a role other than system/user/assistant/
   // tool, `tools` that is neither null nor an array; for kQwen35 also what
   // its template refuses (raise_exception): no user query (a user message
   // that is not only a <tool_response>), a system message after the first,
-  // and tool-call arguments that are not a JSON object.
+  // and tool-call arguments that are not a JSON object. Through Jinja:
+  // kInvalidArgument with the template's raise_exception message or
+  // runtime error ("jinja: line N: ..."), kResourceExhausted when the
+  // template exceeds jinja::Limits. The Jinja template sees `messages`
+  // (role, content, reasoning_content when given, tool_calls as
+  // [{id, type: "function", function: {name, arguments}}], tool_call_id),
+  // `tools` (when not null), add_generation_prompt, enable_thinking,
+  // bos_token and eos_token. Tool-call arguments are passed as the JSON
+  // text when the template renders a string argument verbatim (probed at
+  // load, as llama.cpp's minja does), else parsed to a JSON object.
   core::Expected<RenderedChat> render(std::span<const ChatMessage> messages, const ChatOptions& options = {}) const;
 
  private:
+  core::Expected<RenderedChat> render_jinja(std::span<const ChatMessage> messages, const ChatOptions& options) const;
+
   Family family_ = Family::kChatML;
   std::string source_;
+  // The parsed template when rendering through Jinja (shared, immutable).
+  std::shared_ptr<const jinja::Template> jinja_;
+  std::string bos_token_, eos_token_;
+  // Probed at load: tool-call arguments given as the JSON text (true) or
+  // parsed to an object (false); null content passed as null (true) or "".
+  bool string_arguments_ = true;
+  bool null_content_ = true;
 };
 
 // Why an OpenAI message could not be read: the message an API client sees,

@@ -98,7 +98,7 @@ struct Tokenizer::Impl {
   core::Expected<void> read_special_ids(const gguf::File& file);
   void collect_eog();
   void collect_special_tokens();
-  core::Expected<void> read_chat_template(const gguf::File& file);
+  core::Expected<void> read_chat_template(const gguf::File& file, const ChatTemplateOptions& options);
 };
 
 // ---- loading ----------------------------------------------------------------
@@ -363,19 +363,28 @@ void Tokenizer::Impl::collect_special_tokens() {
   });
 }
 
-// tokenizer.chat_template; plain ChatML (from_text("")) when absent.
-core::Expected<void> Tokenizer::Impl::read_chat_template(const gguf::File& file) {
+// tokenizer.chat_template (or options' override) through ChatTemplate::load;
+// bos_token / eos_token are the texts of the BOS / EOS tokens ("" without
+// one), as llama.cpp passes them to the template.
+core::Expected<void> Tokenizer::Impl::read_chat_template(const gguf::File& file, const ChatTemplateOptions& options) {
+  std::string source;
   if (file.has("tokenizer.chat_template")) {
     auto tmpl = file.get<std::string>("tokenizer.chat_template");
     if (!tmpl) return std::unexpected(tmpl.error());
-    chat_template = ChatTemplate::from_text(*tmpl);
-  } else {
-    chat_template = ChatTemplate::from_text("");
+    source = std::move(*tmpl);
   }
+  const auto text = [&](TokenId id) {
+    return id == kNoToken || id < 0 || static_cast<size_t>(id) >= tokens.size() ? std::string()
+                                                                                : std::string(tokens[id]);
+  };
+  auto t = ChatTemplate::load(source, options, text(bos), text(eos));
+  if (!t) return core::fail(t.error().code, path + ": " + t.error().message);
+  chat_template = std::move(*t);
   return {};
 }
 
-core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf::File& file) {
+core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf::File& file,
+                                                                      const ChatTemplateOptions& chat) {
   auto impl = std::make_unique<Impl>();
   impl->path = file.path();
   if (auto r = impl->read_model_type(file); !r) return std::unexpected(r.error());
@@ -393,7 +402,7 @@ core::Expected<std::shared_ptr<const Tokenizer>> Tokenizer::from_gguf(const gguf
   impl->collect_special_tokens();
   impl->pieces.reserve(impl->tokens.size());
   for (size_t i = 0; i < impl->tokens.size(); ++i) impl->pieces.push_back(impl->make_piece(static_cast<TokenId>(i)));
-  if (auto r = impl->read_chat_template(file); !r) return std::unexpected(r.error());
+  if (auto r = impl->read_chat_template(file, chat); !r) return std::unexpected(r.error());
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));
 }
 

@@ -68,8 +68,11 @@ class Tokenizer {
   // key): kNotFound for a missing required key (tokens, model; merges for
   // gpt2; scores are optional for llama), kFormat for arrays of mismatched
   // length, bad merges or out-of-range special ids, kUnsupported for another
-  // `tokenizer.ggml.model`.
-  static core::Expected<std::shared_ptr<const Tokenizer>> from_gguf(const gguf::File& file);
+  // `tokenizer.ggml.model`; ChatTemplate::load's kUnsupported for a chat
+  // template (the GGUF's, or `chat`'s override) the Jinja interpreter cannot
+  // parse. `chat` chooses the chat template (--jinja, --chat-template).
+  static core::Expected<std::shared_ptr<const Tokenizer>> from_gguf(const gguf::File& file,
+                                                                    const ChatTemplateOptions& chat = {});
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
@@ -143,7 +146,8 @@ class Tokenizer {
   // Control token (type 3): renders as nothing in token_to_bytes.
   bool is_control(TokenId id) const;
 
-  // The chat template from `tokenizer.chat_template` (plain ChatML if absent).
+  // The chat template chosen at from_gguf (by default the GGUF's
+  // `tokenizer.chat_template` through Jinja; plain ChatML if absent).
   const ChatTemplate& chat_template() const;
 
   struct Impl;  // defined in tokenizer.cpp

@@ -74,6 +74,42 @@ TEST(ChatTemplate, MatchesJinjaRenderingsOfTheGgufTemplate) {
   }
 }
 
+// The same 80 conversations through the Jinja interpreter rendering the
+// template stored in the fixture GGUF (what `serve` does by default): the
+// interpreter agrees with Jinja2 and with the built-in renderer.
+TEST(ChatTemplate, JinjaRendersTheGgufTemplateLikeJinja2) {
+  const std::string path = std::string(BONSAI_TOKENIZER_TEST_DATA) + "/qwen3_chat_jinja_cases.json";
+  BONSAI_REQUIRE_FILE(path);
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
+  auto tok = load_tokenizer(kQwenGguf);
+  ASSERT_NE(tok, nullptr);
+  const ChatTemplate& t = tok->chat_template();
+  ASSERT_TRUE(t.uses_jinja());
+  ASSERT_EQ(t.family(), ChatTemplate::Family::kQwen3);
+  const ChatTemplate native = ChatTemplate::from_text(t.source());
+  ASSERT_FALSE(native.uses_jinja());
+  const auto data = nlohmann::ordered_json::parse(read_file(path));
+  const auto& cases = data.at("cases");
+  ASSERT_EQ(cases.size(), 80u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    auto messages = chat_messages_from_json(c.at("messages"));
+    ASSERT_TRUE(messages.has_value()) << i << ": " << messages.error().message;
+    ChatOptions opt;
+    opt.add_generation_prompt = c.at("add_generation_prompt").get<bool>();
+    opt.enable_thinking = c.at("enable_thinking").get<bool>();
+    opt.tools = c.at("tools");
+    auto rendered = t.render(*messages, opt);
+    ASSERT_TRUE(rendered.has_value()) << i << ": " << rendered.error().message;
+    EXPECT_EQ(rendered->text(), c.at("prompt").get<std::string>()) << "case " << i << ": " << c.at("messages").dump();
+    auto built_in = native.render(*messages, opt);
+    ASSERT_TRUE(built_in.has_value());
+    EXPECT_EQ(rendered->text(), built_in->text()) << "case " << i;
+    // Same provenance: the token ids agree too.
+    EXPECT_EQ(tok->encode_chat(*rendered), tok->encode_chat(*built_in)) << "case " << i;
+  }
+}
+
 TEST(ChatTemplate, UserTextCannotInjectSpecialTokens) {
   BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
   auto tok = load_tokenizer(kQwenGguf);
