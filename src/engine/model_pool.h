@@ -64,6 +64,9 @@ struct ModelSpec {
   // step_budget_ms); <= 0: twice the measured decode step.
   double step_budget_ms = 0;
   bool prompt_cache = true;  // reuse cached prompt prefixes across requests
+  // Speculative decoding (`serve --spec-type / --draft-max / --draft-min /
+  // --draft-p-min`; SchedulerOptions::spec): prompt lookup by default.
+  SpecOptions spec;
   // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
   // SchedulerOptions::max_sequences), independent of pool_size: each is a
   // Sequence of the scheduler with its own block table over the model's

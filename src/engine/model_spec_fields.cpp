@@ -28,6 +28,10 @@ constexpr ModelFieldInfo kFields[] = {
     {ModelField::kBatchSize, "batch_size", "batch-size", "-b", false, kInt, 0, 1 << 20},
     {ModelField::kStepBudgetMs, "step_budget_ms", "step-budget-ms", "", false, kNumber, 0, 600000},
     {ModelField::kPromptCache, "prompt_cache", "no-cache-prompt", "", true, kBool, 0, 0},
+    {ModelField::kSpecType, "spec_type", "spec-type", "", false, kString, 0, 0},
+    {ModelField::kDraftMax, "draft_max", "draft-max", "", false, kInt, 0, kMaxDraft},
+    {ModelField::kDraftMin, "draft_min", "draft-min", "", false, kInt, 0, kMaxDraft},
+    {ModelField::kDraftPMin, "draft_p_min", "draft-p-min", "", false, kNumber, 0, 1},
 };
 
 std::string range_text(const ModelFieldInfo& f) {
@@ -55,6 +59,13 @@ std::expected<double, FieldError> checked_number(const ModelFieldInfo& f, const 
 
 // Sets a string field (a name it parses).
 std::expected<void, FieldError> set_name(ModelSpec& spec, const ModelFieldInfo& f, const std::string& name) {
+  if (f.field == ModelField::kSpecType) {
+    const auto type = parse_spec_type(name);
+    if (!type)
+      return refuse(FieldErrorKind::kBadValue, "unknown speculation type '" + name + "' (expected none or ngram)");
+    spec.spec.type = *type;
+    return {};
+  }
   if (f.field == ModelField::kQ2Layout) {
     const auto layout = core::parse_q2_layout(name);
     if (!layout)
@@ -96,6 +107,15 @@ void set_number(ModelSpec& spec, ModelField field, double v) {
       break;
     case ModelField::kStepBudgetMs:
       spec.step_budget_ms = v;
+      break;
+    case ModelField::kDraftMax:
+      spec.spec.draft_max = i();
+      break;
+    case ModelField::kDraftMin:
+      spec.spec.draft_min = i();
+      break;
+    case ModelField::kDraftPMin:
+      spec.spec.draft_p_min = static_cast<float>(v);
       break;
     default:
       break;
