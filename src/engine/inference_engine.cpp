@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -275,10 +276,14 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
     if (poll_cancel()) break;
     const int64_t pos = next_pos();
     // One more row's cost relative to a decode step (until measured: kSampledRowCost).
-    // No proposal before a plain decode step was timed.
-    const double row_cost = m.decode_s > 0 && m.row_s > 0 ? m.row_s / m.decode_s : kSampledRowCost;
+    // One more row's cost relative to a decode step; before a plain decode
+    // step was timed, too much for a greedy sequence to propose (a sampled
+    // one uses kSampledRowCost whatever is measured: Sequence::propose).
+    const double row_cost = !(m.decode_s > 0) ? std::numeric_limits<double>::infinity()
+                            : m.row_s > 0     ? m.row_s / m.decode_s
+                                              : kSampledRowCost;
     const bool decoding = m.seq.pending_prompt() == 0;
-    if (decoding && m.decode_s > 0 && m.seq.propose(kMaxDraft, row_cost) > 0) {
+    if (decoding && m.seq.propose(kMaxDraft, row_cost) > 0) {
       // The proposal's positions need blocks (a pooled cache): as many as it gives.
       if (!m.seq.kv_cache().prepare(pos, pos + 1 + m.seq.proposed()))
         m.seq.trim_proposal(m.seq.kv_cache().blocks() * m.seq.kv_cache().block_size() - pos - 1);
