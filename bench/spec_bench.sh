@@ -12,7 +12,7 @@
 #   N_PREDICT   default 256
 #   THREADS     default 1
 # The model is $BONSAI_SHARED/models/stories260K/stories260K.gguf
-# (BONSAI_SHARED defaults to ../shared from the repository root).
+# (BONSAI_SHARED defaults to ../shared from the repository root); env SPEC_PROMPT replaces the prompt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${1:-build/apps/bonsai/bonsai}"
@@ -22,9 +22,9 @@ THREADS="${4:-1}"
 SHARED="${BONSAI_SHARED:-../shared}"
 MODEL="$SHARED/models/stories260K/stories260K.gguf"
 [ -f "$MODEL" ] || { echo "spec_bench: no model at $MODEL" >&2; exit 1; }
-PROMPT="Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. \
+PROMPT="${SPEC_PROMPT:-Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. \
 One day, Lily saw a big dog in the park. The dog was brown and it wanted to play with the ball. \
-Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. One day,"
+Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. One day,}"
 TMP="$(mktemp -d /tmp/spec_bench.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT
 
