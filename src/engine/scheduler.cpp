@@ -667,9 +667,11 @@ void Scheduler::plan_step() {
   // during a long prompt gets its first token within a few steps.
   for (auto& l : live_) sc.caches.push_back(&l->seq->kv_cache());
   // Speculation: rows the batch has for proposed tokens beyond one per
-  // decoding sequence, and what one more row costs relative to the step
-  // per token it yields (c * R / D; unknown yet: kSampledRowCost).
-  int64_t draft_room = std::max<int64_t>(0, opt_.batch_size - decoders);
+  // decoding sequence and the prompt tokens it may carry (batch_size caps
+  // the step; prompts keep their allowance), and what one more row costs
+  // relative to the step per token it yields (c * R / D; unknown yet:
+  // kSampledRowCost).
+  int64_t draft_room = std::max<int64_t>(0, opt_.batch_size - decoders - (prefilling > 0 ? budget : 0));
   const double row_cost =
       cost_.token_seconds() > 0 && cost_.decode_step_seconds() > 0
           ? cost_.token_seconds() * static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()

@@ -954,7 +954,12 @@ TEST_F(SchedulerTest, CancelWhileQueuedPrefillingOrDecodingFreesTheSlot) {
 // (one replica): every choice ends, each with one kDone (the server's stream
 // waits for n of them; it used to get only the started ones and hang).
 TEST_F(SchedulerTest, CancelWithChoicesNotStartedEndsEveryChoice) {
-  build(1, 512);
+  // Choice 0 must still run when the test reads its first events: without
+  // speculation, whose accepted proposals (this greedy text loops) can end
+  // its 400 tokens in a few dozen steps.
+  SchedulerOptions so;
+  so.spec.type = SpecType::kNone;
+  build(1, 512, so);
   SamplingParams p = greedy(400);
   p.ignore_eos = true;
   auto h = submit(tok_->encode_prompt("Once upon a time"), p, 1, /*n=*/3);
@@ -1267,6 +1272,33 @@ TEST_P(SpecGreedyTest, SameTokensAsWithoutSpeculationAloneAndBatched) {
   Outcome o = collect(*submit(ps[0], params[0]));
   same(o.results[0], 0, "spec off");
   EXPECT_EQ(sched_->stats().spec_ngram_proposed, 0u);
+}
+
+// Proposed tokens share batch_size with the decode tokens and prompt chunks:
+// no step exceeds it, prompts keep their allowance, answers are unchanged.
+TEST_F(SchedulerTest, ProposalsStayWithinTheBatchSize) {
+  constexpr int64_t kCtx = 512;
+  constexpr int64_t kBatch = 8;
+  std::atomic<int64_t> widest{0};
+  SchedulerOptions so;
+  so.batch_size = kBatch;
+  so.on_step = [&](int64_t tokens, int64_t) { raise_max(widest, tokens); };
+  build(2, kCtx, so);
+  const SpecOptions off{.type = SpecType::kNone};
+  const auto loop = tok_->encode_prompt("She didn't know what to do. She didn't know what to do. She didn't know");
+  std::vector<int32_t> longp = loop;
+  while (longp.size() < 200) longp.insert(longp.end(), loop.begin() + 1, loop.end());
+  SamplingParams pa = greedy(120);
+  pa.ignore_eos = true;
+  const GenerationResult ra = alone(loop, pa, 1, kCtx, off), rb = alone(longp, greedy(20), 1, kCtx, off);
+  auto a = submit(loop, pa);
+  auto b = submit(longp, greedy(20));
+  Outcome oa = collect(*a), ob = collect(*b);
+  ASSERT_FALSE(oa.failed || ob.failed);
+  EXPECT_EQ(oa.results[0].tokens, ra.tokens);
+  EXPECT_EQ(ob.results[0].tokens, rb.tokens);
+  EXPECT_LE(widest.load(), kBatch);
+  EXPECT_GT(sched_->stats().spec_ngram_accepted, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyTest,
