@@ -465,7 +465,9 @@ int64_t Sequence::propose(int64_t max_draft, double row_cost) {
   m.decode_in.clear();
   if (p.empty()) return 0;
   // The j-th token pays while acceptance^j exceeds what one more row costs.
-  const double cost = params.temperature > 0.0f ? kSampledRowCost : std::max(0.0, row_cost);
+  const double cost = m.spec.row_cost >= 0        ? m.spec.row_cost
+                      : params.temperature > 0.0f ? kSampledRowCost
+                                                  : std::max(0.0, row_cost);
   int64_t k = 0;
   double reach = 1.0;  // acceptance^j: the chance the j-th token is reached and taken
   while (k < static_cast<int64_t>(p.size())) {

@@ -193,6 +193,10 @@ struct SpecOptions {
   // --draft-p-min). Prompt lookup proposes without probabilities, so it
   // does not use it; kept for the draft-model proposer. In [0, 1].
   float draft_p_min = 0.75f;
+  // One more row's relative cost to assume instead of the driver's
+  // measurement (Sequence::propose), for runs that must propose the same
+  // way whatever the machine's speed (tests); < 0 (default): measured.
+  double row_cost = -1;
   // Checks the ranges. Errors: kInvalidArgument naming the field.
   core::Expected<void> validate() const;
 };

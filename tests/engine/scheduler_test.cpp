@@ -1211,6 +1211,7 @@ TEST_P(SpecGreedyTest, SameTokensAsWithoutSpeculationAloneAndBatched) {
   so.on_step = [&](int64_t tokens, int64_t seqs) {
     if (tokens > seqs) raise_max(widest, tokens - seqs);  // (prompt chunks count too: checked below alone)
   };
+  so.spec.row_cost = 0.05;  // propose the same way however fast this machine is now (not the measured cost)
   build_path(path, 5, kCtx, so);
   const SpecOptions off{.type = SpecType::kNone};
   // A passage that the answer partly repeats, and four plain story openings.
@@ -1283,6 +1284,7 @@ TEST_F(SchedulerTest, ProposalsStayWithinTheBatchSize) {
   SchedulerOptions so;
   so.batch_size = kBatch;
   so.on_step = [&](int64_t tokens, int64_t) { raise_max(widest, tokens); };
+  so.spec.row_cost = 0.05;  // as above: independent of this machine's speed
   build(2, kCtx, so);
   const SpecOptions off{.type = SpecType::kNone};
   const auto loop = tok_->encode_prompt("She didn't know what to do. She didn't know what to do. She didn't know");
