@@ -95,10 +95,12 @@ struct GenOptions {
   std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
   std::string cache_type_v = "f16";  // -ctv
   // The chat template (engine::ModelSpec's fields of the same names, as serve).
-  bool jinja = false;              // --jinja: the default, accepted for llama.cpp's command lines
-  bool no_jinja = false;           // --no-jinja: the built-in renderer of the template's family
-  std::string chat_template;       // --chat-template NAME|TEMPLATE
-  std::string chat_template_file;  // --chat-template-file FILE
+  bool jinja = false;               // --jinja: the default, accepted for llama.cpp's command lines
+  bool no_jinja = false;            // --no-jinja: the built-in renderer of the template's family
+  std::string chat_template;        // --chat-template NAME|TEMPLATE
+  std::string chat_template_file;   // --chat-template-file FILE
+  std::string spec_type = "ngram";  // --spec-type: none | ngram (engine::SpecType)
+  engine::SpecOptions spec;         // --draft-max / --draft-min / --draft-p-min (type from spec_type)
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
@@ -155,6 +157,26 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
       ->capture_default_str();
   cmd->add_option("--cache-type-v", o.cache_type_v, "KV cache type for V: f16, f32, q8_0")
       ->check(kv_type_ok)
+      ->capture_default_str();
+  // Speculative decoding (llama.cpp's flag names; engine::SpecOptions).
+  cmd->add_option("--spec-type", o.spec_type,
+                  "Speculative decoding: ngram (prompt lookup: proposes what followed earlier occurrences of the "
+                  "last tokens, verified in one step; off by itself where it does not pay) or none")
+      ->check([](const std::string& s) {
+        const auto t = engine::parse_spec_type(s);
+        return t ? std::string() : t.error().message;
+      })
+      ->capture_default_str();
+  cmd->add_option("--draft-max,--draft,--draft-n", o.spec.draft_max,
+                  "Most tokens proposed per step (0: no speculation); fewer where acceptance is low")
+      ->check(CLI::Range(0, engine::kMaxDraft))
+      ->capture_default_str();
+  cmd->add_option("--draft-min,--draft-n-min", o.spec.draft_min, "Fewest proposed tokens worth verifying")
+      ->check(CLI::Range(0, engine::kMaxDraft))
+      ->capture_default_str();
+  cmd->add_option("--draft-p-min", o.spec.draft_p_min,
+                  "Smallest draft-model probability of a proposed token (a draft model's; prompt lookup has none)")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
 }
 
@@ -225,6 +247,8 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   eo.params = o.sampling;  // validated by InferenceEngine::create
   eo.kv_type_k = model::parse_kv_type(o.cache_type_k).value_or(model::KvType::kF16);  // checked by the parser
   eo.kv_type_v = model::parse_kv_type(o.cache_type_v).value_or(model::KvType::kF16);
+  eo.spec = o.spec;
+  eo.spec.type = engine::parse_spec_type(o.spec_type).value_or(engine::SpecType::kNgram);  // checked by the parser
   auto eng = engine::InferenceEngine::create(*model, *tok, eo);
   if (!eng) {
     std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";
@@ -260,6 +284,9 @@ void print_timings(const engine::GenerationResult& r) {
                per_second(r.prompt_tokens, r.prompt_ms));
   std::fprintf(stderr, "generation: %5d tokens in %9.2f ms (%9.2f tokens/s)\n", r.completion_tokens, r.gen_ms,
                per_second(r.completion_tokens, r.gen_ms));
+  if (r.draft_tokens > 0)
+    std::fprintf(stderr, "speculation: %5d tokens proposed, %d accepted (%.1f%%)\n", r.draft_tokens, r.draft_accepted,
+                 100.0 * r.draft_accepted / r.draft_tokens);
   std::fprintf(stderr, "finish_reason: %s\n", engine::finish_reason_name(r.finish_reason));
 }
 
@@ -271,7 +298,9 @@ nlohmann::ordered_json timings_json(const engine::GenerationResult& r) {
           {"predicted_n", r.completion_tokens},
           {"predicted_ms", r.gen_ms},
           {"predicted_per_second", per_second(r.completion_tokens, r.gen_ms)},
-          {"ttft_ms", r.rate.ttft_ms}};
+          {"ttft_ms", r.rate.ttft_ms},
+          {"draft_n", r.draft_tokens},
+          {"draft_n_accepted", r.draft_accepted}};
 }
 
 // ---- bonsai run ----------------------------------------------------------------

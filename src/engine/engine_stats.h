@@ -13,6 +13,8 @@ struct EngineStats {
   uint64_t generated_tokens = 0;  // tokens sampled (EOS included)
   double prompt_ms = 0;           // time in prefill (forward of prompt tokens)
   double gen_ms = 0;              // time in decode steps + sampling
+  uint64_t spec_proposed = 0;     // speculative decoding: proposed tokens verified (engine::SpecCounts)
+  uint64_t spec_accepted = 0;     // of which accepted
   // Last request only:
   uint64_t last_prompt_tokens = 0;
   uint64_t last_generated_tokens = 0;

@@ -3,6 +3,8 @@
 #include "engine/inference_engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -24,6 +26,9 @@ struct InferenceEngine::Impl {
   EngineStats stats;
   std::shared_ptr<RequestRateAggregator> metrics;
   int64_t n_vocab = 0;
+  // Speculation's cost model (generate_request): moving averages (weight
+  // 1/4) of a one-row decode step and of one more row's time, in seconds.
+  double decode_s = 0, row_s = 0;
 
   Impl(SequenceModel shared, model::KvCache cache, Sampler sampler)
       : model(shared.model),
@@ -64,6 +69,8 @@ core::Expected<InferenceEngine> InferenceEngine::create(std::shared_ptr<const mo
   auto impl = std::make_unique<Impl>(SequenceModel{std::move(model), std::move(tokenizer), std::move(trie)},
                                      std::move(*cache), Sampler(std::move(options.params)));
   impl->pool = options.pool;
+  if (auto ok = options.spec.validate(); !ok) return std::unexpected(ok.error());
+  impl->seq.set_spec(options.spec);
   impl->n_vocab = cfg.n_vocab;
   impl->logits.assign(static_cast<size_t>(cfg.n_vocab), 0.0f);
   return InferenceEngine(std::move(impl));
@@ -262,23 +269,57 @@ const std::vector<int32_t>& InferenceEngine::history() const { return impl_->seq
 core::Expected<GenerationResult> InferenceEngine::generate_request(const GenerateRequest& req) {
   Impl& m = *impl_;
   if (auto ok = start(req); !ok) return std::unexpected(ok.error());
-  // One sequence, prompt in chunks of kPrefillChunk, then one token per step.
-  std::vector<float> rows;  // prompt logprobs: every fed token's logits
+  // One sequence, prompt in chunks of kPrefillChunk, then one token per step
+  // (with the tokens its proposer offers, when speculating: every row wanted).
+  std::vector<float> rows;  // prompt logprobs or a proposal: every fed token's logits
   while (!finished()) {
     if (poll_cancel()) break;
-    const bool all_rows = wants_prompt_rows();
-    const std::span<const int32_t> in = next_input(all_rows ? kPromptRowsChunk : kPrefillChunk);
     const int64_t pos = next_pos();
+    // One more row's cost relative to a decode step (until measured: kSampledRowCost).
+    // One more row's cost relative to a decode step; before a plain decode
+    // step was timed, too much for a greedy sequence to propose (a sampled
+    // one uses kSampledRowCost whatever is measured: Sequence::propose).
+    const double row_cost = !(m.decode_s > 0) ? std::numeric_limits<double>::infinity()
+                            : m.row_s > 0     ? m.row_s / m.decode_s
+                                              : kSampledRowCost;
+    const bool decoding = m.seq.pending_prompt() == 0;
+    if (decoding && m.seq.propose(kMaxDraft, row_cost) > 0) {
+      // The proposal's positions need blocks (a pooled cache): as many as it gives.
+      if (!m.seq.kv_cache().prepare(pos, pos + 1 + m.seq.proposed()))
+        m.seq.trim_proposal(m.seq.kv_cache().blocks() * m.seq.kv_cache().block_size() - pos - 1);
+    }
+    const bool speculating = m.seq.proposed() > 0;
+    const bool all_rows = wants_prompt_rows() || speculating;
+    const std::span<const int32_t> in = next_input(all_rows && !speculating ? kPromptRowsChunk : kPrefillChunk);
     const model::Batch batch = model::Batch::for_sequence(in, static_cast<int32_t>(pos), 0, all_rows);
     model::KvCache* caches[] = {&m.seq.kv_cache()};
     const size_t nv = static_cast<size_t>(m.n_vocab);
     if (all_rows) rows.resize(in.size() * nv);
+    const Clock::time_point t0 = Clock::now();
     auto ok = m.model->forward(batch, caches, m.ws, all_rows ? std::span<float>(rows) : std::span<float>(m.logits),
                                m.compute_pool());
+    if (decoding && ok) {
+      const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+      // A sample far above the average (the thread descheduled on a loaded
+      // machine) counts as 3x the average, so one stall does not skew it.
+      const auto blend = [](double& avg, double x) { avg = avg > 0 ? avg + 0.25 * (std::min(x, 3 * avg) - avg) : x; };
+      if (!speculating) {
+        blend(m.decode_s, t);
+      } else if (m.decode_s > 0) {
+        blend(m.row_s, std::max(t - m.decode_s, 0.01 * m.decode_s) / static_cast<double>(in.size() - 1));
+      }
+    }
     if (!ok) {
       m.seq.truncate(pos);
       abandon();
       return std::unexpected(ok.error());
+    }
+    if (speculating) {
+      inputs_done(static_cast<int64_t>(in.size()));
+      const SpecCounts c = m.seq.accept_rows(rows);
+      m.stats.spec_proposed += static_cast<uint64_t>(c.proposed);
+      m.stats.spec_accepted += static_cast<uint64_t>(c.accepted);
+      continue;
     }
     if (all_rows) {
       record_prompt_rows(rows);

@@ -88,6 +88,12 @@ struct EngineOptions {
   // the cache grows block by block up to max_seq_len positions; a forward
   // that finds the pool full fails with kResourceExhausted.
   std::shared_ptr<model::KvPool> kv_pool;
+  // Speculative decoding of generate_request (prompt lookup by default;
+  // `run --spec-type none` turns it off): see engine::SpecOptions. One
+  // more row's relative cost is measured from this replica's decode steps
+  // (kSampledRowCost until then). Invalid ranges: create() fails with
+  // kInvalidArgument.
+  SpecOptions spec;
 };
 inline constexpr int64_t kDefaultMaxSeqLen = 4096;
 class InferenceEngine {

@@ -620,6 +620,7 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     so.batch_size = spec.batch_size > 0 ? spec.batch_size : kPrefillChunk;
     so.prompt_cache = spec.prompt_cache;
     so.step_budget_ms = std::max(0.0, spec.step_budget_ms);
+    so.spec = spec.spec;
     so.kv_pool = built->kv_pool;
     so.max_sequences = spec.parallel > 0 ? spec.parallel : built->size;
     so.max_queue =

@@ -72,6 +72,9 @@ struct ModelSpec {
   bool jinja = true;
   std::string chat_template;
   std::string chat_template_file;
+  // Speculative decoding (`serve --spec-type / --draft-max / --draft-min /
+  // --draft-p-min`; SchedulerOptions::spec): prompt lookup by default.
+  SpecOptions spec;
   // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
   // SchedulerOptions::max_sequences), independent of pool_size: each is a
   // Sequence of the scheduler with its own block table over the model's

@@ -31,6 +31,10 @@ constexpr ModelFieldInfo kFields[] = {
     {ModelField::kJinja, "jinja", "no-jinja", "", true, kBool, 0, 0},
     {ModelField::kChatTemplate, "chat_template", "chat-template", "", false, kString, 0, 0},
     {ModelField::kChatTemplateFile, "chat_template_file", "chat-template-file", "", false, kString, 0, 0},
+    {ModelField::kSpecType, "spec_type", "spec-type", "", false, kString, 0, 0},
+    {ModelField::kDraftMax, "draft_max", "draft-max", "", false, kInt, 0, kMaxDraft},
+    {ModelField::kDraftMin, "draft_min", "draft-min", "", false, kInt, 0, kMaxDraft},
+    {ModelField::kDraftPMin, "draft_p_min", "draft-p-min", "", false, kNumber, 0, 1},
 };
 
 std::string range_text(const ModelFieldInfo& f) {
@@ -66,6 +70,13 @@ std::expected<void, FieldError> set_name(ModelSpec& spec, const ModelFieldInfo& 
   }
   if (f.field == ModelField::kChatTemplateFile) {
     spec.chat_template_file = name;
+    return {};
+  }
+  if (f.field == ModelField::kSpecType) {
+    const auto type = parse_spec_type(name);
+    if (!type)
+      return refuse(FieldErrorKind::kBadValue, "unknown speculation type '" + name + "' (expected none or ngram)");
+    spec.spec.type = *type;
     return {};
   }
   if (f.field == ModelField::kQ2Layout) {
@@ -109,6 +120,15 @@ void set_number(ModelSpec& spec, ModelField field, double v) {
       break;
     case ModelField::kStepBudgetMs:
       spec.step_budget_ms = v;
+      break;
+    case ModelField::kDraftMax:
+      spec.spec.draft_max = i();
+      break;
+    case ModelField::kDraftMin:
+      spec.spec.draft_min = i();
+      break;
+    case ModelField::kDraftPMin:
+      spec.spec.draft_p_min = static_cast<float>(v);
       break;
     default:
       break;

@@ -51,6 +51,10 @@ enum class ModelField : uint8_t {
   kJinja,
   kChatTemplate,
   kChatTemplateFile,
+  kSpecType,   // SpecOptions::type: none | ngram
+  kDraftMax,   // SpecOptions::draft_max
+  kDraftMin,   // SpecOptions::draft_min
+  kDraftPMin,  // SpecOptions::draft_p_min
 };
 
 // A field's value type: kInt takes an integer only, kNumber an integer or a

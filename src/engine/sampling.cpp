@@ -428,6 +428,45 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   return walk(filter_candidates(in, params_), rng_.next_double());
 }
 
+int32_t Sampler::verify(std::span<const float> logits, std::span<const int32_t> history, int32_t proposal) {
+  if (params_.temperature <= 0.0f) return sample(logits, history);  // greedy: the arg-max, no draw
+  std::span<const float> in = logits;
+  if (!params_.logit_bias.empty() || (params_.repeat_last_n != 0 && !history.empty())) {
+    scratch_.assign(logits.begin(), logits.end());
+    apply_logit_bias(scratch_, params_);
+    apply_penalties(scratch_, history, params_);
+    in = scratch_;
+  }
+  const std::vector<Candidate> c = filter_candidates(in, params_);
+  const double u_accept = rng_.next_double();
+  double p = 0.0;
+  for (const auto& x : c)
+    if (x.id == proposal) p = x.p;
+  if (u_accept < p) return proposal;
+  return verify_point_proposal(c, proposal, u_accept, rng_.next_double());
+}
+
+int32_t verify_point_proposal(std::span<const Candidate> c, int32_t proposal, double u_accept, double u_resample) {
+  double p = 0.0;
+  for (const auto& x : c)
+    if (x.id == proposal) p = x.p;
+  if (u_accept < p) return proposal;
+  // p - q clipped at 0 is p everywhere but at the proposal (q = 1 there,
+  // p(x) - 1 <= 0): the survivors without it, their mass 1 - p(x).
+  const double rest = 1.0 - p;
+  if (!(rest > 0.0)) return proposal;  // (p(x) = 1 is always accepted; rounding)
+  const double target = u_resample * rest;
+  double cum = 0.0;
+  int32_t last = proposal;
+  for (const auto& x : c) {
+    if (x.id == proposal) continue;
+    cum += x.p;
+    last = x.id;
+    if (target < cum) return x.id;
+  }
+  return last;
+}
+
 int32_t walk(std::span<const Candidate> c, double u) {
   // The cumulative sum is recomputed in double from the float p's so the
   // walk is exactly reproducible from filter_candidates' output.

@@ -186,6 +186,14 @@ int32_t argmax(std::span<const float> logits);
 // whose cumulative p (summed in double) exceeds u, else the last one.
 int32_t walk(std::span<const Candidate> c, double u);
 
+// The rejection rule of Sampler::verify on an explicit distribution: `c`
+// (filter_candidates' output, sorted, p summing to 1), the proposed token
+// `proposal`, and the two uniform draws in [0, 1): u_accept (accepted iff
+// u_accept < p(proposal)) and u_resample (walked over c without the
+// proposal, its p renormalised by 1 - p(proposal); unused when accepted).
+// Returns the token taken. Exposed for the statistical test.
+int32_t verify_point_proposal(std::span<const Candidate> c, int32_t proposal, double u_accept, double u_resample);
+
 // Stage 7 for temperature-only parameters (top_k off or >= n_vocab, top_p
 // 1, min_p 0) without sorting the vocabulary: the token that
 // filter_candidates(logits, params) followed by the cumulative walk with
@@ -221,6 +229,27 @@ class Sampler {
   // ([n_vocab]) with `history` for the penalties; returns the token id.
   // `logits` must not be empty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // Speculative verification of one proposed token `proposal` against the
+  // target distribution of `logits` ([n_vocab], raw) and `history` (as
+  // sample()); returns the token this position takes, which equals
+  // `proposal` exactly when it is accepted.
+  // Greedy (temperature <= 0): sample()'s arg-max; no RNG draw.
+  // Sampled: the rejection rule of Leviathan, Kalman & Matias, "Fast
+  // Inference from Transformers via Speculative Decoding" (ICML 2023,
+  // https://arxiv.org/abs/2211.17192, Algorithm 1) and Chen et al.,
+  // "Accelerating Large Language Model Decoding with Speculative Sampling"
+  // (2023, https://arxiv.org/abs/2302.01318), for a deterministic proposer
+  // (its distribution q is a point mass on `proposal`): with p the chain's
+  // final distribution (stages 0-6, filter_candidates), accept with
+  // probability min(1, p(x) / q(x)) = p(x) — one draw u = next_double(),
+  // accepted iff u < p(x) — and on rejection sample from
+  // norm(max(0, p - q)) = p with x removed and renormalised (a second
+  // draw, walked over the survivors in sorted order without x). The
+  // returned token is then distributed exactly as p. RNG use: one draw per
+  // verified proposal, plus one when it is rejected. A proposal outside
+  // the vocabulary or outside the survivors has p(x) = 0 (always rejected).
+  int32_t verify(std::span<const float> logits, std::span<const int32_t> history, int32_t proposal);
 
  private:
   SamplingParams params_;

@@ -135,6 +135,7 @@ struct Scheduler::Live {
   std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
   bool suspended = false;                // preempted for lack of KV: waits to resume (replays its tokens)
   bool prompt_lp_sent = false;           // the prompt logprobs went out with a kText
+  int64_t proposed = 0;                  // this step's proposed tokens (extra rows after its decode token)
 };
 
 // One step's plan and buffers (plan_step fills them; forward_step and
@@ -146,6 +147,7 @@ struct Scheduler::Scratch {
   std::vector<size_t> order;            // live sequences in batch-filling order
   int64_t prompt_fed = 0;               // prompt tokens in the batch
   int64_t allowance = 0;                // prompt tokens the step-time budget allowed
+  int64_t proposed = 0;                 // proposed tokens (speculation) in the batch
 };
 
 Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
@@ -157,6 +159,7 @@ Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const mod
       waker_(std::make_shared<JobHandle::Waker>()),
       scratch_(std::make_unique<Scratch>()) {
   if (opt_.batch_size < 1) opt_.batch_size = kPrefillChunk;
+  if (!opt_.spec.validate()) opt_.spec.type = SpecType::kNone;
   const int replicas = std::max(1, pool_ ? pool_->size() : 1);
   if (opt_.max_sequences < 1) opt_.max_sequences = replicas;
   // What every sequence borrows, and the KV types, from the replicas (all
@@ -318,6 +321,8 @@ SchedulerStats Scheduler::stats() const {
   s.prompt_token_seconds = prompt_token_s_.load();
   s.prompt_allowance = prompt_allowance_.load();
   for (const auto& c : step_hist_) s.step_hist.push_back(c.load());
+  s.spec_ngram_proposed = spec_proposed_.load();
+  s.spec_ngram_accepted = spec_accepted_.load();
   return s;
 }
 
@@ -375,6 +380,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
   // from params.seed + choice by start() below.
   live->seq.emplace(shared_, std::move(*cache), Sampler(job.req.params));
   Sequence& q = *live->seq;
+  q.set_spec(opt_.spec);
   if (job.embed) {
     if (auto ok = q.start_embedding(job.prompt_of(choice), &job.handle->cancel_); !ok) {
       fail_job(job, ok.error());
@@ -628,11 +634,13 @@ void Scheduler::plan_step() {
   sc.batch.clear();
   sc.caches.clear();
   sc.prompt_fed = 0;
+  sc.proposed = 0;
   // Prompt tokens get what the decode tokens leave of batch_size, at least
   // one per step (so prompts progress even when batch_size <= running streams).
   int64_t decoders = 0;
   for (auto& l : live_) {
     l->fed = 0;
+    l->proposed = 0;
     l->wants_row = false;
     l->all_rows = false;
     l->hidden_rows = false;
@@ -658,6 +666,16 @@ void Scheduler::plan_step() {
   // Shortest pending prompt first (then oldest): a short request arriving
   // during a long prompt gets its first token within a few steps.
   for (auto& l : live_) sc.caches.push_back(&l->seq->kv_cache());
+  // Speculation: rows the batch has for proposed tokens beyond one per
+  // decoding sequence and the prompt tokens it may carry (batch_size caps
+  // the step; prompts keep their allowance), and what one more row costs
+  // relative to the step per token it yields (c * R / D; unknown yet:
+  // kSampledRowCost).
+  int64_t draft_room = std::max<int64_t>(0, opt_.batch_size - decoders - (prefilling > 0 ? budget : 0));
+  const double row_cost =
+      cost_.token_seconds() > 0 && cost_.decode_step_seconds() > 0
+          ? cost_.token_seconds() * static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()
+          : kSampledRowCost;
   sc.order.resize(live_.size());
   for (size_t i = 0; i < live_.size(); ++i) sc.order[i] = i;
   std::stable_sort(sc.order.begin(), sc.order.end(), [&](size_t a, size_t b) {
@@ -683,10 +701,23 @@ void Scheduler::plan_step() {
       if (room <= 0) continue;
       in = in.first(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(in.size()))));
     }
+    if (!prefill && opt_.spec.type != SpecType::kNone && draft_room > 0 &&
+        e.propose(std::min<int64_t>(draft_room, n_ctx_ - pos - 1), row_cost) > 0) {
+      // The proposal's positions need blocks too: as many as the pool gives
+      // (without preempting anyone); the rest of the proposal is dropped.
+      int64_t k = e.proposed();
+      if (!e.kv_cache().prepare(pos, pos + 1 + k))
+        k = std::min(k, e.kv_cache().blocks() * e.kv_cache().block_size() - pos - 1);
+      e.trim_proposal(k);
+      in = e.next_input(1);
+      l.proposed = e.proposed();
+      draft_room -= l.proposed;
+      sc.proposed += l.proposed;
+    }
     const bool wants = e.logits_wanted(static_cast<int64_t>(in.size()));
     for (size_t k = 0; k < in.size(); ++k)
       sc.batch.add(in[k], static_cast<int32_t>(pos + static_cast<int64_t>(k)), static_cast<int32_t>(si),
-                   all_rows || (wants && k + 1 == in.size()), hidden_rows);
+                   all_rows || l.proposed > 0 || (wants && k + 1 == in.size()), hidden_rows);
     l.fed = static_cast<int64_t>(in.size());
     l.all_rows = all_rows;
     l.hidden_rows = hidden_rows;
@@ -750,6 +781,15 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
           std::span<const float>(logits_.data() + row * n_vocab, static_cast<size_t>(l->fed) * n_vocab));
       row += static_cast<size_t>(l->fed) - 1;
     }
+    if (l->proposed > 0) {  // rows [row, row + fed): the decode token's and the proposal's
+      e.inputs_done(l->fed);
+      const SpecCounts c =
+          e.accept_rows(std::span<const float>(logits_.data() + row * n_vocab, static_cast<size_t>(l->fed) * n_vocab));
+      row += static_cast<size_t>(l->fed);
+      spec_proposed_.fetch_add(static_cast<uint64_t>(c.proposed));
+      spec_accepted_.fetch_add(static_cast<uint64_t>(c.accepted));
+      continue;
+    }
     const bool wanted = e.inputs_done(l->fed);
     if (!wanted) {
       if (l->all_rows) ++row;
@@ -791,7 +831,9 @@ void Scheduler::step() {
   apply_step(ok);
   // What the step cost (forward and sampling), for the next steps' prompt chunks.
   if (ok) {
-    const int64_t rows = static_cast<int64_t>(sc.batch.size()) - sc.prompt_fed;
+    // Decode rows are the decoding sequences (their proposals' rows are part
+    // of what their step costs), as want_decode_sample counts them.
+    const int64_t rows = static_cast<int64_t>(sc.batch.size()) - sc.prompt_fed - sc.proposed;
     cost_.record(rows, sc.prompt_fed, std::chrono::duration<double>(Clock::now() - t0).count());
     decode_step_s_.store(cost_.decode_step_seconds());
     prompt_token_s_.store(cost_.token_seconds());

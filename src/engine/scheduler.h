@@ -34,6 +34,14 @@
 //      pending prompt keeping half), Model::forward runs once, and each
 //      sequence whose prompt completed or that decoded samples from its own
 //      logits row;
+//      a decoding sequence may add proposed tokens (speculative decoding,
+//      SpecOptions) as extra rows after its token, all wanting logits, as
+//      many as its acceptance pays for against the measured cost of a row
+//      (StepCost: c / D per token the step yields) and the batch and KV
+//      leave room for; apply verifies them (Sequence::accept_rows: greedy
+//      text is bit-identical to plain decoding, by batch invariance;
+//      sampled text keeps the target distribution) and rolls the KV back
+//      past the first rejection;
 //   5. blocks that became full are published in the prefix index at once;
 //      a finished sequence publishes its last, partial block too, and its
 //      blocks go back to the pool (published ones stay cached, evictable
@@ -152,6 +160,11 @@ struct SchedulerOptions {
   // running one is always admitted. 0: no bound beyond max_sequences. No
   // effect for a model without recurrent layers.
   uint64_t state_budget_bytes = 0;
+  // Speculative decoding (`--spec-type`, `--draft-max`, `--draft-min`,
+  // `--draft-p-min`; engine::SpecOptions): a decoding sequence's proposed
+  // tokens are extra rows of the step, verified in apply (Sequence::
+  // accept_rows). Validated at construction (invalid: speculation off).
+  SpecOptions spec;
 };
 
 // Longest a step without decoding streams aims to last (seconds): the wait
@@ -333,6 +346,11 @@ struct SchedulerStats {
   // Tokens per forward step: step_hist[b] counts steps with
   // kStepBuckets[b-1] < tokens <= kStepBuckets[b] (the last entry: above all).
   std::vector<uint64_t> step_hist;
+  // Speculative decoding, per proposer (only prompt lookup, "ngram", so
+  // far): tokens proposed and verified as extra rows, and of them the ones
+  // accepted (vLLM's spec_decode_num_draft_tokens / _accepted_tokens).
+  uint64_t spec_ngram_proposed = 0;
+  uint64_t spec_ngram_accepted = 0;
 };
 // Upper bounds of SchedulerStats::step_hist (tokens per step).
 inline constexpr int64_t kStepBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048};
@@ -445,6 +463,7 @@ class Scheduler {
   std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0},
       embeddings_{0}, queried_tokens_{0};
   std::atomic<uint64_t> step_hist_[kNumStepBuckets] = {};
+  std::atomic<uint64_t> spec_proposed_{0}, spec_accepted_{0};
   std::thread thread_;  // last: starts after everything above exists
 };
 

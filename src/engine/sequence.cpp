@@ -58,6 +58,15 @@ struct SequenceGeneration {
   bool embed = false;
   std::vector<double> emb_acc;  // [n_embd] sum of the rows of positions [0, emb_rows)
   int64_t emb_rows = 0;
+  // Speculation: [last, proposed...] while a proposal is out (empty: none),
+  // the acceptance estimate (exponential moving average over verified
+  // proposed tokens, weight kAcceptWeight) and the first token of a
+  // proposal that was not run (-1: none), compared with what is sampled.
+  std::vector<int32_t> decode_in;
+  double acceptance = kInitialAcceptance;
+  int32_t shadow = -1;
+  static constexpr double kInitialAcceptance = 0.6;
+  static constexpr double kAcceptWeight = 0.15;
 };
 
 struct Sequence::State : SequenceGeneration {
@@ -68,12 +77,22 @@ struct Sequence::State : SequenceGeneration {
   std::vector<int32_t> history;  // the tokens in the cache, by position
   std::vector<uint32_t> mask;    // grammar mask scratch: bit id = allowed
   std::vector<float> masked;     // [n_vocab] logits with the grammar mask applied
+  SpecOptions spec{.type = SpecType::kNone};
+
+  // One sampled position: takes the token of `logits` with the history's
+  // first `hist_len` tokens as context (plain decoding: all of them), as
+  // Sequence::accept_logits describes; `proposal` >= 0 verifies that token
+  // (Sampler::verify). Returns the token taken (-1: none, the generation ended first).
+  int32_t accept_row(Sequence& self, std::span<const float> logits, size_t hist_len, int32_t proposal);
+  // Counts one observation of whether a proposed token was accepted.
+  void observe(bool accepted) { acceptance += kAcceptWeight * ((accepted ? 1.0 : 0.0) - acceptance); }
 
   // Forgets the generation (not the cache, tokens or sampler).
   void clear_generation() { static_cast<SequenceGeneration&>(*this) = SequenceGeneration(); }
   // Samples under the grammar: the mask applied to a copy of `logits`, then
-  // the sampler's chain. -1 when the grammar allows no token (a dead end).
-  int32_t sample_constrained(std::span<const float> logits);
+  // the sampler's chain (verifying `proposal` when >= 0). -1 when the grammar
+  // allows no token (a dead end). `hist`: the penalties' history.
+  int32_t sample_constrained(std::span<const float> logits, std::span<const int32_t> hist, int32_t proposal);
 };
 
 Sequence::Sequence(SequenceModel shared, model::KvCache cache, Sampler sampler, std::vector<int32_t> tokens)
@@ -209,6 +228,7 @@ std::span<const int32_t> Sequence::next_input(int64_t max_prompt) const {
     }
     return std::span<const int32_t>(src).subspan(at, static_cast<size_t>(len));
   }
+  if (!m.decode_in.empty()) return m.decode_in;  // [last, proposed...]
   return std::span<const int32_t>(&m.last, 1);
 }
 
@@ -224,6 +244,7 @@ bool Sequence::inputs_done(int64_t n) {
   State& m = *s_;
   const std::span<const int32_t> in = next_input(n);
   m.history.insert(m.history.end(), in.begin(), in.begin() + n);
+  if (!m.decode_in.empty() && static_cast<size_t>(n) < m.decode_in.size()) trim_proposal(n - 1);
   if (!m.replay.empty()) {
     if (m.history.size() >= m.replay.size()) m.replay.clear();  // caught up: decoding resumes
     return false;
@@ -276,6 +297,14 @@ void Sequence::stop_now(FinishReason reason, bool timed_out) {
 void Sequence::accept_logits(std::span<const float> logits) {
   State& m = *s_;
   if (!m.active || m.done) return;
+  const int32_t shadow = std::exchange(m.shadow, -1);
+  const int32_t tok = m.accept_row(*this, logits, m.history.size(), -1);
+  if (shadow >= 0 && tok >= 0) m.observe(tok == shadow);  // a proposal not run: was it right?
+}
+
+int32_t Sequence::State::accept_row(Sequence& self, std::span<const float> logits, size_t hist_len, int32_t proposal) {
+  State& m = *this;
+  const std::span<const int32_t> hist(m.history.data(), std::min(hist_len, m.history.size()));
   const SamplingParams& params = m.sampler.params();
   std::optional<TokenLogprob> lp;  // this token's, when params.logprobs >= 0
   auto emit = [&](int32_t token, int32_t index, const std::string& text) {
@@ -289,24 +318,24 @@ void Sequence::accept_logits(std::span<const float> logits) {
       return false;
     }
     if (m.cancel != nullptr && m.cancel->load(std::memory_order_relaxed)) {
-      stop_now(FinishReason::kCancelled);
+      self.stop_now(FinishReason::kCancelled);
       return false;
     }
     return true;
   };
-  if (!may_continue()) return;
+  if (!may_continue()) return -1;
   int32_t tok;
   if (m.grammar) {
-    tok = m.sample_constrained(logits);
+    tok = m.sample_constrained(logits, hist, proposal);
     if (tok < 0) {
       // Nothing may follow: a complete sentence is a stop, an incomplete one
       // (a dead end, e.g. a stack limit) ends like a truncation.
       m.res.finish_reason = m.grammar->can_end() ? FinishReason::kStop : FinishReason::kLength;
       m.done = true;
-      return;
+      return -1;
     }
   } else {
-    tok = m.sampler.sample(logits, m.history);
+    tok = proposal >= 0 ? m.sampler.verify(logits, hist, proposal) : m.sampler.sample(logits, hist);
   }
   m.tracker->on_token();
   const int32_t index = m.n_sampled++;
@@ -317,7 +346,7 @@ void Sequence::accept_logits(std::span<const float> logits) {
     m.res.finish_reason = FinishReason::kLength;
     m.done = true;
     emit(tok, index, std::string());
-    return;
+    return tok;
   }
   // Log probabilities come from the raw logits (the sampler worked on a copy).
   if (params.logprobs >= 0) lp = token_logprob(logits, tok, params.logprobs);
@@ -328,7 +357,7 @@ void Sequence::accept_logits(std::span<const float> logits) {
     m.done = true;
     lp.reset();  // a terminating EOS is not part of the answer (nor of res.logprobs)
     emit(tok, index, std::string());
-    return;
+    return tok;
   }
   m.res.tokens.push_back(tok);
   if (lp) m.res.logprobs.push_back(*lp);
@@ -338,17 +367,161 @@ void Sequence::accept_logits(std::span<const float> logits) {
     m.res.stop_sequence = m.emitter.stop()[static_cast<size_t>(m.emitter.matched_stop())];
     m.done = true;
     emit(tok, index, piece);
-    return;
+    return tok;
   }
   if (!emit(tok, index, piece)) {
-    stop_now(FinishReason::kCancelled);
-    return;
+    self.stop_now(FinishReason::kCancelled);
+    return tok;
   }
-  if (!may_continue()) return;
-  if (static_cast<int64_t>(m.history.size()) >= m.cache.n_ctx()) m.done = true;  // context full: length
+  if (!may_continue()) return tok;
+  if (static_cast<int64_t>(hist.size()) >= m.cache.n_ctx()) m.done = true;  // context full: length
+  return tok;
 }
 
-int32_t Sequence::State::sample_constrained(std::span<const float> in) {
+// ---- Speculative decoding -------------------------------------------------------------
+
+const char* spec_type_name(SpecType t) {
+  switch (t) {
+    case SpecType::kNone:
+      return "none";
+    case SpecType::kNgram:
+      return "ngram";
+  }
+  return "unknown";
+}
+
+core::Expected<SpecType> parse_spec_type(std::string_view name) {
+  if (name == "none") return SpecType::kNone;
+  if (name == "ngram") return SpecType::kNgram;
+  return core::fail(core::Errc::kInvalidArgument,
+                    "spec-type: '" + std::string(name) + "' is not a speculation type (expected none or ngram)");
+}
+
+core::Expected<void> SpecOptions::validate() const {
+  if (draft_max < 0 || draft_max > kMaxDraft)
+    return core::fail(core::Errc::kInvalidArgument,
+                      "draft-max: " + std::to_string(draft_max) + " is outside [0, " + std::to_string(kMaxDraft) + "]");
+  if (draft_min < 0 || draft_min > kMaxDraft)
+    return core::fail(core::Errc::kInvalidArgument,
+                      "draft-min: " + std::to_string(draft_min) + " is outside [0, " + std::to_string(kMaxDraft) + "]");
+  if (!(draft_p_min >= 0.0f && draft_p_min <= 1.0f))
+    return core::fail(core::Errc::kInvalidArgument,
+                      "draft-p-min: " + std::to_string(draft_p_min) + " is outside [0, 1]");
+  return {};
+}
+
+std::vector<int32_t> ngram_proposal(std::span<const int32_t> seq, int32_t ngram_min, int32_t ngram_max,
+                                    int32_t max_draft) {
+  const auto len = static_cast<int64_t>(seq.size());
+  if (max_draft <= 0) return {};
+  for (int64_t n = std::min<int64_t>(ngram_max, len - 1); n >= std::max<int32_t>(1, ngram_min); --n) {
+    const std::span<const int32_t> tail = seq.subspan(static_cast<size_t>(len - n));
+    // The latest earlier occurrence (start i < len - n), searched backwards.
+    for (int64_t i = len - n - 1; i >= 0; --i) {
+      if (!std::equal(tail.begin(), tail.end(), seq.begin() + i)) continue;
+      const int64_t from = i + n;  // < len: what followed it
+      const int64_t k = std::min<int64_t>(max_draft, len - from);
+      return {seq.begin() + from, seq.begin() + from + k};
+    }
+  }
+  return {};
+}
+
+void Sequence::set_spec(const SpecOptions& spec) { s_->spec = spec; }
+
+int64_t Sequence::proposed() const {
+  return s_->decode_in.empty() ? 0 : static_cast<int64_t>(s_->decode_in.size()) - 1;
+}
+
+void Sequence::trim_proposal(int64_t n) {
+  State& m = *s_;
+  if (m.decode_in.empty()) return;
+  n = std::max<int64_t>(0, n);
+  if (n == 0) {
+    if (m.shadow < 0) m.shadow = m.decode_in[1];
+    m.decode_in.clear();
+  } else if (n < proposed()) {
+    m.decode_in.resize(static_cast<size_t>(n) + 1);
+  }
+}
+
+int64_t Sequence::propose(int64_t max_draft, double row_cost) {
+  State& m = *s_;
+  m.decode_in.clear();
+  m.shadow = -1;
+  if (!m.active || m.done || m.embed || !m.prefilled || !m.replay.empty() || m.spec.type == SpecType::kNone ||
+      m.spec.draft_max <= 0 || m.cache.recurrent())
+    return 0;
+  const SamplingParams& params = m.sampler.params();
+  // Room: the context (positions next_pos() .. next_pos() + k), and
+  // max_tokens (k + 1 tokens at most come out of the step).
+  int64_t room = std::min<int64_t>(max_draft, m.spec.draft_max);
+  room = std::min(room, m.cache.n_ctx() - static_cast<int64_t>(m.history.size()) - 1);
+  if (params.max_tokens >= 0) room = std::min<int64_t>(room, params.max_tokens - m.n_sampled - 1);
+  if (room <= 0) return 0;
+  // The sequence so far: the cache's tokens and the last sampled one.
+  m.decode_in.assign(m.history.begin(), m.history.end());
+  m.decode_in.push_back(m.last);
+  std::vector<int32_t> p = ngram_proposal(m.decode_in, kNgramMin, kNgramMax, static_cast<int32_t>(room));
+  m.decode_in.clear();
+  if (p.empty()) return 0;
+  // The j-th token pays while acceptance^j exceeds what one more row costs.
+  const double cost = m.spec.row_cost >= 0        ? m.spec.row_cost
+                      : params.temperature > 0.0f ? kSampledRowCost
+                                                  : std::max(0.0, row_cost);
+  int64_t k = 0;
+  double reach = 1.0;  // acceptance^j: the chance the j-th token is reached and taken
+  while (k < static_cast<int64_t>(p.size())) {
+    reach *= m.acceptance;
+    if (!(reach > cost)) break;
+    ++k;
+  }
+  if (k == 0 || k < m.spec.draft_min) {
+    m.shadow = p[0];  // not run: still compared with what is sampled next
+    return 0;
+  }
+  m.decode_in.reserve(static_cast<size_t>(k) + 1);
+  m.decode_in.push_back(m.last);
+  m.decode_in.insert(m.decode_in.end(), p.begin(), p.begin() + k);
+  return k;
+}
+
+SpecCounts Sequence::accept_rows(std::span<const float> rows) {
+  State& m = *s_;
+  SpecCounts counts;
+  const int64_t k = proposed();
+  const auto nv = static_cast<size_t>(m.n_vocab);
+  if (k == 0) {
+    m.decode_in.clear();
+    accept_logits(rows.first(nv));
+    return counts;
+  }
+  const std::vector<int32_t> in = std::move(m.decode_in);
+  m.decode_in.clear();
+  if (!m.active || m.done || rows.size() < static_cast<size_t>(k + 1) * nv) return counts;
+  // The step wrote positions pos0 .. pos0 + k: [last, proposed...].
+  const size_t pos0 = m.history.size() - static_cast<size_t>(k) - 1;
+  counts.proposed = k;
+  int64_t j = 0;
+  for (;; ++j) {
+    const int32_t proposal = j < k ? in[static_cast<size_t>(j) + 1] : -1;
+    const int32_t tok = m.accept_row(*this, rows.subspan(static_cast<size_t>(j) * nv, nv), pos0 + 1 + j, proposal);
+    if (proposal >= 0 && tok >= 0) {
+      m.observe(tok == proposal);
+      if (tok == proposal) ++counts.accepted;
+    }
+    if (m.done || j == k || tok != proposal) break;
+  }
+  // Positions past the last one whose row was used (its input: the token
+  // before the one just taken) held rejected or unused proposals.
+  truncate(static_cast<int64_t>(pos0) + 1 + j);
+  m.res.draft_tokens += static_cast<int32_t>(counts.proposed);
+  m.res.draft_accepted += static_cast<int32_t>(counts.accepted);
+  return counts;
+}
+
+int32_t Sequence::State::sample_constrained(std::span<const float> in, std::span<const int32_t> hist,
+                                            int32_t proposal) {
   structured::GrammarState& g = *grammar;
   const structured::TokenTrie& trie = *vocab;
   const SamplingParams& params = sampler.params();
@@ -357,7 +530,7 @@ int32_t Sequence::State::sample_constrained(std::span<const float> in) {
   // which the bias and penalties keep at -inf), and greedy draws no random
   // number; so the full mask is needed only when it is refused.
   if (params.temperature <= 0.0f) {
-    const int32_t t = sampler.sample(in, history);
+    const int32_t t = sampler.sample(in, hist);
     if (g.accepts_token(trie, t)) return t;
   }
   g.allowed(trie, mask);
@@ -376,7 +549,7 @@ int32_t Sequence::State::sample_constrained(std::span<const float> in) {
     }
   }
   if (best < 0) return -1;
-  const int32_t t = sampler.sample(masked, history);
+  const int32_t t = proposal >= 0 ? sampler.verify(masked, hist, proposal) : sampler.sample(masked, hist);
   // Rounding in the chain (every allowed logit -inf or NaN, or a cumulative
   // sum short of 1) could land on a masked id: take the best allowed one.
   return ok(static_cast<size_t>(t)) ? t : best;

@@ -110,6 +110,10 @@ struct GenerationResult {
   // The stop string (SamplingParams::stop) that ended the generation
   // (finish_reason kStop); empty when none did (EOS, length, cancel).
   std::string stop_sequence;
+  // Speculative decoding (llama.cpp server's timings.draft_n /
+  // draft_n_accepted): proposed tokens verified, and of them accepted.
+  int32_t draft_tokens = 0;
+  int32_t draft_accepted = 0;
   // SamplingParams::logprobs >= 0: one entry per element of `tokens` (same
   // order; a terminating EOS has none). Empty otherwise.
   std::vector<TokenLogprob> logprobs;
@@ -156,6 +160,71 @@ struct SequenceModel {
   // the first request with a grammar; non-null.
   std::shared_ptr<structured::SharedTokenTrie> token_trie;
 };
+
+// Speculative decoding (issue 29; ../shared/DESIGN.md, "Scheduler": a
+// sequence's proposed tokens ride as extra rows of the step's one forward).
+// Flag names are llama.cpp's (`--spec-type`, `--draft-max`, `--draft-min`,
+// `--draft-p-min`); run, serve and the config file share them.
+enum class SpecType : uint8_t {
+  kNone,   // no speculation
+  kNgram,  // prompt lookup: n-gram matches over the sequence's own prompt and output
+};
+// "none", "ngram".
+const char* spec_type_name(SpecType t);
+// Parses "none" / "ngram". Errors: kInvalidArgument naming the valid values.
+core::Expected<SpecType> parse_spec_type(std::string_view name);
+
+// How a sequence speculates. The proposer (prompt lookup) matches the last
+// n tokens of the sequence (n = kNgramMax down to kNgramMin, the longest
+// that occurs earlier wins, its latest occurrence) and proposes the tokens
+// that followed that occurrence. How many are verified adapts per sequence
+// (Sequence::propose): the j-th proposed token is run only while
+// acceptance^j exceeds the relative cost of one more row, so a sequence
+// whose proposals stop being accepted stops speculating (and starts again
+// when its proposals — still compared, for free, with what it samples —
+// become good). No effect on a recurrent (qwen35) cache: it cannot roll
+// back past a rejected token, so those sequences never speculate.
+struct SpecOptions {
+  SpecType type = SpecType::kNgram;  // on by default: it costs nothing where nothing repeats
+  // Most tokens proposed per step (llama.cpp's --draft-max); 0 turns
+  // speculation off. At most kMaxDraft.
+  int32_t draft_max = 8;
+  // Fewest tokens worth verifying (llama.cpp's --draft-min): a shorter
+  // proposal is not run. >= 0.
+  int32_t draft_min = 0;
+  // Smallest draft-model probability of a proposed token (llama.cpp's
+  // --draft-p-min). Prompt lookup proposes without probabilities, so it
+  // does not use it; kept for the draft-model proposer. In [0, 1].
+  float draft_p_min = 0.75f;
+  // One more row's relative cost to assume instead of the driver's
+  // measurement (Sequence::propose), for runs that must propose the same
+  // way whatever the machine's speed (tests); < 0 (default): measured.
+  double row_cost = -1;
+  // Checks the ranges. Errors: kInvalidArgument naming the field.
+  core::Expected<void> validate() const;
+};
+inline constexpr int32_t kMaxDraft = 64;
+inline constexpr int32_t kNgramMax = 3;  // prompt lookup's longest n-gram (tokens)
+inline constexpr int32_t kNgramMin = 1;  // and its shortest
+// Relative cost of one extra row (time of the row / time of the step, per
+// token the step yields) that a sampled sequence assumes: its proposal
+// lengths depend only on its own acceptance, so a seeded request draws the
+// same numbers under any load (greedy ones use the measured cost; their
+// text does not depend on it).
+inline constexpr double kSampledRowCost = 0.1;
+
+// Proposals made and accepted (speculative decoding), summed by the driver.
+struct SpecCounts {
+  int64_t proposed = 0;  // proposed tokens verified (each one a forward row)
+  int64_t accepted = 0;  // of which accepted (taken without a step of their own)
+};
+
+// Prompt lookup: the tokens that followed the latest earlier occurrence of
+// the last n tokens of `seq` (n from ngram_max down to ngram_min; the
+// longest n with a match wins), at most `max_draft` of them; empty when
+// nothing matches. Exposed for tests.
+std::vector<int32_t> ngram_proposal(std::span<const int32_t> seq, int32_t ngram_min, int32_t ngram_max,
+                                    int32_t max_draft);
 
 // The checks an embedding input passes (InferenceEngine::embed and
 // Sequence::start_embedding): 1..n_ctx tokens, every id in [0, n_vocab).
@@ -205,6 +274,38 @@ class Sequence {
   // streams it, and decides whether generation goes on (max_tokens, EOS,
   // stop strings, context, the cancel flag, the callback's answer).
   void accept_logits(std::span<const float> logits);
+
+  // ---- Speculative decoding (SpecOptions) ------------------------------------
+  // Sets how this sequence speculates (kept across generations; a new
+  // sequence does not speculate until given options).
+  void set_spec(const SpecOptions& spec);
+  // Before a decode step: proposes tokens to verify after the last sampled
+  // one, so next_input() returns [last, proposal...] (positions next_pos()
+  // on) and the driver must want every one of those rows' logits. At most
+  // `max_draft` (the room the driver has: KV, batch) and never beyond the
+  // context or max_tokens; its length adapts to this sequence's measured
+  // acceptance a: the j-th token is proposed only while a^j > row_cost
+  // (the relative cost of one more row: its time over the step's time per
+  // token the step yields; sampled sequences use kSampledRowCost instead).
+  // Returns the number proposed (0: a plain decode step). 0 while not
+  // decoding (prompt pending, replaying, finished), for an embedding, a
+  // recurrent cache or SpecType::kNone.
+  int64_t propose(int64_t max_draft, double row_cost);
+  int64_t proposed() const;  // the proposal's length now (0: none)
+  // Drops all but the first `n` proposed tokens (the driver had less room).
+  void trim_proposal(int64_t n);
+  // After a forward that ran next_input() with a proposal (inputs_done(1 +
+  // proposed())): `rows` is [1 + proposed()][n_vocab], row j the logits
+  // after the last token and the first j proposed ones. Verifies in order:
+  // row j's token is taken as accept_logits would take it (the grammar's
+  // mask, stop strings, logprobs from the raw row, max_tokens, EOS), by
+  // Sampler::verify against proposed token j; verification stops at the
+  // first token that differs from the proposal (or where the generation
+  // ends), so each position yields what plain decoding would have sampled
+  // there (greedy: bit for bit, by batch invariance; sampled: the same
+  // distribution). The cache and tokens are rolled back past the last
+  // position whose token was taken. Returns the counts for this step.
+  SpecCounts accept_rows(std::span<const float> rows);
   // Ends the generation now: kCancelled, or kLength with timed_out set (a
   // deadline). No effect when not active or already finished.
   void stop_now(FinishReason reason, bool timed_out = false);

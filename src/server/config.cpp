@@ -106,6 +106,14 @@ engine::FieldValue config_model_value(const ServeConfig& c, engine::ModelField f
       return c.chat_template.empty() ? engine::FieldValue{} : engine::FieldValue{c.chat_template};
     case kChatTemplateFile:
       return c.chat_template_file.empty() ? engine::FieldValue{} : engine::FieldValue{c.chat_template_file};
+    case kSpecType:
+      return c.spec_type;
+    case kDraftMax:
+      return int64_t{c.draft_max};
+    case kDraftMin:
+      return int64_t{c.draft_min};
+    case kDraftPMin:
+      return c.draft_p_min;
   }
   return std::monostate{};
 }
@@ -161,6 +169,18 @@ void store_model_value(ServeConfig& c, engine::ModelField f, const engine::Field
       break;
     case kChatTemplateFile:
       c.chat_template_file = std::get<std::string>(v);
+      break;
+    case kSpecType:
+      c.spec_type = std::get<std::string>(v);
+      break;
+    case kDraftMax:
+      c.draft_max = n;
+      break;
+    case kDraftMin:
+      c.draft_min = n;
+      break;
+    case kDraftPMin:
+      c.draft_p_min = i != nullptr ? static_cast<double>(*i) : std::get<double>(v);
       break;
   }
 }
@@ -665,6 +685,37 @@ constexpr SettingInfo kSettings[] = {
      .help = "Target duration of a scheduler step with running streams: long prompts advance in chunks sized to it "
              "from measured step costs, so streams keep their pace.",
      .example = "40"},
+    {.name = "spec-type",
+     .kind = kString,
+     .scope = kModel,
+     .value_name = "TYPE",
+     .default_text = "ngram",
+     .help = "Speculative decoding: ngram (prompt lookup: tokens that followed an earlier occurrence of the last "
+             "ones are verified as extra rows of one step; greedy text is unchanged, sampled text keeps its "
+             "distribution; each sequence turns it off where its proposals are not accepted) or none.",
+     .example = "none",
+     .choices = "none|ngram"},
+    {.name = "draft-max",
+     .kind = kInt,
+     .scope = kModel,
+     .value_name = "N",
+     .default_text = "8",
+     .help = "Most tokens proposed per sequence and step (0: no speculation); fewer where acceptance is low.",
+     .example = "4"},
+    {.name = "draft-min",
+     .kind = kInt,
+     .scope = kModel,
+     .value_name = "N",
+     .default_text = "0",
+     .help = "Fewest proposed tokens worth verifying: a shorter proposal is not run.",
+     .example = "2"},
+    {.name = "draft-p-min",
+     .kind = kNumber,
+     .scope = kModel,
+     .value_name = "P",
+     .default_text = "0.75",
+     .help = "Smallest draft-model probability of a proposed token (for a draft model; prompt lookup has none).",
+     .example = "0.5"},
     {.name = "queue-factor",
      .kind = kInt,
      .scope = kModel,

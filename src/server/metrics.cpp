@@ -235,6 +235,14 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kVllmPrefixQueries, "Prompt tokens looked up in the prefix cache (vLLM-compatible name).",
             MetricType::kCounter);
   m.declare(kVllmPrefixHits, "Prompt tokens found in the prefix cache (vLLM-compatible name).", MetricType::kCounter);
+  m.declare(kSpecDraftTokens, "Tokens proposed for speculative decoding and verified, per model and proposer.",
+            MetricType::kCounter);
+  m.declare(kSpecAcceptedTokens, "Proposed tokens accepted by verification, per model and proposer.",
+            MetricType::kCounter);
+  m.declare(kSpecAcceptance, "Accepted / proposed tokens of speculative decoding, per model and proposer (0..1).",
+            MetricType::kGauge);
+  m.declare(kVllmSpecDraftTokens, "Proposed (draft) tokens verified (vLLM-compatible name).", MetricType::kCounter);
+  m.declare(kVllmSpecAcceptedTokens, "Proposed (draft) tokens accepted (vLLM-compatible name).", MetricType::kCounter);
   m.declare(kStateBytes, "Bytes of recurrent state (qwen35 Gated DeltaNet layers) held by a model's sequences.",
             MetricType::kGauge);
   m.declare(kSnapshotBytes, "Bytes of recurrent-state snapshots kept at block boundaries for the prompt cache.",
@@ -292,6 +300,15 @@ void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models)
       reg.set(kVllmPreemptions, vl, static_cast<double>(ss.preemptions));
       reg.set(kVllmPrefixQueries, vl, static_cast<double>(ss.cache_queried_tokens));
       reg.set(kVllmPrefixHits, vl, static_cast<double>(ss.cached_tokens));
+      const Labels sl{{"model", m.id}, {"proposer", "ngram"}};
+      reg.set(kSpecDraftTokens, sl, static_cast<double>(ss.spec_ngram_proposed));
+      reg.set(kSpecAcceptedTokens, sl, static_cast<double>(ss.spec_ngram_accepted));
+      reg.set(kSpecAcceptance, sl,
+              ss.spec_ngram_proposed > 0
+                  ? static_cast<double>(ss.spec_ngram_accepted) / static_cast<double>(ss.spec_ngram_proposed)
+                  : 0.0);
+      reg.set(kVllmSpecDraftTokens, vl, static_cast<double>(ss.spec_ngram_proposed));
+      reg.set(kVllmSpecAcceptedTokens, vl, static_cast<double>(ss.spec_ngram_accepted));
       if (lm->kv_pool && lm->kv_pool->state_bytes() > 0) {
         reg.set(kStateBytes, l, static_cast<double>(ss.recurrent_state_bytes));
         reg.set(kSnapshotBytes, l, static_cast<double>(ss.state_snapshot_bytes));

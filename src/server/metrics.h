@@ -125,6 +125,14 @@ inline constexpr const char* kPreemptions = "bonsai_preemptions_total";
 inline constexpr const char* kVllmPreemptions = "vllm:num_preemptions";
 inline constexpr const char* kVllmPrefixQueries = "vllm:prefix_cache_queries";
 inline constexpr const char* kVllmPrefixHits = "vllm:prefix_cache_hits";
+// Speculative decoding, per model and proposer (label proposer="ngram": prompt
+// lookup): proposed tokens verified, accepted ones, and accepted / proposed;
+// vLLM's names (model_name label) for the two counters.
+inline constexpr const char* kSpecDraftTokens = "bonsai_spec_draft_tokens_total";
+inline constexpr const char* kSpecAcceptedTokens = "bonsai_spec_accepted_tokens_total";
+inline constexpr const char* kSpecAcceptance = "bonsai_spec_acceptance_ratio";
+inline constexpr const char* kVllmSpecDraftTokens = "vllm:spec_decode_num_draft_tokens_total";
+inline constexpr const char* kVllmSpecAcceptedTokens = "vllm:spec_decode_num_accepted_tokens_total";
 // Recurrent state of hybrid models (qwen35), per model; absent for other models.
 inline constexpr const char* kStateBytes = "bonsai_recurrent_state_bytes";
 inline constexpr const char* kSnapshotBytes = "bonsai_state_snapshot_bytes";

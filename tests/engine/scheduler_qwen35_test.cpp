@@ -205,6 +205,25 @@ TEST_F(SchedulerQwen35Test, SharedSystemPromptReusesItsStateSnapshot) {
   EXPECT_EQ(st.state_snapshot_budget, 8 * state_);
 }
 
+// Speculation stays off on a recurrent model (its state cannot roll back
+// past a rejected proposal): a prompt that repeats itself, on which prompt
+// lookup has a proposal, runs without one through the scheduler and the
+// engine, and answers as with speculation off.
+TEST_F(SchedulerQwen35Test, RecurrentModelNeverSpeculates) {
+  constexpr int64_t kCtx = 256;
+  build(1, kCtx, 32, 8);
+  const std::vector<int32_t> part = ids_of(20, 1);
+  const std::vector<int32_t> prompt = concat(concat(part, part), part);
+  ASSERT_FALSE(ngram_proposal(prompt, kNgramMin, kNgramMax, 8).empty());
+  const SamplingParams p = greedy(12);
+  const GenerationResult a = run(prompt, p);
+  EXPECT_EQ(sched_->stats().spec_ngram_proposed, 0u);
+  EXPECT_EQ(a.draft_tokens, 0);
+  const GenerationResult e = alone(prompt, p, 1, kCtx);
+  EXPECT_EQ(e.draft_tokens, 0);
+  expect_same(a, e);
+}
+
 // A system prompt of 100 tokens with long user turns: the first prompt keeps
 // only its own last boundaries (128), so the second recomputes the shared
 // part but keeps its state where the shared KV ended (96, the fork point);

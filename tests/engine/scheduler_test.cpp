@@ -25,6 +25,7 @@
 #include "engine/inference_engine.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "structured/grammar.h"
 #include "tokenizer/tokenizer.h"
 
 namespace bonsai::engine {
@@ -132,8 +133,11 @@ class SchedulerTest : public ::testing::Test {
 
   // A pool of `replicas` slots with `ctx` positions each and a scheduler over it.
   void build(int replicas, int64_t ctx, SchedulerOptions so = {}) {
+    build_path(kStories, replicas, ctx, std::move(so));
+  }
+  void build_path(const std::string& path, int replicas, int64_t ctx, SchedulerOptions so = {}) {
     sched_.reset();
-    auto b = build_pool_from_gguf(kStories, SamplingParams{}, kDefaultSeed, ctx, replicas);
+    auto b = build_pool_from_gguf(path, SamplingParams{}, kDefaultSeed, ctx, replicas);
     ASSERT_TRUE(b.has_value()) << b.error().message;
     model_ = b->model;
     tok_ = b->tokenizer;
@@ -178,9 +182,11 @@ class SchedulerTest : public ::testing::Test {
   }
 
   // What `prompt` gives alone on a fresh engine (the library path).
-  GenerationResult alone(const std::vector<int32_t>& prompt, const SamplingParams& p, uint64_t seed, int64_t ctx) {
+  GenerationResult alone(const std::vector<int32_t>& prompt, const SamplingParams& p, uint64_t seed, int64_t ctx,
+                         SpecOptions spec = {}) {
     EngineOptions eo;
     eo.max_seq_len = ctx;
+    eo.spec = spec;
     auto e = InferenceEngine::create(model_, tok_, eo);
     EXPECT_TRUE(e.has_value());
     GenerateRequest gr;
@@ -352,7 +358,8 @@ TEST_F(SchedulerTest, StepBudgetSizesPromptChunksBesideRunningStreams) {
   StepGate gate(/*open=*/false);
   SchedulerOptions so;
   so.step_budget_ms = 0.001;
-  so.prompt_cache = false;  // no keep_tail rows
+  so.prompt_cache = false;         // no keep_tail rows
+  so.spec.type = SpecType::kNone;  // A's proposed tokens would widen its rows (this is about prompt chunks)
   so.on_step = [&](int64_t tokens, int64_t seqs) {
     if (steps.fetch_add(1) + 1 == 6) gate.wait();
     if (!watching.load() || seqs != 2) return;  // steps that carry both A and B
@@ -947,7 +954,12 @@ TEST_F(SchedulerTest, CancelWhileQueuedPrefillingOrDecodingFreesTheSlot) {
 // (one replica): every choice ends, each with one kDone (the server's stream
 // waits for n of them; it used to get only the started ones and hang).
 TEST_F(SchedulerTest, CancelWithChoicesNotStartedEndsEveryChoice) {
-  build(1, 512);
+  // Choice 0 must still run when the test reads its first events: without
+  // speculation, whose accepted proposals (this greedy text loops) can end
+  // its 400 tokens in a few dozen steps.
+  SchedulerOptions so;
+  so.spec.type = SpecType::kNone;
+  build(1, 512, so);
   SamplingParams p = greedy(400);
   p.ignore_eos = true;
   auto h = submit(tok_->encode_prompt("Once upon a time"), p, 1, /*n=*/3);
@@ -1146,6 +1158,176 @@ TEST_F(SchedulerTest, FourChoicesShareThePromptBlocks) {
   EXPECT_EQ(u.pinned, 0);
   EXPECT_EQ(u.indexed, 2 + static_cast<int64_t>(tails.size()));
   EXPECT_EQ(u.used, u.indexed);
+}
+
+}  // namespace
+}  // namespace bonsai::engine
+
+namespace bonsai::engine {
+namespace {
+
+// Prompt lookup: the longest n-gram (3 down to 1) ending the sequence that
+// occurs earlier, at its latest occurrence; what followed it, at most max.
+TEST(NgramProposal, LongestThenLatestMatch) {
+  const std::vector<int32_t> a = {1, 2, 3, 4, 9, 2, 3, 4, 7, 1, 2, 3};
+  EXPECT_EQ(ngram_proposal(a, 1, 3, 3), (std::vector<int32_t>{4, 9, 2}));  // [1 2 3] at 0
+  // [2 3] ends it twice earlier (at 1 and 5, the latest wins): what followed 5.
+  const std::vector<int32_t> b = {7, 2, 3, 4, 9, 2, 3, 5, 8, 2, 3};
+  EXPECT_EQ(ngram_proposal(b, 1, 3, 8), (std::vector<int32_t>{5, 8, 2, 3}));
+  EXPECT_EQ(ngram_proposal(b, 1, 3, 2), (std::vector<int32_t>{5, 8}));
+  EXPECT_EQ(ngram_proposal(std::vector<int32_t>{4, 1, 4}, 1, 3, 8), (std::vector<int32_t>{1, 4}));  // n = 1
+  EXPECT_TRUE(ngram_proposal(std::vector<int32_t>{4, 1, 4}, 2, 3, 8).empty());                      // n >= 2: no match
+  EXPECT_TRUE(ngram_proposal(std::vector<int32_t>{1, 2, 3, 9}, 1, 3, 8).empty());
+  EXPECT_TRUE(ngram_proposal(a, 1, 3, 0).empty());
+  EXPECT_TRUE(ngram_proposal(std::vector<int32_t>{5}, 1, 3, 8).empty());
+}
+
+TEST(SpecOptions, ValidatesAndParses) {
+  EXPECT_TRUE(SpecOptions{}.validate().has_value());
+  EXPECT_FALSE((SpecOptions{.draft_max = -1}).validate().has_value());
+  EXPECT_FALSE((SpecOptions{.draft_max = kMaxDraft + 1}).validate().has_value());
+  EXPECT_FALSE((SpecOptions{.draft_min = -2}).validate().has_value());
+  EXPECT_FALSE((SpecOptions{.draft_p_min = 1.5f}).validate().has_value());
+  EXPECT_EQ(*parse_spec_type("none"), SpecType::kNone);
+  EXPECT_EQ(*parse_spec_type("ngram"), SpecType::kNgram);
+  auto bad = parse_spec_type("draft");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message.find("none or ngram"), std::string::npos);
+}
+
+// Speculation (prompt lookup) on: every greedy request returns exactly the
+// tokens (and logprobs, and grammar-constrained text) it returns without
+// speculation, alone and with 4 other sequences sharing its steps, on
+// stories260K and the Qwen3 fixture; proposals really ran and some were
+// accepted, and verification widened the steps.
+class SpecGreedyTest : public SchedulerTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(SpecGreedyTest, SameTokensAsWithoutSpeculationAloneAndBatched) {
+  const std::string path = test::shared_path(GetParam());
+  BONSAI_REQUIRE_FILE(path);
+  constexpr int64_t kCtx = 512;
+  std::atomic<int64_t> widest{0};
+  SchedulerOptions so;
+  so.on_step = [&](int64_t tokens, int64_t seqs) {
+    if (tokens > seqs) raise_max(widest, tokens - seqs);  // (prompt chunks count too: checked below alone)
+  };
+  so.spec.row_cost = 0.05;  // propose the same way however fast this machine is now (not the measured cost)
+  build_path(path, 5, kCtx, so);
+  const SpecOptions off{.type = SpecType::kNone};
+  // A passage that the answer partly repeats, and four plain story openings.
+  const std::string passage =
+      "Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. "
+      "One day, Lily saw a big dog in the park. Once upon a time, there was a little girl named Lily. She";
+  std::vector<std::vector<int32_t>> ps = {tok_->encode_prompt(passage)};
+  for (auto& p : prompts(4)) ps.push_back(p);
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 5; ++i) params.push_back(greedy(60 + 7 * i));
+  params[0].ignore_eos = true;
+  params[1].logprobs = 3;  // logprobs from the target's rows
+  params[2].grammar = *structured::Grammar::parse("root ::= [a-zA-Z ,.]+");
+  params[3].repeat_penalty = 1.3f;  // penalties see the history each verified row would have seen
+  params[3].repeat_last_n = 16;
+  std::vector<GenerationResult> ref;
+  for (int i = 0; i < 5; ++i) ref.push_back(alone(ps[i], params[i], 1, kCtx, off));
+  auto same = [&](const GenerationResult& r, int i, const char* how) {
+    EXPECT_EQ(r.tokens, ref[i].tokens) << how << " request " << i;
+    EXPECT_EQ(r.text, ref[i].text) << how << " request " << i;
+    EXPECT_EQ(r.finish_reason, ref[i].finish_reason) << how << " request " << i;
+    ASSERT_EQ(r.logprobs.size(), ref[i].logprobs.size()) << how << " request " << i;
+    for (size_t k = 0; k < r.logprobs.size(); ++k) {
+      EXPECT_EQ(r.logprobs[k].token, ref[i].logprobs[k].token);
+      EXPECT_EQ(r.logprobs[k].logprob, ref[i].logprobs[k].logprob) << how << " token " << k;
+      EXPECT_EQ(r.logprobs[k].top, ref[i].logprobs[k].top) << how << " token " << k;
+    }
+  };
+  // The engine path (run) speculates too, and agrees.
+  for (int i = 0; i < 5; ++i) same(alone(ps[i], params[i], 1, kCtx), i, "engine");
+  // Alone through the scheduler.
+  for (int i = 0; i < 5; ++i) {
+    Outcome o = collect(*submit(ps[i], params[i]));
+    ASSERT_FALSE(o.failed) << o.error.message;
+    same(o.results[0], i, "alone");
+    EXPECT_EQ(o.streamed[0], o.results[0].text);
+  }
+  const SchedulerStats alone_st = sched_->stats();
+  EXPECT_GT(alone_st.spec_ngram_proposed, 0u);
+  EXPECT_GT(alone_st.spec_ngram_accepted, 0u);
+  EXPECT_LE(alone_st.spec_ngram_accepted, alone_st.spec_ngram_proposed);
+  // Five at once, twice (the second round from the prompt cache).
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::shared_ptr<JobHandle>> hs;
+    for (int i = 0; i < 5; ++i) hs.push_back(submit(ps[i], params[i]));
+    for (int i = 0; i < 5; ++i) {
+      Outcome o = collect(*hs[i]);
+      ASSERT_FALSE(o.failed) << o.error.message;
+      same(o.results[0], i, "batched");
+      EXPECT_EQ(o.streamed[0], o.results[0].text);
+    }
+  }
+  EXPECT_GT(sched_->stats().spec_ngram_accepted, alone_st.spec_ngram_accepted);
+  EXPECT_GT(widest.load(), 0);
+  // With speculation off nothing is proposed.
+  SchedulerOptions none;
+  none.spec.type = SpecType::kNone;
+  build_path(path, 1, kCtx, none);
+  Outcome o = collect(*submit(ps[0], params[0]));
+  same(o.results[0], 0, "spec off");
+  EXPECT_EQ(sched_->stats().spec_ngram_proposed, 0u);
+}
+
+// Proposed tokens share batch_size with the decode tokens and prompt chunks:
+// no step exceeds it, prompts keep their allowance, answers are unchanged.
+TEST_F(SchedulerTest, ProposalsStayWithinTheBatchSize) {
+  constexpr int64_t kCtx = 512;
+  constexpr int64_t kBatch = 8;
+  std::atomic<int64_t> widest{0};
+  SchedulerOptions so;
+  so.batch_size = kBatch;
+  so.on_step = [&](int64_t tokens, int64_t) { raise_max(widest, tokens); };
+  so.spec.row_cost = 0.05;  // as above: independent of this machine's speed
+  build(2, kCtx, so);
+  const SpecOptions off{.type = SpecType::kNone};
+  const auto loop = tok_->encode_prompt("She didn't know what to do. She didn't know what to do. She didn't know");
+  std::vector<int32_t> longp = loop;
+  while (longp.size() < 200) longp.insert(longp.end(), loop.begin() + 1, loop.end());
+  SamplingParams pa = greedy(120);
+  pa.ignore_eos = true;
+  const GenerationResult ra = alone(loop, pa, 1, kCtx, off), rb = alone(longp, greedy(20), 1, kCtx, off);
+  auto a = submit(loop, pa);
+  auto b = submit(longp, greedy(20));
+  Outcome oa = collect(*a), ob = collect(*b);
+  ASSERT_FALSE(oa.failed || ob.failed);
+  EXPECT_EQ(oa.results[0].tokens, ra.tokens);
+  EXPECT_EQ(ob.results[0].tokens, rb.tokens);
+  EXPECT_LE(widest.load(), kBatch);
+  EXPECT_GT(sched_->stats().spec_ngram_accepted, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyTest,
+                         ::testing::Values("models/stories260K/stories260K.gguf", "fixtures/qwen3-tiny-q1_0.gguf"));
+
+// A seeded request at temperature > 0 with speculation on reproduces
+// exactly under load (its proposal lengths depend on its own acceptance
+// only), and the engine path draws the same; the rejection rule's
+// distribution itself is Verify.RejectionRuleKeepsTheTargetDistribution's.
+TEST_F(SchedulerTest, SpeculativeSampledRequestReproducesUnderLoad) {
+  constexpr int64_t kCtx = 512;
+  build(6, kCtx);
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.max_tokens = 80;
+  p.ignore_eos = true;
+  const auto ps = prompts(6);
+  const GenerationResult ref = alone(ps[0], p, 1234, kCtx);
+  Outcome solo = collect(*submit(ps[0], p, 1234));
+  EXPECT_EQ(solo.results[0].tokens, ref.tokens);
+  std::vector<std::shared_ptr<JobHandle>> hs;
+  hs.push_back(submit(ps[0], p, 1234));
+  for (int i = 1; i < 6; ++i) hs.push_back(submit(ps[i], p, 99 + i));
+  std::vector<Outcome> out;
+  for (auto& h : hs) out.push_back(collect(*h));
+  EXPECT_EQ(out[0].results[0].tokens, ref.tokens);
+  EXPECT_GT(sched_->stats().spec_ngram_proposed, 0u);
 }
 
 }  // namespace

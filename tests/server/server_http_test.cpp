@@ -1546,7 +1546,11 @@ TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
                                           "bonsai_kv_cache_evicted_blocks_total{",
                                           "vllm:num_preemptions{model_name=\"stories\"} 0\n",
                                           "vllm:prefix_cache_queries{model_name=\"stories\"} ",
-                                          "vllm:prefix_cache_hits{model_name=\"stories\"} "};
+                                          "vllm:prefix_cache_hits{model_name=\"stories\"} ",
+                                          "vllm:spec_decode_num_draft_tokens_total{model_name=\"stories\"} ",
+                                          "vllm:spec_decode_num_accepted_tokens_total{model_name=\"stories\"} ",
+                                          "bonsai_spec_draft_tokens_total{model=\"stories\",proposer=\"ngram\"} ",
+                                          "bonsai_spec_acceptance_ratio{model=\"stories\",proposer=\"ngram\"} "};
   auto c = client();
   std::string body;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
