@@ -95,12 +95,12 @@ struct GenOptions {
   std::string cache_type_k = "f16";  // -ctk: f16 | f32 | q8_0 (llama.cpp's names)
   std::string cache_type_v = "f16";  // -ctv
   // The chat template (engine::ModelSpec's fields of the same names, as serve).
-  bool jinja = false;               // --jinja: the default, accepted for llama.cpp's command lines
-  bool no_jinja = false;            // --no-jinja: the built-in renderer of the template's family
-  std::string chat_template;        // --chat-template NAME|TEMPLATE
-  std::string chat_template_file;   // --chat-template-file FILE
-  std::string spec_type = "ngram";  // --spec-type: none | ngram (engine::SpecType)
-  engine::SpecOptions spec;         // --draft-max / --draft-min / --draft-p-min (type from spec_type)
+  bool jinja = false;              // --jinja: the default, accepted for llama.cpp's command lines
+  bool no_jinja = false;           // --no-jinja: the built-in renderer of the template's family
+  std::string chat_template;       // --chat-template NAME|TEMPLATE
+  std::string chat_template_file;  // --chat-template-file FILE
+  std::string spec_type = "none";  // --spec-type: none | ngram (engine::SpecType)
+  engine::SpecOptions spec;        // --draft-max / --draft-min / --draft-p-min (type from spec_type)
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
@@ -248,7 +248,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   eo.kv_type_k = model::parse_kv_type(o.cache_type_k).value_or(model::KvType::kF16);  // checked by the parser
   eo.kv_type_v = model::parse_kv_type(o.cache_type_v).value_or(model::KvType::kF16);
   eo.spec = o.spec;
-  eo.spec.type = engine::parse_spec_type(o.spec_type).value_or(engine::SpecType::kNgram);  // checked by the parser
+  eo.spec.type = engine::parse_spec_type(o.spec_type).value_or(engine::SpecType::kNone);  // checked by the parser
   auto eng = engine::InferenceEngine::create(*model, *tok, eo);
   if (!eng) {
     std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";

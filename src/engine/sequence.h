@@ -185,7 +185,11 @@ core::Expected<SpecType> parse_spec_type(std::string_view name);
 // become good). No effect on a recurrent (qwen35) cache: it cannot roll
 // back past a rejected token, so those sequences never speculate.
 struct SpecOptions {
-  SpecType type = SpecType::kNgram;  // on by default: it costs nothing where nothing repeats
+  // Off by default until a measurement shows it pays: prompt lookup on
+  // stories260K ran at 0.885x of plain decode (7 pairs, the extra rows cost
+  // ~1/3 of a step on a compute-bound toy model) and 0.95x on the 1.7B shape
+  // (bench/results/spec-ngram-2026-12-06-zen3.txt).
+  SpecType type = SpecType::kNone;
   // Most tokens proposed per step (llama.cpp's --draft-max); 0 turns
   // speculation off. At most kMaxDraft.
   int32_t draft_max = 8;

@@ -689,11 +689,12 @@ constexpr SettingInfo kSettings[] = {
      .kind = kString,
      .scope = kModel,
      .value_name = "TYPE",
-     .default_text = "ngram",
+     .default_text = "none",
      .help = "Speculative decoding: ngram (prompt lookup: tokens that followed an earlier occurrence of the last "
              "ones are verified as extra rows of one step; greedy text is unchanged, sampled text keeps its "
-             "distribution; each sequence turns it off where its proposals are not accepted) or none.",
-     .example = "none",
+             "distribution; each sequence turns it off where its proposals are not accepted) or none (the default "
+             "until it is shown to pay on this machine: bench/spec_bench.sh).",
+     .example = "ngram",
      .choices = "none|ngram"},
     {.name = "draft-max",
      .kind = kInt,

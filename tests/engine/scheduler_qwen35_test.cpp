@@ -139,9 +139,11 @@ class SchedulerQwen35Test : public ::testing::Test {
   }
 
   // What `prompt` gives alone on a fresh engine with its own cache.
-  GenerationResult alone(const std::vector<int32_t>& prompt, const SamplingParams& p, uint64_t seed, int64_t ctx) {
+  GenerationResult alone(const std::vector<int32_t>& prompt, const SamplingParams& p, uint64_t seed, int64_t ctx,
+                         SpecOptions spec = {}) {
     EngineOptions eo;
     eo.max_seq_len = ctx;
+    eo.spec = spec;
     auto e = InferenceEngine::create(model_, tok_, eo);
     EXPECT_TRUE(e.has_value());
     GenerateRequest gr;
@@ -211,7 +213,10 @@ TEST_F(SchedulerQwen35Test, SharedSystemPromptReusesItsStateSnapshot) {
 // engine, and answers as with speculation off.
 TEST_F(SchedulerQwen35Test, RecurrentModelNeverSpeculates) {
   constexpr int64_t kCtx = 256;
-  build(1, kCtx, 32, 8);
+  const SpecOptions on{.type = SpecType::kNgram};  // asked for (it is off by default)
+  SchedulerOptions so;
+  so.spec = on;
+  build(1, kCtx, 32, 8, so);
   const std::vector<int32_t> part = ids_of(20, 1);
   const std::vector<int32_t> prompt = concat(concat(part, part), part);
   ASSERT_FALSE(ngram_proposal(prompt, kNgramMin, kNgramMax, 8).empty());
@@ -219,7 +224,7 @@ TEST_F(SchedulerQwen35Test, RecurrentModelNeverSpeculates) {
   const GenerationResult a = run(prompt, p);
   EXPECT_EQ(sched_->stats().spec_ngram_proposed, 0u);
   EXPECT_EQ(a.draft_tokens, 0);
-  const GenerationResult e = alone(prompt, p, 1, kCtx);
+  const GenerationResult e = alone(prompt, p, 1, kCtx, on);
   EXPECT_EQ(e.draft_tokens, 0);
   expect_same(a, e);
 }

@@ -1211,9 +1211,11 @@ TEST_P(SpecGreedyTest, SameTokensAsWithoutSpeculationAloneAndBatched) {
   so.on_step = [&](int64_t tokens, int64_t seqs) {
     if (tokens > seqs) raise_max(widest, tokens - seqs);  // (prompt chunks count too: checked below alone)
   };
-  so.spec.row_cost = 0.05;  // propose the same way however fast this machine is now (not the measured cost)
+  so.spec.type = SpecType::kNgram;  // off by default
+  so.spec.row_cost = 0.05;          // propose the same way however fast this machine is now (not the measured cost)
   build_path(path, 5, kCtx, so);
   const SpecOptions off{.type = SpecType::kNone};
+  const SpecOptions on{.type = SpecType::kNgram};
   // A passage that the answer partly repeats, and four plain story openings.
   const std::string passage =
       "Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. "
@@ -1241,7 +1243,7 @@ TEST_P(SpecGreedyTest, SameTokensAsWithoutSpeculationAloneAndBatched) {
     }
   };
   // The engine path (run) speculates too, and agrees.
-  for (int i = 0; i < 5; ++i) same(alone(ps[i], params[i], 1, kCtx), i, "engine");
+  for (int i = 0; i < 5; ++i) same(alone(ps[i], params[i], 1, kCtx, on), i, "engine");
   // Alone through the scheduler.
   for (int i = 0; i < 5; ++i) {
     Outcome o = collect(*submit(ps[i], params[i]));
@@ -1284,6 +1286,7 @@ TEST_F(SchedulerTest, ProposalsStayWithinTheBatchSize) {
   SchedulerOptions so;
   so.batch_size = kBatch;
   so.on_step = [&](int64_t tokens, int64_t) { raise_max(widest, tokens); };
+  so.spec.type = SpecType::kNgram;
   so.spec.row_cost = 0.05;  // as above: independent of this machine's speed
   build(2, kCtx, so);
   const SpecOptions off{.type = SpecType::kNone};
@@ -1312,13 +1315,15 @@ INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyTest,
 // distribution itself is Verify.RejectionRuleKeepsTheTargetDistribution's.
 TEST_F(SchedulerTest, SpeculativeSampledRequestReproducesUnderLoad) {
   constexpr int64_t kCtx = 512;
-  build(6, kCtx);
+  SchedulerOptions so;
+  so.spec.type = SpecType::kNgram;
+  build(6, kCtx, so);
   SamplingParams p;
   p.temperature = 0.5f;
   p.max_tokens = 80;
   p.ignore_eos = true;
   const auto ps = prompts(6);
-  const GenerationResult ref = alone(ps[0], p, 1234, kCtx);
+  const GenerationResult ref = alone(ps[0], p, 1234, kCtx, so.spec);
   Outcome solo = collect(*submit(ps[0], p, 1234));
   EXPECT_EQ(solo.results[0].tokens, ref.tokens);
   std::vector<std::shared_ptr<JobHandle>> hs;
