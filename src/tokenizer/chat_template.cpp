@@ -55,45 +55,6 @@ class Emitter {
   RenderedChat out_;
 };
 
-void append_json_string(std::string_view s, std::string& out) {
-  out.push_back('"');
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(ch);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
 // Python's repr(float): the shortest digits that read back to `d`, written
 // fixed when the decimal exponent is in [-4, 16), else as d.ddde+XX (at
 // least two exponent digits); an integral fixed value ends in ".0".
@@ -138,7 +99,7 @@ void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
       for (auto it = v.begin(); it != v.end(); ++it) {
         if (!first) out += ", ";
         first = false;
-        append_json_string(it.key(), out);
+        jinja::append_json_string(it.key(), out);
         out += ": ";
         append_python_json(it.value(), out);
       }
@@ -157,7 +118,7 @@ void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
       break;
     }
     case nlohmann::ordered_json::value_t::string:
-      append_json_string(v.get_ref<const std::string&>(), out);
+      jinja::append_json_string(v.get_ref<const std::string&>(), out);
       break;
     case nlohmann::ordered_json::value_t::number_float:
       out += python_float_repr(v.get<double>());

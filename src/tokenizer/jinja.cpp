@@ -120,45 +120,6 @@ std::pair<size_t, size_t> py_strip_range(std::string_view s, const std::string* 
   return {off[b], off[e]};
 }
 
-void append_json_string(std::string_view s, std::string& out) {
-  out.push_back('"');
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(ch);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
 // Python's repr(str): single quotes unless the text has ' and no ".
 std::string py_repr_string(std::string_view s) {
   const char q = (s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos) ? '"' : '\'';
@@ -2871,6 +2832,45 @@ core::Expected<Output> Template::render(const nlohmann::ordered_json& data, cons
   } catch (const std::bad_alloc&) {
     return core::fail(core::Errc::kResourceExhausted, "jinja: out of memory while rendering the template");
   }
+}
+
+void append_json_string(std::string_view s, std::string& out) {
+  out.push_back('"');
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out.push_back(ch);
+        }
+    }
+  }
+  out.push_back('"');
 }
 
 }  // namespace bonsai::tokenizer::jinja

@@ -64,6 +64,13 @@ struct Output {
 
 struct Program;  // the parsed template (jinja.cpp)
 
+// Appends `s` to `out` as a JSON string literal the way Python's json.dumps
+// (ensure_ascii=False) writes it, which is what templates' tojson give: the
+// quote, the backslash, \n, \r, \t, \b, \f escaped by name, other bytes below 0x20 as
+// \u00XX, every other byte (UTF-8 included) as is. Shared by the
+// interpreter's tojson and chat_template's to_python_json.
+void append_json_string(std::string_view s, std::string& out);
+
 // A parsed template. Cheap to copy (shares the immutable AST); thread-safe to
 // render concurrently.
 class Template {
