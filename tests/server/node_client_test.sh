@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# The `ollama` npm client against `bonsai serve` (run by
-# ctest as server_ollama_node_test): starts the server on 127.0.0.1 (any
-# free port) with stories260K and the Qwen3 fixture and an API key, installs the `ollama`
-# package as e2e_test.sh does (npm, once per build tree; the npm cache serves
-# it offline), and runs tests/server/node/ollama_test.mjs.
-# Usage: ollama_node_test.sh BONSAI_BINARY SHARED_DIR
+# A Node client library's test against `bonsai serve` (run by ctest as
+# server_NAME_node_test): starts the server on 127.0.0.1 (any free port) with
+# stories260K ("stories") and the Qwen3 fixture ("qwen") behind an API key,
+# installs SRC_DIR/package.json's packages into the build tree (npm, once per
+# build tree, checked by MARKER_MODULE; the npm cache serves them offline),
+# and runs `node SCRIPT URL KEY stories qwen` there.
+#   the OpenAI SDK's Responses API:  NAME responses,  SRC_DIR node,           SCRIPT responses_test.mjs
+#   the `ollama` client:             NAME ollama,     SRC_DIR node,           SCRIPT ollama_test.mjs
+#   @anthropic-ai/sdk:               NAME anthropic,  SRC_DIR anthropic_node, SCRIPT anthropic_test.mjs
+#   the AI SDK and LangChain:        NAME aisdk,      SRC_DIR aisdk_node,     SCRIPT aisdk_test.mjs
+# Usage: node_client_test.sh BONSAI_BINARY SHARED_DIR NAME SRC_DIR SCRIPT MARKER_MODULE
 # Exit 77 (ctest: skipped) when a fixture is missing, unless CI=true.
 set -euo pipefail
 
 BIN="$1"
 SHARED="$2"
+NAME="$3"
+SRC_DIR="$4"
+SCRIPT="$5"
+MARKER="$6"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BUILD="$(cd "$(dirname "$BIN")/../.." && pwd)"
 STORIES="$SHARED/models/stories260K/stories260K.gguf"
@@ -25,7 +34,7 @@ for tool in node npm; do
   command -v "$tool" >/dev/null || { echo "FAIL: '$tool' is not installed (scripts/setup.sh installs it)"; exit 1; }
 done
 
-WORK="$(mktemp -d /tmp/bonsai_ollama.XXXXXX)"
+WORK="$(mktemp -d "/tmp/bonsai_${NAME}.XXXXXX")"
 SERVER_PID=""
 cleanup() {
   if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then kill -KILL "$SERVER_PID" 2>/dev/null || true; fi
@@ -33,12 +42,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-NODE_DIR="$BUILD/tests/server/ollama_node"
+NODE_DIR="$BUILD/tests/server/${NAME}_node"
 mkdir -p "$NODE_DIR"
-cp "$HERE/node/package.json" "$HERE/node/ollama_test.mjs" "$NODE_DIR/"
-if [ ! -f "$NODE_DIR/node_modules/ollama/package.json" ]; then
+cp "$HERE/$SRC_DIR/package.json" "$HERE/$SRC_DIR/$SCRIPT" "$NODE_DIR/"
+if [ ! -f "$NODE_DIR/node_modules/$MARKER/package.json" ]; then
   (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error >"$WORK/npm.log" 2>&1) || {
-    echo "FAIL: 'npm install' of the ollama package failed (is the npm registry reachable?):"; cat "$WORK/npm.log"; exit 1; }
+    echo "FAIL: 'npm install' of $SRC_DIR/package.json's packages failed (is the npm registry reachable?):"; cat "$WORK/npm.log"; exit 1; }
 fi
 
 KEY="testkey"
@@ -57,7 +66,7 @@ if [ -z "$URL" ]; then
 fi
 echo "# server at $URL"
 RC=0
-(cd "$NODE_DIR" && node ollama_test.mjs "$URL" "$KEY" stories qwen) || RC=$?
+(cd "$NODE_DIR" && AI_SDK_LOG_WARNINGS=false node "$SCRIPT" "$URL" "$KEY" stories qwen) || RC=$?
 kill -TERM "$SERVER_PID"
 wait "$SERVER_PID" || true
 SERVER_PID=""
