@@ -1781,7 +1781,9 @@ class Renderer {
     ~Nesting() { --r_.nesting_; }
     Renderer& r_;
   };
-  static constexpr int kMaxNesting = 2000;
+  // 500: a real template nests a few tens deep; an ASan build's frames are
+  // several KiB, and 2000 overflowed its 8 MiB stack.
+  static constexpr int kMaxNesting = 500;
 
   Value eval(const Expr& e) {
     const Nesting nesting(*this);

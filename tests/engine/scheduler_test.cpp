@@ -597,7 +597,10 @@ TEST_F(SchedulerTest, LastReferenceReleasedOnTheLoopThreadStopsTheLoopCleanly) {
   ASSERT_EQ(pool_.use_count(), holders + 1);
   CompletionJob j;
   j.prompt = prompts(1)[0];
-  j.params = greedy(6);
+  // Long enough that the job cannot end before set_notify below is installed
+  // (a job already done would run the callback on this thread).
+  j.params = greedy(96);
+  j.params.ignore_eos = true;
   auto h = owned->submit(std::move(j));
   ASSERT_TRUE(h.has_value()) << h.error().message;
   std::shared_ptr<JobHandle> handle = *h;
