@@ -67,6 +67,18 @@ std::string route_label(const std::string& path) {
   return "other";
 }
 
+// True when a chat request's prompt is rendered with thinking off although
+// it asked for it: a grammar constrains the answer (forced tool call,
+// response_format) and the template would open the reasoning itself
+// (Qwen3.5), so the grammar holds from the answer's first token. The one rule
+// for submitting a chat (Server::Impl::submit_completion) and counting its
+// prompt (count_chat_prompt).
+bool thinks_off_for_grammar(const CompletionRequest& cr, const tokenizer::ChatTemplate& tmpl,
+                            const tokenizer::ChatOptions& rendering) {
+  const bool constrained = cr.sampling.grammar.has_value() && *cr.sampling.grammar != nullptr;
+  return constrained && tmpl.prompt_opens_reasoning(rendering);
+}
+
 // One admitted completion request: what the handler prepared and its
 // CompletionAnswer (which runs after the handler returns, from the job's
 // JobPump) still needs. Dropping it cancels the job if it is still running
@@ -347,8 +359,7 @@ struct Server::Impl {
     tokenizer::ChatOptions rendering;
     rendering.enable_thinking = cr.enable_thinking;
     rendering.tools = cr.tools;
-    const bool constrained = cr.sampling.grammar.has_value() && *cr.sampling.grammar != nullptr;
-    if (constrained && tok.chat_template().prompt_opens_reasoning(rendering)) rendering.enable_thinking = false;
+    if (thinks_off_for_grammar(cr, tok.chat_template(), rendering)) rendering.enable_thinking = false;
     auto rendered = tok.chat_template().render(cr.messages, rendering);
     if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages"));
     size_t bytes = 0;
@@ -430,7 +441,7 @@ struct Server::Impl {
     // that never closes </think> returns no call and no JSON at all, and the
     // README's "the answer is one call" would not hold.
     const bool constrained = cr.sampling.grammar.has_value() && *cr.sampling.grammar != nullptr;
-    if (endpoint == Endpoint::kChat && constrained && tmpl.prompt_opens_reasoning(rendering)) {
+    if (endpoint == Endpoint::kChat && thinks_off_for_grammar(cr, tmpl, rendering)) {
       cr.enable_thinking = false;
       rendering.enable_thinking = false;
     }

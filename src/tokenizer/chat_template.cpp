@@ -55,42 +55,6 @@ class Emitter {
   RenderedChat out_;
 };
 
-// Python's repr(float): the shortest digits that read back to `d`, written
-// fixed when the decimal exponent is in [-4, 16), else as d.ddde+XX (at
-// least two exponent digits); an integral fixed value ends in ".0".
-std::string python_float_repr(double d) {
-  char buf[64];
-  // Shortest round-trip digits in scientific form: "-d.ddde-XX".
-  const auto res = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
-  std::string_view sci(buf, static_cast<size_t>(res.ptr - buf));
-  std::string sign;
-  if (sci.starts_with('-')) {
-    sign = "-";
-    sci.remove_prefix(1);
-  }
-  const size_t e = sci.find('e');
-  std::string digits;
-  for (char c : sci.substr(0, e))
-    if (c != '.') digits.push_back(c);
-  const int exp = std::atoi(std::string(sci.substr(e + 1)).c_str());
-  std::string out = sign;
-  if (exp >= -4 && exp < 16) {
-    if (exp < 0) {
-      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
-    } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
-      out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
-    } else {
-      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(static_cast<size_t>(exp) + 1);
-    }
-    return out;
-  }
-  out += digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
-  char ebuf[16];
-  std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
-  return out + ebuf;
-}
-
 void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
   switch (v.type()) {
     case nlohmann::ordered_json::value_t::object: {
@@ -121,7 +85,7 @@ void append_python_json(const nlohmann::ordered_json& v, std::string& out) {
       jinja::append_json_string(v.get_ref<const std::string&>(), out);
       break;
     case nlohmann::ordered_json::value_t::number_float:
-      out += python_float_repr(v.get<double>());
+      out += jinja::python_float_repr(v.get<double>());
       break;
     default:  // integers, booleans, null: JSON's spelling is Python json.dumps'
       out += v.dump();

@@ -306,42 +306,6 @@ bool contains_input(const Value& v) {
   }
 }
 
-// Python repr(float) (shortest round-trip digits; fixed for exponents in
-// [-4, 16), else d.ddde+XX; integral fixed values end in ".0").
-std::string py_float(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
-  std::string_view sci(buf, static_cast<size_t>(res.ptr - buf));
-  std::string out;
-  if (sci.starts_with('-')) {
-    out = "-";
-    sci.remove_prefix(1);
-  }
-  const size_t e = sci.find('e');
-  std::string digits;
-  for (char c : sci.substr(0, e))
-    if (c != '.') digits.push_back(c);
-  int exp = 0;
-  std::from_chars(sci.data() + e + 1 + (sci[e + 1] == '+' ? 1 : 0), sci.data() + sci.size(), exp);
-  if (exp >= -4 && exp < 16) {
-    if (exp < 0) {
-      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
-    } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
-      out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
-    } else {
-      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(static_cast<size_t>(exp) + 1);
-    }
-    return out;
-  }
-  out += digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
-  char ebuf[16];
-  std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
-  return out + ebuf;
-}
-
 // Python repr() of a value inside a list / dict.
 void py_repr(const Value& v, std::string& out);
 
@@ -357,7 +321,7 @@ std::string py_str(const Value& v) {
     case Kind::kInt:
       return std::to_string(v.i);
     case Kind::kFloat:
-      return py_float(v.f);
+      return python_float_repr(v.f);
     case Kind::kString:
       return v.s;
     case Kind::kMacro:
@@ -426,7 +390,7 @@ void to_json(const Value& v, int indent, const std::string& item_sep, const std:
       if (!std::isfinite(v.f)) {
         out += std::isnan(v.f) ? "NaN" : (v.f < 0 ? "-Infinity" : "Infinity");
       } else {
-        out += py_float(v.f);
+        out += python_float_repr(v.f);
       }
       break;
     case Kind::kString:
@@ -2873,6 +2837,40 @@ void append_json_string(std::string_view s, std::string& out) {
     }
   }
   out.push_back('"');
+}
+
+std::string python_float_repr(double d) {
+  if (std::isnan(d)) return "nan";
+  if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  std::string_view sci(buf, static_cast<size_t>(res.ptr - buf));
+  std::string out;
+  if (sci.starts_with('-')) {
+    out = "-";
+    sci.remove_prefix(1);
+  }
+  const size_t e = sci.find('e');
+  std::string digits;
+  for (char c : sci.substr(0, e))
+    if (c != '.') digits.push_back(c);
+  int exp = 0;
+  std::from_chars(sci.data() + e + 1 + (sci[e + 1] == '+' ? 1 : 0), sci.data() + sci.size(), exp);
+  if (exp >= -4 && exp < 16) {
+    if (exp < 0) {
+      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    } else if (static_cast<size_t>(exp) + 1 >= digits.size()) {
+      out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
+    } else {
+      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(static_cast<size_t>(exp) + 1);
+    }
+    return out;
+  }
+  out += digits.substr(0, 1);
+  if (digits.size() > 1) out += "." + digits.substr(1);
+  char ebuf[16];
+  std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
+  return out + ebuf;
 }
 
 }  // namespace bonsai::tokenizer::jinja

@@ -71,6 +71,12 @@ struct Program;  // the parsed template (jinja.cpp)
 // interpreter's tojson and chat_template's to_python_json.
 void append_json_string(std::string_view s, std::string& out);
 
+// Python's repr(float): the shortest digits that read back to `d`, fixed
+// when the decimal exponent is in [-4, 16) (an integral value ends in
+// ".0"), else d.ddde+XX (at least two exponent digits); "nan", "inf",
+// "-inf". Shared by the interpreter and chat_template's to_python_json.
+std::string python_float_repr(double d);
+
 // A parsed template. Cheap to copy (shares the immutable AST); thread-safe to
 // render concurrently.
 class Template {
