@@ -67,11 +67,13 @@ bool use_vnni() {
   return g_has_vnni && g_use_vnni;
 }
 
-inline float lut_fp16(const uint8_t* p) {
+inline uint16_t load_u16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return g_fp16_lut[h];
+  return h;
 }
+
+inline float lut_fp16(const uint8_t* p) { return g_fp16_lut[load_u16(p)]; }
 
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -109,8 +111,20 @@ Consts make_consts() {
 // b in the low 128 bits, b+1 in the high; `half`: only unit b exists, the
 // high half is zero) and their scales into the lanes (0-3: b, 4-7: b+1; 0
 // for a missing unit). g128 codes are remapped 3 -> 1 (value 0).
+// Formats whose block is two units (the g128 layouts, PQ2_0) keep a pair in
+// one block: its 32 packed bytes are contiguous and share one scale, so the
+// pair is one 256-bit load and one broadcast (never `half`: such rows have an
+// even number of units). Same bytes and scales as the unit-wise loads.
 template <Format F>
 inline void pload(const uint8_t* row, int64_t b, bool half, const Consts& c, __m256i& q, __m256& dw) {
+  if constexpr (UnitGeo<F>::kPerBlock == 2) {
+    (void)half;
+    const uint8_t* blk = row + static_cast<size_t>(b >> 1) * UnitGeo<F>::kBytes;
+    q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + UnitGeo<F>::kQs));
+    if constexpr (kDef<F>.code3_is_zero) q = _mm256_andnot_si256(_mm256_and_si256(_mm256_slli_epi16(q, 1), c.odd), q);
+    dw = _mm256_broadcast_ss(&g_fp16_lut[load_u16(blk + UnitGeo<F>::kD)]);
+    return;
+  }
   const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(UnitGeo<F>::qs_at(row, b)));
   const __m128i hi =
       half ? _mm_setzero_si128() : _mm_loadu_si128(reinterpret_cast<const __m128i*>(UnitGeo<F>::qs_at(row, b + 1)));
