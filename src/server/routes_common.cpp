@@ -118,6 +118,11 @@ ApiError job_failure_error(const ServerContext& ctx, const core::Error& e, const
       return overloaded("The request timed out waiting for an engine replica.", "timeout", 1);
     case core::Errc::kCancelled:
       return job_cut_error(client_gone);
+    case core::Errc::kUnsupported:
+      // What the request asked for is beyond the engine (e.g. a grammar
+      // whose start exceeds the matcher's limits): the request's fault, not
+      // the server's, and retrying it cannot help.
+      return from_core_error(core::Error{core::Errc::kInvalidArgument, e.message}, 400);
     case core::Errc::kResourceExhausted:
       if (ctx.stopping) return overloaded("The server is shutting down.", "shutting_down", 5);
       if (ctx.draining) return draining_error();

@@ -8,6 +8,7 @@
 #include "engine/chat_output.h"      // schema_resolves_to_string
 #include "structured/grammar.h"      // Grammar::parse
 #include "structured/json_schema.h"  // json_schema_doc_to_gbnf, json_object_gbnf
+#include "structured/token_mask.h"   // GrammarState::create (start-state check)
 
 namespace bonsai::server {
 
@@ -285,9 +286,16 @@ std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint 
            text_without_gbnf("</think>", "think") + prefix_gbnf_rules(gbnf, "answer-");
   }
   auto g = structured::Grammar::parse(gbnf);
-  if (!g) {
-    const std::string param = source == "response_format" ? "response_format.json_schema.schema" : source;
-    return bad_request("Invalid grammar for '" + source + "': " + g.error().message, param, "invalid_value");
+  const std::string param = source == "response_format" ? "response_format.json_schema.schema" : source;
+  if (!g) return bad_request("Invalid grammar for '" + source + "': " + g.error().message, param, "invalid_value");
+  // The matcher's start state (what the first token is checked against) must
+  // fit its parse-stack limits; refused here, it is the request's 400 rather
+  // than an engine failure once the job runs.
+  if (auto st = structured::GrammarState::create(*g); !st) {
+    return bad_request("Invalid grammar for '" + source + "': " + st.error().message +
+                           "; too many alternatives can start at once (write large enums as JSON Schema 'enum', "
+                           "which is matched as a prefix tree, or factor common prefixes)",
+                       param, "invalid_value");
   }
   out.grammar = std::move(*g);
   out.gbnf = std::move(gbnf);

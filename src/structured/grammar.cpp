@@ -567,9 +567,9 @@ core::Expected<MatchState> Matcher::initial() const {
   std::vector<uint32_t> stack{grammar_->start_pos()};
   std::vector<std::vector<uint32_t>> out;
   if (expand(stack, out, 0) != StepResult::kOk) {
-    return core::fail(core::Errc::kResourceExhausted, "grammar: the start state exceeds the parse-stack limits (" +
-                                                          std::to_string(limits_.max_stacks) + " stacks, depth " +
-                                                          std::to_string(limits_.max_depth) + ")");
+    return core::fail(core::Errc::kUnsupported, "grammar: the start state exceeds the parse-stack limits (" +
+                                                    std::to_string(limits_.max_stacks) + " stacks, depth " +
+                                                    std::to_string(limits_.max_depth) + ")");
   }
   MatchState s;
   canonicalize(out, s.stacks);

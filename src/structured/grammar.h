@@ -102,7 +102,9 @@ class Matcher {
  public:
   Matcher(std::shared_ptr<const Grammar> grammar, GrammarLimits limits = {});
 
-  // The state before any input: `root` expanded.
+  // The state before any input: `root` expanded. Errors: kUnsupported when
+  // that expansion exceeds the limits (more than max_stacks alternatives can
+  // start at once, or deeper than max_depth).
   core::Expected<MatchState> initial() const;
   // Feeds one byte: kDead if no stack can take it (or the UTF-8 is invalid:
   // bad lead/continuation byte, overlong form, surrogate, > U+10FFFF, or a

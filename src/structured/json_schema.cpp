@@ -235,6 +235,71 @@ std::string int_range(std::optional<int64_t> lo, std::optional<int64_t> hi) {
   return alts.size() == 1 ? alts[0] : "( " + alts[0] + " | " + alts[1] + " )";
 }
 
+// ---- literal alternations (enum, const branches) ---------------------------------
+
+// One node of a trie over UTF-8 characters (a character is never split).
+struct LitNode {
+  bool end = false;                     // a literal ends here
+  std::map<std::string, LitNode> kids;  // next character -> subtree
+};
+
+// The alternatives below `n`: each child's run of single-child characters
+// as one literal, then its own alternatives (optional where a literal ends).
+std::string trie_alternatives(const LitNode& n) {
+  std::string out;
+  for (const auto& [ch, child] : n.kids) {
+    std::string run = ch;
+    const LitNode* c = &child;
+    while (!c->end && c->kids.size() == 1) {
+      run += c->kids.begin()->first;
+      c = &c->kids.begin()->second;
+    }
+    if (!out.empty()) out += " | ";
+    out += lit(run);
+    if (!c->kids.empty()) out += " (" + trie_alternatives(*c) + (c->end ? ")?" : ")");
+  }
+  return out;
+}
+
+// A GBNF expression matching exactly the given byte strings (UTF-8 JSON
+// texts), written as a prefix tree: the matcher keeps one parse stack per
+// distinct next character instead of one per value, so enums of thousands
+// of values stay within GrammarLimits::max_stacks (a flat alternation of
+// 2,049 values needed 2,049 stacks at its first byte and was refused).
+std::string literal_alternation(const std::vector<std::string>& values) {
+  LitNode root;
+  for (const std::string& v : values) {
+    LitNode* n = &root;
+    for (size_t i = 0; i < v.size();) {
+      const auto b = static_cast<unsigned char>(v[i]);
+      size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+      len = std::min(len, v.size() - i);
+      n = &n->kids[v.substr(i, len)];
+      i += len;
+    }
+    n->end = true;
+  }
+  if (root.end) return root.kids.empty() ? "\"\"" : "(" + trie_alternatives(root) + ")?";
+  return "(" + trie_alternatives(root) + ")";
+}
+
+// The JSON texts a schema that is only `const` or `enum` (plus `type` and
+// annotations) allows; nullopt for any other schema.
+std::optional<std::vector<std::string>> literal_values(const Json& s) {
+  if (!s.is_object() || (s.contains("const") == s.contains("enum"))) return std::nullopt;
+  for (const auto& [k, v] : s.items()) {
+    if (k != "const" && k != "enum" && k != "type" && !kAnnotations.count(k)) return std::nullopt;
+  }
+  std::vector<std::string> out;
+  if (s.contains("const")) {
+    out.push_back(s["const"].dump());
+  } else {
+    if (!s["enum"].is_array() || s["enum"].empty()) return std::nullopt;
+    for (const auto& v : s["enum"]) out.push_back(v.dump());
+  }
+  return out;
+}
+
 // ---- the converter -------------------------------------------------------------
 
 class Converter {
@@ -345,13 +410,9 @@ class Converter {
     if (s.contains("enum")) {
       only({"enum", "type"}, "enum");
       if (!s["enum"].is_array() || s["enum"].empty()) fail("'enum' at " + at_path(path) + " must be a non-empty array");
-      std::string out = "(";
-      bool first = true;
-      for (const auto& v : s["enum"]) {
-        out += (first ? " " : " | ") + lit(v.dump());
-        first = false;
-      }
-      return out + " )";
+      std::vector<std::string> values;
+      for (const auto& v : s["enum"]) values.push_back(v.dump());
+      return literal_alternation(values);
     }
     for (const char* comb : {"anyOf", "oneOf"}) {
       if (!s.contains(comb)) continue;
@@ -359,6 +420,19 @@ class Converter {
       const auto& arr = s[comb];
       if (!arr.is_array() || arr.empty())
         fail(std::string("'") + comb + "' at " + at_path(path) + " must be a non-empty array");
+      // Branches that are all `const` / `enum` (a common way to write an
+      // enum with titles): one prefix tree, as for `enum`.
+      std::vector<std::string> values;
+      bool literal = true;
+      for (const auto& b : arr) {
+        auto v = literal_values(b);
+        if (!v) {
+          literal = false;
+          break;
+        }
+        values.insert(values.end(), v->begin(), v->end());
+      }
+      if (literal) return literal_alternation(values);
       std::string out = "(";
       for (size_t i = 0; i < arr.size(); ++i) {
         out += (i ? " | " : " ") + gen(arr[i], path + "/" + comb + "/" + std::to_string(i));

@@ -487,9 +487,9 @@ core::Expected<void> GrammarState::accept_bytes(std::string_view bytes) {
   for (size_t i = 0; i < bytes.size(); ++i) {
     int32_t n = cache_->next(c, static_cast<uint8_t>(bytes[i]));
     if (n == kOverflowId) {
-      return core::fail(core::Errc::kResourceExhausted,
-                        "grammar: parse-stack limit exceeded (" + std::to_string(cache_->limits_.max_stacks) +
-                            " stacks or depth " + std::to_string(cache_->limits_.max_depth) + ")");
+      return core::fail(core::Errc::kUnsupported, "grammar: parse-stack limit exceeded (" +
+                                                      std::to_string(cache_->limits_.max_stacks) + " stacks or depth " +
+                                                      std::to_string(cache_->limits_.max_depth) + ")");
     }
     if (n == kDeadId) {
       static const char* hex = "0123456789abcdef";

@@ -102,6 +102,8 @@ class MatcherCache;
 // read-only).
 class GrammarState {
  public:
+  // A matcher at the grammar's start. Errors: kUnsupported (Matcher::initial:
+  // the start state exceeds `limits`).
   static core::Expected<GrammarState> create(std::shared_ptr<const Grammar> grammar, GrammarLimits limits = {});
   GrammarState(GrammarState&&) noexcept;
   GrammarState& operator=(GrammarState&&) noexcept;
@@ -111,7 +113,7 @@ class GrammarState {
   GrammarState clone() const;
 
   // Feeds raw bytes. On error (kInvalidArgument: not allowed here;
-  // kResourceExhausted: stack limits) the state is unchanged.
+  // kUnsupported: the parse-stack limits of GrammarLimits) the state is unchanged.
   core::Expected<void> accept_bytes(std::string_view bytes);
   // Feeds one sampled token: its bytes, or for an EOS id marks the state
   // finished (only if can_end()). After finish no token is accepted.

@@ -170,6 +170,32 @@ TEST(StructuredOutput, ErrorsNameTheFieldAndTheKeyword) {
   EXPECT_NE(e.message.find("'not'"), std::string::npos) << e.message;
 }
 
+// Large enums (a tester's 2,049 values gave a false 503 "model was
+// unloaded": the matcher's start state needed one parse stack per value).
+// As JSON Schema `enum` or an `anyOf` of `const`s they are a prefix tree and
+// work at any size; a GBNF alternation too wide to start is a 400 naming the
+// field, never an engine failure.
+TEST(StructuredOutput, LargeEnumsWorkAndTooWideGrammarsAre400) {
+  std::string values, consts, alts;
+  for (int i = 0; i < 5000; ++i) {
+    values += (i ? ",\"v" : "\"v") + std::to_string(i) + "\"";
+    consts += (i ? ",{\"const\":\"v" : "{\"const\":\"v") + std::to_string(i) + "\",\"title\":\"t\"}";
+  }
+  for (int i = 0; i < 2049; ++i) alts += (i ? " | \\\"a" : "\\\"a") + std::to_string(i) + "\\\"";
+  for (const std::string& schema : {"{\"enum\":[" + values + "]}", "{\"anyOf\":[" + consts + "]}"}) {
+    auto rf = build(R"({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" + schema +
+                    "}}}");
+    ASSERT_NE(rf.grammar, nullptr) << schema.substr(0, 40);
+    for (const char* ok : {"\"v0\"", "\"v4999\"", "\"v10\"", "\"v1\""}) EXPECT_TRUE(accepts(rf.grammar, ok)) << ok;
+    for (const char* bad : {"\"v5000\"", "\"v\"", "\"v01\"", "\"v49999\""})
+      EXPECT_FALSE(accepts(rf.grammar, bad)) << bad;
+  }
+  ApiError e = build_error(R"({"grammar": "root ::= )" + alts + R"("})", Endpoint::kCompletion);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "grammar");
+  EXPECT_NE(e.message.find("parse-stack"), std::string::npos) << e.message;
+}
+
 TEST(StructuredOutput, ToolChoiceModes) {
   const std::string tools = std::string(R"("tools": )") + kTools;
   auto req = build("{" + tools + R"(, "tool_choice": "required"})");

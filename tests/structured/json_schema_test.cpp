@@ -66,6 +66,20 @@ TEST(JsonSchema, EnumConst) {
        {R"("blue")", "4", R"({"a": 1})"}},
       {R"({"const":"fixed"})", {R"("fixed")"}, {R"("fixe")", R"("fixedd")"}},
       {R"({"type":"string","enum":["a"]})", {R"("a")"}, {R"("b")"}},
+      // Values that are prefixes of others, and multi-byte characters (the
+      // prefix tree never splits one).
+      {R"({"enum":[1,12,123,"ab","a","\u00e9","\u00e9a","\u65e5\u672c"]})",
+       {"1", "12", "123", R"("a")", R"("ab")", "\"\xC3\xA9\"",
+        "\"\xC3\xA9"
+        "a\"",
+        "\"\xE6\x97\xA5\xE6\x9C\xAC\""},
+       {"1234", "13", R"("abc")", R"("")",
+        "\"\xC3\xA9"
+        "b\"",
+        "\"\xE6\x97\xA5\""}},
+      {R"({"anyOf":[{"const":"x","title":"X"},{"enum":["y",null]}]})", {R"("x")", R"("y")", "null"}, {R"("z")"}},
+      // A branch that is not a literal keeps the general anyOf.
+      {R"({"anyOf":[{"const":"x"},{"type":"integer"}]})", {R"("x")", "7"}, {R"("y")"}},
   });
 }
 
