@@ -273,8 +273,21 @@ std::optional<ApiError> parse_messages(const Json& body, CompletionRequest& out)
     }
   }
   if (auto t = body.find("tools"); t != body.end() && t->is_array()) out.tools = *t;
+  if (auto c = body.find("continue_final_message"); c != body.end() && !c->is_null()) {
+    if (!c->is_boolean()) return wrong_type("continue_final_message", "a boolean", *c);
+    out.continue_final_message = c->get<bool>();
+  }
   return std::nullopt;
 }
+
+}  // namespace
+
+bool continues_final_message(const CompletionRequest& cr) {
+  if (cr.continue_final_message) return *cr.continue_final_message;
+  return !cr.messages.empty() && cr.messages.back().role == "assistant" && cr.messages.back().tool_calls.empty();
+}
+
+namespace {
 
 std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
   auto it = body.find("prompt");

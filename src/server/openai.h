@@ -70,8 +70,14 @@ struct CompletionRequest {
   nlohmann::ordered_json tools = nullptr;        // chat: OpenAI `tools` (array) or null
   bool tool_choice_none = false;                 // chat: tool_choice "none" (tool calls stay text)
   bool enable_thinking = true;                   // chat_template_kwargs.enable_thinking
-  std::string prompt;                            // completions, text form
-  std::vector<int32_t> prompt_ids;               // completions, token-id form (non-empty: used)
+  // vLLM's `continue_final_message` (chat): continue the last, assistant,
+  // message instead of answering it. Unset: continue exactly when the last
+  // message is an assistant message without tool calls (a prefill, as
+  // llama-server, Ollama and Anthropic's Messages API read one). See
+  // continues_final_message.
+  std::optional<bool> continue_final_message;
+  std::string prompt;               // completions, text form
+  std::vector<int32_t> prompt_ids;  // completions, token-id form (non-empty: used)
   // Every sampling field, as the sequence gets it (engine::SamplingOverrides,
   // merged onto the model's defaults by engine::prepare_completion). Ranges
   // the API allows: max_tokens (or max_completion_tokens) >= 1, temperature
@@ -102,6 +108,12 @@ struct CompletionRequest {
   // sampling.logprobs, or -1 when off.
   int32_t logprobs() const { return sampling.logprobs.value_or(-1); }
 };
+
+// Whether a chat request's prompt ends inside its last message (a prefill):
+// `continue_final_message` when the client sent it, else true when the last
+// message is an assistant message without tool calls. The one rule for
+// every chat-shaped route (OpenAI, Ollama /api/chat, Anthropic /v1/messages).
+bool continues_final_message(const CompletionRequest& cr);
 
 inline constexpr int kMaxChoices = 16;
 inline constexpr size_t kMaxStop = 16;

@@ -359,6 +359,7 @@ struct Server::Impl {
     tokenizer::ChatOptions rendering;
     rendering.enable_thinking = cr.enable_thinking;
     rendering.tools = cr.tools;
+    rendering.continue_final_message = continues_final_message(cr);
     if (thinks_off_for_grammar(cr, tok.chat_template(), rendering)) rendering.enable_thinking = false;
     auto rendered = tok.chat_template().render(cr.messages, rendering);
     if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages"));
@@ -434,6 +435,7 @@ struct Server::Impl {
     const tokenizer::ChatTemplate& tmpl = lm.tokenizer->chat_template();
     tokenizer::ChatOptions rendering;
     rendering.enable_thinking = cr.enable_thinking;
+    rendering.continue_final_message = endpoint == Endpoint::kChat && continues_final_message(cr);
     // A constrained answer (forced tool call, response_format) starts at its
     // first token, as it does for Qwen3 (whose grammar leaves no room for a
     // <think> block): where the template itself would open the reasoning
@@ -459,6 +461,7 @@ struct Server::Impl {
     in.messages = std::move(cr.messages);
     in.chat_options.enable_thinking = cr.enable_thinking;
     in.chat_options.tools = cr.tools;
+    in.chat_options.continue_final_message = rendering.continue_final_message;
     in.prompt = std::move(cr.prompt);
     in.prompt_ids = std::move(cr.prompt_ids);
     if (cr.fim) {  // fill in the middle: the prompt from the vocabulary's FIM tokens (400 without them)

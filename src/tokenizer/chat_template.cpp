@@ -716,11 +716,48 @@ ToolCallSyntax ChatTemplate::tool_call_syntax() const {
 }
 
 bool ChatTemplate::prompt_opens_reasoning(const ChatOptions& options) const {
-  return family_ == Family::kQwen35 && options.add_generation_prompt && options.enable_thinking;
+  return family_ == Family::kQwen35 && options.add_generation_prompt && options.enable_thinking &&
+         !options.continue_final_message;
 }
 
 core::Expected<RenderedChat> ChatTemplate::render(std::span<const ChatMessage> messages,
                                                   const ChatOptions& options) const {
+  if (options.continue_final_message) {
+    // Rendered as a closed conversation with a marker after the last
+    // message's content, then cut at the marker: whatever the template does
+    // around that content (a <think> block, stripping reasoning out of it)
+    // stays, and its end-of-turn goes. The marker is plain ASCII (templates
+    // `trim` content, and Python's strip also removes \x1c-\x1f); being last,
+    // it keeps the content's own trailing whitespace: the prompt ends with
+    // exactly the client's text.
+    static constexpr std::string_view kMark = "<bonsai-continue-final-message-7f3a91>";
+    if (messages.empty() || messages.back().role != "assistant" || !messages.back().tool_calls.empty()) {
+      return core::fail(core::Errc::kInvalidArgument,
+                        "continue_final_message: the last message must be an assistant message without tool calls "
+                        "(the text to continue)");
+    }
+    std::vector<ChatMessage> marked(messages.begin(), messages.end());
+    marked.back().content += kMark;
+    marked.back().content_null = false;
+    ChatOptions closed = options;
+    closed.continue_final_message = false;
+    closed.add_generation_prompt = false;
+    auto r = render(marked, closed);
+    if (!r) return r;
+    for (size_t i = r->segments.size(); i-- > 0;) {
+      std::string& text = r->segments[i].text;
+      const size_t at = text.rfind(kMark);
+      if (at == std::string::npos) continue;
+      text.resize(at);
+      r->segments.resize(text.empty() ? i : i + 1);
+      return r;
+    }
+    return core::fail(core::Errc::kInvalidArgument,
+                      "continue_final_message: the chat template does not render the content of message " +
+                          std::to_string(messages.size() - 1) +
+                          " (the final assistant message), so it cannot be "
+                          "continued");
+  }
   if (auto ok = check(messages, options); !ok) return std::unexpected(ok.error());
   if (jinja_) return render_jinja(messages, options);
   switch (family_) {

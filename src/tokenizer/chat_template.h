@@ -91,6 +91,12 @@ struct ChatOptions {
   // separators, keys in the order they appear here, non-ASCII kept), so parse
   // requests into nlohmann::ordered_json to keep the client's key order.
   nlohmann::ordered_json tools = nullptr;
+  // Continue the last message, an assistant message (a "prefill": Anthropic's
+  // Messages API, vLLM's `continue_final_message`, llama-server and Ollama
+  // with a final assistant message): the prompt ends right after its content,
+  // with no end-of-turn and no generation prompt (add_generation_prompt is
+  // then ignored), so the model's answer continues that text.
+  bool continue_final_message = false;
 };
 
 // How a template's model writes a tool call inside <tool_call>...</tool_call>.
@@ -172,7 +178,8 @@ class ChatTemplate {
   ToolCallSyntax tool_call_syntax() const;
   // True when render(..., options) ends inside an open <think> block, so
   // the model's answer starts with reasoning and no "<think>" of its own
-  // (kQwen35 with add_generation_prompt and enable_thinking).
+  // (kQwen35 with add_generation_prompt and enable_thinking, not continuing
+  // a final message).
   bool prompt_opens_reasoning(const ChatOptions& options) const;
   // The Jinja source it was built from (may be empty).
   const std::string& source() const { return source_; }
@@ -180,15 +187,14 @@ class ChatTemplate {
   std::string describe() const;
 
   // Renders `messages`. Errors (kInvalidArgument, message names the message
-  // index and field): no messages, a role other than system/user/assistant/
-  // tool, `tools` that is neither null nor an array; for kQwen35 also what
-  // its template refuses (raise_exception): no user query (a user message
-  // that is not only a <tool_response>), a system message after the first,
-  // and tool-call arguments that are not a JSON object. Through Jinja:
-  // kInvalidArgument with the template's raise_exception message or
-  // runtime error ("jinja: line N: ..."), kResourceExhausted when the
-  // template exceeds jinja::Limits. The Jinja template sees `messages`
-  // (role, content, reasoning_content when given, tool_calls as
+  // index and field): continue_final_message with a last message that is
+  // not an assistant message without tool calls, or a template that does
+  // not render that message's content (then it cannot be continued); no messages, a role other than
+  // system/user/assistant/ tool, `tools` that is neither null nor an array; for kQwen35 also what its template refuses
+  // (raise_exception): no user query (a user message that is not only a <tool_response>), a system message after the
+  // first, and tool-call arguments that are not a JSON object. Through Jinja: kInvalidArgument with the template's
+  // raise_exception message or runtime error ("jinja: line N: ..."), kResourceExhausted when the template exceeds
+  // jinja::Limits. The Jinja template sees `messages` (role, content, reasoning_content when given, tool_calls as
   // [{id, type: "function", function: {name, arguments}}], tool_call_id),
   // `tools` (when not null), add_generation_prompt, enable_thinking,
   // bos_token and eos_token. Tool-call arguments are passed as the JSON

@@ -464,6 +464,51 @@ TEST_F(AnthropicHttp, TextEqualsChatCompletionsOfTheSameConversation) {
   EXPECT_EQ(n, json({{"input_tokens", m["usage"]["input_tokens"]}}));
 }
 
+// A final assistant message is a prefill on every chat route: the answer
+// continues it (stories260K continues "Once upon a" with " time"), as
+// Anthropic documents, llama-server and Ollama do, and vLLM's
+// continue_final_message asks; continue_final_message: false answers it as
+// a new turn instead.
+TEST_F(AnthropicHttp, FinalAssistantMessageIsContinuedOnEveryChatRoute) {
+  const json msgs = {{{"role", "user"}, {"content", "Tell a story."}},
+                     {{"role", "assistant"}, {"content", "Once upon a"}}};
+  auto [st, m] =
+      post("/v1/messages", json{{"model", "stories"}, {"messages", msgs}, {"max_tokens", 6}, {"temperature", 0}});
+  ASSERT_EQ(st, 200) << m.dump();
+  const std::string cont = text_of(m);
+  EXPECT_EQ(cont.rfind(" time", 0), 0u) << cont;
+  auto [cst, c] = post("/v1/chat/completions",
+                       json{{"model", "stories"}, {"messages", msgs}, {"max_tokens", 6}, {"temperature", 0}});
+  ASSERT_EQ(cst, 200) << c.dump();
+  EXPECT_EQ(c["choices"][0]["message"]["content"], cont);
+  EXPECT_EQ(c["usage"]["prompt_tokens"], m["usage"]["input_tokens"]);
+  auto [ost, o] = post("/api/chat", json{{"model", "stories"},
+                                         {"messages", msgs},
+                                         {"stream", false},
+                                         {"options", {{"num_predict", 6}, {"temperature", 0}}}});
+  ASSERT_EQ(ost, 200) << o.dump();
+  EXPECT_EQ(o["message"]["content"], cont);
+  auto [kst, k] = post("/v1/messages/count_tokens", json{{"model", "stories"}, {"messages", msgs}});
+  ASSERT_EQ(kst, 200) << k.dump();
+  EXPECT_EQ(k["input_tokens"], m["usage"]["input_tokens"]);
+  // Asked not to continue: a new assistant turn (a longer prompt, another answer).
+  auto [nst, n] = post("/v1/chat/completions", json{{"model", "stories"},
+                                                    {"messages", msgs},
+                                                    {"continue_final_message", false},
+                                                    {"max_tokens", 6},
+                                                    {"temperature", 0}});
+  ASSERT_EQ(nst, 200) << n.dump();
+  EXPECT_GT(n["usage"]["prompt_tokens"].get<int>(), c["usage"]["prompt_tokens"].get<int>());
+  EXPECT_NE(n["choices"][0]["message"]["content"], cont);
+  // Nothing to continue: 400 naming messages.
+  auto [bst, b] = post("/v1/chat/completions", json{{"model", "stories"},
+                                                    {"messages", json::array({msgs[0]})},
+                                                    {"continue_final_message", true},
+                                                    {"max_tokens", 6}});
+  EXPECT_EQ(bst, 400) << b.dump();
+  EXPECT_EQ(b["error"]["param"], "messages");
+}
+
 TEST_F(AnthropicHttp, StreamedEventsInOrderMakeTheSameMessage) {
   const json body{
       {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}, {"max_tokens", 10}, {"temperature", 0}};

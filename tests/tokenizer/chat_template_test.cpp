@@ -326,6 +326,59 @@ TEST(ChatTemplate, Qwen35ToolCallsAndThinking) {
   EXPECT_NE(r->text().find("<tool_call>\n<function=f>\n</function>\n</tool_call>"), std::string::npos);
 }
 
+// continue_final_message (a prefill): the prompt is the closed
+// conversation's rendering cut right after the last assistant content, for
+// the GGUF templates through Jinja and the built-in renderers alike.
+TEST(ChatTemplate, ContinueFinalMessageEndsAfterItsContent) {
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwenGguf));
+  BONSAI_REQUIRE_FILE(test::shared_path(kQwen35Gguf));
+  auto qwen3 = load_tokenizer(kQwenGguf);
+  auto qwen35 = load_tokenizer(kQwen35Gguf);
+  ASSERT_NE(qwen3, nullptr);
+  ASSERT_NE(qwen35, nullptr);
+  const ChatTemplate chatml = ChatTemplate::from_text("");
+  const ChatTemplate q35_builtin =
+      ChatTemplate::from_text("<|im_start|> <think> reasoning_content <function= <parameter=");
+  std::vector<ChatMessage> msgs = {{.role = "system", .content = "Be brief."},
+                                   {.role = "user", .content = "Tell a story"},
+                                   {.role = "assistant", .content = "Once upon a "}};
+  ChatOptions opt;
+  opt.continue_final_message = true;
+  const std::string head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTell a story<|im_end|>\n";
+  struct Want {
+    const ChatTemplate* t;
+    std::string prompt;
+  };
+  for (const Want& w :
+       {Want{&qwen3->chat_template(), head + "<|im_start|>assistant\n<think>\n\n</think>\n\nOnce upon a "},
+        Want{&qwen35->chat_template(), head + "<|im_start|>assistant\n<think>\n\n</think>\n\nOnce upon a "},
+        Want{&q35_builtin, head + "<|im_start|>assistant\n<think>\n\n</think>\n\nOnce upon a "},
+        Want{&chatml, head + "<|im_start|>assistant\nOnce upon a "}}) {
+    SCOPED_TRACE(w.t->describe());
+    auto r = w.t->render(msgs, opt);
+    ASSERT_TRUE(r.has_value()) << r.error().message;
+    EXPECT_EQ(r->text(), w.prompt);
+    // The continued text is the client's (plain text when tokenized).
+    ASSERT_FALSE(r->segments.empty());
+    EXPECT_FALSE(r->segments.back().from_template);
+    EXPECT_FALSE(w.t->prompt_opens_reasoning(opt));
+  }
+  // Reasoning written in the content stays the template's business.
+  msgs.back().content = "<think>\nshort one\n</think>\n\nOnce";
+  auto r = qwen3->chat_template().render(msgs, opt);
+  ASSERT_TRUE(r.has_value()) << r.error().message;
+  EXPECT_EQ(r->text(), head + "<|im_start|>assistant\n<think>\nshort one\n</think>\n\nOnce");
+  // Nothing to continue: a last message that is not an assistant's, or one
+  // that only calls tools.
+  msgs.back() = {.role = "user", .content = "more"};
+  r = qwen3->chat_template().render(msgs, opt);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, core::Errc::kInvalidArgument);
+  EXPECT_NE(r.error().message.find("continue_final_message"), std::string::npos);
+  msgs.back() = {.role = "assistant", .content = "", .tool_calls = {{.id = "c", .name = "f", .arguments = "{}"}}};
+  EXPECT_FALSE(qwen3->chat_template().render(msgs, opt).has_value());
+}
+
 TEST(ChatTemplate, PythonStrAndFloatRepr) {
   using J = nlohmann::ordered_json;
   EXPECT_EQ(to_python_str(J("x\ny")), "x\ny");
