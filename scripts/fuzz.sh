@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (tests/gguf/gguf_fuzz.cpp: the GGUF reader;
+# Builds the libFuzzer targets (tests/gguf/gguf_fuzz.cpp: the GGUF reader and its split sets;
 # tests/server/http_fuzz.cpp: OpenAI request parsing + chat rendering) under
 # ASan + UBSan into their own build dir and runs each for a bounded time.
 # Exits non-zero if the fuzzer finds a crash, leak, over-read or UB.
@@ -48,7 +48,7 @@ build_target() {
 }
 
 build_target gguf_fuzz src/gguf/gguf.h \
-  src/gguf/gguf.cpp src/core/ggml_types.cpp src/core/mapped_file.cpp src/core/error.cpp tests/gguf/gguf_fuzz.cpp
+  src/gguf/gguf.cpp src/gguf/split.cpp src/core/ggml_types.cpp src/core/mapped_file.cpp src/core/error.cpp tests/gguf/gguf_fuzz.cpp
 # The HTTP request path: OpenAI request parsing/validation, chat rendering,
 # the response builders (logprobs: tokenizer/unicode's sanitize_utf8, so
 # utf8proc is linked), and the structured-output fields (response_format / json_schema / grammar /

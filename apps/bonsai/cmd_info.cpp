@@ -107,10 +107,26 @@ nlohmann::ordered_json file_to_json(const gguf::File& f) {
                        {"shape", shape},
                        {"offset", t.offset},
                        {"bytes", t.n_bytes}});
+    if (f.is_split()) tensors.back()["part"] = t.part + 1;  // 1-based, as the part names count
   }
-  nlohmann::ordered_json j = {{"file", f.path()},           {"version", f.version()},
-                              {"alignment", f.alignment()}, {"data_offset", f.data_offset()},
-                              {"metadata", meta},           {"tensors", tensors}};
+  nlohmann::ordered_json j = {{"file", f.path()},
+                              {"size", f.total_bytes()},
+                              {"version", f.version()},
+                              {"alignment", f.alignment()},
+                              {"data_offset", f.data_offset()}};
+  if (f.is_split()) {
+    nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+    for (const gguf::Part& p : f.parts())
+      parts.push_back({{"file", p.mapping->path()},
+                       {"size", p.mapping->size()},
+                       {"version", p.version},
+                       {"alignment", p.alignment},
+                       {"data_offset", p.data_offset},
+                       {"tensors", p.n_tensors}});
+    j["parts"] = parts;
+  }
+  j["metadata"] = meta;
+  j["tensors"] = tensors;
   if (f.q2_layout()) j["q2_layout"] = std::string(core::q2_layout_name(*f.q2_layout()));
   return j;
 }
@@ -122,6 +138,11 @@ void print_text(const gguf::File& f, std::ostream& os) {
      << "format:        GGUF v" << f.version() << ", alignment " << f.alignment() << ", data at offset "
      << f.data_offset() << ", " << f.metadata().size() << " metadata keys, " << f.tensors().size() << " tensors ("
      << data_bytes << " bytes)\n";
+  if (f.is_split()) {
+    os << "split:         " << f.parts().size() << " parts, " << f.total_bytes() << " bytes\n";
+    for (const gguf::Part& p : f.parts())
+      os << "  " << p.mapping->path() << " (" << p.mapping->size() << " bytes, " << p.n_tensors << " tensors)\n";
+  }
   const std::string arch = std::string(f.get<std::string_view>("general.architecture").value_or("(unknown)"));
   os << "architecture:  " << printable(arch) << "\n";
   if (auto name = f.get<std::string_view>("general.name")) {

@@ -98,13 +98,8 @@ bool hf_conflicts_with_m(const char* cmd, const HfFlags& flags, bool has_m) {
 std::optional<std::string> resolve_hf_model(const char* cmd, const std::string& repo_arg, const std::string& file) {
   auto files = fetch(cmd, repo_arg, file);
   if (!files) return std::nullopt;
-  if (files->parts.size() > 1) {
-    std::cerr << "bonsai " << cmd << ": " << files->repo << ": the model is split in " << files->parts.size()
-              << " files (downloaded to " << files->parts.front().parent_path().string()
-              << "); bonsai loads one-file GGUFs: merge them with `llama-gguf-split --merge "
-              << files->parts.front().string() << " OUT.gguf` and run with -m OUT.gguf\n";
-    return std::nullopt;
-  }
+  // A split model's parts lie side by side in the snapshot; gguf::File::open
+  // finds them from the first.
   return files->parts.front().string();
 }
 

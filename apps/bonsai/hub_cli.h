@@ -26,8 +26,8 @@ void add_hf_flags(CLI::App* cmd, HfFlags& flags);
 // The local path of the model `repo_arg` (OWNER/NAME[:QUANT]) and `file`
 // name: from the Hugging Face cache, else downloaded into it (a progress
 // bar on a terminal; options from the environment, hub::options_from_env).
-// A model split in several files is downloaded whole and then refused with
-// what to do (bonsai loads one-file GGUFs); an mmproj file is noted on
+// A model split in several files (gguf-split) is downloaded whole and its
+// first part returned (gguf::File::open loads the set); an mmproj file is noted on
 // stderr. Errors are printed as "bonsai <cmd>: <message>"; nullopt then
 // (exit 1).
 std::optional<std::string> resolve_hf_model(const char* cmd, const std::string& repo_arg, const std::string& file);

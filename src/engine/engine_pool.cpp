@@ -156,7 +156,7 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
   out.model = *model;
   out.tokenizer = *tok;
   out.n_ctx = opts.max_seq_len;
-  out.mapped_bytes = (*model)->file().mapping()->size();
+  out.mapped_bytes = (*model)->file().total_bytes();
   out.kv_pool = *kv_pool;
   out.kv_bytes = (*kv_pool)->capacity_bytes();
   out.recurrent_state_bytes = model::KvCache::recurrent_bytes((*model)->config());
@@ -193,7 +193,7 @@ core::Expected<ModelFootprint> model_footprint(const std::string& path, int64_t 
   auto cfg = model::ModelConfig::from_gguf(**file);
   if (!cfg) return std::unexpected(cfg.error());
   ModelFootprint f;
-  f.mapped_bytes = static_cast<uint64_t>((*file)->mapping()->size());
+  f.mapped_bytes = (*file)->total_bytes();
   f.n_ctx = effective_ctx(max_seq_len, cfg->n_ctx_train);
   f.replicas = resolve_pool_size(pool_size, ComputeTier::kCpu);
   f.type_k = type_k;

@@ -357,7 +357,7 @@ struct BuiltPool {
   std::shared_ptr<const model::Model> model;              // the one mapping's weights
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;  // shared by the replicas
   int64_t n_ctx = 0;                                      // KV positions per replica
-  uint64_t mapped_bytes = 0;                              // size of the GGUF mapping
+  uint64_t mapped_bytes = 0;                              // size of the GGUF mapping (all parts of a split file)
   // The model's KV block pool, shared by every replica (model::KvPool): one
   // budget of kv_budget_positions(n_ctx, size, kv_budget_tokens) positions.
   std::shared_ptr<model::KvPool> kv_pool;
@@ -421,7 +421,7 @@ core::Expected<BuiltPool> build_pool_from_gguf(const std::string& path, const Sa
 // pool_size) will need, read from the GGUF header alone (no weights read, no
 // cache allocated), so a caller can refuse a load before allocating.
 struct ModelFootprint {
-  uint64_t mapped_bytes = 0;                   // the file size (one shared mapping)
+  uint64_t mapped_bytes = 0;                   // the file size (one shared mapping; all parts of a split file)
   int64_t n_ctx = 0;                           // KV positions per replica (max_seq_len <= 0: the default)
   int replicas = 0;                            // resolve_pool_size(pool_size, kCpu)
   model::KvType type_k = model::KvType::kF16;  // the caches' K / V types (as given)

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
+#include "gguf/gguf.h"                // parse_split_name: a split model's parts (stamp_failed_load)
 #include "model/kv_cache.h"           // KvPool (list: KV usage)
 
 namespace bonsai::engine {
@@ -449,6 +450,22 @@ ModelPool::FailedLoad ModelPool::stamp_failed_load(const std::string& path, core
   f.exists = true;
   f.size = static_cast<uint64_t>(size);
   f.mtime = static_cast<int64_t>(mtime.time_since_epoch().count());
+  // A part of a split model: its siblings count too (a missing part copied in
+  // later, or one replaced, is a change), folded into size and mtime.
+  if (auto split = gguf::parse_split_name(path)) {
+    for (int i = 1; i <= split->count; ++i) {
+      if (i == split->no) continue;
+      const std::string part = gguf::split_part_name(split->prefix, i, split->count);
+      std::error_code pec;
+      const auto psize = std::filesystem::file_size(part, pec);
+      const auto ptime = pec ? std::filesystem::file_time_type{} : std::filesystem::last_write_time(part, pec);
+      if (pec) continue;
+      f.size += static_cast<uint64_t>(psize) + 1;  // + 1: an empty part appearing is a change too
+      f.mtime =
+          static_cast<int64_t>(static_cast<uint64_t>(f.mtime) * 31 +
+                               static_cast<uint64_t>(ptime.time_since_epoch().count()) + static_cast<uint64_t>(i));
+    }
+  }
   return f;
 }
 

@@ -317,8 +317,9 @@ class ModelPool {
   // The id form picks the listed instance first, then an unlisted one.
   void release(const std::shared_ptr<LoadedModel>& model);
   void release(const std::string& id);
-  // What a failed load was tried on: the file, its size and mtime then, and
-  // the loader's error code. An on-demand acquire() of a failed model whose
+  // What a failed load was tried on: the file, its size and mtime then (a
+  // split model's part: folded with its sibling parts'), and the loader's
+  // error code. An on-demand acquire() of a failed model whose
   // file is unchanged fails fast with the recorded error instead of loading
   // again, which would first evict a healthy LRU model to make room.
   struct FailedLoad {

@@ -612,21 +612,42 @@ core::Expected<void> Parser::run() {
 
 // ---- File ----------------------------------------------------------------------------
 
-core::Expected<std::shared_ptr<const File>> File::open(const std::string& path, const OpenOptions& options) {
-  auto m = core::MappedFile::open(path);
-  if (!m) return std::unexpected(m.error());
-  return parse(std::move(*m), options);
-}
+// File::open (split-aware) lives in split.cpp.
 
-core::Expected<std::shared_ptr<const File>> File::parse(std::shared_ptr<const core::MappedFile> mapping,
-                                                        const OpenOptions& options) {
+core::Expected<std::shared_ptr<File>> File::parse_one(std::shared_ptr<const core::MappedFile> mapping,
+                                                      const OpenOptions& options) {
   if (!mapping) return core::fail(core::Errc::kInvalidArgument, "gguf: null mapping");
   std::shared_ptr<File> f(new File());
   f->mapping_ = std::move(mapping);
   Parser parser(*f, options);
   auto r = parser.run();
   if (!r) return std::unexpected(r.error());
-  return std::shared_ptr<const File>(std::move(f));
+  f->parts_.push_back(Part{f->mapping_, f->version_, f->alignment_, f->data_offset_, f->tensors_.size()});
+  return f;
+}
+
+core::Expected<std::shared_ptr<const File>> File::parse(std::shared_ptr<const core::MappedFile> mapping,
+                                                        const OpenOptions& options) {
+  auto f = parse_one(std::move(mapping), options);
+  if (!f) return std::unexpected(f.error());
+  return std::shared_ptr<const File>(std::move(*f));
+}
+
+uint64_t File::total_bytes() const {
+  uint64_t n = 0;
+  for (const Part& p : parts_) n += p.mapping->size();
+  return n;
+}
+
+size_t File::release(const void* p, size_t n) const {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  for (const Part& part : parts_) {
+    const auto lo = reinterpret_cast<uintptr_t>(part.mapping->data());
+    if (b >= lo && n <= part.mapping->size() && b - lo <= part.mapping->size() - n) {
+      return part.mapping->release(p, n);
+    }
+  }
+  return 0;
 }
 
 const Value* File::find(std::string_view key) const {

@@ -7,6 +7,14 @@
 // Every rule is checked before a byte is read; a violation is a kFormat error
 // whose message names the file, the byte offset and the rule. A hostile file
 // never crashes or over-reads.
+//
+// Split models (llama.cpp's gguf-split, tools/gguf-split/gguf-split.cpp and
+// src/llama-model-loader.cpp): "PREFIX-00001-of-0000N.gguf" ...
+// "PREFIX-0000N-of-0000N.gguf", each a whole GGUF with its own tensor infos
+// and data section; part 1 carries the model's metadata, every part the keys
+// split.no (u16, 0-based), split.count (u16) and split.tensors.count (i32,
+// the set's total). File::open reads such a set as one model: one mapping
+// per part, each tensor a view into its own part's mapping (split.cpp).
 #pragma once
 
 #include <array>
@@ -73,14 +81,15 @@ struct KeyValue {
 // computes them (nb[0] = block bytes, nb[1] = row bytes, ...).
 struct TensorInfo {
   std::string_view name;
+  uint32_t part = 0;      // index into File::parts() of the part holding the data (0 unless split)
   uint32_t type_id = 0;   // raw ggml type id from the file
   core::GgmlType type{};  // same, as enum (known ids only reach here)
   uint32_t n_dims = 0;
   std::array<int64_t, 4> ne{1, 1, 1, 1};
   std::array<uint64_t, 4> nb{0, 0, 0, 0};
-  uint64_t offset = 0;            // relative to the data section
+  uint64_t offset = 0;            // relative to its part's data section
   uint64_t n_bytes = 0;           // size of the tensor's data
-  const uint8_t* data = nullptr;  // = mapping + data_offset + offset
+  const uint8_t* data = nullptr;  // = its part's mapping + data_offset + offset
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
 
@@ -95,21 +104,71 @@ struct OpenOptions {
   std::optional<core::Q2Layout> q2_layout;
 };
 
+// The split-part name "PREFIX-NNNNN-of-MMMMM.gguf" (gguf-split's
+// "%s-%05d-of-%05d.gguf", numbers 1-based): `prefix` is everything before
+// "-NNNNN" (directories included).
+struct SplitName {
+  std::string prefix;
+  int no = 0;     // 1..count
+  int count = 0;  // >= 1
+};
+// Parses a path or file name; nullopt unless it ends in "-NNNNN-of-MMMMM.gguf"
+// (exactly five digits each) with 1 <= NNNNN <= MMMMM.
+std::optional<SplitName> parse_split_name(std::string_view path);
+// "PREFIX-00002-of-00005.gguf" for (prefix, 2, 5); `no` and `count` 1..99999.
+std::string split_part_name(std::string_view prefix, int no, int count);
+
+// One file of a model: the whole model, or one part of a split set.
+struct Part {
+  std::shared_ptr<const core::MappedFile> mapping;  // the part's bytes (shared, never copied)
+  uint32_t version = 0;                             // GGUF version of this part (2 or 3)
+  uint64_t alignment = 32;                          // this part's general.alignment (default 32)
+  uint64_t data_offset = 0;                         // absolute offset of this part's tensor data
+  size_t n_tensors = 0;                             // tensors whose data lie in this part
+};
+
 class File {
  public:
-  // Maps `path` and parses it. Errors: kNotFound / kIo from the mapping,
-  // kFormat for every broken rule (message: "<path>: offset <N>: <rule>"),
+  // Maps `path` and parses it. A part of a split set (a name ending in
+  // "-NNNNN-of-MMMMM.gguf", or a file with a split.count key) is read with
+  // all its parts as one model: the siblings are found by name beside it
+  // (any part's path works), each part is mapped and parsed with every rule
+  // below, then checked as a set (split.cpp). Errors: kNotFound / kIo from
+  // the mapping (a missing part: kNotFound naming its path), kFormat for
+  // every broken rule (message: "<path>: offset <N>: <rule>", or for a set
+  // "<part path>: key 'split.no' ..." naming the part and key),
   // kUnsupported for a version other than 2 or 3.
   static core::Expected<std::shared_ptr<const File>> open(const std::string& path, const OpenOptions& options = {});
-  // Parses an existing mapping (tests, fuzzing). Keeps the mapping alive.
+  // Parses an existing mapping (tests, fuzzing) as one file, whatever its
+  // split.* keys say. Keeps the mapping alive.
   static core::Expected<std::shared_ptr<const File>> parse(std::shared_ptr<const core::MappedFile> mapping,
                                                            const OpenOptions& options = {});
+  // Parses the mappings of a split set, in part order (tests, fuzzing; open()
+  // uses the same checks): every part parsed as by parse(), then split.count
+  // equal to parts.size() in each part, split.no equal to the part's index,
+  // part 1's split.tensors.count equal to the tensors of all parts, no tensor
+  // name in two parts, and one Q2_0 layout for all parts. Metadata are part
+  // 1's (later parts' other keys are ignored, as llama.cpp does). Errors:
+  // those of parse(); kFormat naming the part's path and the key;
+  // kInvalidArgument for an empty list or a null mapping.
+  static core::Expected<std::shared_ptr<const File>> parse_split(
+      std::vector<std::shared_ptr<const core::MappedFile>> parts, const OpenOptions& options = {});
 
+  // Part 1's path, version, alignment, data offset and mapping (the whole file unless split).
   const std::string& path() const { return mapping_->path(); }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // absolute file offset of tensor data
   const std::shared_ptr<const core::MappedFile>& mapping() const { return mapping_; }
+
+  // Every file of the model in part order: one entry unless split.
+  const std::vector<Part>& parts() const { return parts_; }
+  bool is_split() const { return parts_.size() > 1; }
+  // Bytes of all parts' mappings together (the model's on-disk and mapped size).
+  uint64_t total_bytes() const;
+  // MappedFile::release on the part mapping that holds [p, p + n); 0 when no
+  // part holds the whole range. Returns the bytes released.
+  size_t release(const void* p, size_t n) const;
 
   // Metadata in file order.
   const std::vector<KeyValue>& metadata() const { return kv_; }
@@ -150,7 +209,11 @@ class File {
 
  private:
   File() = default;
+  // parse() without the const: the split assembler merges parts into the first.
+  static core::Expected<std::shared_ptr<File>> parse_one(std::shared_ptr<const core::MappedFile> mapping,
+                                                         const OpenOptions& options);
   friend class Parser;
+  friend class SplitAssembler;
   std::shared_ptr<const core::MappedFile> mapping_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
@@ -158,6 +221,7 @@ class File {
   std::vector<KeyValue> kv_;
   std::vector<TensorInfo> tensors_;
   std::optional<core::Q2Layout> q2_layout_;
+  std::vector<Part> parts_;                                    // [0] is this file's own mapping
   std::unordered_map<std::string_view, size_t> kv_index_;      // key -> index in kv_
   std::unordered_map<std::string_view, size_t> tensor_index_;  // name -> index in tensors_
 };
@@ -191,6 +255,9 @@ class Writer {
   void set_string_array(std::string key, std::vector<std::string> v);
   void set_f32_array(std::string key, std::vector<float> v);
   void set_i32_array(std::string key, std::vector<int32_t> v);
+  // Any value as read by File (arrays of any type and nesting), e.g. to copy
+  // one file's metadata into another.
+  void set_value(std::string key, const Value& v);
 
   // `ne` in ggml order (ne[0] = row length). `data` must be exactly the
   // tensor's byte size for `type` (Q2_0 in the g64 layout).
@@ -239,5 +306,20 @@ class Writer {
   std::vector<Kv> kv_;  // in insertion order; setting an existing key replaces it
   std::vector<Tensor> tensors_;
 };
+
+// Writes `src` as a gguf-split set of `n_parts` files
+// "PREFIX-00001-of-0000N.gguf" ... (split_part_name), as llama.cpp's
+// `llama-gguf-split --split-max-tensors` lays them out: part 1
+// holds src's metadata (its split.* keys replaced), every part split.no
+// (u16, 0-based), split.count (u16) and split.tensors.count (i32); tensors
+// in src order, T*h/N..T*(h+1)/N in part h; part 1 keeps src's alignment,
+// later parts the default 32. `no_tensors_in_first` (gguf-split's
+// --no-tensor-first-split): part 1 holds metadata only and the tensors go
+// to parts 2..N. For tests and tools; tensor bytes are copied from src's
+// mapping. Returns the paths written, in order. Errors: kInvalidArgument
+// (n_parts < 1 or > 65535, or more parts than tensors allow: a part would
+// be empty), kIo from Writer::write naming the path.
+core::Expected<std::vector<std::string>> write_split(const File& src, int n_parts, const std::string& prefix,
+                                                     bool no_tensors_in_first = false);
 
 }  // namespace bonsai::gguf

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -56,6 +57,61 @@ std::vector<uint8_t> encode_array(ValueType elem, const std::vector<T>& v) {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+// Appends v's payload (no type id) as `t` encodes it: integers at their
+// type's width, f32 narrowed from the double File keeps, arrays as element
+// type + count + elements.
+void put_payload(std::vector<uint8_t>& out, ValueType t, const Value& v) {
+  const uint64_t* u = std::get_if<uint64_t>(&v.v);
+  const int64_t* i = std::get_if<int64_t>(&v.v);
+  const uint64_t bits = u ? *u : i ? static_cast<uint64_t>(*i) : 0;
+  switch (t) {
+    case ValueType::kUint8:
+    case ValueType::kInt8:
+      put<uint8_t>(out, static_cast<uint8_t>(bits));
+      break;
+    case ValueType::kUint16:
+    case ValueType::kInt16:
+      put<uint16_t>(out, static_cast<uint16_t>(bits));
+      break;
+    case ValueType::kUint32:
+    case ValueType::kInt32:
+      put<uint32_t>(out, static_cast<uint32_t>(bits));
+      break;
+    case ValueType::kUint64:
+    case ValueType::kInt64:
+      put<uint64_t>(out, bits);
+      break;
+    case ValueType::kFloat32: {
+      const double* d = std::get_if<double>(&v.v);
+      put<float>(out, d ? static_cast<float>(*d) : 0.0f);
+      break;
+    }
+    case ValueType::kFloat64: {
+      const double* d = std::get_if<double>(&v.v);
+      put<double>(out, d ? *d : 0.0);
+      break;
+    }
+    case ValueType::kBool: {
+      const bool* b = std::get_if<bool>(&v.v);
+      put<uint8_t>(out, b && *b ? 1 : 0);
+      break;
+    }
+    case ValueType::kString: {
+      const std::string_view* s = std::get_if<std::string_view>(&v.v);
+      put_string(out, s ? *s : std::string_view());
+      break;
+    }
+    case ValueType::kArray: {
+      const Array* a = std::get_if<Array>(&v.v);
+      put<uint32_t>(out, static_cast<uint32_t>(a ? a->elem_type : ValueType::kUint8));
+      put<uint64_t>(out, a ? a->items.size() : 0);
+      if (a)
+        for (const Value& item : a->items) put_payload(out, a->elem_type, item);
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 Writer::Writer(uint32_t alignment) : alignment_(alignment == 0 ? 32 : alignment) {
@@ -99,6 +155,13 @@ void Writer::set_f32_array(std::string key, std::vector<float> v) {
 }
 void Writer::set_i32_array(std::string key, std::vector<int32_t> v) {
   set_encoded(std::move(key), encode_array(ValueType::kInt32, v));
+}
+
+void Writer::set_value(std::string key, const Value& v) {
+  std::vector<uint8_t> e;
+  put<uint32_t>(e, static_cast<uint32_t>(v.type));
+  put_payload(e, v.type, v);
+  set_encoded(std::move(key), std::move(e));
 }
 
 namespace {
@@ -258,6 +321,45 @@ core::Expected<void> Writer::write(const std::string& path) const {
     return core::fail(core::Errc::kIo, path + ": close failed: " + std::strerror(e));
   }
   return {};
+}
+
+core::Expected<std::vector<std::string>> write_split(const File& src, int n_parts, const std::string& prefix,
+                                                     bool no_tensors_in_first) {
+  const size_t n_tensors = src.tensors().size();
+  const size_t holders = static_cast<size_t>(n_parts) - (no_tensors_in_first ? 1 : 0);
+  if (n_parts < 1 || n_parts > 65535 || holders > n_tensors || holders == 0) {
+    return core::fail(core::Errc::kInvalidArgument, "gguf write_split: " + std::to_string(n_parts) + " parts" +
+                                                        (no_tensors_in_first ? " (the first without tensors)" : "") +
+                                                        " for " + std::to_string(n_tensors) +
+                                                        " tensors: every part but a metadata-only first needs one");
+  }
+  if (n_tensors > static_cast<size_t>(INT32_MAX)) {
+    return core::fail(core::Errc::kInvalidArgument, "gguf write_split: too many tensors for split.tensors.count");
+  }
+  std::vector<std::string> paths;
+  size_t next = 0;
+  for (int p = 0; p < n_parts; ++p) {
+    Writer w(p == 0 ? static_cast<uint32_t>(src.alignment()) : 32);
+    if (p == 0) {
+      for (const KeyValue& kv : src.metadata())
+        if (!kv.key.starts_with("split.")) w.set_value(std::string(kv.key), kv.value);
+    }
+    w.set_u16("split.no", static_cast<uint16_t>(p));
+    w.set_u16("split.count", static_cast<uint16_t>(n_parts));
+    w.set_i32("split.tensors.count", static_cast<int32_t>(n_tensors));
+    // Holder h of H takes tensors [T*h/H, T*(h+1)/H): sizes differ by at most one, none is empty.
+    const bool holds = !(p == 0 && no_tensors_in_first);
+    const size_t h = static_cast<size_t>(p) - (no_tensors_in_first ? 1 : 0);
+    const size_t end = holds ? n_tensors * (h + 1) / holders : next;
+    for (; next < end; ++next) {
+      const TensorInfo& t = src.tensors()[next];
+      w.add_tensor_raw(std::string(t.name), t.type_id, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                       std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+    }
+    paths.push_back(split_part_name(prefix, p + 1, n_parts));
+    if (auto ok = w.write(paths.back()); !ok) return std::unexpected(ok.error());
+  }
+  return paths;
 }
 
 }  // namespace bonsai::gguf

@@ -2,10 +2,10 @@
 // repository's (no network here): parse_repo_ref, select_model.
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <map>
 #include <string>
 
+#include "gguf/gguf.h"  // parse_split_name
 #include "hub/hub.h"
 
 namespace bonsai::hub {
@@ -32,28 +32,6 @@ bool valid_name(std::string_view s) {
   });
 }
 
-// A split GGUF part "PREFIX-00002-of-00005.gguf" (llama.cpp's gguf-split
-// naming): the prefix, the part number and the count. nullopt otherwise.
-struct SplitName {
-  std::string prefix;
-  int no = 0, count = 0;
-};
-std::optional<SplitName> split_name(std::string_view path) {
-  // "-NNNNN-of-NNNNN.gguf" is 20 characters.
-  if (path.size() < 21 || !ends_with_gguf(path)) return std::nullopt;
-  const std::string_view tail = path.substr(path.size() - 20, 15);  // "-NNNNN-of-NNNNN"
-  if (tail[0] != '-' || tail.substr(6, 4) != "-of-") return std::nullopt;
-  SplitName s;
-  auto num = [](std::string_view d, int& out) {
-    const auto [p, ec] = std::from_chars(d.data(), d.data() + d.size(), out);
-    return ec == std::errc() && p == d.data() + d.size();
-  };
-  if (!num(tail.substr(1, 5), s.no) || !num(tail.substr(10, 5), s.count)) return std::nullopt;
-  if (s.no < 1 || s.count < 1 || s.no > s.count) return std::nullopt;
-  s.prefix = std::string(path.substr(0, path.size() - 20));
-  return s;
-}
-
 // A model of the repository: one file, or a split set.
 struct Candidate {
   std::string name;                  // the file, or "PREFIX-*-of-0000N.gguf" for a split set
@@ -66,7 +44,7 @@ std::vector<Candidate> candidates(const std::vector<RepoFile>& files) {
   std::map<std::string, Candidate> by_key;
   for (const RepoFile& f : files) {
     if (!ends_with_gguf(f.path) || is_mmproj(f.path)) continue;
-    if (auto s = split_name(f.path)) {
+    if (auto s = gguf::parse_split_name(f.path)) {  // "PREFIX-00002-of-00005.gguf" (gguf-split)
       char suffix[32];
       std::snprintf(suffix, sizeof suffix, "-*-of-%05d.gguf", s->count);
       const std::string name = s->prefix + suffix;

@@ -520,7 +520,7 @@ core::Expected<void> Model::repack_weights() {
     if (j.to != j.m->format) {
       kernels::transcode_ptq1_0_to_pq2_0(*j.m, dst, &pool);
       const size_t stride = kernels::row_bytes(j.to, j.m->cols);
-      st.released_bytes += file_->mapping()->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
+      st.released_bytes += file_->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
       st.transcoded_from_bytes += static_cast<uint64_t>(j.m->rows) * j.m->row_stride;
       j.m->data = dst;
       j.m->format = j.to;
@@ -530,7 +530,7 @@ core::Expected<void> Model::repack_weights() {
       continue;
     }
     kernels::pack_matrix(*j.m, j.p, dst, &pool);
-    st.released_bytes += file_->mapping()->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
+    st.released_bytes += file_->release(j.m->data, static_cast<size_t>(j.m->rows) * j.m->row_stride);
     j.m->packed = dst;
     j.m->packing = j.p;
     if (st.packing == kernels::Packing::kNone) st.packing = j.p;

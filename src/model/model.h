@@ -88,7 +88,8 @@ struct LayerWeights {
   uint32_t folded = 0;         // FoldBit: matrices whose input is Hadamard-rotated
 };
 
-// All weights: views into the gguf::File's mapping (zero-copy), except that
+// All weights: views into the gguf::File's mapping (zero-copy; a split
+// file's tensors each into its own part's mapping), except that
 // a matrix repacked at load (RepackStats) also points at its one packed copy
 // in Model::packed_ (MatrixView::packed). Valid while the owning Model lives.
 struct Weights {
@@ -201,7 +202,7 @@ struct LoadOptions {
 // concurrent forward() calls with distinct caches and workspaces are safe.
 class Model {
  public:
-  // Opens `path` (gguf::File::open) and builds the weights; repacks them
+  // Opens `path` (gguf::File::open: any part of a split model loads the set) and builds the weights; repacks them
   // (RepackStats) unless options.repack is false.
   // Errors: those of File::open; kFormat / kUnsupported / kNotFound listing
   // every problem check_model finds (joined with "; "); kResourceExhausted

@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "engine/model_spec_fields.h"  // set_model_field: the ModelSpec keys
+#include "gguf/gguf.h"                 // parse_split_name: a split part's model id
 
 namespace bonsai::server {
 namespace {
@@ -53,6 +54,9 @@ core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
     m.path = std::string(arg);
     std::filesystem::path p(m.path);
     m.id = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+    // A part of a split model ("Bonsai-8B-Q1_0-00001-of-00003.gguf") names the set: "Bonsai-8B-Q1_0".
+    if (auto split = gguf::parse_split_name(p.filename().string()); split && !split->prefix.empty())
+      m.id = split->prefix;
   }
   if (m.path.empty()) return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty file path");
   if (m.id.empty())

@@ -140,7 +140,8 @@ bool is_loopback_host(std::string_view host);
 // must not be: `--api-key "$UNSET_VAR"` would turn authentication off).
 bool is_blank_key(std::string_view key);
 
-// Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf").
+// Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf";
+// for a split part "NAME-00001-of-00003.gguf", NAME).
 // An argument that names an existing file is a FILE even if it holds '='.
 // Errors: kInvalidArgument for an empty id or path.
 core::Expected<ModelArg> parse_model_arg(std::string_view arg);

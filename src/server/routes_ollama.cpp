@@ -268,7 +268,8 @@ void unload_when_idle(ServerContext& ctx, const std::string& id) {
 // What /api/tags, /api/show and /api/ps say of one GGUF file, read from its
 // header once per (path, size, mtime).
 struct FileInfo {
-  uint64_t size = 0;
+  uint64_t size = 0;         // the file given (part 1 of a split model): the cache stamp
+  uint64_t model_bytes = 0;  // the model's bytes: all parts of a split model (Ollama's "size")
   int64_t mtime = 0;
   std::string modified_at;  // RFC 3339
   std::string digest;       // identifies the file version (see file_info), not a content hash
@@ -335,6 +336,7 @@ class FileInfoCache {
     if (!f) return nullptr;
     auto info = std::make_shared<FileInfo>();
     info->size = size;
+    info->model_bytes = (*f)->total_bytes();
     info->mtime = mtime;
     info->modified_at = rfc3339(
         std::chrono::time_point_cast<std::chrono::system_clock::duration>(std::chrono::file_clock::to_sys(mtime_fs)));
@@ -409,7 +411,7 @@ struct OllamaRoutes {
     json e{{"name", ollama_model_name(id)}, {"model", ollama_model_name(id)}};
     if (auto info = files.get(path_of(id))) {
       e["modified_at"] = info->modified_at;
-      e["size"] = info->size;
+      e["size"] = info->model_bytes;
       e["digest"] = info->digest;
       e["details"] = info->details;
     }

@@ -4,6 +4,7 @@
 #include "engine/model_pool.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid
 
 #include <atomic>
 #include <chrono>
@@ -447,6 +448,36 @@ TEST(ModelPool, FailedLoadIsNotRetriedUntilTheFileChanges) {
   m->release();
   EXPECT_EQ(zoo.loads["bad"], 2);
   std::remove(file.c_str());
+}
+
+// A split model that failed because a part was missing is tried again once
+// the part is there (its siblings are part of the failed load's stamp).
+TEST(ModelPool, FailedSplitLoadIsRetriedWhenAMissingPartAppears) {
+  const std::string prefix = ::testing::TempDir() + "/bonsai_model_pool_split_" + std::to_string(::getpid());
+  const std::string part1 = prefix + "-00001-of-00002.gguf", part2 = prefix + "-00002-of-00002.gguf";
+  std::remove(part2.c_str());
+  std::FILE* f = std::fopen(part1.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fputs("part one", f);
+  std::fclose(f);
+  Zoo zoo;
+  zoo.size_mib = {{part1, 1}};
+  zoo.fail_path = part1;
+  auto pool = zoo.make(1, 0);
+  pool.loader_register("split", ModelSpec{.path = part1});
+  ASSERT_FALSE(pool.acquire("split").has_value());
+  ASSERT_FALSE(pool.acquire("split").has_value());
+  EXPECT_EQ(zoo.loads["split"], 1);  // part 1 unchanged: not retried
+  f = std::fopen(part2.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);  // the missing part appears (even empty)
+  zoo.fail_path.clear();
+  auto m = pool.acquire("split");
+  ASSERT_TRUE(m.has_value()) << m.error().message;
+  m->release();
+  EXPECT_EQ(zoo.loads["split"], 2);
+  std::remove(part1.c_str());
+  std::remove(part2.c_str());
 }
 
 // Regression: every background load left an unjoined thread behind (8 MiB

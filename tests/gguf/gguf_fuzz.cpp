@@ -3,6 +3,8 @@
 // bytes, the reader must return a value or an error and never crash, leak or
 // read outside the buffer (ASan/UBSan). Accepted files are checked for the
 // reader's invariants: every tensor lies inside the buffer, every accessor works.
+// The input cut in two is also read as a two-part split set (File::parse_split).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -12,10 +14,12 @@
 
 namespace {
 
-void check_file(const bonsai::gguf::File& f, size_t size) {
+void check_file(const bonsai::gguf::File& f) {
   for (const auto& t : f.tensors()) {
-    const uint8_t* begin = f.mapping()->data();
-    if (t.data < begin || t.data + t.n_bytes > begin + size || t.n_bytes == 0) std::abort();
+    if (t.part >= f.parts().size()) std::abort();
+    const auto& m = *f.parts()[t.part].mapping;
+    const uint8_t* begin = m.data();
+    if (t.data < begin || t.data + t.n_bytes > begin + m.size() || t.n_bytes == 0) std::abort();
     if (f.find_tensor(t.name) == nullptr) std::abort();
     volatile uint8_t sink = t.data[t.n_bytes - 1];  // touch the last byte (ASan checks it)
     (void)sink;
@@ -53,6 +57,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   auto f = bonsai::gguf::File::parse(mapping, opt);
-  if (f) check_file(**f, size);
+  if (f) check_file(**f);
+  // Two parts: the cut is at a multiple of 8 bytes taken from the second-last byte's value.
+  if (size > 2) {
+    const size_t cut = std::min<size_t>(size, static_cast<size_t>(data[size - 2]) * 8);
+    auto a = bonsai::core::MappedFile::from_bytes(std::span<const uint8_t>(data, cut), "fuzz-00001-of-00002.gguf");
+    auto b = bonsai::core::MappedFile::from_bytes(std::span<const uint8_t>(data + cut, size - cut),
+                                                  "fuzz-00002-of-00002.gguf");
+    auto s = bonsai::gguf::File::parse_split({a, b}, opt);
+    if (s) check_file(**s);
+  }
   return 0;
 }

@@ -9,17 +9,19 @@
 #     and the next download resumes it;
 #   - a second run and HF_HUB_OFFLINE=1 use the cache with the hub stopped;
 #   - quant tags: the right file (Q2_0 is not PQ2_0), ambiguity and a missing
-#     tag listed; -hff; split files fetched whole (their load refused clearly);
+#     tag listed; -hff; a split model (gguf-split parts) fetched whole and run
+#     as one model, generating what the unsplit file does;
 #     the mmproj file noted;
 #   - a wrong sha256 is refused and nothing is left in blobs/ or snapshots/;
 #     so is a file larger than the free disk (checked before downloading);
 #   - 401 without / with a wrong token, the token sent to the hub and never to
 #     the CDN it redirects to, never printed; 404 repository; no network;
 #   - run -hf generates, serve -hf answers a completion.
-# Usage: hub_test.sh BONSAI_BINARY
+# Usage: hub_test.sh BONSAI_BINARY GGUF_SPLIT_TOOL (tests/gguf/gguf_split_tool.cpp)
 set -euo pipefail
 
 BIN="$1"
+SPLIT_TOOL="$2"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 command -v python3 >/dev/null || { echo "FAIL: python3 is not installed"; exit 1; }
 command -v curl >/dev/null || { echo "FAIL: curl is not installed (scripts/setup.sh installs it)"; exit 1; }
@@ -69,8 +71,8 @@ mkdir -p "$R/Tiny-gguf" "$R/Split-gguf" "$R/Ternary-gguf"
 printf 'projector' >"$R/Tiny-gguf/mmproj-Tiny-F16.gguf"
 printf '# Tiny\n' >"$R/Tiny-gguf/README.md"
 cp "$R/Tiny-gguf/Tiny-Q1_0.gguf" "$R/Ternary-gguf/Ternary-Q1_0.gguf"
-head -c 70000 "$R/Tiny-gguf/Tiny-Q1_0.gguf" >"$R/Split-gguf/Split-Q1_0-00001-of-00002.gguf"
-tail -c +70001 "$R/Tiny-gguf/Tiny-Q1_0.gguf" >"$R/Split-gguf/Split-Q1_0-00002-of-00002.gguf"
+"$SPLIT_TOOL" 2 "$R/Tiny-gguf/Tiny-Q1_0.gguf" "$R/Split-gguf/Split-Q1_0" >/dev/null
+SPLIT_SHAS="$(cat "$R/Split-gguf/Split-Q1_0-0000"[12]"-of-00002.gguf" | sha256sum | cut -d' ' -f1)"
 Q1_SHA="$(sha256sum "$R/Tiny-gguf/Tiny-Q1_0.gguf" | cut -d' ' -f1)"
 Q1_SIZE="$(stat -c %s "$R/Tiny-gguf/Tiny-Q1_0.gguf")"
 
@@ -166,10 +168,19 @@ check "the same bytes in two repositories are two caches" "$Q1_SHA" \
 "$BIN" pull prism-test/Split-gguf:Q1_0 >"$WORK/out" 2>"$WORK/err" || bad "pull split: $(cat "$WORK/err")"
 check "split: both parts fetched, in order" "Split-Q1_0-00001-of-00002.gguf Split-Q1_0-00002-of-00002.gguf" \
   "$(xargs -n1 basename <"$WORK/out" | tr '\n' ' ' | sed 's/ $//')"
-check "split: the parts join to the original" "$Q1_SHA" "$(xargs cat <"$WORK/out" | sha256sum | cut -d' ' -f1)"
-if "$BIN" run -hf prism-test/Split-gguf:Q1_0 -n 1 >"$WORK/out2" 2>"$WORK/err"; then bad "run on a split model"; else
-  has "split: loading is refused with what to do" "the model is split in 2 files" "$WORK/err"
+check "split: the parts are the repository's files" "$SPLIT_SHAS" "$(xargs cat <"$WORK/out" | sha256sum | cut -d' ' -f1)"
+GEN=(-p "hello" -n 12 --temp 0 --ignore-eos)
+if "$BIN" run -hf prism-test/Split-gguf:Q1_0 "${GEN[@]}" >"$WORK/out2" 2>"$WORK/err"; then
+  ok "split: run -hf loads the parts as one model"
+else
+  bad "split: run -hf on a split model: $(cat "$WORK/err")"
 fi
+"$BIN" run -m "$R/Tiny-gguf/Tiny-Q1_0.gguf" "${GEN[@]}" >"$WORK/out3" 2>/dev/null || bad "run on the unsplit file"
+check "split: the same text as the unsplit file" "$(cat "$WORK/out3")" "$(cat "$WORK/out2")"
+check "split: some text was generated" "1" "$([ -s "$WORK/out2" ] && echo 1 || echo 0)"
+"$BIN" info -hf prism-test/Split-gguf:Q1_0 --json >"$WORK/out2" 2>"$WORK/err" || bad "info -hf split: $(cat "$WORK/err")"
+check "split: info -hf shows both parts and their total size" "2 $(($(stat -L -c %s "$R"/Split-gguf/*-00001-of-00002.gguf) + $(stat -L -c %s "$R"/Split-gguf/*-00002-of-00002.gguf)))" \
+  "$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(len(j["parts"]), j["size"])' "$WORK/out2")"
 rm "$R/Split-gguf/Split-Q1_0-00002-of-00002.gguf"
 fresh_cache split2
 if "$BIN" pull prism-test/Split-gguf:Q1_0 >"$WORK/out" 2>"$WORK/err"; then bad "a split with a part missing"; else

@@ -55,6 +55,10 @@ TEST(Config, ModelArg) {
   auto b = parse_model_arg("/models/stories260K.gguf");
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->id, "stories260K");
+  // A split model's part names the set (gguf-split names); other names keep their stem.
+  EXPECT_EQ(parse_model_arg("/m/Bonsai-8B-Q1_0-00002-of-00003.gguf")->id, "Bonsai-8B-Q1_0");
+  EXPECT_EQ(parse_model_arg("/m/Bonsai-8B-00002-of-3.gguf")->id, "Bonsai-8B-00002-of-3");
+  EXPECT_EQ(parse_model_arg("/m/-00001-of-00002.gguf")->id, "-00001-of-00002");
   EXPECT_FALSE(parse_model_arg("=/x.gguf").has_value());
   EXPECT_FALSE(parse_model_arg("id=").has_value());
   // Regression: a path with '=' in it was split into id "/runs/lr" and path "3/m.gguf".
