@@ -473,8 +473,9 @@ struct Server::Impl {
     if (!cr.sampling.seed) cr.sampling.seed = ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
     popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
-    popt.prompt_cap_source =
-        "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
+    popt.prompt_cap_source = ctx.opt.max_prompt_bytes > 0
+                                 ? "the server's max_prompt_bytes"
+                                 : "the larger of 32 bytes per position of --ctx-size and 64 KiB";
     auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, cr.sampling, popt);
     if (!prepared)
       return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));

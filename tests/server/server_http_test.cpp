@@ -655,8 +655,7 @@ TEST_F(ServerHttp, PromptByteCapIs400NamingTheFieldBeforeTokenizing) {
   EXPECT_EQ(j["error"]["param"], "prompt");
   EXPECT_EQ(j["error"]["message"],
             "The prompt text is 65537 bytes; this server tokenizes at most 65536 bytes of prompt for this model "
-            "(ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB). Please "
-            "reduce the length of the prompt.");
+            "(the larger of 32 bytes per position of --ctx-size and 64 KiB). Please reduce the length of the prompt.");
   std::tie(st, j) = post("/v1/completions", completion_body(text, 4).dump());
   EXPECT_EQ(st, 400) << j.dump();
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
