@@ -48,13 +48,10 @@ ApiError native_error(ApiError e) {
 // Translates the fields /completion and /infill share into the completions
 // request body `c` (the OpenAI names the completions parser checks).
 std::optional<ApiError> translate_sampling(const Json& body, Json& c, NativeOptions& o) {
-  for (const char* f : {"model", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                        "frequency_penalty", "stop", "ignore_eos", "grammar", "json_schema", "stream", "max_tokens"}) {
+  for (const char* f :
+       {"model", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+        "stop", "ignore_eos", "grammar", "json_schema", "stream", "max_tokens", "seed"}) {
     if (auto it = body.find(f); it != body.end()) c[f] = *it;
-  }
-  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
-    if (!(it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() == -1))
-      c["seed"] = *it;  // -1: a random seed (llama.cpp's default)
   }
   if (auto it = body.find("n_predict"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong_type("n_predict", "an integer", *it);

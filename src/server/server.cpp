@@ -112,16 +112,6 @@ struct Job {
   }
 };
 
-// A fresh random seed for a request that names none (and no --seed default):
-// two users at temperature > 0 get different text, and a restart does not replay it.
-uint64_t fresh_seed() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
-                             static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
-  std::lock_guard lock(mu);
-  return rng();
-}
-
 }  // namespace
 
 struct Server::Impl {
