@@ -53,7 +53,8 @@ namespace {
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",    "/admin/models",
-      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize", "/apply-template"};
+      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize", "/apply-template",
+      "/chat/completions",    "/embeddings",          "/models"};  // llama-server's names without /v1
   if (known.contains(path) || is_llama_route(path)) return path;
   if (path == "/v1/responses" || path == "/v1/messages" || path == "/v1/messages/count_tokens") return path;
   if (path.rfind("/api/", 0) == 0) {  // Ollama's API: its known routes, every other path as one
@@ -235,7 +236,8 @@ struct Server::Impl {
       }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 || ollama ||
                                    req.path == "/tokenize" || req.path == "/detokenize" ||
-                                   req.path == "/apply-template" || is_llama_route(req.path);
+                                   req.path == "/chat/completions" || req.path == "/embeddings" ||
+                                   req.path == "/models" || req.path == "/apply-template" || is_llama_route(req.path);
       if (!protected_route) return false;
       ApiError e;
       if (!authorized(req)) {
@@ -291,8 +293,11 @@ struct Server::Impl {
     });
 
     // The completion routes answer later, from their job's JobPump.
+    // /chat/completions: llama-server's name without /v1 (its /completions
+    // is the native /completion, routes_llama).
     for (const auto& [path, endpoint] :
-         {std::pair{"/v1/chat/completions", Endpoint::kChat}, std::pair{"/v1/completions", Endpoint::kCompletion}}) {
+         {std::pair{"/v1/chat/completions", Endpoint::kChat}, std::pair{"/chat/completions", Endpoint::kChat},
+          std::pair{"/v1/completions", Endpoint::kCompletion}}) {
       add_job_route(http, ctx, path,
                     [this, endpoint](const std::string& body, HttpResponse& res, Clock::time_point admitted) {
                       return handle_completion(body, res, endpoint, admitted);

@@ -512,7 +512,10 @@ TEST_F(LlamaRoutes, WrongMethodIs405WithAllow) {
   };
   for (const Case& k : {Case{"GET", "/v1/completions", "POST"}, Case{"POST", "/health", "GET, HEAD"},
                         Case{"DELETE", "/v1/models", "GET, HEAD"}, Case{"PUT", "/completion", "POST"},
-                        Case{"POST", "/props", "GET, HEAD"}, Case{"POST", "/v1/responses/abc", "GET, HEAD, DELETE"}}) {
+                        Case{"POST", "/props", "GET, HEAD"}, Case{"POST", "/v1/responses/abc", "GET, HEAD, DELETE"},
+                        // Ollama's routes under its /api/* catch-all (which answers 404 for other paths)
+                        Case{"GET", "/api/chat", "POST"}, Case{"POST", "/api/tags", "GET, HEAD"},
+                        Case{"GET", "/api/generate", "POST"}}) {
     httplib::Request req;
     req.method = k.method;
     req.path = k.path;
@@ -524,11 +527,49 @@ TEST_F(LlamaRoutes, WrongMethodIs405WithAllow) {
     const json j = json::parse(r->body, nullptr, false);
     EXPECT_EQ(j["error"]["code"], "method_not_allowed") << r->body;
   }
-  // A path no route has is still a 404.
+  // A path no route has is still a 404 (under /api/ too); HEAD of an exact GET route is still served.
   auto r = c.Get("/no/such/route");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
   EXPECT_TRUE(r->get_header_value("Allow").empty());
+  r = c.Get("/api/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  r = c.Head("/api/tags");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+// llama-server also serves the OpenAI routes without /v1: the same answers.
+TEST_F(LlamaRoutes, OpenAiRoutesWithoutV1AreAliases) {
+  auto [st, models] = get("/models");
+  ASSERT_EQ(st, 200) << models.dump();
+  EXPECT_EQ(models, get("/v1/models").second);
+  const json chat{{"model", "stories"},
+                  {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                  {"max_tokens", 8},
+                  {"temperature", 0}};
+  auto [st_c, c] = post("/chat/completions", chat);
+  ASSERT_EQ(st_c, 200) << c.dump();
+  EXPECT_EQ(c["object"], "chat.completion");
+  EXPECT_EQ(c["choices"][0]["message"], post("/v1/chat/completions", chat).second["choices"][0]["message"]);
+  const json emb{{"model", "stories"}, {"input", "Once upon a time"}};
+  auto [st_e, e] = post("/embeddings", emb);
+  ASSERT_EQ(st_e, 200) << e.dump();
+  EXPECT_EQ(e["data"], post("/v1/embeddings", emb).second["data"]);
+}
+
+// /tokenize with_pieces: a special token's piece is its text, as llama-server's.
+TEST_F(LlamaRoutes, TokenizePiecesOfSpecialTokensAreTheirText) {
+  auto [st, j] =
+      post("/tokenize", json{{"model", "qwen"}, {"content", "<|im_start|>user\nhi<|im_end|>"}, {"with_pieces", true}});
+  ASSERT_EQ(st, 200) << j.dump();
+  ASSERT_GE(j["tokens"].size(), 4u) << j.dump();
+  EXPECT_EQ(j["tokens"].front()["piece"], "<|im_start|>") << j.dump();
+  EXPECT_EQ(j["tokens"].back()["piece"], "<|im_end|>") << j.dump();
+  std::string text;
+  for (const json& t : j["tokens"]) text += t["piece"].get<std::string>();
+  EXPECT_EQ(text, "<|im_start|>user\nhi<|im_end|>");
 }
 
 TEST_F(LlamaRoutes, EncodedBodyIs415AndIdentityIsServed) {
@@ -622,12 +663,16 @@ class LlamaRoutesKey : public LlamaRoutesOneModel {
 };
 
 TEST_F(LlamaRoutesKey, NativeRoutesNeedTheKey) {
-  for (const char* path : {"/props", "/slots"}) {
+  for (const char* path : {"/props", "/slots", "/models"}) {  // /models: /v1/models' alias
     auto [st, j] = get(path);
     EXPECT_EQ(st, 401) << path;
   }
   auto [st, j] = post("/completion", json{{"prompt", "x"}, {"n_predict", 1}});
   EXPECT_EQ(st, 401);
+  for (const char* path : {"/chat/completions", "/embeddings"}) {
+    auto [st_a, a] = post(path, json{{"messages", json::array()}, {"input", "x"}});
+    EXPECT_EQ(st_a, 401) << path;
+  }
   auto [st2, ok] = post("/completion", json{{"prompt", "x"}, {"n_predict", 1}}, {{"Authorization", "Bearer test-key"}});
   EXPECT_EQ(st2, 200) << ok.dump();
   auto h = client().Get("/health");
