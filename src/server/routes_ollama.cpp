@@ -865,16 +865,16 @@ std::optional<ApiError> ollama_generate_body(const Json& body, Json& out, Endpoi
   if (auto e = optional_string(body, "suffix", suffix)) return e;
   if (auto e = optional_string(body, "template", tmpl)) return e;
   if (auto e = optional_bool(body, "raw", raw)) return e;
-  if (!suffix.empty()) return unsupported("suffix", "the models this server runs do not fill in the middle.");
   if (!tmpl.empty())
     return unsupported("template",
                        "the prompt is rendered with the model's own chat template (or sent as is with raw).");
   if (auto e = no_images(body, "images")) return e;
   if (const Json* c = member(body, "context"); c && !(c->is_array() && c->empty()))
     return unsupported("context", "send the conversation to /api/chat instead (this server returns no context).");
-  if (raw) {
+  if (raw || !suffix.empty()) {  // a suffix: fill in the middle (prompt the prefix), as /v1/completions' suffix
     endpoint = Endpoint::kCompletion;
     out["prompt"] = prompt;
+    if (!suffix.empty()) out["suffix"] = suffix;
     return std::nullopt;
   }
   endpoint = Endpoint::kChat;

@@ -139,8 +139,15 @@ TEST(OllamaTranslate, GenerateIsChatWithSystemOrRawCompletions) {
   EXPECT_EQ(ep, Endpoint::kCompletion);
   EXPECT_EQ(out["prompt"], "p");
   EXPECT_FALSE(out.contains("messages"));
+  // A suffix: fill in the middle, as /v1/completions' suffix (prompt = the prefix; system unused).
+  ASSERT_FALSE(
+      ollama_generate_body(OJson::parse(R"({"model": "m", "prompt": "p", "suffix": "q", "system": "s"})"), out, ep));
+  EXPECT_EQ(ep, Endpoint::kCompletion);
+  EXPECT_EQ(out["prompt"], "p");
+  EXPECT_EQ(out["suffix"], "q");
+  EXPECT_FALSE(out.contains("messages"));
   for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"model": "m", "prompt": "p", "suffix": "q"})", "suffix"},
+           {R"({"model": "m", "prompt": "p", "suffix": 3})", "suffix"},
            {R"({"model": "m", "prompt": "p", "template": "t"})", "template"},
            {R"({"model": "m", "prompt": "p", "images": ["x"]})", "images"},
            {R"({"model": "m", "prompt": "p", "context": [1, 2]})", "context"},
@@ -399,6 +406,31 @@ TEST_F(OllamaHttp, GenerateEqualsChatWithSystemAndRawEqualsCompletions) {
   for (size_t i = 0; i + 1 < ls.size(); ++i) streamed += ls[i]["response"].get<std::string>();
   EXPECT_EQ(streamed, rr["response"]);
   expect_final(ls.back(), p["usage"]);
+}
+
+// /api/generate with a suffix fills in the middle on the Qwen3 vocabulary
+// (its FIM tokens), the same text and prompt count as /v1/completions'
+// suffix; stories260K has no FIM tokens: /infill's 400, Ollama-shaped.
+TEST_F(OllamaHttp, GenerateSuffixFillsInTheMiddle) {
+  const std::string prefix = "def add(a, b):\n", suffix = "\n\nprint(add(1, 2))\n";
+  auto [st, r] = post("/api/generate", {{"model", "qwen"},
+                                        {"prompt", prefix},
+                                        {"suffix", suffix},
+                                        {"stream", false},
+                                        {"options", {{"temperature", 0}, {"num_predict", 8}}}});
+  ASSERT_EQ(st, 200) << r.dump();
+  auto [vst, v] =
+      post("/v1/completions",
+           {{"model", "qwen"}, {"prompt", prefix}, {"suffix", suffix}, {"temperature", 0}, {"max_tokens", 8}});
+  ASSERT_EQ(vst, 200) << v.dump();
+  EXPECT_EQ(r["response"], v["choices"][0]["text"]);
+  EXPECT_EQ(r["prompt_eval_count"], v["usage"]["prompt_tokens"]);
+  EXPECT_EQ(r["eval_count"], v["usage"]["completion_tokens"]);
+  auto [ist, i] = post("/infill", {{"model", "stories"}, {"input_prefix", "a"}, {"input_suffix", "b"}});
+  ASSERT_EQ(ist, 400) << i.dump();
+  auto [sst, s] = post("/api/generate", {{"model", "stories"}, {"prompt", "a"}, {"suffix", "b"}, {"stream", false}});
+  EXPECT_EQ(sst, 400) << s.dump();
+  EXPECT_EQ(s["error"], i["error"]["message"]) << s.dump();
 }
 
 TEST_F(OllamaHttp, FormatSchemaGivesJsonThatFitsIt) {
