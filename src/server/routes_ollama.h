@@ -23,7 +23,8 @@
 //                         "load_duration", "prompt_eval_count"}
 //                         (L2-normalised, as Ollama's; "dimensions" keeps the
 //                         first values and normalises again; an input longer
-//                         than the context is a 400 whatever "truncate" says)
+//                         than the context is cut to its first n_ctx tokens,
+//                         Ollama's "truncate" (default true); false: a 400)
 //   POST /api/embeddings  (older) {"model", "prompt"} -> {"embedding"} (the
 //                         same vector as /api/embed's: normalised)
 //   POST /api/pull, /api/push, /api/create, /api/copy, DELETE /api/delete:

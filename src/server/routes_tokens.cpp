@@ -285,6 +285,8 @@ std::optional<SubmittedJob> submit_embeddings(ServerContext& ctx, const std::str
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k].empty())
       return fail(bad_request("Invalid 'input[" + std::to_string(k) + "]': it is empty.", "input", "invalid_value"));
+    if (static_cast<int64_t>(inputs[k].size()) > lm.n_ctx && dialect.truncate)
+      inputs[k].resize(static_cast<size_t>(lm.n_ctx));
     if (static_cast<int64_t>(inputs[k].size()) > lm.n_ctx)
       return fail(bad_request("Invalid 'input[" + std::to_string(k) + "]': " + std::to_string(inputs[k].size()) +
                                   " tokens exceed the model's context length of " + std::to_string(lm.n_ctx) + ".",

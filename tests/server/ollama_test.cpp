@@ -577,6 +577,44 @@ TEST_F(OllamaHttp, ThinkTextIsThinking) {
   EXPECT_EQ(content, "Hello there");
 }
 
+// /api/embed's truncate (default true): an input longer than the context
+// (512) is cut to its first 512 tokens, equal to embedding those tokens;
+// truncate false keeps the 400. /api/generate's context error (still a
+// 400: no truncation of prompts yet) names the prompt, not "messages".
+TEST_F(OllamaHttp, EmbedTruncatesToTheContextUnlessTruncateFalse) {
+  std::string text;
+  while (text.size() < 4000) text += "Once upon a time there was a cat. ";
+  auto [tst, t] = post("/tokenize", {{"model", "stories"}, {"content", text}, {"add_special", true}});
+  ASSERT_EQ(tst, 200) << t.dump();
+  std::vector<int> ids = t["tokens"].get<std::vector<int>>();
+  ASSERT_GT(ids.size(), 512u);
+  ids.resize(512);
+  for (const json& extra : {json::object(), json{{"truncate", true}}}) {
+    json body{{"model", "stories"}, {"input", {text, "a cat"}}};
+    body.update(extra);
+    auto [st, r] = post("/api/embed", body);
+    ASSERT_EQ(st, 200) << r.dump();
+    ASSERT_EQ(r["embeddings"].size(), 2u);
+    auto [ost, o] = post("/v1/embeddings", {{"model", "stories"}, {"input", json::array({ids})}});
+    ASSERT_EQ(ost, 200) << o.dump();
+    EXPECT_EQ(r["embeddings"][0], o["data"][0]["embedding"]);
+    auto [cst, c] = post("/tokenize", {{"model", "stories"}, {"content", "a cat"}, {"add_special", true}});
+    ASSERT_EQ(cst, 200);
+    EXPECT_EQ(r["prompt_eval_count"].get<size_t>(), 512 + c["tokens"].size());
+  }
+  auto [fst, f] = post("/api/embed", {{"model", "stories"}, {"input", text}, {"truncate", false}});
+  EXPECT_EQ(fst, 400) << f.dump();
+  EXPECT_NE(f["error"].get<std::string>().find("context length"), std::string::npos) << f.dump();
+  auto [bst, b] = post("/api/embed", {{"model", "stories"}, {"input", "a"}, {"truncate", "yes"}});
+  EXPECT_EQ(bst, 400) << b.dump();
+  EXPECT_NE(b["error"].get<std::string>().find("truncate"), std::string::npos) << b.dump();
+
+  auto [gst, g] = post("/api/generate", {{"model", "stories"}, {"prompt", text + text}, {"stream", false}});
+  ASSERT_EQ(gst, 400) << g.dump();
+  EXPECT_EQ(g["error"].get<std::string>().find("messages"), std::string::npos) << g.dump();
+  EXPECT_NE(g["error"].get<std::string>().find("prompt"), std::string::npos) << g.dump();
+}
+
 TEST_F(OllamaHttp, EmbedEqualsV1Embeddings) {
   auto [st, r] = post("/api/embed", {{"model", "stories:latest"}, {"input", {"Once upon a time", "a cat"}}});
   ASSERT_EQ(st, 200) << r.dump();
