@@ -76,6 +76,13 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
   if (max_tokens < 0 && (options.refuse_overflow || over.max_tokens)) max_tokens = n_ctx - n_prompt;
   const bool overflow =
       options.refuse_overflow ? n_prompt + max_tokens > n_ctx || n_prompt >= n_ctx : n_prompt >= n_ctx;
+  if (overflow && n_prompt >= n_ctx)  // the prompt alone fills the context, whatever max_tokens says
+    return refuse(Errc::kOutOfRange,
+                  "This model's maximum context length is " + std::to_string(n_ctx) + " tokens. However, the " +
+                      prompt_field + " is " + std::to_string(n_prompt) +
+                      " tokens, which leaves no room for the completion. Please reduce the length of the " +
+                      prompt_field + ".",
+                  prompt_field, "context_length_exceeded");
   if (overflow) {
     const int64_t asked = std::max<int64_t>(max_tokens, 0);
     return refuse(Errc::kOutOfRange,

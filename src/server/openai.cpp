@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <random>
 
 #include "server/structured_output.h"  // build_output_grammar
@@ -470,7 +472,10 @@ std::optional<ApiError> parse_sampling_numbers(const Json& body, engine::Samplin
   if (auto e = get_number(body, "frequency_penalty", -2.0, 2.0, s.frequency_penalty)) return e;
   if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong_type("seed", "an integer", *it);
-    s.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+    if (!it->is_number_unsigned() && it->get<int64_t>() == -1)
+      s.seed = fresh_seed();  // llama.cpp's "random"; a missing seed stays unset (the server's default)
+    else
+      s.seed = it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
   }
   return std::nullopt;
 }
@@ -602,6 +607,14 @@ json Usage::to_json() const {
          {"total_tokens", prompt_tokens + completion_tokens}};
   if (cached_tokens >= 0) j["prompt_tokens_details"] = json{{"cached_tokens", cached_tokens}};
   return j;
+}
+
+uint64_t fresh_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+                             static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  std::lock_guard lock(mu);
+  return rng();
 }
 
 std::string new_response_id(Endpoint endpoint) {

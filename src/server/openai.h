@@ -83,7 +83,7 @@ struct CompletionRequest {
   // the API allows: max_tokens (or max_completion_tokens) >= 1, temperature
   // [0, 2], top_p [0, 1] (0 = 1e-6: the top token only), top_k >= 0 (0: off),
   // min_p [0, 1], repeat_penalty > 0, presence / frequency_penalty [-2, 2],
-  // seed any integer, logit_bias {"token id": bias in [-100, 100]}, stop up
+  // seed any integer (-1: a fresh random one), logit_bias {"token id": bias in [-100, 100]}, stop up
   // to kMaxStop strings (empty ones dropped). Always set, whether sent or
   // not: stop (empty), ignore_eos (false; llama.cpp extension), logit_bias
   // (empty), grammar (structured outputs — response_format json / grammar /
@@ -127,6 +127,12 @@ inline constexpr int kMaxJsonDepth = 128;
 // True when `text` (JSON, possibly malformed) nests arrays/objects deeper
 // than `max_depth`. One pass over the bytes, brackets inside strings ignored.
 bool json_nesting_exceeds(std::string_view text, int max_depth);
+
+// A fresh random seed (thread-safe; a 64-bit Mersenne twister seeded once per
+// process from std::random_device and the clock): a request that names no
+// seed (and no --seed default), or seed -1 (llama.cpp's "random"), samples
+// from it, so two such requests differ and a restart does not replay them.
+uint64_t fresh_seed();
 
 // Parses and validates a request body: the JSON text is parsed once (in
 // document order, which tool schemas and tool-call arguments keep). Unknown

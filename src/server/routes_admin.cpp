@@ -294,7 +294,8 @@ std::optional<ApiError> apply_admin_model_fields(const json& body, engine::Model
 
 void add_admin_routes(HttpTransport& http, ServerContext& ctx) {
   auto r = std::make_shared<AdminRoutes>(ctx);
-  http.get("/v1/models", [r](const HttpRequest&, HttpResponse& res) { r->handle_models(res); });
+  for (const char* path : {"/v1/models", "/models"})  // the second: llama-server's name without /v1
+    http.get(path, [r](const HttpRequest&, HttpResponse& res) { r->handle_models(res); });
   http.get("/v1/models/*", [r](const HttpRequest& req, HttpResponse& res) {
     r->handle_model(req.path.substr(std::string_view("/v1/models/").size()), res);
   });

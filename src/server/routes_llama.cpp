@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
+#include "engine/logprobs.h"    // TokenLogprob, kMaxTopLogprobs
 #include "engine/model_pool.h"  // LoadedModel
 #include "engine/scheduler.h"   // Scheduler::options / stats
 #include "server/job_pump.h"    // add_job_route, JobAnswer
@@ -29,6 +31,8 @@ std::optional<int32_t> special_token(const tokenizer::Tokenizer& tok, std::strin
 struct NativeOptions {
   bool return_tokens = false;  // the answer lists the generated token ids
   bool stream = false;
+  bool evaluate_only = false;  // n_predict 0: the prompt is evaluated (and cached), nothing generated
+  int32_t n_probs = 0;         // > 0: completion_probabilities with this many candidates per token
 };
 
 // `e` with the OpenAI field names of the translated request put back as the llama.cpp ones.
@@ -44,29 +48,25 @@ ApiError native_error(ApiError e) {
 // Translates the fields /completion and /infill share into the completions
 // request body `c` (the OpenAI names the completions parser checks).
 std::optional<ApiError> translate_sampling(const Json& body, Json& c, NativeOptions& o) {
-  for (const char* f : {"model", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                        "frequency_penalty", "stop", "ignore_eos", "grammar", "json_schema", "stream", "max_tokens"}) {
+  for (const char* f :
+       {"model", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+        "stop", "ignore_eos", "grammar", "json_schema", "stream", "max_tokens", "seed"}) {
     if (auto it = body.find(f); it != body.end()) c[f] = *it;
-  }
-  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
-    if (!(it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() == -1))
-      c["seed"] = *it;  // -1: a random seed (llama.cpp's default)
   }
   if (auto it = body.find("n_predict"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong_type("n_predict", "an integer", *it);
     const int64_t n = it->get<int64_t>();
-    if (n == 0)
-      return bad_request("Invalid 'n_predict': 0 (give -1 for no limit, or the number of tokens to generate).",
-                         "n_predict", "invalid_value");
     if (n > 0) c["max_tokens"] = n;  // < 0: no limit but the context's
+    o.evaluate_only = n == 0;        // 0: the prompt only (set on the parsed request: OpenAI's minimum is 1)
   }
   if (auto it = body.find("n_probs"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong_type("n_probs", "an integer", *it);
-    if (it->get<int64_t>() > 0)
-      return bad_request(
-          "'n_probs' is not supported on this route; use POST /v1/completions with 'logprobs' for token "
-          "probabilities.",
-          "n_probs", "unsupported_value");
+    const int64_t n = it->get<int64_t>();
+    if (n > engine::kMaxTopLogprobs)
+      return bad_request("Invalid 'n_probs': " + std::to_string(n) + " is more than the " +
+                             std::to_string(engine::kMaxTopLogprobs) + " candidates per token this server gives.",
+                         "n_probs", "invalid_value");
+    o.n_probs = static_cast<int32_t>(std::max<int64_t>(n, 0));  // <= 0: none (llama.cpp's default 0)
   }
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
     if (it->is_array()) {  // llama.cpp's [[token id, bias or false], ...]
@@ -143,12 +143,15 @@ std::optional<ApiError> parse_native(std::string_view text, bool infill, Complet
   }
   if (auto e = parse_completion_request_json(c, Endpoint::kCompletion, cr)) return native_error(*e);
   if (infill) cr.fim = std::move(fim);
+  if (o.evaluate_only) cr.sampling.max_tokens = 0;
+  if (o.n_probs > 0) cr.sampling.logprobs = o.n_probs;
   o.stream = cr.stream;
   return std::nullopt;
 }
 
 // llama.cpp's "generation_settings" / "params" view of sampling parameters.
-json settings_json(const engine::SamplingParams& p, int64_t n_ctx, const std::string& model, bool stream) {
+json settings_json(const engine::SamplingParams& p, int64_t n_ctx, const std::string& model, bool stream,
+                   int32_t n_probs = 0) {
   json bias = json::array();
   for (const auto& [id, b] : p.logit_bias) bias.push_back(json::array({id, b}));
   return json{{"n_ctx", n_ctx},
@@ -168,7 +171,7 @@ json settings_json(const engine::SamplingParams& p, int64_t n_ctx, const std::st
               {"logit_bias", std::move(bias)},
               {"grammar", p.grammar != nullptr},
               {"stream", stream},
-              {"n_probs", 0}};
+              {"n_probs", n_probs}};
 }
 
 // "timings": prompt tokens computed (not cached) and generated, their times and rates.
@@ -187,6 +190,31 @@ json timings_json(const engine::GenerationResult& r) {
               {"predicted_per_second", per_second(r.gen_ms, predicted_n)}};
 }
 
+// One candidate of llama.cpp's completion_probabilities: {"id", "token" (its
+// bytes as text; a control token's text), "bytes" (the token's bytes as
+// numbers), "logprob" (natural log)}.
+json candidate_json(const tokenizer::Tokenizer& tok, int32_t id, float logprob) {
+  const std::string text = tok.is_control(id) ? std::string(tok.token_text(id)) : tok.token_to_bytes(id);
+  json bytes = json::array();
+  for (const char ch : text) bytes.push_back(static_cast<int>(static_cast<unsigned char>(ch)));
+  return json{{"id", id}, {"token", text}, {"bytes", std::move(bytes)}, {"logprob", logprob}};
+}
+
+// llama.cpp's completion_probabilities of `lps` (one entry per generated
+// token): the token's candidate_json plus "top_logprobs", its n_probs most
+// likely tokens (most likely first) in the same shape.
+json probabilities_json(const tokenizer::Tokenizer& tok, std::span<const engine::TokenLogprob> lps) {
+  json out = json::array();
+  for (const auto& lp : lps) {
+    json entry = candidate_json(tok, lp.token, lp.logprob);
+    json top = json::array();
+    for (const auto& [id, l] : lp.top) top.push_back(candidate_json(tok, id, l));
+    entry["top_logprobs"] = std::move(top);
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
 // The answer to one /completion or /infill job (see routes_llama.h for the shapes).
 struct NativeAnswer : JobAnswer {
   SubmittedChat job;
@@ -194,6 +222,7 @@ struct NativeAnswer : JobAnswer {
   Exchange* ex = nullptr;
   bool alive = true;
   bool headers_sent = false;
+  size_t probs_sent = 0;  // completion_probabilities entries streamed so far
 
   NativeAnswer(SubmittedChat j, NativeOptions o) : job(std::move(j)), opt(o) {}
 
@@ -223,26 +252,21 @@ struct NativeAnswer : JobAnswer {
   bool on_text(const engine::JobEvent& ev) override {
     if (!opt.stream) return true;  // the whole text comes with the result
     open_stream();
-    return write(json{{"index", 0}, {"content", ev.text}, {"stop", false}});
+    json piece{{"index", 0}, {"content", ev.text}, {"stop", false}};
+    if (opt.n_probs > 0) {
+      piece["completion_probabilities"] = probabilities_json(*job.tokenizer, ev.logprobs);
+      probs_sent += ev.logprobs.size();
+    }
+    return write(piece);
   }
 
   // How the generation ended, llama.cpp's way: "eos" (an end-of-generation
-  // token), "word" (a stop string: returned as the second), "limit"
-  // (n_predict, the context, or the request's deadline).
-  std::pair<std::string, std::string> stop_of(const engine::GenerationResult& r) const {
+  // token), "word" (a stop string: the engine's GenerationResult::stop_sequence,
+  // returned as the second), "limit" (n_predict, the context, or the request's deadline).
+  static std::pair<std::string, std::string> stop_of(const engine::GenerationResult& r) {
     if (r.finish_reason != engine::FinishReason::kStop) return {"limit", ""};
-    // completion_tokens counts a terminating EOS, `tokens` does not.
-    if (r.completion_tokens > static_cast<int32_t>(r.tokens.size()) || job.params.stop.empty()) return {"eos", ""};
-    // The text is the tokens' text up to the stop string: the string is what follows.
-    const std::string all = job.tokenizer->decode(r.tokens);
-    const std::string tail = all.size() >= r.text.size() ? all.substr(r.text.size()) : std::string();
-    size_t best = std::string::npos;
-    std::string word;
-    for (const auto& s : job.params.stop) {
-      const size_t at = tail.find(s);
-      if (!s.empty() && at < best) best = at, word = s;
-    }
-    return best == std::string::npos ? std::pair<std::string, std::string>{"eos", ""} : std::pair{"word", word};
+    if (!r.stop_sequence.empty()) return {"word", r.stop_sequence};
+    return {"eos", ""};
   }
 
   json whole(const engine::GenerationResult& r, bool with_text) const {
@@ -250,24 +274,30 @@ struct NativeAnswer : JobAnswer {
     json tokens = json::array();
     if (opt.return_tokens)
       for (int32_t id : r.tokens) tokens.push_back(id);
-    return json{{"index", 0},
-                {"content", with_text ? r.text : std::string()},
-                {"tokens", std::move(tokens)},
-                {"model", job.model},
-                {"stop", true},
-                {"tokens_predicted", r.completion_tokens},
-                {"tokens_evaluated", job.prompt.size()},
-                {"tokens_cached", r.cached_tokens},
-                {"prompt", prompt_text(*job.tokenizer, job.prompt)},
-                {"has_new_line", r.text.find('\n') != std::string::npos},
-                {"truncated", false},  // a prompt longer than the context is a 400, never cut
-                {"stop_type", stop_type},
-                {"stopping_word", word},
-                {"stopped_eos", stop_type == "eos"},
-                {"stopped_word", stop_type == "word"},
-                {"stopped_limit", stop_type == "limit"},
-                {"generation_settings", settings_json(job.params, job.n_ctx, job.model, opt.stream)},
-                {"timings", timings_json(r)}};
+    json out{{"index", 0},
+             {"content", with_text ? r.text : std::string()},
+             {"tokens", std::move(tokens)},
+             {"model", job.model},
+             {"stop", true},
+             {"tokens_predicted", r.completion_tokens},
+             {"tokens_evaluated", job.prompt.size()},
+             {"tokens_cached", r.cached_tokens},
+             {"prompt", prompt_text(*job.tokenizer, job.prompt)},
+             {"has_new_line", r.text.find('\n') != std::string::npos},
+             {"truncated", false},  // a prompt longer than the context is a 400, never cut
+             {"stop_type", stop_type},
+             {"stopping_word", word},
+             {"stopped_eos", stop_type == "eos"},
+             {"stopped_word", stop_type == "word"},
+             {"stopped_limit", stop_type == "limit"},
+             {"generation_settings", settings_json(job.params, job.n_ctx, job.model, opt.stream, opt.n_probs)},
+             {"timings", timings_json(r)}};
+    if (opt.n_probs > 0) {  // streamed: the tokens no piece carried (a held-back tail)
+      const size_t from = with_text ? 0 : std::min(probs_sent, r.logprobs.size());
+      out["completion_probabilities"] =
+          probabilities_json(*job.tokenizer, std::span<const engine::TokenLogprob>(r.logprobs).subspan(from));
+    }
+    return out;
   }
 
   void finish(JobPump& pump, JobProgress& pr) override {

@@ -2,19 +2,24 @@
 // serves them (field names as llama.cpp's tools/server/README.md documents
 // them, so its clients and scripts work unchanged):
 //   POST /completion, /completions  a raw-prompt completion: `prompt` (a
-//        string or an array of token ids), n_predict (-1: no limit),
+//        string or an array of token ids), n_predict (-1: no limit; 0: the
+//        prompt is evaluated into the cache, nothing generated),
 //        temperature, top_k, top_p, min_p, repeat_penalty,
 //        presence_penalty, frequency_penalty, seed (-1: random), stop,
 //        ignore_eos, logit_bias (an object, or [[id, bias], ...] with bias
-//        false: never), grammar, json_schema, return_tokens, stream. The
-//        answer: {"index", "content", "tokens", "stop": true,
+//        false: never), grammar, json_schema, return_tokens, n_probs (0..20),
+//        stream. The answer: {"index", "content", "tokens", "stop": true,
 //        "model", "tokens_predicted", "tokens_evaluated", "tokens_cached",
 //        "prompt", "has_new_line", "truncated", "stop_type" ("eos" | "word"
 //        | "limit"), "stopping_word", "stopped_eos" / "stopped_word" /
-//        "stopped_limit", "generation_settings", "timings"}. Streamed: one
-//        `data: {"index", "content", "tokens", "stop": false}` line per
-//        piece of text, then the whole answer above with "content": "" and
-//        "stop": true; no [DONE] (llama.cpp's framing). An error that
+//        "stopped_limit", "generation_settings", "timings"}, and with
+//        n_probs > 0 "completion_probabilities": per generated token {"id",
+//        "token", "bytes", "logprob", "top_logprobs": [n_probs of {"id",
+//        "token", "bytes", "logprob"}]}. Streamed: one `data: {"index",
+//        "content", "stop": false}` line per piece of text (with its tokens'
+//        completion_probabilities), then the whole answer above with
+//        "content": "" and "stop": true (its completion_probabilities: those
+//        of tokens no piece released); no [DONE] (llama.cpp's framing). An error that
 //        comes after the stream started is one `data: {"error": {...}}`.
 //   POST /infill  fill in the middle: input_prefix, input_suffix,
 //        input_extra ([{"filename", "text"}], other files as context),

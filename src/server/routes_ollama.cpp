@@ -228,6 +228,17 @@ ApiError ollama_error(ApiError e) {
   return e;
 }
 
+// An error of /api/generate's chat request with "messages" (the prompt made
+// the conversation's user message: its length) put back as Ollama's "prompt".
+ApiError generate_error(ApiError e) {
+  e = ollama_error(std::move(e));
+  if (e.param != "messages") return e;
+  e.param = "prompt";
+  for (size_t at = e.message.find("messages"); at != std::string::npos; at = e.message.find("messages", at + 6))
+    e.message.replace(at, 8, "prompt");
+  return e;
+}
+
 // RFC 3339 UTC time with nanoseconds (Ollama's created_at: "2023-08-04T19:22:45.499127Z").
 std::string rfc3339(std::chrono::system_clock::time_point t) {
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -687,9 +698,10 @@ std::optional<SubmittedJob> OllamaRoutes::chat_or_generate(bool chat, const std:
   }
   cbody["model"] = id;
   CompletionRequest cr;
-  if (auto e = parse_completion_request_json(cbody, endpoint, cr)) return fail(ollama_error(*e));
+  auto dialect_error = [chat](ApiError e) { return chat ? ollama_error(std::move(e)) : generate_error(std::move(e)); };
+  if (auto e = parse_completion_request_json(cbody, endpoint, cr)) return fail(dialect_error(*e));
   auto submitted = submit(std::move(cr), admitted);
-  if (!submitted) return fail(ollama_error(submitted.error()));
+  if (!submitted) return fail(dialect_error(submitted.error()));
   job->submitted = Clock::now();
   job->job = std::move(*submitted);
   auto handle = job->job.handle;
@@ -739,6 +751,8 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
   }
   EmbeddingsDialect dialect;
   dialect.error = send_ollama_error;
+  dialect.truncate = true;  // Ollama's default
+  if (auto e = optional_bool(body, "truncate", dialect.truncate)) return fail(*e);
   ServerContext* c = &ctx;
   auto submitted = std::make_shared<Clock::time_point>(admitted);  // set once the job is submitted
   dialect.body = [legacy, name, dimensions, unload, admitted, submitted, c](
@@ -867,16 +881,16 @@ std::optional<ApiError> ollama_generate_body(const Json& body, Json& out, Endpoi
   if (auto e = optional_string(body, "suffix", suffix)) return e;
   if (auto e = optional_string(body, "template", tmpl)) return e;
   if (auto e = optional_bool(body, "raw", raw)) return e;
-  if (!suffix.empty()) return unsupported("suffix", "the models this server runs do not fill in the middle.");
   if (!tmpl.empty())
     return unsupported("template",
                        "the prompt is rendered with the model's own chat template (or sent as is with raw).");
   if (auto e = no_images(body, "images")) return e;
   if (const Json* c = member(body, "context"); c && !(c->is_array() && c->empty()))
     return unsupported("context", "send the conversation to /api/chat instead (this server returns no context).");
-  if (raw) {
+  if (raw || !suffix.empty()) {  // a suffix: fill in the middle (prompt the prefix), as /v1/completions' suffix
     endpoint = Endpoint::kCompletion;
     out["prompt"] = prompt;
+    if (!suffix.empty()) out["suffix"] = suffix;
     return std::nullopt;
   }
   endpoint = Endpoint::kChat;

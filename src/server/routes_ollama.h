@@ -14,7 +14,8 @@
 //                         the counts) or one object ("stream": false)
 //   POST /api/generate    a prompt -> "response" text (the chat template
 //                         applied with `system`, unless "raw": true: then the
-//                         prompt is the model's input as written); an empty
+//                         prompt is the model's input as written; with a
+//                         "suffix", fill in the middle as /infill); an empty
 //                         prompt only loads / unloads the model (done_reason
 //                         "load" / "unload"), as an empty /api/chat does
 //   POST /api/embed       {"model", "input": str | [str], "dimensions"?} ->
@@ -22,7 +23,8 @@
 //                         "load_duration", "prompt_eval_count"}
 //                         (L2-normalised, as Ollama's; "dimensions" keeps the
 //                         first values and normalises again; an input longer
-//                         than the context is a 400 whatever "truncate" says)
+//                         than the context is cut to its first n_ctx tokens,
+//                         Ollama's "truncate" (default true); false: a 400)
 //   POST /api/embeddings  (older) {"model", "prompt"} -> {"embedding"} (the
 //                         same vector as /api/embed's: normalised)
 //   POST /api/pull, /api/push, /api/create, /api/copy, DELETE /api/delete:
@@ -108,8 +110,10 @@ std::optional<ApiError> parse_keep_alive(const nlohmann::ordered_json& body, std
 std::optional<ApiError> ollama_chat_body(const nlohmann::ordered_json& body, nlohmann::ordered_json& chat);
 // The body an /api/generate body means: chat completions (prompt as the
 // user message after `system`) or, with "raw": true, completions (`endpoint`
-// says which). suffix, images, template and context are refused (400) when
-// not empty: bonsai's models fill no middle, read no images, and the
+// says which); with a non-empty "suffix", completions with OpenAI's
+// `suffix` (fill in the middle, the prompt the prefix: a 400 later when the
+// vocabulary has no FIM tokens, as /infill). images, template and context
+// are refused (400) when not empty: bonsai's models read no images, and the
 // template is the GGUF's.
 std::optional<ApiError> ollama_generate_body(const nlohmann::ordered_json& body, nlohmann::ordered_json& out,
                                              Endpoint& endpoint);

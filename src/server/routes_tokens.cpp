@@ -118,7 +118,8 @@ void handle_tokenize(ServerContext& ctx, const std::string& text, HttpResponse& 
       tokens.push_back(id);
       continue;
     }
-    const std::string piece = tok.token_to_bytes(id);
+    // A control token's piece is its text ("<|im_start|>"), as llama-server's; others their bytes.
+    const std::string piece = tok.is_control(id) ? std::string(tok.token_text(id)) : tok.token_to_bytes(id);
     json p;
     if (tokenizer::unicode::sanitize_utf8(piece) == piece) {
       p = piece;
@@ -284,6 +285,8 @@ std::optional<SubmittedJob> submit_embeddings(ServerContext& ctx, const std::str
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k].empty())
       return fail(bad_request("Invalid 'input[" + std::to_string(k) + "]': it is empty.", "input", "invalid_value"));
+    if (static_cast<int64_t>(inputs[k].size()) > lm.n_ctx && dialect.truncate)
+      inputs[k].resize(static_cast<size_t>(lm.n_ctx));
     if (static_cast<int64_t>(inputs[k].size()) > lm.n_ctx)
       return fail(bad_request("Invalid 'input[" + std::to_string(k) + "]': " + std::to_string(inputs[k].size()) +
                                   " tokens exceed the model's context length of " + std::to_string(lm.n_ctx) + ".",
@@ -320,10 +323,11 @@ void add_token_routes(HttpTransport& http, ServerContext& ctx) {
       [&ctx](const HttpRequest&, const std::string& body, HttpResponse& res) { handle_detokenize(ctx, body, res); },
       bad_body);
   // Answered later, from the scheduler job's events (EmbedAnswer).
-  add_job_route(http, ctx, "/v1/embeddings",
-                [&ctx](const std::string& body, HttpResponse& res, engine::Clock::time_point admitted) {
-                  return submit_embeddings(ctx, body, res, admitted);
-                });
+  for (const char* path : {"/v1/embeddings", "/embeddings"})  // the second: llama-server's name without /v1
+    add_job_route(http, ctx, path,
+                  [&ctx](const std::string& body, HttpResponse& res, engine::Clock::time_point admitted) {
+                    return submit_embeddings(ctx, body, res, admitted);
+                  });
 }
 
 }  // namespace bonsai::server

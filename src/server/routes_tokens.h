@@ -49,6 +49,9 @@ struct EmbeddingsDialect {
                                int64_t prompt_tokens)>
       body;
   ErrorWriter error = send_error;
+  // Ollama's truncate: an input longer than the model's context is cut to
+  // its first n_ctx tokens (and counted so) instead of a 400.
+  bool truncate = false;
 };
 
 // Parses `body` (the OpenAI /v1/embeddings request above: "input",

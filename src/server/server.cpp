@@ -53,7 +53,8 @@ namespace {
 std::string route_label(const std::string& path) {
   static const std::set<std::string> known = {
       "/v1/chat/completions", "/v1/completions",      "/v1/models",     "/health",   "/metrics",    "/admin/models",
-      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize", "/apply-template"};
+      "/admin/models/load",   "/admin/models/unload", "/v1/embeddings", "/tokenize", "/detokenize", "/apply-template",
+      "/chat/completions",    "/embeddings",          "/models"};  // llama-server's names without /v1
   if (known.contains(path) || is_llama_route(path)) return path;
   if (path == "/v1/responses" || path == "/v1/messages" || path == "/v1/messages/count_tokens") return path;
   if (path.rfind("/api/", 0) == 0) {  // Ollama's API: its known routes, every other path as one
@@ -111,16 +112,6 @@ struct Job {
     model.release();
   }
 };
-
-// A fresh random seed for a request that names none (and no --seed default):
-// two users at temperature > 0 get different text, and a restart does not replay it.
-uint64_t fresh_seed() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
-                             static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
-  std::lock_guard lock(mu);
-  return rng();
-}
 
 }  // namespace
 
@@ -245,7 +236,8 @@ struct Server::Impl {
       }
       const bool protected_route = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/admin/", 0) == 0 || ollama ||
                                    req.path == "/tokenize" || req.path == "/detokenize" ||
-                                   req.path == "/apply-template" || is_llama_route(req.path);
+                                   req.path == "/chat/completions" || req.path == "/embeddings" ||
+                                   req.path == "/models" || req.path == "/apply-template" || is_llama_route(req.path);
       if (!protected_route) return false;
       ApiError e;
       if (!authorized(req)) {
@@ -301,8 +293,11 @@ struct Server::Impl {
     });
 
     // The completion routes answer later, from their job's JobPump.
+    // /chat/completions: llama-server's name without /v1 (its /completions
+    // is the native /completion, routes_llama).
     for (const auto& [path, endpoint] :
-         {std::pair{"/v1/chat/completions", Endpoint::kChat}, std::pair{"/v1/completions", Endpoint::kCompletion}}) {
+         {std::pair{"/v1/chat/completions", Endpoint::kChat}, std::pair{"/chat/completions", Endpoint::kChat},
+          std::pair{"/v1/completions", Endpoint::kCompletion}}) {
       add_job_route(http, ctx, path,
                     [this, endpoint](const std::string& body, HttpResponse& res, Clock::time_point admitted) {
                       return handle_completion(body, res, endpoint, admitted);
@@ -476,8 +471,9 @@ struct Server::Impl {
     if (!cr.sampling.seed) cr.sampling.seed = ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
     popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
-    popt.prompt_cap_source =
-        "ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB";
+    popt.prompt_cap_source = ctx.opt.max_prompt_bytes > 0
+                                 ? "the server's max_prompt_bytes"
+                                 : "the larger of 32 bytes per position of --ctx-size and 64 KiB";
     auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, cr.sampling, popt);
     if (!prepared)
       return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));

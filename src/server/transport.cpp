@@ -64,6 +64,18 @@ int hex_value(char c) {
   return -1;
 }
 
+// The path of a request target: an absolute-form target ("http://host:port/p",
+// RFC 9112 section 3.2.2, which a server MUST accept) without its scheme and
+// authority ("/p"; "/" when it has no path); any other form as it is.
+std::string_view origin_path(std::string_view target) {
+  for (std::string_view scheme : {std::string_view("http://"), std::string_view("https://")}) {
+    if (target.size() < scheme.size() || !iequals(target.substr(0, scheme.size()), scheme)) continue;
+    const size_t slash = target.find('/', scheme.size());
+    return slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+  }
+  return target;
+}
+
 // %XX decoded; malformed escapes are kept as they are.
 std::string percent_decode(std::string_view s) {
   std::string out;
@@ -184,20 +196,24 @@ struct TransportCore {
   // section 9.3.2: HEAD is GET without the body, which the connection drops).
   const RouteEntry* find_route(const std::string& method, const std::string& path) const {
     const RouteEntry* r = find_route_exact(method, path);
-    if (r == nullptr && method == "HEAD") r = find_route_exact("GET", path);
+    if ((r == nullptr || r->prefix) && method == "HEAD") {  // an exact GET route beats a HEAD prefix route
+      const RouteEntry* g = find_route_exact("GET", path);
+      if (r == nullptr || (g != nullptr && !g->prefix)) r = g;
+    }
     return r;
   }
 
   // The methods some route serves `path` with, in registration order, HEAD
   // added after GET (the Allow header of a 405; RFC 9110 section 15.5.6).
-  // Empty: no route has the path under any method (a 404).
-  std::vector<std::string> allowed_methods(const std::string& path) const {
+  // Empty: no route has the path under any method (a 404). `exact_only`:
+  // only the routes that name `path` itself (no prefix route).
+  std::vector<std::string> allowed_methods(const std::string& path, bool exact_only = false) const {
     std::vector<std::string> out;
     auto add = [&out](const std::string& m) {
       if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
     };
     for (const auto& r : routes) {
-      if (find_route_exact(r.method, path) == nullptr) continue;
+      if (exact_only ? (r.prefix || r.path != path) : find_route_exact(r.method, path) == nullptr) continue;
       add(r.method);
       if (r.method == "GET") add("HEAD");
     }
@@ -415,7 +431,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return fail(400, "Unsupported Transfer-Encoding (only chunked is accepted).");
     if (ec == http::error::bad_chunk || ec == http::error::bad_chunk_extension)
       return fail(400, "Malformed chunked encoding.");
-    if (ec == http::error::bad_version) return fail(505, "HTTP version not supported.");
+    if (ec == http::error::bad_version) {
+      // Beast reports a request line that does not end in CRLF as a bad
+      // version too: only a well-formed HTTP/d.d of another major is a 505.
+      const std::string_view head(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+      const std::string_view line = head.substr(0, head.find('\n'));
+      const size_t v = line.rfind(' ');
+      const std::string_view version = v == std::string_view::npos ? line : line.substr(v + 1);
+      const bool well_formed = version.size() == 9 && version.substr(0, 5) == "HTTP/" && version[8] == '\r' &&
+                               std::isdigit(static_cast<unsigned char>(version[5])) && version[6] == '.' &&
+                               std::isdigit(static_cast<unsigned char>(version[7]));
+      if (well_formed) return fail(505, "HTTP version not supported (only HTTP/1.0 and HTTP/1.1).");
+      if (line.size() < head.size() && (line.empty() || line.back() != '\r'))
+        return fail(400, "Malformed request: header lines must end in CRLF (RFC 9112 section 2.2).");
+      return fail(400, "Malformed request line (expected METHOD TARGET HTTP/1.1, RFC 9112 section 3).");
+    }
     return fail(400, "Malformed request (" + ec.message() + ").");
   }
 
@@ -441,7 +471,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     out.method = std::string(req.method_string());
     out.target = std::string(req.target());
     const size_t q = out.target.find('?');
-    out.path = percent_decode(std::string_view(out.target).substr(0, q));
+    out.path = percent_decode(origin_path(std::string_view(out.target).substr(0, q)));
     if (q != std::string::npos) out.query = out.target.substr(q + 1);
     for (const auto& f : req) out.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     if (take_body) out.body = std::move(req.body());
@@ -464,9 +494,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (core_->pre_route(req, res)) return ex->respond(std::move(res));
     }
     const RouteEntry* route = core_->find_route(req.method, req.path);
+    // A catch-all ("/api/*") does not hide a path that a route names exactly
+    // under other methods: that is still a 405.
+    const bool named = !core_->allowed_methods(req.path, /*exact_only=*/true).empty();
+    if (route != nullptr && route->prefix && named) route = nullptr;
     if (route == nullptr) {
       // The path is served, but not with this method: 405 and the methods it has.
-      const std::vector<std::string> allowed = core_->allowed_methods(req.path);
+      const std::vector<std::string> allowed = core_->allowed_methods(req.path, named);
       if (!allowed.empty()) {
         std::string list;
         for (const auto& m : allowed) list += (list.empty() ? "" : ", ") + m;

@@ -210,17 +210,170 @@ TEST_F(LlamaRoutes, StopWordIsReportedAndCutsTheText) {
   EXPECT_EQ(r["content"], text.substr(0, text.find(word)));
 }
 
+// stop_type / stopped_* say what ended the generation, streamed or not:
+// "word" (and which) for a stop string, "limit" for n_predict, "eos" only for EOS.
+TEST_F(LlamaRoutes, StopTypeIsWordLimitOrEosStreamedAndNot) {
+  auto ask = [this](json body, bool stream) {
+    body["stream"] = stream;
+    if (!stream) return post("/completion", body).second;
+    auto r = client().Post("/completion", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200);
+    if (!r) return json();
+    const std::vector<json> lines = data_lines(r->body);
+    EXPECT_FALSE(lines.empty());
+    if (lines.empty()) return json();
+    json last = lines.back();
+    std::string text;
+    for (size_t i = 0; i + 1 < lines.size(); ++i) text += lines[i]["content"].get<std::string>();
+    last["content"] = text;
+    return last;
+  };
+  auto [st, free] = post("/completion", json{{"prompt", "Once"}, {"n_predict", 20}, {"temperature", 0}});
+  ASSERT_EQ(st, 200) << free.dump();
+  const std::string text = free["content"].get<std::string>();
+  ASSERT_NE(text.find("girl"), std::string::npos) << text;  // stories260K's greedy text after "Once"
+  for (bool stream : {false, true}) {
+    const json w = ask(json{{"prompt", "Once"}, {"n_predict", 20}, {"temperature", 0}, {"stop", {"girl"}}}, stream);
+    EXPECT_EQ(w["stop_type"], "word") << stream << " " << w.dump();
+    EXPECT_EQ(w["stopping_word"], "girl") << stream;
+    EXPECT_EQ(w["stopped_word"], true) << stream;
+    EXPECT_EQ(w["stopped_eos"], false) << stream;
+    EXPECT_EQ(w["stopped_limit"], false) << stream;
+    EXPECT_EQ(w["content"], text.substr(0, text.find("girl"))) << stream;
+
+    const json l = ask(json{{"prompt", "Once"}, {"n_predict", 3}, {"temperature", 0}}, stream);
+    EXPECT_EQ(l["stop_type"], "limit") << stream << " " << l.dump();
+    EXPECT_EQ(l["stopped_limit"], true) << stream;
+    EXPECT_EQ(l["stopped_eos"], false) << stream;
+    EXPECT_EQ(l["stopped_word"], false) << stream;
+    EXPECT_EQ(l["stopping_word"], "") << stream;
+    EXPECT_EQ(l["tokens_predicted"], 3) << stream;
+
+    // EOS (id 2 in stories260K's vocabulary) made the likeliest token: it ends the answer.
+    const json e = ask(json{{"prompt", "Once upon a time"},
+                            {"n_predict", 20},
+                            {"temperature", 0},
+                            {"logit_bias", json::array({json::array({2, 100})})}},
+                       stream);
+    EXPECT_EQ(e["tokens_predicted"], 1) << e.dump();
+    EXPECT_EQ(e["content"], "") << e.dump();
+    EXPECT_EQ(e["stop_type"], "eos") << stream << " " << e.dump();
+    EXPECT_EQ(e["stopped_eos"], true) << stream;
+    EXPECT_EQ(e["stopped_word"], false) << stream;
+    EXPECT_EQ(e["stopped_limit"], false) << stream;
+  }
+}
+
+// n_predict 0 (llama.cpp: "no tokens will be generated but the prompt is
+// evaluated into the cache"): an empty content, the prompt counted, stop_type limit.
+TEST_F(LlamaRoutes, NPredictZeroEvaluatesThePromptOnly) {
+  const std::string prompt = "Once upon a time";
+  for (bool stream : {false, true}) {
+    json body{{"prompt", prompt}, {"n_predict", 0}, {"temperature", 0}, {"stream", stream}};
+    auto r = client().Post("/completion", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json j;
+    if (stream) {
+      const std::vector<json> lines = data_lines(r->body);
+      ASSERT_FALSE(lines.empty());
+      j = lines.back();
+      for (size_t i = 0; i + 1 < lines.size(); ++i) EXPECT_EQ(lines[i]["content"], "") << lines[i].dump();
+    } else {
+      j = json::parse(r->body);
+    }
+    EXPECT_EQ(j["content"], "") << j.dump();
+    EXPECT_EQ(j["tokens_predicted"], 0) << j.dump();
+    EXPECT_EQ(j["tokens_evaluated"], tokenize("stories", prompt).size() + 1) << j.dump();  // + BOS
+    EXPECT_EQ(j["stop_type"], "limit") << j.dump();
+    EXPECT_EQ(j["stopped_limit"], true);
+    EXPECT_EQ(j["generation_settings"]["n_predict"], 0);
+    EXPECT_EQ(j["timings"]["predicted_n"], 0);
+    EXPECT_EQ(j["timings"]["prompt_n"].get<int>() + j["tokens_cached"].get<int>(), j["tokens_evaluated"].get<int>());
+  }
+}
+
+// A prompt that fills the context is refused for what it is, whatever
+// n_predict says (-1 used to read "you requested 256 tokens" of a 256 maximum).
+TEST_F(LlamaRoutes, PromptThatFillsTheContextIsRefusedForItsLength) {
+  std::vector<int> ids(300, 403);
+  ids[0] = 1;  // BOS
+  for (int n_predict : {-1, 8}) {
+    auto [st, j] = post("/completion", json{{"prompt", ids}, {"n_predict", n_predict}});
+    EXPECT_EQ(st, 400) << j.dump();
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << j.dump();
+    EXPECT_EQ(j["error"]["message"],
+              "This model's maximum context length is 256 tokens. However, the prompt is 300 tokens, which leaves "
+              "no room for the completion. Please reduce the length of the prompt.")
+        << j.dump();
+  }
+}
+
+// n_probs: llama-server's completion_probabilities, one entry per generated
+// token ({id, token, bytes, logprob, top_logprobs: n_probs of {id, token,
+// bytes, logprob}}), equal to /v1/completions' logprobs; streamed per piece.
+TEST_F(LlamaRoutes, NProbsGivesCompletionProbabilities) {
+  const std::string prompt = "Once upon a time";
+  auto [st, r] =
+      post("/completion",
+           json{{"prompt", prompt}, {"n_predict", 6}, {"temperature", 0}, {"n_probs", 3}, {"return_tokens", true}});
+  ASSERT_EQ(st, 200) << r.dump();
+  auto [st_v1, v1] =
+      post("/v1/completions",
+           json{{"model", "stories"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 3}});
+  ASSERT_EQ(st_v1, 200) << v1.dump();
+  const json& probs = r["completion_probabilities"];
+  ASSERT_TRUE(probs.is_array()) << r.dump();
+  ASSERT_EQ(probs.size(), r["tokens"].size()) << r.dump();
+  const json& lp = v1["choices"][0]["logprobs"];
+  std::string text;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    const json& p = probs[i];
+    EXPECT_EQ(p["id"], r["tokens"][i]);
+    EXPECT_EQ(p["token"], lp["tokens"][i]);
+    text += p["token"].get<std::string>();
+    std::string from_bytes;
+    for (const json& b : p["bytes"]) from_bytes.push_back(static_cast<char>(b.get<int>()));
+    EXPECT_EQ(from_bytes, p["token"].get<std::string>());
+    EXPECT_NEAR(p["logprob"].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-5);
+    ASSERT_EQ(p["top_logprobs"].size(), 3u) << p.dump();
+    EXPECT_EQ(p["top_logprobs"][0]["id"], p["id"]);  // greedy: the sampled token is the most likely
+    EXPECT_NEAR(p["top_logprobs"][0]["logprob"].get<double>(), p["logprob"].get<double>(), 1e-6);
+    for (size_t k = 1; k < 3; ++k)
+      EXPECT_LE(p["top_logprobs"][k]["logprob"].get<double>(), p["top_logprobs"][k - 1]["logprob"].get<double>());
+    EXPECT_EQ(p["top_logprobs"].size(), lp["top_logprobs"][i].size());
+  }
+  EXPECT_EQ(text, r["content"]);
+  EXPECT_EQ(r["generation_settings"]["n_probs"], 3);
+  // Streamed: each piece carries the probabilities of the tokens it releases.
+  auto s = client().Post(
+      "/completion",
+      json{{"prompt", prompt}, {"n_predict", 6}, {"temperature", 0}, {"n_probs", 3}, {"stream", true}}.dump(),
+      "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200) << s->body;
+  json streamed = json::array();
+  for (const json& line : data_lines(s->body))
+    if (line.contains("completion_probabilities"))
+      for (const json& p : line["completion_probabilities"]) streamed.push_back(p);
+  EXPECT_EQ(streamed, probs);
+  // Without n_probs: no such field.
+  auto [st0, r0] = post("/completion", json{{"prompt", prompt}, {"n_predict", 2}});
+  EXPECT_FALSE(r0.contains("completion_probabilities")) << r0.dump();
+}
+
 TEST_F(LlamaRoutes, BadNativeFieldsAre400NamingThem) {
   struct Case {
     json body;
     const char* param;
   };
   const std::vector<Case> cases = {
-      {json{{"prompt", "x"}, {"n_predict", 0}}, "n_predict"},
+      {json{{"prompt", "x"}, {"n_predict", -2.5}}, "n_predict"},
       {json{{"prompt", "x"}, {"n_predict", "many"}}, "n_predict"},
       {json{{"prompt", "x"}, {"temperature", 9}}, "temperature"},
       {json{{"n_predict", 4}}, "prompt"},
-      {json{{"prompt", "x"}, {"n_probs", 3}}, "n_probs"},
+      {json{{"prompt", "x"}, {"n_probs", 3.5}}, "n_probs"},
+      {json{{"prompt", "x"}, {"n_probs", 21}}, "n_probs"},
       {json{{"prompt", "x"}, {"logit_bias", json::array({json::array({1})})}}, "logit_bias"},
       {json{{"prompt", "x"}, {"return_tokens", "yes"}}, "return_tokens"},
   };
@@ -359,7 +512,10 @@ TEST_F(LlamaRoutes, WrongMethodIs405WithAllow) {
   };
   for (const Case& k : {Case{"GET", "/v1/completions", "POST"}, Case{"POST", "/health", "GET, HEAD"},
                         Case{"DELETE", "/v1/models", "GET, HEAD"}, Case{"PUT", "/completion", "POST"},
-                        Case{"POST", "/props", "GET, HEAD"}, Case{"POST", "/v1/responses/abc", "GET, HEAD, DELETE"}}) {
+                        Case{"POST", "/props", "GET, HEAD"}, Case{"POST", "/v1/responses/abc", "GET, HEAD, DELETE"},
+                        // Ollama's routes under its /api/* catch-all (which answers 404 for other paths)
+                        Case{"GET", "/api/chat", "POST"}, Case{"POST", "/api/tags", "GET, HEAD"},
+                        Case{"GET", "/api/generate", "POST"}}) {
     httplib::Request req;
     req.method = k.method;
     req.path = k.path;
@@ -371,11 +527,49 @@ TEST_F(LlamaRoutes, WrongMethodIs405WithAllow) {
     const json j = json::parse(r->body, nullptr, false);
     EXPECT_EQ(j["error"]["code"], "method_not_allowed") << r->body;
   }
-  // A path no route has is still a 404.
+  // A path no route has is still a 404 (under /api/ too); HEAD of an exact GET route is still served.
   auto r = c.Get("/no/such/route");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
   EXPECT_TRUE(r->get_header_value("Allow").empty());
+  r = c.Get("/api/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  r = c.Head("/api/tags");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+// llama-server also serves the OpenAI routes without /v1: the same answers.
+TEST_F(LlamaRoutes, OpenAiRoutesWithoutV1AreAliases) {
+  auto [st, models] = get("/models");
+  ASSERT_EQ(st, 200) << models.dump();
+  EXPECT_EQ(models, get("/v1/models").second);
+  const json chat{{"model", "stories"},
+                  {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                  {"max_tokens", 8},
+                  {"temperature", 0}};
+  auto [st_c, c] = post("/chat/completions", chat);
+  ASSERT_EQ(st_c, 200) << c.dump();
+  EXPECT_EQ(c["object"], "chat.completion");
+  EXPECT_EQ(c["choices"][0]["message"], post("/v1/chat/completions", chat).second["choices"][0]["message"]);
+  const json emb{{"model", "stories"}, {"input", "Once upon a time"}};
+  auto [st_e, e] = post("/embeddings", emb);
+  ASSERT_EQ(st_e, 200) << e.dump();
+  EXPECT_EQ(e["data"], post("/v1/embeddings", emb).second["data"]);
+}
+
+// /tokenize with_pieces: a special token's piece is its text, as llama-server's.
+TEST_F(LlamaRoutes, TokenizePiecesOfSpecialTokensAreTheirText) {
+  auto [st, j] =
+      post("/tokenize", json{{"model", "qwen"}, {"content", "<|im_start|>user\nhi<|im_end|>"}, {"with_pieces", true}});
+  ASSERT_EQ(st, 200) << j.dump();
+  ASSERT_GE(j["tokens"].size(), 4u) << j.dump();
+  EXPECT_EQ(j["tokens"].front()["piece"], "<|im_start|>") << j.dump();
+  EXPECT_EQ(j["tokens"].back()["piece"], "<|im_end|>") << j.dump();
+  std::string text;
+  for (const json& t : j["tokens"]) text += t["piece"].get<std::string>();
+  EXPECT_EQ(text, "<|im_start|>user\nhi<|im_end|>");
 }
 
 TEST_F(LlamaRoutes, EncodedBodyIs415AndIdentityIsServed) {
@@ -469,12 +663,16 @@ class LlamaRoutesKey : public LlamaRoutesOneModel {
 };
 
 TEST_F(LlamaRoutesKey, NativeRoutesNeedTheKey) {
-  for (const char* path : {"/props", "/slots"}) {
+  for (const char* path : {"/props", "/slots", "/models"}) {  // /models: /v1/models' alias
     auto [st, j] = get(path);
     EXPECT_EQ(st, 401) << path;
   }
   auto [st, j] = post("/completion", json{{"prompt", "x"}, {"n_predict", 1}});
   EXPECT_EQ(st, 401);
+  for (const char* path : {"/chat/completions", "/embeddings"}) {
+    auto [st_a, a] = post(path, json{{"messages", json::array()}, {"input", "x"}});
+    EXPECT_EQ(st_a, 401) << path;
+  }
   auto [st2, ok] = post("/completion", json{{"prompt", "x"}, {"n_predict", 1}}, {{"Authorization", "Bearer test-key"}});
   EXPECT_EQ(st2, 200) << ok.dump();
   auto h = client().Get("/health");

@@ -139,8 +139,15 @@ TEST(OllamaTranslate, GenerateIsChatWithSystemOrRawCompletions) {
   EXPECT_EQ(ep, Endpoint::kCompletion);
   EXPECT_EQ(out["prompt"], "p");
   EXPECT_FALSE(out.contains("messages"));
+  // A suffix: fill in the middle, as /v1/completions' suffix (prompt = the prefix; system unused).
+  ASSERT_FALSE(
+      ollama_generate_body(OJson::parse(R"({"model": "m", "prompt": "p", "suffix": "q", "system": "s"})"), out, ep));
+  EXPECT_EQ(ep, Endpoint::kCompletion);
+  EXPECT_EQ(out["prompt"], "p");
+  EXPECT_EQ(out["suffix"], "q");
+  EXPECT_FALSE(out.contains("messages"));
   for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"model": "m", "prompt": "p", "suffix": "q"})", "suffix"},
+           {R"({"model": "m", "prompt": "p", "suffix": 3})", "suffix"},
            {R"({"model": "m", "prompt": "p", "template": "t"})", "template"},
            {R"({"model": "m", "prompt": "p", "images": ["x"]})", "images"},
            {R"({"model": "m", "prompt": "p", "context": [1, 2]})", "context"},
@@ -401,6 +408,31 @@ TEST_F(OllamaHttp, GenerateEqualsChatWithSystemAndRawEqualsCompletions) {
   expect_final(ls.back(), p["usage"]);
 }
 
+// /api/generate with a suffix fills in the middle on the Qwen3 vocabulary
+// (its FIM tokens), the same text and prompt count as /v1/completions'
+// suffix; stories260K has no FIM tokens: /infill's 400, Ollama-shaped.
+TEST_F(OllamaHttp, GenerateSuffixFillsInTheMiddle) {
+  const std::string prefix = "def add(a, b):\n", suffix = "\n\nprint(add(1, 2))\n";
+  auto [st, r] = post("/api/generate", {{"model", "qwen"},
+                                        {"prompt", prefix},
+                                        {"suffix", suffix},
+                                        {"stream", false},
+                                        {"options", {{"temperature", 0}, {"num_predict", 8}}}});
+  ASSERT_EQ(st, 200) << r.dump();
+  auto [vst, v] =
+      post("/v1/completions",
+           {{"model", "qwen"}, {"prompt", prefix}, {"suffix", suffix}, {"temperature", 0}, {"max_tokens", 8}});
+  ASSERT_EQ(vst, 200) << v.dump();
+  EXPECT_EQ(r["response"], v["choices"][0]["text"]);
+  EXPECT_EQ(r["prompt_eval_count"], v["usage"]["prompt_tokens"]);
+  EXPECT_EQ(r["eval_count"], v["usage"]["completion_tokens"]);
+  auto [ist, i] = post("/infill", {{"model", "stories"}, {"input_prefix", "a"}, {"input_suffix", "b"}});
+  ASSERT_EQ(ist, 400) << i.dump();
+  auto [sst, s] = post("/api/generate", {{"model", "stories"}, {"prompt", "a"}, {"suffix", "b"}, {"stream", false}});
+  EXPECT_EQ(sst, 400) << s.dump();
+  EXPECT_EQ(s["error"], i["error"]["message"]) << s.dump();
+}
+
 TEST_F(OllamaHttp, FormatSchemaGivesJsonThatFitsIt) {
   const std::string schema =
       R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
@@ -543,6 +575,44 @@ TEST_F(OllamaHttp, ThinkTextIsThinking) {
   }
   EXPECT_EQ(thinking, "I should greet.");
   EXPECT_EQ(content, "Hello there");
+}
+
+// /api/embed's truncate (default true): an input longer than the context
+// (512) is cut to its first 512 tokens, equal to embedding those tokens;
+// truncate false keeps the 400. /api/generate's context error (still a
+// 400: no truncation of prompts yet) names the prompt, not "messages".
+TEST_F(OllamaHttp, EmbedTruncatesToTheContextUnlessTruncateFalse) {
+  std::string text;
+  while (text.size() < 4000) text += "Once upon a time there was a cat. ";
+  auto [tst, t] = post("/tokenize", {{"model", "stories"}, {"content", text}, {"add_special", true}});
+  ASSERT_EQ(tst, 200) << t.dump();
+  std::vector<int> ids = t["tokens"].get<std::vector<int>>();
+  ASSERT_GT(ids.size(), 512u);
+  ids.resize(512);
+  for (const json& extra : {json::object(), json{{"truncate", true}}}) {
+    json body{{"model", "stories"}, {"input", {text, "a cat"}}};
+    body.update(extra);
+    auto [st, r] = post("/api/embed", body);
+    ASSERT_EQ(st, 200) << r.dump();
+    ASSERT_EQ(r["embeddings"].size(), 2u);
+    auto [ost, o] = post("/v1/embeddings", {{"model", "stories"}, {"input", json::array({ids})}});
+    ASSERT_EQ(ost, 200) << o.dump();
+    EXPECT_EQ(r["embeddings"][0], o["data"][0]["embedding"]);
+    auto [cst, c] = post("/tokenize", {{"model", "stories"}, {"content", "a cat"}, {"add_special", true}});
+    ASSERT_EQ(cst, 200);
+    EXPECT_EQ(r["prompt_eval_count"].get<size_t>(), 512 + c["tokens"].size());
+  }
+  auto [fst, f] = post("/api/embed", {{"model", "stories"}, {"input", text}, {"truncate", false}});
+  EXPECT_EQ(fst, 400) << f.dump();
+  EXPECT_NE(f["error"].get<std::string>().find("context length"), std::string::npos) << f.dump();
+  auto [bst, b] = post("/api/embed", {{"model", "stories"}, {"input", "a"}, {"truncate", "yes"}});
+  EXPECT_EQ(bst, 400) << b.dump();
+  EXPECT_NE(b["error"].get<std::string>().find("truncate"), std::string::npos) << b.dump();
+
+  auto [gst, g] = post("/api/generate", {{"model", "stories"}, {"prompt", text + text}, {"stream", false}});
+  ASSERT_EQ(gst, 400) << g.dump();
+  EXPECT_EQ(g["error"].get<std::string>().find("messages"), std::string::npos) << g.dump();
+  EXPECT_NE(g["error"].get<std::string>().find("prompt"), std::string::npos) << g.dump();
 }
 
 TEST_F(OllamaHttp, EmbedEqualsV1Embeddings) {

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <vector>
+
 namespace bonsai::server {
 namespace {
 
@@ -38,6 +41,29 @@ TEST(OpenAiParse, FullChatRequest) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"\n\n", "END"}));
+}
+
+// seed -1 is llama.cpp's "random": a fresh seed per request (never the same
+// fixed 2^64-1); a missing seed stays unset (the server's default applies).
+TEST(OpenAiParse, SeedMinusOneIsAFreshRandomSeed) {
+  for (Endpoint ep : {Endpoint::kChat, Endpoint::kCompletion}) {
+    const std::string input =
+        ep == Endpoint::kChat ? R"("messages":[{"role":"user","content":"x"}])" : R"("prompt":"x")";
+    std::vector<uint64_t> seen;
+    for (int i = 0; i < 3; ++i) {
+      CompletionRequest r;
+      ASSERT_FALSE(parse("{" + input + R"(,"seed":-1})", ep, r));
+      ASSERT_TRUE(r.sampling.seed.has_value());
+      EXPECT_NE(*r.sampling.seed, std::numeric_limits<uint64_t>::max());
+      for (uint64_t s : seen) EXPECT_NE(*r.sampling.seed, s);
+      seen.push_back(*r.sampling.seed);
+    }
+    CompletionRequest r;
+    ASSERT_FALSE(parse("{" + input + R"(,"seed":5})", ep, r));
+    EXPECT_EQ(r.sampling.seed, std::optional<uint64_t>(5));
+    ASSERT_FALSE(parse("{" + input + "}", ep, r));
+    EXPECT_FALSE(r.sampling.seed.has_value());
+  }
 }
 
 TEST(OpenAiParse, CompletionPromptForms) {

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <limits>
@@ -655,8 +656,7 @@ TEST_F(ServerHttp, PromptByteCapIs400NamingTheFieldBeforeTokenizing) {
   EXPECT_EQ(j["error"]["param"], "prompt");
   EXPECT_EQ(j["error"]["message"],
             "The prompt text is 65537 bytes; this server tokenizes at most 65536 bytes of prompt for this model "
-            "(ServerOptions::max_prompt_bytes; by default 32 bytes per context position, at least 64 KiB). Please "
-            "reduce the length of the prompt.");
+            "(the larger of 32 bytes per position of --ctx-size and 64 KiB). Please reduce the length of the prompt.");
   std::tie(st, j) = post("/v1/completions", completion_body(text, 4).dump());
   EXPECT_EQ(st, 400) << j.dump();
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
@@ -1526,6 +1526,60 @@ TEST_F(ServerHttpDefaultSeed, UnseededRequestsUseTheServerSeed) {
   req["seed"] = 5;
   auto [sc, c] = post("/v1/completions", req.dump());
   EXPECT_EQ(c["choices"][0]["text"], a["choices"][0]["text"]);
+}
+
+// seed -1 means random on every dialect (one parser: openai.cpp), even with a
+// server default seed that makes unseeded requests repeat; seed 5 repeats.
+TEST_F(ServerHttpDefaultSeed, SeedMinusOneIsRandomOnEveryRoute) {
+  struct Route {
+    std::string path;
+    json body;                                     // seed and temperature go in `seed_at`
+    std::function<json&(json&)> seed_at;           // the object holding seed / temperature
+    std::function<std::string(const json&)> text;  // the generated text
+  };
+  auto top = [](json& j) -> json& { return j; };
+  const std::vector<Route> routes = {
+      {"/v1/completions", completion_body("Once upon a time", 24), top,
+       [](const json& j) { return j["choices"][0]["text"].get<std::string>(); }},
+      {"/v1/chat/completions",
+       json{{"model", "stories"},
+            {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+            {"max_tokens", 24}},
+       top, [](const json& j) { return j["choices"][0]["message"]["content"].get<std::string>(); }},
+      {"/v1/messages",
+       json{{"model", "stories"},
+            {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+            {"max_tokens", 24}},
+       top, [](const json& j) { return j["content"][0]["text"].get<std::string>(); }},
+      {"/api/generate",
+       json{{"model", "stories"},
+            {"prompt", "Once upon a time"},
+            {"raw", true},
+            {"stream", false},
+            {"options", {{"num_predict", 24}}}},
+       [](json& j) -> json& { return j["options"]; }, [](const json& j) { return j["response"].get<std::string>(); }},
+  };
+  for (const Route& r : routes) {
+    json body = r.body;
+    r.seed_at(body)["temperature"] = 1.5;
+    r.seed_at(body)["ignore_eos"] = true;
+    r.seed_at(body)["seed"] = 5;
+    auto [s1, a] = post(r.path, body.dump());
+    auto [s2, b] = post(r.path, body.dump());
+    ASSERT_EQ(s1, 200) << r.path << " " << a.dump();
+    ASSERT_EQ(s2, 200) << r.path << " " << b.dump();
+    EXPECT_EQ(r.text(a), r.text(b)) << r.path << ": seed 5 twice";
+    r.seed_at(body)["seed"] = -1;
+    auto [s3, first] = post(r.path, body.dump());
+    ASSERT_EQ(s3, 200) << r.path << " " << first.dump();
+    bool differs = false;
+    for (int i = 0; i < 3 && !differs; ++i) {
+      auto [s4, other] = post(r.path, body.dump());
+      ASSERT_EQ(s4, 200) << r.path << " " << other.dump();
+      differs = r.text(other) != r.text(first);
+    }
+    EXPECT_TRUE(differs) << r.path << ": four requests with seed -1 gave the same text: " << r.text(first);
+  }
 }
 
 // The scheduler's gauges, with the vLLM names routers read.

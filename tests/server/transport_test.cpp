@@ -326,6 +326,34 @@ TEST_F(TransportFixture, MethodNotAllowedHeadAndEncodedBodies) {
   EXPECT_EQ(r.find("Allow:"), std::string::npos) << r;
 }
 
+// RFC 9112 section 3.2.2: a server MUST accept an absolute-form target
+// (the route is its path); a request line or header ending in a bare LF is a
+// 400 (not a 505: the version is fine); another HTTP major is a 505.
+TEST_F(TransportFixture, AbsoluteFormTargetsAreServedAndBareLfIs400) {
+  start();
+  Sock s(port_);
+  ASSERT_TRUE(s.send_all("GET http://example.com/health HTTP/1.1\r\nHost: example.com\r\n\r\n"));
+  std::string r = s.read_response();
+  EXPECT_EQ(status_of(r), 200) << r;
+  EXPECT_EQ(body_of(r), "ok");
+  ASSERT_TRUE(s.send_all("GET HTTP://127.0.0.1:8080/items/a%2Fb?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"));
+  r = s.read_response();
+  EXPECT_EQ(status_of(r), 200) << r;
+  EXPECT_EQ(body_of(r), "/items/a/b");
+  ASSERT_TRUE(s.send_all("GET http://example.com HTTP/1.1\r\nHost: x\r\n\r\n"));  // no path: "/"
+  EXPECT_EQ(status_of(s.read_response()), 404);
+  for (const char* bytes : {"GET /health HTTP/1.1\nHost: x\n\n", "GET /health HTTP/1.1\n\n"}) {
+    Sock lf(port_);
+    ASSERT_TRUE(lf.send_all(bytes));
+    r = lf.read_response(3000);
+    EXPECT_EQ(status_of(r), 400) << r;
+    EXPECT_NE(body_of(r).find("CRLF"), std::string::npos) << r;
+  }
+  Sock v2(port_);
+  ASSERT_TRUE(v2.send_all("GET /health HTTP/2.0\r\nHost: x\r\n\r\n"));
+  EXPECT_EQ(status_of(v2.read_response(3000)), 505);
+}
+
 TEST(Transport, QueryParamIsPercentDecoded) {
   HttpRequest req;
   req.query = "a=1&model=my%2Fmodel+x&empty=&flag";
