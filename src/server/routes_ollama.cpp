@@ -493,31 +493,15 @@ struct OllamaJob {
   SubmittedChat job;
 };
 
-// The answer: NDJSON lines as the text comes (stream), or one object at the end.
-struct OllamaAnswer : JobAnswer {
+// The answer (ChatJobAnswer): NDJSON lines as the text comes (stream), or
+// one object at the end.
+struct OllamaAnswer : ChatJobAnswer {
   std::shared_ptr<OllamaJob> job;
-  Exchange* ex = nullptr;
-  bool alive = true;
-  bool headers_sent = false;
-  engine::ChatOutputParser parser;
   std::string content, thinking;  // non-streamed: the whole answer
   json calls = json::array();     // every tool call, in Ollama's shape
 
-  explicit OllamaAnswer(std::shared_ptr<OllamaJob> j) : job(std::move(j)), parser(job->job.output) {}
-
-  std::string missing_result_message() const override { return "the request ended without a result"; }
-  void start(JobPump& pump) override { ex = &pump.exchange(); }
-  bool hold(JobPump& pump) override {
-    if (!(job->stream && alive && ex->over_high_water())) return false;
-    std::weak_ptr<JobPump> weak = pump.weak_from_this();
-    ex->on_drain([weak] {
-      if (auto p = weak.lock()) p->kick();
-    });
-    return true;
-  }
-  void on_cut(CutReason why) override {
-    if (why == CutReason::kClientGone) alive = false;
-  }
+  explicit OllamaAnswer(std::shared_ptr<OllamaJob> j)
+      : ChatJobAnswer(j->job, j->stream, send_ollama_error), job(std::move(j)) {}
 
   json call_json(const engine::ParsedToolCall& c) {
     json args = json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
@@ -541,19 +525,14 @@ struct OllamaAnswer : JobAnswer {
     return p;
   }
 
-  bool line(const json& j) {
-    if (!alive) return false;
-    return alive = ex->send(j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
-  }
+  bool line(const json& j) { return send(j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"); }
 
-  void open_stream() {
-    if (headers_sent) return;
-    headers_sent = true;
-    ex->start_stream(200, "application/x-ndjson", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  void begin_stream() override {
+    exchange().start_stream(200, "application/x-ndjson", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
   }
 
   // Takes one parsed delta: streamed as a line, or kept for the whole answer.
-  void take(const engine::ChatOutputDelta& d) {
+  void take(const engine::ChatOutputDelta& d) override {
     json tc = json::array();
     for (const auto& c : d.tool_calls) {
       tc.push_back(call_json(c));
@@ -570,13 +549,6 @@ struct OllamaAnswer : JobAnswer {
     line(p);
   }
 
-  bool on_text(const engine::JobEvent& ev) override {
-    if (!job->stream) return true;  // parsed from the result at the end
-    open_stream();
-    take(parser.feed(ev.text));
-    return alive;
-  }
-
   // The model and the job go (before the last bytes, so a client that sees
   // the answer of a keep_alive 0 request finds the model unloaded).
   void release() {
@@ -584,49 +556,28 @@ struct OllamaAnswer : JobAnswer {
     job->job = SubmittedChat{};
     if (job->unload) unload_when_idle(*job->ctx, model);
   }
+  void before_error_end() override { release(); }
+  void stream_error(const ApiError& e) override { line(json{{"error", e.message}}); }  // Ollama's mid-stream error line
 
-  void finish(JobPump& pump, JobProgress& pr) override {
-    if (job->job.account) job->job.account(pr);
-    const bool gone = pr.cut == CutReason::kClientGone;
-    std::optional<ApiError> err;
-    if (pr.failed) {
-      err = job_failure_error(pump.context(), *pr.failed, job->job.model, gone);
-    } else if (pr.done.empty() || !pr.done[0] || pr.done[0]->finish_reason == engine::FinishReason::kCancelled) {
-      err = job_cut_error(gone);
-    }
-    if (err && !headers_sent) {
-      release();
-      HttpResponse res;
-      send_ollama_error(res, *err);
-      ex->respond(std::move(res));
-    } else if (err) {
-      release();
-      if (!gone) line(json{{"error", err->message}});  // Ollama's mid-stream error line
-      ex->end_stream();
+  void complete(const engine::GenerationResult& r) override {
+    json p = job->stream ? piece("", "", json::array()) : piece(content, thinking, calls);
+    p["done"] = true;
+    p["done_reason"] = r.finish_reason == engine::FinishReason::kLength ? "length" : "stop";
+    const auto now = Clock::now();
+    p["total_duration"] = ns_between(job->admitted, now);
+    p["load_duration"] = ns_between(job->admitted, job->submitted);
+    p["prompt_eval_count"] = job->job.prompt_tokens;
+    p["prompt_eval_duration"] = static_cast<int64_t>(r.prompt_ms * 1e6);
+    p["eval_count"] = r.completion_tokens;
+    p["eval_duration"] = static_cast<int64_t>(r.gen_ms * 1e6);
+    release();
+    if (job->stream) {
+      line(p);
+      exchange().end_stream();
     } else {
-      const engine::GenerationResult& r = *pr.done[0];
-      if (job->stream) open_stream();  // a generation that released no text opens it here
-      if (!job->stream) take(parser.feed(r.text));
-      take(parser.finish());
-      json p = job->stream ? piece("", "", json::array()) : piece(content, thinking, calls);
-      p["done"] = true;
-      p["done_reason"] = r.finish_reason == engine::FinishReason::kLength ? "length" : "stop";
-      const auto now = Clock::now();
-      p["total_duration"] = ns_between(job->admitted, now);
-      p["load_duration"] = ns_between(job->admitted, job->submitted);
-      p["prompt_eval_count"] = job->job.prompt_tokens;
-      p["prompt_eval_duration"] = static_cast<int64_t>(r.prompt_ms * 1e6);
-      p["eval_count"] = r.completion_tokens;
-      p["eval_duration"] = static_cast<int64_t>(r.gen_ms * 1e6);
-      release();
-      if (job->stream) {
-        line(p);
-        ex->end_stream();
-      } else {
-        HttpResponse res;
-        send_json(res, 200, p);
-        ex->respond(std::move(res));
-      }
+      HttpResponse res;
+      send_json(res, 200, p);
+      exchange().respond(std::move(res));
     }
   }
 };
