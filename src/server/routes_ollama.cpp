@@ -240,7 +240,7 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-// /api/ps's expires_at for a model kept until it is evicted or unloaded (no idle timer).
+// /api/ps's expires_at for a model kept until it is evicted or unloaded (no keep_alive timer).
 constexpr std::string_view kNoExpiry = "9999-12-31T23:59:59Z";
 
 int64_t ns_between(Clock::time_point a, Clock::time_point b) {
@@ -261,6 +261,21 @@ std::vector<std::string> served_ids(const ServerContext& ctx) {
 void unload_when_idle(ServerContext& ctx, const std::string& id) {
   for (const auto& m : ctx.models->list())
     if (m.id == id && m.state == engine::ModelState::kLoaded && m.in_flight == 0) (void)ctx.models->unload(id);
+}
+
+// keep_alive (parse_keep_alive's seconds) as the pool's idle expiry of
+// model `id` (ModelPool::set_keep_alive): positive, unloaded once idle that
+// long; absent or negative, none (kept until evicted or unloaded, the
+// server's default, as Ollama's default applies to a request without one).
+// 0 is the caller's (unload_when_idle). A model no longer loaded is left
+// alone (nothing to expire).
+void apply_keep_alive(ServerContext& ctx, const std::string& id, std::optional<double> seconds) {
+  std::optional<std::chrono::steady_clock::duration> idle;
+  if (seconds && *seconds > 0) {
+    const double s = std::min(*seconds, 1e9);  // the pool's longest (~31 years)
+    idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+  }
+  (void)ctx.models->set_keep_alive(id, idle);
 }
 
 // ---- model files --------------------------------------------------------------
@@ -429,7 +444,7 @@ struct OllamaRoutes {
       json e = model_entry(m.id);
       e["size"] = m.mem_bytes;  // resident bytes (mapped file + KV pool), as Ollama's ps reports memory
       e["size_vram"] = 0;       // bonsai runs on the CPU
-      e["expires_at"] = kNoExpiry;
+      e["expires_at"] = m.expires_at ? rfc3339(*m.expires_at) : std::string(kNoExpiry);
       if (auto lm = ctx.models->peek(m.id)) e["context_length"] = lm->n_ctx;
       models.push_back(std::move(e));
     }
@@ -609,7 +624,11 @@ std::optional<SubmittedJob> OllamaRoutes::chat_or_generate(bool chat, const std:
     auto m = acquire_model(ctx, id);
     if (!m) return fail(m.error());
     m->release();
-    if (job->unload) unload_when_idle(ctx, id);
+    if (job->unload) {
+      unload_when_idle(ctx, id);
+    } else {
+      apply_keep_alive(ctx, id, keep_alive);
+    }
     json p{{"model", job->name}, {"created_at", rfc3339(std::chrono::system_clock::now())}};
     if (chat) {
       p["message"] = json{{"role", "assistant"}, {"content", ""}};
@@ -641,6 +660,7 @@ std::optional<SubmittedJob> OllamaRoutes::chat_or_generate(bool chat, const std:
   if (!submitted) return fail(ollama_error(submitted.error()));
   job->submitted = Clock::now();
   job->job = std::move(*submitted);
+  if (!job->unload) apply_keep_alive(ctx, job->job.model, keep_alive);  // held by the job: loaded
   auto handle = job->job.handle;
   return SubmittedJob{std::move(handle), 1, std::make_shared<OllamaAnswer>(std::move(job))};
 }
@@ -690,7 +710,7 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
   dialect.error = send_ollama_error;
   ServerContext* c = &ctx;
   auto submitted = std::make_shared<Clock::time_point>(admitted);  // set once the job is submitted
-  dialect.body = [legacy, name, dimensions, unload, admitted, submitted, c](
+  dialect.body = [legacy, name, dimensions, unload, keep_alive, admitted, submitted, c](
                      std::vector<std::vector<float>> vecs, const std::string& model_id, int64_t tokens) {
     for (auto& v : vecs) {
       if (dimensions <= 0 || static_cast<size_t>(dimensions) >= v.size()) continue;
@@ -703,7 +723,11 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
         for (float& x : v) x = static_cast<float>(x / norm);
     }
     // The job is done: the model goes with the last holder (the answer's handle, released right after).
-    if (unload) (void)c->models->unload(model_id);
+    if (unload) {
+      (void)c->models->unload(model_id);
+    } else {
+      apply_keep_alive(*c, model_id, keep_alive);  // held by this job: loaded
+    }
     if (legacy) return json{{"embedding", vecs.empty() ? std::vector<float>{} : std::move(vecs[0])}};
     return json{{"model", name},
                 {"embeddings", std::move(vecs)},
