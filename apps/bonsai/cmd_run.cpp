@@ -15,11 +15,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "apps/bonsai/cli_common.h"
@@ -29,6 +31,7 @@
 #include "core/error.h"               // core::Expected
 #include "core/ggml_types.h"          // parse_q2_layout
 #include "core/thread_pool.h"         // set_global_thread_count
+#include "engine/chat_output.h"       // ChatOutputParser (reasoning shown apart)
 #include "engine/completion.h"        // prepare_completion
 #include "engine/engine_pool.h"       // check_ctx_supported
 #include "engine/inference_engine.h"  // InferenceEngine
@@ -61,25 +64,110 @@ class SigintCancels {
   void (*previous_)(int) = SIG_DFL;
 };
 
-// Generates `ids`, printing each released piece to stdout (unless `quiet`);
-// Ctrl-C cancels.
-core::Expected<engine::GenerationResult> generate_to_stdout(engine::InferenceEngine& eng,
-                                                            const std::vector<int32_t>& ids, bool quiet) {
+// Writes `text` to stdout at once (the answer streams as it comes).
+void write_out(std::string_view text) {
+  if (text.empty()) return;
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+// Generates `ids`, handing each released piece of text to `on_text` (none:
+// nothing is shown); Ctrl-C cancels.
+core::Expected<engine::GenerationResult> generate_streamed(engine::InferenceEngine& eng,
+                                                           const std::vector<int32_t>& ids,
+                                                           std::function<void(std::string_view)> on_text) {
   SigintCancels sigint;
   engine::GenerateRequest req;
   req.prompt = ids;
   req.cancel = &g_interrupted;
-  if (!quiet) {
-    req.on_token = [](const engine::TokenEvent& ev) {
-      if (!ev.text.empty()) {
-        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
-        std::fflush(stdout);
-      }
+  if (on_text) {
+    req.on_token = [&on_text](const engine::TokenEvent& ev) {
+      if (!ev.text.empty()) on_text(ev.text);
       return true;
     };
   }
   return eng.generate_request(req);
 }
+
+// How a chat answer shows the model's reasoning (run --chat, chat): the
+// flags, llama.cpp's --reasoning-format and colour names, Ollama's
+// --hidethinking.
+struct ReasoningOptions {
+  std::string reasoning_format = "deepseek";  // deepseek: reasoning apart from the answer; none: raw text
+  bool hide_thinking = false;                 // deepseek: the reasoning is not shown
+  std::string color = "auto";                 // on | off | auto (a terminal without NO_COLOR)
+};
+
+void add_reasoning_flags(CLI::App* cmd, ReasoningOptions& o) {
+  cmd->add_option("--reasoning-format", o.reasoning_format,
+                  "deepseek: show the reasoning (<think>...</think>) apart from the answer; none: the raw text, "
+                  "tags included")
+      ->check(CLI::IsMember({"deepseek", "none"}))
+      ->capture_default_str();
+  cmd->add_flag("--hidethinking,--hide-thinking", o.hide_thinking,
+                "Do not show the reasoning, only the answer (with --reasoning-format deepseek)");
+  cmd->add_option("--color", o.color,
+                  "Dim the reasoning: on, off, or auto (when stdout is a terminal and NO_COLOR is not set)")
+      ->check(CLI::IsMember({"on", "off", "auto"}))
+      ->capture_default_str();
+}
+
+// Whether `o.color` asks for ANSI colour on stdout: "on", or "auto" on a
+// terminal (not TERM=dumb) without NO_COLOR (https://no-color.org).
+bool use_color(const ReasoningOptions& o) {
+  if (o.color != "auto") return o.color == "on";
+  const char* no_color = std::getenv("NO_COLOR");
+  const char* term = std::getenv("TERM");
+  return ::isatty(STDOUT_FILENO) == 1 && (no_color == nullptr || *no_color == '\0') &&
+         !(term != nullptr && std::string_view(term) == "dumb");
+}
+
+// Prints a chat answer as it streams, split by engine::ChatOutputParser as
+// the server splits it: with --reasoning-format deepseek the reasoning is
+// shown apart from the answer, dimmed (SGR 2) with colour, else between a
+// "Thinking:" line and a "...done thinking." line, then a blank line and
+// the answer; --hidethinking leaves it out. With none, the raw text (the
+// "<think>\n" a Qwen3.5 prompt opened in front, as the server's none).
+// Keeps the answer's content and reasoning for the conversation.
+class AnswerPrinter {
+ public:
+  // `parse`: the parser's options for this answer (chat_output_options).
+  AnswerPrinter(const ReasoningOptions& o, const engine::ChatOutputParser::Options& parse)
+      : hide_(o.hide_thinking), color_(use_color(o)), parser_(parse) {}
+
+  void feed(std::string_view text) { put(parser_.feed(text)); }
+  // End of the generation: what the parser held back.
+  void finish() {
+    put(parser_.finish());
+    if (in_reasoning_ && color_) write_out("\x1b[0m");
+  }
+  const std::string& content() const { return content_; }
+  const std::string& reasoning() const { return reasoning_; }
+
+ private:
+  void put(const engine::ChatOutputDelta& d) {
+    if (!d.reasoning.empty()) {
+      reasoning_ += d.reasoning;
+      if (!hide_) {
+        if (!in_reasoning_) write_out(color_ ? "\x1b[2m" : "Thinking:\n");
+        in_reasoning_ = true;
+        write_out(d.reasoning);
+      }
+    }
+    if (!d.content.empty()) {
+      content_ += d.content;
+      if (in_reasoning_) write_out(color_ ? "\x1b[0m\n\n" : "\n...done thinking.\n\n");
+      in_reasoning_ = false;
+      write_out(d.content);
+    }
+  }
+
+  bool hide_;
+  bool color_;
+  engine::ChatOutputParser parser_;
+  bool in_reasoning_ = false;  // reasoning shown, the answer not begun
+  std::string content_, reasoning_;
+};
 
 // Options shared by run and chat. The sampling flags write straight into
 // the engine's SamplingParams (llama.cpp's flag names, OpenAI's field names:
@@ -312,6 +400,7 @@ struct RunOptions {
   std::string system;
   bool chat = false;
   bool no_think = false;
+  ReasoningOptions reasoning;  // with --chat
   bool json = false;
   bool prompt_given = false;  // -p was on the command line (even as -p '')
   bool file_given = false;    // -f was (even as -f '', which then fails to read)
@@ -403,7 +492,19 @@ int run_main(RunOptions o) {
   }
   const std::vector<int32_t>& ids = prepared->prompt;
 
-  auto r = generate_to_stdout(*s->engine, ids, o.json);
+  std::optional<AnswerPrinter> printer;
+  if (o.chat && !o.json)
+    printer.emplace(o.reasoning, engine::chat_output_options(tok.chat_template(), in.chat_options,
+                                                             o.reasoning.reasoning_format == "deepseek",
+                                                             /*parse_tool_calls=*/false));
+  std::function<void(std::string_view)> on_text;
+  if (printer) {
+    on_text = [&printer](std::string_view t) { printer->feed(t); };
+  } else if (!o.json) {
+    on_text = write_out;
+  }
+  auto r = generate_streamed(*s->engine, ids, on_text);
+  if (printer) printer->finish();
   if (!r) {
     std::cerr << "\nbonsai run: " << r.error().message << "\n";
     return 1;
@@ -429,6 +530,7 @@ struct ChatCliOptions {
   GenOptions gen;
   std::string system;
   bool no_think = false;
+  ReasoningOptions reasoning;
 };
 
 int chat_main(const ChatCliOptions& o) {
@@ -495,7 +597,11 @@ int chat_main(const ChatCliOptions& o) {
       msgs.pop_back();
       continue;
     }
-    auto r = generate_to_stdout(eng, ids, false);
+    const bool parse_reasoning = o.reasoning.reasoning_format == "deepseek";
+    AnswerPrinter printer(
+        o.reasoning, engine::chat_output_options(tok.chat_template(), co, parse_reasoning, /*parse_tool_calls=*/false));
+    auto r = generate_streamed(eng, ids, [&printer](std::string_view t) { printer.feed(t); });
+    printer.finish();
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!r) {
@@ -503,7 +609,15 @@ int chat_main(const ChatCliOptions& o) {
       msgs.pop_back();
       continue;
     }
-    msgs.push_back({.role = "assistant", .content = r->text});
+    // The turn as the template reads it back: the answer and, parsed, its
+    // reasoning apart (the template drops or keeps it); raw, the text.
+    if (parse_reasoning) {
+      tokenizer::ChatMessage answer{.role = "assistant", .content = printer.content()};
+      if (!printer.reasoning().empty()) answer.reasoning_content = printer.reasoning();
+      msgs.push_back(std::move(answer));
+    } else {
+      msgs.push_back({.role = "assistant", .content = r->text});
+    }
   }
   return 0;
 }
@@ -520,6 +634,7 @@ void register_run(CLI::App& app) {
   run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
   run->add_option("--system", run_opts->system, "System message (with --chat)");
   run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");
+  add_reasoning_flags(run, run_opts->reasoning);
   run->add_flag("--json", run_opts->json,
                 "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
   run->callback([run_opts, prompt_opt, file_opt] {
@@ -534,6 +649,7 @@ void register_run(CLI::App& app) {
   add_gen_flags(chat, chat_opts->gen);
   chat->add_option("--system", chat_opts->system, "System message");
   chat->add_flag("--no-think", chat_opts->no_think, "enable_thinking = false (Qwen3)");
+  add_reasoning_flags(chat, chat_opts->reasoning);
   chat->callback([chat_opts] { set_exit_code(chat_main(*chat_opts)); });
 }
 

@@ -111,9 +111,15 @@ ChatOutputParser::Options chat_output_options(const tokenizer::ChatTemplate& tmp
 }
 
 ChatOutputParser::ChatOutputParser(Options options) : opt_(options) {
-  if (opt_.starts_in_reasoning && opt_.parse_reasoning) {
+  if (!opt_.starts_in_reasoning) return;
+  if (opt_.parse_reasoning) {
     mode_ = Mode::kReasoning;
     skip_ws_ = true;
+  } else {
+    // Raw output: the "<think>\n" the prompt ended in opens the content, so
+    // the "</think>" the model writes is balanced (llama-server's
+    // --reasoning-format none).
+    buf_ = std::string(kThinkOpen) + "\n";
   }
 }
 

@@ -9,7 +9,10 @@
 //     `--reasoning-format deepseek` does. A generation that starts inside the
 //     reasoning (the prompt ended in "<think>\n") sets
 //     Options::starts_in_reasoning. A "</think>" that never comes leaves all
-//     text as reasoning (finish_reason "length" mid-thought).
+//     text as reasoning (finish_reason "length" mid-thought). With
+//     Options::parse_reasoning false (--reasoning-format none) the text stays
+//     content as written, and an answer that starts in reasoning gets the
+//     "<think>\n" its prompt opened in front, so its tags are balanced.
 //   - tool calls: "<tool_call>\n" JSON "\n</tool_call>", JSON an object with a
 //     string "name" and "arguments" (an object, or a string holding JSON);
 //     several may follow each other (parallel calls). A block whose JSON does
@@ -72,9 +75,10 @@ struct ChatOutputDelta {
 class ChatOutputParser {
  public:
   struct Options {
-    bool parse_reasoning = true;       // false: <think> text stays in content (--reasoning-format none)
-    bool parse_tool_calls = true;      // false: <tool_call> text stays in content (no tools in the request)
-    bool starts_in_reasoning = false;  // the prompt already opened <think>
+    bool parse_reasoning = true;   // false: <think> text stays in content (--reasoning-format none)
+    bool parse_tool_calls = true;  // false: <tool_call> text stays in content (no tools in the request)
+    bool starts_in_reasoning =
+        false;  // the prompt already opened <think> (with !parse_reasoning: content opens "<think>\n")
     // The syntax inside <tool_call>...</tool_call>: the template's
     // (ChatTemplate::tool_call_syntax()).
     tokenizer::ToolCallSyntax tool_call_syntax = tokenizer::ToolCallSyntax::kJson;

@@ -54,6 +54,12 @@ ModelPool::ModelPool(size_t capacity, uint64_t mem_budget_mb, Loader loader, Est
       estimator_(std::move(estimator)) {}
 
 ModelPool::~ModelPool() {
+  {
+    std::lock_guard lock(mu_);
+    expiry_stop_ = true;
+  }
+  expiry_cv_.notify_all();
+  if (expiry_thread_.joinable()) expiry_thread_.join();
   wait_background();
   close_all();
 }
@@ -282,6 +288,7 @@ void ModelPool::release(const std::shared_ptr<LoadedModel>& model) {
   if (it != entries_.end() && it->second.model == model) {
     if (it->second.in_flight > 0) --it->second.in_flight;
     it->second.last_active = std::chrono::steady_clock::now();
+    if (it->second.in_flight == 0 && it->second.keep_alive) expiry_cv_.notify_all();
     return;
   }
   for (auto z = zombies_.begin(); z != zombies_.end(); ++z) {
@@ -299,6 +306,7 @@ void ModelPool::release(const std::string& id) {
     if (it != entries_.end() && it->second.in_flight > 0) {
       --it->second.in_flight;
       it->second.last_active = std::chrono::steady_clock::now();
+      if (it->second.in_flight == 0 && it->second.keep_alive) expiry_cv_.notify_all();
       return;
     }
     for (const auto& z : zombies_)
@@ -320,6 +328,8 @@ core::Expected<void> ModelPool::unload(const std::string& id) {
 
 std::vector<ModelInfo> ModelPool::list() const {
   std::lock_guard lock(mu_);
+  const auto steady_now = std::chrono::steady_clock::now();
+  const auto system_now = std::chrono::system_clock::now();
   std::vector<std::pair<uint64_t, ModelInfo>> rows;
   for (const auto& [id, e] : entries_) {
     ModelInfo info;
@@ -329,6 +339,10 @@ std::vector<ModelInfo> ModelPool::list() const {
     info.reason = e.reason;
     info.in_flight = e.in_flight;
     info.mem_bytes = e.state == ModelState::kFailed ? 0 : e.bytes;
+    if (e.state == ModelState::kLoaded && e.keep_alive) {
+      const auto due = (e.in_flight > 0 ? steady_now : e.last_active) + *e.keep_alive;
+      info.expires_at = system_now + std::chrono::duration_cast<std::chrono::system_clock::duration>(due - steady_now);
+    }
     if (e.model) {
       info.path = e.model->spec.path;
       info.created_unix = e.model->created_unix;
@@ -581,6 +595,50 @@ void ModelPool::wait_background() {
 void ModelPool::set_recent_use_grace(std::chrono::steady_clock::duration grace) {
   std::lock_guard lock(mu_);
   recent_grace_ = grace;
+}
+
+core::Expected<void> ModelPool::set_keep_alive(const std::string& id,
+                                               std::optional<std::chrono::steady_clock::duration> idle) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end() || it->second.state != ModelState::kLoaded)
+      return core::fail(core::Errc::kNotFound, "model '" + id + "' is not loaded");
+    // At most 10^9 s (~31 years): the due time (last use + idle) must not overflow.
+    constexpr std::chrono::steady_clock::duration kLongest = std::chrono::seconds(1'000'000'000);
+    if (idle) idle = std::clamp(*idle, std::chrono::steady_clock::duration::zero(), kLongest);
+    it->second.keep_alive = idle;
+    if (idle && !expiry_thread_.joinable() && !expiry_stop_) expiry_thread_ = std::thread([this] { expire_loop(); });
+  }
+  expiry_cv_.notify_all();
+  return {};
+}
+
+void ModelPool::expire_loop() {
+  std::unique_lock lock(mu_);
+  while (!expiry_stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> next;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      const Entry& e = it->second;
+      if (e.state != ModelState::kLoaded || !e.keep_alive || e.in_flight > 0) {
+        ++it;
+        continue;
+      }
+      const auto due = e.last_active + *e.keep_alive;
+      if (due <= now) {
+        evict_locked(it++);
+        continue;
+      }
+      if (!next || due < *next) next = due;
+      ++it;
+    }
+    if (next) {
+      expiry_cv_.wait_until(lock, *next);
+    } else {
+      expiry_cv_.wait(lock);
+    }
+  }
 }
 
 void ModelPool::close_all() {

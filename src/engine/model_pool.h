@@ -16,16 +16,25 @@
 // but its memory is freed only when its last request releases it, and until
 // then it still counts in current_mem_bytes().
 //
+// Idle expiry (set_keep_alive, Ollama's keep_alive): a resident model given
+// a keep-alive duration D is unloaded, as unload() does, once no request has
+// held it for D; a thread of the pool's own (started by the first
+// set_keep_alive) waits for the earliest such moment. Models without one
+// (the default) stay until evicted or unloaded. The pool has no pinned
+// model: the server's default model expires like any other when a request
+// gives it a keep-alive, and the next request loads it again.
+//
 // The loader is injectable, so the pool's bookkeeping is unit-tested without
 // real models; the server uses gguf_model_loader() (declared below).
 //
 // Concurrency: one mutex (mu_) guards entries_, zombies_, registry_, tick_,
-// recent_grace_ and bg_threads_. It is never held while a model loads, so loading one model
+// recent_grace_, bg_threads_ and the expiry thread's state. It is never held while a model loads, so loading one model
 // never blocks requests to another.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -145,6 +154,10 @@ struct ModelInfo {
   int parallel = 0;        // live sequences at most (SchedulerOptions::max_sequences; 0 until loaded)
   int running = 0;         // sequences live now (the scheduler's)
   uint64_t created_unix = 0;
+  // With a keep-alive (ModelPool::set_keep_alive): when the model unloads if
+  // no request uses it meanwhile (in flight: its keep-alive from now).
+  // nullopt: no idle expiry.
+  std::optional<std::chrono::system_clock::time_point> expires_at;
   // The model's KV pool (0 when not loaded): its capacity (the budget), the
   // bytes of blocks held by sequences (running ones and cached prefixes),
   // and of those the bytes held only as prompt cache (evictable).
@@ -307,6 +320,14 @@ class ModelPool {
   // kRecentUseGrace after preloading. Thread-safe.
   void set_recent_use_grace(std::chrono::steady_clock::duration grace);
 
+  // Unloads resident model `id` (as unload()) once it has been idle (no
+  // request in flight) for `idle`, counted from its last acquire or
+  // release; nullopt: no expiry (the default). A zero or negative `idle`
+  // unloads it as soon as it is idle; one above 10^9 s counts as 10^9 s. Applies to the resident instance: a
+  // model loaded again starts without one. Thread-safe. Errors: kNotFound
+  // when `id` is not loaded (loading, failed, or not resident).
+  core::Expected<void> set_keep_alive(const std::string& id, std::optional<std::chrono::steady_clock::duration> idle);
+
  private:
   friend class ModelHandle;
   // The in-flight count of acquire / acquire_loaded (ModelHandle wraps them).
@@ -343,6 +364,8 @@ class ModelPool {
     // When a request last acquired or released it (set_recent_use_grace).
     std::chrono::steady_clock::time_point last_active{};
     bool on_demand = false;  // kLoading for an acquire() (not an admin load): the grace applies to its room
+    // set_keep_alive: unloaded once idle this long after last_active.
+    std::optional<std::chrono::steady_clock::duration> keep_alive;
   };
 
   // Who room is made for: a request's on-demand load (acquire), where the
@@ -369,6 +392,9 @@ class ModelPool {
   // mark_ready; with `take`, also counts one request in flight (acquire).
   core::Expected<void> install(const std::string& id, std::shared_ptr<LoadedModel> model, bool take);
   uint64_t mem_locked() const;
+  // The expiry thread: unloads loaded models idle past their keep-alive,
+  // then sleeps until the next one is due (or expiry_cv_ wakes it).
+  void expire_loop();
   size_t resident_locked() const;  // loaded + loading
 
   const size_t capacity_;
@@ -389,6 +415,11 @@ class ModelPool {
     std::shared_ptr<std::atomic<bool>> done;
   };
   std::vector<BgLoad> bg_threads_;
+  // Idle expiry (set_keep_alive): the thread (started by the first call),
+  // woken when a keep-alive is set or a model with one goes idle.
+  std::thread expiry_thread_;
+  std::condition_variable expiry_cv_;
+  bool expiry_stop_ = false;
 };
 
 // The chat template options of `spec` (jinja, chat_template, and

@@ -153,6 +153,64 @@ void JobPump::finish() {
   ctx_.jobs_cv.notify_all();
 }
 
+// ---- ChatJobAnswer ----------------------------------------------------------
+
+bool ChatJobAnswer::hold(JobPump& pump) {
+  if (!(stream_ && alive_ && ex_->over_high_water())) return false;
+  std::weak_ptr<JobPump> weak = pump.weak_from_this();
+  ex_->on_drain([weak] {
+    if (auto p = weak.lock()) p->kick();
+  });
+  return true;
+}
+
+void ChatJobAnswer::on_cut(CutReason why) {
+  if (why == CutReason::kClientGone) alive_ = false;
+}
+
+void ChatJobAnswer::open_stream() {
+  if (headers_sent_) return;
+  headers_sent_ = true;
+  begin_stream();
+}
+
+bool ChatJobAnswer::on_text(const engine::JobEvent& ev) {
+  if (!stream_) return true;  // parsed from the result at the end
+  open_stream();
+  take(parser_.feed(ev.text));
+  return alive_;
+}
+
+std::optional<ApiError> ChatJobAnswer::failure(JobPump& pump, const JobProgress& pr) const {
+  const bool gone = pr.cut == CutReason::kClientGone;
+  if (pr.failed) return job_failure_error(pump.context(), *pr.failed, chat_.model, gone);
+  if (pr.done.empty() || !pr.done[0] || pr.done[0]->finish_reason == engine::FinishReason::kCancelled)
+    return job_cut_error(gone);
+  return std::nullopt;
+}
+
+void ChatJobAnswer::finish(JobPump& pump, JobProgress& pr) {
+  if (chat_.account) chat_.account(pr);
+  const std::optional<ApiError> err = failure(pump, pr);
+  if (err && !headers_sent_) {  // not streamed yet: a status and one error body
+    before_error_end();
+    HttpResponse res;
+    write_error_(res, *err);
+    ex_->respond(std::move(res));
+  } else if (err) {
+    before_error_end();
+    if (pr.cut != CutReason::kClientGone) stream_error(*err);
+    ex_->end_stream();
+  } else {
+    const engine::GenerationResult& r = *pr.done[0];
+    if (stream_) open_stream();  // a generation that released no text opens it here
+    if (!stream_) take(parser_.feed(r.text));
+    take(parser_.finish());
+    complete(r);
+  }
+  chat_ = SubmittedChat{};  // the model and the job go now
+}
+
 void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit,
                    ErrorWriter write_error) {
   http.route("POST", path, [&ctx, &http, submit = std::move(submit), write_error](const std::shared_ptr<Exchange>& ex) {

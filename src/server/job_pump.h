@@ -17,11 +17,14 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/chat_output.h"       // ChatOutputParser
 #include "engine/inference_engine.h"  // GenerationResult
+#include "engine/sampling.h"          // SamplingParams
 #include "engine/scheduler.h"         // JobHandle, JobEvent, Clock
 #include "server/openai.h"            // ApiError
 #include "server/routes_common.h"     // ServerContext
 #include "server/transport.h"         // HttpTransport, Exchange
+#include "tokenizer/tokenizer.h"      // Tokenizer
 
 namespace bonsai::server {
 
@@ -123,6 +126,90 @@ class JobPump : public std::enable_shared_from_this<JobPump> {
   bool cancelled_ = false;
 };
 
+// A chat request submitted to its model's scheduler by the server's chat
+// path (Server's submit_completion), as a route of another dialect needs it.
+struct SubmittedChat {
+  std::shared_ptr<engine::JobHandle> handle;  // the job (one choice)
+  // The chat path's own job state: holds the model while the job runs;
+  // dropping the last reference cancels a job still running.
+  std::shared_ptr<void> owner;
+  int64_t prompt_tokens = 0;                  // tokens of the rendered prompt (usage.input_tokens)
+  engine::ChatOutputParser::Options output;   // how the text splits (reasoning, tool calls)
+  std::string model;                          // the model id that serves it
+  std::function<void(JobProgress&)> account;  // the server's metrics of a finished job
+  // What llama.cpp's native routes report (routes_llama.h): the prompt's
+  // token ids, the sampling parameters it runs with, the model's tokenizer
+  // (shared; outlives the job) and context length.
+  std::vector<int32_t> prompt;
+  engine::SamplingParams params;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+  int64_t n_ctx = 0;
+};
+// The writer of a route's error body in its dialect (send_error: OpenAI's).
+using ErrorWriter = void (*)(HttpResponse& res, const ApiError& e);
+
+// The answer to one job of the chat path (SubmittedChat, one choice) as the
+// routes of other dialects write it (Ollama's /api/chat and /api/generate,
+// Anthropic's /v1/messages, /v1/responses): streamed as the text comes, or
+// one body at the end. What is the same for all is here: the parser that
+// splits the text (reasoning, content, tool calls), flow control on a slow
+// client, the error of a job that ended without an answer (a status and one
+// body while nothing was streamed; else the dialect's error event and the
+// end of the stream), metrics, and releasing the job. As chat completions,
+// a stream's status and headers wait for the job's first event, so a job
+// that fails while queued is answered with its real status. The route
+// writes the rest through the hooks below (called on the pump's run thread).
+class ChatJobAnswer : public JobAnswer {
+ public:
+  void start(JobPump& pump) final { ex_ = &pump.exchange(); }
+  bool hold(JobPump& pump) final;
+  void on_cut(CutReason why) final;
+  bool on_text(const engine::JobEvent& ev) final;
+  void finish(JobPump& pump, JobProgress& pr) final;
+  std::string missing_result_message() const final { return "the request ended without a result"; }
+
+ protected:
+  // `chat` is the route's job's (it outlives this answer: the route keeps
+  // the job); `stream` whether the answer is streamed; `write_error` the
+  // dialect's error body.
+  ChatJobAnswer(SubmittedChat& chat, bool stream, ErrorWriter write_error)
+      : chat_(chat), stream_(stream), write_error_(write_error), parser_(chat.output) {}
+
+  // Stream: the status, headers and opening events (once: the first text,
+  // or the end of a generation that released none).
+  virtual void begin_stream() = 0;
+  // One parsed piece of the generation (streamed: as it comes; not: all
+  // of it before complete()).
+  virtual void take(const engine::ChatOutputDelta& d) = 0;
+  // A stream's error event after its headers went (the client still there).
+  virtual void stream_error(const ApiError& e) = 0;
+  // Before the last bytes of a failed answer (Ollama releases the model
+  // there, so a client that sees the answer finds it released).
+  virtual void before_error_end() {}
+  // A generation that ended well, after every take(): the closing events
+  // and end of the stream, or the one body.
+  virtual void complete(const engine::GenerationResult& r) = 0;
+
+  // Sends `bytes` on the stream while the client takes them; false once it is gone.
+  bool send(const std::string& bytes) { return alive_ && (alive_ = ex_->send(bytes)); }
+  bool alive() const { return alive_; }
+  bool stream() const { return stream_; }
+  Exchange& exchange() { return *ex_; }
+
+ private:
+  void open_stream();
+  // The job's error, if it ended without an answer.
+  std::optional<ApiError> failure(JobPump& pump, const JobProgress& pr) const;
+
+  SubmittedChat& chat_;
+  bool stream_;
+  ErrorWriter write_error_;
+  engine::ChatOutputParser parser_;
+  Exchange* ex_ = nullptr;     // the pump's (set by start)
+  bool alive_ = true;          // stream: the client still takes bytes
+  bool headers_sent_ = false;  // stream: begin_stream() ran
+};
+
 // Registers POST `path`, answered later by a JobPump: a multipart body is a
 // 400, a stopping server a 503 shutting_down; otherwise `submit(body, res,
 // admitted)` parses, admits and submits the request and returns the job to
@@ -139,7 +226,6 @@ struct SubmittedJob {
 };
 using JobSubmitter =
     std::function<std::optional<SubmittedJob>(const std::string& body, HttpResponse& res, engine::Clock::time_point)>;
-using ErrorWriter = void (*)(HttpResponse& res, const ApiError& e);
 void add_job_route(HttpTransport& http, ServerContext& ctx, const std::string& path, JobSubmitter submit,
                    ErrorWriter write_error = send_error);
 

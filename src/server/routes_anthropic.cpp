@@ -492,98 +492,46 @@ json message_object(const MessageJob& job, json content, json stop_reason, json 
               {"usage", {{"input_tokens", job.chat.prompt_tokens}, {"output_tokens", output_tokens}}}};
 }
 
-// The answer to one /v1/messages job: SSE events as the text comes
-// (stream), or one Message at the end. As chat completions, a stream's
-// status and headers wait for the job's first event, so a job that fails
-// while queued is answered with its real status.
-struct MessagesAnswer : JobAnswer {
+// The answer to one /v1/messages job (ChatJobAnswer): SSE events as the
+// text comes (stream), or one Message at the end.
+struct MessagesAnswer : ChatJobAnswer {
   std::shared_ptr<MessageJob> job;
-  Exchange* ex = nullptr;
-  bool alive = true;
-  bool headers_sent = false;
-  engine::ChatOutputParser parser;
   MessageContent content;
 
   explicit MessagesAnswer(std::shared_ptr<MessageJob> j)
-      : job(std::move(j)),
-        parser(job->chat.output),
+      : ChatJobAnswer(j->chat, j->stream, send_anthropic_error),
+        job(std::move(j)),
         content(job->stream ? MessageContent::Sink([this](const char* name, json data) { event(name, data); })
                             : MessageContent::Sink()) {}
 
-  std::string missing_result_message() const override { return "the request ended without a result"; }
-
   // One event: "event: NAME\ndata: {"type": NAME, ...}\n\n".
   void event(const char* name, const json& data) {
-    if (!alive) return;
-    alive = ex->send("event: " + std::string(name) +
-                     "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+    send("event: " + std::string(name) + "\ndata: " + data.dump(-1, ' ', false, json::error_handler_t::replace) +
+         "\n\n");
   }
 
-  void start(JobPump& pump) override { ex = &pump.exchange(); }
-  void open_stream() {
-    if (headers_sent) return;
-    headers_sent = true;
-    ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  void begin_stream() override {
+    exchange().start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
     event("message_start",
           json{{"type", "message_start"}, {"message", message_object(*job, json::array(), nullptr, nullptr, 0)}});
     event("ping", json{{"type", "ping"}});
   }
-  bool hold(JobPump& pump) override {
-    if (!(job->stream && alive && ex->over_high_water())) return false;
-    std::weak_ptr<JobPump> weak = pump.weak_from_this();
-    ex->on_drain([weak] {
-      if (auto p = weak.lock()) p->kick();
-    });
-    return true;
-  }
-  void on_cut(CutReason why) override {
-    if (why == CutReason::kClientGone) alive = false;
-  }
-  bool on_text(const engine::JobEvent& ev) override {
-    if (!job->stream) return true;  // parsed from the result at the end
-    open_stream();
-    content.add(parser.feed(ev.text));
-    return alive;
-  }
-
-  std::optional<ApiError> failure(JobPump& pump, const JobProgress& pr) const {
-    const bool gone = pr.cut == CutReason::kClientGone;
-    if (pr.failed) return job_failure_error(pump.context(), *pr.failed, job->chat.model, gone);
-    if (pr.done.empty() || !pr.done[0] || pr.done[0]->finish_reason == engine::FinishReason::kCancelled)
-      return job_cut_error(gone);
-    return std::nullopt;
-  }
-
-  void finish(JobPump& pump, JobProgress& pr) override {
-    if (job->chat.account) job->chat.account(pr);
-    const std::optional<ApiError> err = failure(pump, pr);
-    if (err && !headers_sent) {  // not streamed yet: a status and one error body
-      HttpResponse res;
-      send_anthropic_error(res, *err);
-      ex->respond(std::move(res));
-    } else if (err) {
-      if (pr.cut != CutReason::kClientGone) event("error", anthropic_error_json(*err));
-      ex->end_stream();
+  void take(const engine::ChatOutputDelta& d) override { content.add(d); }
+  void stream_error(const ApiError& e) override { event("error", anthropic_error_json(e)); }
+  void complete(const engine::GenerationResult& r) override {
+    content.finish();
+    auto [reason, sequence] = stop_of(*job, r, content.has_tool_use());
+    if (job->stream) {
+      event("message_delta", json{{"type", "message_delta"},
+                                  {"delta", {{"stop_reason", reason}, {"stop_sequence", sequence}}},
+                                  {"usage", {{"output_tokens", r.completion_tokens}}}});
+      event("message_stop", json{{"type", "message_stop"}});
+      exchange().end_stream();
     } else {
-      const engine::GenerationResult& r = *pr.done[0];
-      if (job->stream) open_stream();  // a generation that released no text opens it here
-      if (!job->stream) content.add(parser.feed(r.text));
-      content.add(parser.finish());
-      content.finish();
-      auto [reason, sequence] = stop_of(*job, r, content.has_tool_use());
-      if (job->stream) {
-        event("message_delta", json{{"type", "message_delta"},
-                                    {"delta", {{"stop_reason", reason}, {"stop_sequence", sequence}}},
-                                    {"usage", {{"output_tokens", r.completion_tokens}}}});
-        event("message_stop", json{{"type", "message_stop"}});
-        ex->end_stream();
-      } else {
-        HttpResponse res;
-        send_json(res, 200, message_object(*job, content.blocks(), reason, sequence, r.completion_tokens));
-        ex->respond(std::move(res));
-      }
+      HttpResponse res;
+      send_json(res, 200, message_object(*job, content.blocks(), reason, sequence, r.completion_tokens));
+      exchange().respond(std::move(res));
     }
-    job->chat = SubmittedChat{};  // the model and the job go now
   }
 };
 

@@ -251,7 +251,7 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-// /api/ps's expires_at for a model kept until it is evicted or unloaded (no idle timer).
+// /api/ps's expires_at for a model kept until it is evicted or unloaded (no keep_alive timer).
 constexpr std::string_view kNoExpiry = "9999-12-31T23:59:59Z";
 
 int64_t ns_between(Clock::time_point a, Clock::time_point b) {
@@ -272,6 +272,21 @@ std::vector<std::string> served_ids(const ServerContext& ctx) {
 void unload_when_idle(ServerContext& ctx, const std::string& id) {
   for (const auto& m : ctx.models->list())
     if (m.id == id && m.state == engine::ModelState::kLoaded && m.in_flight == 0) (void)ctx.models->unload(id);
+}
+
+// keep_alive (parse_keep_alive's seconds) as the pool's idle expiry of
+// model `id` (ModelPool::set_keep_alive): positive, unloaded once idle that
+// long; absent or negative, none (kept until evicted or unloaded, the
+// server's default, as Ollama's default applies to a request without one).
+// 0 is the caller's (unload_when_idle). A model no longer loaded is left
+// alone (nothing to expire).
+void apply_keep_alive(ServerContext& ctx, const std::string& id, std::optional<double> seconds) {
+  std::optional<std::chrono::steady_clock::duration> idle;
+  if (seconds && *seconds > 0) {
+    const double s = std::min(*seconds, 1e9);  // the pool's longest (~31 years)
+    idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+  }
+  (void)ctx.models->set_keep_alive(id, idle);
 }
 
 // ---- model files --------------------------------------------------------------
@@ -442,7 +457,7 @@ struct OllamaRoutes {
       json e = model_entry(m.id);
       e["size"] = m.mem_bytes;  // resident bytes (mapped file + KV pool), as Ollama's ps reports memory
       e["size_vram"] = 0;       // bonsai runs on the CPU
-      e["expires_at"] = kNoExpiry;
+      e["expires_at"] = m.expires_at ? rfc3339(*m.expires_at) : std::string(kNoExpiry);
       if (auto lm = ctx.models->peek(m.id)) e["context_length"] = lm->n_ctx;
       models.push_back(std::move(e));
     }
@@ -506,31 +521,15 @@ struct OllamaJob {
   SubmittedChat job;
 };
 
-// The answer: NDJSON lines as the text comes (stream), or one object at the end.
-struct OllamaAnswer : JobAnswer {
+// The answer (ChatJobAnswer): NDJSON lines as the text comes (stream), or
+// one object at the end.
+struct OllamaAnswer : ChatJobAnswer {
   std::shared_ptr<OllamaJob> job;
-  Exchange* ex = nullptr;
-  bool alive = true;
-  bool headers_sent = false;
-  engine::ChatOutputParser parser;
   std::string content, thinking;  // non-streamed: the whole answer
   json calls = json::array();     // every tool call, in Ollama's shape
 
-  explicit OllamaAnswer(std::shared_ptr<OllamaJob> j) : job(std::move(j)), parser(job->job.output) {}
-
-  std::string missing_result_message() const override { return "the request ended without a result"; }
-  void start(JobPump& pump) override { ex = &pump.exchange(); }
-  bool hold(JobPump& pump) override {
-    if (!(job->stream && alive && ex->over_high_water())) return false;
-    std::weak_ptr<JobPump> weak = pump.weak_from_this();
-    ex->on_drain([weak] {
-      if (auto p = weak.lock()) p->kick();
-    });
-    return true;
-  }
-  void on_cut(CutReason why) override {
-    if (why == CutReason::kClientGone) alive = false;
-  }
+  explicit OllamaAnswer(std::shared_ptr<OllamaJob> j)
+      : ChatJobAnswer(j->job, j->stream, send_ollama_error), job(std::move(j)) {}
 
   json call_json(const engine::ParsedToolCall& c) {
     json args = json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
@@ -554,19 +553,14 @@ struct OllamaAnswer : JobAnswer {
     return p;
   }
 
-  bool line(const json& j) {
-    if (!alive) return false;
-    return alive = ex->send(j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
-  }
+  bool line(const json& j) { return send(j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"); }
 
-  void open_stream() {
-    if (headers_sent) return;
-    headers_sent = true;
-    ex->start_stream(200, "application/x-ndjson", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  void begin_stream() override {
+    exchange().start_stream(200, "application/x-ndjson", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
   }
 
   // Takes one parsed delta: streamed as a line, or kept for the whole answer.
-  void take(const engine::ChatOutputDelta& d) {
+  void take(const engine::ChatOutputDelta& d) override {
     json tc = json::array();
     for (const auto& c : d.tool_calls) {
       tc.push_back(call_json(c));
@@ -583,13 +577,6 @@ struct OllamaAnswer : JobAnswer {
     line(p);
   }
 
-  bool on_text(const engine::JobEvent& ev) override {
-    if (!job->stream) return true;  // parsed from the result at the end
-    open_stream();
-    take(parser.feed(ev.text));
-    return alive;
-  }
-
   // The model and the job go (before the last bytes, so a client that sees
   // the answer of a keep_alive 0 request finds the model unloaded).
   void release() {
@@ -597,49 +584,28 @@ struct OllamaAnswer : JobAnswer {
     job->job = SubmittedChat{};
     if (job->unload) unload_when_idle(*job->ctx, model);
   }
+  void before_error_end() override { release(); }
+  void stream_error(const ApiError& e) override { line(json{{"error", e.message}}); }  // Ollama's mid-stream error line
 
-  void finish(JobPump& pump, JobProgress& pr) override {
-    if (job->job.account) job->job.account(pr);
-    const bool gone = pr.cut == CutReason::kClientGone;
-    std::optional<ApiError> err;
-    if (pr.failed) {
-      err = job_failure_error(pump.context(), *pr.failed, job->job.model, gone);
-    } else if (pr.done.empty() || !pr.done[0] || pr.done[0]->finish_reason == engine::FinishReason::kCancelled) {
-      err = job_cut_error(gone);
-    }
-    if (err && !headers_sent) {
-      release();
-      HttpResponse res;
-      send_ollama_error(res, *err);
-      ex->respond(std::move(res));
-    } else if (err) {
-      release();
-      if (!gone) line(json{{"error", err->message}});  // Ollama's mid-stream error line
-      ex->end_stream();
+  void complete(const engine::GenerationResult& r) override {
+    json p = job->stream ? piece("", "", json::array()) : piece(content, thinking, calls);
+    p["done"] = true;
+    p["done_reason"] = r.finish_reason == engine::FinishReason::kLength ? "length" : "stop";
+    const auto now = Clock::now();
+    p["total_duration"] = ns_between(job->admitted, now);
+    p["load_duration"] = ns_between(job->admitted, job->submitted);
+    p["prompt_eval_count"] = job->job.prompt_tokens;
+    p["prompt_eval_duration"] = static_cast<int64_t>(r.prompt_ms * 1e6);
+    p["eval_count"] = r.completion_tokens;
+    p["eval_duration"] = static_cast<int64_t>(r.gen_ms * 1e6);
+    release();
+    if (job->stream) {
+      line(p);
+      exchange().end_stream();
     } else {
-      const engine::GenerationResult& r = *pr.done[0];
-      if (job->stream) open_stream();  // a generation that released no text opens it here
-      if (!job->stream) take(parser.feed(r.text));
-      take(parser.finish());
-      json p = job->stream ? piece("", "", json::array()) : piece(content, thinking, calls);
-      p["done"] = true;
-      p["done_reason"] = r.finish_reason == engine::FinishReason::kLength ? "length" : "stop";
-      const auto now = Clock::now();
-      p["total_duration"] = ns_between(job->admitted, now);
-      p["load_duration"] = ns_between(job->admitted, job->submitted);
-      p["prompt_eval_count"] = job->job.prompt_tokens;
-      p["prompt_eval_duration"] = static_cast<int64_t>(r.prompt_ms * 1e6);
-      p["eval_count"] = r.completion_tokens;
-      p["eval_duration"] = static_cast<int64_t>(r.gen_ms * 1e6);
-      release();
-      if (job->stream) {
-        line(p);
-        ex->end_stream();
-      } else {
-        HttpResponse res;
-        send_json(res, 200, p);
-        ex->respond(std::move(res));
-      }
+      HttpResponse res;
+      send_json(res, 200, p);
+      exchange().respond(std::move(res));
     }
   }
 };
@@ -671,7 +637,11 @@ std::optional<SubmittedJob> OllamaRoutes::chat_or_generate(bool chat, const std:
     auto m = acquire_model(ctx, id);
     if (!m) return fail(m.error());
     m->release();
-    if (job->unload) unload_when_idle(ctx, id);
+    if (job->unload) {
+      unload_when_idle(ctx, id);
+    } else {
+      apply_keep_alive(ctx, id, keep_alive);
+    }
     json p{{"model", job->name}, {"created_at", rfc3339(std::chrono::system_clock::now())}};
     if (chat) {
       p["message"] = json{{"role", "assistant"}, {"content", ""}};
@@ -704,6 +674,7 @@ std::optional<SubmittedJob> OllamaRoutes::chat_or_generate(bool chat, const std:
   if (!submitted) return fail(dialect_error(submitted.error()));
   job->submitted = Clock::now();
   job->job = std::move(*submitted);
+  if (!job->unload) apply_keep_alive(ctx, job->job.model, keep_alive);  // held by the job: loaded
   auto handle = job->job.handle;
   return SubmittedJob{std::move(handle), 1, std::make_shared<OllamaAnswer>(std::move(job))};
 }
@@ -755,7 +726,7 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
   if (auto e = optional_bool(body, "truncate", dialect.truncate)) return fail(*e);
   ServerContext* c = &ctx;
   auto submitted = std::make_shared<Clock::time_point>(admitted);  // set once the job is submitted
-  dialect.body = [legacy, name, dimensions, unload, admitted, submitted, c](
+  dialect.body = [legacy, name, dimensions, unload, keep_alive, admitted, submitted, c](
                      std::vector<std::vector<float>> vecs, const std::string& model_id, int64_t tokens) {
     for (auto& v : vecs) {
       if (dimensions <= 0 || static_cast<size_t>(dimensions) >= v.size()) continue;
@@ -768,7 +739,11 @@ std::optional<SubmittedJob> OllamaRoutes::embed(bool legacy, const std::string& 
         for (float& x : v) x = static_cast<float>(x / norm);
     }
     // The job is done: the model goes with the last holder (the answer's handle, released right after).
-    if (unload) (void)c->models->unload(model_id);
+    if (unload) {
+      (void)c->models->unload(model_id);
+    } else {
+      apply_keep_alive(*c, model_id, keep_alive);  // held by this job: loaded
+    }
     if (legacy) return json{{"embedding", vecs.empty() ? std::vector<float>{} : std::move(vecs[0])}};
     return json{{"model", name},
                 {"embeddings", std::move(vecs)},

@@ -63,10 +63,15 @@
 //                 Ollama ignores options a model does not use
 //   keep_alive    a number of seconds or a Go duration ("5m", "1h30m",
 //                 "0"); 0 unloads the model once the request has answered
-//                 and no other request holds it (ModelPool::unload); any
-//                 other value keeps it loaded: bonsai's pool has no idle
-//                 timer, a model stays until another needs its room or an
-//                 admin unloads it (so /api/ps's expires_at is far ahead)
+//                 and no other request holds it (ModelPool::unload); a
+//                 positive D unloads it once no request has used it for D
+//                 (ModelPool::set_keep_alive; /api/ps's expires_at says
+//                 when); negative, or absent (bonsai's default), keeps it
+//                 until another model needs its room or an admin unloads
+//                 it (expires_at "9999-12-31T23:59:59Z"). Each /api/chat,
+//                 /api/generate and /api/embed request sets the model's
+//                 duration anew, as Ollama's do; other APIs' requests only
+//                 restart its idle time
 // Times in answers are nanoseconds: total_duration (admission -> answer),
 // load_duration (admission -> the job's submission: the model's on-demand
 // load, rendering and tokenizing), prompt_eval_duration / eval_duration

@@ -603,108 +603,56 @@ json usage_of(const ResponseJob& job, const engine::GenerationResult& r) {
               {"total_tokens", job.chat.prompt_tokens + r.completion_tokens}};
 }
 
-// The answer to one /v1/responses job: typed SSE events as the text comes
-// (stream), or one Response object at the end. As chat completions, a
-// stream's status and headers wait for the job's first event, so a job that
-// fails while queued is answered with its real status.
-struct ResponsesAnswer : JobAnswer {
+// The answer to one /v1/responses job (ChatJobAnswer): typed SSE events as
+// the text comes (stream), or one Response object at the end.
+struct ResponsesAnswer : ChatJobAnswer {
   std::shared_ptr<ResponseJob> job;
-  Exchange* ex = nullptr;
-  bool alive = true;
-  bool headers_sent = false;
   int64_t seq = 0;
-  engine::ChatOutputParser parser;
   ResponseOutput out;
 
   explicit ResponsesAnswer(std::shared_ptr<ResponseJob> j)
-      : job(std::move(j)),
-        parser(job->chat.output),
+      : ChatJobAnswer(j->chat, j->stream, send_error),
+        job(std::move(j)),
         out(job->stream ? ResponseOutput::Sink([this](const char* type, json f) { event(type, std::move(f)); })
                         : ResponseOutput::Sink()) {}
 
-  std::string missing_result_message() const override { return "the request ended without a result"; }
-
   // One typed event: "event: TYPE\ndata: {"type": TYPE, ..., "sequence_number": n}\n\n".
   void event(const char* type, json fields) {
-    if (!alive) return;
+    if (!alive()) return;
     fields["type"] = type;
     fields["sequence_number"] = seq++;
-    alive = ex->send("event: " + std::string(type) +
-                     "\ndata: " + fields.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+    send("event: " + std::string(type) + "\ndata: " + fields.dump(-1, ' ', false, json::error_handler_t::replace) +
+         "\n\n");
   }
 
-  void start(JobPump& pump) override { ex = &pump.exchange(); }
-  void open_stream() {
-    if (headers_sent) return;
-    headers_sent = true;
-    ex->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  void begin_stream() override {
+    exchange().start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
     const json r = response_object(*job, "in_progress", json::array(), nullptr);
     event("response.created", json{{"response", r}});
     event("response.in_progress", json{{"response", r}});
   }
-  bool hold(JobPump& pump) override {
-    if (!(job->stream && alive && ex->over_high_water())) return false;
-    std::weak_ptr<JobPump> weak = pump.weak_from_this();
-    ex->on_drain([weak] {
-      if (auto p = weak.lock()) p->kick();
-    });
-    return true;
+  void take(const engine::ChatOutputDelta& d) override { out.add(d); }
+  void stream_error(const ApiError& err) override {
+    json e{{"code", err.code.empty() ? "server_error" : err.code}, {"message", err.message}};
+    event("response.failed", json{{"response", response_object(*job, "failed", out.items(), nullptr, e)}});
   }
-  void on_cut(CutReason why) override {
-    if (why == CutReason::kClientGone) alive = false;
-  }
-  bool on_text(const engine::JobEvent& ev) override {
-    if (!job->stream) return true;  // parsed from the result at the end
-    open_stream();
-    out.add(parser.feed(ev.text));
-    return alive;
-  }
-
-  // The job's error, if it ended without an answer.
-  std::optional<ApiError> failure(JobPump& pump, const JobProgress& pr) const {
-    const bool gone = pr.cut == CutReason::kClientGone;
-    if (pr.failed) return job_failure_error(pump.context(), *pr.failed, job->chat.model, gone);
-    if (pr.done.empty() || !pr.done[0] || pr.done[0]->finish_reason == engine::FinishReason::kCancelled)
-      return job_cut_error(gone);
-    return std::nullopt;
-  }
-
-  void finish(JobPump& pump, JobProgress& pr) override {
-    if (job->chat.account) job->chat.account(pr);
-    const std::optional<ApiError> err = failure(pump, pr);
-    if (err && !headers_sent) {  // not streamed yet: a status and one error body
-      HttpResponse res;
-      send_error(res, *err);
-      ex->respond(std::move(res));
-    } else if (err) {
-      if (pr.cut != CutReason::kClientGone) {
-        json e{{"code", err->code.empty() ? "server_error" : err->code}, {"message", err->message}};
-        event("response.failed", json{{"response", response_object(*job, "failed", out.items(), nullptr, e)}});
-      }
-      ex->end_stream();
-    } else {
-      const engine::GenerationResult& r = *pr.done[0];
-      if (job->stream) open_stream();  // a generation that released no text opens it here
-      if (!job->stream) out.add(parser.feed(r.text));
-      out.add(parser.finish());
-      const bool incomplete = r.finish_reason == engine::FinishReason::kLength;
-      out.finish(incomplete);
-      json response = response_object(*job, incomplete ? "incomplete" : "completed", out.items(), usage_of(*job, r));
-      if (job->store) {
-        Json conversation = std::move(job->conversation);
-        conversation.push_back(out.assistant_message());
-        job->responses->put(job->id, response, std::move(conversation));
-      }
-      if (job->stream) {
-        event(incomplete ? "response.incomplete" : "response.completed", json{{"response", std::move(response)}});
-        ex->end_stream();
-      } else {
-        HttpResponse res;
-        send_json(res, 200, response);
-        ex->respond(std::move(res));
-      }
+  void complete(const engine::GenerationResult& r) override {
+    const bool incomplete = r.finish_reason == engine::FinishReason::kLength;
+    out.finish(incomplete);
+    json response = response_object(*job, incomplete ? "incomplete" : "completed", out.items(), usage_of(*job, r));
+    if (job->store) {
+      Json conversation = std::move(job->conversation);
+      conversation.push_back(out.assistant_message());
+      job->responses->put(job->id, response, std::move(conversation));
     }
-    job->chat = SubmittedChat{};  // the model and the job go now
+    if (job->stream) {
+      event(incomplete ? "response.incomplete" : "response.completed", json{{"response", std::move(response)}});
+      exchange().end_stream();
+    } else {
+      HttpResponse res;
+      send_json(res, 200, response);
+      exchange().respond(std::move(res));
+    }
   }
 };
 

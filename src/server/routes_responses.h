@@ -50,7 +50,7 @@
 #include "engine/chat_output.h"    // ChatOutputParser, ChatOutputDelta
 #include "engine/sampling.h"       // SamplingParams
 #include "engine/scheduler.h"      // JobHandle, Clock
-#include "server/job_pump.h"       // JobProgress
+#include "server/job_pump.h"       // JobProgress, SubmittedChat
 #include "server/openai.h"         // CompletionRequest, ApiError
 #include "server/routes_common.h"  // ServerContext
 #include "server/transport.h"      // HttpTransport
@@ -58,25 +58,6 @@
 
 namespace bonsai::server {
 
-// A chat request submitted to its model's scheduler by the server's chat
-// path (Server's submit_completion), as a route of another dialect needs it.
-struct SubmittedChat {
-  std::shared_ptr<engine::JobHandle> handle;  // the job (one choice)
-  // The chat path's own job state: holds the model while the job runs;
-  // dropping the last reference cancels a job still running.
-  std::shared_ptr<void> owner;
-  int64_t prompt_tokens = 0;                  // tokens of the rendered prompt (usage.input_tokens)
-  engine::ChatOutputParser::Options output;   // how the text splits (reasoning, tool calls)
-  std::string model;                          // the model id that serves it
-  std::function<void(JobProgress&)> account;  // the server's metrics of a finished job
-  // What llama.cpp's native routes report (routes_llama.h): the prompt's
-  // token ids, the sampling parameters it runs with, the model's tokenizer
-  // (shared; outlives the job) and context length.
-  std::vector<int32_t> prompt;
-  engine::SamplingParams params;
-  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
-  int64_t n_ctx = 0;
-};
 // Prepares and submits a parsed chat request admitted at the given time:
 // the submitted job, or the API error to answer (400 / 404 / 503).
 using ChatSubmitter =

@@ -68,6 +68,15 @@ std::string route_label(const std::string& path) {
   return "other";
 }
 
+// The writer of an error answered on `path`: Ollama's API (/api/*) and
+// Anthropic's routes (/v1/messages and below) answer errors in their own
+// shapes, everything else in OpenAI's.
+ErrorWriter error_writer(std::string_view path) {
+  if (path.starts_with("/api/")) return send_ollama_error;
+  if (is_anthropic_path(path)) return send_anthropic_error;
+  return send_error;
+}
+
 // True when a chat request's prompt is rendered with thinking off although
 // it asked for it: a grammar constrains the answer (forced tool call,
 // response_format) and the template would open the reasoning itself
@@ -225,11 +234,8 @@ struct Server::Impl {
     }
     http.set_pre_routing([this](const HttpRequest& req, HttpResponse& res) {
       if (cors_preflight(req, res)) return true;  // before authorization: a preflight carries no credentials
-      // Ollama's API (/api/*) and Anthropic's routes answer errors in their own shapes.
       const bool ollama = req.path.rfind("/api/", 0) == 0;
-      const auto write_error = ollama                        ? send_ollama_error
-                               : is_anthropic_path(req.path) ? send_anthropic_error
-                                                             : send_error;
+      const auto write_error = error_writer(req.path);
       if (ctx.draining && req.method == "POST") {  // no new work while draining (GET /health says so)
         write_error(res, draining_error());
         return true;
@@ -259,10 +265,12 @@ struct Server::Impl {
       return true;
     });
 
-    // OpenAI-shaped bodies for errors the transport produces itself (404
-    // unknown route, 413 body too large, 431 header too large, 400
-    // unreadable request, 503 too many connections, 500 a handler threw).
-    http.set_error_body([](int status, const std::string& message) {
+    // Bodies for errors the transport produces itself (404 unknown route,
+    // 413 body too large, 431 header too large, 400 unreadable request, 503
+    // too many connections, 500 a handler threw), in the shape of the API
+    // the path belongs to as pre-routing's: Ollama's under /api/,
+    // Anthropic's under /v1/messages, else OpenAI's.
+    http.set_error_body([](int status, const std::string& message, const std::string& path) {
       ApiError e;
       e.status = status;
       e.message = message;
@@ -284,7 +292,7 @@ struct Server::Impl {
         e.code = "invalid_request";
       }
       HttpResponse res;
-      send_error(res, e);
+      error_writer(path)(res, e);
       return res;
     });
 

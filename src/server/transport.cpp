@@ -121,7 +121,7 @@ std::string head_of(int status, const std::string& content_type,
   return h;
 }
 
-HttpResponse default_error_body(int status, const std::string& message) {
+HttpResponse default_error_body(int status, const std::string& message, const std::string& /*path*/) {
   HttpResponse r;
   r.status = status;
   r.body = message + "\n";
@@ -453,7 +453,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void fail(int status, const std::string& message) {
     keep_alive_ = false;
     phase_ = Phase::kClosing;
-    HttpResponse r = core_->error_body ? core_->error_body(status, message) : default_error_body(status, message);
+    const std::string path = failed_request_path();
+    HttpResponse r =
+        core_->error_body ? core_->error_body(status, message, path) : default_error_body(status, message, path);
     r.status = status;
     std::string data = head_of(status, r.content_type, r.headers, false, r.body.size()) + r.body;
     out_.push_back({std::move(data), 0});
@@ -463,6 +465,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
       core_->logger(req, status);
     }
     if (!writing_) do_write();
+  }
+
+  // The path of the request a read failed on: from the parsed request line,
+  // or (a header too large to parse, cut short) from the one at the front of
+  // the bytes read, "METHOD SP TARGET SP ..."; "" when even that
+  // line is not there.
+  std::string failed_request_path() {
+    // The request line is parsed before the fields and the limits checked
+    // after them (a Content-Length above the body limit): the target is there.
+    if (parser_ && (parser_->is_header_done() || !parser_->get().target().empty())) return make_request(false).path;
+    const auto data = buffer_.data();
+    const std::string_view bytes(static_cast<const char*>(data.data()), data.size());
+    const std::string_view line = bytes.substr(0, bytes.find_first_of("\r\n"));
+    const size_t sp = line.find(' ');
+    if (sp == std::string_view::npos || sp == line.size() - 1) return {};
+    const size_t end = line.find(' ', sp + 1);
+    if (end == std::string_view::npos) return {};  // the target may go on: not known whole
+    const std::string_view target = line.substr(sp + 1, end - sp - 1);
+    return percent_decode(target.substr(0, target.find('?')));
   }
 
   HttpRequest make_request(bool take_body) {
@@ -505,7 +526,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         std::string list;
         for (const auto& m : allowed) list += (list.empty() ? "" : ", ") + m;
         HttpResponse r = core_->error_body(
-            405, "Method " + req.method + " is not allowed on " + req.path + " (allowed: " + list + ").");
+            405, "Method " + req.method + " is not allowed on " + req.path + " (allowed: " + list + ").", req.path);
         r.status = 405;
         r.set_header("Allow", list);
         return ex->respond(std::move(r));
@@ -513,16 +534,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else if (const std::string coding = content_coding(req); !coding.empty() && !req.body.empty()) {
       // RFC 9110 section 15.5.16 / RFC 7694: a body in a content coding the
       // server does not decode is a 415 naming the codings it accepts.
-      HttpResponse r = core_->error_body(415, "Content-Encoding '" + coding +
-                                                  "' is not supported: send the request body uncompressed "
-                                                  "(Content-Encoding identity, or no Content-Encoding header).");
+      HttpResponse r = core_->error_body(415,
+                                         "Content-Encoding '" + coding +
+                                             "' is not supported: send the request body uncompressed "
+                                             "(Content-Encoding identity, or no Content-Encoding header).",
+                                         req.path);
       r.status = 415;
       r.set_header("Accept-Encoding", "identity");
       return ex->respond(std::move(r));
     }
     Handler h = route ? route->handler : core_->not_found;
     if (!h) {
-      HttpResponse r = core_->error_body(404, "Unknown request URL: " + req.method + " " + req.path + ".");
+      HttpResponse r = core_->error_body(404, "Unknown request URL: " + req.method + " " + req.path + ".", req.path);
       r.status = 404;
       ex->respond(std::move(r));
       return;
@@ -537,7 +560,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       } catch (...) {
         what = "unknown exception";
       }
-      HttpResponse r = core->error_body(500, "Internal error: " + what + ".");
+      HttpResponse r = core->error_body(500, "Internal error: " + what + ".", ex->request().path);
       r.status = 500;
       ex->respond(std::move(r));
     };
@@ -739,8 +762,8 @@ void TransportCore::reject(tcp::socket socket) {
   n_refused.fetch_add(1);
   if (n_rejecting.load() >= std::max(1, opt.max_connections)) return;  // socket closes here
   n_rejecting.fetch_add(1);
-  HttpResponse r = error_body ? error_body(503, "Too many open connections; retry later.")
-                              : default_error_body(503, "Too many open connections; retry later.");
+  HttpResponse r = error_body ? error_body(503, "Too many open connections; retry later.", "")
+                              : default_error_body(503, "Too many open connections; retry later.", "");
   r.status = 503;
   r.headers.emplace_back("Retry-After", "1");
   auto text = std::make_shared<std::string>(head_of(503, r.content_type, r.headers, false, r.body.size()) + r.body);
@@ -786,7 +809,7 @@ Exchange::Exchange(std::shared_ptr<Connection> conn, HttpRequest request, size_t
 Exchange::~Exchange() {
   if (!answered_.exchange(true) && conn_) {
     // Dropped without an answer: the client still gets one.
-    conn_->post([c = conn_] { c->deliver(default_error_body(500, "The request was dropped without an answer.")); });
+    conn_->post([c = conn_] { c->deliver(default_error_body(500, "The request was dropped without an answer.", "")); });
   } else if (answered_ && !ended_ && conn_) {
     conn_->post([c = conn_] { c->stream_end(); });
   }

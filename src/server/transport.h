@@ -188,9 +188,11 @@ using Handler = std::function<void(const std::shared_ptr<Exchange>&)>;
 // e.g. tokenize), or on the I/O thread that read the request (only for
 // handlers that never block and take microseconds).
 enum class Dispatch { kWorker, kInline };
-// Body of an error the transport answers itself: status and a one-line
-// reason ("Content-Length is negative").
-using ErrorBody = std::function<HttpResponse(int status, const std::string& message)>;
+// Body of an error the transport answers itself: status, a one-line
+// reason ("Content-Length is negative"), and the request's path (decoded,
+// without the query) so that the body can take the shape of the API the
+// path belongs to; "" when no request line was read (503 at accept).
+using ErrorBody = std::function<HttpResponse(int status, const std::string& message, const std::string& path)>;
 // Called once per answered request: the request (its body may be empty)
 // and the status given. On the thread that answered.
 using RequestLogger = std::function<void(const HttpRequest&, int status)>;

@@ -75,6 +75,23 @@ TEST(ChatOutput, StartsInReasoningWhenThePromptOpenedIt) {
   expect_all_splits("\nhmm\n</think>\n\nok", "hmm", "ok", {}, opt);
 }
 
+// --reasoning-format none on an answer that starts inside the reasoning the
+// prompt opened: content is the raw text with that "<think>\n" in front, so
+// its </think> is balanced; tool calls after it are still parsed.
+TEST(ChatOutput, ReasoningFormatNoneKeepsTheOpenedThinkTag) {
+  ChatOutputParser::Options opt;
+  opt.parse_reasoning = false;
+  opt.starts_in_reasoning = true;
+  expect_all_splits("hmm\n</think>\n\nok", "", "<think>\nhmm\n</think>\n\nok", {}, opt);
+  expect_all_splits("", "", "<think>\n", {}, opt);  // nothing generated: the tag the prompt opened
+  opt.tool_call_syntax = tokenizer::ToolCallSyntax::kXml;
+  expect_all_splits("x\n</think>\n\n<tool_call>\n<function=f>\n</function>\n</tool_call>", "",
+                    "<think>\nx\n</think>\n\n", {{"f", "{}"}}, opt);
+  // Not opened by the prompt: nothing added.
+  opt.starts_in_reasoning = false;
+  expect_all_splits("ok", "", "ok", {}, opt);
+}
+
 TEST(ChatOutput, UnterminatedThinkStaysReasoning) {
   expect_all_splits("<think>\nstill thinking  ", "still thinking  ", "", {});
 }

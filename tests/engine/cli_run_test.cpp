@@ -261,4 +261,57 @@ TEST(CliChat, CrlfInputIsReadAsLf) {
   EXPECT_EQ(prompts, 6u) << b.out;
 }
 
+// Qwen3.5's prompt opens "<think>\n", so the tiny model's answer (random
+// weights: no "</think>") is all reasoning. chat and run --chat show it apart
+// from the answer: a "Thinking:" block on a pipe, dimmed with --color on;
+// --hidethinking leaves it out; --reasoning-format none prints the raw text
+// with the "<think>\n" the prompt opened; --no-think has no reasoning.
+TEST(CliChat, ReasoningIsShownApartOrHidden) {
+  const std::string model = bonsai::test::shared_path("fixtures/qwen35/qwen35-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(model);
+  const std::string base = "chat -m '" + model + "' -n 6 --temp 0 -t 1";
+  const std::string in = "Hi\n/exit\n";
+  const CliResult shown = bonsai(base, in);
+  ASSERT_EQ(shown.rc, 0) << shown.err;
+  ASSERT_EQ(shown.out.rfind("> Thinking:\n", 0), 0u) << shown.out;
+  EXPECT_EQ(shown.out.find("<think>"), std::string::npos) << shown.out;
+  EXPECT_EQ(shown.out.find('\x1b'), std::string::npos) << shown.out;  // a pipe: no colour
+  // The reasoning text itself: what follows the header up to the answer's newline.
+  const size_t text_at = std::string("> Thinking:\n").size();
+  const size_t end = shown.out.rfind("\n> ");
+  ASSERT_NE(end, std::string::npos) << shown.out;
+  const std::string reasoning = shown.out.substr(text_at, end - text_at);
+  EXPECT_FALSE(reasoning.empty());
+
+  const CliResult dim = bonsai(base + " --color on", in);
+  ASSERT_EQ(dim.rc, 0) << dim.err;
+  EXPECT_EQ(dim.out, "> \x1b[2m" + reasoning + "\x1b[0m\n> ") << dim.out;
+
+  const CliResult hidden = bonsai(base + " --hidethinking", in);
+  ASSERT_EQ(hidden.rc, 0) << hidden.err;
+  EXPECT_EQ(hidden.out, "> \n> ");
+
+  const CliResult raw = bonsai(base + " --reasoning-format none", in);
+  ASSERT_EQ(raw.rc, 0) << raw.err;
+  ASSERT_EQ(raw.out.rfind("> <think>\n", 0), 0u) << raw.out;
+  EXPECT_EQ(raw.out.find("Thinking:"), std::string::npos) << raw.out;
+
+  const CliResult off = bonsai(base + " --no-think", in);
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_EQ(off.out.find("Thinking:"), std::string::npos) << off.out;
+  EXPECT_NE(off.out, "> \n> ");  // an answer was printed
+
+  // run --chat: the same display; run without --chat prints the raw text.
+  const CliResult run = bonsai("run -m '" + model + "' -p Hi --chat -n 6 --temp 0 -t 1");
+  ASSERT_EQ(run.rc, 0) << run.err;
+  EXPECT_EQ(run.out, "Thinking:\n" + reasoning + "\n") << run.out;
+  const CliResult run_hidden = bonsai("run -m '" + model + "' -p Hi --chat -n 6 --temp 0 -t 1 --hidethinking");
+  ASSERT_EQ(run_hidden.rc, 0) << run_hidden.err;
+  EXPECT_EQ(run_hidden.out, "\n");
+
+  // Bad values are usage errors.
+  EXPECT_EQ(bonsai(base + " --reasoning-format raw", in).rc, 2);
+  EXPECT_EQ(bonsai(base + " --color sometimes", in).rc, 2);
+}
+
 }  // namespace

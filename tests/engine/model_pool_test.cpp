@@ -12,7 +12,10 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace bonsai::engine {
 namespace {
@@ -572,6 +575,56 @@ TEST(ModelPool, ConcurrentAcquireReleaseKeepsCountsConsistent) {
   EXPECT_LE(pool.list().size(), 2u);
   for (const auto& m : pool.list()) EXPECT_EQ(m.in_flight, 0) << m.id;
   EXPECT_EQ(pool.current_mem_bytes(), pool.list().size() * kMiB);
+}
+
+// set_keep_alive: a model idle for its keep-alive is unloaded by the pool's
+// own thread (no call needed), never while a request holds it; list() says
+// when (expires_at); nullopt clears it; only a loaded model takes one.
+TEST(ModelPool, KeepAliveUnloadsAModelOnceIdleThatLong) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {"b", 1}};
+  ModelPool pool = zoo.make(4, 0);
+  reg(pool, "a");
+  reg(pool, "b");
+  EXPECT_EQ(pool.set_keep_alive("a", 1s).error().code, core::Errc::kNotFound);  // not loaded
+  touch(pool, "a");
+  touch(pool, "b");
+  auto expires = [&](const std::string& id) {
+    for (const auto& m : pool.list())
+      if (m.id == id) return m.expires_at;
+    return std::optional<std::chrono::system_clock::time_point>();
+  };
+  EXPECT_FALSE(expires("a").has_value());  // none by default
+  // Held by a request: not unloaded however long it is past due.
+  auto held = pool.acquire("a");
+  ASSERT_TRUE(held.has_value());
+  const auto before = std::chrono::system_clock::now();
+  ASSERT_TRUE(pool.set_keep_alive("a", 200ms).has_value());
+  ASSERT_TRUE(expires("a").has_value());
+  EXPECT_GE(*expires("a"), before + 150ms);
+  EXPECT_LE(*expires("a"), std::chrono::system_clock::now() + 250ms);
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(listed_ids(pool).size(), 2u);
+  const auto released = std::chrono::steady_clock::now();
+  held->release();
+  // Idle now: gone about 200 ms later (allow a loaded machine 5 s).
+  while (listed_ids(pool).size() == 2u && std::chrono::steady_clock::now() - released < 5s)
+    std::this_thread::sleep_for(10ms);
+  const auto took = std::chrono::steady_clock::now() - released;
+  EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"b"});
+  EXPECT_GE(took, 190ms);
+  // Cleared: "b" stays past the keep-alive it had.
+  ASSERT_TRUE(pool.set_keep_alive("b", 100ms).has_value());
+  ASSERT_TRUE(pool.set_keep_alive("b", std::nullopt).has_value());
+  EXPECT_FALSE(expires("b").has_value());
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"b"});
+  // Loaded again, "a" starts without one; zero unloads it once idle.
+  touch(pool, "a");
+  EXPECT_FALSE(expires("a").has_value());
+  ASSERT_TRUE(pool.set_keep_alive("a", 0s).has_value());
+  for (int i = 0; i < 500 && listed_ids(pool).size() == 2u; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"b"});
 }
 
 }  // namespace

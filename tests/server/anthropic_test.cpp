@@ -7,6 +7,10 @@
 // Anthropic's shape, x-api-key.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -838,6 +842,87 @@ TEST_F(AnthropicHttpKey, XApiKeyOrBearerIsAcceptedAndA401IsAnthropicShaped) {
   // An empty x-api-key is no key.
   auto [est, ee] = post("/v1/messages/count_tokens", body, {{"x-api-key", ""}});
   EXPECT_EQ(est, 401) << ee.dump();
+}
+
+// Sends `bytes` on a fresh connection to 127.0.0.1:`port` and reads until
+// the server closes; returns {status, parsed body} (body null if not JSON).
+std::pair<int, json> raw_exchange(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return {-1, json()};
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {-1, json()};
+  }
+  timeval tv{.tv_sec = 30, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  // The server may answer (and close) before it has read everything.
+  for (size_t at = 0; at < bytes.size();) {
+    const ssize_t n = ::send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    at += static_cast<size_t>(n);
+  }
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  if (resp.rfind("HTTP/1.1 ", 0) != 0) return {-1, json()};
+  const size_t body = resp.find("\r\n\r\n");
+  return {std::stoi(resp.substr(9, 3)),
+          json::parse(body == std::string::npos ? "" : resp.substr(body + 4), nullptr, false)};
+}
+
+// Errors the transport answers before any route runs (413 body too large,
+// 431 header too large or too many fields, 404 unknown path) take the shape of the API the path belongs to, as 401
+// does: Anthropic's under /v1/messages, Ollama's under /api/, else OpenAI's.
+TEST_F(AnthropicHttp, TransportErrorsTakeTheShapeOfThePathsApi) {
+  const std::string big_header = "X-Big: " + std::string(70000, 'a') + "\r\n";
+  std::string many_fields;
+  for (int i = 0; i < 300; ++i) many_fields += "X-F" + std::to_string(i) + ": 1\r\n";
+  struct Case {
+    const char* what;
+    std::string headers;
+    std::string method;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"body too large", "Content-Length: 99999999\r\n", "POST", 413},
+      {"header too large", big_header, "POST", 431},
+      {"too many header fields", many_fields, "POST", 431},
+  };
+  for (const Case& c : cases) {
+    for (const std::string path : {"/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/v1/chat/completions"}) {
+      SCOPED_TRACE(std::string(c.what) + " on " + path);
+      const std::string query = path == "/v1/messages" ? "?beta=true" : "";  // the query is not the path
+      const auto [status, body] =
+          raw_exchange(port_, c.method + " " + path + query + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+                                  c.headers + "Content-Type: application/json\r\n\r\n");
+      EXPECT_EQ(status, c.status) << body.dump();
+      ASSERT_TRUE(body.is_object()) << body.dump();
+      if (path.starts_with("/v1/messages")) {
+        EXPECT_EQ(body["type"], "error") << body.dump();
+        EXPECT_EQ(body["error"]["type"], anthropic_error_type(c.status)) << body.dump();
+        EXPECT_TRUE(body["error"]["message"].is_string()) << body.dump();
+        EXPECT_EQ(body.size(), 2u) << body.dump();
+      } else if (path.starts_with("/api/")) {
+        ASSERT_TRUE(body["error"].is_string()) << body.dump();
+        EXPECT_FALSE(body["error"].get<std::string>().empty());
+        EXPECT_EQ(body.size(), 1u) << body.dump();
+      } else {
+        ASSERT_TRUE(body["error"].is_object()) << body.dump();
+        EXPECT_TRUE(body["error"]["message"].is_string()) << body.dump();
+        EXPECT_TRUE(body["error"].contains("code")) << body.dump();
+      }
+    }
+  }
+  // An unknown path under /v1/messages: Anthropic's not_found_error.
+  const auto [st, nf] = raw_exchange(port_, "GET /v1/messages/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(st, 404);
+  EXPECT_EQ(nf["type"], "error") << nf.dump();
+  EXPECT_EQ(nf["error"]["type"], "not_found_error") << nf.dump();
 }
 
 }  // namespace

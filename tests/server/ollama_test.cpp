@@ -12,10 +12,13 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -667,6 +670,100 @@ TEST_F(OllamaHttp, KeepAliveZeroUnloadsAfterTheAnswer) {
                                           {"options", {{"num_predict", 3}}}});
   ASSERT_EQ(st2, 200) << r2.dump();
   EXPECT_TRUE(loaded("stories"));
+}
+
+// An RFC 3339 UTC time as /api/ps writes it ("2026-01-02T03:04:05.123456789Z",
+// or without the fraction); nullopt when it is not one.
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(const std::string& s) {
+  std::tm tm{};
+  int frac_at = 0;
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+                  &tm.tm_sec, &frac_at) != 6 ||
+      s.empty() || s.back() != 'Z')
+    return std::nullopt;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  auto t = std::chrono::system_clock::from_time_t(timegm(&tm));
+  if (s[static_cast<size_t>(frac_at)] == '.') {
+    const std::string frac = s.substr(static_cast<size_t>(frac_at) + 1, s.size() - static_cast<size_t>(frac_at) - 2);
+    t += std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::duration<double>(std::stod("0." + frac)));
+  }
+  return t;
+}
+
+// keep_alive D > 0: the model is unloaded once idle for D, with no request
+// needed to notice it, and /api/ps's expires_at says when; a negative one
+// (and none) keeps it: expires_at far ahead. /api/embed sets it too.
+TEST_F(OllamaHttp, KeepAliveUnloadsTheModelOnceIdleThatLong) {
+  using std::chrono::system_clock;
+  const json user = json::array({{{"role", "user"}, {"content", "x"}}});
+  auto expires_at = [&](const std::string& name) -> std::string {
+    const json ps = get("/api/ps").second;
+    for (const json& m : ps["models"])
+      if (m["name"] == name) return m["expires_at"].get<std::string>();
+    return "";
+  };
+  // "5m": expires five minutes after the answer.
+  auto [st, r] = post("/api/chat", {{"model", "stories"},
+                                    {"messages", user},
+                                    {"stream", false},
+                                    {"keep_alive", "5m"},
+                                    {"options", {{"num_predict", 2}}}});
+  ASSERT_EQ(st, 200) << r.dump();
+  const auto answered = system_clock::now();
+  auto when = parse_rfc3339(expires_at("stories:latest"));
+  ASSERT_TRUE(when.has_value()) << expires_at("stories:latest");
+  EXPECT_GE(*when, answered + std::chrono::seconds(295));
+  EXPECT_LE(*when, system_clock::now() + std::chrono::seconds(301));
+  // Negative: kept (until evicted or unloaded).
+  std::tie(st, r) = post("/api/generate", {{"model", "stories"}, {"keep_alive", -1}, {"stream", false}});
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(expires_at("stories:latest"), "9999-12-31T23:59:59Z");
+  // "1s" on a generation; "qwen" is loaded without one and stays.
+  std::tie(st, r) = post("/api/chat", {{"model", "qwen"}, {"messages", json::array()}, {"stream", false}});
+  ASSERT_EQ(st, 200) << r.dump();
+  std::tie(st, r) = post("/api/generate", {{"model", "stories"},
+                                           {"prompt", "Once upon a time"},
+                                           {"stream", false},
+                                           {"keep_alive", "1s"},
+                                           {"options", {{"num_predict", 2}}}});
+  ASSERT_EQ(st, 200) << r.dump();
+  const auto t0 = std::chrono::steady_clock::now();
+  when = parse_rfc3339(expires_at("stories:latest"));
+  ASSERT_TRUE(when.has_value()) << expires_at("stories:latest");
+  EXPECT_LE(*when, system_clock::now() + std::chrono::seconds(1));
+  EXPECT_GE(*when, system_clock::now() - std::chrono::seconds(1));
+  while (loaded("stories") && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(loaded("stories"));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900));
+  EXPECT_EQ(expires_at("stories:latest"), "");  // not in /api/ps any more
+  EXPECT_TRUE(loaded("qwen"));
+  EXPECT_EQ(expires_at("qwen:latest"), "9999-12-31T23:59:59Z");
+  // /api/embed: the same; the next request loads the model again.
+  std::tie(st, r) = post("/api/embed", {{"model", "stories"}, {"input", "a"}, {"keep_alive", 1}});
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_TRUE(loaded("stories"));
+  EXPECT_FALSE(expires_at("stories:latest").empty());
+  EXPECT_NE(expires_at("stories:latest"), "9999-12-31T23:59:59Z");
+  for (int i = 0; i < 500 && loaded("stories"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(loaded("stories"));
+  // Bad durations on every route that takes one: Ollama-shaped 400s naming keep_alive.
+  for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{
+           {"/api/chat", {{"model", "stories"}, {"messages", user}, {"keep_alive", "5 minutes"}}},
+           {"/api/chat", {{"model", "stories"}, {"messages", user}, {"keep_alive", "1h-5m"}}},
+           {"/api/generate", {{"model", "stories"}, {"prompt", "x"}, {"keep_alive", "m5"}}},
+           {"/api/generate", {{"model", "stories"}, {"keep_alive", ""}}},
+           {"/api/embed", {{"model", "stories"}, {"input", "a"}, {"keep_alive", "5d"}}},
+           {"/api/embed", {{"model", "stories"}, {"input", "a"}, {"keep_alive", json::array()}}}}) {
+    auto [bst, b] = post(path, body);
+    EXPECT_EQ(bst, 400) << path << " " << body.dump() << " -> " << b.dump();
+    ASSERT_TRUE(b.is_object() && b["error"].is_string()) << b.dump();
+    EXPECT_EQ(b.size(), 1u) << b.dump();
+    EXPECT_NE(b["error"].get<std::string>().find("keep_alive"), std::string::npos) << b.dump();
+  }
+  EXPECT_FALSE(loaded("stories"));  // a refused request loads nothing
 }
 
 TEST_F(OllamaHttp, ErrorsAreOllamaShapedAndTheServerKeepsServing) {

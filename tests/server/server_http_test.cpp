@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1782,6 +1783,73 @@ TEST_F(ServerHttpQwen35, AnswerStartsInReasoningAndForcedCallsAreXml) {
   const json out = json::parse(body["choices"][0]["message"]["content"].get<std::string>(), nullptr, false);
   ASSERT_TRUE(out.is_object()) << body.dump();
   EXPECT_TRUE(out.contains("city") && out["city"].is_string()) << out.dump();
+}
+
+// --reasoning-format none (ServerOptions::parse_reasoning false) with a
+// template whose prompt opens "<think>\n": the answer is raw content that
+// starts with that tag (its "</think>" balanced, as llama-server's), the same
+// streamed and not, on every chat route (OpenAI, Ollama, Anthropic).
+class ServerHttpQwen35RawReasoning : public ServerHttpQwen35 {
+ protected:
+  void customize(ServerOptions& so) override { so.parse_reasoning = false; }
+};
+
+TEST_F(ServerHttpQwen35RawReasoning, ContentStartsWithTheThinkTagThePromptOpened) {
+  if (spec_.path == stories_) GTEST_SKIP() << "no qwen3 / qwen35 fixture";
+  const json user = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+  json req{{"messages", user}, {"max_tokens", 6}, {"temperature", 0}};
+  auto [status, body] = post("/v1/chat/completions", req.dump());
+  ASSERT_EQ(status, 200) << body.dump();
+  const json& msg = body["choices"][0]["message"];
+  EXPECT_FALSE(msg.contains("reasoning_content")) << msg.dump();
+  const std::string content = msg["content"].get<std::string>();
+  ASSERT_EQ(content.rfind("<think>\n", 0), 0u) << content;
+  EXPECT_GT(content.size(), 8u) << content;  // the generated text follows the tag
+
+  req["stream"] = true;
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string streamed;
+  for (const json& ev : sse_payloads(r->body)) {
+    if (ev["choices"].empty()) continue;
+    const json& d = ev["choices"][0]["delta"];
+    EXPECT_FALSE(d.contains("reasoning_content")) << ev.dump();
+    if (d.contains("content") && d["content"].is_string()) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+
+  // Ollama: message.content, no "thinking"; streamed lines add up to it.
+  json oreq{{"model", "stories"},
+            {"messages", user},
+            {"stream", false},
+            {"options", {{"temperature", 0}, {"num_predict", 6}}}};
+  std::tie(status, body) = post("/api/chat", oreq.dump());
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_FALSE(body["message"].contains("thinking")) << body.dump();
+  EXPECT_EQ(body["message"]["content"], content) << body.dump();
+  oreq["stream"] = true;
+  r = c.Post("/api/chat", oreq.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string lines;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << line;
+    EXPECT_FALSE(j["message"].contains("thinking")) << line;
+    lines += j["message"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(lines, content);
+
+  // Anthropic: one text block, no thinking block.
+  std::tie(status, body) = post(
+      "/v1/messages", json{{"model", "stories"}, {"messages", user}, {"max_tokens", 6}, {"temperature", 0}}.dump());
+  ASSERT_EQ(status, 200) << body.dump();
+  ASSERT_EQ(body["content"].size(), 1u) << body.dump();
+  EXPECT_EQ(body["content"][0]["type"], "text") << body.dump();
+  EXPECT_EQ(body["content"][0]["text"], content) << body.dump();
 }
 
 }  // namespace
