@@ -283,7 +283,7 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
                             : m.row_s > 0     ? m.row_s / m.decode_s
                                               : kSampledRowCost;
     const bool decoding = m.seq.pending_prompt() == 0;
-    if (decoding && m.seq.propose(kMaxDraft, row_cost) > 0) {
+    if (decoding && m.seq.propose(kMaxDraft, row_cost, m.decode_s) > 0) {
       // The proposal's positions need blocks (a pooled cache): as many as it gives.
       if (!m.seq.kv_cache().prepare(pos, pos + 1 + m.seq.proposed()))
         m.seq.trim_proposal(m.seq.kv_cache().blocks() * m.seq.kv_cache().block_size() - pos - 1);
