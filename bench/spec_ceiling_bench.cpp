@@ -12,10 +12,10 @@
 // counts, whether the text equals the reference; then per k the median
 // ratio. Only the paired ratios mean something on a shared machine.
 // Each pair also times Model::forward of one sequence alone at the prompt's
-// end: 1 row and k + 1 rows (every row's logits, as a verifying step), medians
-// of 3; (k + 1) T(1) / T(k + 1) is the ratio the step's row cost predicts
-// (the oracle's run then pays only its prefill and the sampling of k + 1
-// rows beyond the forwards), printed beside the measured one.
+// end: 1 row and k + 1 rows (every row's logits, as a verifying step), the
+// fastest of 5 each (the least disturbed by other work on a shared machine); (k + 1) T(1) / T(k + 1) is the ratio the
+// step's row cost predicts (the oracle's run then pays only its prefill and the sampling of k + 1 rows beyond the
+// forwards), printed beside the measured one.
 //
 //   bonsai_bench_spec_ceiling -m MODEL -t THREADS [-n 64] [--pairs 5] [--draft 1,2,4] [-p PROMPT] [--json FILE]
 #include <algorithm>
@@ -54,7 +54,7 @@ class OracleProposer final : public engine::Proposer {
   std::shared_ptr<const std::vector<int32_t>> full_;
 };
 
-// Median of 3 timings (seconds) of one forward of `rows` tokens at
+// The fastest of 5 timings (seconds) of one forward of `rows` tokens at
 // positions [pos, pos + rows) of `cache` (every row's logits), the cache
 // holding `pos` positions before and after.
 double forward_s(const model::Model& m, model::KvCache& cache, model::Workspace& ws, int64_t pos, int rows,
@@ -64,13 +64,13 @@ double forward_s(const model::Model& m, model::KvCache& cache, model::Workspace&
   const model::Batch b = model::Batch::for_sequence(ids, static_cast<int32_t>(pos), 0, /*all_logits=*/true);
   model::KvCache* caches[] = {&cache};
   std::vector<double> t;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 5; ++i) {
     const double t0 = bench::now_s();
     if (!m.forward(b, caches, ws, logits, tp)) return 0;
     t.push_back(bench::now_s() - t0);
     cache.truncate(pos);
   }
-  return bench::median(t);
+  return *std::min_element(t.begin(), t.end());
 }
 
 struct Args {

@@ -199,8 +199,9 @@ struct SpecOptions {
   // proposal is not run. >= 0.
   int32_t draft_min = 0;
   // Smallest draft-model probability of a proposed token (llama.cpp's
-  // --draft-p-min). Prompt lookup proposes without probabilities, so it
-  // does not use it; kept for the draft-model proposer. In [0, 1].
+  // --draft-p-min): the draft model stops its proposal before a token its
+  // softmax gives less. Prompt lookup proposes without probabilities, so it
+  // does not use it. In [0, 1].
   float draft_p_min = 0.75f;
   // One more row's relative cost to assume instead of the driver's
   // measurement (Sequence::propose), for runs that must propose the same
