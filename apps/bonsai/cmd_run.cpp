@@ -36,6 +36,7 @@
 #include "engine/engine_pool.h"       // check_ctx_supported
 #include "engine/inference_engine.h"  // InferenceEngine
 #include "engine/model_pool.h"        // ModelSpec, chat_template_options
+#include "engine/proposer.h"          // draft_model_proposer, check_draft_tokenizer
 #include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
 #include "model/model.h"              // Model::load
 #include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate
@@ -187,19 +188,20 @@ struct GenOptions {
   bool no_jinja = false;           // --no-jinja: the built-in renderer of the template's family
   std::string chat_template;       // --chat-template NAME|TEMPLATE
   std::string chat_template_file;  // --chat-template-file FILE
-  std::string spec_type = "none";  // --spec-type: none | ngram (engine::SpecType)
-  engine::SpecOptions spec;        // --draft-max / --draft-min / --draft-p-min (type from spec_type)
+  std::string spec_type;     // --spec-type: none | ngram | draft (engine::SpecType); empty: none, or draft with -md
+  std::string model_draft;   // --model-draft / -md: the draft model (GGUF) for --spec-type draft
+  engine::SpecOptions spec;  // --draft-max / --draft-min / --draft-p-min (type from spec_type)
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (default: the built-in tiny model)");
   add_hf_flags(cmd, o.hf);
-  // llama-cli's -md (main.cpp passes it on as --model-draft): reserved, a
-  // usage error until speculative decoding exists.
-  cmd->add_option("--model-draft")
-      ->description("Draft model for speculative decoding (also -md): not built yet (issue 29)")
+  // llama-cli's -md (main.cpp passes it on as --model-draft).
+  cmd->add_option("--model-draft", o.model_draft,
+                  "Draft model for speculative decoding (also -md; implies --spec-type draft): a small GGUF model "
+                  "with the target's tokenizer")
       ->type_name("FILE")
-      ->check([](const std::string&) { return std::string("speculative decoding is not built yet (issue 29)"); }, "");
+      ->check(CLI::ExistingFile);
   engine::SamplingParams& p = o.sampling;
   cmd->add_option("-n,--n-predict", p.max_tokens, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
@@ -249,12 +251,12 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   // Speculative decoding (llama.cpp's flag names; engine::SpecOptions).
   cmd->add_option("--spec-type", o.spec_type,
                   "Speculative decoding: ngram (prompt lookup: proposes what followed earlier occurrences of the "
-                  "last tokens, verified in one step; off by itself where it does not pay) or none")
+                  "last tokens, verified in one step; off by itself where it does not pay), draft (the -md model "
+                  "proposes) or none (the default without -md)")
       ->check([](const std::string& s) {
         const auto t = engine::parse_spec_type(s);
         return t ? std::string() : t.error().message;
-      })
-      ->capture_default_str();
+      });
   cmd->add_option("--draft-max,--draft,--draft-n", o.spec.draft_max,
                   "Most tokens proposed per step (0: no speculation); fewer where acceptance is low")
       ->check(CLI::Range(0, engine::kMaxDraft))
@@ -336,7 +338,28 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   eo.kv_type_k = model::parse_kv_type(o.cache_type_k).value_or(model::KvType::kF16);  // checked by the parser
   eo.kv_type_v = model::parse_kv_type(o.cache_type_v).value_or(model::KvType::kF16);
   eo.spec = o.spec;
-  eo.spec.type = engine::parse_spec_type(o.spec_type).value_or(engine::SpecType::kNone);  // checked by the parser
+  // -md implies --spec-type draft; draft needs -md (checked by runtime_usage_ok).
+  eo.spec.type = o.spec_type.empty() ? (o.model_draft.empty() ? engine::SpecType::kNone : engine::SpecType::kDraft)
+                                     : engine::parse_spec_type(o.spec_type).value_or(engine::SpecType::kNone);
+  if (eo.spec.type == engine::SpecType::kDraft) {
+    auto draft = model::Model::load(o.model_draft, *open_options);
+    if (!draft) {
+      std::cerr << "bonsai " << cmd << ": cannot load the draft model " << o.model_draft << ": "
+                << draft.error().message << "\n";
+      return std::nullopt;
+    }
+    auto draft_tok = tokenizer::Tokenizer::from_gguf((*draft)->file(), *chat);
+    if (!draft_tok) {
+      std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of the draft model " << o.model_draft << ": "
+                << draft_tok.error().message << "\n";
+      return std::nullopt;
+    }
+    if (auto ok = engine::check_draft_tokenizer(**tok, path, **draft_tok, o.model_draft); !ok) {
+      std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+      return std::nullopt;
+    }
+    eo.spec.proposer = engine::draft_model_proposer(*draft, eo.kv_type_k, eo.kv_type_v);
+  }
   auto eng = engine::InferenceEngine::create(*model, *tok, eo);
   if (!eng) {
     std::cerr << "bonsai " << cmd << ": " << eng.error().message << "\n";
@@ -447,6 +470,15 @@ core::Expected<std::string> read_prompt_file(const std::string& path) {
 // --q2-layout / BONSAI_Q2_LAYOUT): a bad value is a usage error (exit 2, as
 // in every command), reported before anything is loaded.
 bool runtime_usage_ok(const char* cmd, const GenOptions& g) {
+  const auto spec = engine::parse_spec_type(g.spec_type.empty() ? "none" : g.spec_type);
+  if (spec && *spec == engine::SpecType::kDraft && g.model_draft.empty()) {
+    std::cerr << "bonsai " << cmd << ": --spec-type draft needs a draft model (-md FILE)\n";
+    return false;
+  }
+  if (spec && !g.spec_type.empty() && *spec != engine::SpecType::kDraft && !g.model_draft.empty()) {
+    std::cerr << "bonsai " << cmd << ": -md/--model-draft is for --spec-type draft, not " << g.spec_type << "\n";
+    return false;
+  }
   return init_runtime_or_report(cmd,
                                 RuntimeFlags{.threads = g.threads, .q2_layout = g.q2_layout, .no_repack = g.no_repack})
       .has_value();

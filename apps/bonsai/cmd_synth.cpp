@@ -1,4 +1,4 @@
-// `bonsai synth -o FILE [--arch qwen3|qwen35] [--preset P] [--type T] [--seed N] [--hadamard]`:
+// `bonsai synth -o FILE [--arch qwen3|qwen35] [--preset P] [--type T] [--seed N] [--hadamard] [--n-vocab N]`:
 // writes a Qwen3- or Qwen3.5-architecture GGUF with deterministic random
 // weights (see synth.h). Prints a one-line summary; errors print the message
 // and exit 1. On a terminal, a progress line on stderr while the tensors are
@@ -22,6 +22,7 @@ void register_synth(CLI::App& app) {
     std::string type = "q1_0";
     uint64_t seed = 1;
     bool hadamard = false;
+    uint32_t n_vocab = 0;  // 0: the preset's
   };
   auto opt = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -35,6 +36,9 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--type", opt->type,
                   "Matrix weight type: q1_0 | q2_0 | f16; qwen35 also pq2_0 | ptq1_0 (default q1_0)");
   cmd->add_option("--seed", opt->seed, "Random seed (default 1)");
+  cmd->add_option("--n-vocab", opt->n_vocab,
+                  "Vocabulary size instead of the preset's (the tokenizer depends on it alone: a tiny draft model "
+                  "for speculative decoding with the 1.7b preset's tokenizer is --preset tiny --n-vocab 151669)");
   cmd->add_flag("--hadamard", opt->hadamard,
                 "qwen35 with q2_0 | pq2_0 | ptq1_0: add the Bonsai 2 prism.hadamard.* keys (the weights stay random)");
   cmd->callback([opt] {
@@ -49,6 +53,14 @@ void register_synth(CLI::App& app) {
       std::cerr << "bonsai synth: " << preset.error().message << "\n";
       set_exit_code(1);
       return;
+    }
+    if (opt->n_vocab > 0) {
+      if (preset->first_special != 0) {
+        std::cerr << "bonsai synth: --n-vocab is for presets whose special tokens come last (qwen3)\n";
+        set_exit_code(1);
+        return;
+      }
+      preset->n_vocab = opt->n_vocab;  // (build_vocab checks that it holds the bytes and the specials)
     }
     auto type = synth::parse_weight_type(opt->type);
     if (!type) {

@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
   // llama-server's `-np N` as serve's --parallel, llama.cpp's `-hf` /
   // `-hff` as --hf-repo / --hf-file in run, chat, serve, bench, info and
   // pull, and llama-server's / llama-cli's `-md FILE` as --model-draft in
-  // run, chat and serve (CLI11 would read it as `-m d`; the flag refuses
-  // until speculative decoding exists, issue 29).
+  // run, chat and serve (CLI11 would read it as `-m d`): the draft model of
+  // speculative decoding (issue 29).
   // Only a whole argument is rewritten (a prompt that merely contains
   // "-ctk" is untouched).
   std::vector<char*> args(argv, argv + argc);

@@ -29,6 +29,9 @@ struct InferenceEngine::Impl {
   // Speculation's cost model (generate_request): moving averages (weight
   // 1/4) of a one-row decode step and of one more row's time, in seconds.
   double decode_s = 0, row_s = 0;
+  // The most a greedy sequence proposes before row_s is measured: one token
+  // (draft-min if larger; any number with a fixed SpecOptions::row_cost).
+  int64_t first_draft = 1;
 
   Impl(SequenceModel shared, model::KvCache cache, Sampler sampler)
       : model(shared.model),
@@ -71,6 +74,7 @@ core::Expected<InferenceEngine> InferenceEngine::create(std::shared_ptr<const mo
   impl->pool = options.pool;
   if (auto ok = options.spec.validate(); !ok) return std::unexpected(ok.error());
   impl->seq.set_spec(options.spec);
+  impl->first_draft = options.spec.row_cost >= 0 ? kMaxDraft : std::max<int64_t>(1, options.spec.draft_min);
   impl->n_vocab = cfg.n_vocab;
   impl->logits.assign(static_cast<size_t>(cfg.n_vocab), 0.0f);
   return InferenceEngine(std::move(impl));
@@ -283,7 +287,14 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
                             : m.row_s > 0     ? m.row_s / m.decode_s
                                               : kSampledRowCost;
     const bool decoding = m.seq.pending_prompt() == 0;
-    if (decoding && m.seq.propose(kMaxDraft, row_cost) > 0) {
+    // Until a wider step was timed, a greedy sequence proposes one token at
+    // most: where a row costs as much as a step (a compute-bound kernel) the
+    // first measurement then wastes one row, not draft-max of them. (A
+    // sampled one proposes by its own acceptance only, so a seeded request
+    // draws the same numbers on any driver: Sequence::propose.)
+    const bool greedy = !(m.seq.sampler().params().temperature > 0.0f);
+    const int64_t max_draft = m.row_s > 0 || !greedy ? kMaxDraft : m.first_draft;
+    if (decoding && m.seq.propose(max_draft, row_cost, m.decode_s) > 0) {
       // The proposal's positions need blocks (a pooled cache): as many as it gives.
       if (!m.seq.kv_cache().prepare(pos, pos + 1 + m.seq.proposed()))
         m.seq.trim_proposal(m.seq.kv_cache().blocks() * m.seq.kv_cache().block_size() - pos - 1);

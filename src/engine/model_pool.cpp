@@ -13,8 +13,11 @@
 #include <utility>
 
 #include "engine/inference_engine.h"  // InferenceEngine::set_metrics (gguf_model_loader)
+#include "engine/proposer.h"          // draft_model_proposer, check_draft_tokenizer
 #include "gguf/gguf.h"                // parse_split_name: a split model's parts (stamp_failed_load)
 #include "model/kv_cache.h"           // KvPool (list: KV usage)
+#include "model/model.h"              // Model::load (a draft model)
+#include "tokenizer/tokenizer.h"      // Tokenizer::from_gguf (a draft model's)
 
 namespace bonsai::engine {
 namespace {
@@ -705,9 +708,33 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     // memory is budgeted (and counted in mem_bytes) for max_sequences of them.
     if (so.state_budget_bytes == 0)
       so.state_budget_bytes = built->recurrent_state_bytes * static_cast<uint64_t>(std::max(1, so.max_sequences));
+    // A draft model: loaded, its tokenizer checked, one proposer per sequence.
+    uint64_t draft_bytes = 0;
+    if (!spec.model_draft.empty() && so.spec.type == SpecType::kNone) so.spec.type = SpecType::kDraft;
+    if (so.spec.type == SpecType::kDraft) {
+      if (spec.model_draft.empty())
+        return core::fail(core::Errc::kInvalidArgument, "spec-type draft needs a draft model (model-draft / -md FILE)");
+      if (spec.spec.type != SpecType::kNone && spec.spec.type != SpecType::kDraft)
+        return core::fail(core::Errc::kInvalidArgument,
+                          "model-draft is for spec-type draft, not " + std::string(spec_type_name(spec.spec.type)));
+      auto draft = model::Model::load(spec.model_draft, open);
+      if (!draft)
+        return core::fail(draft.error().code,
+                          "cannot load the draft model " + spec.model_draft + ": " + draft.error().message);
+      auto draft_tok = tokenizer::Tokenizer::from_gguf((*draft)->file(), *chat);
+      if (!draft_tok)
+        return core::fail(draft_tok.error().code, "cannot load the tokenizer of the draft model " + spec.model_draft +
+                                                      ": " + draft_tok.error().message);
+      if (auto ok = check_draft_tokenizer(*built->tokenizer, spec.path, **draft_tok, spec.model_draft); !ok)
+        return std::unexpected(ok.error());
+      so.spec.proposer = draft_model_proposer(*draft, spec.kv_type_k, spec.kv_type_v, so.pool);
+      draft_bytes =
+          (*draft)->file().mapping()->size() + draft_kv_bytes(**draft, built->n_ctx, spec.kv_type_k, spec.kv_type_v) *
+                                                   static_cast<uint64_t>(std::max(1, so.max_sequences));
+    }
     m->scheduler = Scheduler::create(m->pool, m->model, built->n_ctx, so);
     m->mem_bytes = built->mapped_bytes + built->kv_bytes +
-                   (built->recurrent_state_bytes > 0 ? so.state_budget_bytes : 0) + built->snapshot_bytes;
+                   (built->recurrent_state_bytes > 0 ? so.state_budget_bytes : 0) + built->snapshot_bytes + draft_bytes;
     return m;
   };
 }

@@ -82,8 +82,14 @@ struct ModelSpec {
   std::string chat_template;
   std::string chat_template_file;
   // Speculative decoding (`serve --spec-type / --draft-max / --draft-min /
-  // --draft-p-min`; SchedulerOptions::spec): prompt lookup by default.
+  // --draft-p-min`; SchedulerOptions::spec): off by default.
   SpecOptions spec;
+  // The draft model (`serve -md FILE`, config key model-draft, admin load
+  // field model_draft): loaded beside the model, its tokenizer checked
+  // (check_draft_tokenizer), its weights and one KV cache per live sequence
+  // counted in the model's memory; implies spec.type kDraft where spec.type
+  // is none. Empty: none (spec.type kDraft is then a load error).
+  std::string model_draft;
   // Live sequences at most (`bonsai serve -np/--parallel`, default 16 there;
   // SchedulerOptions::max_sequences), independent of pool_size: each is a
   // Sequence of the scheduler with its own block table over the model's

@@ -32,6 +32,7 @@ constexpr ModelFieldInfo kFields[] = {
     {ModelField::kChatTemplate, "chat_template", "chat-template", "", false, kString, 0, 0},
     {ModelField::kChatTemplateFile, "chat_template_file", "chat-template-file", "", false, kString, 0, 0},
     {ModelField::kSpecType, "spec_type", "spec-type", "", false, kString, 0, 0},
+    {ModelField::kModelDraft, "model_draft", "model-draft", "-md", false, kString, 0, 0},
     {ModelField::kDraftMax, "draft_max", "draft-max", "", false, kInt, 0, kMaxDraft},
     {ModelField::kDraftMin, "draft_min", "draft-min", "", false, kInt, 0, kMaxDraft},
     {ModelField::kDraftPMin, "draft_p_min", "draft-p-min", "", false, kNumber, 0, 1},
@@ -75,8 +76,13 @@ std::expected<void, FieldError> set_name(ModelSpec& spec, const ModelFieldInfo& 
   if (f.field == ModelField::kSpecType) {
     const auto type = parse_spec_type(name);
     if (!type)
-      return refuse(FieldErrorKind::kBadValue, "unknown speculation type '" + name + "' (expected none or ngram)");
+      return refuse(FieldErrorKind::kBadValue,
+                    "unknown speculation type '" + name + "' (expected none, ngram or draft)");
     spec.spec.type = *type;
+    return {};
+  }
+  if (f.field == ModelField::kModelDraft) {  // read (and its tokenizer checked) when the model loads
+    spec.model_draft = name;
     return {};
   }
   if (f.field == ModelField::kQ2Layout) {

@@ -51,10 +51,11 @@ enum class ModelField : uint8_t {
   kJinja,
   kChatTemplate,
   kChatTemplateFile,
-  kSpecType,   // SpecOptions::type: none | ngram
-  kDraftMax,   // SpecOptions::draft_max
-  kDraftMin,   // SpecOptions::draft_min
-  kDraftPMin,  // SpecOptions::draft_p_min
+  kSpecType,    // SpecOptions::type: none | ngram | draft
+  kModelDraft,  // ModelSpec::model_draft (-md FILE)
+  kDraftMax,    // SpecOptions::draft_max
+  kDraftMin,    // SpecOptions::draft_min
+  kDraftPMin,   // SpecOptions::draft_p_min
 };
 
 // A field's value type: kInt takes an integer only, kNumber an integer or a

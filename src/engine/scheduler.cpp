@@ -321,8 +321,10 @@ SchedulerStats Scheduler::stats() const {
   s.prompt_token_seconds = prompt_token_s_.load();
   s.prompt_allowance = prompt_allowance_.load();
   for (const auto& c : step_hist_) s.step_hist.push_back(c.load());
-  s.spec_ngram_proposed = spec_proposed_.load();
-  s.spec_ngram_accepted = spec_accepted_.load();
+  // One proposer per scheduler (SchedulerOptions::spec): its counts.
+  const bool draft = opt_.spec.type == SpecType::kDraft;
+  (draft ? s.spec_draft_proposed : s.spec_ngram_proposed) = spec_proposed_.load();
+  (draft ? s.spec_draft_accepted : s.spec_ngram_accepted) = spec_accepted_.load();
   return s;
 }
 
@@ -702,7 +704,7 @@ void Scheduler::plan_step() {
       in = in.first(static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(in.size()))));
     }
     if (!prefill && opt_.spec.type != SpecType::kNone && draft_room > 0 &&
-        e.propose(std::min<int64_t>(draft_room, n_ctx_ - pos - 1), row_cost) > 0) {
+        e.propose(std::min<int64_t>(draft_room, n_ctx_ - pos - 1), row_cost, cost_.decode_step_seconds()) > 0) {
       // The proposal's positions need blocks too: as many as the pool gives
       // (without preempting anyone); the rest of the proposal is dropped.
       int64_t k = e.proposed();

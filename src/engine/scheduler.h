@@ -346,11 +346,14 @@ struct SchedulerStats {
   // Tokens per forward step: step_hist[b] counts steps with
   // kStepBuckets[b-1] < tokens <= kStepBuckets[b] (the last entry: above all).
   std::vector<uint64_t> step_hist;
-  // Speculative decoding, per proposer (only prompt lookup, "ngram", so
-  // far): tokens proposed and verified as extra rows, and of them the ones
+  // Speculative decoding, per proposer (prompt lookup, "ngram", here):
+  // tokens proposed and verified as extra rows, and of them the ones
   // accepted (vLLM's spec_decode_num_draft_tokens / _accepted_tokens).
   uint64_t spec_ngram_proposed = 0;
   uint64_t spec_ngram_accepted = 0;
+  // The same for a draft model (SpecType::kDraft, `-md FILE`).
+  uint64_t spec_draft_proposed = 0;
+  uint64_t spec_draft_accepted = 0;
 };
 // Upper bounds of SchedulerStats::step_hist (tokens per step).
 inline constexpr int64_t kStepBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048};

@@ -78,6 +78,12 @@ struct Sequence::State : SequenceGeneration {
   std::vector<uint32_t> mask;    // grammar mask scratch: bit id = allowed
   std::vector<float> masked;     // [n_vocab] logits with the grammar mask applied
   SpecOptions spec{.type = SpecType::kNone};
+  // SpecType::kDraft: this sequence's proposer, made on its first proposal
+  // (proposer_tried: made or failed, not tried again until set_spec), and
+  // the decode steps left until a proposer that does not pay is probed.
+  std::unique_ptr<Proposer> proposer;
+  bool proposer_tried = false;
+  int32_t probe_wait = 0;
 
   // One sampled position: takes the token of `logits` with the history's
   // first `hist_len` tokens as context (plain decoding: all of them), as
@@ -271,6 +277,7 @@ void Sequence::suspend() {
   m.history.clear();
   m.cache.clear();
   m.cache.release_recurrent();  // a waiting sequence holds no recurrent state
+  if (m.proposer) m.proposer->release();
 }
 
 bool Sequence::replaying() const { return !s_->replay.empty(); }
@@ -386,6 +393,8 @@ const char* spec_type_name(SpecType t) {
       return "none";
     case SpecType::kNgram:
       return "ngram";
+    case SpecType::kDraft:
+      return "draft";
   }
   return "unknown";
 }
@@ -393,8 +402,9 @@ const char* spec_type_name(SpecType t) {
 core::Expected<SpecType> parse_spec_type(std::string_view name) {
   if (name == "none") return SpecType::kNone;
   if (name == "ngram") return SpecType::kNgram;
+  if (name == "draft") return SpecType::kDraft;
   return core::fail(core::Errc::kInvalidArgument,
-                    "spec-type: '" + std::string(name) + "' is not a speculation type (expected none or ngram)");
+                    "spec-type: '" + std::string(name) + "' is not a speculation type (expected none, ngram or draft)");
 }
 
 core::Expected<void> SpecOptions::validate() const {
@@ -427,7 +437,13 @@ std::vector<int32_t> ngram_proposal(std::span<const int32_t> seq, int32_t ngram_
   return {};
 }
 
-void Sequence::set_spec(const SpecOptions& spec) { s_->spec = spec; }
+void Sequence::set_spec(const SpecOptions& spec) {
+  State& m = *s_;
+  m.spec = spec;
+  m.proposer.reset();  // made again (from the new factory) on the next proposal
+  m.proposer_tried = false;
+  m.probe_wait = 0;
+}
 
 int64_t Sequence::proposed() const {
   return s_->decode_in.empty() ? 0 : static_cast<int64_t>(s_->decode_in.size()) - 1;
@@ -445,7 +461,7 @@ void Sequence::trim_proposal(int64_t n) {
   }
 }
 
-int64_t Sequence::propose(int64_t max_draft, double row_cost) {
+int64_t Sequence::propose(int64_t max_draft, double row_cost, double step_s) {
   State& m = *s_;
   m.decode_in.clear();
   m.shadow = -1;
@@ -459,23 +475,49 @@ int64_t Sequence::propose(int64_t max_draft, double row_cost) {
   room = std::min(room, m.cache.n_ctx() - static_cast<int64_t>(m.history.size()) - 1);
   if (params.max_tokens >= 0) room = std::min<int64_t>(room, params.max_tokens - m.n_sampled - 1);
   if (room <= 0) return 0;
-  // The sequence so far: the cache's tokens and the last sampled one.
-  m.decode_in.assign(m.history.begin(), m.history.end());
-  m.decode_in.push_back(m.last);
-  std::vector<int32_t> p = ngram_proposal(m.decode_in, kNgramMin, kNgramMax, static_cast<int32_t>(room));
-  m.decode_in.clear();
-  if (p.empty()) return 0;
-  // The j-th token pays while acceptance^j exceeds what one more row costs.
-  const double cost = m.spec.row_cost >= 0        ? m.spec.row_cost
-                      : params.temperature > 0.0f ? kSampledRowCost
-                                                  : std::max(0.0, row_cost);
+  Proposer* proposer = nullptr;
+  if (m.spec.type == SpecType::kDraft) {
+    if (!m.proposer_tried) {
+      m.proposer_tried = true;
+      if (m.spec.proposer) {
+        auto made = m.spec.proposer(m.cache.n_ctx());
+        if (made) m.proposer = std::move(*made);  // (failed: this sequence does not speculate)
+      }
+    }
+    if (!m.proposer) return 0;
+    proposer = m.proposer.get();
+  }
+  // The j-th token pays while acceptance^j exceeds what one more row costs
+  // (a proposer's own time per token included).
+  double cost = m.spec.row_cost >= 0        ? m.spec.row_cost
+                : params.temperature > 0.0f ? kSampledRowCost
+                                            : std::max(0.0, row_cost);
+  if (proposer != nullptr && step_s > 0 && m.spec.row_cost < 0 && params.temperature <= 0.0f)
+    cost += proposer->seconds_per_token() / step_s;
   int64_t k = 0;
   double reach = 1.0;  // acceptance^j: the chance the j-th token is reached and taken
-  while (k < static_cast<int64_t>(p.size())) {
+  while (k < room) {
     reach *= m.acceptance;
     if (!(reach > cost)) break;
     ++k;
   }
+  // The sequence so far: the cache's tokens and the last sampled one.
+  m.decode_in.assign(m.history.begin(), m.history.end());
+  m.decode_in.push_back(m.last);
+  std::vector<int32_t> p;
+  if (proposer == nullptr) {
+    p = ngram_proposal(m.decode_in, kNgramMin, kNgramMax, static_cast<int32_t>(room));
+    k = std::min<int64_t>(k, static_cast<int64_t>(p.size()));
+  } else if (k > 0) {
+    p = proposer->propose(m.decode_in, static_cast<int32_t>(k), m.spec.draft_p_min);
+    k = static_cast<int64_t>(p.size());
+  } else if (--m.probe_wait <= 0) {
+    // Not paying: one token now and then, to see whether it would.
+    m.probe_wait = kProbeSteps;
+    p = proposer->propose(m.decode_in, 1, 0.0f);
+  }
+  m.decode_in.clear();
+  if (p.empty()) return 0;
   if (k == 0 || k < m.spec.draft_min) {
     m.shadow = p[0];  // not run: still compared with what is sampled next
     return 0;

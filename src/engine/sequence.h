@@ -40,6 +40,7 @@
 
 #include "core/error.h"           // core::Expected
 #include "engine/logprobs.h"      // TokenLogprob
+#include "engine/proposer.h"      // Proposer, ProposerFactory
 #include "engine/rate_tracker.h"  // RequestRateTracker, RequestRateSummary
 #include "engine/sampling.h"      // SamplingParams, Sampler
 #include "engine/text_emitter.h"  // TextEmitter
@@ -168,10 +169,11 @@ struct SequenceModel {
 enum class SpecType : uint8_t {
   kNone,   // no speculation
   kNgram,  // prompt lookup: n-gram matches over the sequence's own prompt and output
+  kDraft,  // a draft model (`-md FILE`; llama.cpp's name "draft"): SpecOptions::proposer
 };
-// "none", "ngram".
+// "none", "ngram", "draft".
 const char* spec_type_name(SpecType t);
-// Parses "none" / "ngram". Errors: kInvalidArgument naming the valid values.
+// Parses "none" / "ngram" / "draft". Errors: kInvalidArgument naming the valid values.
 core::Expected<SpecType> parse_spec_type(std::string_view name);
 
 // How a sequence speculates. The proposer (prompt lookup) matches the last
@@ -197,13 +199,18 @@ struct SpecOptions {
   // proposal is not run. >= 0.
   int32_t draft_min = 0;
   // Smallest draft-model probability of a proposed token (llama.cpp's
-  // --draft-p-min). Prompt lookup proposes without probabilities, so it
-  // does not use it; kept for the draft-model proposer. In [0, 1].
+  // --draft-p-min): the draft model stops its proposal before a token its
+  // softmax gives less. Prompt lookup proposes without probabilities, so it
+  // does not use it. In [0, 1].
   float draft_p_min = 0.75f;
   // One more row's relative cost to assume instead of the driver's
   // measurement (Sequence::propose), for runs that must propose the same
   // way whatever the machine's speed (tests); < 0 (default): measured.
   double row_cost = -1;
+  // SpecType::kDraft: makes each sequence's proposer (draft_model_proposer,
+  // or a benchmark's); a sequence without one (unset, or its allocation
+  // failed) does not speculate. Unused by the other types.
+  ProposerFactory proposer;
   // Checks the ranges. Errors: kInvalidArgument naming the field.
   core::Expected<void> validate() const;
 };
@@ -222,6 +229,10 @@ struct SpecCounts {
   int64_t proposed = 0;  // proposed tokens verified (each one a forward row)
   int64_t accepted = 0;  // of which accepted (taken without a step of their own)
 };
+// A sequence whose proposer (SpecType::kDraft) does not pay stops asking it;
+// every kProbeSteps-th decode step it still asks for one token, not run but
+// compared with what is sampled, so the acceptance estimate can recover.
+inline constexpr int32_t kProbeSteps = 16;
 
 // Prompt lookup: the tokens that followed the latest earlier occurrence of
 // the last n tokens of `seq` (n from ngram_max down to ngram_min; the
@@ -291,10 +302,13 @@ class Sequence {
   // acceptance a: the j-th token is proposed only while a^j > row_cost
   // (the relative cost of one more row: its time over the step's time per
   // token the step yields; sampled sequences use kSampledRowCost instead).
+  // With a proposer (SpecType::kDraft) its own time per token relative to
+  // `step_s` (the driver's plain decode step in seconds; 0: unknown, not
+  // counted) adds to row_cost, and only as many tokens as pay are asked for.
   // Returns the number proposed (0: a plain decode step). 0 while not
   // decoding (prompt pending, replaying, finished), for an embedding, a
   // recurrent cache or SpecType::kNone.
-  int64_t propose(int64_t max_draft, double row_cost);
+  int64_t propose(int64_t max_draft, double row_cost, double step_s = 0);
   int64_t proposed() const;  // the proposal's length now (0: none)
   // Drops all but the first `n` proposed tokens (the driver had less room).
   void trim_proposal(int64_t n);

@@ -112,6 +112,8 @@ engine::FieldValue config_model_value(const ServeConfig& c, engine::ModelField f
       return c.chat_template_file.empty() ? engine::FieldValue{} : engine::FieldValue{c.chat_template_file};
     case kSpecType:
       return c.spec_type;
+    case kModelDraft:
+      return c.model_draft.empty() ? engine::FieldValue{} : engine::FieldValue{c.model_draft};
     case kDraftMax:
       return int64_t{c.draft_max};
     case kDraftMin:
@@ -176,6 +178,9 @@ void store_model_value(ServeConfig& c, engine::ModelField f, const engine::Field
       break;
     case kSpecType:
       c.spec_type = std::get<std::string>(v);
+      break;
+    case kModelDraft:
+      c.model_draft = std::get<std::string>(v);
       break;
     case kDraftMax:
       c.draft_max = n;
@@ -432,12 +437,6 @@ core::Expected<void> apply_strict_model_names(const SettingInfo&, const SettingV
   c.strict_model_names = std::get<bool>(v);
   return {};
 }
-// Reserved for speculative decoding (llama-server's -md / --model-draft):
-// refused until it is built, so `-md FILE` never means `-m d` or is ignored.
-core::Expected<void> apply_model_draft(const SettingInfo&, const SettingValue&, ServeConfig&) {
-  return core::fail(core::Errc::kInvalidArgument,
-                    "speculative decoding is not built yet (issue 29): a draft model cannot be used");
-}
 core::Expected<void> apply_cors_origin(const SettingInfo&, const SettingValue& v, ServeConfig& c) {
   c.cors_origin = text_of(v);
   return {};
@@ -541,16 +540,6 @@ constexpr SettingInfo kSettings[] = {
              "served (by default any name means the one model, as llama-server does).",
      .example = "true",
      .apply = apply_strict_model_names},
-    {.name = "model-draft",
-     .alias = "-md",
-     .kind = kString,
-     .scope = kCommandLine,
-     .value_name = "FILE",
-     .default_text = "none",
-     .help = "Draft model for speculative decoding (llama-server's flag): reserved; refused until speculative "
-             "decoding is built (issue 29).",
-     .example = "draft.gguf",
-     .apply = apply_model_draft},
     {.name = "config",
      .kind = kString,
      .scope = kCommandLine,
@@ -697,9 +686,21 @@ constexpr SettingInfo kSettings[] = {
      .help = "Speculative decoding: ngram (prompt lookup: tokens that followed an earlier occurrence of the last "
              "ones are verified as extra rows of one step; greedy text is unchanged, sampled text keeps its "
              "distribution; each sequence turns it off where its proposals are not accepted) or none (the default "
-             "until it is shown to pay on this machine: bench/spec_bench.sh).",
+             "until it is shown to pay on this machine: bench/spec_bench.sh); draft: the model-draft model "
+             "proposes (implied by -md).",
      .example = "ngram",
-     .choices = "none|ngram"},
+     .choices = "none|ngram|draft"},
+    {.name = "model-draft",
+     .alias = "-md",
+     .kind = kString,
+     .scope = kModel,
+     .value_name = "FILE",
+     .default_text = "none",
+     .help = "Draft model for speculative decoding (llama-server's flag; implies spec-type draft): a small GGUF "
+             "with the model's tokenizer (checked at load: a different vocabulary is refused naming both files), "
+             "run greedy for up to draft-max tokens per sequence and step, stopping below draft-p-min; its "
+             "weights and a KV cache per sequence count in the model's memory.",
+     .example = "draft.gguf"},
     {.name = "draft-max",
      .kind = kInt,
      .scope = kModel,

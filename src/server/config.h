@@ -96,7 +96,8 @@ struct ServeConfig {
   // The same keys as the flags of the same names (`serve --help`):
   int batch_size = 0;  // batch-size (-b): tokens per step; 0: 512
   // Speculative decoding (engine::SpecOptions; llama.cpp's names):
-  std::string spec_type = "none";             // spec-type: none | ngram (prompt lookup)
+  std::string spec_type = "none";             // spec-type: none | ngram (prompt lookup) | draft (-md)
+  std::string model_draft;                    // model-draft / -md: the draft model's GGUF (empty: none)
   int draft_max = 8;                          // draft-max: most proposed tokens per step (0: off)
   int draft_min = 0;                          // draft-min: fewest worth verifying
   double draft_p_min = 0.75;                  // draft-p-min: a draft model's (prompt lookup has no probabilities)

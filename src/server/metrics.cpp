@@ -300,15 +300,21 @@ void refresh_model_gauges(MetricsRegistry& reg, const engine::ModelPool& models)
       reg.set(kVllmPreemptions, vl, static_cast<double>(ss.preemptions));
       reg.set(kVllmPrefixQueries, vl, static_cast<double>(ss.cache_queried_tokens));
       reg.set(kVllmPrefixHits, vl, static_cast<double>(ss.cached_tokens));
-      const Labels sl{{"model", m.id}, {"proposer", "ngram"}};
-      reg.set(kSpecDraftTokens, sl, static_cast<double>(ss.spec_ngram_proposed));
-      reg.set(kSpecAcceptedTokens, sl, static_cast<double>(ss.spec_ngram_accepted));
-      reg.set(kSpecAcceptance, sl,
-              ss.spec_ngram_proposed > 0
-                  ? static_cast<double>(ss.spec_ngram_accepted) / static_cast<double>(ss.spec_ngram_proposed)
-                  : 0.0);
-      reg.set(kVllmSpecDraftTokens, vl, static_cast<double>(ss.spec_ngram_proposed));
-      reg.set(kVllmSpecAcceptedTokens, vl, static_cast<double>(ss.spec_ngram_accepted));
+      // Per proposer (labels ngram and draft); vLLM's names carry the sum.
+      const struct {
+        const char* name;
+        uint64_t proposed, accepted;
+      } props[] = {{"ngram", ss.spec_ngram_proposed, ss.spec_ngram_accepted},
+                   {"draft", ss.spec_draft_proposed, ss.spec_draft_accepted}};
+      for (const auto& pr : props) {
+        const Labels sl{{"model", m.id}, {"proposer", pr.name}};
+        reg.set(kSpecDraftTokens, sl, static_cast<double>(pr.proposed));
+        reg.set(kSpecAcceptedTokens, sl, static_cast<double>(pr.accepted));
+        reg.set(kSpecAcceptance, sl,
+                pr.proposed > 0 ? static_cast<double>(pr.accepted) / static_cast<double>(pr.proposed) : 0.0);
+      }
+      reg.set(kVllmSpecDraftTokens, vl, static_cast<double>(ss.spec_ngram_proposed + ss.spec_draft_proposed));
+      reg.set(kVllmSpecAcceptedTokens, vl, static_cast<double>(ss.spec_ngram_accepted + ss.spec_draft_accepted));
       if (lm->kv_pool && lm->kv_pool->state_bytes() > 0) {
         reg.set(kStateBytes, l, static_cast<double>(ss.recurrent_state_bytes));
         reg.set(kSnapshotBytes, l, static_cast<double>(ss.state_snapshot_bytes));

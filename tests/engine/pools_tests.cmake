@@ -5,4 +5,4 @@ bonsai_add_test(model_pool_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_pool_tes
 # Real replicas on ../shared/models/stories260K (skips without the fixture).
 bonsai_add_test(engine_pool_real_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/engine_pool_real_test.cpp LIBS bonsai_engine TIMEOUT 300)
 # Scheduler (continuous batching) over stories260K (skips without the fixture).
-bonsai_add_test(engine_scheduler_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/scheduler_test.cpp LIBS bonsai_engine TIMEOUT 300)
+bonsai_add_test(engine_scheduler_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/scheduler_test.cpp LIBS bonsai_engine bonsai_synth TIMEOUT 300)

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>  // mkdtemp
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,9 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "apps/bonsai/synth.h"  // synth::write_model (the draft-model tests' models)
 #include "common/test_util.h"
 #include "engine/engine_pool.h"
 #include "engine/inference_engine.h"
+#include "engine/proposer.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "structured/grammar.h"
@@ -1193,9 +1197,11 @@ TEST(SpecOptions, ValidatesAndParses) {
   EXPECT_FALSE((SpecOptions{.draft_p_min = 1.5f}).validate().has_value());
   EXPECT_EQ(*parse_spec_type("none"), SpecType::kNone);
   EXPECT_EQ(*parse_spec_type("ngram"), SpecType::kNgram);
-  auto bad = parse_spec_type("draft");
+  EXPECT_EQ(*parse_spec_type("draft"), SpecType::kDraft);
+  EXPECT_STREQ(spec_type_name(SpecType::kDraft), "draft");
+  auto bad = parse_spec_type("eagle");
   ASSERT_FALSE(bad.has_value());
-  EXPECT_NE(bad.error().message.find("none or ngram"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("none, ngram or draft"), std::string::npos);
 }
 
 // Speculation (prompt lookup) on: every greedy request returns exactly the
@@ -1307,6 +1313,141 @@ TEST_F(SchedulerTest, ProposalsStayWithinTheBatchSize) {
   EXPECT_EQ(ob.results[0].tokens, rb.tokens);
   EXPECT_LE(widest.load(), kBatch);
   EXPECT_GT(sched_->stats().spec_ngram_accepted, 0u);
+}
+
+// A draft model (SpecType::kDraft, `-md FILE`): synth's tiny Qwen3 with
+// seed 1 is the target; the same weights (seed 1) are a draft that agrees
+// always, seed 2's a draft that agrees little (random weights, the same
+// tokenizer). Models written per test process into a unique directory.
+class DraftSpecTest : public SchedulerTest {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/bonsai_draft_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    for (const uint64_t seed : {1, 2}) {
+      auto pre = synth::preset("tiny");
+      ASSERT_TRUE(pre.has_value());
+      ASSERT_TRUE(synth::write_model(path(seed), synth::Options{.preset = *pre, .seed = seed}).has_value());
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(uint64_t seed) const { return dir_ + "/tiny" + std::to_string(seed) + ".gguf"; }
+
+  // Speculation by the draft model at `path`, every step proposing (row cost 0).
+  SpecOptions draft_spec(const std::string& draft_path, int32_t draft_max = 4) const {
+    auto d = model::Model::load(draft_path);
+    EXPECT_TRUE(d.has_value());
+    SpecOptions s{.type = SpecType::kDraft, .draft_max = draft_max, .draft_p_min = 0.0f, .row_cost = 0};
+    s.proposer = draft_model_proposer(*d, model::KvType::kF16, model::KvType::kF16);
+    return s;
+  }
+
+  std::string dir_;
+};
+
+// Greedy output with a draft model is the output without speculation, bit
+// for bit, through the engine and the scheduler, alone and 3 at once
+// (rejections roll the draft's cache back); a draft with the target's
+// weights has every proposal accepted, a random one few; the counts are the
+// draft's (spec_draft_*), none in the ngram ones.
+TEST_F(DraftSpecTest, GreedySameTokensAsWithoutSpeculationAloneAndBatched) {
+  constexpr int64_t kCtx = 256;
+  for (const uint64_t draft_seed : {1, 2}) {
+    SCOPED_TRACE("draft seed " + std::to_string(draft_seed));
+    SchedulerOptions so;
+    so.spec = draft_spec(path(draft_seed));
+    build_path(path(1), 3, kCtx, so);
+    const SpecOptions off{.type = SpecType::kNone};
+    std::vector<std::vector<int32_t>> ps = {tok_->encode_prompt("hello world"), tok_->encode_prompt("the cat sat"),
+                                            tok_->encode_prompt("a b c d e f")};
+    std::vector<SamplingParams> params;
+    for (int i = 0; i < 3; ++i) {
+      params.push_back(greedy(40 + 9 * i));
+      params.back().ignore_eos = true;
+    }
+    params[1].logprobs = 2;
+    std::vector<GenerationResult> ref;
+    for (int i = 0; i < 3; ++i) ref.push_back(alone(ps[i], params[i], 1, kCtx, off));
+    auto same = [&](const GenerationResult& r, int i, const char* how) {
+      EXPECT_EQ(r.tokens, ref[i].tokens) << how << " request " << i;
+      EXPECT_EQ(r.text, ref[i].text) << how << " request " << i;
+      ASSERT_EQ(r.logprobs.size(), ref[i].logprobs.size()) << how << " request " << i;
+      for (size_t k = 0; k < r.logprobs.size(); ++k)
+        EXPECT_EQ(r.logprobs[k].logprob, ref[i].logprobs[k].logprob) << how << " token " << k;
+    };
+    for (int i = 0; i < 3; ++i) {
+      const GenerationResult r = alone(ps[i], params[i], 1, kCtx, so.spec);
+      same(r, i, "engine");
+      EXPECT_GT(r.draft_tokens, 0);
+      if (draft_seed == 1) EXPECT_EQ(r.draft_accepted, r.draft_tokens);  // the target's own weights
+    }
+    for (int round = 0; round < 2; ++round) {
+      std::vector<std::shared_ptr<JobHandle>> hs;
+      for (int i = 0; i < 3; ++i) hs.push_back(submit(ps[i], params[i]));
+      for (int i = 0; i < 3; ++i) {
+        Outcome o = collect(*hs[i]);
+        ASSERT_FALSE(o.failed) << o.error.message;
+        same(o.results[0], i, "batched");
+        EXPECT_EQ(o.streamed[0], o.results[0].text);
+      }
+    }
+    const SchedulerStats st = sched_->stats();
+    EXPECT_GT(st.spec_draft_proposed, 0u);
+    EXPECT_EQ(st.spec_ngram_proposed, 0u);
+    if (draft_seed == 1) {
+      EXPECT_EQ(st.spec_draft_accepted, st.spec_draft_proposed);
+    } else {
+      EXPECT_LT(st.spec_draft_accepted, st.spec_draft_proposed / 2);  // a random draft agrees little
+    }
+  }
+}
+
+// A seeded sampled request with a draft model reproduces exactly under load
+// (its proposal lengths depend on its own acceptance only: kSampledRowCost);
+// the rejection rule's distribution is Verify.RejectionRuleKeepsTheTargetDistribution's
+// (a draft model's arg-max proposal is a point mass, as prompt lookup's).
+TEST_F(DraftSpecTest, SampledRequestReproducesUnderLoad) {
+  constexpr int64_t kCtx = 256;
+  SchedulerOptions so;
+  so.spec = draft_spec(path(1));
+  so.spec.row_cost = -1;  // sampled: kSampledRowCost
+  build_path(path(1), 3, kCtx, so);
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.max_tokens = 50;
+  p.ignore_eos = true;
+  const auto pr = tok_->encode_prompt("hello world");
+  const GenerationResult ref = alone(pr, p, 1234, kCtx, so.spec);
+  EXPECT_GT(ref.draft_accepted, 0);
+  std::vector<std::shared_ptr<JobHandle>> hs;
+  hs.push_back(submit(pr, p, 1234));
+  hs.push_back(submit(tok_->encode_prompt("the cat"), p, 7));
+  hs.push_back(submit(tok_->encode_prompt("one two three"), p, 8));
+  std::vector<Outcome> out;
+  for (auto& h : hs) out.push_back(collect(*h));
+  EXPECT_EQ(out[0].results[0].tokens, ref.tokens);
+  EXPECT_GT(sched_->stats().spec_draft_accepted, 0u);
+}
+
+// The tokenizer check: the same tokenizer passes; another vocabulary
+// (stories260K's 512 tokens against synth's) is refused naming both files.
+TEST_F(DraftSpecTest, DraftWithAnotherVocabularyIsRefusedNamingBothFiles) {
+  auto load_tok = [](const std::string& p) {
+    auto m = model::Model::load(p);
+    EXPECT_TRUE(m.has_value());
+    auto t = tokenizer::Tokenizer::from_gguf((*m)->file());
+    EXPECT_TRUE(t.has_value());
+    return *t;
+  };
+  const auto t1 = load_tok(path(1)), t2 = load_tok(path(2)), ts = load_tok(kStories);
+  EXPECT_TRUE(check_draft_tokenizer(*t1, path(1), *t2, path(2)).has_value());
+  auto bad = check_draft_tokenizer(*t1, path(1), *ts, kStories);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().code, core::Errc::kInvalidArgument);
+  EXPECT_NE(bad.error().message.find(path(1)), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find(kStories), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("tokenizer"), std::string::npos) << bad.error().message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, SpecGreedyTest,

@@ -523,31 +523,46 @@ TEST(ServeCli, SigtermDrainsRunningStreamsAndRefusesQueuedOnes) {
   EXPECT_NE(p.err().find("SIGTERM, draining"), std::string::npos) << p.err();
 }
 
-// llama-server's -md / --model-draft is reserved for speculative decoding:
-// a usage error naming the issue, in serve and in run (CLI11 read `-md F`
-// as `-m d` before main.cpp passed it on as --model-draft).
-TEST(ServeCli, ModelDraftIsAClearUsageError) {
+// llama-server's -md / --model-draft: the draft model of speculative
+// decoding, in serve (flag and config key) and in run (CLI11 read `-md F` as
+// `-m d` before main.cpp passed it on as --model-draft). A draft with another
+// vocabulary is refused at load naming both files; one with the model's
+// tokenizer runs.
+TEST(ServeCli, ModelDraftChecksTheTokenizerAtLoad) {
   BONSAI_REQUIRE_FILE(kG64);
+  const std::string stories = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
+  BONSAI_REQUIRE_FILE(stories);
+  auto names_both = [&](const std::string& err) {
+    return err.find(kG64) != std::string::npos && err.find(stories) != std::string::npos &&
+           err.find("tokenizer") != std::string::npos;
+  };
   for (const char* flag : {"-md", "--model-draft"}) {
-    const auto [code, err] = startup_error({"-m", kG64, flag, kG64});
-    EXPECT_EQ(code, 2) << flag << ": " << err;
-    EXPECT_NE(err.find("--model-draft: speculative decoding is not built yet (issue 29)"), std::string::npos)
-        << flag << ": " << err;
+    const auto [code, err] = startup_error({"-m", kG64, flag, stories});
+    EXPECT_NE(code, 0) << flag << ": " << err;
+    EXPECT_TRUE(names_both(err)) << flag << ": " << err;
   }
-  const std::string run = bonsai_bin() + " run -m " + kG64 + " -md " + kG64 + " -p hi -n 1 2>&1";
-  std::FILE* f = ::popen(run.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[512];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-  const int status = ::pclose(f);
-  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
-  EXPECT_NE(out.find("speculative decoding is not built yet (issue 29)"), std::string::npos) << out;
-  // The config file cannot name it either (a command-line flag only).
-  const fs::path toml = write_toml("draft.toml", "model-draft = \"x.gguf\"\n");
+  // The config file names it too.
+  const fs::path toml = write_toml("draft.toml", "model-draft = \"" + stories + "\"\n");
   const auto [code, err] = startup_error({"-m", kG64, "--config", toml.string()});
   EXPECT_NE(code, 0);
-  EXPECT_NE(err.find("model-draft"), std::string::npos) << err;
+  EXPECT_TRUE(names_both(err)) << err;
+  auto run = [&](const std::string& draft, int& status) {
+    const std::string cmd =
+        bonsai_bin() + " run -m " + kG64 + " -md " + draft + " -p hi -n 4 --temp 0 --ignore-eos 2>&1";
+    std::FILE* f = ::popen(cmd.c_str(), "r");
+    std::string out;
+    if (f == nullptr) return out;
+    char buf[512];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    status = ::pclose(f);
+    return out;
+  };
+  int status = 0;
+  std::string out = run(stories, status);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_TRUE(names_both(out)) << out;
+  out = run(kG64, status);  // the model itself as its draft: same tokenizer
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
 }
 
 // -a / --alias names the one model: /v1/models lists the alias with its

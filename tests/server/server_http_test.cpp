@@ -1589,23 +1589,26 @@ TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
   // The gauges are sampled by the step loop, which lets the finished
   // sequence's KV blocks go a moment after its answer was sent. Poll until
   // it is idle.
-  const std::vector<std::string> names = {"vllm:num_requests_running{model_name=\"stories\"} 0\n",
-                                          "vllm:num_requests_waiting{model_name=\"stories\"} 0\n",
-                                          "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0\n",
-                                          "bonsai_requests_running{",
-                                          "bonsai_kv_cache_usage_ratio{",
-                                          "bonsai_batch_tokens_per_step_bucket{",
-                                          "bonsai_prompt_cache_hits_total{",
-                                          "bonsai_prompt_cache_tokens_total{",
-                                          "bonsai_kv_cache_cached_ratio{",
-                                          "bonsai_kv_cache_evicted_blocks_total{",
-                                          "vllm:num_preemptions{model_name=\"stories\"} 0\n",
-                                          "vllm:prefix_cache_queries{model_name=\"stories\"} ",
-                                          "vllm:prefix_cache_hits{model_name=\"stories\"} ",
-                                          "vllm:spec_decode_num_draft_tokens_total{model_name=\"stories\"} ",
-                                          "vllm:spec_decode_num_accepted_tokens_total{model_name=\"stories\"} ",
-                                          "bonsai_spec_draft_tokens_total{model=\"stories\",proposer=\"ngram\"} ",
-                                          "bonsai_spec_acceptance_ratio{model=\"stories\",proposer=\"ngram\"} "};
+  const std::vector<std::string> names = {
+      "vllm:num_requests_running{model_name=\"stories\"} 0\n",
+      "vllm:num_requests_waiting{model_name=\"stories\"} 0\n",
+      "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0\n",
+      "bonsai_requests_running{",
+      "bonsai_kv_cache_usage_ratio{",
+      "bonsai_batch_tokens_per_step_bucket{",
+      "bonsai_prompt_cache_hits_total{",
+      "bonsai_prompt_cache_tokens_total{",
+      "bonsai_kv_cache_cached_ratio{",
+      "bonsai_kv_cache_evicted_blocks_total{",
+      "vllm:num_preemptions{model_name=\"stories\"} 0\n",
+      "vllm:prefix_cache_queries{model_name=\"stories\"} ",
+      "vllm:prefix_cache_hits{model_name=\"stories\"} ",
+      "vllm:spec_decode_num_draft_tokens_total{model_name=\"stories\"} ",
+      "vllm:spec_decode_num_accepted_tokens_total{model_name=\"stories\"} ",
+      "bonsai_spec_draft_tokens_total{model=\"stories\",proposer=\"ngram\"} ",
+      "bonsai_spec_acceptance_ratio{model=\"stories\",proposer=\"ngram\"} ",
+      "bonsai_spec_draft_tokens_total{model=\"stories\",proposer=\"draft\"} 0\n",
+      "bonsai_spec_accepted_tokens_total{model=\"stories\",proposer=\"draft\"} 0\n"};
   auto c = client();
   std::string body;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
