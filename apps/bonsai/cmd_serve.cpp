@@ -116,6 +116,7 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
     if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
     preloaded.push_back({id, m->shared(), std::move(line)});
     m->release();
+    pool.forget_recent_use(id);  // preloaded, not used: --models-max may evict it for the first request
   }
   for (const auto& p : preloaded) {
     const auto resident = pool.peek(p.id);

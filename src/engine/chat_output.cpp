@@ -132,6 +132,17 @@ ChatOutputDelta ChatOutputParser::feed(std::string_view text) {
 
 ChatOutputDelta ChatOutputParser::finish() {
   ChatOutputDelta out;
+  if (opt_.only_tool_calls && mode_ == Mode::kContent && !buf_.empty()) {
+    // buf_ holds the undecided tail (a prefix of a tag, maybe after
+    // whitespace). With calls only, the one tag that can start here is the
+    // next call's.
+    std::string_view tail = buf_;
+    while (!tail.empty() && is_ws(tail.front())) tail.remove_prefix(1);
+    if (!tail.empty() && tail.size() < kCallOpen.size() && kCallOpen.substr(0, tail.size()) == tail) {
+      buf_.clear();
+      cut_call_ = true;
+    }
+  }
   drain(out, /*final=*/true);
   if (mode_ == Mode::kToolCall) {
     // Never closed: a cut call is no content (and no call).

@@ -88,6 +88,11 @@ class ChatOutputParser {
     // values keep a JSON type. nullptr: any name is a call and every XML
     // value is a string.
     std::shared_ptr<const nlohmann::ordered_json> tools;
+    // The answer is only tool calls (tool_choice required / a named
+    // function: its grammar writes nothing else): a cut that leaves the
+    // start of another "<tool_call>" tag ("<tool") drops it, as a cut
+    // inside a block is dropped, instead of returning it as content.
+    bool only_tool_calls = false;
   };
 
   ChatOutputParser() : ChatOutputParser(Options{}) {}

@@ -402,7 +402,10 @@ core::Expected<void> ModelPool::mark_loading_locked(const std::string& id, uint6
   e.state = ModelState::kLoading;
   e.bytes = estimate_bytes;
   e.last_used = ++tick_;
-  e.last_active = std::chrono::steady_clock::now();
+  // The recent-use grace protects a model that served a request: a load for
+  // a request starts the clock, an admin load or `serve`'s preload does not
+  // (a tester's preloaded, never used model blocked the other for 10 s).
+  if (room == RoomFor::kRequest) e.last_active = std::chrono::steady_clock::now();
   e.on_demand = room == RoomFor::kRequest;
   entries_.emplace(id, std::move(e));
   return {};
@@ -438,7 +441,7 @@ core::Expected<void> ModelPool::install(const std::string& id, std::shared_ptr<L
   e.model = std::move(model);
   e.reason.clear();
   e.last_used = ++tick_;
-  e.last_active = std::chrono::steady_clock::now();
+  if (e.on_demand || take) e.last_active = std::chrono::steady_clock::now();
   if (take) ++e.in_flight;
   return {};
 }
@@ -598,6 +601,11 @@ void ModelPool::wait_background() {
 void ModelPool::set_recent_use_grace(std::chrono::steady_clock::duration grace) {
   std::lock_guard lock(mu_);
   recent_grace_ = grace;
+}
+
+void ModelPool::forget_recent_use(const std::string& id) {
+  std::lock_guard lock(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) it->second.last_active = {};
 }
 
 core::Expected<void> ModelPool::set_keep_alive(const std::string& id,

@@ -325,6 +325,10 @@ class ModelPool {
   // (the default): only models in flight are protected. `bonsai serve` sets
   // kRecentUseGrace after preloading. Thread-safe.
   void set_recent_use_grace(std::chrono::steady_clock::duration grace);
+  // Forgets when `id` last held a request, so the grace does not keep it:
+  // for `bonsai serve`'s start-up preload, which acquires and releases each
+  // model without serving anything. No effect on an unknown id.
+  void forget_recent_use(const std::string& id);
 
   // Unloads resident model `id` (as unload()) once it has been idle (no
   // request in flight) for `idle`, counted from its last acquire or

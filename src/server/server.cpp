@@ -507,6 +507,7 @@ struct Server::Impl {
     if (endpoint == Endpoint::kChat) {
       job->output = engine::chat_output_options(lm.tokenizer->chat_template(), in.chat_options, ctx.opt.parse_reasoning,
                                                 cr.tools.is_array() && !cr.tools.empty() && !cr.tool_choice_none);
+      job->output.only_tool_calls = cr.forced_tool_call;
     } else {
       job->output.parse_reasoning = false;
       job->output.parse_tool_calls = false;

@@ -144,6 +144,28 @@ TEST(ChatOutput, UnterminatedToolCallIsDroppedAtFinish) {
   EXPECT_FALSE(whole.cut_tool_call());
 }
 
+// A forced answer (only_tool_calls: tool_choice required / named) cut
+// right after a call, in the next call's opening tag, returns the complete
+// call and no "<tool" content (a tester saw content "<tool" from Qwen3.5);
+// without the option the same tail is text the model wrote.
+TEST(ChatOutput, ForcedCallsDropACutOpeningTag) {
+  const std::string done = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  ChatOutputParser::Options forced;
+  forced.only_tool_calls = true;
+  for (const std::string& tail : {std::string("\n<tool"), std::string("<"), std::string("\n<tool_call")}) {
+    SCOPED_TRACE(tail);
+    expect_all_splits(done + tail, "", "", {{"a", R"({"x":1})"}}, forced);
+    ChatOutputParser p(forced);
+    p.feed(done + tail);
+    p.finish();
+    EXPECT_TRUE(p.cut_tool_call());
+  }
+  // (The whitespace after a closed call is dropped, as always.)
+  expect_all_splits(done + "\n<tool", "", "<tool", {{"a", R"({"x":1})"}});
+  // Text that is not a tag prefix stays (the grammar would not write it).
+  expect_all_splits(done + " <b", "", "<b", {{"a", R"({"x":1})"}}, forced);
+}
+
 // With the request's tools given, only their functions become calls; a call
 // to any other name is the model's text (JSON form; the XML form below).
 TEST(ChatOutput, UndeclaredFunctionStaysContent) {

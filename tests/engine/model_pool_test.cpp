@@ -291,6 +291,42 @@ TEST(ModelPool, RecentlyUsedModelIsNotEvictedForAnotherModelsRequest) {
   EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
 }
 
+// The grace counts from a request: a model loaded by an admin load (as
+// `serve` preloads its models) that has served nothing is evicted for
+// another model's request at once, even within the grace.
+TEST(ModelPool, PreloadedUnusedModelHasNoGrace) {
+  Zoo zoo;
+  zoo.size_mib = {{"a", 1}, {"b", 1}};
+  auto pool = zoo.make(1, 0);
+  reg(pool, "a");
+  reg(pool, "b");
+  pool.set_recent_use_grace(std::chrono::seconds(10));
+  ASSERT_TRUE(pool.load_in_background("a").has_value());
+  pool.wait_background();
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"a"}));
+  auto b = pool.acquire("b");
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  EXPECT_EQ(listed_ids(pool), (std::vector<std::string>{"b"}));
+  b->release();
+  // serve's preload: acquired and released, then forgotten.
+  pool.forget_recent_use("b");
+  auto a0 = pool.acquire("a");
+  ASSERT_TRUE(a0.has_value()) << a0.error().message;
+  a0->release();
+  auto b1 = pool.acquire("b");
+  ASSERT_FALSE(b1.has_value());  // a served a request just now
+  EXPECT_NE(b1.error().message.find("'a' (served a request "), std::string::npos) << b1.error().message;
+  pool.set_recent_use_grace(std::chrono::steady_clock::duration::zero());
+  b1 = pool.acquire("b");
+  ASSERT_TRUE(b1.has_value()) << b1.error().message;
+  b1->release();
+  pool.set_recent_use_grace(std::chrono::seconds(10));
+  // b served a request: now it is the one kept for the grace.
+  auto a = pool.acquire("a");
+  ASSERT_FALSE(a.has_value());
+  EXPECT_NE(a.error().message.find("'b' (served a request "), std::string::npos) << a.error().message;
+}
+
 TEST(ModelPool, BackgroundLoadSucceedsWithoutBlockingOtherModels) {
   Zoo zoo;
   zoo.size_mib = {{"a", 1}, {"slow", 2}};
