@@ -36,7 +36,8 @@ std::vector<Variant> variants() {
     v.push_back({Tier::kAvx2, true, true, true, "avx2"});
     if (core::cpu_features().avx_vnni) v.push_back({Tier::kAvx2, true, true, false, "avx2-novnni"});
   }
-  if (tier_supported(Tier::kNeon)) v.push_back({Tier::kNeon, true, true, true, "neon"});
+  for (Tier t : {Tier::kNeon, Tier::kNeonDotprod, Tier::kNeonI8mm})
+    if (tier_supported(t)) v.push_back({t, true, true, true, std::string(tier_name(t))});
   return v;
 }
 
