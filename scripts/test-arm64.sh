@@ -4,11 +4,12 @@
 # qemu-aarch64 (user-mode emulation, ~10-50x slower than native), once per
 # ARM kernel tier:
 #   - CPU "max" (qemu's every extension: dotprod, i8mm, SVE), BONSAI_KERNEL
-#     forced to neon-i8mm, neon-dotprod and neon in turn: stories260K's 256
-#     greedy tokens from BOS (engine_inference_test) and a server smoke test: `bonsai serve` on
+#     forced to neon-i8mm, neon-dotprod and neon in turn: the Qwen3 Q1_0
+#     fixture's golden (model_golden_test), stories260K's 256 greedy tokens
+#     from BOS (engine_inference_test) and a server smoke test: `bonsai serve` on
 #     loopback answers one /v1/chat/completions, whose greedy text must
 #     equal the x86 build's (./build, when there) for the same request;
-#     the Qwen3 Q1_0 fixture's golden on neon-i8mm; then once the kernel tests, which try every supported tier against
+#     then once the kernel tests, which try every supported tier against
 #     the reference on the awkward shapes and batch sizes (invariance with
 #     batches up to 17 columns: BONSAI_TEST_EMULATED=1), and the tokenizer
 #     vectors;
@@ -19,8 +20,9 @@
 # Left out (too slow under emulation, or no ARM-specific code): the kernel
 # tests' two "within bound" tests (Tiers.RandomAwkwardShapesWithinBound,
 # LargestBonsaiShapesThreaded), invariance batches of 64 and 512, the
-# packing tests of the x86 layouts, the Q2_0 / F16 / qwen35 goldens and the
-# Q1_0 golden on neon-dotprod, the Qwen3 greedy-token golden (> 5 min), the server
+# packing tests of the x86 layouts, the Q2_0 / F16 / qwen35 goldens (the Q2_0
+# layouts' products are bit-identical to the reference in the kernel tests),
+# the Qwen3 greedy-token golden (> 5 min), the server
 # suites (HTTP, OpenAI/Ollama/Anthropic routes, Node clients, browser), the
 # tests that start other binaries (cli tests), the qwen35 tests, fuzzing and
 # sanitizers; they run natively on x86 (scripts/test.sh).
@@ -164,12 +166,10 @@ PACKING='Packing.NameAndChoice:Packing.OnlyTheOwningTierReadsThePackedCopy'
 export BONSAI_TEST_EMULATED=1  # invariance: batches up to 17 columns (invariance_test.cpp)
 
 # CPU max: every ARM tier forced in turn.
-# (The Q1_0 fixture's teacher-forced golden takes ~4 min under qemu on 2
-# loaded cores: it runs on neon-i8mm here and on the baseline tier below;
-# neon-dotprod's products are the same code with SDOT, proven bit-identical
-# by the kernel tests and end to end by the 256 stories260K tokens.)
-run_test max neon-i8mm model_golden_test --gtest_filter="$GOLDENS"
+# (The Q1_0 fixture's teacher-forced golden: ~2 min per tier under qemu on
+# 2 cores with other work, 4 when loaded; natively every fixture runs.)
 for kernel in neon-i8mm neon-dotprod neon; do
+  run_test max "$kernel" model_golden_test --gtest_filter="$GOLDENS"
   run_test max "$kernel" engine_inference_test --gtest_filter="$BOS"
   server_smoke max "$kernel"
 done
