@@ -65,10 +65,12 @@ struct Runtime {
 bool progress_enabled();
 
 // The one runtime initialisation, run by every command before it opens a
-// file: applies env BONSAI_KERNEL (reference | avx2 | avx512 | neon; unset:
-// the best tier), checks --q2-layout / BONSAI_Q2_LAYOUT, sizes the global
-// pool from -t. All errors are usage errors (exit kExitUsage):
-//   "BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or neon)"
+// file: applies env BONSAI_KERNEL (reference | avx2 | avx512 | avx512-amx |
+// neon | neon-dotprod | neon-i8mm; unset: the best tier), checks
+// --q2-layout / BONSAI_Q2_LAYOUT, sizes the global pool from -t. All
+// errors are usage errors (exit kExitUsage):
+//   "BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2,
+//    avx512, avx512-amx, neon, neon-dotprod or neon-i8mm)"
 //   "BONSAI_KERNEL: kernel tier 'avx512' is not supported by this CPU"
 //   "unknown Q2_0 layout 'X' (expected g64, g128-d-first or g128-qs-first)"
 // A -t that cannot size the global pool any more (it already started) only

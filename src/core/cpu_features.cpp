@@ -8,6 +8,8 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
 #endif
 
 namespace bonsai::core {
@@ -63,9 +65,18 @@ CpuFeatures detect() {
   f.gfni = (c7 >> 8) & 1u;
   f.amx_int8 = amx_os && ((d7 >> 25) & 1u) && ((d7 >> 24) & 1u);
 #elif defined(__aarch64__)
+  // Advanced SIMD is part of every ARMv8-A Linux target. The optional
+  // extensions come from the kernel's hardware capabilities (Linux
+  // Documentation/arch/arm64/elf_hwcaps.rst; bit values of
+  // arch/arm64/include/uapi/asm/hwcap.h): HWCAP_ASIMDDP (SDOT, bit 20 of
+  // AT_HWCAP), HWCAP2_I8MM (SMMLA, bit 13 of AT_HWCAP2).
   f.neon = true;
-#if defined(__ARM_FEATURE_DOTPROD)
-  f.dotprod = true;
+#if defined(__linux__)
+  constexpr unsigned long kHwcapAsimd = 1ul << 1, kHwcapAsimdDp = 1ul << 20, kHwcap2I8mm = 1ul << 13;
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f.neon = (hw & kHwcapAsimd) != 0;
+  f.dotprod = f.neon && (hw & kHwcapAsimdDp) != 0;
+  f.i8mm = f.neon && (hw2 & kHwcap2I8mm) != 0;
 #endif
 #endif
   f.physical_cores = count_physical_cores();
@@ -93,6 +104,7 @@ std::string CpuFeatures::to_string() const {
   add(amx_int8, "amx_int8");
   add(neon, "neon");
   add(dotprod, "dotprod");
+  add(i8mm, "i8mm");
   return s;
 }
 

@@ -1,5 +1,5 @@
-// Run-time CPU feature detection (CPUID + XGETBV on x86-64, compile-time on
-// arm64). Used by kernels/ to pick a SIMD tier; never by the build.
+// Run-time CPU feature detection (CPUID + XGETBV on x86-64, getauxval's
+// AT_HWCAP / AT_HWCAP2 on arm64 Linux). Used by kernels/ to pick a SIMD tier; never by the build.
 #pragma once
 
 #include <string>
@@ -19,7 +19,8 @@ struct CpuFeatures {
   bool gfni = false;       // GF2P8AFFINEQB (CPUID; the AVX-512 tier uses its EVEX form)
   bool amx_int8 = false;   // AMX tiles with int8 (OS permission not requested here)
   bool neon = false;       // arm64 Advanced SIMD
-  bool dotprod = false;    // arm64 sdot
+  bool dotprod = false;    // arm64 sdot (FEAT_DotProd, HWCAP_ASIMDDP)
+  bool i8mm = false;       // arm64 smmla (FEAT_I8MM, HWCAP2_I8MM)
   int physical_cores = 1;  // best effort: /sys topology, else hardware_concurrency
 
   // Comma-separated list of the true flags, e.g. "avx2,avx512f,avx512bw".

@@ -29,6 +29,8 @@ const detail::AttnOps* attn_ops_of(Tier t) {
       break;
     case Tier::kReference:
     case Tier::kNeon:
+    case Tier::kNeonDotprod:
+    case Tier::kNeonI8mm:
       break;
   }
   return ops ? ops : detail::reference_attn_ops();

@@ -57,6 +57,8 @@ void delta_rule_step(float* S, const float* q, const float* k, const float* v, f
         break;
       case Tier::kReference:
       case Tier::kNeon:
+      case Tier::kNeonDotprod:
+      case Tier::kNeonI8mm:
         break;
     }
   }

@@ -52,6 +52,8 @@ detail::HadamardFn hadamard_fn() {
       break;
     case Tier::kReference:
     case Tier::kNeon:
+    case Tier::kNeonDotprod:
+    case Tier::kNeonI8mm:
       break;
   }
   return fn != nullptr ? fn : detail::hadamard_ref;

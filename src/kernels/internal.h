@@ -1,5 +1,5 @@
 // Internal interface between kernels.cpp (dispatch, threading) and the tier
-// files (reference.cpp, avx2.cpp, avx512.cpp, neon.cpp). Not for other parts.
+// files (reference.cpp, avx2.cpp, avx512.cpp, neon*.cpp). Not for other parts.
 //
 // Matrix products on quantized weights (Q8_0, Q1_0, Q2_0 layouts) quantize
 // the activations once per call to Q8_0-style blocks (32 values, d =
@@ -169,6 +169,8 @@ const TierOps* reference_ops();
 const TierOps* avx2_ops();
 const TierOps* avx512_ops();
 const TierOps* neon_ops();
+const TierOps* neon_dotprod_ops();  // NEON + SDOT (neon_dotprod.cpp)
+const TierOps* neon_i8mm_ops();     // NEON + SDOT + SMMLA (neon_i8mm.cpp)
 
 // The table of a tier (nullptr if not built); does not check the CPU.
 const TierOps* tier_ops(Tier t);

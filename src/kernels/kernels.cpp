@@ -51,12 +51,16 @@ std::string_view tier_name(Tier t) {
       return "avx512";
     case Tier::kNeon:
       return "neon";
+    case Tier::kNeonDotprod:
+      return "neon-dotprod";
+    case Tier::kNeonI8mm:
+      return "neon-i8mm";
   }
   return "?";
 }
 
 std::optional<Tier> parse_tier(std::string_view name) {
-  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+  for (Tier t : kAllTiers) {
     if (name == tier_name(t)) return t;
   }
   return std::nullopt;
@@ -74,6 +78,10 @@ const TierOps* ops_of(Tier t) {
       return detail::avx512_ops();
     case Tier::kNeon:
       return detail::neon_ops();
+    case Tier::kNeonDotprod:
+      return detail::neon_dotprod_ops();
+    case Tier::kNeonI8mm:
+      return detail::neon_i8mm_ops();
   }
   return nullptr;
 }
@@ -105,12 +113,16 @@ bool tier_supported(Tier t) {
       return cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512vnni && cpu.avx2;
     case Tier::kNeon:
       return cpu.neon;
+    case Tier::kNeonDotprod:
+      return cpu.neon && cpu.dotprod;
+    case Tier::kNeonI8mm:
+      return cpu.neon && cpu.dotprod && cpu.i8mm;
   }
   return false;
 }
 
 Tier best_tier() {
-  for (Tier t : {Tier::kAvx512, Tier::kAvx2, Tier::kNeon}) {
+  for (Tier t : {Tier::kAvx512, Tier::kAvx2, Tier::kNeonI8mm, Tier::kNeonDotprod, Tier::kNeon}) {
     if (tier_supported(t)) return t;
   }
   return Tier::kReference;
@@ -158,7 +170,8 @@ core::Expected<void> init_tier_from_env() {
   if (!t) {
     return core::fail(core::Errc::kInvalidArgument,
                       std::string("BONSAI_KERNEL='") + env +
-                          "' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or neon)");
+                          "' is not a kernel tier (expected reference, avx2, avx512, avx512-amx, neon, neon-dotprod or "
+                          "neon-i8mm)");
   }
   // Naming a tier runs that tier's own kernels: "avx512" is AVX-512 without AMX.
   detail::set_avx512_amx(*t == Tier::kAvx512 ? detail::AmxMode::kOff : detail::AmxMode::kAuto);

@@ -55,15 +55,23 @@ size_t block_bytes(Format f);            // bytes per block (FormatDef::block_by
 inline size_t row_bytes(Format f, int64_t n) { return static_cast<size_t>(n / block_elems(f)) * block_bytes(f); }
 
 // ---- Tiers -----------------------------------------------------------------
-enum class Tier : uint8_t { kReference, kAvx2, kAvx512, kNeon };
-std::string_view tier_name(Tier t);  // "reference", "avx2", "avx512", "neon"
+// arm64: kNeon (Advanced SIMD, every ARMv8-A CPU), kNeonDotprod (+ SDOT,
+// ARMv8.2-A DotProd), kNeonI8mm (+ SDOT and SMMLA, ARMv8.6-A I8MM), chosen
+// from getauxval(AT_HWCAP / AT_HWCAP2).
+enum class Tier : uint8_t { kReference, kAvx2, kAvx512, kNeon, kNeonDotprod, kNeonI8mm };
+// Every tier, in enum order (tests and tools that try each one).
+inline constexpr Tier kAllTiers[] = {Tier::kReference, Tier::kAvx2,        Tier::kAvx512,
+                                     Tier::kNeon,      Tier::kNeonDotprod, Tier::kNeonI8mm};
+// "reference", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm"
+std::string_view tier_name(Tier t);
 std::optional<Tier> parse_tier(std::string_view name);
 bool tier_supported(Tier t);  // built in AND the CPU has it
 Tier best_tier();             // fastest supported
 Tier active_tier();           // what gemv/gemm use now
 // Errors: kUnsupported "kernel tier 'avx512' is not supported by this CPU".
 core::Expected<void> set_active_tier(Tier t);
-// Applies env BONSAI_KERNEL=reference|avx2|avx512|avx512-amx|neon if set
+// Applies env BONSAI_KERNEL=reference|avx2|avx512|avx512-amx|neon|
+// neon-dotprod|neon-i8mm if set
 // (else best_tier(), with the AMX GEMM used only where its measured table
 // says it wins: internal.h kAmxMeasured). "avx512" is the AVX-512 tier with
 // AMX off; "avx512-amx" is that tier with the AMX GEMM for every batch of

@@ -36,8 +36,8 @@ TEST(CliRuntime, BogusKernelIsExitCode2InEveryCommand) {
     EXPECT_EQ(r.rc, 2) << args << "\n" << r.err;
     EXPECT_EQ(r.err,
               "bonsai " + name +
-                  ": BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or "
-                  "neon)\n")
+                  ": BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx, neon, "
+                  "neon-dotprod or neon-i8mm)\n")
         << args;
     EXPECT_EQ(r.out, "") << args;
   }
@@ -150,9 +150,10 @@ TEST(CliProgress, SynthAndModelLoadShowProgressOnlyWhenEnabled) {
 TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
   const auto r = run_bonsai("synth --preset tiny -o /nonexistent/x.gguf", "BONSAI_KERNEL=bogus ");
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_EQ(r.err,
-            "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx or "
-            "neon)\n");
+  EXPECT_EQ(
+      r.err,
+      "bonsai synth: BONSAI_KERNEL='bogus' is not a kernel tier (expected reference, avx2, avx512, avx512-amx, neon, "
+      "neon-dotprod or neon-i8mm)\n");
 }
 
 // `synth --arch qwen35`: writes the Qwen3.5 file its flags name (the keys are

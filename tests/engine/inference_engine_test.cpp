@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/kernel_env.h"  // BONSAI_KERNEL forces the tier under test
 #include "common/test_util.h"
 #include "core/thread_pool.h"
 #include "model/model.h"

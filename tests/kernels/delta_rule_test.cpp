@@ -28,7 +28,7 @@ std::vector<float> random_values(size_t n, std::mt19937& rng, float lo = -1.0f, 
 
 std::vector<Tier> tiers() {
   std::vector<Tier> t{Tier::kReference};
-  for (Tier x : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon})
+  for (Tier x : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon, Tier::kNeonDotprod, Tier::kNeonI8mm})
     if (tier_supported(x)) t.push_back(x);
   return t;
 }

@@ -103,11 +103,11 @@ TEST(Formats, ReferenceDecodesFollowTheValueMappings) {
 // Every built tier computes every format there is today with its own
 // kernels (no silent fall back, which would be slow) except PTQ1_0, which
 // the AVX2 tier computes (the AVX-512 tier hands it to the AVX2 one) and
-// NEON hands to the reference; the reference tier lists every format; a
+// the NEON tiers hand to the reference; the reference tier lists every format; a
 // tier that lacks a format hands it to the reference.
 TEST(Formats, EachTierListsItsFormatsAndTheRestRunOnTheReference) {
   EXPECT_EQ(detail::reference_ops()->formats, kAllFormats);
-  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+  for (Tier t : kAllTiers) {
     const detail::TierOps* ops = detail::tier_ops(t);
     if (ops == nullptr) continue;
     SCOPED_TRACE(std::string(tier_name(t)));
@@ -115,7 +115,7 @@ TEST(Formats, EachTierListsItsFormatsAndTheRestRunOnTheReference) {
       const detail::TierOps* want = ops;
       if (f == Format::kPTQ1_0 && t == Tier::kAvx512) {
         want = tier_supported(Tier::kAvx2) ? detail::avx2_ops() : detail::reference_ops();
-      } else if (f == Format::kPTQ1_0 && t == Tier::kNeon) {
+      } else if (f == Format::kPTQ1_0 && (t == Tier::kNeon || t == Tier::kNeonDotprod || t == Tier::kNeonI8mm)) {
         want = detail::reference_ops();
       }
       EXPECT_EQ(detail::ops_for_format(ops, f), want) << format_name(f);

@@ -60,7 +60,7 @@ std::vector<double> dense_reference(const std::vector<float>& x, const std::vect
 // The tiers this CPU runs (the reference first).
 std::vector<Tier> tiers() {
   std::vector<Tier> t{Tier::kReference};
-  for (Tier x : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon})
+  for (Tier x : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon, Tier::kNeonDotprod, Tier::kNeonI8mm})
     if (tier_supported(x)) t.push_back(x);
   return t;
 }

@@ -97,7 +97,8 @@ std::vector<Variant> variants() {
     // without AVX-VNNI "avx2" is this already.
     if (core::cpu_features().avx_vnni) v.push_back({Tier::kAvx2, true, "avx2-novnni", false});
   }
-  if (tier_supported(Tier::kNeon)) v.push_back({Tier::kNeon, true, "neon"});
+  for (Tier t : {Tier::kNeon, Tier::kNeonDotprod, Tier::kNeonI8mm})
+    if (tier_supported(t)) v.push_back({t, true, std::string(tier_name(t))});
   return v;
 }
 

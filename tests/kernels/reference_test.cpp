@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernel_test_util.h"
@@ -314,14 +315,18 @@ TEST(ReferenceGemv, RowStrideLargerThanRow) {
 // ---- Tiers ----------------------------------------------------------------------------
 
 TEST(Tiers, NamesAndSelection) {
-  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+  for (Tier t : kAllTiers) {
     EXPECT_EQ(parse_tier(tier_name(t)), t);
   }
+  EXPECT_EQ(tier_name(Tier::kNeonDotprod), "neon-dotprod");
+  EXPECT_EQ(tier_name(Tier::kNeonI8mm), "neon-i8mm");
   EXPECT_FALSE(parse_tier("sse9").has_value());
   EXPECT_TRUE(tier_supported(Tier::kReference));
   EXPECT_TRUE(tier_supported(best_tier()));
 #if defined(__x86_64__)
   EXPECT_FALSE(tier_supported(Tier::kNeon));
+  EXPECT_FALSE(tier_supported(Tier::kNeonDotprod));
+  EXPECT_FALSE(tier_supported(Tier::kNeonI8mm));
   auto e = set_active_tier(Tier::kNeon);
   ASSERT_FALSE(e.has_value());
   EXPECT_EQ(e.error().code, core::Errc::kUnsupported);
@@ -344,6 +349,22 @@ TEST(Tiers, EnvironmentOverride) {
   e = init_tier_from_env();
   ASSERT_FALSE(e.has_value());
   EXPECT_EQ(e.error().code, core::Errc::kUnsupported);
+#endif
+#if defined(__aarch64__)
+  // Each ARM tier by name where the CPU has it, refused where it does not.
+  for (Tier t : {Tier::kNeon, Tier::kNeonDotprod, Tier::kNeonI8mm}) {
+    ::setenv("BONSAI_KERNEL", std::string(tier_name(t)).c_str(), 1);
+    e = init_tier_from_env();
+    if (tier_supported(t)) {
+      ASSERT_TRUE(e.has_value()) << e.error().message;
+      EXPECT_EQ(active_tier(), t);
+      EXPECT_EQ(kernel_name(), tier_name(t));
+    } else {
+      ASSERT_FALSE(e.has_value());
+      EXPECT_EQ(e.error().code, core::Errc::kUnsupported);
+      EXPECT_NE(e.error().message.find(tier_name(t)), std::string::npos) << e.error().message;
+    }
+  }
 #endif
   // avx512: the AVX-512 tier with AMX off; avx512-amx: AMX forced on, or
   // kUnsupported where the CPU or OS does not allow it (issue 27).
@@ -382,7 +403,7 @@ TEST(Tiers, EnvironmentOverride) {
 
 TEST(FloatHelpers, AllTiersAgreeWithDouble) {
   const Tier before = active_tier();
-  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+  for (Tier t : kAllTiers) {
     if (!tier_supported(t)) continue;
     ASSERT_TRUE(set_active_tier(t).has_value());
     for (int64_t n : {1, 7, 64, 129, 1000}) {

@@ -53,7 +53,7 @@ struct Variant {
 
 std::vector<Variant> variants() {
   std::vector<Variant> v;
-  for (Tier t : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+  for (Tier t : {Tier::kAvx2, Tier::kAvx512, Tier::kNeon, Tier::kNeonDotprod, Tier::kNeonI8mm}) {
     if (!tier_supported(t)) continue;
     v.push_back(
         {t, true, true, std::string(tier_name(t)) + (t == Tier::kAvx512 && detail::amx_usable() ? "+amx" : "")});
@@ -246,7 +246,7 @@ TEST(Tiers, LargestBonsaiShapesThreaded) {
 TEST(Tiers, GemmMultiEqualsSeparateCalls) {
   core::ThreadPool pool(2);
   const Tier before = active_tier();
-  for (Tier t : {Tier::kReference, Tier::kAvx2, Tier::kAvx512, Tier::kNeon}) {
+  for (Tier t : kAllTiers) {
     if (!tier_supported(t)) continue;
     ASSERT_TRUE(set_active_tier(t).has_value());
     for (int64_t n : {1, 3, 17}) {

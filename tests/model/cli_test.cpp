@@ -364,8 +364,7 @@ TEST(CliRepack, NoRepackGivesIdenticalResultsAndSaysZeroCopy) {
     // Every kernel tier (BONSAI_KERNEL): repacked or not, the same logits.
     // avx512-amx (the AMX GEMM forced on) where the CPU has AMX.
     std::vector<std::string> kernel_names;
-    for (kernels::Tier t :
-         {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512, kernels::Tier::kNeon}) {
+    for (kernels::Tier t : kernels::kAllTiers) {
       if (kernels::tier_supported(t)) kernel_names.emplace_back(kernels::tier_name(t));
     }
     if (kernels::tier_supported(kernels::Tier::kAvx512) && core::cpu_features().amx_int8) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kernel_env.h"  // BONSAI_KERNEL forces the tier under test
 #include "model_test_util.h"
 
 namespace bonsai::model {
