@@ -435,15 +435,20 @@ struct RunOptions {
 constexpr size_t kMaxPromptFileBytes = size_t{256} << 20;
 
 // The whole file at `path`, byte for byte (no newline trimming, no encoding
-// check: the tokenizer takes the bytes as -p would). Error messages:
+// check: the tokenizer takes the bytes as -p would); "-" is stdin, read to
+// its end (llama-cli's and most Unix tools' convention). Error messages:
 // "<path>: cannot read prompt file: <strerror(errno)>", or
 // "<path>: prompt file is larger than 268435456 bytes".
 core::Expected<std::string> read_prompt_file(const std::string& path) {
   auto fail = [&path](int err) {
     return core::fail(core::Errc::kIo, path + ": cannot read prompt file: " + std::strerror(err));
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool is_stdin = path == "-";
+  const int fd = is_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(errno);
+  auto close_fd = [fd, is_stdin] {
+    if (!is_stdin) ::close(fd);
+  };
   std::string text;
   char buf[65536];
   while (true) {
@@ -452,17 +457,17 @@ core::Expected<std::string> read_prompt_file(const std::string& path) {
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;  // e.g. EISDIR for a directory
-      ::close(fd);
+      close_fd();
       return fail(err);
     }
     if (text.size() + static_cast<size_t>(n) > kMaxPromptFileBytes) {
-      ::close(fd);
+      close_fd();
       return core::fail(core::Errc::kInvalidArgument,
                         path + ": prompt file is larger than " + std::to_string(kMaxPromptFileBytes) + " bytes");
     }
     text.append(buf, static_cast<size_t>(n));
   }
-  ::close(fd);
+  close_fd();
   return text;
 }
 
@@ -662,7 +667,7 @@ void register_run(CLI::App& app) {
   add_gen_flags(run, run_opts->gen);
   auto* prompt_opt = run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
   auto* file_opt = run->add_option("-f,--file", run_opts->prompt_file,
-                                   "Read the prompt from this file (its bytes as they are; not with -p)");
+                                   "Read the prompt from this file (its bytes as they are; - is stdin; not with -p)");
   run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
   run->add_option("--system", run_opts->system, "System message (with --chat)");
   run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");
