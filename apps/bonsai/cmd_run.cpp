@@ -200,8 +200,7 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--model-draft", o.model_draft,
                   "Draft model for speculative decoding (also -md; implies --spec-type draft): a small GGUF model "
                   "with the target's tokenizer")
-      ->type_name("FILE")
-      ->check(CLI::ExistingFile);
+      ->type_name("FILE");  // a file that cannot be read: exit 1 when it loads, as -m
   engine::SamplingParams& p = o.sampling;
   cmd->add_option("-n,--n-predict", p.max_tokens, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
@@ -281,13 +280,27 @@ struct Session {
   std::optional<engine::InferenceEngine> engine;
 };
 
+// The chat template flags as engine::ModelSpec's fields (as serve's).
+engine::ModelSpec chat_spec_of(const GenOptions& o) {
+  engine::ModelSpec spec;
+  spec.jinja = !o.no_jinja;
+  spec.chat_template = o.chat_template;
+  spec.chat_template_file = o.chat_template_file;
+  return spec;
+}
+
 // Resolves the model path (built-in default when none), loads everything.
-// Prints a message naming `cmd` and returns nullopt on error.
-std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
+// Prints a message naming `cmd` and returns nullopt on error, with `*rc` the
+// exit code: kExitUsage for a flag that does not fit the model (-hf with -m,
+// -c beyond the context the model supports), 1 for a runtime failure (a
+// model or draft model that cannot be read or loaded).
+std::optional<Session> open_session(const char* cmd, const GenOptions& o, int* rc) {
+  *rc = kExitUsage;
   if (o.threads > 0 && !core::set_global_thread_count(o.threads)) {
     std::cerr << "bonsai " << cmd << ": warning: -t ignored (the thread pool already started)\n";
   }
   if (hf_conflicts_with_m(cmd, o.hf, !o.model_path.empty())) return std::nullopt;
+  *rc = 1;
   std::string path = o.model_path;
   if (!o.hf.repo.empty()) {
     auto p = resolve_hf_model(cmd, o.hf.repo, o.hf.file);
@@ -314,11 +327,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": cannot load model: " << model.error().message << "\n";
     return std::nullopt;
   }
-  engine::ModelSpec chat_spec;
-  chat_spec.jinja = !o.no_jinja;
-  chat_spec.chat_template = o.chat_template;
-  chat_spec.chat_template_file = o.chat_template_file;
-  const auto chat = engine::chat_template_options(chat_spec);
+  const auto chat = engine::chat_template_options(chat_spec_of(o));
   if (!chat) {
     std::cerr << "bonsai " << cmd << ": " << chat.error().message << "\n";
     return std::nullopt;
@@ -330,6 +339,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   }
   if (auto ok = engine::check_ctx_supported(path, o.ctx, (*model)->config()); !ok) {
     std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+    *rc = kExitUsage;  // -c's value
     return std::nullopt;
   }
   engine::EngineOptions eo;
@@ -484,6 +494,17 @@ bool runtime_usage_ok(const char* cmd, const GenOptions& g) {
     std::cerr << "bonsai " << cmd << ": -md/--model-draft is for --spec-type draft, not " << g.spec_type << "\n";
     return false;
   }
+  // The sampling flags' ranges (--top-p 2, --min-p -1, ...) and the chat
+  // template flags, as InferenceEngine::create and open_session would check
+  // them after the load: bad flag values, not runtime failures.
+  if (auto ok = g.sampling.validate(); !ok) {
+    std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+    return false;
+  }
+  if (auto chat = engine::chat_template_options(chat_spec_of(g)); !chat) {
+    std::cerr << "bonsai " << cmd << ": " << chat.error().message << "\n";
+    return false;
+  }
   return init_runtime_or_report(cmd,
                                 RuntimeFlags{.threads = g.threads, .q2_layout = g.q2_layout, .no_repack = g.no_repack})
       .has_value();
@@ -504,8 +525,9 @@ int run_main(RunOptions o) {
     }
     o.prompt = std::move(*text);
   }
-  auto s = open_session("run", o.gen);
-  if (!s) return 1;
+  int rc = 1;
+  auto s = open_session("run", o.gen, &rc);
+  if (!s) return rc;
   const tokenizer::Tokenizer& tok = *s->tok;
   // Prompt, BOS rule and context check as the server does (engine/completion.h);
   // an empty prompt starts from BOS alone.
@@ -572,8 +594,9 @@ struct ChatCliOptions {
 
 int chat_main(const ChatCliOptions& o) {
   if (!runtime_usage_ok("chat", o.gen)) return 2;
-  auto s = open_session("chat", o.gen);
-  if (!s) return 1;
+  int rc = 1;
+  auto s = open_session("chat", o.gen, &rc);
+  if (!s) return rc;
   const tokenizer::Tokenizer& tok = *s->tok;
   engine::InferenceEngine& eng = *s->engine;
   warn_if_not_chatml("chat", tok);

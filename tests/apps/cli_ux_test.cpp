@@ -48,4 +48,83 @@ TEST(CliRunPromptFile, DashReadsStdin) {
   EXPECT_EQ(nlohmann::json::parse(empty.out)["prompt_tokens"].size(), 1u) << empty.out;
 }
 
+// Every usage error (an unknown flag, a flag value out of range, a bad
+// config file value) exits 2 in every command; a runtime failure (a model
+// file that cannot be read, a port that cannot be bound) exits 1.
+TEST(CliExitCodes, UsageErrorsAre2RuntimeFailuresAre1) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string m = " -m '" + kStories + "'";
+  const std::string dir = ::testing::TempDir() + "bonsai_exit_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string bad_toml = dir + "/bad.toml", typo_toml = dir + "/typo.toml";
+  std::ofstream(bad_toml) << "port = 70000\n";
+  std::ofstream(typo_toml) << "prot = 8080\n";
+  const std::vector<std::pair<std::string, int>> cases = {
+      // Unknown flags.
+      {"run" + m + " --bogus", 2},
+      {"chat" + m + " --bogus", 2},
+      {"serve" + m + " --bogus", 2},
+      {"bench" + m + " --bogus", 2},
+      {"info" + m + " --bogus", 2},
+      {"nosuchcommand", 2},
+      // Values that do not convert or are out of range.
+      {"run" + m + " -p Hi --top-p 2", 2},
+      {"run" + m + " -p Hi --min-p -0.5", 2},
+      {"run" + m + " -p Hi --repeat-penalty 0", 2},
+      {"run" + m + " -p Hi -n abc", 2},
+      {"chat" + m + " --top-p 2", 2},
+      {"run" + m + " -p Hi --chat-template-file /nonexistent/t.jinja", 2},
+      {"serve" + m + " --port 70000", 2},
+      {"bench" + m + " -p 8 -n 0 -r 0", 2},
+      {"bench" + m + " -p x", 2},
+      {"synth -o '" + dir + "/x.gguf' --type bogus", 2},
+      {"synth -o '" + dir + "/x.gguf' --preset 99b", 2},
+      // Config files: a value out of range, an unknown key, a missing file.
+      {"serve" + m + " --config '" + bad_toml + "'", 2},
+      {"serve" + m + " --config '" + typo_toml + "'", 2},
+      {"serve" + m + " --config /nonexistent/bonsai.toml", 2},
+      // Runtime failures: the model file cannot be read.
+      {"run -m /nonexistent/model.gguf -p Hi", 1},
+      {"chat -m /nonexistent/model.gguf", 1},
+      {"run" + m + " -md /nonexistent/draft.gguf -p Hi", 1},
+      {"bench -m /nonexistent/model.gguf -p 8 -n 0 -r 1", 1},
+      {"info -m /nonexistent/model.gguf", 1},
+      {"validate -m /nonexistent/model.gguf", 1},
+      {"serve -m /nonexistent/model.gguf --port 0", 1},
+      {"synth -o /nonexistent/dir/x.gguf", 1},  // cannot write the file
+  };
+  for (const auto& [args, rc] : cases) {
+    const auto r = run_bonsai(args);
+    EXPECT_EQ(r.rc, rc) << args << "\n" << r.err;
+    EXPECT_NE(r.err, "") << args;  // says why
+  }
+  std::filesystem::remove_all(dir);
+  // The rule is at the end of every --help.
+  for (const char* help : {"--help", "run --help", "chat --help", "serve --help", "bench --help", "info --help"}) {
+    const auto r = run_bonsai(help);
+    EXPECT_EQ(r.rc, 0) << help;
+    EXPECT_NE(r.out.find("Exit status: 0 success; 1 runtime failure"), std::string::npos) << help << "\n" << r.out;
+    EXPECT_NE(r.out.find("2 usage error"), std::string::npos) << help;
+  }
+}
+
+// A port another socket holds: serve cannot bind, a runtime failure (exit 1).
+TEST(CliExitCodes, ServeBindFailureIs1) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  const auto r = run_bonsai("serve -m '" + kStories + "' --host 127.0.0.1 --port " + std::to_string(port));
+  ::close(fd);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find(std::to_string(port)), std::string::npos) << r.err;
+}
+
 }  // namespace
