@@ -275,6 +275,7 @@ constexpr engine::PrepareOptions kCliPrepare{.empty_prompt_is_bos = true, .refus
 
 // A loaded model, tokenizer and one engine replica.
 struct Session {
+  std::string path;  // the model file (-m, -hf's cached file, or the built-in default's)
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tok;
   std::optional<engine::InferenceEngine> engine;
@@ -376,6 +377,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o, int* r
     return std::nullopt;
   }
   Session s;
+  s.path = path;
   s.model = *model;
   s.tok = *tok;
   s.engine.emplace(std::move(*eng));
@@ -592,6 +594,46 @@ struct ChatCliOptions {
   ReasoningOptions reasoning;
 };
 
+// chat's `/show info`: the model's summary, as Ollama's `/show info` and
+// the head of `bonsai info` (architecture, parameters, context, embedding
+// length, layers, weight type), then the file, this session's context and
+// chat template. Written to stdout.
+void print_model_summary(const Session& s) {
+  const model::Model& m = *s.model;
+  const model::ModelConfig& c = m.config();
+  uint64_t n_params = 0;
+  for (const auto& t : m.file().tensors()) n_params += static_cast<uint64_t>(t.n_elements());
+  char params[32];
+  const double p = static_cast<double>(n_params);
+  if (p >= 1e9) {
+    std::snprintf(params, sizeof params, "%.2fB", p / 1e9);
+  } else {
+    std::snprintf(params, sizeof params, p >= 1e6 ? "%.2fM" : "%.2fK", p >= 1e6 ? p / 1e6 : p / 1e3);
+  }
+  std::string weights = "?";  // the layer matrices' type (qwen35's layer 0 is a GDN layer: its ffn_up)
+  if (const auto* t = m.file().find_tensor("blk.0.attn_q.weight")) {
+    weights = core::ggml_type_name(t->type_id);
+  } else if (const auto* u = m.file().find_tensor("blk.0.ffn_up.weight")) {
+    weights = core::ggml_type_name(u->type_id);
+  }
+  std::printf(
+      "  architecture      %s\n  parameters        %s\n  context length    %lld\n  embedding length  %lld\n"
+      "  layers            %lld\n  weights           %s\n  file              %s\n  session context   %lld\n"
+      "  chat template     %s\n",
+      c.arch_name.c_str(), params, static_cast<long long>(c.n_ctx_train), static_cast<long long>(c.n_embd),
+      static_cast<long long>(c.n_layer), weights.c_str(), s.path.c_str(),
+      static_cast<long long>(s.engine->max_seq_len()), s.tok->chat_template().describe().c_str());
+}
+
+// chat's slash commands (Ollama's and llama-cli's names), listed by /help.
+constexpr const char* kChatHelp =
+    "  /help, /?           this list\n"
+    "  /bye, /exit, /quit  quit (as end of input does)\n"
+    "  /clear, /reset      forget the conversation (the system prompt stays)\n"
+    "  /set system TEXT    make TEXT the system prompt (from now on, for the whole conversation)\n"
+    "  /show info          the model's summary\n"
+    "  //TEXT or \\/TEXT    send /TEXT as a message (a line that starts with '/' is a command)\n";
+
 int chat_main(const ChatCliOptions& o) {
   if (!runtime_usage_ok("chat", o.gen)) return 2;
   int rc = 1;
@@ -601,12 +643,12 @@ int chat_main(const ChatCliOptions& o) {
   engine::InferenceEngine& eng = *s->engine;
   warn_if_not_chatml("chat", tok);
   std::cerr << "bonsai chat: template " << tok.chat_template().describe()
-            << ". Type a message; /reset clears the conversation, /exit or end of input quits,\n"
+            << ". Type a message; /help lists the commands, /bye or end of input quits,\n"
             << "Ctrl-C stops an answer.\n";
 
   std::vector<tokenizer::ChatMessage> msgs;
   if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
-  const size_t n_fixed = msgs.size();
+  size_t n_fixed = msgs.size();  // the system message, if any (/set system adds or replaces it)
   tokenizer::ChatOptions co;
   co.enable_thinking = !o.no_think;
   const engine::SamplingParams& defaults = o.gen.sampling;  // as the engine's (validated by open_session)
@@ -619,10 +661,43 @@ int chat_main(const ChatCliOptions& o) {
     // CRLF input (a file written on Windows, piped in): the '\r' is not part
     // of the message, nor of a command such as "/exit".
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line == "/exit" || line == "/quit") break;
-    if (line == "/reset") {
-      msgs.resize(n_fixed);
-      std::cerr << "(conversation cleared)\n";
+    // Slash commands; "//TEXT" and "\\/TEXT" send "/TEXT". Commands go
+    // nowhere near the model: an unknown one is reported, not sent.
+    if (line.starts_with("//") || line.starts_with("\\/")) {
+      line.erase(0, 1);
+    } else if (line.starts_with('/')) {
+      const size_t sp = line.find_first_of(" \t");
+      const std::string word = line.substr(0, sp);
+      const size_t rest_at = sp == std::string::npos ? sp : line.find_first_not_of(" \t", sp);
+      const std::string rest = rest_at == std::string::npos ? std::string() : line.substr(rest_at);
+      if (word == "/bye" || word == "/exit" || word == "/quit") break;
+      if (word == "/help" || word == "/?") {
+        std::fputs(kChatHelp, stdout);
+      } else if (word == "/clear" || word == "/reset") {
+        msgs.resize(n_fixed);
+        std::cerr << "(conversation cleared)\n";
+      } else if (word == "/set" && rest.starts_with("system") &&
+                 (rest.size() == 6 || rest[6] == ' ' || rest[6] == '\t')) {
+        const size_t text_at = rest.find_first_not_of(" \t", 6);
+        if (text_at == std::string::npos) {
+          std::cerr << "bonsai chat: usage: /set system TEXT\n";
+        } else if (n_fixed == 1) {
+          msgs.front().content = rest.substr(text_at);
+          std::cerr << "(system prompt set)\n";
+        } else {
+          msgs.insert(msgs.begin(), {.role = "system", .content = rest.substr(text_at)});
+          n_fixed = 1;
+          std::cerr << "(system prompt set)\n";
+        }
+      } else if (word == "/set") {
+        std::cerr << "bonsai chat: usage: /set system TEXT\n";
+      } else if (word == "/show" && rest == "info") {
+        print_model_summary(*s);
+      } else if (word == "/show") {
+        std::cerr << "bonsai chat: usage: /show info\n";
+      } else {
+        std::cerr << "bonsai chat: unknown command '" << word << "', /help lists them\n";
+      }
       continue;
     }
     if (line.empty()) continue;

@@ -127,4 +127,98 @@ TEST(CliExitCodes, ServeBindFailureIs1) {
   EXPECT_NE(r.err.find(std::to_string(port)), std::string::npos) << r.err;
 }
 
+// chat's slash commands, through piped stdin (not a terminal). Greedy
+// answers of a few tokens; sessions are compared with each other.
+class CliChatCommands : public ::testing::Test {
+ protected:
+  void SetUp() override { BONSAI_REQUIRE_FILE(kStories); }
+  static bonsai::test::CliResult chat(const std::string& input, const std::string& flags = "") {
+    return run_bonsai_stdin("chat -m '" + kStories + "' --temp 0 -n 6 --ignore-eos " + flags, input);
+  }
+  // The one answer of a session that sent one message: stdout "> ANSWER\n> ".
+  static std::string answer(const bonsai::test::CliResult& r) {
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_GT(r.out.size(), 5u);
+    EXPECT_EQ(r.out.substr(0, 2), "> ");
+    EXPECT_EQ(r.out.substr(r.out.size() - 3), "\n> ");
+    return r.out.size() > 5 ? r.out.substr(2, r.out.size() - 5) : "";
+  }
+};
+
+TEST_F(CliChatCommands, HelpListsTheCommandsAndSendsNothing) {
+  for (const char* cmd : {"/help\n", "/?\n"}) {
+    const auto r = chat(cmd);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    for (const char* listed : {"/help", "/bye", "/exit", "/clear", "/set system", "/show info", "//"})
+      EXPECT_NE(r.out.find(listed), std::string::npos) << cmd << listed << "\n" << r.out;
+    // Nothing generated: the help, then the next prompt.
+    EXPECT_EQ(r.out.substr(r.out.size() - 2), "> ");
+  }
+}
+
+TEST_F(CliChatCommands, UnknownCommandIsNotSent) {
+  const std::string a = answer(chat("hello\n"));
+  ASSERT_NE(a, "");
+  const auto r = chat("/foo bar\nhello\n");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("unknown command '/foo', /help lists them"), std::string::npos) << r.err;
+  // The unknown command left only its prompt: no answer, nothing in the conversation.
+  EXPECT_EQ(r.out, "> > " + a + "\n> ");
+}
+
+TEST_F(CliChatCommands, ByeAndExitQuit) {
+  const std::string a = answer(chat("hello\n"));
+  for (const char* quit : {"/bye", "/exit", "/quit"}) {
+    const auto r = chat(std::string("hello\n") + quit + "\nhello again\n");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.out, "> " + a + "\n> ") << quit;
+  }
+}
+
+TEST_F(CliChatCommands, ClearResetsTheConversation) {
+  const std::string a = answer(chat("hello\n"));
+  for (const char* clear : {"/clear", "/reset"}) {
+    const auto r = chat(std::string("hello\n") + clear + "\nhello\n");
+    EXPECT_EQ(r.out, "> " + a + "\n> > " + a + "\n> ") << clear;
+  }
+  // Without it the second answer sees the first turn (the control).
+  const auto kept = chat("hello\nhello\n");
+  EXPECT_NE(kept.out, "> " + a + "\n> " + a + "\n> ");
+}
+
+TEST_F(CliChatCommands, SetSystemIsTheSystemPrompt) {
+  const std::string with_flag = answer(chat("hello\n", "--system 'Answer in French.'"));
+  const std::string without = answer(chat("hello\n"));
+  ASSERT_NE(with_flag, without);  // the system prompt changes the answer (the control)
+  const auto r = chat("/set system Answer in French.\nhello\n");
+  EXPECT_EQ(r.out, "> > " + with_flag + "\n> ") << r.err;
+  // Replacing the one given by --system; kept by /clear.
+  const auto replaced = chat("/set system Answer in French.\n/clear\nhello\n", "--system 'Be terse.'");
+  EXPECT_EQ(replaced.out, "> > > " + with_flag + "\n> ") << replaced.err;
+  // No text: a usage message, nothing changes.
+  const auto bare = chat("/set system\nhello\n");
+  EXPECT_NE(bare.err.find("/set system TEXT"), std::string::npos) << bare.err;
+  EXPECT_EQ(bare.out, "> > " + without + "\n> ");
+}
+
+TEST_F(CliChatCommands, ShowInfoPrintsTheModelSummary) {
+  const auto r = chat("/show info\n");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  for (const char* field : {"architecture", "llama", "parameters", "context length", "2048", "embedding length"})
+    EXPECT_NE(r.out.find(field), std::string::npos) << field << "\n" << r.out;
+  const auto bad = chat("/show nothing\n");
+  EXPECT_NE(bad.err.find("/show info"), std::string::npos) << bad.err;
+}
+
+// "//text" and "\\/text" send "/text": one slash (or the backslash) taken off.
+TEST_F(CliChatCommands, DoubleSlashSendsTheLineLiterally) {
+  const auto slash = chat("//hello\n");
+  const auto escaped = chat("\\/hello\n");
+  const std::string a = answer(slash);
+  EXPECT_EQ(answer(escaped), a);
+  EXPECT_EQ(slash.err.find("unknown command"), std::string::npos) << slash.err;
+  // "///hello" sends "//hello", another message (another answer).
+  EXPECT_NE(answer(chat("///hello\n")), a);
+}
+
 }  // namespace
