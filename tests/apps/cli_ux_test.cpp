@@ -77,6 +77,8 @@ TEST(CliExitCodes, UsageErrorsAre2RuntimeFailuresAre1) {
       {"serve" + m + " --port 70000", 2},
       {"bench" + m + " -p 8 -n 0 -r 0", 2},
       {"bench" + m + " -p x", 2},
+      {"logits" + m + " --ids 1,99999", 2},  // outside the vocabulary (512)
+      {"logits" + m + " --ids x", 2},
       {"synth -o '" + dir + "/x.gguf' --type bogus", 2},
       {"synth -o '" + dir + "/x.gguf' --preset 99b", 2},
       // Config files: a value out of range, an unknown key, a missing file.
@@ -90,6 +92,8 @@ TEST(CliExitCodes, UsageErrorsAre2RuntimeFailuresAre1) {
       {"bench -m /nonexistent/model.gguf -p 8 -n 0 -r 1", 1},
       {"info -m /nonexistent/model.gguf", 1},
       {"validate -m /nonexistent/model.gguf", 1},
+      {"logits -m /nonexistent/model.gguf --ids 1", 1},
+      {"tokenize -m /nonexistent/model.gguf -p Hi", 1},
       {"serve -m /nonexistent/model.gguf --port 0", 1},
       {"synth -o /nonexistent/dir/x.gguf", 1},  // cannot write the file
   };
