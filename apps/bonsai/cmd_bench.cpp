@@ -25,10 +25,21 @@
 //                t/s) / the int8 dot peak. The output head counts once per
 //                prompt (only the last token's logits are computed).
 // See kernels/roofline.h for how bandwidth and peak are measured.
+// Where the matrices fit in the last-level cache (its size from sysfs,
+// /sys/devices/system/cpu/cpu0/cache/index*/), a decode step reads them from
+// the cache, not from DRAM: tg is not bandwidth-bound and the ratio can pass
+// 100%. The md table marks it "%*" with a footnote "* weights fit in L3
+// (N MiB): not bandwidth-bound"; JSON says weights_in_llc and llc_bytes.
+//
+// Depth: every test's positions (-d + -p + -n) must fit the model's context
+// (<arch>.context_length); beyond it the bench refuses with a usage error
+// naming the context (llama-bench runs on past it, with only llama.cpp's
+// "possible training context overflow" log line; RoPE positions beyond
+// training are not a measurement of the model).
 //
 // Progress goes to stderr when it is a terminal. Usage errors (bad flag
-// value, BONSAI_KERNEL, --q2-layout) exit 2; a model that fails to load or
-// run exits 1.
+// value, a depth beyond the context, BONSAI_KERNEL, --q2-layout) exit 2; a
+// model that fails to load or run exits 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
@@ -161,6 +172,34 @@ ModelStats model_stats(const model::Model& m, const std::string& path, model::Kv
   return s;
 }
 
+// The last-level cache: the highest-level unified cache of cpu0 in sysfs.
+struct LastLevelCache {
+  int level = 0;       // 3 for an L3; 0: sysfs does not say
+  uint64_t bytes = 0;  // its size
+};
+
+// Reads /sys/devices/system/cpu/cpu0/cache/index*/{level,type,size} (size
+// as "32768K" or "32M"); {0, 0} where sysfs has no cache entries.
+LastLevelCache last_level_cache() {
+  LastLevelCache llc;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    int level = 0;
+    std::string type, size;
+    if (!(std::ifstream(dir + "level") >> level) || !(std::ifstream(dir + "type") >> type) ||
+        !(std::ifstream(dir + "size") >> size))
+      continue;
+    if (type != "Unified" || level <= llc.level || size.empty()) continue;
+    char* end = nullptr;
+    uint64_t bytes = std::strtoull(size.c_str(), &end, 10);
+    if (*end == 'K') bytes <<= 10;
+    if (*end == 'M') bytes <<= 20;
+    if (*end == 'G') bytes <<= 30;
+    llc = {level, bytes};
+  }
+  return llc;
+}
+
 // Hardware ceilings per thread count.
 struct Ceilings {
   double read_gbs = 0;
@@ -176,6 +215,11 @@ struct Row {
   std::vector<double> samples_ns;
   std::string test_time;
   Ceilings ceil;
+  LastLevelCache llc;
+
+  // The matrices a decode step streams fit in the last-level cache: tg reads
+  // them from there, so the bandwidth roofline is no ceiling.
+  bool weights_in_llc() const { return llc.bytes > 0 && model->matrix_bytes <= llc.bytes; }
 
   std::vector<double> samples_ts() const {
     std::vector<double> ts;
@@ -310,6 +354,8 @@ nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
   j["read_bw_gbs"] = r.ceil.read_gbs;
   j["bytes_per_token"] = r.test.n_gen > 0 ? nlohmann::ordered_json(r.bytes_per_token()) : nullptr;
   j["bw_ratio"] = opt(r.bw_ratio());
+  j["weights_in_llc"] = r.weights_in_llc();
+  j["llc_bytes"] = r.llc.bytes;
   j["int8_peak_gops"] = r.ceil.peak.gops;
   j["int8_peak_isa"] = r.ceil.peak.isa;
   j["amx_int8_peak_gops"] = r.ceil.peak.amx_gops > 0 ? nlohmann::ordered_json(r.ceil.peak.amx_gops) : nullptr;
@@ -337,8 +383,10 @@ class Printer {
       std::snprintf(ts, sizeof ts, "%.2f ± %.2f", r.avg_ts(), r.stddev_ts());
       std::printf("| %-30s | %10s | %10s | %-12s | %7d | %15s | %20s | %11s | %9s |\n", r.model->type.c_str(),
                   format_size(r.model->size_bytes).c_str(), format_params(r.model->n_params).c_str(), r.backend.c_str(),
-                  r.threads, r.test.name().c_str(), ts, format_ratio(r.bw_ratio()).c_str(),
+                  r.threads, r.test.name().c_str(), ts,
+                  (format_ratio(r.bw_ratio()) + (r.bw_ratio() && r.weights_in_llc() ? "*" : "")).c_str(),
                   format_ratio(r.peak_ratio()).c_str());
+      if (r.bw_ratio() && r.weights_in_llc()) llc_marked_ = r.llc;
     } else if (format_ == "csv") {
       const auto j = row_json(r, cpu_);
       if (n_ == 0) {
@@ -380,6 +428,11 @@ class Printer {
                     static_cast<unsigned long long>(m->kv_bytes_per_pos), model::kv_type_name(m->type_k),
                     model::kv_type_name(m->type_v));
       }
+      if (llc_marked_.bytes > 0)
+        std::printf(
+            "* weights fit in L%d (%llu MiB): not bandwidth-bound (the ratio compares with DRAM read "
+            "bandwidth)\n",
+            llc_marked_.level, static_cast<unsigned long long>(llc_marked_.bytes >> 20));
       std::printf("cpu: %s\n", cpu_.c_str());
     }
     std::fflush(stdout);
@@ -389,6 +442,7 @@ class Printer {
   std::string format_;
   std::string cpu_;
   int n_ = 0;
+  LastLevelCache llc_marked_;  // a row's ratio was marked '*' (weights in this cache): the footnote
 };
 
 // ---- Flag parsing -------------------------------------------------------------------
@@ -590,7 +644,9 @@ class BenchRun {
   }
 
   // Loads the model at `path` and runs the plan on it, printing each row;
-  // 0, or 1 after printing why it stopped.
+  // 0, or the exit code after printing why it stopped (kExitUsage: a test
+  // beyond the model's context, checked before anything runs on it; 1: a
+  // load or compute failure). Measures the ceilings first if not done yet.
   int run_model(const std::string& path) {
     auto loaded = load_model(path, rt_);
     if (!loaded) {
@@ -598,6 +654,17 @@ class BenchRun {
       return 1;
     }
     const model::Model& m = **loaded;
+    // Every test's positions within the model's context (a usage error).
+    if (const int64_t n_ctx = m.config().n_ctx_train; n_ctx > 0) {
+      for (const auto& t : plan_) {
+        if (const int64_t need = int64_t{t.n_depth} + t.n_prompt + t.n_gen; need > n_ctx) {
+          std::cerr << "bonsai bench: " << path << ": test " << t.name() << " needs " << need
+                    << " positions, beyond the model's context (" << n_ctx << "); lower -d, -p or -n\n";
+          return kExitUsage;
+        }
+      }
+    }
+    if (ceilings_.empty()) measure_ceilings();  // after the checks: they take seconds
     stats_.push_back(std::make_unique<ModelStats>(model_stats(m, path, pf_.type_k, pf_.type_v)));
     const ModelStats& ms = *stats_.back();
     int max_ctx = 0;
@@ -655,6 +722,7 @@ class BenchRun {
     row.test = test;
     row.test_time = iso_now();
     row.ceil = ceilings_[threads];
+    row.llc = llc_;
     Progress p("", total_runs_, Progress::Unit::kItems, rt_.progress);
     auto one = [&](int n_prompt, int n_gen) -> core::Expected<void> {
       cache.truncate(test.n_depth);
@@ -688,7 +756,8 @@ class BenchRun {
   const std::vector<TestSpec> plan_;
   std::map<int, std::unique_ptr<core::ThreadPool>> pools_;  // one per distinct -t value
   std::map<int, Ceilings> ceilings_;                        // by thread count
-  int fill_threads_ = 1;                                    // the largest thread count: fills the cache
+  const LastLevelCache llc_ = last_level_cache();
+  int fill_threads_ = 1;  // the largest thread count: fills the cache
   const std::string backend_;
   Printer printer_;
   std::vector<std::unique_ptr<ModelStats>> stats_;  // one per model loaded so far (rows point into them)
@@ -725,8 +794,7 @@ int bench_main(const BenchFlags& f) {
     return 1;
   }
 
-  BenchRun run(f, *pf, *rt, std::move(plan), paths->size());
-  run.measure_ceilings();
+  BenchRun run(f, *pf, *rt, std::move(plan), paths->size());  // (ceilings measured once the first model loads)
   for (const auto& path : *paths) {
     if (int rc = run.run_model(path); rc != 0) return rc;
   }

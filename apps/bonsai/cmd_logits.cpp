@@ -109,7 +109,7 @@ int run_logits(const LogitsOptions& o) {
     tokens.assign(ids.begin(), ids.end());
     if (tokens.empty()) {
       std::cerr << "bonsai logits: the prompt tokenizes to nothing\n";
-      return 1;
+      return kExitUsage;
     }
   } else {
     auto ids = parse_ids(o.ids);
@@ -131,7 +131,7 @@ int run_logits(const LogitsOptions& o) {
     if (tokens[i] < 0 || tokens[i] >= n_vocab) {
       std::cerr << "bonsai logits: token " << i << ": id " << tokens[i] << " is outside the vocabulary [0, " << n_vocab
                 << ")\n";
-      return 1;
+      return kExitUsage;  // a flag value out of the model's range
     }
   }
   auto cache = model::KvCache::create(m.config(), static_cast<int64_t>(tokens.size()));

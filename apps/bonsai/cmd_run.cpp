@@ -200,8 +200,7 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--model-draft", o.model_draft,
                   "Draft model for speculative decoding (also -md; implies --spec-type draft): a small GGUF model "
                   "with the target's tokenizer")
-      ->type_name("FILE")
-      ->check(CLI::ExistingFile);
+      ->type_name("FILE");  // a file that cannot be read: exit 1 when it loads, as -m
   engine::SamplingParams& p = o.sampling;
   cmd->add_option("-n,--n-predict", p.max_tokens, "Tokens to generate (-1: until EOS or the context is full)")
       ->capture_default_str();
@@ -276,18 +275,33 @@ constexpr engine::PrepareOptions kCliPrepare{.empty_prompt_is_bos = true, .refus
 
 // A loaded model, tokenizer and one engine replica.
 struct Session {
+  std::string path;  // the model file (-m, -hf's cached file, or the built-in default's)
   std::shared_ptr<const model::Model> model;
   std::shared_ptr<const tokenizer::Tokenizer> tok;
   std::optional<engine::InferenceEngine> engine;
 };
 
+// The chat template flags as engine::ModelSpec's fields (as serve's).
+engine::ModelSpec chat_spec_of(const GenOptions& o) {
+  engine::ModelSpec spec;
+  spec.jinja = !o.no_jinja;
+  spec.chat_template = o.chat_template;
+  spec.chat_template_file = o.chat_template_file;
+  return spec;
+}
+
 // Resolves the model path (built-in default when none), loads everything.
-// Prints a message naming `cmd` and returns nullopt on error.
-std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
+// Prints a message naming `cmd` and returns nullopt on error, with `*rc` the
+// exit code: kExitUsage for a flag that does not fit the model (-hf with -m,
+// -c beyond the context the model supports), 1 for a runtime failure (a
+// model or draft model that cannot be read or loaded).
+std::optional<Session> open_session(const char* cmd, const GenOptions& o, int* rc) {
+  *rc = kExitUsage;
   if (o.threads > 0 && !core::set_global_thread_count(o.threads)) {
     std::cerr << "bonsai " << cmd << ": warning: -t ignored (the thread pool already started)\n";
   }
   if (hf_conflicts_with_m(cmd, o.hf, !o.model_path.empty())) return std::nullopt;
+  *rc = 1;
   std::string path = o.model_path;
   if (!o.hf.repo.empty()) {
     auto p = resolve_hf_model(cmd, o.hf.repo, o.hf.file);
@@ -314,11 +328,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     std::cerr << "bonsai " << cmd << ": cannot load model: " << model.error().message << "\n";
     return std::nullopt;
   }
-  engine::ModelSpec chat_spec;
-  chat_spec.jinja = !o.no_jinja;
-  chat_spec.chat_template = o.chat_template;
-  chat_spec.chat_template_file = o.chat_template_file;
-  const auto chat = engine::chat_template_options(chat_spec);
+  const auto chat = engine::chat_template_options(chat_spec_of(o));
   if (!chat) {
     std::cerr << "bonsai " << cmd << ": " << chat.error().message << "\n";
     return std::nullopt;
@@ -330,6 +340,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
   }
   if (auto ok = engine::check_ctx_supported(path, o.ctx, (*model)->config()); !ok) {
     std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+    *rc = kExitUsage;  // -c's value
     return std::nullopt;
   }
   engine::EngineOptions eo;
@@ -366,6 +377,7 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o) {
     return std::nullopt;
   }
   Session s;
+  s.path = path;
   s.model = *model;
   s.tok = *tok;
   s.engine.emplace(std::move(*eng));
@@ -435,15 +447,20 @@ struct RunOptions {
 constexpr size_t kMaxPromptFileBytes = size_t{256} << 20;
 
 // The whole file at `path`, byte for byte (no newline trimming, no encoding
-// check: the tokenizer takes the bytes as -p would). Error messages:
+// check: the tokenizer takes the bytes as -p would); "-" is stdin, read to
+// its end (llama-cli's and most Unix tools' convention). Error messages:
 // "<path>: cannot read prompt file: <strerror(errno)>", or
 // "<path>: prompt file is larger than 268435456 bytes".
 core::Expected<std::string> read_prompt_file(const std::string& path) {
   auto fail = [&path](int err) {
     return core::fail(core::Errc::kIo, path + ": cannot read prompt file: " + std::strerror(err));
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const bool is_stdin = path == "-";
+  const int fd = is_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(errno);
+  auto close_fd = [fd, is_stdin] {
+    if (!is_stdin) ::close(fd);
+  };
   std::string text;
   char buf[65536];
   while (true) {
@@ -452,17 +469,17 @@ core::Expected<std::string> read_prompt_file(const std::string& path) {
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;  // e.g. EISDIR for a directory
-      ::close(fd);
+      close_fd();
       return fail(err);
     }
     if (text.size() + static_cast<size_t>(n) > kMaxPromptFileBytes) {
-      ::close(fd);
+      close_fd();
       return core::fail(core::Errc::kInvalidArgument,
                         path + ": prompt file is larger than " + std::to_string(kMaxPromptFileBytes) + " bytes");
     }
     text.append(buf, static_cast<size_t>(n));
   }
-  ::close(fd);
+  close_fd();
   return text;
 }
 
@@ -477,6 +494,17 @@ bool runtime_usage_ok(const char* cmd, const GenOptions& g) {
   }
   if (spec && !g.spec_type.empty() && *spec != engine::SpecType::kDraft && !g.model_draft.empty()) {
     std::cerr << "bonsai " << cmd << ": -md/--model-draft is for --spec-type draft, not " << g.spec_type << "\n";
+    return false;
+  }
+  // The sampling flags' ranges (--top-p 2, --min-p -1, ...) and the chat
+  // template flags, as InferenceEngine::create and open_session would check
+  // them after the load: bad flag values, not runtime failures.
+  if (auto ok = g.sampling.validate(); !ok) {
+    std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
+    return false;
+  }
+  if (auto chat = engine::chat_template_options(chat_spec_of(g)); !chat) {
+    std::cerr << "bonsai " << cmd << ": " << chat.error().message << "\n";
     return false;
   }
   return init_runtime_or_report(cmd,
@@ -499,8 +527,9 @@ int run_main(RunOptions o) {
     }
     o.prompt = std::move(*text);
   }
-  auto s = open_session("run", o.gen);
-  if (!s) return 1;
+  int rc = 1;
+  auto s = open_session("run", o.gen, &rc);
+  if (!s) return rc;
   const tokenizer::Tokenizer& tok = *s->tok;
   // Prompt, BOS rule and context check as the server does (engine/completion.h);
   // an empty prompt starts from BOS alone.
@@ -565,20 +594,61 @@ struct ChatCliOptions {
   ReasoningOptions reasoning;
 };
 
+// chat's `/show info`: the model's summary, as Ollama's `/show info` and
+// the head of `bonsai info` (architecture, parameters, context, embedding
+// length, layers, weight type), then the file, this session's context and
+// chat template. Written to stdout.
+void print_model_summary(const Session& s) {
+  const model::Model& m = *s.model;
+  const model::ModelConfig& c = m.config();
+  uint64_t n_params = 0;
+  for (const auto& t : m.file().tensors()) n_params += static_cast<uint64_t>(t.n_elements());
+  char params[32];
+  const double p = static_cast<double>(n_params);
+  if (p >= 1e9) {
+    std::snprintf(params, sizeof params, "%.2fB", p / 1e9);
+  } else {
+    std::snprintf(params, sizeof params, p >= 1e6 ? "%.2fM" : "%.2fK", p >= 1e6 ? p / 1e6 : p / 1e3);
+  }
+  std::string weights = "?";  // the layer matrices' type (qwen35's layer 0 is a GDN layer: its ffn_up)
+  if (const auto* t = m.file().find_tensor("blk.0.attn_q.weight")) {
+    weights = core::ggml_type_name(t->type_id);
+  } else if (const auto* u = m.file().find_tensor("blk.0.ffn_up.weight")) {
+    weights = core::ggml_type_name(u->type_id);
+  }
+  std::printf(
+      "  architecture      %s\n  parameters        %s\n  context length    %lld\n  embedding length  %lld\n"
+      "  layers            %lld\n  weights           %s\n  file              %s\n  session context   %lld\n"
+      "  chat template     %s\n",
+      c.arch_name.c_str(), params, static_cast<long long>(c.n_ctx_train), static_cast<long long>(c.n_embd),
+      static_cast<long long>(c.n_layer), weights.c_str(), s.path.c_str(),
+      static_cast<long long>(s.engine->max_seq_len()), s.tok->chat_template().describe().c_str());
+}
+
+// chat's slash commands (Ollama's and llama-cli's names), listed by /help.
+constexpr const char* kChatHelp =
+    "  /help, /?           this list\n"
+    "  /bye, /exit, /quit  quit (as end of input does)\n"
+    "  /clear, /reset      forget the conversation (the system prompt stays)\n"
+    "  /set system TEXT    make TEXT the system prompt (from now on, for the whole conversation)\n"
+    "  /show info          the model's summary\n"
+    "  //TEXT or \\/TEXT    send /TEXT as a message (a line that starts with '/' is a command)\n";
+
 int chat_main(const ChatCliOptions& o) {
   if (!runtime_usage_ok("chat", o.gen)) return 2;
-  auto s = open_session("chat", o.gen);
-  if (!s) return 1;
+  int rc = 1;
+  auto s = open_session("chat", o.gen, &rc);
+  if (!s) return rc;
   const tokenizer::Tokenizer& tok = *s->tok;
   engine::InferenceEngine& eng = *s->engine;
   warn_if_not_chatml("chat", tok);
   std::cerr << "bonsai chat: template " << tok.chat_template().describe()
-            << ". Type a message; /reset clears the conversation, /exit or end of input quits,\n"
+            << ". Type a message; /help lists the commands, /bye or end of input quits,\n"
             << "Ctrl-C stops an answer.\n";
 
   std::vector<tokenizer::ChatMessage> msgs;
   if (!o.system.empty()) msgs.push_back({.role = "system", .content = o.system});
-  const size_t n_fixed = msgs.size();
+  size_t n_fixed = msgs.size();  // the system message, if any (/set system adds or replaces it)
   tokenizer::ChatOptions co;
   co.enable_thinking = !o.no_think;
   const engine::SamplingParams& defaults = o.gen.sampling;  // as the engine's (validated by open_session)
@@ -591,10 +661,43 @@ int chat_main(const ChatCliOptions& o) {
     // CRLF input (a file written on Windows, piped in): the '\r' is not part
     // of the message, nor of a command such as "/exit".
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line == "/exit" || line == "/quit") break;
-    if (line == "/reset") {
-      msgs.resize(n_fixed);
-      std::cerr << "(conversation cleared)\n";
+    // Slash commands; "//TEXT" and "\\/TEXT" send "/TEXT". Commands go
+    // nowhere near the model: an unknown one is reported, not sent.
+    if (line.starts_with("//") || line.starts_with("\\/")) {
+      line.erase(0, 1);
+    } else if (line.starts_with('/')) {
+      const size_t sp = line.find_first_of(" \t");
+      const std::string word = line.substr(0, sp);
+      const size_t rest_at = sp == std::string::npos ? sp : line.find_first_not_of(" \t", sp);
+      const std::string rest = rest_at == std::string::npos ? std::string() : line.substr(rest_at);
+      if (word == "/bye" || word == "/exit" || word == "/quit") break;
+      if (word == "/help" || word == "/?") {
+        std::fputs(kChatHelp, stdout);
+      } else if (word == "/clear" || word == "/reset") {
+        msgs.resize(n_fixed);
+        std::cerr << "(conversation cleared)\n";
+      } else if (word == "/set" && rest.starts_with("system") &&
+                 (rest.size() == 6 || rest[6] == ' ' || rest[6] == '\t')) {
+        const size_t text_at = rest.find_first_not_of(" \t", 6);
+        if (text_at == std::string::npos) {
+          std::cerr << "bonsai chat: usage: /set system TEXT\n";
+        } else if (n_fixed == 1) {
+          msgs.front().content = rest.substr(text_at);
+          std::cerr << "(system prompt set)\n";
+        } else {
+          msgs.insert(msgs.begin(), {.role = "system", .content = rest.substr(text_at)});
+          n_fixed = 1;
+          std::cerr << "(system prompt set)\n";
+        }
+      } else if (word == "/set") {
+        std::cerr << "bonsai chat: usage: /set system TEXT\n";
+      } else if (word == "/show" && rest == "info") {
+        print_model_summary(*s);
+      } else if (word == "/show") {
+        std::cerr << "bonsai chat: usage: /show info\n";
+      } else {
+        std::cerr << "bonsai chat: unknown command '" << word << "', /help lists them\n";
+      }
       continue;
     }
     if (line.empty()) continue;
@@ -662,7 +765,7 @@ void register_run(CLI::App& app) {
   add_gen_flags(run, run_opts->gen);
   auto* prompt_opt = run->add_option("-p,--prompt", run_opts->prompt, "Prompt text (empty: start from BOS alone)");
   auto* file_opt = run->add_option("-f,--file", run_opts->prompt_file,
-                                   "Read the prompt from this file (its bytes as they are; not with -p)");
+                                   "Read the prompt from this file (its bytes as they are; - is stdin; not with -p)");
   run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
   run->add_option("--system", run_opts->system, "System message (with --chat)");
   run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");

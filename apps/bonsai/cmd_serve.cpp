@@ -54,13 +54,14 @@ namespace {
 
 // The config file (--config), then every flag given on the command line
 // over it (the flags win); `config_path` is --config's value. Returns 0, or
-// the exit code of a failure after reporting it (1: the file; kExitUsage: a
-// flag, which CLI11's checks have already refused in practice).
+// kExitUsage after reporting a failure: the config file is part of the
+// command line, so a file that cannot be read, a bad key or value in it is a
+// usage error as a bad flag is (README: "Exit status").
 int read_serve_config(const CLI::App& cmd, const std::string& config_path, server::ServeConfig& cfg) {
   if (!config_path.empty()) {
     if (auto r = server::load_serve_toml(config_path, cfg); !r) {
       std::cerr << "bonsai serve: " << r.error().message << "\n";
-      return 1;
+      return kExitUsage;
     }
   }
   if (auto r = server::apply_serve_flags(cmd, cfg); !r) {
@@ -239,9 +240,9 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: no -m given; serving the built-in default model " << *p
               << " (a tiny synthetic model: its text is not meaningful)\n";
   }
-  if (auto v = server::validate_serve_config(cfg); !v) {
+  if (auto v = server::validate_serve_config(cfg); !v) {  // ranges of flags and config keys: usage errors
     std::cerr << "bonsai serve: " << v.error().message << "\n";
-    return 1;
+    return kExitUsage;
   }
   if (!cfg.alias.empty()) cfg.models.front().id = cfg.alias;  // --alias: the one model's name (checked above)
   // glibc gives each thread that allocates its own malloc arena (up to 8 x

@@ -45,19 +45,19 @@ void register_synth(CLI::App& app) {
     auto arch = synth::parse_arch(opt->arch);
     if (!arch) {
       std::cerr << "bonsai synth: unknown --arch '" << opt->arch << "' (expected qwen3 or qwen35)\n";
-      set_exit_code(1);
+      set_exit_code(kExitUsage);
       return;
     }
     auto preset = synth::preset(opt->preset, *arch);
     if (!preset) {
       std::cerr << "bonsai synth: " << preset.error().message << "\n";
-      set_exit_code(1);
+      set_exit_code(kExitUsage);
       return;
     }
     if (opt->n_vocab > 0) {
       if (preset->first_special != 0) {
         std::cerr << "bonsai synth: --n-vocab is for presets whose special tokens come last (qwen3)\n";
-        set_exit_code(1);
+        set_exit_code(kExitUsage);
         return;
       }
       preset->n_vocab = opt->n_vocab;  // (build_vocab checks that it holds the bytes and the specials)
@@ -65,7 +65,7 @@ void register_synth(CLI::App& app) {
     auto type = synth::parse_weight_type(opt->type);
     if (!type) {
       std::cerr << "bonsai synth: unknown --type '" << opt->type << "' (expected q1_0, q2_0, f16, pq2_0 or ptq1_0)\n";
-      set_exit_code(1);
+      set_exit_code(kExitUsage);
       return;
     }
     // BONSAI_KERNEL is checked as in every command (usage error, exit 2).
@@ -83,7 +83,8 @@ void register_synth(CLI::App& app) {
     auto w = synth::build(o);
     if (!w) {
       std::cerr << "bonsai synth: " << w.error().message << "\n";
-      set_exit_code(1);
+      // kInvalidArgument: flags the architecture or type does not take (a usage error).
+      set_exit_code(w.error().code == core::Errc::kInvalidArgument ? kExitUsage : 1);
       return;
     }
     auto written = w->write(opt->out);

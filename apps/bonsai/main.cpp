@@ -33,6 +33,13 @@ int main(int argc, char** argv) {
   bonsai::app::register_bench(app);
   bonsai::app::register_pull(app);
   bonsai::app::register_list(app);
+  // The exit status rule (README: "Exit status"), at the end of every --help.
+  const char* exit_status =
+      "\nExit status: 0 success; 1 runtime failure (a model file that cannot be read or loaded, a download or "
+      "bind that fails); 2 usage error (an unknown flag, a flag or config file value that is bad or out of range, "
+      "a bad BONSAI_* environment variable).";
+  app.footer(exit_status);
+  for (CLI::App* sub : app.get_subcommands({})) sub->footer(exit_status);
   // llama.cpp's multi-letter single-dash flags, which CLI11 cannot register
   // (it takes one letter after a single dash): after the command word they
   // are passed on as their long names -- `-ctk` / `-ctv` as --cache-type-k /

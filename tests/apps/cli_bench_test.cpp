@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -69,7 +70,8 @@ TEST(CliBench, MarkdownTableHasLlamaBenchColumnsAndRatios) {
   // The roofline ratio only for tg, the int8-peak ratio only for pp.
   EXPECT_EQ(pp[7], "-");
   EXPECT_EQ(pp[8].back(), '%') << pp[8];
-  EXPECT_EQ(tg[7].back(), '%') << tg[7];
+  // (A model whose matrices fit in the last-level cache gets the '*' marker: LlcResidentModelIsMarked.)
+  EXPECT_TRUE(tg[7].back() == '%' || tg[7].ends_with("%*")) << tg[7];
   EXPECT_EQ(tg[8], "-");
   EXPECT_NE(r.out.find("1 thread: read bandwidth "), std::string::npos) << r.out;
 }
@@ -232,6 +234,70 @@ TEST(CliBench, ProgressOnStderrOnlyWhenAsked) {
   const auto quiet = run_bonsai(args, "BONSAI_PROGRESS=0 ");
   ASSERT_EQ(quiet.rc, 0) << quiet.err;
   EXPECT_EQ(quiet.err, "");
+}
+
+// The last-level cache's bytes from sysfs (the highest-level unified cache
+// of cpu0), 0 where sysfs does not say.
+uint64_t llc_bytes_from_sysfs() {
+  uint64_t best = 0;
+  int best_level = 0;
+  for (int i = 0; i < 8; ++i) {
+    const fs::path d = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+    std::string level, type, size;
+    std::ifstream(d / "level") >> level;
+    std::ifstream(d / "type") >> type;
+    std::ifstream(d / "size") >> size;
+    if (level.empty() || type != "Unified" || size.empty()) continue;
+    uint64_t v = std::stoull(size);
+    if (size.back() == 'K') v <<= 10;
+    if (size.back() == 'M') v <<= 20;
+    if (std::stoi(level) > best_level) {
+      best_level = std::stoi(level);
+      best = v;
+    }
+  }
+  return best;
+}
+
+// tg's roofline ratio of a model whose matrices fit in the last-level cache
+// is not a bandwidth bound (it read 328% of DRAM bandwidth): marked '*' with
+// a footnote in md, weights_in_llc in JSON.
+TEST(CliBench, LlcResidentModelIsMarked) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const uint64_t llc = llc_bytes_from_sysfs();
+  if (llc == 0) GTEST_SKIP() << "no cache sizes in sysfs";
+  const std::string args = "bench -m '" + kStories + "' -p 0 -n 4 -r 1 -t 1 --bw-mib 64";
+  const auto r = run_bonsai(args);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto lines = lines_of(r.out);
+  ASSERT_GE(lines.size(), 3u) << r.out;
+  const auto tg = md_cells(lines[2]);
+  ASSERT_EQ(tg.size(), 9u) << lines[2];
+  const auto j = nlohmann::json::parse(run_bonsai(args + " -o json").out);
+  ASSERT_EQ(j.size(), 1u);
+  const double matrix_bytes = j[0].at("bytes_per_token").get<double>();  // depth 0: ~the matrices (~1 MB)
+  ASSERT_LT(matrix_bytes, static_cast<double>(llc));                     // stories260K fits any L3
+  EXPECT_TRUE(j[0].at("weights_in_llc").get<bool>());
+  EXPECT_EQ(j[0].at("llc_bytes").get<uint64_t>(), llc);
+  EXPECT_GT(j[0].at("bw_ratio").get<double>(), 0.0);  // still reported, flagged
+  EXPECT_TRUE(tg[7].ends_with("%*")) << tg[7];
+  const std::string note = "* weights fit in L3 (" + std::to_string(llc >> 20) + " MiB): not bandwidth-bound";
+  EXPECT_NE(r.out.find(note), std::string::npos) << r.out;
+}
+
+// A depth (plus the test's tokens) beyond the model's context (stories260K:
+// 2048) is refused as a usage error naming the context, before anything runs.
+TEST(CliBench, DepthBeyondTheContextIsAUsageError) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const auto r = run_bonsai("bench -m '" + kStories + "' -p 0 -n 4 -d 5000 -r 1 -t 1 --bw-mib 64");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("tg4 @ d5000 needs 5004 positions, beyond the model's context (2048)"), std::string::npos)
+      << r.err;
+  // Exactly the context still runs.
+  const auto fits = run_bonsai("bench -m '" + kStories + "' -p 0 -n 4 -d 2044 -r 1 -t 1 --bw-mib 64 -o jsonl");
+  EXPECT_EQ(fits.rc, 0) << fits.err;
+  EXPECT_NE(fits.out.find("\"n_depth\":2044"), std::string::npos) << fits.out;
 }
 
 }  // namespace

@@ -158,7 +158,8 @@ TEST(CliRuntime, BogusKernelIsExitCode2InSynth) {
 
 // `synth --arch qwen35`: writes the Qwen3.5 file its flags name (the keys are
 // checked in tests/gguf/synth_qwen35_test.cpp) and refuses combinations the
-// architecture does not take with exit 1 and a message naming the flag.
+// architecture does not take as usage errors (exit 2) with a message naming
+// the flag.
 TEST(CliSynth, Qwen35FlagsWriteOrRefuse) {
   const auto out = std::filesystem::temp_directory_path() / ("bonsai_synth35_" + std::to_string(::getpid()) + ".gguf");
   const auto ok = run_bonsai("synth --arch qwen35 --type pq2_0 --hadamard --seed 3 -o '" + out.string() + "'");
@@ -180,7 +181,7 @@ TEST(CliSynth, Qwen35FlagsWriteOrRefuse) {
   };
   for (const auto& [flags, message] : refused) {
     const auto r = run_bonsai("synth " + flags + " -o '" + out.string() + "'");
-    EXPECT_EQ(r.rc, 1) << flags;
+    EXPECT_EQ(r.rc, 2) << flags;
     EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
     EXPECT_FALSE(std::filesystem::exists(out)) << flags;
   }

@@ -283,7 +283,7 @@ TEST(CliLogits, BadIdInLaterSliceFailsBeforeOutput) {
   while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int status = ::pclose(p);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_EQ(WEXITSTATUS(status), 2);  // a usage error (README: "Exit status")
   EXPECT_EQ(out, "");
   const auto r = run_cmd("logits -m '" + path + "' --ids " + ids);
   EXPECT_NE(r.out.find("token 600: id 512 is outside the vocabulary [0, 512)"), std::string::npos) << r.out;

@@ -610,7 +610,7 @@ TEST(ServeCli, AliasNamesTheOneModelAndAnyNameReachesIt) {
     EXPECT_EQ(p.stop(), 0) << p.err();
   }
   const auto [code, err] = startup_error({"-m", "a=" + kG64, "-m", "b=" + kG64, "--alias", "x"});
-  EXPECT_EQ(code, 1) << err;
+  EXPECT_EQ(code, 2) << err;  // a usage error (README: "Exit status")
   EXPECT_NE(err.find("alias 'x' names the one model served, but 2 models are given"), std::string::npos) << err;
 }
 
