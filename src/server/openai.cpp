@@ -301,21 +301,41 @@ std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
   }
   if (!it->is_array()) return wrong_type("prompt", "a string, an array of strings or an array of tokens", *it);
   if (it->empty()) return bad_request("Invalid 'prompt': empty array.", "prompt", "empty_array");
-  if ((*it)[0].is_number_integer()) {
-    for (const Json& v : *it) {
+  // A token array: non-negative int32 ids (`field` names it in the 400).
+  auto token_ids = [](const Json& arr, const std::string& field, std::vector<int32_t>& ids) -> std::optional<ApiError> {
+    for (const Json& v : arr) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max())
-        return bad_request("Invalid 'prompt': a token array must hold non-negative integers.", "prompt",
+        return bad_request("Invalid '" + field + "': a token array must hold non-negative integers.", field,
                            "invalid_value");
-      out.prompt_ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+      ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
     }
     return std::nullopt;
+  };
+  if ((*it)[0].is_number_integer()) return token_ids(*it, "prompt", out.prompt_ids);
+  // An array of prompts: strings or token arrays.
+  if (it->size() > static_cast<size_t>(kMaxPrompts))
+    return bad_request("Invalid 'prompt': at most " + std::to_string(kMaxPrompts) + " prompts per request (got " +
+                           std::to_string(it->size()) + ").",
+                       "prompt", "invalid_value");
+  std::vector<CompletionRequest::BatchPrompt> prompts(it->size());
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& p = (*it)[i];
+    const std::string field = "prompt[" + std::to_string(i) + "]";
+    if (p.is_string()) {
+      prompts[i].text = p.get<std::string>();
+    } else if (p.is_array()) {
+      if (p.empty()) return bad_request("Invalid '" + field + "': empty token array.", field, "empty_array");
+      if (auto e = token_ids(p, field, prompts[i].ids)) return e;
+    } else {
+      return wrong_type(field, "a string or an array of tokens", p);
+    }
   }
-  if (it->size() != 1)
-    return bad_request(
-        "Invalid 'prompt': only one prompt per request is supported (got " + std::to_string(it->size()) + ").",
-        "prompt", "invalid_value");
-  if (!(*it)[0].is_string()) return wrong_type("prompt[0]", "a string", (*it)[0]);
-  out.prompt = (*it)[0].get<std::string>();
+  if (prompts.size() == 1) {
+    out.prompt = std::move(prompts[0].text);
+    out.prompt_ids = std::move(prompts[0].ids);
+  } else {
+    out.prompts = std::move(prompts);
+  }
   return std::nullopt;
 }
 
@@ -442,6 +462,10 @@ std::optional<ApiError> parse_legacy_completion_fields(const Json& body, Complet
     if (!out.prompt_ids.empty())
       return bad_request("Invalid 'suffix': fill-in-the-middle needs a text 'prompt' (got token ids).", "suffix",
                          "invalid_value");
+    if (!out.prompts.empty())
+      return bad_request(
+          "Invalid 'suffix': fill-in-the-middle takes one prompt (got " + std::to_string(out.prompts.size()) + ").",
+          "suffix", "invalid_value");
     out.fim = FimRequest{it->get<std::string>(), {}, {}};
   }
   std::optional<int64_t> best_of;
@@ -586,6 +610,11 @@ std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_js
   std::optional<int64_t> n;
   if (auto e = get_int(body, "n", 1, kMaxChoices, n)) return e;
   if (n) out.n = static_cast<int>(*n);
+  if (!out.prompts.empty() && out.prompts.size() * static_cast<size_t>(out.n) > static_cast<size_t>(kMaxPrompts))
+    return bad_request("Invalid 'prompt': " + std::to_string(out.prompts.size()) + " prompts with n " +
+                           std::to_string(out.n) + " ask for " + std::to_string(out.prompts.size() * out.n) +
+                           " choices; at most " + std::to_string(kMaxPrompts) + " per request.",
+                       "prompt", "invalid_value");
   if (auto e = get_bool(body, "stream", out.stream)) return e;
   bool ignore_eos = false;
   if (auto e = get_bool(body, "ignore_eos", ignore_eos)) return e;

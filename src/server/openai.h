@@ -78,6 +78,16 @@ struct CompletionRequest {
   std::optional<bool> continue_final_message;
   std::string prompt;               // completions, text form
   std::vector<int32_t> prompt_ids;  // completions, token-id form (non-empty: used)
+  // Completions with several prompts (`prompt` an array of 2..kMaxPrompts
+  // strings or token arrays, as OpenAI's legacy completions take them): each
+  // prompt's text or ids (ids non-empty: used); `prompt` / `prompt_ids` are
+  // then unused. Each prompt gets n choices: choice index = prompt index * n
+  // + i (OpenAI's and vLLM's numbering); usage sums the prompts.
+  struct BatchPrompt {
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<BatchPrompt> prompts;
   // Every sampling field, as the sequence gets it (engine::SamplingOverrides,
   // merged onto the model's defaults by engine::prepare_completion). Ranges
   // the API allows: max_tokens (or max_completion_tokens) >= 1, temperature
@@ -116,6 +126,9 @@ struct CompletionRequest {
 bool continues_final_message(const CompletionRequest& cr);
 
 inline constexpr int kMaxChoices = 16;
+// Most prompts one /v1/completions request may batch, and most choices
+// (prompts * n) it may ask for: a larger batch is a 400 naming `prompt`.
+inline constexpr int kMaxPrompts = 64;
 inline constexpr size_t kMaxStop = 16;
 // Deepest nesting of arrays/objects a request body may have. Parsing is
 // iterative, but dumping a value (tool-call arguments, tools rendered by the

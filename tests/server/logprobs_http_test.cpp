@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -247,6 +248,77 @@ TEST_F(LogprobsHttp, CompletionsLegacyShapeWithEchoStreamedAndNot) {
     for (size_t i = 0; i < static_cast<size_t>(n_prompt); ++i)
       EXPECT_EQ(l["token_logprobs"][i], lp["token_logprobs"][i]);
   }
+}
+
+// Several prompts in one /v1/completions request (OpenAI's prompt array of
+// strings or token arrays): n choices per prompt, choice index = prompt
+// index * n + i, each the same as its prompt asked alone (greedy), echo and
+// logprobs per choice, usage summed; streamed chunks carry their index.
+TEST_F(LogprobsHttp, CompletionsTakeSeveralPrompts) {
+  const json prompts = json::array({"Once upon", "Lily"});
+  const json base{{"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}, {"echo", true}};
+  std::vector<json> alone;
+  int64_t prompt_tokens = 0;
+  for (const json& p : prompts) {
+    json b = base;
+    b["prompt"] = p;
+    auto [st, j] = srv_->post("/v1/completions", b);
+    ASSERT_EQ(st, 200) << j.dump();
+    prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+    alone.push_back(j["choices"][0]);
+  }
+  json body = base;
+  body["prompt"] = prompts;
+  body["n"] = 2;
+  auto [st, j] = srv_->post("/v1/completions", body);
+  ASSERT_EQ(st, 200) << j.dump();
+  ASSERT_EQ(j["choices"].size(), 4u) << j.dump();
+  for (int c = 0; c < 4; ++c) {
+    const json& ch = j["choices"][c];
+    EXPECT_EQ(ch["index"], c);
+    const json& want = alone[static_cast<size_t>(c / 2)];
+    EXPECT_EQ(ch["text"], want["text"]) << c;  // greedy: both choices of a prompt are its answer alone
+    EXPECT_EQ(ch["logprobs"]["tokens"], want["logprobs"]["tokens"]) << c;
+    EXPECT_EQ(ch["logprobs"]["text_offset"], want["logprobs"]["text_offset"]) << c;
+  }
+  EXPECT_NE(j["choices"][0]["text"], j["choices"][2]["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 16);
+
+  // Streamed: each index's text concatenates to its non-streamed text.
+  body["stream"] = true;
+  std::map<int, std::string> texts;
+  for (const json& ev : srv_->stream("/v1/completions", body))
+    for (const json& c : ev["choices"]) texts[c["index"].get<int>()] += c["text"].get<std::string>();
+  ASSERT_EQ(texts.size(), 4u);
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(texts[c], j["choices"][c]["text"].get<std::string>()) << c;
+
+  // Token-array prompts: the same answers as the text prompts' tokens.
+  auto [st_t, tj] = srv_->post("/tokenize", json{{"content", "Once upon"}, {"add_special", true}});
+  auto [st_u, uj] = srv_->post("/tokenize", json{{"content", "Lily"}, {"add_special", true}});
+  ASSERT_EQ(st_t, 200) << tj.dump();
+  ASSERT_EQ(st_u, 200) << uj.dump();
+  json tb = base;
+  tb.erase("echo");
+  tb.erase("logprobs");
+  tb["prompt"] = json::array({tj["tokens"], uj["tokens"]});
+  auto [st2, j2] = srv_->post("/v1/completions", tb);
+  ASSERT_EQ(st2, 200) << j2.dump();
+  ASSERT_EQ(j2["choices"].size(), 2u);
+  for (int c = 0; c < 2; ++c) {
+    const std::string echoed_and_answer = alone[static_cast<size_t>(c)]["text"];
+    const std::string answer = j2["choices"][c]["text"];
+    ASSERT_GE(echoed_and_answer.size(), answer.size());
+    EXPECT_EQ(echoed_and_answer.substr(echoed_and_answer.size() - answer.size()), answer) << c;
+  }
+  EXPECT_EQ(j2["usage"]["prompt_tokens"], prompt_tokens);
+
+  // A prompt over the context names its index.
+  json big = base;
+  big["prompt"] = json::array({"Lily", std::string(4000, 'a')});
+  auto [st3, j3] = srv_->post("/v1/completions", big);
+  EXPECT_EQ(st3, 400) << j3.dump();
+  EXPECT_EQ(j3["error"]["param"], "prompt[1]") << j3.dump();
 }
 
 // A stop string: the tokens that completed it (their text never released)

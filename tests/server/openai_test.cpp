@@ -78,9 +78,36 @@ TEST(OpenAiParse, CompletionPromptForms) {
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   ASSERT_FALSE(parse(R"({"prompt":"a","logit_bias":{"7":-100,"42":2.5}})", Endpoint::kCompletion, r));
   EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 2.5f}, {7, -100.0f}}));
-  auto e = parse(R"({"prompt":["a","b"]})", Endpoint::kCompletion, r);
-  ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->param, "prompt");
+  // Several prompts (strings or token arrays, mixed): one entry each, the single fields unused.
+  CompletionRequest b;
+  ASSERT_FALSE(parse(R"({"prompt":["a",[1,403],"b"],"n":2})", Endpoint::kCompletion, b));
+  ASSERT_EQ(b.prompts.size(), 3u);
+  EXPECT_EQ(b.prompts[0].text, "a");
+  EXPECT_EQ(b.prompts[1].ids, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(b.prompts[2].text, "b");
+  EXPECT_TRUE(b.prompt.empty());
+  EXPECT_TRUE(b.prompt_ids.empty());
+  EXPECT_EQ(b.n, 2);
+  CompletionRequest one;
+  ASSERT_FALSE(parse(R"({"prompt":[[5,6]]})", Endpoint::kCompletion, one));
+  EXPECT_EQ(one.prompt_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_TRUE(one.prompts.empty());
+  // Bad batches: 400s naming the element, or `prompt` for a batch over the cap.
+  auto param_of = [](const std::string& body) {
+    CompletionRequest x;
+    auto e = parse(body, Endpoint::kCompletion, x);
+    return e ? e->param : std::string("(accepted)");
+  };
+  EXPECT_EQ(param_of(R"({"prompt":["a",5]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a",[]]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a",[1,-2]]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a","b"],"suffix":"c"})"), "suffix");
+  json many = json::array();
+  for (int i = 0; i <= kMaxPrompts; ++i) many.push_back("p");
+  EXPECT_EQ(param_of(json{{"prompt", many}}.dump()), "prompt");
+  many.erase(many.begin());
+  EXPECT_EQ(param_of(json{{"prompt", many}}.dump()), "(accepted)");
+  EXPECT_EQ(param_of(json{{"prompt", many}, {"n", 2}}.dump()), "prompt");  // 128 choices
 }
 
 struct BadCase {
