@@ -372,7 +372,7 @@ struct Server::Impl {
     rendering.continue_final_message = continues_final_message(cr);
     if (thinks_off_for_grammar(cr, tok.chat_template(), rendering)) rendering.enable_thinking = false;
     auto rendered = tok.chat_template().render(cr.messages, rendering);
-    if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages"));
+    if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages", "invalid_value"));
     size_t bytes = 0;
     for (const auto& seg : rendered->segments) bytes += seg.text.size();
     if (bytes > max_prompt_bytes(hold->n_ctx))

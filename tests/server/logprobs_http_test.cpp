@@ -321,6 +321,23 @@ TEST_F(LogprobsHttp, CompletionsTakeSeveralPrompts) {
   EXPECT_EQ(j3["error"]["param"], "prompt[1]") << j3.dump();
 }
 
+// A chat template's refusal (raise_exception; Qwen3.5's "no user query
+// found" for a conversation without a user query) is the same 400 on
+// /v1/chat/completions as on /apply-template: param messages, code invalid_value.
+TEST(TemplateErrors, RaiseExceptionIsInvalidValueOnEveryRoute) {
+  const std::string q35 = test::shared_path("fixtures/qwen35/qwen35-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(q35);
+  Served srv("qwen35", q35, 256);
+  const json body{{"messages", {{{"role", "system"}, {"content", "You are terse."}}}}, {"max_tokens", 2}};
+  for (const char* path : {"/apply-template", "/v1/chat/completions"}) {
+    auto [st, j] = srv.post(path, body);
+    EXPECT_EQ(st, 400) << path << " " << j.dump();
+    EXPECT_EQ(j["error"]["param"], "messages") << path << " " << j.dump();
+    EXPECT_EQ(j["error"]["code"], "invalid_value") << path << " " << j.dump();
+    EXPECT_NE(j["error"]["message"].dump().find("user query"), std::string::npos) << j.dump();
+  }
+}
+
 // A stop string: the tokens that completed it (their text never released)
 // keep their logprobs in the answer, and the stream carries them with the
 // finish chunk, so streamed == non-streamed on both routes.
