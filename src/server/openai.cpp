@@ -806,7 +806,7 @@ json build_completion_logprobs(const std::vector<LogprobEntry>& entries, int64_t
       }
       tops.push_back(std::move(t));
     }
-    offsets.push_back(off);
+    offsets.push_back(std::max<int64_t>(off, 0));
     off += static_cast<int64_t>(e.bytes.size());
   }
   return json{{"tokens", std::move(tokens)},

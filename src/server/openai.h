@@ -195,7 +195,9 @@ nlohmann::json build_chat_logprobs(const std::vector<LogprobEntry>& entries);
 // [..], "top_logprobs": [{token: logprob, ..}], "text_offset": [..]}; a NaN
 // logprob is null in token_logprobs and top_logprobs. text_offset: byte
 // offsets into the returned text's frame (prompt + answer), the first being
-// `offset0`, each next one advanced by the previous token's byte length.
+// `offset0`, each next one advanced by the previous token's byte length; an
+// offset below 0 (`offset0` < 0: tokens that spell bytes the echoed prompt
+// leaves out, SentencePiece's dummy-prefix space) is 0.
 nlohmann::json build_completion_logprobs(const std::vector<LogprobEntry>& entries, int64_t offset0);
 // Concatenates two build_*_logprobs values of the same kind (chat: content
 // lists; completions: each list). null + x = x.

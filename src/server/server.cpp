@@ -110,9 +110,14 @@ struct Job {
   // (echo), and its tokens' bytes (legacy text_offset of the first answer token).
   std::vector<std::string> echo_text;
   std::vector<int64_t> prompt_bytes;
+  // Bytes the prompt's tokens spell before the echoed text (SentencePiece's
+  // dummy-prefix space of a text prompt echoed as sent): the echoed tokens'
+  // text_offset starts that far below 0 (clamped to 0).
+  std::vector<int64_t> echo_shift;
   // Of choice i's prompt.
   const std::string& echo_of(int i) const { return echo_text[static_cast<size_t>(i / per_prompt)]; }
   int64_t prompt_bytes_of(int i) const { return prompt_bytes[static_cast<size_t>(i / per_prompt)]; }
+  int64_t echo_shift_of(int i) const { return echo_shift[static_cast<size_t>(i / per_prompt)]; }
   // Chat: how the generated text splits into reasoning / content / tool calls.
   engine::ChatOutputParser::Options output;
   ResponseMeta meta;
@@ -493,6 +498,7 @@ struct Server::Impl {
     // one sampling setup for all (max_tokens the least any prompt resolved to).
     std::vector<std::vector<int32_t>> prompts;
     std::optional<engine::SamplingParams> params;
+    std::vector<std::optional<std::string>> sent;
     const size_t n_inputs = cr.prompts.empty() ? 1 : cr.prompts.size();
     for (size_t p = 0; p < n_inputs; ++p) {
       if (!cr.prompts.empty()) {
@@ -515,6 +521,8 @@ struct Server::Impl {
         params->max_tokens = std::min(params->max_tokens, prepared->params.max_tokens);
       }
       prompts.push_back(std::move(prepared->prompt));
+      // A text prompt, as sent (completions echo returns it so).
+      sent.push_back(!in.chat && in.prompt_ids.empty() ? std::optional<std::string>(in.prompt) : std::nullopt);
     }
     job->params = std::move(*params);
     job->prompt = prompts.front();
@@ -522,20 +530,24 @@ struct Server::Impl {
     for (const auto& p : prompts) n_prompt += static_cast<int64_t>(p.size());
     job->prompt_tokens = n_prompt;
     // Log probabilities (job->logprobs >= 0) and completions echo: each
-    // prompt's bytes (text_offset of the first answer token) and, with echo,
-    // its text as its tokens spell it (as the generated text is), so that
-    // text_offset indexes it (SentencePiece's dummy-prefix space included).
+    // prompt's text as echo returns it and its length in bytes (text_offset
+    // of the first answer token). A text prompt is echoed as sent (OpenAI)
+    // when its tokens spell it after a few extra leading bytes
+    // (SentencePiece's dummy-prefix space): text_offset then runs that many
+    // bytes behind the tokens' bytes (echo_shift). Token-id prompts, and
+    // text the tokens do not spell (normalized), are their tokens' text.
     job->logprobs = cr.logprobs();
     job->echo = cr.echo;
-    for (const auto& p : prompts) {
-      std::string& text = job->echo_text.emplace_back();
-      int64_t& bytes = job->prompt_bytes.emplace_back(0);
-      for (int32_t id : p) {
-        if (job->logprobs < 0 && !cr.echo) break;
-        const std::string piece = lm.tokenizer->token_to_bytes(id);
-        bytes += static_cast<int64_t>(piece.size());
-        if (cr.echo) text += piece;
-      }
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      std::string spelled;
+      if (job->logprobs >= 0 || cr.echo)
+        for (int32_t id : prompts[p]) spelled += lm.tokenizer->token_to_bytes(id);
+      const std::optional<std::string>& as_sent = sent[p];
+      const bool literal = as_sent && spelled.size() >= as_sent->size() && spelled.ends_with(*as_sent);
+      const int64_t shift = literal ? static_cast<int64_t>(spelled.size() - as_sent->size()) : 0;
+      job->prompt_bytes.push_back(static_cast<int64_t>(spelled.size()) - shift);
+      job->echo_shift.push_back(shift);
+      job->echo_text.push_back(!cr.echo ? std::string() : literal ? *as_sent : spelled);
     }
     job->per_prompt = cr.n;
     job->n = cr.n * static_cast<int>(prompts.size());
@@ -642,9 +654,9 @@ struct Server::Impl {
         std::vector<LogprobEntry> entries;
         if (!chat && job.echo) entries = logprob_entries(job, d->prompt_logprobs);
         for (auto& e : logprob_entries(job, d->logprobs)) entries.push_back(std::move(e));
-        ch.logprobs = chat
-                          ? build_chat_logprobs(entries)
-                          : build_completion_logprobs(entries, job.echo ? 0 : job.prompt_bytes_of(static_cast<int>(i)));
+        ch.logprobs = chat ? build_chat_logprobs(entries)
+                           : build_completion_logprobs(entries, job.echo ? -job.echo_shift_of(static_cast<int>(i))
+                                                                         : job.prompt_bytes_of(static_cast<int>(i)));
       }
       if (job.echo) ch.text = job.echo_of(static_cast<int>(i)) + ch.text;
       if (job.meta.endpoint == Endpoint::kChat) {
@@ -740,7 +752,8 @@ struct Server::Impl {
     bool send_echo(int i, const std::vector<engine::TokenLogprob>& prompt_lp) {
       if (echoed[static_cast<size_t>(i)]) return alive;
       echoed[static_cast<size_t>(i)] = true;
-      json lp = job->logprobs >= 0 ? build_completion_logprobs(logprob_entries(*job, prompt_lp), 0) : json(nullptr);
+      json lp = job->logprobs >= 0 ? build_completion_logprobs(logprob_entries(*job, prompt_lp), -job->echo_shift_of(i))
+                                   : json(nullptr);
       return chunk(build_content_chunk(job->meta, i, job->echo_of(i), std::move(lp)));
     }
 
