@@ -261,6 +261,16 @@ std::optional<ApiError> parse_messages(const Json& body, CompletionRequest& out)
     return bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages",
                        "empty_array");
   for (size_t i = 0; i < it->size(); ++i) {
+    // OpenAI requires `content` of user, system, developer and tool messages
+    // (an assistant's may be null or left out when it calls tools).
+    if (const Json& m = (*it)[i]; m.is_object()) {
+      const auto role = m.find("role");
+      const auto content = m.find("content");
+      if (role != m.end() && role->is_string() && *role != "assistant" && (content == m.end() || content->is_null())) {
+        const std::string field = "messages[" + std::to_string(i) + "].content";
+        return bad_request("Missing required parameter: '" + field + "'.", field, "missing_required_parameter");
+      }
+    }
     auto msg = tokenizer::parse_chat_message((*it)[i], i);
     if (!msg) return bad_request(msg.error().message, msg.error().param, msg.error().code);
     out.messages.push_back(std::move(*msg));

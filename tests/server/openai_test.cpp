@@ -66,6 +66,19 @@ TEST(OpenAiParse, SeedMinusOneIsAFreshRandomSeed) {
   }
 }
 
+// An assistant message may leave content out (null) when it calls tools.
+TEST(OpenAiParse, AssistantContentMayBeNullWithToolCalls) {
+  CompletionRequest r;
+  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,
+      "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},
+      {"role":"tool","tool_call_id":"c","content":"1"}]})",
+                     Endpoint::kChat, r));
+  CompletionRequest m;
+  auto e = parse(R"({"messages":[{"role":"user"}]})", Endpoint::kChat, m);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, "missing_required_parameter");
+}
+
 TEST(OpenAiParse, CompletionPromptForms) {
   CompletionRequest r;
   ASSERT_FALSE(parse(R"({"prompt":"abc","stop":"x"})", Endpoint::kCompletion, r));
@@ -123,6 +136,12 @@ TEST(OpenAiParse, WrongTypesAndRangesAre400NamingTheField) {
       {R"({"model":"m"})", Endpoint::kChat, "messages"},
       {R"({"messages":[{"content":"x"}]})", Endpoint::kChat, "messages[0].role"},
       {R"({"messages":[{"role":"wizard","content":"x"}]})", Endpoint::kChat, "messages[0].role"},
+      // OpenAI requires content for user, system, developer and tool messages.
+      {R"({"messages":[{"role":"user"}]})", Endpoint::kChat, "messages[0].content"},
+      {R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":null}]})", Endpoint::kChat,
+       "messages[1].content"},
+      {R"({"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"c"}]})", Endpoint::kChat,
+       "messages[1].content"},
       {R"({"messages":[{"role":"user","content":5}]})", Endpoint::kChat, "messages[0].content"},
       {R"({"messages":[{"role":"user","content":"x"}],"model":3})", Endpoint::kChat, "model"},
       {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", Endpoint::kChat, "temperature"},
