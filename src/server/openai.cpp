@@ -285,6 +285,31 @@ std::optional<ApiError> parse_messages(const Json& body, CompletionRequest& out)
     }
   }
   if (auto t = body.find("tools"); t != body.end() && t->is_array()) out.tools = *t;
+  // llama-server's reasoning_format, per request (overrides --reasoning-format).
+  if (auto f = body.find("reasoning_format"); f != body.end() && !f->is_null()) {
+    if (!f->is_string()) return wrong_type("reasoning_format", "a string", *f);
+    const std::string v = f->get<std::string>();
+    if (v != "none" && v != "deepseek" && v != "deepseek-legacy" && v != "auto")
+      return bad_request("Invalid value for 'reasoning_format': '" + v +
+                             "'. Supported values are: 'none', 'deepseek', 'deepseek-legacy' and 'auto'.",
+                         "reasoning_format", "invalid_value");
+    out.parse_reasoning = v != "none";
+  }
+  // OpenAI's reasoning_effort: "none" turns thinking off (as
+  // chat_template_kwargs.enable_thinking false does, which wins when sent);
+  // the other levels leave the model's thinking on (no budget is enforced).
+  if (auto r = body.find("reasoning_effort"); r != body.end() && !r->is_null()) {
+    if (!r->is_string()) return wrong_type("reasoning_effort", "a string", *r);
+    const std::string v = r->get<std::string>();
+    if (v != "none" && v != "minimal" && v != "low" && v != "medium" && v != "high" && v != "xhigh")
+      return bad_request("Invalid value for 'reasoning_effort': '" + v +
+                             "'. Supported values are: 'none', 'minimal', 'low', 'medium', 'high' and 'xhigh'.",
+                         "reasoning_effort", "invalid_value");
+    const auto k = body.find("chat_template_kwargs");
+    const bool kwargs_say =
+        k != body.end() && k->is_object() && k->contains("enable_thinking") && !(*k)["enable_thinking"].is_null();
+    if (v == "none" && !kwargs_say) out.enable_thinking = false;
+  }
   if (auto c = body.find("continue_final_message"); c != body.end() && !c->is_null()) {
     if (!c->is_boolean()) return wrong_type("continue_final_message", "a boolean", *c);
     out.continue_final_message = c->get<bool>();

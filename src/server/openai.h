@@ -70,6 +70,10 @@ struct CompletionRequest {
   nlohmann::ordered_json tools = nullptr;        // chat: OpenAI `tools` (array) or null
   bool tool_choice_none = false;                 // chat: tool_choice "none" (tool calls stay text)
   bool enable_thinking = true;                   // chat_template_kwargs.enable_thinking
+  // llama-server's per-request `reasoning_format` (chat): "none" false (the
+  // <think> text stays in content), "deepseek" / "deepseek-legacy" / "auto"
+  // true (reasoning_content); unset: the server's --reasoning-format.
+  std::optional<bool> parse_reasoning;
   // vLLM's `continue_final_message` (chat): continue the last, assistant,
   // message instead of answering it. Unset: continue exactly when the last
   // message is an assistant message without tool calls (a prefill, as

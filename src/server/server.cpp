@@ -555,7 +555,8 @@ struct Server::Impl {
     // The template decides the tool-call syntax (Qwen3 JSON / Qwen3.5 XML)
     // and whether the answer starts inside the <think> its prompt opened.
     if (endpoint == Endpoint::kChat) {
-      job->output = engine::chat_output_options(lm.tokenizer->chat_template(), in.chat_options, ctx.opt.parse_reasoning,
+      job->output = engine::chat_output_options(lm.tokenizer->chat_template(), in.chat_options,
+                                                cr.parse_reasoning.value_or(ctx.opt.parse_reasoning),
                                                 cr.tools.is_array() && !cr.tools.empty() && !cr.tool_choice_none);
     } else {
       job->output.parse_reasoning = false;

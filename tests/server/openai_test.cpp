@@ -66,6 +66,40 @@ TEST(OpenAiParse, SeedMinusOneIsAFreshRandomSeed) {
   }
 }
 
+// llama-server's per-request reasoning_format overrides --reasoning-format;
+// OpenAI's reasoning_effort "none" turns thinking off unless
+// chat_template_kwargs.enable_thinking says otherwise.
+TEST(OpenAiParse, ReasoningFormatAndEffort) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  CompletionRequest a;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_format":"none"})", Endpoint::kChat, a));
+  EXPECT_EQ(a.parse_reasoning, std::optional<bool>(false));
+  CompletionRequest b;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_format":"deepseek"})", Endpoint::kChat, b));
+  EXPECT_EQ(b.parse_reasoning, std::optional<bool>(true));
+  CompletionRequest c;
+  ASSERT_FALSE(parse("{" + msgs + "}", Endpoint::kChat, c));
+  EXPECT_FALSE(c.parse_reasoning.has_value());
+  EXPECT_TRUE(c.enable_thinking);
+  CompletionRequest d;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_effort":"none"})", Endpoint::kChat, d));
+  EXPECT_FALSE(d.enable_thinking);
+  CompletionRequest e;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_effort":"high"})", Endpoint::kChat, e));
+  EXPECT_TRUE(e.enable_thinking);
+  CompletionRequest f;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true}})",
+                     Endpoint::kChat, f));
+  EXPECT_TRUE(f.enable_thinking);
+  CompletionRequest g;
+  auto err = parse("{" + msgs + R"(,"reasoning_format":"xml"})", Endpoint::kChat, g);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->param, "reasoning_format");
+  err = parse("{" + msgs + R"(,"reasoning_effort":"max"})", Endpoint::kChat, g);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->param, "reasoning_effort");
+}
+
 // An assistant message may leave content out (null) when it calls tools.
 TEST(OpenAiParse, AssistantContentMayBeNullWithToolCalls) {
   CompletionRequest r;
