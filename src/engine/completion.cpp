@@ -42,7 +42,7 @@ std::expected<PreparedCompletion, PrepareError> prepare_completion(const tokeniz
   // 1. Prompt tokens.
   if (in.chat) {
     auto rendered = tok.chat_template().render(in.messages, in.chat_options);
-    if (!rendered) return refuse(Errc::kInvalidArgument, rendered.error().message, "messages");
+    if (!rendered) return refuse(Errc::kInvalidArgument, rendered.error().message, "messages", "invalid_value");
     size_t rendered_bytes = 0;
     for (const auto& seg : rendered->segments) rendered_bytes += seg.text.size();
     if (over_cap(rendered_bytes, options)) return too_long(rendered_bytes, "messages", options);

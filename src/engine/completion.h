@@ -77,7 +77,7 @@ struct PreparedCompletion {
 struct PrepareError {
   core::Error error;
   std::string param;  // "messages", "prompt", "logit_bias", or empty
-  std::string code;   // "context_length_exceeded", "invalid_value", or empty
+  std::string code;   // "context_length_exceeded", "invalid_value" (a template refusal too), or empty
   // The prompt text's size in bytes when the byte cap refused it; 0 for
   // every other error.
   size_t prompt_bytes = 0;

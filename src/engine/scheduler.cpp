@@ -119,8 +119,13 @@ struct Scheduler::Job {
   bool embed = false;
   std::vector<std::vector<int32_t>> inputs;
   std::span<const int32_t> prompt_of(int choice) const {
-    return embed ? std::span<const int32_t>(inputs[static_cast<size_t>(choice)]) : std::span<const int32_t>(req.prompt);
+    if (embed) return inputs[static_cast<size_t>(choice)];
+    if (!req.prompts.empty()) return req.prompts[static_cast<size_t>(choice)];
+    return req.prompt;
   }
+  // Choices run as independent sequences (an embedding job's inputs,
+  // batched prompts): no choice waits for or shares choice 0's prompt.
+  bool independent() const { return embed || !req.prompts.empty(); }
 };
 
 struct Scheduler::Live {
@@ -135,6 +140,7 @@ struct Scheduler::Live {
   std::vector<TokenLogprob> pending_lp;  // streamed logprobs waiting for released text
   bool suspended = false;                // preempted for lack of KV: waits to resume (replays its tokens)
   bool prompt_lp_sent = false;           // the prompt logprobs went out with a kText
+  std::vector<TokenLogprob> prompt_lp;   // its own prompt logprobs (a job's independent choices)
   int64_t proposed = 0;                  // this step's proposed tokens (extra rows after its decode token)
 };
 
@@ -238,7 +244,14 @@ void Scheduler::wake() {
 }
 
 core::Expected<std::shared_ptr<JobHandle>> Scheduler::submit(CompletionJob req) {
-  if (req.prompt.empty()) return core::fail(core::Errc::kInvalidArgument, "submit: the prompt is empty");
+  if (!req.prompts.empty()) {
+    if (static_cast<int64_t>(req.prompts.size()) != req.n)
+      return core::fail(core::Errc::kInvalidArgument, "submit: prompts must hold n prompts");
+    for (const auto& p : req.prompts)
+      if (p.empty()) return core::fail(core::Errc::kInvalidArgument, "submit: a prompt is empty");
+  } else if (req.prompt.empty()) {
+    return core::fail(core::Errc::kInvalidArgument, "submit: the prompt is empty");
+  }
   if (req.n < 1) return core::fail(core::Errc::kInvalidArgument, "submit: n must be >= 1");
   if (auto ok = req.params.validate(); !ok) return std::unexpected(ok.error());
   auto job = std::make_shared<Job>();
@@ -396,10 +409,11 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
     live_.push_back(std::move(live));
     return true;
   }
-  const auto n_prompt = static_cast<int64_t>(job.req.prompt.size());
+  const std::span<const int32_t> prompt = job.prompt_of(choice);
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
   StartOptions so;
-  so.reuse_prefix = choice > 0;
-  if (choice > 0 && !job.prompt_logits.empty()) {
+  so.reuse_prefix = choice > 0 && !job.independent();
+  if (so.reuse_prefix && !job.prompt_logits.empty()) {
     // A sibling of choice 0: it shares the prompt's KV blocks and samples
     // from the prompt logits: no prompt recomputed.
     if (job.source != nullptr && job.source->cached_prefix(job.req.prompt) >= n_prompt) {
@@ -408,7 +422,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
     so.prompt_logits = job.prompt_logits;
   }
   GenerateRequest gr;
-  gr.prompt = job.req.prompt;
+  gr.prompt = prompt;
   gr.seed = job.req.params.seed + static_cast<uint64_t>(choice);
   gr.cancel = &job.handle->cancel_;
   gr.tracker = &live->tracker;
@@ -424,7 +438,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
                    .step = steps_.load(std::memory_order_relaxed),
                    .logprobs = std::move(owner->pending_lp)};
       if (jobp->req.params.prompt_logprobs >= 0 && !owner->prompt_lp_sent) {
-        out.prompt_logprobs = jobp->prompt_lp;
+        out.prompt_logprobs = jobp->independent() ? owner->prompt_lp : jobp->prompt_lp;
         owner->prompt_lp_sent = true;
       }
       h->push(std::move(out));
@@ -440,7 +454,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
   // whoever computed it (prompt logprobs need every row: nothing reused).
   // Counted as prefix-cache lookups and hits: choice 0's only (a sibling
   // shares its prompt's KV, which is not a cache hit), so hits <= queries.
-  if (choice == 0 && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) {
+  if ((choice == 0 || job.independent()) && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) {
     const int64_t cached = q.adopt_cached_prefix();
     queried_tokens_.fetch_add(static_cast<uint64_t>(n_prompt));
     cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
@@ -474,7 +488,7 @@ void Scheduler::admit(Clock::time_point now) {
     while (!job.failed && job.next_choice < job.req.n) {
       // Siblings wait for choice 0's prompt logits (one prefill per job);
       // an embedding job's inputs are independent sequences.
-      if (!job.embed && job.next_choice > 0 && job.prompt_logits.empty()) break;
+      if (!job.independent() && job.next_choice > 0 && job.prompt_logits.empty()) break;
       if (static_cast<int64_t>(live_.size()) >= opt_.max_sequences) return;  // -np: the rest waits
       if (!live_.empty()) {
         // KV room: preempted sequences resume first; a new prompt needs its
@@ -483,7 +497,7 @@ void Scheduler::admit(Clock::time_point now) {
           if (l->suspended) return;
         const int64_t positions =
             std::min<int64_t>(static_cast<int64_t>(job.prompt_of(job.next_choice).size()) + 1, n_ctx_);
-        const int64_t need = job.next_choice > 0 && !job.embed ? 1 : opt_.kv_pool->blocks_for(positions);
+        const int64_t need = job.next_choice > 0 && !job.independent() ? 1 : opt_.kv_pool->blocks_for(positions);
         if (kv_available() < need) return;  // the queue waits (FIFO)
         if (!state_room()) return;          // so it does for recurrent-state memory
       }
@@ -800,12 +814,18 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
     const std::span<const float> lg(logits_.data() + row * n_vocab, n_vocab);
     ++row;
     Job& job = *l->job;
-    if (l->choice == 0 && job.req.n > 1 && job.prompt_logits.empty() &&
-        e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
-      job.prompt_logits.assign(lg.begin(), lg.end());
-    if (l->choice == 0 && job.req.params.prompt_logprobs >= 0 && job.prompt_lp.empty() &&
-        e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
-      job.prompt_lp = e.prompt_logprobs();
+    if (job.independent()) {
+      if (job.req.params.prompt_logprobs >= 0 && l->prompt_lp.empty() &&
+          e.next_pos() == static_cast<int64_t>(job.prompt_of(l->choice).size()))
+        l->prompt_lp = e.prompt_logprobs();
+    } else {
+      if (l->choice == 0 && job.req.n > 1 && job.prompt_logits.empty() &&
+          e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
+        job.prompt_logits.assign(lg.begin(), lg.end());
+      if (l->choice == 0 && job.req.params.prompt_logprobs >= 0 && job.prompt_lp.empty() &&
+          e.next_pos() == static_cast<int64_t>(job.req.prompt.size()))
+        job.prompt_lp = e.prompt_logprobs();
+    }
     e.accept_logits(lg);
   }
   // Blocks that became full are findable by other requests at once.

@@ -218,6 +218,12 @@ struct CompletionJob {
   std::vector<int32_t> prompt;  // token ids (BOS included when wanted); non-empty
   SamplingParams params;        // validated by the caller (submit re-checks); choice i samples with params.seed + i
   int n = 1;                    // choices, >= 1
+  // Batched prompts (OpenAI /v1/completions' `prompt` array): when
+  // non-empty, exactly n prompts, each non-empty; choice i runs prompts[i]
+  // (`prompt` is then unused) as its own sequence: no sibling shares
+  // another's prompt logits, every choice consults the prompt cache, and
+  // prompt logprobs are each choice's own.
+  std::vector<std::vector<int32_t>> prompts;
   // Still queued at the deadline: kFailed with kTimeout. Running past it:
   // the choice ends with finish_reason kLength and timed_out = true.
   Clock::time_point deadline = Clock::time_point::max();

@@ -37,6 +37,23 @@ core::Expected<std::string> get_string(const toml::node& n, const std::string& w
 
 }  // namespace
 
+std::optional<std::string> model_id_error(std::string_view id) {
+  if (id.empty()) return "empty";
+  if (id.size() > kMaxModelIdBytes) return "longer than " + std::to_string(kMaxModelIdBytes) + " bytes";
+  for (unsigned char c : id)
+    if (c <= 0x20 || c == 0x7f || c == '\\')
+      return "whitespace, control characters and backslashes are not allowed in a model id";
+  if (id.front() == '/') return "a model id may not start with '/'";
+  size_t at = 0;
+  while (at <= id.size()) {
+    const size_t slash = std::min(id.find('/', at), id.size());
+    const std::string_view seg = id.substr(at, slash - at);
+    if (seg == "." || seg == "..") return "'.' and '..' path segments are not allowed in a model id";
+    at = slash + 1;
+  }
+  return std::nullopt;
+}
+
 core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
   ModelArg m;
   auto eq = arg.find('=');
@@ -50,6 +67,8 @@ core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
     m.path = std::string(arg.substr(eq + 1));
     if (m.id.empty())
       return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': empty model id before '='");
+    if (auto why = model_id_error(m.id))
+      return core::fail(core::Errc::kInvalidArgument, "-m '" + std::string(arg) + "': invalid model id: " + *why);
   } else {
     m.path = std::string(arg);
     std::filesystem::path p(m.path);

@@ -141,10 +141,20 @@ bool is_loopback_host(std::string_view host);
 // must not be: `--api-key "$UNSET_VAR"` would turn authentication off).
 bool is_blank_key(std::string_view key);
 
+// Longest model id (bytes): ids end up in /v1/models, /metrics labels and logs.
+inline constexpr size_t kMaxModelIdBytes = 256;
+// Why `id` is not a valid model id, or nullopt when it is. The one rule for
+// -m ID=FILE, and POST /admin/models/load's "id": 1..kMaxModelIdBytes bytes,
+// no whitespace, control character or backslash, not starting with '/', and
+// no "." or ".." path segment ("org/name" is fine). The reason reads after
+// "Invalid 'id': " (e.g. "longer than 256 bytes").
+std::optional<std::string> model_id_error(std::string_view id);
+
 // Parses "ID=FILE" or "FILE" (id = file name without directories and ".gguf";
 // for a split part "NAME-00001-of-00003.gguf", NAME).
 // An argument that names an existing file is a FILE even if it holds '='.
-// Errors: kInvalidArgument for an empty id or path.
+// Errors: kInvalidArgument for an empty path or an ID=FILE id that breaks
+// model_id_error's rule (empty included).
 core::Expected<ModelArg> parse_model_arg(std::string_view arg);
 
 // What a setting's value is, on the command line and in TOML.

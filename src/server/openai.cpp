@@ -261,6 +261,16 @@ std::optional<ApiError> parse_messages(const Json& body, CompletionRequest& out)
     return bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages",
                        "empty_array");
   for (size_t i = 0; i < it->size(); ++i) {
+    // OpenAI requires `content` of user, system, developer and tool messages
+    // (an assistant's may be null or left out when it calls tools).
+    if (const Json& m = (*it)[i]; m.is_object()) {
+      const auto role = m.find("role");
+      const auto content = m.find("content");
+      if (role != m.end() && role->is_string() && *role != "assistant" && (content == m.end() || content->is_null())) {
+        const std::string field = "messages[" + std::to_string(i) + "].content";
+        return bad_request("Missing required parameter: '" + field + "'.", field, "missing_required_parameter");
+      }
+    }
     auto msg = tokenizer::parse_chat_message((*it)[i], i);
     if (!msg) return bad_request(msg.error().message, msg.error().param, msg.error().code);
     out.messages.push_back(std::move(*msg));
@@ -275,6 +285,31 @@ std::optional<ApiError> parse_messages(const Json& body, CompletionRequest& out)
     }
   }
   if (auto t = body.find("tools"); t != body.end() && t->is_array()) out.tools = *t;
+  // llama-server's reasoning_format, per request (overrides --reasoning-format).
+  if (auto f = body.find("reasoning_format"); f != body.end() && !f->is_null()) {
+    if (!f->is_string()) return wrong_type("reasoning_format", "a string", *f);
+    const std::string v = f->get<std::string>();
+    if (v != "none" && v != "deepseek" && v != "deepseek-legacy" && v != "auto")
+      return bad_request("Invalid value for 'reasoning_format': '" + v +
+                             "'. Supported values are: 'none', 'deepseek', 'deepseek-legacy' and 'auto'.",
+                         "reasoning_format", "invalid_value");
+    out.parse_reasoning = v != "none";
+  }
+  // OpenAI's reasoning_effort: "none" turns thinking off (as
+  // chat_template_kwargs.enable_thinking false does, which wins when sent);
+  // the other levels leave the model's thinking on (no budget is enforced).
+  if (auto r = body.find("reasoning_effort"); r != body.end() && !r->is_null()) {
+    if (!r->is_string()) return wrong_type("reasoning_effort", "a string", *r);
+    const std::string v = r->get<std::string>();
+    if (v != "none" && v != "minimal" && v != "low" && v != "medium" && v != "high" && v != "xhigh")
+      return bad_request("Invalid value for 'reasoning_effort': '" + v +
+                             "'. Supported values are: 'none', 'minimal', 'low', 'medium', 'high' and 'xhigh'.",
+                         "reasoning_effort", "invalid_value");
+    const auto k = body.find("chat_template_kwargs");
+    const bool kwargs_say =
+        k != body.end() && k->is_object() && k->contains("enable_thinking") && !(*k)["enable_thinking"].is_null();
+    if (v == "none" && !kwargs_say) out.enable_thinking = false;
+  }
   if (auto c = body.find("continue_final_message"); c != body.end() && !c->is_null()) {
     if (!c->is_boolean()) return wrong_type("continue_final_message", "a boolean", *c);
     out.continue_final_message = c->get<bool>();
@@ -301,21 +336,41 @@ std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
   }
   if (!it->is_array()) return wrong_type("prompt", "a string, an array of strings or an array of tokens", *it);
   if (it->empty()) return bad_request("Invalid 'prompt': empty array.", "prompt", "empty_array");
-  if ((*it)[0].is_number_integer()) {
-    for (const Json& v : *it) {
+  // A token array: non-negative int32 ids (`field` names it in the 400).
+  auto token_ids = [](const Json& arr, const std::string& field, std::vector<int32_t>& ids) -> std::optional<ApiError> {
+    for (const Json& v : arr) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > std::numeric_limits<int32_t>::max())
-        return bad_request("Invalid 'prompt': a token array must hold non-negative integers.", "prompt",
+        return bad_request("Invalid '" + field + "': a token array must hold non-negative integers.", field,
                            "invalid_value");
-      out.prompt_ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+      ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
     }
     return std::nullopt;
+  };
+  if ((*it)[0].is_number_integer()) return token_ids(*it, "prompt", out.prompt_ids);
+  // An array of prompts: strings or token arrays.
+  if (it->size() > static_cast<size_t>(kMaxPrompts))
+    return bad_request("Invalid 'prompt': at most " + std::to_string(kMaxPrompts) + " prompts per request (got " +
+                           std::to_string(it->size()) + ").",
+                       "prompt", "invalid_value");
+  std::vector<CompletionRequest::BatchPrompt> prompts(it->size());
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& p = (*it)[i];
+    const std::string field = "prompt[" + std::to_string(i) + "]";
+    if (p.is_string()) {
+      prompts[i].text = p.get<std::string>();
+    } else if (p.is_array()) {
+      if (p.empty()) return bad_request("Invalid '" + field + "': empty token array.", field, "empty_array");
+      if (auto e = token_ids(p, field, prompts[i].ids)) return e;
+    } else {
+      return wrong_type(field, "a string or an array of tokens", p);
+    }
   }
-  if (it->size() != 1)
-    return bad_request(
-        "Invalid 'prompt': only one prompt per request is supported (got " + std::to_string(it->size()) + ").",
-        "prompt", "invalid_value");
-  if (!(*it)[0].is_string()) return wrong_type("prompt[0]", "a string", (*it)[0]);
-  out.prompt = (*it)[0].get<std::string>();
+  if (prompts.size() == 1) {
+    out.prompt = std::move(prompts[0].text);
+    out.prompt_ids = std::move(prompts[0].ids);
+  } else {
+    out.prompts = std::move(prompts);
+  }
   return std::nullopt;
 }
 
@@ -442,6 +497,10 @@ std::optional<ApiError> parse_legacy_completion_fields(const Json& body, Complet
     if (!out.prompt_ids.empty())
       return bad_request("Invalid 'suffix': fill-in-the-middle needs a text 'prompt' (got token ids).", "suffix",
                          "invalid_value");
+    if (!out.prompts.empty())
+      return bad_request(
+          "Invalid 'suffix': fill-in-the-middle takes one prompt (got " + std::to_string(out.prompts.size()) + ").",
+          "suffix", "invalid_value");
     out.fim = FimRequest{it->get<std::string>(), {}, {}};
   }
   std::optional<int64_t> best_of;
@@ -586,6 +645,11 @@ std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_js
   std::optional<int64_t> n;
   if (auto e = get_int(body, "n", 1, kMaxChoices, n)) return e;
   if (n) out.n = static_cast<int>(*n);
+  if (!out.prompts.empty() && out.prompts.size() * static_cast<size_t>(out.n) > static_cast<size_t>(kMaxPrompts))
+    return bad_request("Invalid 'prompt': " + std::to_string(out.prompts.size()) + " prompts with n " +
+                           std::to_string(out.n) + " ask for " + std::to_string(out.prompts.size() * out.n) +
+                           " choices; at most " + std::to_string(kMaxPrompts) + " per request.",
+                       "prompt", "invalid_value");
   if (auto e = get_bool(body, "stream", out.stream)) return e;
   bool ignore_eos = false;
   if (auto e = get_bool(body, "ignore_eos", ignore_eos)) return e;
@@ -777,7 +841,7 @@ json build_completion_logprobs(const std::vector<LogprobEntry>& entries, int64_t
       }
       tops.push_back(std::move(t));
     }
-    offsets.push_back(off);
+    offsets.push_back(std::max<int64_t>(off, 0));
     off += static_cast<int64_t>(e.bytes.size());
   }
   return json{{"tokens", std::move(tokens)},

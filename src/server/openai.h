@@ -70,6 +70,10 @@ struct CompletionRequest {
   nlohmann::ordered_json tools = nullptr;        // chat: OpenAI `tools` (array) or null
   bool tool_choice_none = false;                 // chat: tool_choice "none" (tool calls stay text)
   bool enable_thinking = true;                   // chat_template_kwargs.enable_thinking
+  // llama-server's per-request `reasoning_format` (chat): "none" false (the
+  // <think> text stays in content), "deepseek" / "deepseek-legacy" / "auto"
+  // true (reasoning_content); unset: the server's --reasoning-format.
+  std::optional<bool> parse_reasoning;
   // vLLM's `continue_final_message` (chat): continue the last, assistant,
   // message instead of answering it. Unset: continue exactly when the last
   // message is an assistant message without tool calls (a prefill, as
@@ -78,6 +82,16 @@ struct CompletionRequest {
   std::optional<bool> continue_final_message;
   std::string prompt;               // completions, text form
   std::vector<int32_t> prompt_ids;  // completions, token-id form (non-empty: used)
+  // Completions with several prompts (`prompt` an array of 2..kMaxPrompts
+  // strings or token arrays, as OpenAI's legacy completions take them): each
+  // prompt's text or ids (ids non-empty: used); `prompt` / `prompt_ids` are
+  // then unused. Each prompt gets n choices: choice index = prompt index * n
+  // + i (OpenAI's and vLLM's numbering); usage sums the prompts.
+  struct BatchPrompt {
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<BatchPrompt> prompts;
   // Every sampling field, as the sequence gets it (engine::SamplingOverrides,
   // merged onto the model's defaults by engine::prepare_completion). Ranges
   // the API allows: max_tokens (or max_completion_tokens) >= 1, temperature
@@ -116,6 +130,9 @@ struct CompletionRequest {
 bool continues_final_message(const CompletionRequest& cr);
 
 inline constexpr int kMaxChoices = 16;
+// Most prompts one /v1/completions request may batch, and most choices
+// (prompts * n) it may ask for: a larger batch is a 400 naming `prompt`.
+inline constexpr int kMaxPrompts = 64;
 inline constexpr size_t kMaxStop = 16;
 // Deepest nesting of arrays/objects a request body may have. Parsing is
 // iterative, but dumping a value (tool-call arguments, tools rendered by the
@@ -182,7 +199,9 @@ nlohmann::json build_chat_logprobs(const std::vector<LogprobEntry>& entries);
 // [..], "top_logprobs": [{token: logprob, ..}], "text_offset": [..]}; a NaN
 // logprob is null in token_logprobs and top_logprobs. text_offset: byte
 // offsets into the returned text's frame (prompt + answer), the first being
-// `offset0`, each next one advanced by the previous token's byte length.
+// `offset0`, each next one advanced by the previous token's byte length; an
+// offset below 0 (`offset0` < 0: tokens that spell bytes the echoed prompt
+// leaves out, SentencePiece's dummy-prefix space) is 0.
 nlohmann::json build_completion_logprobs(const std::vector<LogprobEntry>& entries, int64_t offset0);
 // Concatenates two build_*_logprobs values of the same kind (chat: content
 // lists; completions: each list). null + x = x.

@@ -13,6 +13,7 @@
 
 #include "engine/load_fit.h"           // check_load_fit
 #include "engine/model_spec_fields.h"  // set_model_field (the load body's ModelSpec fields)
+#include "server/config.h"             // model_id_error, kMaxModelIdBytes
 #include "server/web_ui.h"             // GET /: the embedded web chat page
 
 namespace bonsai::server {
@@ -20,8 +21,6 @@ namespace bonsai::server {
 using json = nlohmann::json;
 
 namespace {
-
-constexpr size_t kMaxModelIdBytes = 256;  // longest model id an admin load accepts
 
 // The handlers, shared by the registered routes (they hold it alive).
 struct AdminRoutes {
@@ -179,6 +178,9 @@ struct AdminRoutes {
     json body;
     if (auto e = parse_admin_body(body_text, body)) return send_error(res, *e);
     const std::string id = body["id"].get<std::string>();
+    // A new id follows -m ID=FILE's rule (unload takes any id a model has).
+    if (auto why = model_id_error(id))
+      return send_error(res, bad_request("Invalid 'id': " + *why + ".", "id", "invalid_value"));
     // With a path: the server's defaults for that file; without: the id's
     // registration. Either way pool_size / ctx_size / q2_layout in the body override.
     engine::ModelSpec spec = ctx_.opt.default_spec;

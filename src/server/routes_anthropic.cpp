@@ -17,6 +17,9 @@ using nlohmann::json;                 // answer side
 
 constexpr std::string_view kPath = "/v1/messages";
 
+// Anthropic's smallest thinking.budget_tokens (docs.anthropic.com, Messages API, `thinking`).
+constexpr int64_t kMinThinkingBudget = 1024;
+
 ApiError missing(const std::string& field) { return bad_request(field + ": Field required.", field, "missing"); }
 
 ApiError bad_value(const std::string& field, const Json& got, const std::string& supported) {
@@ -249,7 +252,10 @@ std::optional<ApiError> translate_tool_choice(const Json& body, Json& chat) {
 }
 
 // `thinking` {type: enabled | adaptive | disabled, budget_tokens?}:
-// enable_thinking (the budget is not enforced: max_tokens bounds the whole answer).
+// enable_thinking (the budget is not enforced: max_tokens bounds the whole
+// answer). budget_tokens, when sent, must be at least kMinThinkingBudget
+// (Anthropic's documented minimum, docs.anthropic.com "Extended thinking");
+// that it is below max_tokens is checked with max_tokens.
 std::optional<ApiError> translate_thinking(const Json& body, Json& chat) {
   const Json* t = member(body, "thinking");
   if (!t) return std::nullopt;
@@ -258,8 +264,13 @@ std::optional<ApiError> translate_thinking(const Json& body, Json& chat) {
   if (auto e = required_string(*t, "type", "thinking", type)) return e;
   if (type != "enabled" && type != "disabled" && type != "adaptive")
     return bad_value("thinking.type", (*t)["type"], "'enabled', 'adaptive' and 'disabled'");
-  if (const Json* b = member(*t, "budget_tokens"); b && !b->is_number_integer())
-    return wrong_type("thinking.budget_tokens", "an integer", *b);
+  if (const Json* b = member(*t, "budget_tokens")) {
+    if (!b->is_number_integer()) return wrong_type("thinking.budget_tokens", "an integer", *b);
+    if (b->get<int64_t>() < kMinThinkingBudget)
+      return bad_request("thinking.budget_tokens: Input should be greater than or equal to " +
+                             std::to_string(kMinThinkingBudget) + " (got " + b->dump() + ").",
+                         "thinking.budget_tokens", "invalid_value");
+  }
   chat["chat_template_kwargs"] = Json{{"enable_thinking", type != "disabled"}};
   return std::nullopt;
 }
@@ -290,6 +301,12 @@ std::optional<ApiError> parse_messages_request(std::string_view body_text, Messa
   if (!max_tokens) return missing("max_tokens");
   if (!max_tokens->is_number_integer()) return wrong_type("max_tokens", "an integer", *max_tokens);
   chat["max_tokens"] = *max_tokens;  // range checked by the chat parser
+  // Anthropic: the thinking budget is part of max_tokens, so it must be below it.
+  if (const Json* t = member(body, "thinking"); t && t->is_object())
+    if (const Json* b = member(*t, "budget_tokens"); b && b->get<int64_t>() >= max_tokens->get<int64_t>())
+      return bad_request("thinking.budget_tokens: must be less than max_tokens (got budget_tokens " + b->dump() +
+                             ", max_tokens " + max_tokens->dump() + ").",
+                         "thinking.budget_tokens", "invalid_value");
   if (const Json* s = member(body, "stop_sequences")) {
     if (!s->is_array()) return wrong_type("stop_sequences", "an array of strings", *s);
     for (size_t k = 0; k < s->size(); ++k) {
@@ -314,6 +331,11 @@ std::optional<ApiError> parse_messages_request(std::string_view body_text, Messa
   for (const char* key : {"temperature", "top_p", "top_k", "seed", "min_p", "repeat_penalty", "presence_penalty",
                           "frequency_penalty", "logit_bias", "ignore_eos", "grammar"})
     if (const Json* v = member(body, key)) chat[key] = *v;
+  // Anthropic's temperature range is [0, 1] (the chat parser allows OpenAI's [0, 2]).
+  if (const Json* v = member(body, "temperature");
+      v && v->is_number() && !(v->get<double>() >= 0 && v->get<double>() <= 1))
+    return bad_request("temperature: Input should be between 0 and 1 (got " + v->dump() + ").", "temperature",
+                       "invalid_value");
   return std::nullopt;
 }
 

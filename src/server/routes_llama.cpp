@@ -142,6 +142,10 @@ std::optional<ApiError> parse_native(std::string_view text, bool infill, Complet
     c["prompt"] = *it;
   }
   if (auto e = parse_completion_request_json(c, Endpoint::kCompletion, cr)) return native_error(*e);
+  if (!cr.prompts.empty())  // several prompts: /v1/completions answers them (one choice each)
+    return native_error(bad_request("Invalid 'prompt': this route takes one prompt per request (got " +
+                                        std::to_string(cr.prompts.size()) + "); /v1/completions takes several.",
+                                    "prompt", "invalid_value"));
   if (infill) cr.fim = std::move(fim);
   if (o.evaluate_only) cr.sampling.max_tokens = 0;
   if (o.n_probs > 0) cr.sampling.logprobs = o.n_probs;

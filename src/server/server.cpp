@@ -97,15 +97,27 @@ struct Job {
   std::shared_ptr<engine::ModelPool> pool;  // outlives `model` (declared first)
   engine::ModelHandle model;
   std::shared_ptr<engine::JobHandle> handle;  // set once submitted to the model's scheduler
-  std::vector<int32_t> prompt;
-  engine::SamplingParams params;  // seed included (choice i: params.seed + i)
-  int n = 1;
+  std::vector<int32_t> prompt;                // the prompt (batched completions: the first one)
+  engine::SamplingParams params;              // seed included (choice i: params.seed + i)
+  int n = 1;                                  // choices in all (batched completions: prompts * the request's n)
+  int64_t prompt_tokens = 0;                  // usage.prompt_tokens: each prompt's tokens once (summed over a batch)
+  int per_prompt = 1;  // choices per prompt (the request's n): choice i answers prompt i / per_prompt
   bool include_usage = false;
-  bool stream = false;       // answered as Server-Sent Events
-  int32_t logprobs = -1;     // < 0: no logprobs; else top alternatives per token
-  bool echo = false;         // completions: the prompt text precedes the answer
-  std::string echo_text;     // the prompt as its tokens' text (echo)
-  int64_t prompt_bytes = 0;  // bytes of the prompt's tokens (legacy text_offset of the first answer token)
+  bool stream = false;    // answered as Server-Sent Events
+  int32_t logprobs = -1;  // < 0: no logprobs; else top alternatives per token
+  bool echo = false;      // completions: the prompt text precedes the answer
+  // Per prompt (one, or a batch's each): its text as its tokens spell it
+  // (echo), and its tokens' bytes (legacy text_offset of the first answer token).
+  std::vector<std::string> echo_text;
+  std::vector<int64_t> prompt_bytes;
+  // Bytes the prompt's tokens spell before the echoed text (SentencePiece's
+  // dummy-prefix space of a text prompt echoed as sent): the echoed tokens'
+  // text_offset starts that far below 0 (clamped to 0).
+  std::vector<int64_t> echo_shift;
+  // Of choice i's prompt.
+  const std::string& echo_of(int i) const { return echo_text[static_cast<size_t>(i / per_prompt)]; }
+  int64_t prompt_bytes_of(int i) const { return prompt_bytes[static_cast<size_t>(i / per_prompt)]; }
+  int64_t echo_shift_of(int i) const { return echo_shift[static_cast<size_t>(i / per_prompt)]; }
   // Chat: how the generated text splits into reasoning / content / tool calls.
   engine::ChatOutputParser::Options output;
   ResponseMeta meta;
@@ -365,7 +377,7 @@ struct Server::Impl {
     rendering.continue_final_message = continues_final_message(cr);
     if (thinks_off_for_grammar(cr, tok.chat_template(), rendering)) rendering.enable_thinking = false;
     auto rendered = tok.chat_template().render(cr.messages, rendering);
-    if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages"));
+    if (!rendered) return std::unexpected(bad_request(rendered.error().message, "messages", "invalid_value"));
     size_t bytes = 0;
     for (const auto& seg : rendered->segments) bytes += seg.text.size();
     if (bytes > max_prompt_bytes(hold->n_ctx))
@@ -482,30 +494,69 @@ struct Server::Impl {
     popt.prompt_cap_source = ctx.opt.max_prompt_bytes > 0
                                  ? "the server's max_prompt_bytes"
                                  : "the larger of 32 bytes per position of --ctx-size and 64 KiB";
-    auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, cr.sampling, popt);
-    if (!prepared)
-      return fail(bad_request(prepared.error().error.message, prepared.error().param, prepared.error().code));
-    job->prompt = std::move(prepared->prompt);
-    job->params = std::move(prepared->params);
-    const int64_t n_prompt = static_cast<int64_t>(job->prompt.size());
-    // Log probabilities (job->logprobs >= 0) and completions echo: the
-    // prompt's bytes (text_offset of the first answer token) and, with echo,
-    // its text as its tokens spell it (as the generated text is), so that
-    // text_offset indexes it (SentencePiece's dummy-prefix space included).
+    // Batched completions: each prompt prepared as a single one would be;
+    // one sampling setup for all (max_tokens the least any prompt resolved to).
+    std::vector<std::vector<int32_t>> prompts;
+    std::optional<engine::SamplingParams> params;
+    std::vector<std::optional<std::string>> sent;
+    const size_t n_inputs = cr.prompts.empty() ? 1 : cr.prompts.size();
+    for (size_t p = 0; p < n_inputs; ++p) {
+      if (!cr.prompts.empty()) {
+        in.prompt = std::move(cr.prompts[p].text);
+        in.prompt_ids = std::move(cr.prompts[p].ids);
+      }
+      auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, cr.sampling, popt);
+      if (!prepared) {
+        std::string message = prepared.error().error.message;
+        std::string param = prepared.error().param;
+        if (!cr.prompts.empty()) {
+          message = "prompt[" + std::to_string(p) + "]: " + message;
+          if (param == "prompt") param += "[" + std::to_string(p) + "]";
+        }
+        return fail(bad_request(std::move(message), std::move(param), prepared.error().code));
+      }
+      if (!params) {
+        params = std::move(prepared->params);
+      } else {
+        params->max_tokens = std::min(params->max_tokens, prepared->params.max_tokens);
+      }
+      prompts.push_back(std::move(prepared->prompt));
+      // A text prompt, as sent (completions echo returns it so).
+      sent.push_back(!in.chat && in.prompt_ids.empty() ? std::optional<std::string>(in.prompt) : std::nullopt);
+    }
+    job->params = std::move(*params);
+    job->prompt = prompts.front();
+    int64_t n_prompt = 0;
+    for (const auto& p : prompts) n_prompt += static_cast<int64_t>(p.size());
+    job->prompt_tokens = n_prompt;
+    // Log probabilities (job->logprobs >= 0) and completions echo: each
+    // prompt's text as echo returns it and its length in bytes (text_offset
+    // of the first answer token). A text prompt is echoed as sent (OpenAI)
+    // when its tokens spell it after a few extra leading bytes
+    // (SentencePiece's dummy-prefix space): text_offset then runs that many
+    // bytes behind the tokens' bytes (echo_shift). Token-id prompts, and
+    // text the tokens do not spell (normalized), are their tokens' text.
     job->logprobs = cr.logprobs();
     job->echo = cr.echo;
-    for (int32_t id : job->prompt) {
-      if (job->logprobs < 0 && !cr.echo) break;
-      const std::string piece = lm.tokenizer->token_to_bytes(id);
-      job->prompt_bytes += static_cast<int64_t>(piece.size());
-      if (cr.echo) job->echo_text += piece;
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      std::string spelled;
+      if (job->logprobs >= 0 || cr.echo)
+        for (int32_t id : prompts[p]) spelled += lm.tokenizer->token_to_bytes(id);
+      const std::optional<std::string>& as_sent = sent[p];
+      const bool literal = as_sent && spelled.size() >= as_sent->size() && spelled.ends_with(*as_sent);
+      const int64_t shift = literal ? static_cast<int64_t>(spelled.size() - as_sent->size()) : 0;
+      job->prompt_bytes.push_back(static_cast<int64_t>(spelled.size()) - shift);
+      job->echo_shift.push_back(shift);
+      job->echo_text.push_back(!cr.echo ? std::string() : literal ? *as_sent : spelled);
     }
-    job->n = cr.n;
+    job->per_prompt = cr.n;
+    job->n = cr.n * static_cast<int>(prompts.size());
     job->include_usage = cr.include_usage;
     // The template decides the tool-call syntax (Qwen3 JSON / Qwen3.5 XML)
     // and whether the answer starts inside the <think> its prompt opened.
     if (endpoint == Endpoint::kChat) {
-      job->output = engine::chat_output_options(lm.tokenizer->chat_template(), in.chat_options, ctx.opt.parse_reasoning,
+      job->output = engine::chat_output_options(lm.tokenizer->chat_template(), in.chat_options,
+                                                cr.parse_reasoning.value_or(ctx.opt.parse_reasoning),
                                                 cr.tools.is_array() && !cr.tools.empty() && !cr.tool_choice_none);
       job->output.only_tool_calls = cr.forced_tool_call;
     } else {
@@ -521,13 +572,17 @@ struct Server::Impl {
     cj.prompt = job->prompt;
     cj.params = job->params;
     cj.n = job->n;
+    if (prompts.size() > 1) {  // choice i runs prompt i / n
+      for (const auto& p : prompts)
+        for (int k = 0; k < cr.n; ++k) cj.prompts.push_back(p);
+    }
     cj.deadline = job->deadline;
     cj.submitted = admitted;
     auto handle = lm.scheduler->submit(std::move(cj));
     if (!handle) return fail(submit_refusal(ctx, model_id, handle.error()));
     job->handle = *handle;
     job->stream = cr.stream;
-    ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->n);
+    ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->per_prompt);
     return job;
   }
 
@@ -586,9 +641,12 @@ struct Server::Impl {
       return send_error(res, job_failure_error(ctx, *pr.failed, job.meta.model, pr.cut == CutReason::kClientGone));
     std::vector<Choice> choices;
     std::vector<const engine::GenerationResult*> results;  // per choice, for mark_timed_out
-    Usage usage{static_cast<int64_t>(job.prompt.size()), 0};
-    usage.cached_tokens = pr.done.empty() || !pr.done.front() ? 0 : pr.done.front()->cached_tokens;
-    for (auto& d : pr.done) {
+    Usage usage{job.prompt_tokens, 0};
+    usage.cached_tokens = 0;  // the first choice of each prompt's (a sibling shares its prompt's KV)
+    for (size_t i = 0; i < pr.done.size(); ++i)
+      if (pr.done[i] && static_cast<int>(i) % job.per_prompt == 0) usage.cached_tokens += pr.done[i]->cached_tokens;
+    for (size_t i = 0; i < pr.done.size(); ++i) {
+      auto& d = pr.done[i];
       if (!d || d->finish_reason == engine::FinishReason::kCancelled)
         return send_error(res, job_cut_error(pr.cut == CutReason::kClientGone));
       usage.completion_tokens += d->completion_tokens;
@@ -598,10 +656,11 @@ struct Server::Impl {
         std::vector<LogprobEntry> entries;
         if (!chat && job.echo) entries = logprob_entries(job, d->prompt_logprobs);
         for (auto& e : logprob_entries(job, d->logprobs)) entries.push_back(std::move(e));
-        ch.logprobs =
-            chat ? build_chat_logprobs(entries) : build_completion_logprobs(entries, job.echo ? 0 : job.prompt_bytes);
+        ch.logprobs = chat ? build_chat_logprobs(entries)
+                           : build_completion_logprobs(entries, job.echo ? -job.echo_shift_of(static_cast<int>(i))
+                                                                         : job.prompt_bytes_of(static_cast<int>(i)));
       }
-      if (job.echo) ch.text = job.echo_text + ch.text;
+      if (job.echo) ch.text = job.echo_of(static_cast<int>(i)) + ch.text;
       if (job.meta.endpoint == Endpoint::kChat) {
         engine::ChatOutputParser parser(job.output);
         engine::ChatOutputDelta all = parser.feed(ch.text);
@@ -650,7 +709,7 @@ struct Server::Impl {
       parsers.assign(n, engine::ChatOutputParser(job->output));
       n_calls.assign(n, 0);
       pending_lp.assign(n, json(nullptr));
-      offset.assign(n, job->prompt_bytes);
+      for (int i = 0; i < job->n; ++i) offset.push_back(job->prompt_bytes_of(i));
       lp_sent.assign(n, 0);
       echoed.assign(n, !job->echo);
     }
@@ -695,8 +754,9 @@ struct Server::Impl {
     bool send_echo(int i, const std::vector<engine::TokenLogprob>& prompt_lp) {
       if (echoed[static_cast<size_t>(i)]) return alive;
       echoed[static_cast<size_t>(i)] = true;
-      json lp = job->logprobs >= 0 ? build_completion_logprobs(logprob_entries(*job, prompt_lp), 0) : json(nullptr);
-      return chunk(build_content_chunk(job->meta, i, job->echo_text, std::move(lp)));
+      json lp = job->logprobs >= 0 ? build_completion_logprobs(logprob_entries(*job, prompt_lp), -job->echo_shift_of(i))
+                                   : json(nullptr);
+      return chunk(build_content_chunk(job->meta, i, job->echo_of(i), std::move(lp)));
     }
 
     // A stream's status and headers wait for the job's first event
@@ -767,7 +827,7 @@ struct Server::Impl {
         alive = false;
       }
       const bool chat = job->meta.endpoint == Endpoint::kChat;
-      Usage usage{static_cast<int64_t>(job->prompt.size()), 0};
+      Usage usage{job->prompt_tokens, 0};
       usage.cached_tokens = 0;
       for (int i = 0; i < job->n && alive; ++i) {
         const auto& d = pr.done[static_cast<size_t>(i)];
@@ -778,7 +838,7 @@ struct Server::Impl {
           break;
         }
         usage.completion_tokens += d->completion_tokens;
-        if (i == 0) usage.cached_tokens = d->cached_tokens;
+        if (i % job->per_prompt == 0) usage.cached_tokens += d->cached_tokens;
         std::string finish = finish_name(*d);
         if (!chat) alive = send_echo(i, d->prompt_logprobs);  // a choice that released no text
         if (job->logprobs >= 0 && lp_sent[static_cast<size_t>(i)] < d->logprobs.size()) {

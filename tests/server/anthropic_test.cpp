@@ -64,7 +64,7 @@ TEST(AnthropicTranslate, SystemMessagesAndSamplingTakeChatShapes) {
   EXPECT_EQ(mr.chat["user"], "u1");
   EXPECT_EQ(mr.chat["chat_template_kwargs"], OJson::parse(R"({"enable_thinking": false})"));
   EXPECT_TRUE(mr.stream);
-  EXPECT_EQ(parse_ok(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+  EXPECT_EQ(parse_ok(R"({"max_tokens": 2048, "messages": [{"role": "user", "content": "x"}],
                          "thinking": {"type": "enabled", "budget_tokens": 1024}})")
                 .chat["chat_template_kwargs"]["enable_thinking"],
             true);
@@ -158,6 +158,15 @@ TEST(AnthropicTranslate, BadShapesAre400NamingTheAnthropicField) {
       {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stop_sequences": ["a", 1]})",
        "stop_sequences[1]"},
       {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stream": "yes"})", "stream"},
+      // Anthropic's documented ranges: temperature [0, 1]; thinking.budget_tokens >= 1024 and < max_tokens.
+      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5})", "temperature"},
+      {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": -0.1})", "temperature"},
+      {R"({"max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],
+           "thinking": {"type": "enabled", "budget_tokens": 1023}})",
+       "thinking.budget_tokens"},
+      {R"({"max_tokens": 1024, "messages": [{"role": "user", "content": "x"}],
+           "thinking": {"type": "enabled", "budget_tokens": 1024}})",
+       "thinking.budget_tokens"},
       {R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": 3}})",
        "metadata.user_id"},
       {R"([1, 2])", ""},
@@ -651,7 +660,7 @@ TEST_F(AnthropicHttp, ThinkTextBecomesAThinkingBlockStreamedAndNot) {
                   {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
                   {"temperature", 0},
                   {"max_tokens", 100},
-                  {"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}}},
+                  {"thinking", {{"type", "enabled"}}},  // a budget is >= 1024 and < max_tokens: over this context
                   {"grammar", R"(root ::= "<think>\nI should greet.\n</think>\n\nHello there")"}};
   auto [st, m] = post("/v1/messages", body);
   ASSERT_EQ(st, 200) << m.dump();

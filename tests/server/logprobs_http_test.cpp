@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -183,23 +184,30 @@ TEST_F(LogprobsHttp, CompletionsLegacyShapeWithEchoStreamedAndNot) {
   ASSERT_EQ(lp["text_offset"].size(), n);
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());  // the first prompt token has no context
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  // Echo returns the prompt as sent ("Once upon a time", as OpenAI does),
+  // though its first token spells SentencePiece's dummy-prefix space
+  // (" Once"): text_offset indexes the returned text, so the tokens' offsets
+  // run one byte behind their spelled bytes (the first clamped to 0).
   int64_t off = 0;
   std::string rebuilt;
   for (size_t i = 0; i < n; ++i) {
-    EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), off) << i;
-    off += static_cast<int64_t>(lp["tokens"][i].get<std::string>().size());
-    rebuilt += lp["tokens"][i].get<std::string>();
+    const std::string tok = lp["tokens"][i];
+    EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), std::max<int64_t>(off - 1, 0)) << i;
+    if (i >= static_cast<size_t>(n_prompt))  // an answer token is at its offset in the text
+      EXPECT_EQ(text.substr(static_cast<size_t>(off - 1), tok.size()), tok) << i;
+    off += static_cast<int64_t>(tok.size());
+    rebuilt += tok;
     if (i == 0) continue;
     EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
     EXPECT_EQ(lp["top_logprobs"][i].size(), 2u) << lp["top_logprobs"][i].dump();
   }
-  // The tokens' text is the returned text (BOS renders as nothing); echo puts
-  // the prompt first, as its tokens spell it (SentencePiece's dummy-prefix space).
-  EXPECT_EQ(rebuilt, text);
+  // The tokens' text is the returned text but for the dummy-prefix space
+  // (BOS renders as nothing); echo puts the prompt first, as sent.
+  EXPECT_EQ(" " + text, rebuilt);
   std::string echoed;
   for (size_t i = 0; i < static_cast<size_t>(n_prompt); ++i) echoed += lp["tokens"][i].get<std::string>();
   EXPECT_EQ(echoed, " " + prompt);
-  EXPECT_EQ(text.rfind(echoed, 0), 0u) << text;
+  EXPECT_EQ(text.rfind(prompt, 0), 0u) << text;
   // Generated (greedy) tokens: each is the top alternative.
   for (size_t i = static_cast<size_t>(n_prompt); i < n; ++i) {
     const std::string tok = lp["tokens"][i];
@@ -213,7 +221,7 @@ TEST_F(LogprobsHttp, CompletionsLegacyShapeWithEchoStreamedAndNot) {
   std::string streamed_text;
   const auto events = srv_->stream("/v1/completions", body);
   ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events[0]["choices"][0]["text"], echoed);
+  EXPECT_EQ(events[0]["choices"][0]["text"], prompt);
   for (const json& ev : events) {
     const json& c = ev["choices"][0];
     streamed_text += c["text"].get<std::string>();
@@ -246,6 +254,94 @@ TEST_F(LogprobsHttp, CompletionsLegacyShapeWithEchoStreamedAndNot) {
     ASSERT_EQ(l["tokens"].size(), n) << c;
     for (size_t i = 0; i < static_cast<size_t>(n_prompt); ++i)
       EXPECT_EQ(l["token_logprobs"][i], lp["token_logprobs"][i]);
+  }
+}
+
+// Several prompts in one /v1/completions request (OpenAI's prompt array of
+// strings or token arrays): n choices per prompt, choice index = prompt
+// index * n + i, each the same as its prompt asked alone (greedy), echo and
+// logprobs per choice, usage summed; streamed chunks carry their index.
+TEST_F(LogprobsHttp, CompletionsTakeSeveralPrompts) {
+  const json prompts = json::array({"Once upon", "Lily"});
+  const json base{{"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1}, {"echo", true}};
+  std::vector<json> alone;
+  int64_t prompt_tokens = 0;
+  for (const json& p : prompts) {
+    json b = base;
+    b["prompt"] = p;
+    auto [st, j] = srv_->post("/v1/completions", b);
+    ASSERT_EQ(st, 200) << j.dump();
+    prompt_tokens += j["usage"]["prompt_tokens"].get<int64_t>();
+    alone.push_back(j["choices"][0]);
+  }
+  json body = base;
+  body["prompt"] = prompts;
+  body["n"] = 2;
+  auto [st, j] = srv_->post("/v1/completions", body);
+  ASSERT_EQ(st, 200) << j.dump();
+  ASSERT_EQ(j["choices"].size(), 4u) << j.dump();
+  for (int c = 0; c < 4; ++c) {
+    const json& ch = j["choices"][c];
+    EXPECT_EQ(ch["index"], c);
+    const json& want = alone[static_cast<size_t>(c / 2)];
+    EXPECT_EQ(ch["text"], want["text"]) << c;  // greedy: both choices of a prompt are its answer alone
+    EXPECT_EQ(ch["logprobs"]["tokens"], want["logprobs"]["tokens"]) << c;
+    EXPECT_EQ(ch["logprobs"]["text_offset"], want["logprobs"]["text_offset"]) << c;
+  }
+  EXPECT_NE(j["choices"][0]["text"], j["choices"][2]["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 16);
+
+  // Streamed: each index's text concatenates to its non-streamed text.
+  body["stream"] = true;
+  std::map<int, std::string> texts;
+  for (const json& ev : srv_->stream("/v1/completions", body))
+    for (const json& c : ev["choices"]) texts[c["index"].get<int>()] += c["text"].get<std::string>();
+  ASSERT_EQ(texts.size(), 4u);
+  for (int c = 0; c < 4; ++c) EXPECT_EQ(texts[c], j["choices"][c]["text"].get<std::string>()) << c;
+
+  // Token-array prompts: the same answers as the text prompts' tokens.
+  auto [st_t, tj] = srv_->post("/tokenize", json{{"content", "Once upon"}, {"add_special", true}});
+  auto [st_u, uj] = srv_->post("/tokenize", json{{"content", "Lily"}, {"add_special", true}});
+  ASSERT_EQ(st_t, 200) << tj.dump();
+  ASSERT_EQ(st_u, 200) << uj.dump();
+  json tb = base;
+  tb.erase("echo");
+  tb.erase("logprobs");
+  tb["prompt"] = json::array({tj["tokens"], uj["tokens"]});
+  auto [st2, j2] = srv_->post("/v1/completions", tb);
+  ASSERT_EQ(st2, 200) << j2.dump();
+  ASSERT_EQ(j2["choices"].size(), 2u);
+  for (int c = 0; c < 2; ++c) {
+    const std::string echoed_and_answer = alone[static_cast<size_t>(c)]["text"];
+    const std::string answer = j2["choices"][c]["text"];
+    ASSERT_GE(echoed_and_answer.size(), answer.size());
+    EXPECT_EQ(echoed_and_answer.substr(echoed_and_answer.size() - answer.size()), answer) << c;
+  }
+  EXPECT_EQ(j2["usage"]["prompt_tokens"], prompt_tokens);
+
+  // A prompt over the context names its index.
+  json big = base;
+  big["prompt"] = json::array({"Lily", std::string(4000, 'a')});
+  auto [st3, j3] = srv_->post("/v1/completions", big);
+  EXPECT_EQ(st3, 400) << j3.dump();
+  EXPECT_EQ(j3["error"]["param"], "prompt[1]") << j3.dump();
+}
+
+// A chat template's refusal (raise_exception; Qwen3.5's "no user query
+// found" for a conversation without a user query) is the same 400 on
+// /v1/chat/completions as on /apply-template: param messages, code invalid_value.
+TEST(TemplateErrors, RaiseExceptionIsInvalidValueOnEveryRoute) {
+  const std::string q35 = test::shared_path("fixtures/qwen35/qwen35-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(q35);
+  Served srv("qwen35", q35, 256);
+  const json body{{"messages", {{{"role", "system"}, {"content", "You are terse."}}}}, {"max_tokens", 2}};
+  for (const char* path : {"/apply-template", "/v1/chat/completions"}) {
+    auto [st, j] = srv.post(path, body);
+    EXPECT_EQ(st, 400) << path << " " << j.dump();
+    EXPECT_EQ(j["error"]["param"], "messages") << path << " " << j.dump();
+    EXPECT_EQ(j["error"]["code"], "invalid_value") << path << " " << j.dump();
+    EXPECT_NE(j["error"]["message"].dump().find("user query"), std::string::npos) << j.dump();
   }
 }
 

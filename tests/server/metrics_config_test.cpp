@@ -61,6 +61,14 @@ TEST(Config, ModelArg) {
   EXPECT_EQ(parse_model_arg("/m/-00001-of-00002.gguf")->id, "-00001-of-00002");
   EXPECT_FALSE(parse_model_arg("=/x.gguf").has_value());
   EXPECT_FALSE(parse_model_arg("id=").has_value());
+  // Ids name models in URLs, /metrics labels and logs: no path climbing, control characters or whitespace.
+  EXPECT_EQ(parse_model_arg("org/tiny=/x/y.gguf")->id, "org/tiny");
+  for (const char* bad :
+       {"../x=/x.gguf", "a/../b=/x.gguf", "/abs=/x.gguf", "..=/x.gguf", "a b=/x.gguf", "a\tb=/x.gguf", "a\\b=/x.gguf"})
+    EXPECT_FALSE(parse_model_arg(bad).has_value()) << bad;
+  EXPECT_FALSE(model_id_error("ok-1.5_B").has_value());
+  EXPECT_TRUE(model_id_error("../x").has_value());
+  EXPECT_TRUE(model_id_error(std::string(257, 'x')).has_value());
   // Regression: a path with '=' in it was split into id "/runs/lr" and path "3/m.gguf".
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "bonsai_cfg_lr=3e-4";
   std::filesystem::create_directories(dir);

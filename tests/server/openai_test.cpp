@@ -66,6 +66,53 @@ TEST(OpenAiParse, SeedMinusOneIsAFreshRandomSeed) {
   }
 }
 
+// llama-server's per-request reasoning_format overrides --reasoning-format;
+// OpenAI's reasoning_effort "none" turns thinking off unless
+// chat_template_kwargs.enable_thinking says otherwise.
+TEST(OpenAiParse, ReasoningFormatAndEffort) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  CompletionRequest a;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_format":"none"})", Endpoint::kChat, a));
+  EXPECT_EQ(a.parse_reasoning, std::optional<bool>(false));
+  CompletionRequest b;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_format":"deepseek"})", Endpoint::kChat, b));
+  EXPECT_EQ(b.parse_reasoning, std::optional<bool>(true));
+  CompletionRequest c;
+  ASSERT_FALSE(parse("{" + msgs + "}", Endpoint::kChat, c));
+  EXPECT_FALSE(c.parse_reasoning.has_value());
+  EXPECT_TRUE(c.enable_thinking);
+  CompletionRequest d;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_effort":"none"})", Endpoint::kChat, d));
+  EXPECT_FALSE(d.enable_thinking);
+  CompletionRequest e;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_effort":"high"})", Endpoint::kChat, e));
+  EXPECT_TRUE(e.enable_thinking);
+  CompletionRequest f;
+  ASSERT_FALSE(parse("{" + msgs + R"(,"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true}})",
+                     Endpoint::kChat, f));
+  EXPECT_TRUE(f.enable_thinking);
+  CompletionRequest g;
+  auto err = parse("{" + msgs + R"(,"reasoning_format":"xml"})", Endpoint::kChat, g);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->param, "reasoning_format");
+  err = parse("{" + msgs + R"(,"reasoning_effort":"max"})", Endpoint::kChat, g);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->param, "reasoning_effort");
+}
+
+// An assistant message may leave content out (null) when it calls tools.
+TEST(OpenAiParse, AssistantContentMayBeNullWithToolCalls) {
+  CompletionRequest r;
+  EXPECT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,
+      "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},
+      {"role":"tool","tool_call_id":"c","content":"1"}]})",
+                     Endpoint::kChat, r));
+  CompletionRequest m;
+  auto e = parse(R"({"messages":[{"role":"user"}]})", Endpoint::kChat, m);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, "missing_required_parameter");
+}
+
 TEST(OpenAiParse, CompletionPromptForms) {
   CompletionRequest r;
   ASSERT_FALSE(parse(R"({"prompt":"abc","stop":"x"})", Endpoint::kCompletion, r));
@@ -78,9 +125,36 @@ TEST(OpenAiParse, CompletionPromptForms) {
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   ASSERT_FALSE(parse(R"({"prompt":"a","logit_bias":{"7":-100,"42":2.5}})", Endpoint::kCompletion, r));
   EXPECT_EQ(r.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 2.5f}, {7, -100.0f}}));
-  auto e = parse(R"({"prompt":["a","b"]})", Endpoint::kCompletion, r);
-  ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(e->param, "prompt");
+  // Several prompts (strings or token arrays, mixed): one entry each, the single fields unused.
+  CompletionRequest b;
+  ASSERT_FALSE(parse(R"({"prompt":["a",[1,403],"b"],"n":2})", Endpoint::kCompletion, b));
+  ASSERT_EQ(b.prompts.size(), 3u);
+  EXPECT_EQ(b.prompts[0].text, "a");
+  EXPECT_EQ(b.prompts[1].ids, (std::vector<int32_t>{1, 403}));
+  EXPECT_EQ(b.prompts[2].text, "b");
+  EXPECT_TRUE(b.prompt.empty());
+  EXPECT_TRUE(b.prompt_ids.empty());
+  EXPECT_EQ(b.n, 2);
+  CompletionRequest one;
+  ASSERT_FALSE(parse(R"({"prompt":[[5,6]]})", Endpoint::kCompletion, one));
+  EXPECT_EQ(one.prompt_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_TRUE(one.prompts.empty());
+  // Bad batches: 400s naming the element, or `prompt` for a batch over the cap.
+  auto param_of = [](const std::string& body) {
+    CompletionRequest x;
+    auto e = parse(body, Endpoint::kCompletion, x);
+    return e ? e->param : std::string("(accepted)");
+  };
+  EXPECT_EQ(param_of(R"({"prompt":["a",5]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a",[]]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a",[1,-2]]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a","b"],"suffix":"c"})"), "suffix");
+  json many = json::array();
+  for (int i = 0; i <= kMaxPrompts; ++i) many.push_back("p");
+  EXPECT_EQ(param_of(json{{"prompt", many}}.dump()), "prompt");
+  many.erase(many.begin());
+  EXPECT_EQ(param_of(json{{"prompt", many}}.dump()), "(accepted)");
+  EXPECT_EQ(param_of(json{{"prompt", many}, {"n", 2}}.dump()), "prompt");  // 128 choices
 }
 
 struct BadCase {
@@ -96,6 +170,12 @@ TEST(OpenAiParse, WrongTypesAndRangesAre400NamingTheField) {
       {R"({"model":"m"})", Endpoint::kChat, "messages"},
       {R"({"messages":[{"content":"x"}]})", Endpoint::kChat, "messages[0].role"},
       {R"({"messages":[{"role":"wizard","content":"x"}]})", Endpoint::kChat, "messages[0].role"},
+      // OpenAI requires content for user, system, developer and tool messages.
+      {R"({"messages":[{"role":"user"}]})", Endpoint::kChat, "messages[0].content"},
+      {R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":null}]})", Endpoint::kChat,
+       "messages[1].content"},
+      {R"({"messages":[{"role":"user","content":"x"},{"role":"tool","tool_call_id":"c"}]})", Endpoint::kChat,
+       "messages[1].content"},
       {R"({"messages":[{"role":"user","content":5}]})", Endpoint::kChat, "messages[0].content"},
       {R"({"messages":[{"role":"user","content":"x"}],"model":3})", Endpoint::kChat, "model"},
       {R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", Endpoint::kChat, "temperature"},

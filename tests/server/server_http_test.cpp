@@ -285,6 +285,16 @@ TEST_F(ServerHttp, AdminLoadRefusesOverlongIds) {
   EXPECT_EQ(j["error"]["message"], "Invalid 'id': longer than 256 bytes.") << j.dump();
 }
 
+// Ids follow -m ID=FILE's rule (model_id_error): "../x" and friends are 400s naming id.
+TEST_F(ServerHttp, AdminLoadRefusesIdsOutsideTheIdRule) {
+  for (const std::string& bad : std::vector<std::string>{"../x", "a/../b", "/x", "a b", "a\nb"}) {
+    auto [st, j] = post("/admin/models/load", json{{"id", bad}, {"path", stories_}}.dump());
+    EXPECT_EQ(st, 400) << bad << " " << j.dump();
+    EXPECT_EQ(j["error"]["param"], "id") << j.dump();
+    EXPECT_EQ(j["error"]["code"], "invalid_value") << j.dump();
+  }
+}
+
 // Splits an SSE body into its JSON payloads; checks the framing
 // ("data: ...\n\n" events, the last one "data: [DONE]").
 std::vector<json> sse_payloads(const std::string& body) {
@@ -1562,7 +1572,8 @@ TEST_F(ServerHttpDefaultSeed, SeedMinusOneIsRandomOnEveryRoute) {
   };
   for (const Route& r : routes) {
     json body = r.body;
-    r.seed_at(body)["temperature"] = 1.5;
+    // Anthropic's temperature range ends at 1.
+    r.seed_at(body)["temperature"] = std::string_view(r.path) == "/v1/messages" ? 1.0 : 1.5;
     r.seed_at(body)["ignore_eos"] = true;
     r.seed_at(body)["seed"] = 5;
     auto [s1, a] = post(r.path, body.dump());
