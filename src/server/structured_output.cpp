@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/chat_output.h"      // schema_resolves_to_string
-#include "structured/grammar.h"      // Grammar::parse
+#include "structured/grammar.h"      // Grammar::parse, Matcher (the start-state check)
 #include "structured/json_schema.h"  // json_schema_doc_to_gbnf, json_object_gbnf
 #include "structured/token_mask.h"   // GrammarState::create (start-state check)
 
@@ -291,7 +291,7 @@ std::optional<ApiError> build_output_grammar(const ordered_json& body, Endpoint 
   // The matcher's start state (what the first token is checked against) must
   // fit its parse-stack limits; refused here, it is the request's 400 rather
   // than an engine failure once the job runs.
-  if (auto st = structured::GrammarState::create(*g); !st) {
+  if (auto st = structured::Matcher(*g).initial(); !st) {
     return bad_request("Invalid grammar for '" + source + "': " + st.error().message +
                            "; too many alternatives can start at once (write large enums as JSON Schema 'enum', "
                            "which is matched as a prefix tree, or factor common prefixes)",
