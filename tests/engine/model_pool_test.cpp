@@ -649,10 +649,16 @@ TEST(ModelPool, KeepAliveUnloadsAModelOnceIdleThatLong) {
   const auto took = std::chrono::steady_clock::now() - released;
   EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"b"});
   EXPECT_GE(took, 190ms);
-  // Cleared: "b" stays past the keep-alive it had.
-  ASSERT_TRUE(pool.set_keep_alive("b", 100ms).has_value());
-  ASSERT_TRUE(pool.set_keep_alive("b", std::nullopt).has_value());
-  EXPECT_FALSE(expires("b").has_value());
+  // Cleared: "b" stays past the keep-alive it had. Held while it is set and
+  // cleared, so a stalled test thread cannot let the 100 ms run out first.
+  {
+    auto hold_b = pool.acquire("b");
+    ASSERT_TRUE(hold_b.has_value());
+    ASSERT_TRUE(pool.set_keep_alive("b", 100ms).has_value());
+    ASSERT_TRUE(pool.set_keep_alive("b", std::nullopt).has_value());
+    EXPECT_FALSE(expires("b").has_value());
+    hold_b->release();
+  }
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"b"});
   // Loaded again, "a" starts without one; zero unloads it once idle.
