@@ -62,12 +62,13 @@
 
 #include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/hub_cli.h"  // -hf / -hff
-#include "apps/bonsai/synth.h"    // synth::ensure_default_model
-#include "core/ggml_types.h"      // ggml_type_name
-#include "core/thread_pool.h"     // ThreadPool
-#include "kernels/roofline.h"     // measure_read_bandwidth, measure_int8_peak
-#include "model/model.h"          // Model, KvCache, Workspace, Batch
+#include "apps/bonsai/hub_cli.h"       // -hf / -hff
+#include "apps/bonsai/llama_compat.h"  // llama-bench's GPU flags (-ngl, -fa, -mmp, ...), accepted and ignored
+#include "apps/bonsai/synth.h"         // synth::ensure_default_model
+#include "core/ggml_types.h"           // ggml_type_name
+#include "core/thread_pool.h"          // ThreadPool
+#include "kernels/roofline.h"          // measure_read_bandwidth, measure_int8_peak
+#include "model/model.h"               // Model, KvCache, Workspace, Batch
 
 namespace bonsai::app {
 namespace {
@@ -93,6 +94,7 @@ struct BenchFlags {
   int bw_mib = 1024;
   std::string cache_type_k = "f16";  // -ctk (model::parse_kv_type)
   std::string cache_type_v = "f16";  // -ctv
+  IgnoredLlamaFlags llama;           // -ngl, -fa, -b, -ub, -mmp, ... (llama_compat.h)
 };
 
 // One test of the plan: tokens of prompt, of generation, KV depth before it.
@@ -835,7 +837,11 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-repack", f->no_repack, kNoRepackHelp);
   cmd->add_option("--bw-mib", f->bw_mib, "Buffer streamed by the read-bandwidth measurement, MiB")
       ->capture_default_str();
-  cmd->callback([f] { set_exit_code(bench_main(*f)); });
+  add_ignored_llama_flags(cmd, f->llama, LlamaCommand::kBench);
+  cmd->callback([cmd, f] {
+    if (!report_ignored_llama_flags("bench", *cmd)) return set_exit_code(kExitUsage);
+    set_exit_code(bench_main(*f));
+  });
 }
 
 }  // namespace bonsai::app

@@ -38,6 +38,7 @@
 #include "apps/bonsai/cli_common.h"  // open_options_from_cli
 #include "apps/bonsai/commands.h"
 #include "apps/bonsai/hub_cli.h"       // resolve_hf_model: -hf
+#include "apps/bonsai/llama_compat.h"  // llama-server's GPU flags, accepted and ignored
 #include "apps/bonsai/synth.h"         // synth::ensure_default_model
 #include "core/ggml_types.h"           // parse_q2_layout, q2_layout_name
 #include "core/thread_pool.h"          // set_global_thread_count
@@ -318,6 +319,11 @@ void register_serve(CLI::App& app) {
   // Every setting, from the one table (server/config.h): the flags, their
   // checks and their help.
   server::add_serve_flags(*cmd);
+  // llama-server's GPU / batching flags that describe nothing bonsai can
+  // change (-ngl, -fa, --cont-batching, --metrics, ...): not settings (no
+  // TOML key, not in the README's table), so llama-server command lines run.
+  auto llama = std::make_shared<IgnoredLlamaFlags>();
+  add_ignored_llama_flags(cmd, *llama, LlamaCommand::kServe);
   cmd->footer(
       "Every option but --config is also a key of the --config TOML file (its long name; '_' may replace "
       "'-'); see the README's settings table.");
@@ -325,11 +331,12 @@ void register_serve(CLI::App& app) {
   const std::string markdown_help = "Print the settings as the README's markdown table";
   CLI::Option* markdown = cmd->add_flag("--help-markdown", markdown_help);
   markdown->group("");  // hidden
-  cmd->callback([cmd, markdown] {
+  cmd->callback([cmd, markdown, llama] {
     if (markdown->count() > 0) {
       std::fputs(server::serve_settings_markdown().c_str(), stdout);
       return set_exit_code(0);
     }
+    if (!report_ignored_llama_flags("serve", *cmd)) return set_exit_code(kExitUsage);
     set_exit_code(serve_main(*cmd));
   });
 }
