@@ -330,17 +330,33 @@ nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
   std::vector<int64_t> ns;
   for (double x : r.samples_ns) ns.push_back(static_cast<int64_t>(x));
   nlohmann::ordered_json j;
-  // llama-bench's field names for what is the same.
+  // llama-bench's fields, in its order, so that its tools (the SQL / CSV
+  // consumers, scripts/compare-llama-bench.py, which keys rows on the build
+  // and the run properties) read ours: what is the same carries its value;
+  // the GPU and placement fields say what bonsai does (CPU only, the file
+  // mapped, no flash attention kernel switch).
+  j["build_commit"] = "bonsai-0.1.0";
+  j["build_number"] = 0;
   j["cpu_info"] = cpu;
+  j["gpu_info"] = "";
   j["backends"] = r.backend;
   j["model_filename"] = r.model->filename;
   j["model_type"] = r.model->type;
   j["model_size"] = r.model->size_bytes;
   j["model_n_params"] = r.model->n_params;
+  j["n_batch"] = model::Model::kMaxUbatch;
   j["n_ubatch"] = model::Model::kMaxUbatch;
   j["n_threads"] = r.threads;
   j["type_k"] = model::kv_type_name(r.model->type_k);
   j["type_v"] = model::kv_type_name(r.model->type_v);
+  j["n_gpu_layers"] = 0;
+  j["split_mode"] = "none";
+  j["main_gpu"] = 0;
+  j["no_kv_offload"] = false;
+  j["flash_attn"] = false;
+  j["tensor_split"] = "0.00";
+  j["use_mmap"] = true;
+  j["embeddings"] = false;
   j["n_prompt"] = r.test.n_prompt;
   j["n_gen"] = r.test.n_gen;
   j["n_depth"] = r.test.n_depth;
