@@ -272,6 +272,10 @@ int serve_main(const CLI::App& cmd) {
     spec.q2_layout = q2_layout;  // these models only: admin loads of new files detect theirs
     pool->loader_register(m.id, spec);
   }
+  // The default model (requests without "model") takes no Ollama keep_alive
+  // timer: clients that send keep_alive with every request must not leave
+  // the server with its default model unloaded (ModelPool::pin).
+  pool->pin(cfg.models.front().id);
   if (!preload_models(*pool, cfg, capacity)) return 1;
   // From now on a model that just served a request is not evicted for
   // another model's request (no ping-pong over --models-max slots).
