@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -45,6 +46,7 @@
 #include "engine/engine_pool.h"        // default_cpu_pool_size
 #include "engine/model_pool.h"         // ModelPool, gguf_model_loader
 #include "engine/model_spec_fields.h"  // set_model_field: the config's q2-layout name
+#include "gguf/gguf.h"                 // parse_split_name: a models directory's split parts
 #include "model/model.h"               // Model::file (the Q2_0 layout used), describe(RepackStats)
 #include "server/config.h"             // ServeConfig, load_serve_toml
 #include "server/server.h"             // Server
@@ -133,11 +135,66 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
   return true;
 }
 
+// Replaces each -m (or config [models]) entry that names a directory by
+// the models in it: every *.gguf file directly inside, by name, with the
+// ids parse_model_arg derives (the file name without .gguf; a split
+// model's parts as one model, named by its first part; "mmproj" files
+// skipped). Returns 0, or kExitUsage after reporting a directory given an
+// ID (ID=DIR) or holding no model.
+int expand_model_dirs(server::ServeConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::vector<server::ModelArg> out;
+  for (const server::ModelArg& m : cfg.models) {
+    std::error_code ec;
+    if (!fs::is_directory(m.path, ec)) {
+      out.push_back(m);
+      continue;
+    }
+    const auto plain = server::parse_model_arg(m.path);  // the id -m DIR derives (ID=DIR gives another)
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(m.path, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_regular_file(ec) || e.path().extension() != ".gguf" || name.find("mmproj") != std::string::npos)
+        continue;
+      if (const auto split = gguf::parse_split_name(name); split && split->no != 1) continue;  // loaded via part 1
+      files.push_back(e.path().string());
+    }
+    if (ec) {
+      std::cerr << "bonsai serve: -m " << m.path << ": cannot list the directory: " << ec.message() << "\n";
+      return kExitUsage;
+    }
+    if (!plain || plain->id != m.id) {
+      std::cerr << "bonsai serve: -m " << m.id << "=" << m.path
+                << ": a directory serves each of its models under its own file name; give -m " << m.path
+                << " without an ID, or -m ID=FILE for one model\n";
+      return kExitUsage;
+    }
+    if (files.empty()) {
+      std::cerr << "bonsai serve: -m " << m.path << ": the directory holds no .gguf model\n";
+      return kExitUsage;
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      auto arg = server::parse_model_arg(f);
+      if (!arg) {
+        std::cerr << "bonsai serve: " << arg.error().message << "\n";
+        return kExitUsage;
+      }
+      out.push_back(*arg);
+    }
+  }
+  cfg.models = std::move(out);
+  return 0;
+}
+
 // The server's options from `cfg` (warning about an unauthenticated
 // network-facing host); `base` is the spec of admin loads of new files.
 server::ServerOptions server_options(const server::ServeConfig& cfg, const engine::ModelSpec& base) {
   server::ServerOptions so;
+  // "[::1]", as an IPv6 host is written in a URL (and curl's --resolve), is the address ::1.
   so.host = cfg.host;
+  if (so.host.size() > 2 && so.host.front() == '[' && so.host.back() == ']')
+    so.host = so.host.substr(1, so.host.size() - 2);
   so.port = cfg.port;
   so.api_key = cfg.api_key;
   so.admin_open = cfg.admin_open;
@@ -241,6 +298,7 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: no -m given; serving the built-in default model " << *p
               << " (a tiny synthetic model: its text is not meaningful)\n";
   }
+  if (const int rc = expand_model_dirs(cfg); rc != 0) return rc;
   if (auto v = server::validate_serve_config(cfg); !v) {  // ranges of flags and config keys: usage errors
     std::cerr << "bonsai serve: " << v.error().message << "\n";
     return kExitUsage;
@@ -288,7 +346,9 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: " << port.error().message << "\n";
     return 1;
   }
-  const std::string url = "http://" + cfg.host + ":" + std::to_string(*port);
+  // An IPv6 address in a URL is bracketed (RFC 3986): http://[::1]:8080.
+  const std::string url_host = so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host;
+  const std::string url = "http://" + url_host + ":" + std::to_string(*port);
   std::printf("bonsai serve: listening on %s (OpenAI API at %s/v1; models:", url.c_str(), url.c_str());
   for (const auto& m : cfg.models) std::printf(" %s", m.id.c_str());
   std::printf(")\n");
