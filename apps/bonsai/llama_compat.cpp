@@ -1,8 +1,12 @@
 #include "apps/bonsai/llama_compat.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <iostream>
@@ -24,7 +28,8 @@ char kHfRepo[] = "--hf-repo", kHfFile[] = "--hf-file", kCtk[] = "--cache-type-k"
      kPg[] = "--pg", kNp[] = "--parallel", kMd[] = "--model-draft", kNgl[] = "--n-gpu-layers", kFa[] = "--flash-attn",
      kUb[] = "--ubatch-size", kNkvo[] = "--no-kv-offload", kSm[] = "--split-mode", kMg[] = "--main-gpu",
      kTs[] = "--tensor-split", kDev[] = "--device", kMmp[] = "--mmap", kSys[] = "--system", kCnv[] = "--conversation",
-     kNoCnv[] = "--no-conversation", kCb[] = "--cont-batching", kNoCb[] = "--no-cont-batching";
+     kNoCnv[] = "--no-conversation", kCb[] = "--cont-batching", kNoCb[] = "--no-cont-batching",
+     kLv[] = "--log-verbosity";
 
 constexpr const char* kModelCommands = "run chat serve bench";
 const Rewrite kRewrites[] = {
@@ -47,6 +52,7 @@ const Rewrite kRewrites[] = {
     {"-sys", kSys, "run chat"},
     {"-cnv", kCnv, "run chat"},
     {"-no-cnv", kNoCnv, "run chat"},
+    {"-lv", kLv, kModelCommands},
     {"-cb", kCb, "serve"},
     {"-nocb", kNoCb, "serve"},
     {"--jinja", nullptr, "serve"},  // llama-server's --jinja: serve's default (--no-jinja turns it off)
@@ -165,6 +171,22 @@ void add_ignored_llama_flags(CLI::App* cmd, IgnoredLlamaFlags& f, LlamaCommand w
   } else {
     cmd->add_flag("--no-mmap", f.no_mmap, "")->group(group);
   }
+  // Logging (llama.cpp's common flags): bonsai's log is its stderr (serve: and
+  // its stdout), one level.
+  const char* log_group = "Logging (llama.cpp's flags)";
+  cmd->add_option("--log-file", f.log_file,
+                  which == LlamaCommand::kServe ? "Append the log (stdout and stderr) to FILE"
+                                                : "Append the log (stderr: notes, timings, errors) to FILE")
+      ->type_name("FILE")
+      ->group(log_group);
+  cmd->add_flag("--log-disable", f.log_disable, "No log (stderr discarded)")->group(log_group);
+  cmd->add_flag("-v,--verbose", f.verbose, "Accepted; bonsai logs at one level")->group(log_group);
+  cmd->add_option("--log-verbosity", f.log_verbosity, "Accepted; bonsai logs at one level (also -lv)")
+      ->type_name("N")
+      ->check(item_check(true, non_negative_ok, "a level >= 0"))
+      ->group(log_group);
+  cmd->add_flag("--log-timestamps,--log-prefix", f.log_decor, "Accepted; bonsai's log lines are plain")
+      ->group(log_group);
   if (which == LlamaCommand::kServe) {
     cmd->add_flag("--cont-batching", f.cont_batching, "")->group(group);
     cmd->add_flag("--no-cont-batching", f.no_cont_batching, "")->group(group);
@@ -178,6 +200,33 @@ bool report_ignored_llama_flags(std::string_view cmd, const CLI::App& app) {
     const CLI::Option* o = app.get_option_no_throw(name);
     return o != nullptr && o->count() > 0;
   };
+  // The log goes where it is asked to before anything else is written.
+  if (given("--log-file") && given("--log-disable")) {
+    std::cerr << "bonsai " << cmd << ": --log-file and --log-disable cannot be used together\n";
+    return false;
+  }
+  if (given("--log-file")) {
+    const std::string file = app.get_option("--log-file")->as<std::string>();
+    std::FILE* f = std::fopen(file.c_str(), "a");
+    if (f == nullptr) {
+      std::cerr << "bonsai " << cmd << ": --log-file " << file
+                << ": cannot open for appending: " << std::strerror(errno) << "\n";
+      return false;
+    }
+    std::fflush(stderr);
+    ::dup2(::fileno(f), STDERR_FILENO);
+    if (cmd == "serve") {
+      std::fflush(stdout);
+      ::dup2(::fileno(f), STDOUT_FILENO);
+    }
+    std::fclose(f);
+  } else if (given("--log-disable")) {
+    std::fflush(stderr);
+    if (std::FILE* f = std::fopen("/dev/null", "w")) {
+      ::dup2(::fileno(f), STDERR_FILENO);
+      std::fclose(f);
+    }
+  }
   if (given("--no-cont-batching")) {
     std::cerr << "bonsai " << cmd
               << ": --no-cont-batching (-nocb): bonsai always batches concurrent requests; use --parallel 1 "

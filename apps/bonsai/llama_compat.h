@@ -23,7 +23,7 @@ namespace bonsai::app {
 // bench, info, pull) from llama.cpp's multi-letter single-dash names to the
 // long names the commands register: -hf/-hff, -ctk/-ctv, -md, -np (serve),
 // -pg (bench), -ngl, -fa, -ub, -nkvo, -sm, -mg, -ts, -dev, -mmp (bench),
-// -sys, -cnv, -no-cnv (run, chat), -cb, -nocb, -lv (serve); serve's --jinja
+// -sys, -cnv, -no-cnv (run, chat), -lv (all four), -cb, -nocb (serve); serve's --jinja
 // (its default) is dropped. Only a whole argument is rewritten, and not
 // the value of a text flag (`-p -ngl` asks about "-ngl"; also --prompt,
 // --system, -sys, --stop, -a), as llama.cpp's parser reads them. The
@@ -50,6 +50,13 @@ struct IgnoredLlamaFlags {
   bool no_cont_batching = false;          // serve: --no-cont-batching / -nocb (not available: refused)
   bool metrics = false;                   // serve: --metrics (/metrics is always served)
   bool slots = false;                     // serve: --slots (/slots is always served)
+  // Logging, llama.cpp's common flags: --log-file and --log-disable act
+  // (report_ignored_llama_flags applies them); the others are accepted.
+  std::string log_file;       // --log-file FILE: stderr (serve: and stdout) appended to FILE
+  bool log_disable = false;   // --log-disable: stderr discarded
+  bool verbose = false;       // -v / --verbose
+  std::string log_verbosity;  // --log-verbosity / -lv N
+  bool log_decor = false;     // --log-timestamps / --log-prefix
 };
 
 // Which command the flags are added to: bench takes llama-bench's comma
@@ -62,8 +69,10 @@ enum class LlamaCommand { kRun, kServe, kBench };
 // usage error naming the flag and the values it takes).
 void add_ignored_llama_flags(CLI::App* cmd, IgnoredLlamaFlags& flags, LlamaCommand which);
 
-// Reports the ignored flags `app` (the command) was given: false after
-// printing "bonsai <cmd>: --no-cont-batching (-nocb): ..." for the one
+// Applies --log-file (stderr, and serve's stdout, appended to the file) or
+// --log-disable (stderr discarded), then reports the ignored flags `app`
+// (the command) was given: false after printing why for a log file that
+// cannot be opened, both log flags, or --no-cont-batching (-nocb), which
 // bonsai cannot honour (the caller exits kExitUsage); otherwise true, after
 // one line "bonsai <cmd>: note: ignored -ngl, -fa (...)" on stderr when any
 // was given (--cont-batching, --metrics and --slots describe what bonsai

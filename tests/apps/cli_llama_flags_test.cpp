@@ -118,4 +118,40 @@ TEST(CliLlamaFlags, PromptThatLooksLikeAFlagIsText) {
   EXPECT_EQ(by_p["prompt_tokens"], by_file["prompt_tokens"]);
 }
 
+// llama.cpp's logging flags: --log-file appends what went to stderr to the
+// file (the answer stays on stdout), --log-disable drops it, -v / -lv are
+// accepted (were unknown flags, exit 2).
+TEST(CliLlamaFlags, LogFileAndLogDisable) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string log = ::testing::TempDir() + "bonsai_log_" + std::to_string(::getpid()) + ".log";
+  std::filesystem::remove(log);
+  const std::string run = "run -m '" + kStories + "' --temp 0 -n 4 -p 'Once upon a time' ";
+  const auto plain = run_bonsai(run);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  ASSERT_NE(plain.err.find("prompt:"), std::string::npos) << plain.err;  // the timings
+  for (int i = 0; i < 2; ++i) {
+    const auto r = run_bonsai(run + "-ngl 1 -v -lv 3 --log-timestamps --log-file '" + log + "'");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.out, plain.out);  // the answer
+    EXPECT_EQ(r.err, "");
+  }
+  const std::string logged = bonsai::test::slurp_file(log);
+  std::filesystem::remove(log);
+  // Appended: both runs' note and timings.
+  size_t notes = 0, timings = 0;
+  for (size_t at = 0; (at = logged.find("bonsai run: note: ignored -ngl", at)) != std::string::npos; ++at) ++notes;
+  for (size_t at = 0; (at = logged.find("\nprompt:", at)) != std::string::npos; ++at) ++timings;
+  EXPECT_EQ(notes, 2u) << logged;
+  EXPECT_EQ(timings, 2u) << logged;
+  const auto quiet = run_bonsai(run + "--log-disable");
+  EXPECT_EQ(quiet.rc, 0);
+  EXPECT_EQ(quiet.out, plain.out);
+  EXPECT_EQ(quiet.err, "");
+  const auto bad = run_bonsai(run + "--log-file /nonexistent/dir/bonsai.log");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--log-file /nonexistent/dir/bonsai.log: cannot open for appending"), std::string::npos)
+      << bad.err;
+  EXPECT_EQ(run_bonsai(run + "-lv x").rc, 2);
+}
+
 }  // namespace
