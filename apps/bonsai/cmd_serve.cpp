@@ -389,8 +389,9 @@ void register_serve(CLI::App& app) {
   auto llama = std::make_shared<IgnoredLlamaFlags>();
   add_ignored_llama_flags(cmd, *llama, LlamaCommand::kServe);
   cmd->footer(
-      "Every option but --config is also a key of the --config TOML file (its long name; '_' may replace "
-      "'-'); see the README's settings table.");
+      "Every option in the Options group but --config is also a key of the --config TOML file (its long name; "
+      "'_' may replace '-'); see the README's settings table. The logging and llama.cpp compatibility flags are "
+      "command-line only.");
   // The README's settings table (scripts/settings_table.sh writes it there).
   const std::string markdown_help = "Print the settings as the README's markdown table";
   CLI::Option* markdown = cmd->add_flag("--help-markdown", markdown_help);

@@ -143,8 +143,8 @@ void add_ignored_llama_flags(CLI::App* cmd, IgnoredLlamaFlags& f, LlamaCommand w
   const bool bench = which == LlamaCommand::kBench;
   const char* group = "llama.cpp compatibility (ignored: bonsai computes on the CPU)";
   auto add = [&](const std::string& names, std::vector<std::string>& into, const std::string& type,
-                 const CLI::Validator& check) {
-    cmd->add_option(names, into, "")
+                 const CLI::Validator& check, const std::string& help = "") {
+    cmd->add_option(names, into, help)
         ->type_name(type)
         ->check(check)
         ->group(group)
@@ -152,24 +152,26 @@ void add_ignored_llama_flags(CLI::App* cmd, IgnoredLlamaFlags& f, LlamaCommand w
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
   const std::string list = bench ? " (a comma list)" : "";
-  add("--n-gpu-layers,--gpu-layers", f.gpu_layers, "N", item_check(!bench, gpu_layers_ok, "N, all or auto" + list));
-  cmd->add_option("--flash-attn", f.flash_attn, "")
+  add("--n-gpu-layers,--gpu-layers", f.gpu_layers, "N", item_check(!bench, gpu_layers_ok, "N, all or auto" + list),
+      "-ngl: layers on the GPU");
+  cmd->add_option("--flash-attn", f.flash_attn, "-fa: flash attention")
       ->type_name("[on|off|auto]")
       ->expected(0, 1)
       ->check(item_check(!bench, flash_attn_ok, "on, off, auto, 0 or 1" + list))
       ->group(group);
-  add("--ubatch-size", f.ubatch, "N", item_check(!bench, positive_ok, "a number of tokens >= 1" + list));
-  add("--split-mode", f.split_mode, "MODE", item_check(true, split_mode_ok, "none, layer or row"));
-  add("--main-gpu", f.main_gpu, "N", item_check(true, non_negative_ok, "a GPU index >= 0"));
-  add("--tensor-split", f.tensor_split, "N0,N1,...", CLI::Validator());
-  add("--device", f.device, "DEVICES", CLI::Validator());
-  cmd->add_flag("--no-kv-offload", f.no_kv_offload, "")->group(group);
-  cmd->add_flag("--mlock", f.mlock, "")->group(group);
+  add("--ubatch-size", f.ubatch, "N", item_check(!bench, positive_ok, "a number of tokens >= 1" + list),
+      "-ub: physical batch size");
+  add("--split-mode", f.split_mode, "MODE", item_check(true, split_mode_ok, "none, layer or row"), "-sm");
+  add("--main-gpu", f.main_gpu, "N", item_check(true, non_negative_ok, "a GPU index >= 0"), "-mg");
+  add("--tensor-split", f.tensor_split, "N0,N1,...", CLI::Validator(), "-ts");
+  add("--device", f.device, "DEVICES", CLI::Validator(), "-dev");
+  cmd->add_flag("--no-kv-offload", f.no_kv_offload, "-nkvo")->group(group);
+  cmd->add_flag("--mlock", f.mlock, "(the mapped weights stay in the page cache)")->group(group);
   if (bench) {
-    add("--mmap", f.mmap, "0|1", item_check(false, bit_ok, "0 or 1 (a comma list)"));
+    add("--mmap", f.mmap, "0|1", item_check(false, bit_ok, "0 or 1 (a comma list)"), "-mmp (bonsai always maps)");
     add("-b,--batch-size", f.batch, "N", item_check(false, positive_ok, "a number of tokens >= 1 (a comma list)"));
   } else {
-    cmd->add_flag("--no-mmap", f.no_mmap, "")->group(group);
+    cmd->add_flag("--no-mmap", f.no_mmap, "(bonsai always maps the file)")->group(group);
   }
   // Logging (llama.cpp's common flags): bonsai's log is its stderr (serve: and
   // its stdout), one level.
@@ -188,10 +190,10 @@ void add_ignored_llama_flags(CLI::App* cmd, IgnoredLlamaFlags& f, LlamaCommand w
   cmd->add_flag("--log-timestamps,--log-prefix", f.log_decor, "Accepted; bonsai's log lines are plain")
       ->group(log_group);
   if (which == LlamaCommand::kServe) {
-    cmd->add_flag("--cont-batching", f.cont_batching, "")->group(group);
-    cmd->add_flag("--no-cont-batching", f.no_cont_batching, "")->group(group);
-    cmd->add_flag("--metrics", f.metrics, "")->group(group);
-    cmd->add_flag("--slots", f.slots, "")->group(group);
+    cmd->add_flag("--cont-batching", f.cont_batching, "-cb: always on")->group(group);
+    cmd->add_flag("--no-cont-batching", f.no_cont_batching, "-nocb: refused (use -np 1)")->group(group);
+    cmd->add_flag("--metrics", f.metrics, "/metrics is always served")->group(group);
+    cmd->add_flag("--slots", f.slots, "/slots is always served")->group(group);
   }
 }
 
