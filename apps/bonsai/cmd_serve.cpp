@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -86,6 +87,18 @@ engine::ModelSpec base_model_spec(const server::ServeConfig& cfg, bool repack) {
   return base;
 }
 
+// Bytes of memory available for new allocations now (MemAvailable of
+// /proc/meminfo, Linux's estimate without swapping); 0 when unknown.
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
 // Loads the models to preload (the config's [router] preload, else the first
 // `capacity` models) and reports each one still resident. False after
 // reporting a model that failed to load.
@@ -118,6 +131,13 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
     if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
+    // The KV pool is reserved, not touched, at load: a budget larger than
+    // the machine starts, then fails under load. Say so now.
+    if (const uint64_t avail = available_memory_bytes(); avail > 0 && (*m)->mem_bytes > avail) {
+      line += "\nbonsai serve: warning: '" + id + "' may use ~" + std::to_string((*m)->mem_bytes >> 20) +
+              " MiB when its KV cache fills, more than the " + std::to_string(avail >> 20) +
+              " MiB of memory available; lower -c, -np or --kv-budget-tokens";
+    }
     preloaded.push_back({id, m->shared(), std::move(line)});
     m->release();
     pool.forget_recent_use(id);  // preloaded, not used: --models-max may evict it for the first request

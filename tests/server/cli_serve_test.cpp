@@ -729,4 +729,41 @@ TEST(ServeCli, ModelsDirectoryServesEachModelInIt) {
   fs::remove_all(dir);
 }
 
+// A KV budget larger than the machine's available memory is reserved, not
+// touched, at load, so serve used to start silently and fail under load; it
+// now warns at start, naming the model, its estimate and what is available.
+TEST(ServeCli, WarnsWhenTheKvBudgetExceedsAvailableMemory) {
+  BONSAI_REQUIRE_FILE(kG64);
+  auto available_mib = [] {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (in >> key >> kib >> unit)
+      if (key == "MemAvailable:") return kib / 1024;
+    return uint64_t{0};
+  };
+  const std::vector<std::vector<std::string>> cases = {
+      {"-m", "big=" + kG64, "-c", "40960", "-np", "256", "--kv-budget-tokens", "100000000"},  // ~95 GiB of KV
+      {"-m", "big=" + kG64, "-c", "128"}};                                                    // a few MiB
+  for (auto args : cases) {
+    args.insert(args.begin(), {"--port", "0", "-t", "1", "--pool-size", "1"});
+    ServeProcess p(args);
+    ASSERT_NE(p.wait_listening(), 0) << p.err();
+    const uint64_t avail = available_mib();
+    EXPECT_EQ(p.stop(), 0);
+    const std::string err = p.err();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(loaded 'big' from .*, ~(\d+) MiB)"))) << err;
+    const uint64_t mib = std::stoull(m[1]);
+    const bool warned = err.find("bonsai serve: warning: 'big' may use ~" + std::to_string(mib) +
+                                 " MiB when its KV cache fills, more than the ") != std::string::npos;
+    if (avail > 0 && mib > avail + avail / 10) {  // (available memory moves a little meanwhile)
+      EXPECT_TRUE(warned) << err;
+    }
+    if (avail > 0 && mib < avail - avail / 10) {
+      EXPECT_FALSE(warned) << err;
+    }
+  }
+}
+
 }  // namespace
