@@ -62,12 +62,13 @@
 
 #include "apps/bonsai/cli_common.h"  // init_runtime, Progress, load_model
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/hub_cli.h"  // -hf / -hff
-#include "apps/bonsai/synth.h"    // synth::ensure_default_model
-#include "core/ggml_types.h"      // ggml_type_name
-#include "core/thread_pool.h"     // ThreadPool
-#include "kernels/roofline.h"     // measure_read_bandwidth, measure_int8_peak
-#include "model/model.h"          // Model, KvCache, Workspace, Batch
+#include "apps/bonsai/hub_cli.h"       // -hf / -hff
+#include "apps/bonsai/llama_compat.h"  // llama-bench's GPU flags (-ngl, -fa, -mmp, ...), accepted and ignored
+#include "apps/bonsai/synth.h"         // synth::ensure_default_model
+#include "core/ggml_types.h"           // ggml_type_name
+#include "core/thread_pool.h"          // ThreadPool
+#include "kernels/roofline.h"          // measure_read_bandwidth, measure_int8_peak
+#include "model/model.h"               // Model, KvCache, Workspace, Batch
 
 namespace bonsai::app {
 namespace {
@@ -93,6 +94,7 @@ struct BenchFlags {
   int bw_mib = 1024;
   std::string cache_type_k = "f16";  // -ctk (model::parse_kv_type)
   std::string cache_type_v = "f16";  // -ctv
+  IgnoredLlamaFlags llama;           // -ngl, -fa, -b, -ub, -mmp, ... (llama_compat.h)
 };
 
 // One test of the plan: tokens of prompt, of generation, KV depth before it.
@@ -328,17 +330,33 @@ nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
   std::vector<int64_t> ns;
   for (double x : r.samples_ns) ns.push_back(static_cast<int64_t>(x));
   nlohmann::ordered_json j;
-  // llama-bench's field names for what is the same.
+  // llama-bench's fields, in its order, so that its tools (the SQL / CSV
+  // consumers, scripts/compare-llama-bench.py, which keys rows on the build
+  // and the run properties) read ours: what is the same carries its value;
+  // the GPU and placement fields say what bonsai does (CPU only, the file
+  // mapped, no flash attention kernel switch).
+  j["build_commit"] = "bonsai-0.1.0";
+  j["build_number"] = 0;
   j["cpu_info"] = cpu;
+  j["gpu_info"] = "";
   j["backends"] = r.backend;
   j["model_filename"] = r.model->filename;
   j["model_type"] = r.model->type;
   j["model_size"] = r.model->size_bytes;
   j["model_n_params"] = r.model->n_params;
+  j["n_batch"] = model::Model::kMaxUbatch;
   j["n_ubatch"] = model::Model::kMaxUbatch;
   j["n_threads"] = r.threads;
   j["type_k"] = model::kv_type_name(r.model->type_k);
   j["type_v"] = model::kv_type_name(r.model->type_v);
+  j["n_gpu_layers"] = 0;
+  j["split_mode"] = "none";
+  j["main_gpu"] = 0;
+  j["no_kv_offload"] = false;
+  j["flash_attn"] = false;
+  j["tensor_split"] = "0.00";
+  j["use_mmap"] = true;
+  j["embeddings"] = false;
   j["n_prompt"] = r.test.n_prompt;
   j["n_gen"] = r.test.n_gen;
   j["n_depth"] = r.test.n_depth;
@@ -835,7 +853,11 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-repack", f->no_repack, kNoRepackHelp);
   cmd->add_option("--bw-mib", f->bw_mib, "Buffer streamed by the read-bandwidth measurement, MiB")
       ->capture_default_str();
-  cmd->callback([f] { set_exit_code(bench_main(*f)); });
+  add_ignored_llama_flags(cmd, f->llama, LlamaCommand::kBench);
+  cmd->callback([cmd, f] {
+    if (!report_ignored_llama_flags("bench", *cmd)) return set_exit_code(kExitUsage);
+    set_exit_code(bench_main(*f));
+  });
 }
 
 }  // namespace bonsai::app

@@ -1,6 +1,7 @@
 // `bonsai pull OWNER/NAME[:QUANT] [-hff FILE]`: downloads a model from the
 // Hugging Face Hub into the Hugging Face cache (src/hub) and prints its path.
-// `bonsai list [--json]`: the GGUF files in that cache.
+// `bonsai list [--json]`: the GGUF models in that cache (a split model's
+// parts as one model).
 // Also the -hf / -hff plumbing the model commands share (hub_cli.h).
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -127,7 +128,9 @@ void register_pull(CLI::App& app) {
 void register_list(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("list", "List the GGUF models in the Hugging Face cache (bonsai pull, -hf)");
-  cmd->add_flag("--json", *json, "One JSON array: {repo, file, commit, size, path, current}");
+  cmd->add_flag("--json", *json,
+                "One JSON array: {repo, file, commit, size, path, current, parts, parts_present} (a split model is "
+                "one entry: file and path its first part, size all its parts)");
   cmd->callback([json] {
     auto options = hub::options_from_env();
     if (!options) {
@@ -143,7 +146,9 @@ void register_list(CLI::App& app) {
                        {"commit", f.commit},
                        {"size", f.size},
                        {"path", f.local.string()},
-                       {"current", f.current}});
+                       {"current", f.current},
+                       {"parts", f.parts},
+                       {"parts_present", f.parts_present}});
       std::cout << out.dump(2) << "\n";
       return set_exit_code(0);
     }
@@ -152,9 +157,14 @@ void register_list(CLI::App& app) {
                 << " (bonsai pull OWNER/NAME, e.g. prism-ml/Bonsai-8B-gguf)\n";
       return set_exit_code(0);
     }
-    for (const auto& f : files)
-      std::cout << f.repo << ":" << f.path << "  " << size_text(f.size) << "  " << f.local.string()
-                << (f.current ? "" : "  (not the current revision)") << "\n";
+    for (const auto& f : files) {
+      std::cout << f.repo << ":" << f.path << "  " << size_text(f.size) << "  " << f.local.string();
+      if (f.parts > 1 && f.parts_present == f.parts) std::cout << "  (" << f.parts << " parts)";
+      if (f.parts_present < f.parts)
+        std::cout << "  (incomplete: " << f.parts_present << " of " << f.parts
+                  << " parts; bonsai pull fetches the rest)";
+      std::cout << (f.current ? "" : "  (not the current revision)") << "\n";
+    }
     set_exit_code(0);
   });
 }

@@ -26,20 +26,21 @@
 
 #include "apps/bonsai/cli_common.h"
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/hub_cli.h"      // -hf / -hff
-#include "apps/bonsai/synth.h"        // synth::ensure_default_model
-#include "core/error.h"               // core::Expected
-#include "core/ggml_types.h"          // parse_q2_layout
-#include "core/thread_pool.h"         // set_global_thread_count
-#include "engine/chat_output.h"       // ChatOutputParser (reasoning shown apart)
-#include "engine/completion.h"        // prepare_completion
-#include "engine/engine_pool.h"       // check_ctx_supported
-#include "engine/inference_engine.h"  // InferenceEngine
-#include "engine/model_pool.h"        // ModelSpec, chat_template_options
-#include "engine/proposer.h"          // draft_model_proposer, check_draft_tokenizer
-#include "model/kv_cache.h"           // parse_kv_type (-ctk / -ctv)
-#include "model/model.h"              // Model::load
-#include "tokenizer/tokenizer.h"      // Tokenizer, ChatTemplate
+#include "apps/bonsai/hub_cli.h"       // -hf / -hff
+#include "apps/bonsai/llama_compat.h"  // llama.cpp's GPU flags, accepted and ignored
+#include "apps/bonsai/synth.h"         // synth::ensure_default_model
+#include "core/error.h"                // core::Expected
+#include "core/ggml_types.h"           // parse_q2_layout
+#include "core/thread_pool.h"          // set_global_thread_count
+#include "engine/chat_output.h"        // ChatOutputParser (reasoning shown apart)
+#include "engine/completion.h"         // prepare_completion
+#include "engine/engine_pool.h"        // check_ctx_supported
+#include "engine/inference_engine.h"   // InferenceEngine
+#include "engine/model_pool.h"         // ModelSpec, chat_template_options
+#include "engine/proposer.h"           // draft_model_proposer, check_draft_tokenizer
+#include "model/kv_cache.h"            // parse_kv_type (-ctk / -ctv)
+#include "model/model.h"               // Model::load
+#include "tokenizer/tokenizer.h"       // Tokenizer, ChatTemplate
 
 namespace bonsai::app {
 namespace {
@@ -188,9 +189,12 @@ struct GenOptions {
   bool no_jinja = false;           // --no-jinja: the built-in renderer of the template's family
   std::string chat_template;       // --chat-template NAME|TEMPLATE
   std::string chat_template_file;  // --chat-template-file FILE
-  std::string spec_type;     // --spec-type: none | ngram | draft (engine::SpecType); empty: none, or draft with -md
-  std::string model_draft;   // --model-draft / -md: the draft model (GGUF) for --spec-type draft
-  engine::SpecOptions spec;  // --draft-max / --draft-min / --draft-p-min (type from spec_type)
+  std::string spec_type;         // --spec-type: none | ngram | draft (engine::SpecType); empty: none, or draft with -md
+  std::string model_draft;       // --model-draft / -md: the draft model (GGUF) for --spec-type draft
+  engine::SpecOptions spec;      // --draft-max / --draft-min / --draft-p-min (type from spec_type)
+  IgnoredLlamaFlags llama;       // -ngl, -fa, ... (llama_compat.h)
+  bool conversation = false;     // llama-cli's -cnv / --conversation
+  bool no_conversation = false;  // llama-cli's -no-cnv / --no-conversation
 };
 
 void add_gen_flags(CLI::App* cmd, GenOptions& o) {
@@ -224,6 +228,7 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
       ->type_name("INT")
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.ctx, "Context size in tokens (0: the model's, at most 4096)")
+      ->check(CLI::NonNegativeNumber)  // -c -5: a usage error naming the flag (was the engine's exit 1)
       ->capture_default_str();
   cmd->add_option("-t,--threads", o.threads, "Compute threads (default, 0 or -1: physical cores)")
       ->check(CLI::Range(-1, core::ThreadPool::kMaxThreads));
@@ -267,6 +272,11 @@ void add_gen_flags(CLI::App* cmd, GenOptions& o) {
                   "Smallest draft-model probability of a proposed token (a draft model's; prompt lookup has none)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  add_ignored_llama_flags(cmd, o.llama, LlamaCommand::kRun);
+  cmd->add_flag("--conversation", o.conversation,
+                "llama-cli's -cnv: chat takes it (it is always a conversation); run refuses it (use chat)");
+  cmd->add_flag("--no-conversation", o.no_conversation,
+                "llama-cli's -no-cnv: run takes it (one prompt, no conversation); chat refuses it (use run)");
 }
 
 // The CLI's request preparation: an empty prompt starts from BOS alone, and
@@ -534,6 +544,9 @@ int run_main(RunOptions o) {
   // Prompt, BOS rule and context check as the server does (engine/completion.h);
   // an empty prompt starts from BOS alone.
   engine::CompletionInput in;
+  // A system message is a chat message: --system (llama-cli's -sys) renders
+  // the prompt with the chat template, as llama-cli's -sys does.
+  if (!o.system.empty()) o.chat = true;
   in.chat = o.chat;
   if (o.chat) {
     warn_if_not_chatml("run", tok);
@@ -767,14 +780,21 @@ void register_run(CLI::App& app) {
   auto* file_opt = run->add_option("-f,--file", run_opts->prompt_file,
                                    "Read the prompt from this file (its bytes as they are; - is stdin; not with -p)");
   run->add_flag("--chat", run_opts->chat, "Wrap the prompt in the model's chat template (as a user message)");
-  run->add_option("--system", run_opts->system, "System message (with --chat)");
+  run->add_option("--system,--system-prompt", run_opts->system,
+                  "System message (also -sys, as llama-cli); implies --chat");
   run->add_flag("--no-think", run_opts->no_think, "With --chat: enable_thinking = false (Qwen3)");
   add_reasoning_flags(run, run_opts->reasoning);
   run->add_flag("--json", run_opts->json,
                 "Print one JSON object {prompt_tokens, tokens, text, finish_reason, timings} instead");
-  run->callback([run_opts, prompt_opt, file_opt] {
+  run->callback([run, run_opts, prompt_opt, file_opt] {
     run_opts->prompt_given = prompt_opt->count() > 0;
     run_opts->file_given = file_opt->count() > 0;
+    if (run_opts->gen.conversation) {
+      std::cerr << "bonsai run: -cnv (--conversation): run answers one prompt; for an interactive conversation "
+                   "use `bonsai chat` (same flags; -sys/--system for the system prompt)\n";
+      return set_exit_code(kExitUsage);
+    }
+    if (!report_ignored_llama_flags("run", *run)) return set_exit_code(kExitUsage);
     set_exit_code(run_main(*run_opts));
   });
 
@@ -782,10 +802,18 @@ void register_run(CLI::App& app) {
   chat_opts->gen.sampling.max_tokens = 1024;  // answers (with reasoning) run longer than one-shot runs
   auto* chat = app.add_subcommand("chat", "Interactive multi-turn chat in the terminal");
   add_gen_flags(chat, chat_opts->gen);
-  chat->add_option("--system", chat_opts->system, "System message");
+  chat->add_option("--system,--system-prompt", chat_opts->system, "System message (also -sys, as llama-cli)");
   chat->add_flag("--no-think", chat_opts->no_think, "enable_thinking = false (Qwen3)");
   add_reasoning_flags(chat, chat_opts->reasoning);
-  chat->callback([chat_opts] { set_exit_code(chat_main(*chat_opts)); });
+  chat->callback([chat, chat_opts] {
+    if (chat_opts->gen.no_conversation) {
+      std::cerr << "bonsai chat: -no-cnv (--no-conversation): chat is a conversation; for one prompt use "
+                   "`bonsai run -p TEXT` (same flags)\n";
+      return set_exit_code(kExitUsage);
+    }
+    if (!report_ignored_llama_flags("chat", *chat)) return set_exit_code(kExitUsage);
+    set_exit_code(chat_main(*chat_opts));
+  });
 }
 
 }  // namespace bonsai::app

@@ -28,6 +28,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -38,12 +40,14 @@
 #include "apps/bonsai/cli_common.h"  // open_options_from_cli
 #include "apps/bonsai/commands.h"
 #include "apps/bonsai/hub_cli.h"       // resolve_hf_model: -hf
+#include "apps/bonsai/llama_compat.h"  // llama-server's GPU flags, accepted and ignored
 #include "apps/bonsai/synth.h"         // synth::ensure_default_model
 #include "core/ggml_types.h"           // parse_q2_layout, q2_layout_name
 #include "core/thread_pool.h"          // set_global_thread_count
 #include "engine/engine_pool.h"        // default_cpu_pool_size
 #include "engine/model_pool.h"         // ModelPool, gguf_model_loader
 #include "engine/model_spec_fields.h"  // set_model_field: the config's q2-layout name
+#include "gguf/gguf.h"                 // parse_split_name: a models directory's split parts
 #include "model/model.h"               // Model::file (the Q2_0 layout used), describe(RepackStats)
 #include "server/config.h"             // ServeConfig, load_serve_toml
 #include "server/server.h"             // Server
@@ -83,6 +87,18 @@ engine::ModelSpec base_model_spec(const server::ServeConfig& cfg, bool repack) {
   return base;
 }
 
+// Bytes of memory available for new allocations now (MemAvailable of
+// /proc/meminfo, Linux's estimate without swapping); 0 when unknown.
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
 // Loads the models to preload (the config's [router] preload, else the first
 // `capacity` models) and reports each one still resident. False after
 // reporting a model that failed to load.
@@ -115,6 +131,13 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
     if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
+    // The KV pool is reserved, not touched, at load: a budget larger than
+    // the machine starts, then fails under load. Say so now.
+    if (const uint64_t avail = available_memory_bytes(); avail > 0 && (*m)->mem_bytes > avail) {
+      line += "\nbonsai serve: warning: '" + id + "' may use ~" + std::to_string((*m)->mem_bytes >> 20) +
+              " MiB when its KV cache fills, more than the " + std::to_string(avail >> 20) +
+              " MiB of memory available; lower -c, -np or --kv-budget-tokens";
+    }
     preloaded.push_back({id, m->shared(), std::move(line)});
     m->release();
     pool.forget_recent_use(id);  // preloaded, not used: --models-max may evict it for the first request
@@ -132,11 +155,66 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
   return true;
 }
 
+// Replaces each -m (or config [models]) entry that names a directory by
+// the models in it: every *.gguf file directly inside, by name, with the
+// ids parse_model_arg derives (the file name without .gguf; a split
+// model's parts as one model, named by its first part; "mmproj" files
+// skipped). Returns 0, or kExitUsage after reporting a directory given an
+// ID (ID=DIR) or holding no model.
+int expand_model_dirs(server::ServeConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::vector<server::ModelArg> out;
+  for (const server::ModelArg& m : cfg.models) {
+    std::error_code ec;
+    if (!fs::is_directory(m.path, ec)) {
+      out.push_back(m);
+      continue;
+    }
+    const auto plain = server::parse_model_arg(m.path);  // the id -m DIR derives (ID=DIR gives another)
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(m.path, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_regular_file(ec) || e.path().extension() != ".gguf" || name.find("mmproj") != std::string::npos)
+        continue;
+      if (const auto split = gguf::parse_split_name(name); split && split->no != 1) continue;  // loaded via part 1
+      files.push_back(e.path().string());
+    }
+    if (ec) {
+      std::cerr << "bonsai serve: -m " << m.path << ": cannot list the directory: " << ec.message() << "\n";
+      return kExitUsage;
+    }
+    if (!plain || plain->id != m.id) {
+      std::cerr << "bonsai serve: -m " << m.id << "=" << m.path
+                << ": a directory serves each of its models under its own file name; give -m " << m.path
+                << " without an ID, or -m ID=FILE for one model\n";
+      return kExitUsage;
+    }
+    if (files.empty()) {
+      std::cerr << "bonsai serve: -m " << m.path << ": the directory holds no .gguf model\n";
+      return kExitUsage;
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      auto arg = server::parse_model_arg(f);
+      if (!arg) {
+        std::cerr << "bonsai serve: " << arg.error().message << "\n";
+        return kExitUsage;
+      }
+      out.push_back(*arg);
+    }
+  }
+  cfg.models = std::move(out);
+  return 0;
+}
+
 // The server's options from `cfg` (warning about an unauthenticated
 // network-facing host); `base` is the spec of admin loads of new files.
 server::ServerOptions server_options(const server::ServeConfig& cfg, const engine::ModelSpec& base) {
   server::ServerOptions so;
+  // "[::1]", as an IPv6 host is written in a URL (and curl's --resolve), is the address ::1.
   so.host = cfg.host;
+  if (so.host.size() > 2 && so.host.front() == '[' && so.host.back() == ']')
+    so.host = so.host.substr(1, so.host.size() - 2);
   so.port = cfg.port;
   so.api_key = cfg.api_key;
   so.admin_open = cfg.admin_open;
@@ -240,6 +318,7 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: no -m given; serving the built-in default model " << *p
               << " (a tiny synthetic model: its text is not meaningful)\n";
   }
+  if (const int rc = expand_model_dirs(cfg); rc != 0) return rc;
   if (auto v = server::validate_serve_config(cfg); !v) {  // ranges of flags and config keys: usage errors
     std::cerr << "bonsai serve: " << v.error().message << "\n";
     return kExitUsage;
@@ -271,6 +350,10 @@ int serve_main(const CLI::App& cmd) {
     spec.q2_layout = q2_layout;  // these models only: admin loads of new files detect theirs
     pool->loader_register(m.id, spec);
   }
+  // The default model (requests without "model") takes no Ollama keep_alive
+  // timer: clients that send keep_alive with every request must not leave
+  // the server with its default model unloaded (ModelPool::pin).
+  pool->pin(cfg.models.front().id);
   if (!preload_models(*pool, cfg, capacity)) return 1;
   // From now on a model that just served a request is not evicted for
   // another model's request (no ping-pong over --models-max slots).
@@ -283,7 +366,9 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: " << port.error().message << "\n";
     return 1;
   }
-  const std::string url = "http://" + cfg.host + ":" + std::to_string(*port);
+  // An IPv6 address in a URL is bracketed (RFC 3986): http://[::1]:8080.
+  const std::string url_host = so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host;
+  const std::string url = "http://" + url_host + ":" + std::to_string(*port);
   std::printf("bonsai serve: listening on %s (OpenAI API at %s/v1; models:", url.c_str(), url.c_str());
   for (const auto& m : cfg.models) std::printf(" %s", m.id.c_str());
   std::printf(")\n");
@@ -318,18 +403,25 @@ void register_serve(CLI::App& app) {
   // Every setting, from the one table (server/config.h): the flags, their
   // checks and their help.
   server::add_serve_flags(*cmd);
+  // llama-server's GPU / batching flags that describe nothing bonsai can
+  // change (-ngl, -fa, --cont-batching, --metrics, ...): not settings (no
+  // TOML key, not in the README's table), so llama-server command lines run.
+  auto llama = std::make_shared<IgnoredLlamaFlags>();
+  add_ignored_llama_flags(cmd, *llama, LlamaCommand::kServe);
   cmd->footer(
-      "Every option but --config is also a key of the --config TOML file (its long name; '_' may replace "
-      "'-'); see the README's settings table.");
+      "Every option in the Options group but --config is also a key of the --config TOML file (its long name; "
+      "'_' may replace '-'); see the README's settings table. The logging and llama.cpp compatibility flags are "
+      "command-line only.");
   // The README's settings table (scripts/settings_table.sh writes it there).
   const std::string markdown_help = "Print the settings as the README's markdown table";
   CLI::Option* markdown = cmd->add_flag("--help-markdown", markdown_help);
   markdown->group("");  // hidden
-  cmd->callback([cmd, markdown] {
+  cmd->callback([cmd, markdown, llama] {
     if (markdown->count() > 0) {
       std::fputs(server::serve_settings_markdown().c_str(), stdout);
       return set_exit_code(0);
     }
+    if (!report_ignored_llama_flags("serve", *cmd)) return set_exit_code(kExitUsage);
     set_exit_code(serve_main(*cmd));
   });
 }

@@ -2,14 +2,14 @@
 // 1-bit / ternary GGUF) models. Subcommands live in cmd_*.cpp.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "apps/bonsai/commands.h"
-#include "apps/bonsai/hub_cli.h"  // register_pull, register_list
+#include "apps/bonsai/hub_cli.h"       // register_pull, register_list
+#include "apps/bonsai/llama_compat.h"  // rewrite_llama_args
 
 namespace bonsai::app {
 namespace {
@@ -40,50 +40,9 @@ int main(int argc, char** argv) {
       "a bad BONSAI_* environment variable).";
   app.footer(exit_status);
   for (CLI::App* sub : app.get_subcommands({})) sub->footer(exit_status);
-  // llama.cpp's multi-letter single-dash flags, which CLI11 cannot register
-  // (it takes one letter after a single dash): after the command word they
-  // are passed on as their long names -- `-ctk` / `-ctv` as --cache-type-k /
-  // --cache-type-v in run, chat, serve and bench (llama-cli, llama-server and
-  // llama-bench all take them), llama-bench's `-pg PP,TG` as bench's --pg,
-  // llama-server's `-np N` as serve's --parallel, llama.cpp's `-hf` /
-  // `-hff` as --hf-repo / --hf-file in run, chat, serve, bench, info and
-  // pull, and llama-server's / llama-cli's `-md FILE` as --model-draft in
-  // run, chat and serve (CLI11 would read it as `-m d`): the draft model of
-  // speculative decoding (issue 29).
-  // Only a whole argument is rewritten (a prompt that merely contains
-  // "-ctk" is untouched).
-  std::vector<char*> args(argv, argv + argc);
-  char pg_long[] = "--pg", ctk_long[] = "--cache-type-k", ctv_long[] = "--cache-type-v", np_long[] = "--parallel",
-       md_long[] = "--model-draft";
-  char hf_long[] = "--hf-repo", hff_long[] = "--hf-file";
-  const char* command = nullptr;
-  for (int i = 1; i < argc; ++i) {
-    if (command == nullptr) {
-      for (const char* c : {"run", "chat", "serve", "bench", "info", "pull"}) {
-        if (std::strcmp(argv[i], c) == 0) command = c;
-      }
-      continue;
-    }
-    if (std::strcmp(argv[i], "-hf") == 0 && std::strcmp(command, "pull") != 0)
-      args[static_cast<size_t>(i)] = hf_long;
-    else if (std::strcmp(argv[i], "-hff") == 0)
-      args[static_cast<size_t>(i)] = hff_long;
-    else if (std::strcmp(command, "info") == 0 || std::strcmp(command, "pull") == 0)
-      continue;  // the other rewrites are for the model-running commands
-    else if (std::strcmp(argv[i], "-ctk") == 0)
-      args[static_cast<size_t>(i)] = ctk_long;
-    else if (std::strcmp(argv[i], "-ctv") == 0)
-      args[static_cast<size_t>(i)] = ctv_long;
-    else if (std::strcmp(command, "bench") == 0 && std::strcmp(argv[i], "-pg") == 0)
-      args[static_cast<size_t>(i)] = pg_long;
-    else if (std::strcmp(command, "serve") == 0 && std::strcmp(argv[i], "-np") == 0)
-      args[static_cast<size_t>(i)] = np_long;
-    else if (std::strcmp(command, "bench") != 0 && std::strcmp(argv[i], "-md") == 0)
-      args[static_cast<size_t>(i)] = md_long;
-    else if (std::strcmp(command, "serve") == 0 && std::strcmp(argv[i], "--jinja") == 0)
-      args[static_cast<size_t>(i)] = nullptr;  // llama-server's --jinja: serve's default (--no-jinja turns it off)
-  }
-  std::erase(args, nullptr);
+  // llama.cpp's multi-letter single-dash flags (-ngl, -hf, -ctk, -np, -sys, ...),
+  // which CLI11 cannot register, passed on as their long names.
+  std::vector<char*> args = bonsai::app::rewrite_llama_args(argc, argv);
   argc = static_cast<int>(args.size());
   // Commands report errors as messages and exit codes; this is the last line
   // of defence so that an exception nobody expected (std::bad_alloc on a huge

@@ -618,11 +618,23 @@ core::Expected<void> ModelPool::set_keep_alive(const std::string& id,
     // At most 10^9 s (~31 years): the due time (last use + idle) must not overflow.
     constexpr std::chrono::steady_clock::duration kLongest = std::chrono::seconds(1'000'000'000);
     if (idle) idle = std::clamp(*idle, std::chrono::steady_clock::duration::zero(), kLongest);
+    if (pinned_.contains(id)) idle.reset();  // pin(): no expiry
     it->second.keep_alive = idle;
     if (idle && !expiry_thread_.joinable() && !expiry_stop_) expiry_thread_ = std::thread([this] { expire_loop(); });
   }
   expiry_cv_.notify_all();
   return {};
+}
+
+void ModelPool::pin(const std::string& id) {
+  std::lock_guard lock(mu_);
+  pinned_.insert(id);
+  if (auto it = entries_.find(id); it != entries_.end()) it->second.keep_alive.reset();
+}
+
+bool ModelPool::pinned(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  return pinned_.contains(id);
 }
 
 void ModelPool::expire_loop() {

@@ -20,16 +20,19 @@
 // a keep-alive duration D is unloaded, as unload() does, once no request has
 // held it for D; a thread of the pool's own (started by the first
 // set_keep_alive) waits for the earliest such moment. Models without one
-// (the default) stay until evicted or unloaded. The pool has no pinned
-// model: the server's default model expires like any other when a request
-// gives it a keep-alive, and the next request loads it again.
+// (the default) stay until evicted or unloaded. A pinned model (pin():
+// `bonsai serve` pins its default model, the one a request without "model"
+// gets) takes no keep-alive: an Ollama client sending keep_alive "5m" with
+// every request must not leave the server's default model unloaded, to be
+// loaded again by the next request. It is still evicted to make room and
+// unloaded by unload() (admin unload, Ollama's keep_alive 0).
 //
 // The loader is injectable, so the pool's bookkeeping is unit-tested without
 // real models; the server uses gguf_model_loader() (declared below).
 //
 // Concurrency: one mutex (mu_) guards entries_, zombies_, registry_, tick_,
-// recent_grace_, bg_threads_ and the expiry thread's state. It is never held while a model loads, so loading one model
-// never blocks requests to another.
+// recent_grace_, pinned_, bg_threads_ and the expiry thread's state. It is never held while a model loads, so loading
+// one model never blocks requests to another.
 #pragma once
 
 #include <atomic>
@@ -42,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -338,6 +342,13 @@ class ModelPool {
   // when `id` is not loaded (loading, failed, or not resident).
   core::Expected<void> set_keep_alive(const std::string& id, std::optional<std::chrono::steady_clock::duration> idle);
 
+  // Pins `id` against idle expiry: set_keep_alive on it succeeds and keeps
+  // no timer (list()'s expires_at stays empty), whatever instance of it is
+  // loaded now or later. Eviction for room and unload() still apply. Any id
+  // (registered or not). Thread-safe.
+  void pin(const std::string& id);
+  bool pinned(const std::string& id) const;
+
  private:
   friend class ModelHandle;
   // The in-flight count of acquire / acquire_loaded (ModelHandle wraps them).
@@ -418,6 +429,7 @@ class ModelPool {
   std::vector<Entry> zombies_;  // unlisted, still in flight
   uint64_t tick_ = 0;
   std::chrono::steady_clock::duration recent_grace_{0};  // set_recent_use_grace
+  std::set<std::string> pinned_;                         // pin(): ids that take no keep-alive
   // A background load's thread and whether it has finished (then it is
   // joined by the next spawn_load_locked or by wait_background).
   struct BgLoad {

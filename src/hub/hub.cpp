@@ -24,6 +24,8 @@
 #include <thread>
 #include <utility>
 
+#include "gguf/gguf.h"  // parse_split_name, split_part_name: split models in list_cached
+
 namespace bonsai::hub {
 namespace {
 
@@ -631,11 +633,24 @@ std::vector<CachedFile> list_cached(const HubOptions& o) {
     const auto main_commit = read_ref(cache, "main");
     std::error_code ec2;
     for (const auto& snap : fs::directory_iterator(dir.path() / "snapshots", ec2)) {
+      const std::string commit = snap.path().filename().string();
+      const bool current = main_commit && *main_commit == commit;
+      // A split model's parts, by the path of its first part.
+      std::map<std::string, CachedFile> splits;
       for (RepoFile& f : snapshot_files(snap.path())) {
         if (f.path.size() < 5 || f.path.substr(f.path.size() - 5) != ".gguf") continue;
-        const std::string commit = snap.path().filename().string();
-        out.push_back({repo, commit, f.path, snap.path() / f.path, f.size, main_commit && *main_commit == commit});
+        const auto split = gguf::parse_split_name(f.path);
+        if (!split || split->count == 1) {
+          out.push_back({repo, commit, f.path, snap.path() / f.path, f.size, 1, 1, current});
+          continue;
+        }
+        const std::string first = gguf::split_part_name(split->prefix, 1, split->count);
+        auto [it, inserted] = splits.try_emplace(first);
+        if (inserted) it->second = {repo, commit, first, snap.path() / first, 0, split->count, 0, current};
+        it->second.size += f.size;
+        ++it->second.parts_present;
       }
+      for (auto& [first, model] : splits) out.push_back(std::move(model));
     }
   }
   std::sort(out.begin(), out.end(), [](const CachedFile& a, const CachedFile& b) {

@@ -122,18 +122,23 @@ struct ModelFiles {
 // write), kFormat (checksum mismatch: the download is deleted).
 core::Expected<ModelFiles> fetch_model(const RepoRef& ref, const HubOptions& options, const ProgressFn& progress = {});
 
-// One GGUF file in the cache (`bonsai list`).
+// One model in the cache (`bonsai list`): a GGUF file, or a split model
+// (gguf-split's "PREFIX-00001-of-0000N.gguf" ... parts) as one entry.
 struct CachedFile {
   std::string repo;             // "owner/name"
   std::string commit;           // the snapshot
-  std::string path;             // in the repository
+  std::string path;             // in the repository; a split model: its first part (what -hf / -m load)
   std::filesystem::path local;  // snapshots/{commit}/{path}
-  uint64_t size = 0;            // bytes of the blob
+  uint64_t size = 0;            // bytes of the blob; a split model: of every part present
+  int parts = 1;                // files of the model: 1, or a split model's part count N
+  int parts_present = 1;        // of those, the ones in the snapshot (< parts: incomplete, cannot load)
   bool current = false;         // the snapshot is the one refs/main names
 };
 
-// Every *.gguf file in the cache's model snapshots whose blob is complete,
-// sorted by repository and path. A missing cache is an empty list.
+// Every *.gguf model in the cache's model snapshots whose blobs are
+// complete, one entry per model (the parts of a split model are grouped
+// under its first part), sorted by repository and path. A missing cache is
+// an empty list.
 std::vector<CachedFile> list_cached(const HubOptions& options);
 
 // "models--owner--name" for "owner/name" (huggingface_hub's folder name).

@@ -72,6 +72,7 @@ core::Expected<ModelArg> parse_model_arg(std::string_view arg) {
   } else {
     m.path = std::string(arg);
     std::filesystem::path p(m.path);
+    if (p.filename().empty()) p = p.parent_path();  // "models/": a directory, named "models"
     m.id = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
     // A part of a split model ("Bonsai-8B-Q1_0-00001-of-00003.gguf") names the set: "Bonsai-8B-Q1_0".
     if (auto split = gguf::parse_split_name(p.filename().string()); split && !split->prefix.empty())
@@ -519,7 +520,8 @@ constexpr SettingInfo kSettings[] = {
      .scope = kServer,
      .value_name = "[ID=]FILE",
      .default_text = "the built-in model",
-     .help = "A model to serve; ID is the name requests give, the file name without .gguf if left out. Repeatable.",
+     .help = "A model to serve; ID is the name requests give, the file name without .gguf if left out. Repeatable. "
+             "A directory (no ID) serves each .gguf file in it, a split model's parts as one model.",
      .example = "tiny=/models/tiny.gguf",
      .apply = apply_models},
     {.name = "hf-repo",

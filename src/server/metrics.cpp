@@ -235,6 +235,8 @@ void declare_server_metrics(MetricsRegistry& m) {
   m.declare(kVllmPrefixQueries, "Prompt tokens looked up in the prefix cache (vLLM-compatible name).",
             MetricType::kCounter);
   m.declare(kVllmPrefixHits, "Prompt tokens found in the prefix cache (vLLM-compatible name).", MetricType::kCounter);
+  m.declare(kVllmPromptTokens, "Prompt tokens processed (vLLM-compatible name).", MetricType::kCounter);
+  m.declare(kVllmGenerationTokens, "Generated tokens (vLLM-compatible name).", MetricType::kCounter);
   m.declare(kSpecDraftTokens, "Tokens proposed for speculative decoding and verified, per model and proposer.",
             MetricType::kCounter);
   m.declare(kSpecAcceptedTokens, "Proposed tokens accepted by verification, per model and proposer.",

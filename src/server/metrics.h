@@ -122,9 +122,14 @@ inline constexpr const char* kVllmKvUsage = "vllm:kv_cache_usage_perc";
 inline constexpr const char* kKvCachedRatio = "bonsai_kv_cache_cached_ratio";
 inline constexpr const char* kKvEvictions = "bonsai_kv_cache_evicted_blocks_total";
 inline constexpr const char* kPreemptions = "bonsai_preemptions_total";
-inline constexpr const char* kVllmPreemptions = "vllm:num_preemptions";
-inline constexpr const char* kVllmPrefixQueries = "vllm:prefix_cache_queries";
-inline constexpr const char* kVllmPrefixHits = "vllm:prefix_cache_hits";
+// vLLM's counters as its /metrics shows them (prometheus_client adds
+// "_total" to a counter's samples): dashboards and routers query
+// vllm:num_preemptions_total, vllm:prefix_cache_hits_total, ...
+inline constexpr const char* kVllmPreemptions = "vllm:num_preemptions_total";
+inline constexpr const char* kVllmPrefixQueries = "vllm:prefix_cache_queries_total";
+inline constexpr const char* kVllmPrefixHits = "vllm:prefix_cache_hits_total";
+inline constexpr const char* kVllmPromptTokens = "vllm:prompt_tokens_total";          // as kPromptTokens
+inline constexpr const char* kVllmGenerationTokens = "vllm:generation_tokens_total";  // as kCompletionTokens
 // Speculative decoding, per model and proposer (label proposer="ngram": prompt
 // lookup): proposed tokens verified, accepted ones, and accepted / proposed;
 // vLLM's names (model_name label) for the two counters.

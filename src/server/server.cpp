@@ -583,6 +583,7 @@ struct Server::Impl {
     job->handle = *handle;
     job->stream = cr.stream;
     ctx.metrics.inc(kPromptTokens, {{"model", model_id}}, static_cast<double>(n_prompt) * job->per_prompt);
+    ctx.metrics.inc(kVllmPromptTokens, {{"model_name", model_id}}, static_cast<double>(n_prompt) * job->per_prompt);
     return job;
   }
 
@@ -593,6 +594,7 @@ struct Server::Impl {
       if (!pr.done[i]) continue;
       const engine::GenerationResult& r = *pr.done[i];
       ctx.metrics.inc(kCompletionTokens, {{"model", model}}, r.completion_tokens);
+      ctx.metrics.inc(kVllmGenerationTokens, {{"model_name", model}}, r.completion_tokens);
       if (i == 0 && r.rate.tokens > 0) ctx.metrics.observe(kTtft, {{"model", model}}, r.rate.ttft_ms / 1000.0);
       if (i == 0) ctx.metrics.observe(kQueueWait, {{"model", model}}, r.rate.queue_ms / 1000.0);
       for (double gap : r.rate.itl_ms) ctx.metrics.observe(kItl, {{"model", model}}, gap / 1000.0);

@@ -111,6 +111,13 @@ TEST(CliBench, JsonHasTheFieldsAndPositiveSpeedsAtEveryDepthAndThreadCount) {
     EXPECT_EQ(row.at("samples_ns").size(), 2u);
     EXPECT_GT(row.at("avg_ns").get<int64_t>(), 0);
     EXPECT_GT(row.at("read_bw_gbs").get<double>(), 0.0);
+    // The fields llama-bench's tools key rows on (compare-llama-bench.py).
+    for (const char* key : {"build_commit", "build_number", "gpu_info", "n_batch", "n_gpu_layers", "split_mode",
+                            "main_gpu", "no_kv_offload", "flash_attn", "tensor_split", "use_mmap", "embeddings"})
+      EXPECT_TRUE(row.contains(key)) << key;
+    EXPECT_EQ(row.at("n_gpu_layers"), 0);
+    EXPECT_EQ(row.at("use_mmap"), true);
+    EXPECT_EQ(row.at("n_batch"), row.at("n_ubatch"));
     const bool tg = row.at("n_gen").get<int>() > 0;
     if (tg) {
       EXPECT_TRUE(row.at("int8_peak_ratio").is_null());
@@ -190,7 +197,8 @@ TEST(CliBench, CsvJsonlAndPromptPlusGeneration) {
   ASSERT_EQ(csv.rc, 0) << csv.err;
   const auto l = lines_of(csv.out);
   ASSERT_EQ(l.size(), 2u) << csv.out;
-  EXPECT_EQ(l[0].rfind("cpu_info,backends,model_filename,", 0), 0u) << l[0];
+  // llama-bench's CSV header starts so (build first, then the machine and the model).
+  EXPECT_EQ(l[0].rfind("build_commit,build_number,cpu_info,gpu_info,backends,model_filename,", 0), 0u) << l[0];
   EXPECT_NE(l[0].find(",avg_ts,stddev_ts,"), std::string::npos) << l[0];
   EXPECT_NE(l[1].find("\"pp8\""), std::string::npos) << l[1];
 }

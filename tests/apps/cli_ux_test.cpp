@@ -72,6 +72,8 @@ TEST(CliExitCodes, UsageErrorsAre2RuntimeFailuresAre1) {
       {"run" + m + " -p Hi --min-p -0.5", 2},
       {"run" + m + " -p Hi --repeat-penalty 0", 2},
       {"run" + m + " -p Hi -n abc", 2},
+      {"run" + m + " -p Hi -c -5", 2},  // was exit 1 ("InferenceEngine: max_seq_len must be >= 0")
+      {"chat" + m + " -c -1", 2},
       {"chat" + m + " --top-p 2", 2},
       {"run" + m + " -p Hi --chat-template-file /nonexistent/t.jinja", 2},
       {"serve" + m + " --port 70000", 2},

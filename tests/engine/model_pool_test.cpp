@@ -669,5 +669,43 @@ TEST(ModelPool, KeepAliveUnloadsAModelOnceIdleThatLong) {
   EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"b"});
 }
 
+// pin (bonsai serve's default model): set_keep_alive keeps no timer on it,
+// for the instance loaded now and any loaded later; eviction and unload()
+// still apply; an unpinned model beside it expires as before.
+TEST(ModelPool, PinnedModelTakesNoKeepAlive) {
+  Zoo zoo;
+  zoo.size_mib = {{"default", 1}, {"other", 1}};
+  ModelPool pool = zoo.make(4, 0);
+  reg(pool, "default");
+  reg(pool, "other");
+  pool.pin("default");
+  EXPECT_TRUE(pool.pinned("default"));
+  EXPECT_FALSE(pool.pinned("other"));
+  touch(pool, "default");
+  touch(pool, "other");
+  auto expires = [&](const std::string& id) {
+    for (const auto& m : pool.list())
+      if (m.id == id) return m.expires_at;
+    return std::optional<std::chrono::system_clock::time_point>();
+  };
+  ASSERT_TRUE(pool.set_keep_alive("default", 0s).has_value());  // accepted, no timer
+  ASSERT_TRUE(pool.set_keep_alive("other", 50ms).has_value());
+  EXPECT_FALSE(expires("default").has_value());
+  EXPECT_TRUE(expires("other").has_value());
+  // "other" goes once idle 50 ms; "default" stays (a slow machine only waits longer).
+  for (int i = 0; i < 500 && listed_ids(pool).size() == 2u; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"default"});
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"default"});
+  // unload() is still an unload; loaded again, still pinned.
+  ASSERT_TRUE(pool.unload("default").has_value());
+  EXPECT_TRUE(listed_ids(pool).empty());
+  touch(pool, "default");
+  ASSERT_TRUE(pool.set_keep_alive("default", 1ms).has_value());
+  EXPECT_FALSE(expires("default").has_value());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(listed_ids(pool), std::vector<std::string>{"default"});
+}
+
 }  // namespace
 }  // namespace bonsai::engine

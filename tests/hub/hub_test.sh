@@ -181,6 +181,11 @@ check "split: some text was generated" "1" "$([ -s "$WORK/out2" ] && echo 1 || e
 "$BIN" info -hf prism-test/Split-gguf:Q1_0 --json >"$WORK/out2" 2>"$WORK/err" || bad "info -hf split: $(cat "$WORK/err")"
 check "split: info -hf shows both parts and their total size" "2 $(($(stat -L -c %s "$R"/Split-gguf/*-00001-of-00002.gguf) + $(stat -L -c %s "$R"/Split-gguf/*-00002-of-00002.gguf)))" \
   "$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(len(j["parts"]), j["size"])' "$WORK/out2")"
+SPLIT_BYTES=$(($(stat -L -c %s "$R"/Split-gguf/*-00001-of-00002.gguf) + $(stat -L -c %s "$R"/Split-gguf/*-00002-of-00002.gguf)))
+"$BIN" list --json >"$WORK/out2" 2>"$WORK/err" || bad "list with a split model: $(cat "$WORK/err")"
+check "split: list shows one model (its first part, both parts' bytes)" \
+  "1 Split-Q1_0-00001-of-00002.gguf $SPLIT_BYTES 2 2" \
+  "$(python3 -c 'import json,sys; e=[x for x in json.load(open(sys.argv[1])) if x["repo"]=="prism-test/Split-gguf"]; print(len(e), e[0]["file"], e[0]["size"], e[0]["parts"], e[0]["parts_present"])' "$WORK/out2")"
 rm "$R/Split-gguf/Split-Q1_0-00002-of-00002.gguf"
 fresh_cache split2
 if "$BIN" pull prism-test/Split-gguf:Q1_0 >"$WORK/out" 2>"$WORK/err"; then bad "a split with a part missing"; else

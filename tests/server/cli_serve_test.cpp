@@ -5,7 +5,9 @@
 // BONSAI_Q2_LAYOUT, which run/info/validate/logits honour.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -84,8 +87,9 @@ class ServeProcess {
 
   // Waits (up to 60 s) until it prints its URL (returns the port) or exits
   // (returns 0; exit_code() then holds its status).
-  int wait_listening() {
-    const std::regex url(R"(listening on http://127\.0\.0\.1:(\d+))");
+  // `pattern`: the line with the port as its first group.
+  int wait_listening(const std::string& pattern = R"(listening on http://127\.0\.0\.1:(\d+))") {
+    const std::regex url(pattern);
     for (int i = 0; i < 600; ++i) {
       std::smatch m;
       const std::string out = slurp(out_);
@@ -116,6 +120,7 @@ class ServeProcess {
     return wait_exit();
   }
   std::string err() const { return slurp(err_); }
+  std::string out() const { return slurp(out_); }
   pid_t pid() const { return pid_; }
 
  private:
@@ -612,6 +617,153 @@ TEST(ServeCli, AliasNamesTheOneModelAndAnyNameReachesIt) {
   const auto [code, err] = startup_error({"-m", "a=" + kG64, "-m", "b=" + kG64, "--alias", "x"});
   EXPECT_EQ(code, 2) << err;  // a usage error (README: "Exit status")
   EXPECT_NE(err.find("alias 'x' names the one model served, but 2 models are given"), std::string::npos) << err;
+}
+
+// An IPv6 host is bracketed in the URLs serve prints (was "http://::1:PORT",
+// which no client parses), and "[::1]" is accepted as the address ::1 (was
+// "not a numeric IP address", exit 1).
+TEST(ServeCli, Ipv6HostIsBracketedInTheUrlAndAcceptedBracketed) {
+  BONSAI_REQUIRE_FILE(kG64);
+  for (const char* host : {"::1", "[::1]"}) {
+    ServeProcess p(serve_args({"-m", kG64, "--host", host}));
+    const int port = p.wait_listening(R"(listening on http://\[::1\]:(\d+) \(OpenAI API at http://\[::1\]:\d+/v1)");
+    ASSERT_NE(port, 0) << host << "\n" << p.out() << p.err();
+    EXPECT_NE(p.out().find("try: curl http://[::1]:" + std::to_string(port) + "/v1/chat/completions"),
+              std::string::npos)
+        << p.out();
+    // It serves on ::1.
+    const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    a.sin6_addr = in6addr_loopback;
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string req = "GET /health HTTP/1.1\r\nHost: [::1]\r\nConnection: close\r\n\r\n";
+    ASSERT_EQ(::write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+    std::string resp;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) resp.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    EXPECT_EQ(resp.rfind("HTTP/1.1 200", 0), 0u) << resp;
+    EXPECT_EQ(p.stop(), 0) << p.err();
+  }
+}
+
+// Ollama's keep_alive does not unload the server's default model (the
+// first -m, which requests without "model" get): clients such as Open WebUI
+// send keep_alive with every request. Another model still expires.
+TEST(ServeCli, KeepAliveExpiryLeavesTheDefaultModelLoaded) {
+  BONSAI_REQUIRE_FILE(kG64);
+  BONSAI_REQUIRE_FILE(kDFirst);
+  ServeProcess p(serve_args({"-m", "main=" + kG64, "-m", "other=" + kDFirst}));
+  const int port = p.wait_listening();
+  ASSERT_NE(port, 0) << p.err();
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  for (const char* id : {"main", "other"}) {
+    const json body{
+        {"model", id}, {"prompt", "Hi"}, {"keep_alive", "1s"}, {"stream", false}, {"options", {{"num_predict", 1}}}};
+    auto r = c.Post("/api/generate", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << id << ": " << r->body;
+  }
+  auto ps = [&] {
+    std::map<std::string, std::string> expires;  // name -> expires_at
+    auto r = c.Get("/api/ps");
+    if (r && r->status == 200) {
+      const json body = json::parse(r->body);
+      for (const auto& m : body["models"]) expires[m["name"]] = m["expires_at"];
+    }
+    return expires;
+  };
+  EXPECT_EQ(ps()["main:latest"], "9999-12-31T23:59:59Z");  // no timer on the default model
+  // "other" expires about 1 s after its request (a loaded machine: up to 60 s) ...
+  for (int i = 0; i < 600 && ps().contains("other:latest"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto after = ps();
+  EXPECT_FALSE(after.contains("other:latest"));
+  // ... and "main", asked for the same keep-alive before it, is still loaded.
+  EXPECT_TRUE(after.contains("main:latest"));
+  EXPECT_EQ(p.stop(), 0) << p.err();
+}
+
+// -m DIR serves every .gguf model in the directory under its file name (was:
+// "cannot load model 'DIR': not a regular file", exit 1); a vision projector
+// (mmproj) is not a model; ID=DIR and a directory without models are usage errors.
+TEST(ServeCli, ModelsDirectoryServesEachModelInIt) {
+  BONSAI_REQUIRE_FILE(kG64);
+  BONSAI_REQUIRE_FILE(kDFirst);
+  const fs::path dir = scratch() / "models";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "empty");
+  fs::create_symlink(kG64, dir / "alpha.gguf");
+  fs::create_symlink(kDFirst, dir / "beta.gguf");
+  std::ofstream(dir / "mmproj-alpha-f16.gguf") << "not a language model";
+  std::ofstream(dir / "notes.txt") << "x";
+  {
+    ServeProcess p(serve_args({"-m", (dir / "").string()}));  // a trailing '/' as shells complete it
+    const int port = p.wait_listening();
+    ASSERT_NE(port, 0) << p.err();
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models);
+    std::vector<std::string> ids;
+    const json list = json::parse(models->body);
+    for (const auto& m : list["data"]) ids.push_back(m["id"]);
+    EXPECT_EQ(ids, (std::vector<std::string>{"alpha", "beta"})) << models->body;
+    auto r = c.Post("/v1/completions", json{{"model", "beta"}, {"prompt", "Hi"}, {"max_tokens", 1}}.dump(),
+                    "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(p.stop(), 0) << p.err();
+  }
+  const auto [named, named_err] = startup_error({"-m", "x=" + dir.string()});
+  EXPECT_EQ(named, 2) << named_err;
+  EXPECT_NE(named_err.find("a directory serves each of its models under its own file name"), std::string::npos)
+      << named_err;
+  const auto [empty, empty_err] = startup_error({"-m", (dir / "empty").string()});
+  EXPECT_EQ(empty, 2) << empty_err;
+  EXPECT_NE(empty_err.find("the directory holds no .gguf model"), std::string::npos) << empty_err;
+  fs::remove_all(dir);
+}
+
+// A KV budget larger than the machine's available memory is reserved, not
+// touched, at load, so serve used to start silently and fail under load; it
+// now warns at start, naming the model, its estimate and what is available.
+TEST(ServeCli, WarnsWhenTheKvBudgetExceedsAvailableMemory) {
+  BONSAI_REQUIRE_FILE(kG64);
+  auto available_mib = [] {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (in >> key >> kib >> unit)
+      if (key == "MemAvailable:") return kib / 1024;
+    return uint64_t{0};
+  };
+  const std::vector<std::vector<std::string>> cases = {
+      {"-m", "big=" + kG64, "-c", "40960", "-np", "256", "--kv-budget-tokens", "100000000"},  // ~95 GiB of KV
+      {"-m", "big=" + kG64, "-c", "128"}};                                                    // a few MiB
+  for (auto args : cases) {
+    args.insert(args.begin(), {"--port", "0", "-t", "1", "--pool-size", "1"});
+    ServeProcess p(args);
+    ASSERT_NE(p.wait_listening(), 0) << p.err();
+    const uint64_t avail = available_mib();
+    EXPECT_EQ(p.stop(), 0);
+    const std::string err = p.err();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(err, m, std::regex(R"(loaded 'big' from .*, ~(\d+) MiB)"))) << err;
+    const uint64_t mib = std::stoull(m[1]);
+    const bool warned = err.find("bonsai serve: warning: 'big' may use ~" + std::to_string(mib) +
+                                 " MiB when its KV cache fills, more than the ") != std::string::npos;
+    if (avail > 0 && mib > avail + avail / 10) {  // (available memory moves a little meanwhile)
+      EXPECT_TRUE(warned) << err;
+    }
+    if (avail > 0 && mib < avail - avail / 10) {
+      EXPECT_FALSE(warned) << err;
+    }
+  }
 }
 
 }  // namespace

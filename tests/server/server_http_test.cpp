@@ -1601,19 +1601,15 @@ TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
   // sequence's KV blocks go a moment after its answer was sent. Poll until
   // it is idle.
   const std::vector<std::string> names = {
-      "vllm:num_requests_running{model_name=\"stories\"} 0\n",
-      "vllm:num_requests_waiting{model_name=\"stories\"} 0\n",
-      "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0\n",
-      "bonsai_requests_running{",
-      "bonsai_kv_cache_usage_ratio{",
-      "bonsai_batch_tokens_per_step_bucket{",
-      "bonsai_prompt_cache_hits_total{",
-      "bonsai_prompt_cache_tokens_total{",
-      "bonsai_kv_cache_cached_ratio{",
-      "bonsai_kv_cache_evicted_blocks_total{",
-      "vllm:num_preemptions{model_name=\"stories\"} 0\n",
-      "vllm:prefix_cache_queries{model_name=\"stories\"} ",
-      "vllm:prefix_cache_hits{model_name=\"stories\"} ",
+      "vllm:num_requests_running{model_name=\"stories\"} 0\n", "vllm:num_requests_waiting{model_name=\"stories\"} 0\n",
+      "vllm:kv_cache_usage_perc{model_name=\"stories\"} 0\n", "bonsai_requests_running{",
+      "bonsai_kv_cache_usage_ratio{", "bonsai_batch_tokens_per_step_bucket{", "bonsai_prompt_cache_hits_total{",
+      "bonsai_prompt_cache_tokens_total{", "bonsai_kv_cache_cached_ratio{", "bonsai_kv_cache_evicted_blocks_total{",
+      // vLLM's counters carry "_total" on their samples, as prometheus_client writes them.
+      "vllm:num_preemptions_total{model_name=\"stories\"} 0\n",
+      "vllm:prefix_cache_queries_total{model_name=\"stories\"} ",
+      "vllm:prefix_cache_hits_total{model_name=\"stories\"} ", "vllm:prompt_tokens_total{model_name=\"stories\"} ",
+      "vllm:generation_tokens_total{model_name=\"stories\"} ",
       "vllm:spec_decode_num_draft_tokens_total{model_name=\"stories\"} ",
       "vllm:spec_decode_num_accepted_tokens_total{model_name=\"stories\"} ",
       "bonsai_spec_draft_tokens_total{model=\"stories\",proposer=\"ngram\"} ",
@@ -1636,10 +1632,18 @@ TEST_F(ServerHttp, MetricsExposeSchedulerGaugesWithVllmNames) {
   EXPECT_GT(server_->metrics().histogram_count("bonsai_batch_tokens_per_step", {{"model", "stories"}}), 0u);
   // Every prompt token of the request was looked up in the prefix cache.
   const auto prompt = pool_->peek("stories")->tokenizer->encode_prompt("Once upon a time");
-  EXPECT_GE(server_->metrics().value("vllm:prefix_cache_queries", {{"model_name", "stories"}}),
+  EXPECT_GE(server_->metrics().value("vllm:prefix_cache_queries_total", {{"model_name", "stories"}}),
             static_cast<double>(prompt.size()));
-  EXPECT_LE(server_->metrics().value("vllm:prefix_cache_hits", {{"model_name", "stories"}}),
-            server_->metrics().value("vllm:prefix_cache_queries", {{"model_name", "stories"}}));
+  EXPECT_LE(server_->metrics().value("vllm:prefix_cache_hits_total", {{"model_name", "stories"}}),
+            server_->metrics().value("vllm:prefix_cache_queries_total", {{"model_name", "stories"}}));
+  // Prompt tokens as bonsai's own counter counts them.
+  EXPECT_EQ(server_->metrics().value("vllm:prompt_tokens_total", {{"model_name", "stories"}}),
+            server_->metrics().value("bonsai_prompt_tokens_total", {{"model", "stories"}}));
+  EXPECT_GE(server_->metrics().value("vllm:prompt_tokens_total", {{"model_name", "stories"}}),
+            static_cast<double>(prompt.size()));
+  EXPECT_EQ(server_->metrics().value("vllm:generation_tokens_total", {{"model_name", "stories"}}),
+            server_->metrics().value("bonsai_completion_tokens_total", {{"model", "stories"}}));
+  EXPECT_GE(server_->metrics().value("vllm:generation_tokens_total", {{"model_name", "stories"}}), 1.0);
 }
 
 // GGUF bytes of `src` with the string value of `key` replaced by `value`:
