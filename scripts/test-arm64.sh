@@ -11,12 +11,15 @@
 #     equal the x86 build's (./build, when there) for the same request;
 #     then once the kernel tests, which try every supported tier against
 #     the reference on the awkward shapes and batch sizes (invariance with
-#     batches up to 17 columns: BONSAI_TEST_EMULATED=1), and the tokenizer
-#     vectors;
+#     batches up to 17 columns: BONSAI_TEST_EMULATED=1), the NEON Hadamard,
+#     delta-rule and attention kernels (model_attention_test, the subset
+#     named at ATTN_MAX below), the NEON argmax (engine_sampling_test
+#     Argmax.*) and the tokenizer vectors;
 #   - CPU "cortex-a53" (ARMv8.0: no dotprod, no i8mm): kernels_test (only
 #     the baseline tier offered and chosen), the bit-identity tests, the Q1_0
 #     golden and the stories260K tokens with the tier chosen from getauxval,
-#     and BONSAI_KERNEL=neon-dotprod refused.
+#     the attention kernel tests (reference and neon tiers), and
+#     BONSAI_KERNEL=neon-dotprod refused.
 # Left out (too slow under emulation, or no ARM-specific code): the kernel
 # tests' two "within bound" tests (Tiers.RandomAwkwardShapesWithinBound,
 # LargestBonsaiShapesThreaded), invariance batches of 64 and 512, the
@@ -35,7 +38,7 @@ BUILD_DIR="${BUILD_DIR:-build-arm64}"
 export BONSAI_SHARED="${BONSAI_SHARED:-$PWD/../shared}"
 KERNEL_TESTS=(kernels_test kernels_formats_test kernels_golden_test kernels_tiers_test kernels_invariance_test
               kernels_packing_test kernels_hadamard_test kernels_delta_rule_test)
-MODEL_TESTS=(model_golden_test engine_inference_test)
+MODEL_TESTS=(model_golden_test engine_inference_test model_attention_test engine_sampling_test)
 TOKENIZER_TESTS=(tokenizer_qwen_test tokenizer_decode_test)
 TARGETS="bonsai ${KERNEL_TESTS[*]} ${MODEL_TESTS[*]} ${TOKENIZER_TESTS[*]}" ./scripts/cross-arm64.sh
 echo "test-arm64: build took $((SECONDS - start)) s"
@@ -163,6 +166,17 @@ BOS='InferenceEngine.GreedyFromBosMatchesOracle'  # stories260K: 256 greedy toke
 TIERS='-Tiers.RandomAwkwardShapesWithinBound:Tiers.LargestBonsaiShapesThreaded'
 # Packing: the NEON tiers pack nothing; these check they read the stored layout.
 PACKING='Packing.NameAndChoice:Packing.OnlyTheOwningTierReadsThePackedCopy'
+# Attention (attention_neon.cpp; the dotprod and i8mm tiers take its table
+# with the SDOT Q8_0 scorer of attention_neon_dotprod.cpp): on CPU max the
+# invariance cases (every head dim and KV type: decode = prefill chunkings =
+# batch mixes, bit for bit, and within the bound of a double reference) of
+# the neon-dotprod tier (the shared group step plus SDOT's scores), the
+# Q8_0 scores of every tier against the formula, and which kernel each ARM
+# tier picks; on cortex-a53 the neon tier's odd head groups against the
+# reference (AttentionKernel.*: reference and neon only, half the tiers of
+# max). Left out under qemu: the reference tier's invariance cases and the
+# end-to-end logits (x86 runs them; minutes under emulation).
+ATTN_MAX='All/AttentionInvariance.*_neon_dotprod:AttentionKernel.Q8ScoresBitIdenticalAcrossTiers:AttentionKernel.NeonIsUsedWhereAvailable'
 export BONSAI_TEST_EMULATED=1  # invariance: batches up to 17 columns (invariance_test.cpp)
 
 # CPU max: every ARM tier forced in turn.
@@ -182,12 +196,15 @@ run_test max "" kernels_invariance_test
 run_test max "" kernels_packing_test --gtest_filter="$PACKING"
 run_test max "" kernels_hadamard_test
 run_test max "" kernels_delta_rule_test
+run_test max "" model_attention_test --gtest_filter="$ATTN_MAX"
+run_test max "" engine_sampling_test --gtest_filter='Argmax.*'  # the NEON argmax against the scalar scan
 for t in "${TOKENIZER_TESTS[@]}"; do run_test max "" "$t"; done
 # CPU without dotprod / i8mm: the baseline tier is the one offered and chosen.
 run_test cortex-a53 "" kernels_test
 run_test cortex-a53 "" kernels_tiers_test --gtest_filter='Tiers.IntegerPartsExact:Tiers.GemmMultiEqualsSeparateCalls'
 run_test cortex-a53 "" model_golden_test --gtest_filter="$GOLDENS"
 run_test cortex-a53 "" engine_inference_test --gtest_filter="$BOS"
+run_test cortex-a53 "" model_attention_test --gtest_filter='AttentionKernel.*'
 if ! env QEMU_CPU=cortex-a53 BONSAI_KERNEL=neon-dotprod "$QEMU" "$BUILD_DIR/apps/bonsai/bonsai" info \
        -m "$BONSAI_SHARED/fixtures/qwen3-tiny-q1_0.gguf" >/dev/null 2>"$LOG_DIR/forced.err" &&
    grep -q "neon-dotprod' is not supported" "$LOG_DIR/forced.err"; then

@@ -16,8 +16,8 @@ SpreadPrefetch& spread_prefetch() { return t_spread; }
 
 namespace {
 
-// The attention table of tier t; the reference one where t has none (NEON,
-// or a tier not built into this binary).
+// The attention table of tier t; the reference one where t has none (the
+// reference tier, or a tier not built into this binary).
 const detail::AttnOps* attn_ops_of(Tier t) {
   const detail::AttnOps* ops = nullptr;
   switch (t) {
@@ -27,10 +27,14 @@ const detail::AttnOps* attn_ops_of(Tier t) {
     case Tier::kAvx512:
       ops = detail::avx512_attn_ops();
       break;
-    case Tier::kReference:
     case Tier::kNeon:
+      ops = detail::neon_attn_ops();
+      break;
     case Tier::kNeonDotprod:
-    case Tier::kNeonI8mm:
+    case Tier::kNeonI8mm:  // (its CPU check includes dotprod)
+      ops = detail::neon_dotprod_attn_ops();
+      break;
+    case Tier::kReference:
       break;
   }
   return ops ? ops : detail::reference_attn_ops();

@@ -1,8 +1,9 @@
 // Attention steps for model/attention.cpp's tiled online softmax: the
 // scores of a key block, the softmax update, the value accumulation (PV),
 // K/V row loads and the integer scores of Q8_0 keys, with a scalar reference
-// (attention_ref.cpp) and AVX2 / AVX-512 tiers (attention_avx2.cpp,
-// attention_avx512.cpp) chosen by the products' tier (active_tier(), so
+// (attention_ref.cpp), AVX2 / AVX-512 tiers (attention_avx2.cpp,
+// attention_avx512.cpp) and a NEON one for the three ARM tiers
+// (attention_neon.cpp), chosen by the products' tier (active_tier(), so
 // BONSAI_KERNEL governs attention too).
 //
 // The algorithm (tiling, key order, masking, which KV format takes which
@@ -27,8 +28,8 @@
 //   s_t = ((isum_t0 * (dq_0 * dk_t0) + isum_t1 * (dq_1 * dk_t1)) + ...) * scale
 // with each * and + one fp32 rounding in that order (no fma; src/kernels is
 // compiled with -ffp-contract=off). The reference scorer defines it; every
-// tier's scorer (16 keys per vector with VNNI on AVX-512, 8 with AVX2)
-// returns the same bits, so a score depends on nothing but q and the key.
+// tier's scorer (16 keys per vector with VNNI on AVX-512, 8 with AVX2, 4
+// with NEON) returns the same bits, so a score depends on nothing but q and the key.
 //
 // Thread safety: every function is safe to call from many threads; the
 // prefetch cursor (attn_prefetch_spread) is per thread.
@@ -108,7 +109,8 @@ using AttnLoadRowsFn = void (*)(Format f, const uint8_t* src, float* dst, int64_
 // The attention kernels of the active tier for head dims hd_k, hd_v.
 struct AttnKernels {
   // "avx512" (AVX-512 tier, head dims multiples of 16), "avx2" (AVX2 tier,
-  // multiples of 8) or "scalar" (every other case). Static storage.
+  // multiples of 8), "neon" (the ARM tiers, multiples of 4) or "scalar"
+  // (every other case). Static storage.
   const char* name;
   AttnStepFn step;           // the SIMD group step; null for "scalar" (use attn_block_ref / attn_update_ref)
   AttnScoreQ8Fn score_q8;    // never null (the reference scorer for "scalar")

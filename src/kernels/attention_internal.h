@@ -1,6 +1,7 @@
 // Internal interface between the attention kernels' files: attention.cpp
 // (dispatch, prefetch cursor), attention_ref.cpp (the scalar reference) and
-// the tier files attention_avx2.cpp / attention_avx512.cpp. Not for other
+// the tier files attention_avx2.cpp / attention_avx512.cpp /
+// attention_neon.cpp / attention_neon_dotprod.cpp. Not for other
 // parts; the public side is attention.h.
 #pragma once
 
@@ -30,6 +31,10 @@ struct AttnOps {
 const AttnOps* reference_attn_ops();
 const AttnOps* avx2_attn_ops();
 const AttnOps* avx512_attn_ops();
+const AttnOps* neon_attn_ops();  // the neon tier (and the base of the next)
+// neon_attn_ops() with the SDOT Q8_0-key scorer: the neon-dotprod and
+// neon-i8mm tiers.
+const AttnOps* neon_dotprod_attn_ops();
 
 // The reference Q8_0-key scorer (AttnScoreQ8Fn); the tiers' fallback.
 void attn_score_q8_ref(const uint8_t* k, size_t row_bytes, int64_t nk, int64_t hd, const AttnQ8Query* qs, int64_t nq,

@@ -55,10 +55,12 @@ void delta_rule_step(float* S, const float* q, const float* k, const float* v, f
       case Tier::kAvx512:  // every AVX-512 CPU runs AVX2; the state rows sit in L1/L2 either way
         fn = detail::avx2_delta_rule();
         break;
-      case Tier::kReference:
       case Tier::kNeon:
       case Tier::kNeonDotprod:
       case Tier::kNeonI8mm:
+        fn = detail::neon_delta_rule();
+        break;
+      case Tier::kReference:
         break;
     }
   }

@@ -18,8 +18,8 @@
 // The 16 independent partial sums let a SIMD tier run the products without
 // the scalar dependency chain of one running sum; the fixed fold makes
 // every tier's result the same bits. The AVX2 kernel serves the AVX2 and
-// AVX-512 tiers (d a multiple of 16); the reference serves every other case
-// (NEON, other d).
+// AVX-512 tiers, the NEON kernel the three ARM tiers (d a multiple of 16);
+// the reference serves every other case (the reference tier, other d).
 //
 // Error: each dot product is a sum of d rounded products in 16 chains of
 // d/16 plus a 4-level tree, |err| <= ~(d/16 + 4) * 2^-24 * sum_j |r_j x_j|.

@@ -1,6 +1,6 @@
 // Internal interface between the delta-rule files: delta_rule.cpp (dispatch
-// and the scalar reference) and delta_rule_avx2.cpp. The public side is
-// delta_rule.h.
+// and the scalar reference), delta_rule_avx2.cpp and delta_rule_neon.cpp.
+// The public side is delta_rule.h.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +21,8 @@ void delta_rule_ref(float* S, const float* q, const float* k, const float* v, fl
 // The AVX2 kernel (d a multiple of kDeltaRuleLanes); nullptr when the tier
 // is not compiled into this binary.
 DeltaRuleFn avx2_delta_rule();
+// The NEON kernel (d a multiple of kDeltaRuleLanes; the three ARM tiers);
+// nullptr when not built for arm64.
+DeltaRuleFn neon_delta_rule();
 
 }  // namespace bonsai::kernels::detail

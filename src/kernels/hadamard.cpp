@@ -50,10 +50,12 @@ detail::HadamardFn hadamard_fn() {
     case Tier::kAvx512:
       fn = detail::avx512_hadamard();
       break;
-    case Tier::kReference:
     case Tier::kNeon:
     case Tier::kNeonDotprod:
     case Tier::kNeonI8mm:
+      fn = detail::neon_hadamard();
+      break;
+    case Tier::kReference:
       break;
   }
   return fn != nullptr ? fn : detail::hadamard_ref;

@@ -11,7 +11,7 @@
 // by scale = (float)(1 / sqrt((double)B)). A sign is applied as a multiply by
 // +1.0f / -1.0f (exact). Each output is therefore a fixed sequence of fp32
 // operations whatever the order the pairs are visited in, so the SIMD tiers
-// (AVX2, AVX-512; NEON uses the reference) equal the scalar reference
+// (AVX2, AVX-512, NEON for the three ARM tiers) equal the scalar reference
 // exactly. Against the exact product H_B·x the error is that of log2(B)
 // rounded additions and one rounded scale: |err| <= ~(log2(B) + 1) · 2^-24 ·
 // sqrt(B) · max|x| per element (the test checks it against a float64 O(n^2)

@@ -1,6 +1,7 @@
 // Internal interface between the Walsh-Hadamard transform's files:
 // hadamard.cpp (dispatch and the scalar reference) and the tier files
-// hadamard_avx2.cpp / hadamard_avx512.cpp. The public side is hadamard.h.
+// hadamard_avx2.cpp / hadamard_avx512.cpp / hadamard_neon.cpp. The public
+// side is hadamard.h.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +23,6 @@ void hadamard_ref(float* x, int64_t n, const float* signs, int64_t width, int64_
 // width).
 HadamardFn avx2_hadamard();
 HadamardFn avx512_hadamard();
+HadamardFn neon_hadamard();  // the neon, neon-dotprod and neon-i8mm tiers
 
 }  // namespace bonsai::kernels::detail

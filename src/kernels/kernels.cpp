@@ -13,6 +13,8 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>  // argmax_f32
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>  // argmax_f32
 #endif
 
 #include "core/cpu_features.h"
@@ -499,6 +501,25 @@ int64_t argmax_f32(const float* p, int64_t n) {
   _mm_storeu_ps(lane + 8, a2);
   _mm_storeu_ps(lane + 12, a3);
   for (const float l : lane) m = l > m ? l : m;
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  // a = x > a ? x : a lane-wise (FCMGT + BSL): the scalar compare exactly
+  // (a NaN x, quiet or signalling, leaves a; FMAX would return the NaN and
+  // FMAXNM a signalling one). Per 16 floats: 2 LDP q, 4 FCMGT, 4 BSL, loop
+  // = 13 (SSE2's MAXPS loop: 15).
+  float32x4_t a0 = vdupq_n_f32(first), a1 = a0, a2 = a0, a3 = a0;
+  const auto max_of = [](float32x4_t x, float32x4_t a) { return vbslq_f32(vcgtq_f32(x, a), x, a); };
+  for (; i + 16 <= n; i += 16) {
+    a0 = max_of(vld1q_f32(p + i), a0);
+    a1 = max_of(vld1q_f32(p + i + 4), a1);
+    a2 = max_of(vld1q_f32(p + i + 8), a2);
+    a3 = max_of(vld1q_f32(p + i + 12), a3);
+  }
+  float lane[16];
+  vst1q_f32(lane, a0);
+  vst1q_f32(lane + 4, a1);
+  vst1q_f32(lane + 8, a2);
+  vst1q_f32(lane + 12, a3);
+  for (const float l : lane) m = l > m ? l : m;
 #endif
   for (; i < n; ++i) m = p[i] > m ? p[i] : m;
   int64_t k = 0;
@@ -508,6 +529,13 @@ int64_t argmax_f32(const float* p, int64_t n) {
     const __m128 e01 = _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + k), mv), _mm_cmpeq_ps(_mm_loadu_ps(p + k + 4), mv));
     const __m128 e23 = _mm_or_ps(_mm_cmpeq_ps(_mm_loadu_ps(p + k + 8), mv), _mm_cmpeq_ps(_mm_loadu_ps(p + k + 12), mv));
     if (_mm_movemask_ps(_mm_or_ps(e01, e23)) != 0) break;  // the first match is in this block of 16
+  }
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+  const float32x4_t mv = vdupq_n_f32(m);
+  for (; k + 16 <= n; k += 16) {  // per 16 floats: 2 LDP q, 4 FCMEQ, 3 ORR, UMAXV, loop: 16 (SSE2: 17)
+    const uint32x4_t e01 = vorrq_u32(vceqq_f32(vld1q_f32(p + k), mv), vceqq_f32(vld1q_f32(p + k + 4), mv));
+    const uint32x4_t e23 = vorrq_u32(vceqq_f32(vld1q_f32(p + k + 8), mv), vceqq_f32(vld1q_f32(p + k + 12), mv));
+    if (vmaxvq_u32(vorrq_u32(e01, e23)) != 0) break;  // the first match is in this block of 16
   }
 #endif
   for (; k < n; ++k)

@@ -262,8 +262,8 @@ void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
 // Index of the first element equal to the largest non-NaN value of p[0, n)
 // (n >= 1): the first i with p[i] > p[best] scanning from best = 0, so a NaN
 // at index 0 stays the answer, NaNs elsewhere never win and the earlier of
-// -0 / +0 wins. SSE2 (x86-64's baseline) where built for it, else scalar;
-// same answer either way. Greedy sampling's argmax over the vocabulary.
+// -0 / +0 wins. SSE2 (x86-64's baseline) or NEON (arm64's) where built for
+// it, else scalar; same answer every way. Greedy sampling's argmax over the vocabulary.
 int64_t argmax_f32(const float* p, int64_t n);
 
 }  // namespace bonsai::kernels

@@ -17,7 +17,7 @@
 // formula; every tier returns the same bits).
 //
 // The per-block steps are kernels (kernels/attention.h, chosen by the
-// products' tier): on the AVX-512 and AVX2 tiers the group step takes the
+// products' tier): on the AVX-512, AVX2 and NEON tiers the group step takes the
 // heads that see the same keys of a block — the GQA group of a query, and
 // two queries' groups on every block but the diagonal one — together, each
 // K and V chunk loaded once for all of them while every head keeps its own

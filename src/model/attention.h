@@ -47,7 +47,8 @@ void attention(const ModelConfig& c, int64_t layer, std::span<const BatchToken> 
 
 // Which inner kernel attention() uses for these head dims under the active
 // kernels tier: "avx512" (head dims multiples of 16, AVX-512 tier), "avx2"
-// (head dims multiples of 8, AVX2 tier: AVX2 + FMA + F16C) or "scalar". Each
+// (head dims multiples of 8, AVX2 tier: AVX2 + FMA + F16C), "neon" (head dims
+// multiples of 4, the three ARM tiers) or "scalar". Each
 // kernel has its own fp32 order (results differ between kernels, within the
 // bound model_attention_test states) and is batch invariant by itself.
 // For tests and logs.

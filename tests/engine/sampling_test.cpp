@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -204,6 +205,14 @@ TEST(Argmax, EqualsTheScalarScanOnEdgeCases) {
   const std::vector<std::vector<float>> fixed = {{nan, 5, 7},        {1, nan, 7, nan}, {-0.0f, 0.0f}, {0.0f, -0.0f},
                                                  {-inf, -inf, -inf}, {2, 2, 2, 2},     {inf, 1, inf}};
   for (const auto& l : fixed) EXPECT_EQ(argmax(l), scalar(l));
+  // A signalling NaN inside the vector blocks (IEEE maxNum, ARM's FMAXNM,
+  // would return it and lose the maximum): still never the answer.
+  std::vector<float> snan_block(40, 1.0f);
+  snan_block[3] = std::numeric_limits<float>::signaling_NaN();
+  snan_block[21] = std::numeric_limits<float>::signaling_NaN();
+  snan_block[30] = 2.0f;
+  EXPECT_EQ(argmax(snan_block), 30);
+  EXPECT_EQ(argmax(snan_block), scalar(snan_block));
   Rng r(11);
   for (int t = 0; t < 3000; ++t) {
     std::vector<float> l(1 + r.next_u64() % 300);

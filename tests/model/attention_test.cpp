@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <utility>  // pair
 #include <vector>
 
@@ -219,14 +220,23 @@ TEST_P(AttentionInvariance, DecodePrefillChunksAndMixesAreBitIdentical) {
   ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
 }
 
+// Named hd<N>_<kv type>_<tier> ("hd64_q8_0_neon_dotprod"), so a run can pick
+// one tier (scripts/test-arm64.sh: --gtest_filter='*_neon').
 INSTANTIATE_TEST_SUITE_P(All, AttentionInvariance,
                          ::testing::Combine(::testing::Values<int64_t>(8, 40, 64, 128),
                                             ::testing::Values(KvType::kF16, KvType::kF32, KvType::kQ8_0),
-                                            ::testing::Values(kernels::Tier::kReference, kernels::Tier::kAvx2,
-                                                              kernels::Tier::kAvx512)));
+                                            ::testing::ValuesIn(kernels::kAllTiers)),
+                         [](const ::testing::TestParamInfo<AttentionInvariance::ParamType>& info) {
+                           std::string name = "hd" + std::to_string(std::get<0>(info.param)) + "_" +
+                                              kv_type_name(std::get<1>(info.param)) + "_" +
+                                              std::string(kernels::tier_name(std::get<2>(info.param)));
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 
-// Three and four query heads per KV head (the AVX-512 and AVX2 steps take
-// heads 4, 2 and 1 at a time: decode runs 2 + 1 or 4, two whole-block
+// Three and four query heads per KV head (the AVX-512, AVX2 and NEON steps
+// take heads 4, 2 and 1 at a time: decode runs 2 + 1 or 4, two whole-block
 // queries 4 + 2 or 4 + 4), tiles of 1 and 2 tokens (K/V read in place: at
 // most 4 heads) and longer ones (converted to fp32), head dims 64, 96 and
 // 256, with K and V of the same and of different types: a query's output is
@@ -241,7 +251,7 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
   constexpr int64_t kShapes[][2] = {{3, 64}, {4, 64}, {3, 96}, {4, 256}};  // (GQA group, head dim)
   // The reference tier's decode outputs, per shape and (K, V) types.
   std::vector<float> ref[std::size(kShapes)][std::size(kv_types)];
-  for (kernels::Tier tier : {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512}) {
+  for (kernels::Tier tier : kernels::kAllTiers) {
     if (!kernels::tier_supported(tier)) continue;
     ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
     for (size_t si = 0; si < std::size(kShapes); ++si) {
@@ -291,7 +301,7 @@ TEST(AttentionKernel, OddGroupsBitIdenticalAcrossChunkings) {
 
 // The Q8_0-key scores (integer dot + one fp32 formula) are the same bits on
 // every tier, for every key count of a block (groups of 16 keys on AVX-512,
-// 8 on AVX2, and the tails)
+// 8 on AVX2, 4 on NEON, and the tails)
 // and head dim; and they equal the formula written out here.
 TEST(AttentionKernel, Q8ScoresBitIdenticalAcrossTiers) {
   const kernels::Tier saved = kernels::active_tier();
@@ -329,7 +339,7 @@ TEST(AttentionKernel, Q8ScoresBitIdenticalAcrossTiers) {
       }
       want[t] = acc * scale;
     }
-    for (kernels::Tier tier : {kernels::Tier::kReference, kernels::Tier::kAvx2, kernels::Tier::kAvx512}) {
+    for (kernels::Tier tier : kernels::kAllTiers) {
       if (!kernels::tier_supported(tier)) continue;
       ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
       for (int64_t nk = 1; nk <= kKeyBlock; ++nk) {
@@ -365,6 +375,23 @@ TEST(AttentionKernel, Avx2IsUsedWhereAvailable) {
   EXPECT_STREQ(attention_kernel_name(8, 8), "avx2");
   EXPECT_STREQ(attention_kernel_name(12, 12), "scalar");
   ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
+}
+
+// The three ARM tiers share the NEON kernels (head dims multiples of 4).
+TEST(AttentionKernel, NeonIsUsedWhereAvailable) {
+  const kernels::Tier saved = kernels::active_tier();
+  int tried = 0;
+  for (kernels::Tier tier : {kernels::Tier::kNeon, kernels::Tier::kNeonDotprod, kernels::Tier::kNeonI8mm}) {
+    if (!kernels::tier_supported(tier)) continue;
+    ++tried;
+    ASSERT_TRUE(kernels::set_active_tier(tier).has_value());
+    EXPECT_STREQ(attention_kernel_name(128, 128), "neon") << kernels::tier_name(tier);
+    EXPECT_STREQ(attention_kernel_name(8, 8), "neon");
+    EXPECT_STREQ(attention_kernel_name(12, 4), "neon");
+    EXPECT_STREQ(attention_kernel_name(6, 8), "scalar");
+  }
+  ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
+  if (tried == 0) GTEST_SKIP() << "no ARM tier here";
 }
 
 // ---- End to end: logits bit-identical across chunkings and batch mixes ----
