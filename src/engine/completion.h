@@ -35,6 +35,13 @@
 
 namespace bonsai::engine {
 
+// One piece of llama-server's mixed prompt (`"prompt": [12, "Once upon", 34]`):
+// a token id kept as it is, or text tokenized in place.
+struct PromptPiece {
+  int32_t id = -1;   // >= 0: this token
+  std::string text;  // id < 0: this text
+};
+
 // What a request generates from.
 struct CompletionInput {
   // true: `messages` rendered with the chat template (`chat_options`:
@@ -44,6 +51,16 @@ struct CompletionInput {
   tokenizer::ChatOptions chat_options;
   std::string prompt;               // raw prompt text (control-token text parsed as those tokens)
   std::vector<int32_t> prompt_ids;  // raw prompt as token ids; non-empty: used instead of `prompt`
+  // A mixed prompt; non-empty: used instead of `prompt` and `prompt_ids`.
+  // Tokenized as llama-server's tokenize_mixed does: ids kept; each text
+  // encoded with control-token text recognised, BOS (when the vocabulary
+  // adds one) only before a text that is the first piece; the results
+  // concatenated in order. The byte cap applies to the texts together.
+  std::vector<PromptPiece> prompt_pieces;
+  // llama-server's text logit biases (`"logit_bias": [["Hello", -5]]`):
+  // every token of the text, encoded as plain text without BOS, gets the
+  // bias (in [-100, 100]), added after SamplingOverrides::logit_bias.
+  std::vector<std::pair<std::string, float>> logit_bias_text;
 };
 
 struct PrepareOptions {
@@ -63,12 +80,36 @@ struct PrepareOptions {
   // naming both sizes and, in parentheses, `prompt_cap_source`.
   size_t max_prompt_bytes = 0;
   std::string prompt_cap_source;  // where the cap comes from (a flag or option name); may be empty
+  // Ollama's way with a prompt that does not fit (its /api/chat and
+  // /api/generate cut the prompt instead of refusing it). In a window of
+  // min(truncate_ctx, n_ctx) tokens (truncate_ctx <= 0: n_ctx; Ollama's
+  // options.num_ctx) the prompt must leave room for the answer: max_tokens
+  // when the request (or the defaults) give one, else a quarter of the
+  // window, at most half of it and at least one token (Ollama shifts its
+  // context instead, dropping half of it, which bonsai does not do). Over that:
+  //   kOldestMessages (a chat): the oldest messages other than system ones
+  //     are dropped one at a time until the rendered prompt fits; the last
+  //     message always stays (Ollama's chatPrompt);
+  //   kPromptStart: the start of the prompt is dropped and its end kept: a
+  //     chat's last message text (Ollama's /api/generate renders its prompt
+  //     as that message; the template around it stays whole), or a raw
+  //     prompt's tokens after a leading BOS.
+  // A prompt that still does not fit is refused as without truncation. A
+  // max_tokens beyond what the context leaves is lowered to it (Ollama runs
+  // on to the end of its context rather than refusing).
+  enum class Truncate { kNone, kOldestMessages, kPromptStart };
+  Truncate truncate = Truncate::kNone;
+  int64_t truncate_ctx = 0;
 };
 
 // A prepared request: the prompt to submit and what to sample it with.
 struct PreparedCompletion {
   std::vector<int32_t> prompt;  // token ids, non-empty, shorter than n_ctx
   SamplingParams params;        // validated; max_tokens >= 0 unless the defaults said -1 and !refuse_overflow
+  // PrepareOptions::truncate: messages dropped (kOldestMessages) and
+  // prompt tokens cut (kPromptStart: the tokens of the dropped text).
+  int64_t dropped_messages = 0;
+  int64_t dropped_tokens = 0;
 };
 
 // Why a request cannot be prepared: `error` (kInvalidArgument; kOutOfRange

@@ -126,6 +126,9 @@ struct Scheduler::Job {
   // Choices run as independent sequences (an embedding job's inputs,
   // batched prompts): no choice waits for or shares choice 0's prompt.
   bool independent() const { return embed || !req.prompts.empty(); }
+  // Whether its sequences adopt from and publish to the prompt cache
+  // (`on`: SchedulerOptions::prompt_cache; CompletionJob::cache_prompt).
+  bool caches(bool on) const { return on && req.cache_prompt; }
 };
 
 struct Scheduler::Live {
@@ -454,7 +457,7 @@ bool Scheduler::start_choice(const std::shared_ptr<Job>& jp) {
   // whoever computed it (prompt logprobs need every row: nothing reused).
   // Counted as prefix-cache lookups and hits: choice 0's only (a sibling
   // shares its prompt's KV, which is not a cache hit), so hits <= queries.
-  if ((choice == 0 || job.independent()) && opt_.prompt_cache && job.req.params.prompt_logprobs < 0) {
+  if ((choice == 0 || job.independent()) && job.caches(opt_.prompt_cache) && job.req.params.prompt_logprobs < 0) {
     const int64_t cached = q.adopt_cached_prefix();
     queried_tokens_.fetch_add(static_cast<uint64_t>(n_prompt));
     cached_tokens_.fetch_add(static_cast<uint64_t>(cached));
@@ -515,7 +518,7 @@ void Scheduler::finish_live(size_t i) {
   // What it computed stays in the prefix index (its last, partial block
   // too), for whoever continues this conversation or shares its prefix.
   const bool embedding = q.is_embedding();
-  if (opt_.prompt_cache && !embedding) q.publish(/*partial_last=*/true);
+  if (job.caches(opt_.prompt_cache) && !embedding) q.publish(/*partial_last=*/true);
   GenerationResult res = q.finish();
   if (!embedding && metrics_) metrics_->record(res.rate);
   // A sibling started from choice 0's prompt logits computed no prompt logprobs: they are choice 0's.
@@ -566,7 +569,7 @@ void Scheduler::preempt(size_t i) {
   Live& l = *live_[i];
   // Its blocks go back; what it computed stays findable in the prefix
   // index, so its recompute takes back whatever was not evicted meanwhile.
-  if (opt_.prompt_cache && !l.seq->is_embedding()) l.seq->publish(/*partial_last=*/true);
+  if (l.job->caches(opt_.prompt_cache) && !l.seq->is_embedding()) l.seq->publish(/*partial_last=*/true);
   l.seq->suspend();
   l.suspended = true;
   preemptions_.fetch_add(1);
@@ -582,7 +585,7 @@ void Scheduler::resume_preempted() {
     // Oldest first; with nothing running it always fits (budget >= one context).
     if (running && (kv_available() < opt_.kv_pool->blocks_for(target) || !state_room())) return;
     l->suspended = false;
-    if (opt_.prompt_cache && !l->seq->is_embedding()) l->seq->adopt_cached_prefix();
+    if (l->job->caches(opt_.prompt_cache) && !l->seq->is_embedding()) l->seq->adopt_cached_prefix();
     running = true;
   }
 }
@@ -829,9 +832,8 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
     e.accept_logits(lg);
   }
   // Blocks that became full are findable by other requests at once.
-  if (opt_.prompt_cache)
-    for (auto& l : live_)
-      if (l->fed > 0 && !l->seq->is_embedding()) l->seq->publish();
+  for (auto& l : live_)
+    if (l->job->caches(opt_.prompt_cache) && l->fed > 0 && !l->seq->is_embedding()) l->seq->publish();
 }
 
 void Scheduler::step() {

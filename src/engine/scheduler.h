@@ -224,6 +224,12 @@ struct CompletionJob {
   // another's prompt logits, every choice consults the prompt cache, and
   // prompt logprobs are each choice's own.
   std::vector<std::vector<int32_t>> prompts;
+  // llama-server's per-request cache_prompt. false: the job neither adopts
+  // prefix blocks from the model's prompt cache nor publishes its own into
+  // it (its blocks are freed when it ends, preempted ones recomputed);
+  // siblings of one job still share choice 0's prompt. Only meaningful while
+  // SchedulerOptions::prompt_cache is on (off: no job uses the cache).
+  bool cache_prompt = true;
   // Still queued at the deadline: kFailed with kTimeout. Running past it:
   // the choice ends with finish_reason kLength and timed_out = true.
   Clock::time_point deadline = Clock::time_point::max();

@@ -346,6 +346,38 @@ std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
     }
     return std::nullopt;
   };
+  // llama-server's mixed prompt: token ids and strings in one array, one prompt.
+  auto is_mixed = [](const Json& arr) {
+    bool ids = false, texts = false;
+    for (const Json& v : arr) {
+      if (v.is_string()) {
+        texts = true;
+      } else if (v.is_number()) {
+        ids = true;
+      } else {
+        return false;
+      }
+    }
+    return ids && texts;
+  };
+  auto mixed = [](const Json& arr, const std::string& field,
+                  std::vector<engine::PromptPiece>& pieces) -> std::optional<ApiError> {
+    for (size_t k = 0; k < arr.size(); ++k) {
+      const Json& v = arr[k];
+      if (v.is_string()) {
+        pieces.push_back(engine::PromptPiece{-1, v.get<std::string>()});
+      } else if (v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                 v.get<int64_t>() <= std::numeric_limits<int32_t>::max()) {
+        pieces.push_back(engine::PromptPiece{static_cast<int32_t>(v.get<int64_t>()), {}});
+      } else {
+        return bad_request("Invalid '" + field + "[" + std::to_string(k) +
+                               "]': a prompt mixing token ids and strings holds non-negative integer ids.",
+                           field, "invalid_value");
+      }
+    }
+    return std::nullopt;
+  };
+  if (is_mixed(*it)) return mixed(*it, "prompt", out.prompt_pieces);
   if ((*it)[0].is_number_integer()) return token_ids(*it, "prompt", out.prompt_ids);
   // An array of prompts: strings or token arrays.
   if (it->size() > static_cast<size_t>(kMaxPrompts))
@@ -360,7 +392,7 @@ std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
       prompts[i].text = p.get<std::string>();
     } else if (p.is_array()) {
       if (p.empty()) return bad_request("Invalid '" + field + "': empty token array.", field, "empty_array");
-      if (auto e = token_ids(p, field, prompts[i].ids)) return e;
+      if (auto e = is_mixed(p) ? mixed(p, field, prompts[i].pieces) : token_ids(p, field, prompts[i].ids)) return e;
     } else {
       return wrong_type(field, "a string or an array of tokens", p);
     }
@@ -368,6 +400,7 @@ std::optional<ApiError> parse_prompt(const Json& body, CompletionRequest& out) {
   if (prompts.size() == 1) {
     out.prompt = std::move(prompts[0].text);
     out.prompt_ids = std::move(prompts[0].ids);
+    out.prompt_pieces = std::move(prompts[0].pieces);
   } else {
     out.prompts = std::move(prompts);
   }
@@ -494,7 +527,7 @@ std::optional<ApiError> parse_legacy_completion_fields(const Json& body, Complet
   };
   if (auto e = check_optional_string(body, "suffix", "")) return e;
   if (auto it = body.find("suffix"); it != body.end() && it->is_string() && !it->get<std::string>().empty()) {
-    if (!out.prompt_ids.empty())
+    if (!out.prompt_ids.empty() || !out.prompt_pieces.empty())
       return bad_request("Invalid 'suffix': fill-in-the-middle needs a text 'prompt' (got token ids).", "suffix",
                          "invalid_value");
     if (!out.prompts.empty())
@@ -618,6 +651,12 @@ std::optional<ApiError> parse_output_grammar(const Json& body, Endpoint endpoint
 
 }  // namespace
 
+namespace {
+// The fields of a chat or completions body (legacy function-calling shapes
+// already translated): parse_completion_request_json's work.
+std::optional<ApiError> parse_completion_request_fields(const Json& body, Endpoint endpoint, CompletionRequest& out);
+}  // namespace
+
 std::optional<ApiError> parse_completion_request(std::string_view body_text, Endpoint endpoint,
                                                  CompletionRequest& out) {
   Json body;
@@ -629,8 +668,133 @@ std::optional<ApiError> parse_completion_request(std::string_view body_text, End
   return parse_completion_request_json(body, endpoint, out);
 }
 
+namespace {
+
+// Whether a chat body uses OpenAI's deprecated function calling: request
+// fields `functions` / `function_call`, or messages with role "function" or
+// an assistant `function_call`.
+bool uses_legacy_functions(const Json& body) {
+  if (body.contains("functions") || body.contains("function_call")) return true;
+  auto m = body.find("messages");
+  if (m == body.end() || !m->is_array()) return false;
+  for (const Json& msg : *m)
+    if (msg.is_object() && (msg.contains("function_call") || (msg.contains("role") && msg["role"] == "function")))
+      return true;
+  return false;
+}
+
+// Rewrites OpenAI's deprecated function-calling shapes in `body` into their
+// tools equivalents (API reference, "Create chat completion", deprecated
+// fields): `functions` [{name, description?, parameters?}] -> `tools`
+// [{"type": "function", "function": f}] (ignored when `tools` is sent too);
+// `function_call` "none" | "auto" | {"name"} -> `tool_choice` "none" |
+// "auto" | {"type": "function", "function": {"name"}}; an assistant
+// message's `function_call` {name, arguments} -> one tool call (id
+// "call_" + name unless it also has tool_calls); a role "function" message
+// {name, content} -> a tool message answering that call. The answer comes
+// in tool_calls (clients of the old fields read the new ones too).
+std::optional<ApiError> translate_legacy_functions(Json& body) {
+  if (auto f = body.find("functions"); f != body.end()) {
+    if (!f->is_null() && !f->is_array()) return wrong_type("functions", "an array", *f);
+    if (f->is_array() && !body.contains("tools")) {
+      Json tools = Json::array();
+      for (const Json& fn : *f) tools.push_back(Json{{"type", "function"}, {"function", fn}});
+      body["tools"] = std::move(tools);
+    }
+    body.erase("functions");
+  }
+  if (auto c = body.find("function_call"); c != body.end()) {
+    if (c->is_string()) {
+      if (*c != "none" && *c != "auto")
+        return bad_request(
+            "Invalid value for 'function_call': " + c->dump() + ". Supported values are: 'none' and 'auto'.",
+            "function_call", "invalid_value");
+      if (!body.contains("tool_choice")) body["tool_choice"] = *c;
+    } else if (c->is_object()) {
+      auto name = c->find("name");
+      if (name == c->end() || name->is_null()) return missing("function_call.name");
+      if (!name->is_string()) return wrong_type("function_call.name", "a string", *name);
+      if (!body.contains("tool_choice"))
+        body["tool_choice"] = Json{{"type", "function"}, {"function", {{"name", *name}}}};
+    } else if (!c->is_null()) {
+      return wrong_type("function_call", "a string or an object", *c);
+    }
+    body.erase("function_call");
+  }
+  auto msgs = body.find("messages");
+  if (msgs == body.end() || !msgs->is_array()) return std::nullopt;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    Json& m = (*msgs)[i];
+    if (!m.is_object()) continue;
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (auto fc = m.find("function_call"); fc != m.end()) {
+      if (!fc->is_null()) {
+        if (!fc->is_object()) return wrong_type(where + ".function_call", "an object", *fc);
+        auto name = fc->find("name");
+        if (name == fc->end() || !name->is_string()) return missing(where + ".function_call.name");
+        if (!m.contains("tool_calls")) {
+          Json call{{"id", "call_" + name->get<std::string>()},
+                    {"type", "function"},
+                    {"function", {{"name", *name}, {"arguments", fc->value("arguments", Json("{}"))}}}};
+          m["tool_calls"] = Json::array({std::move(call)});
+        }
+      }
+      m.erase("function_call");
+    }
+    if (m.contains("role") && m["role"] == "function") {
+      auto name = m.find("name");
+      if (name == m.end() || !name->is_string()) return missing(where + ".name");
+      m["role"] = "tool";
+      if (!m.contains("tool_call_id")) m["tool_call_id"] = "call_" + name->get<std::string>();
+    }
+  }
+  return std::nullopt;
+}
+
+// `e` (from a translated legacy body) with the tools fields named as the client sent them.
+ApiError legacy_functions_error(ApiError e) {
+  std::string p = e.param;
+  if (p.rfind("tools[", 0) == 0) {
+    const size_t close = p.find(']');
+    std::string rest = close == std::string::npos ? std::string() : p.substr(close + 1);
+    if (rest.rfind(".function", 0) == 0) rest = rest.substr(9);
+    p = "functions" + p.substr(5, close == std::string::npos ? std::string::npos : close - 4) + rest;
+  } else if (p == "tools") {
+    p = "functions";
+  } else if (p.rfind("tool_choice", 0) == 0) {
+    p = "function_call";
+  }
+  if (p == e.param) return e;
+  auto rename = [&e](const std::string& from, const std::string& to) {
+    for (size_t at = e.message.find(from); at != std::string::npos; at = e.message.find(from, at + to.size()))
+      e.message.replace(at, from.size(), to);
+  };
+  rename("'" + e.param + "'", "'" + p + "'");
+  if (p == "function_call") rename("'tool_choice'", "'function_call'");
+  e.param = p;
+  return e;
+}
+
+}  // namespace
+
 std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_json& body, Endpoint endpoint,
                                                       CompletionRequest& out) {
+  if (endpoint == Endpoint::kChat && body.is_object() && uses_legacy_functions(body)) {
+    Json translated = body;
+    if (auto e = translate_legacy_functions(translated)) {
+      out = CompletionRequest{};
+      out.endpoint = endpoint;
+      return e;
+    }
+    if (auto e = parse_completion_request_fields(translated, endpoint, out)) return legacy_functions_error(*e);
+    return std::nullopt;
+  }
+  return parse_completion_request_fields(body, endpoint, out);
+}
+
+namespace {
+
+std::optional<ApiError> parse_completion_request_fields(const Json& body, Endpoint endpoint, CompletionRequest& out) {
   out = CompletionRequest{};
   out.endpoint = endpoint;
   if (auto e = parse_input(body, endpoint, out)) return e;
@@ -651,6 +815,7 @@ std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_js
                            " choices; at most " + std::to_string(kMaxPrompts) + " per request.",
                        "prompt", "invalid_value");
   if (auto e = get_bool(body, "stream", out.stream)) return e;
+  if (auto e = get_bool(body, "cache_prompt", out.cache_prompt)) return e;  // llama-server's
   bool ignore_eos = false;
   if (auto e = get_bool(body, "ignore_eos", ignore_eos)) return e;
   s.ignore_eos = ignore_eos;
@@ -664,6 +829,8 @@ std::optional<ApiError> parse_completion_request_json(const nlohmann::ordered_js
   if (s.grammar.has_value() && *s.grammar != nullptr) out.grammar_source = body;
   return std::nullopt;
 }
+
+}  // namespace
 
 json Usage::to_json() const {
   json j{{"prompt_tokens", prompt_tokens},

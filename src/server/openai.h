@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/chat_output.h"       // ParsedToolCall
+#include "engine/completion.h"        // PromptPiece
 #include "engine/logprobs.h"          // kMaxTopLogprobs
 #include "engine/sampling.h"          // SamplingOverrides
 #include "tokenizer/chat_template.h"  // ChatMessage, ToolCall
@@ -82,6 +83,10 @@ struct CompletionRequest {
   std::optional<bool> continue_final_message;
   std::string prompt;               // completions, text form
   std::vector<int32_t> prompt_ids;  // completions, token-id form (non-empty: used)
+  // Completions, llama-server's mixed form: an array holding both token ids
+  // and strings (`[1, "Once upon"]`), tokenized by engine::prepare_completion
+  // (CompletionInput::prompt_pieces); non-empty: used.
+  std::vector<engine::PromptPiece> prompt_pieces;
   // Completions with several prompts (`prompt` an array of 2..kMaxPrompts
   // strings or token arrays, as OpenAI's legacy completions take them): each
   // prompt's text or ids (ids non-empty: used); `prompt` / `prompt_ids` are
@@ -90,6 +95,7 @@ struct CompletionRequest {
   struct BatchPrompt {
     std::string text;
     std::vector<int32_t> ids;
+    std::vector<engine::PromptPiece> pieces;  // a mixed prompt (non-empty: used)
   };
   std::vector<BatchPrompt> prompts;
   // Every sampling field, as the sequence gets it (engine::SamplingOverrides,
@@ -107,6 +113,19 @@ struct CompletionRequest {
   // true + top_logprobs k, completions logprobs k); prompt_logprobs = logprobs
   // with completions echo, else unset.
   engine::SamplingOverrides sampling;
+  // llama-server's text logit biases (/completion's [["text", bias]]): every
+  // token of the text gets the bias (engine::CompletionInput::logit_bias_text).
+  std::vector<std::pair<std::string, float>> logit_bias_text;
+  // llama-server's per-request `cache_prompt` (default true): false, the
+  // prompt neither reuses cached prefix blocks nor leaves its blocks in the
+  // model's prompt cache (engine::CompletionJob::cache_prompt).
+  bool cache_prompt = true;
+  // Ollama's /api/chat and /api/generate: a prompt longer than the context
+  // is cut to fit (engine::PrepareOptions::truncate: the oldest messages, or
+  // the start of the prompt), in truncate_ctx tokens (options.num_ctx; 0:
+  // the model's context). kNone (OpenAI, llama-server): a 400.
+  engine::PrepareOptions::Truncate truncate = engine::PrepareOptions::Truncate::kNone;
+  int64_t truncate_ctx = 0;
   int n = 1;  // [1, kMaxChoices]
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

@@ -48,15 +48,12 @@ struct AdminRoutes {
 
   // A /v1/models entry: OpenAI's model object plus the context length the
   // model is served with, as `context_length` (OpenRouter's / LM Studio's
-  // name) and `max_model_len` (vLLM's): the running model's n_ctx, or for a
-  // registered model not loaded now its ctx-size setting (0: the model's own
-  // context, capped at 4096, known once loaded; the fields are left out then).
+  // name) and `max_model_len` (vLLM's): served_context_length (a registered
+  // model not loaded now: its ctx-size, or its GGUF's context_length capped
+  // at 4096; the fields are left out when its file cannot be read).
   json model_entry(const std::string& id) const {
     json j = model_object(id, created_of(id));
-    int64_t n_ctx = 0;
-    if (auto m = ctx_.models->peek(id)) n_ctx = m->n_ctx;
-    if (n_ctx <= 0)
-      if (auto reg = ctx_.models->registration(id)) n_ctx = reg->ctx_size;
+    const int64_t n_ctx = served_context_length(*ctx_.models, id);
     if (n_ctx > 0) {
       j["context_length"] = n_ctx;
       j["max_model_len"] = n_ctx;

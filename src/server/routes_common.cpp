@@ -1,14 +1,63 @@
 // Helpers shared by the server's route files. See routes_common.h.
 #include "server/routes_common.h"
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "engine/inference_engine.h"  // kDefaultMaxSeqLen
+#include "gguf/gguf.h"                // File (context_length of a model not loaded)
+
 namespace bonsai::server {
 
 using json = nlohmann::json;
+
+namespace {
+
+// `<arch>.context_length` of the GGUF at `path` (0: unreadable or absent),
+// cached per (path, size, mtime) so listing models does not parse headers again.
+int64_t gguf_context_length(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) return 0;
+  const auto mtime = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  if (ec) return 0;
+  struct Entry {
+    uint64_t size;
+    int64_t mtime;
+    int64_t n_ctx;
+  };
+  static std::mutex mu;  // guards cache
+  static std::map<std::string, Entry> cache;
+  {
+    std::lock_guard lock(mu);
+    if (auto it = cache.find(path); it != cache.end() && it->second.size == size && it->second.mtime == mtime)
+      return it->second.n_ctx;
+  }
+  int64_t n_ctx = 0;
+  if (auto f = gguf::File::open(path)) {
+    if (auto arch = (*f)->get<std::string>("general.architecture"))
+      if (auto n = (*f)->get<int64_t>(*arch + ".context_length"); n && *n > 0) n_ctx = *n;
+  }
+  std::lock_guard lock(mu);
+  cache[path] = Entry{size, static_cast<int64_t>(mtime), n_ctx};
+  return n_ctx;
+}
+
+}  // namespace
+
+int64_t served_context_length(const engine::ModelPool& pool, const std::string& id) {
+  if (auto m = pool.peek(id); m && m->n_ctx > 0) return m->n_ctx;
+  const auto reg = pool.registration(id);
+  if (!reg) return 0;
+  if (reg->ctx_size > 0) return reg->ctx_size;
+  const int64_t trained = gguf_context_length(reg->path);
+  return std::min(trained > 0 ? trained : engine::kDefaultMaxSeqLen, engine::kDefaultMaxSeqLen);
+}
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

@@ -68,6 +68,14 @@ ApiError from_core_error(const core::Error& e, int default_status = 400);
 // demand) and resident ones; a failed load of an unregistered id is not one.
 std::vector<std::string> served_model_ids(const engine::ModelPool& pool);
 
+// The context, in tokens, model `id` is served with, or would be once
+// loaded: a resident model's n_ctx; a registered one's ctx-size, or when
+// that is 0 (the model's own) min(<arch>.context_length of its GGUF,
+// engine::kDefaultMaxSeqLen), as InferenceEngine::create resolves it, read
+// from the file's header (mapped and parsed, no weights loaded; cached per
+// path, size and mtime). 0 when unknown (no such model, unreadable file).
+int64_t served_context_length(const engine::ModelPool& pool, const std::string& id);
+
 // A model held for one request (ModelPool::acquire; a registered model
 // loads on demand): `id` empty means ctx.opt.default_model. While exactly
 // one model is served (served_model_ids) any other name means that model,

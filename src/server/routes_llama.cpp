@@ -2,6 +2,7 @@
 #include "server/routes_llama.h"
 
 #include <algorithm>
+#include <charconv>
 #include <memory>
 #include <optional>
 #include <span>
@@ -33,6 +34,9 @@ struct NativeOptions {
   bool stream = false;
   bool evaluate_only = false;  // n_predict 0: the prompt is evaluated (and cached), nothing generated
   int32_t n_probs = 0;         // > 0: completion_probabilities with this many candidates per token
+  // logit_bias entries naming text rather than a token id ([["Hello", -5]],
+  // {"Hello": -5}): every token of the text gets the bias (CompletionRequest::logit_bias_text).
+  std::vector<std::pair<std::string, float>> text_bias;
 };
 
 // `e` with the OpenAI field names of the translated request put back as the llama.cpp ones.
@@ -50,7 +54,7 @@ ApiError native_error(ApiError e) {
 std::optional<ApiError> translate_sampling(const Json& body, Json& c, NativeOptions& o) {
   for (const char* f :
        {"model", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
-        "stop", "ignore_eos", "grammar", "json_schema", "stream", "max_tokens", "seed"}) {
+        "stop", "ignore_eos", "grammar", "json_schema", "stream", "max_tokens", "seed", "cache_prompt"}) {
     if (auto it = body.find(f); it != body.end()) c[f] = *it;
   }
   if (auto it = body.find("n_predict"); it != body.end() && !it->is_null()) {
@@ -69,23 +73,50 @@ std::optional<ApiError> translate_sampling(const Json& body, Json& c, NativeOpti
     o.n_probs = static_cast<int32_t>(std::max<int64_t>(n, 0));  // <= 0: none (llama.cpp's default 0)
   }
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
-    if (it->is_array()) {  // llama.cpp's [[token id, bias or false], ...]
-      Json obj = Json::object();
+    // llama.cpp's forms: [[token id or text, bias or false], ...], or an
+    // object whose keys are token ids or text. A text's tokens all get the
+    // bias (o.text_bias); ids go to the OpenAI object the parser checks.
+    Json obj = Json::object();
+    auto add = [&](const Json& key, const Json& bias, const std::string& where) -> std::optional<ApiError> {
+      if (!(bias.is_number() || bias.is_boolean()))
+        return bad_request("Invalid '" + where + "': a bias is a number in [-100, 100], or false: never.", "logit_bias",
+                           "invalid_value");
+      if (bias.is_boolean() && bias.get<bool>())
+        return bad_request("Invalid '" + where + "': a bias of true means nothing; give a number or false.",
+                           "logit_bias", "invalid_value");
+      const Json value = bias.is_boolean() ? Json(-100) : bias;
+      if (key.is_number_integer()) {
+        obj[std::to_string(key.get<int64_t>())] = value;  // the parser checks the id and the range
+        return std::nullopt;
+      }
+      const double b = value.get<double>();
+      if (!(b >= -100.0 && b <= 100.0))
+        return bad_request("Invalid '" + where + "': " + value.dump() + " is not in [-100, 100].", "logit_bias",
+                           "invalid_value");
+      o.text_bias.emplace_back(key.get<std::string>(), static_cast<float>(b));
+      return std::nullopt;
+    };
+    if (it->is_array()) {
       for (size_t k = 0; k < it->size(); ++k) {
         const Json& pair = (*it)[k];
         const std::string where = "logit_bias[" + std::to_string(k) + "]";
-        if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
-            !(pair[1].is_number() || pair[1].is_boolean()))
-          return bad_request("Invalid '" + where + "': expected [token id, bias] (bias a number, or false: never).",
-                             "logit_bias", "invalid_value");
-        if (pair[1].is_boolean() && pair[1].get<bool>())
-          return bad_request("Invalid '" + where + "': a bias of true means nothing; give a number or false.",
-                             "logit_bias", "invalid_value");
-        obj[std::to_string(pair[0].get<int64_t>())] = pair[1].is_boolean() ? Json(-100) : pair[1];
+        if (!pair.is_array() || pair.size() != 2 || !(pair[0].is_number_integer() || pair[0].is_string()))
+          return bad_request(
+              "Invalid '" + where + "': expected [token id or text, bias] (bias a number, or false: never).",
+              "logit_bias", "invalid_value");
+        if (auto e = add(pair[0], pair[1], where)) return e;
+      }
+      c["logit_bias"] = std::move(obj);
+    } else if (it->is_object()) {
+      for (const auto& [key, bias] : it->items()) {
+        int64_t id = -1;
+        auto [ptr, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+        const bool is_id = ec == std::errc() && ptr == key.data() + key.size();
+        if (auto e = add(is_id ? Json(id) : Json(key), bias, "logit_bias." + key)) return e;
       }
       c["logit_bias"] = std::move(obj);
     } else {
-      c["logit_bias"] = *it;
+      c["logit_bias"] = *it;  // the parser names the wrong type
     }
   }
   if (auto it = body.find("return_tokens"); it != body.end() && !it->is_null()) {
@@ -147,6 +178,7 @@ std::optional<ApiError> parse_native(std::string_view text, bool infill, Complet
                                         std::to_string(cr.prompts.size()) + "); /v1/completions takes several.",
                                     "prompt", "invalid_value"));
   if (infill) cr.fim = std::move(fim);
+  cr.logit_bias_text = std::move(o.text_bias);
   if (o.evaluate_only) cr.sampling.max_tokens = 0;
   if (o.n_probs > 0) cr.sampling.logprobs = o.n_probs;
   o.stream = cr.stream;

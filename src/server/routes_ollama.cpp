@@ -670,6 +670,20 @@ std::optional<SubmittedJob> OllamaRoutes::chat_or_generate(bool chat, const std:
   CompletionRequest cr;
   auto dialect_error = [chat](ApiError e) { return chat ? ollama_error(std::move(e)) : generate_error(std::move(e)); };
   if (auto e = parse_completion_request_json(cbody, endpoint, cr)) return fail(dialect_error(*e));
+  // A prompt longer than the context (options.num_ctx, at most the model's)
+  // is cut as Ollama cuts it, unless `truncate` is false: /api/chat drops
+  // the oldest messages but system ones, /api/generate the start of its prompt.
+  bool truncate = true;
+  if (auto e = optional_bool(body, "truncate", truncate)) return fail(*e);
+  if (truncate)
+    cr.truncate =
+        chat ? engine::PrepareOptions::Truncate::kOldestMessages : engine::PrepareOptions::Truncate::kPromptStart;
+  if (const Json* o = member(body, "options"); o && o->is_object()) {
+    if (const Json* n = member(*o, "num_ctx")) {
+      if (!n->is_number_integer()) return fail(wrong_type("options.num_ctx", "an integer", *n));
+      cr.truncate_ctx = std::max<int64_t>(n->get<int64_t>(), 0);
+    }
+  }
   auto submitted = submit(std::move(cr), admitted);
   if (!submitted) return fail(dialect_error(submitted.error()));
   job->submitted = Clock::now();

@@ -57,10 +57,23 @@
 //                 or "high" / "medium" / "low" -> thinking on
 //   options       num_predict (> 0: max_tokens; <= 0: no limit but the
 //                 context), temperature, top_k, top_p, min_p, seed, stop,
-//                 repeat_penalty, presence_penalty, frequency_penalty; the
-//                 others (num_ctx, num_thread, mirostat, ...: load-time
-//                 settings or samplers bonsai has not) are ignored, as
-//                 Ollama ignores options a model does not use
+//                 repeat_penalty, presence_penalty, frequency_penalty;
+//                 num_ctx bounds the prompt (see truncate below; the
+//                 model's context is not changed per request); the others
+//                 (num_thread, mirostat, ...: load-time settings or
+//                 samplers bonsai has not) are ignored, as Ollama ignores
+//                 options a model does not use
+//   truncate      (default true) a prompt that does not fit min(num_ctx,
+//                 the model's context) with room left to answer
+//                 (num_predict when given, else a quarter of it, at most
+//                 half) is cut as Ollama cuts it instead of refused: /api/chat drops
+//                 the oldest messages but system ones (the last message
+//                 always stays), /api/generate drops the start of its
+//                 prompt and keeps the end (engine::PrepareOptions::
+//                 truncate); num_predict beyond what the context then
+//                 leaves stops at the context (done_reason "length").
+//                 false, or what still does not fit (one huge last
+//                 message): a 400 naming the context length, as before
 //   keep_alive    a number of seconds or a Go duration ("5m", "1h30m",
 //                 "0"); 0 unloads the model once the request has answered
 //                 and no other request holds it (ModelPool::unload); a

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 #include <utility>
 
 namespace bonsai::server {
@@ -46,7 +47,8 @@ std::optional<ApiError> optional_of(const Json& obj, const char* key, const std:
 }
 
 // Message content: a string, or parts {"type": "input_text" | "output_text",
-// "text"} (joined; "refusal" parts read as their text). Images, files and
+// "text"} (joined with "\n" as chat content parts are, parse_chat_message;
+// "refusal" parts read as their text). Images, files and
 // audio are refused: the models served read text only.
 std::optional<ApiError> content_text(const Json& content, const std::string& where, std::string& out) {
   if (content.is_string()) {
@@ -72,6 +74,7 @@ std::optional<ApiError> content_text(const Json& content, const std::string& whe
     } else {
       return bad_value(pw + ".type", part["type"], "'input_text' and 'output_text'");
     }
+    if (!out.empty()) out += '\n';
     out += text;
   }
   return std::nullopt;
@@ -656,6 +659,24 @@ struct ResponsesAnswer : ChatJobAnswer {
   }
 };
 
+// Every tool message of `conversation` (a function_call_output item, this
+// request's or a stored turn's) answers a tool call of an assistant message
+// before it: else OpenAI's 400 "No tool call found for function call output
+// with call_id ..." (param "input").
+std::optional<ApiError> check_call_ids(const Json& conversation) {
+  std::set<std::string> calls;
+  for (const Json& m : conversation) {
+    if (auto tc = m.find("tool_calls"); tc != m.end() && tc->is_array())
+      for (const Json& call : *tc)
+        if (auto id = call.find("id"); id != call.end() && id->is_string()) calls.insert(id->get<std::string>());
+    if (m.value("role", "") != "tool") continue;
+    const std::string id = m.value("tool_call_id", "");
+    if (!calls.contains(id))
+      return bad_request("No tool call found for function call output with call_id " + id + ".", "input");
+  }
+  return std::nullopt;
+}
+
 // POST /v1/responses: translate, continue a stored conversation, submit
 // through the chat path.
 std::optional<SubmittedJob> create(const std::string& body, HttpResponse& res, engine::Clock::time_point admitted,
@@ -674,6 +695,7 @@ std::optional<SubmittedJob> create(const std::string& body, HttpResponse& res, e
     job->conversation = prev->conversation;
   }
   for (auto& m : rr.input_messages) job->conversation.push_back(std::move(m));
+  if (auto e = check_call_ids(job->conversation)) return fail(*e);
   Json messages = Json::array();
   if (rr.instructions) messages.push_back(Json{{"role", "system"}, {"content", *rr.instructions}});
   for (const auto& m : job->conversation) messages.push_back(m);

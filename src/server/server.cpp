@@ -479,6 +479,8 @@ struct Server::Impl {
     in.chat_options.continue_final_message = rendering.continue_final_message;
     in.prompt = std::move(cr.prompt);
     in.prompt_ids = std::move(cr.prompt_ids);
+    in.prompt_pieces = std::move(cr.prompt_pieces);
+    in.logit_bias_text = std::move(cr.logit_bias_text);
     if (cr.fim) {  // fill in the middle: the prompt from the vocabulary's FIM tokens (400 without them)
       auto ids = build_fim_prompt(*lm.tokenizer, in.prompt, *cr.fim, max_prompt_bytes(lm.n_ctx));
       if (!ids) return fail(ids.error());
@@ -491,6 +493,8 @@ struct Server::Impl {
     if (!cr.sampling.seed) cr.sampling.seed = ctx.opt.default_seed ? *ctx.opt.default_seed : fresh_seed();
     engine::PrepareOptions popt;  // server: empty prompt and context overflow are errors
     popt.max_prompt_bytes = max_prompt_bytes(lm.n_ctx);
+    popt.truncate = cr.truncate;
+    popt.truncate_ctx = cr.truncate_ctx;
     popt.prompt_cap_source = ctx.opt.max_prompt_bytes > 0
                                  ? "the server's max_prompt_bytes"
                                  : "the larger of 32 bytes per position of --ctx-size and 64 KiB";
@@ -504,6 +508,7 @@ struct Server::Impl {
       if (!cr.prompts.empty()) {
         in.prompt = std::move(cr.prompts[p].text);
         in.prompt_ids = std::move(cr.prompts[p].ids);
+        in.prompt_pieces = std::move(cr.prompts[p].pieces);
       }
       auto prepared = engine::prepare_completion(*lm.tokenizer, lm.n_ctx, lm.spec.defaults, in, cr.sampling, popt);
       if (!prepared) {
@@ -522,7 +527,9 @@ struct Server::Impl {
       }
       prompts.push_back(std::move(prepared->prompt));
       // A text prompt, as sent (completions echo returns it so).
-      sent.push_back(!in.chat && in.prompt_ids.empty() ? std::optional<std::string>(in.prompt) : std::nullopt);
+      sent.push_back(!in.chat && in.prompt_ids.empty() && in.prompt_pieces.empty()
+                         ? std::optional<std::string>(in.prompt)
+                         : std::nullopt);
     }
     job->params = std::move(*params);
     job->prompt = prompts.front();
@@ -572,6 +579,7 @@ struct Server::Impl {
     cj.prompt = job->prompt;
     cj.params = job->params;
     cj.n = job->n;
+    cj.cache_prompt = cr.cache_prompt;
     if (prompts.size() > 1) {  // choice i runs prompt i / n
       for (const auto& p : prompts)
         for (int k = 0; k < cr.n; ++k) cj.prompts.push_back(p);
@@ -821,11 +829,17 @@ struct Server::Impl {
     }
 
     void end_stream(JobProgress& pr) {
+      // A stream cut once it started (shutdown past the drain timeout, a
+      // model unloaded under it) ends with the error event then
+      // `data: [DONE]`, as vLLM ends a stream that fails: the client sees a
+      // clean end and why. No finish chunk or usage chunk for the cut choice.
+      auto end_with = [this](const ApiError& e) {
+        write(sse_event(e.to_json()));
+        write(std::string(kSseDone));
+      };
       if (alive && pr.failed) {
-        // The stream ends with the error event: no usage chunk and no [DONE] after it.
         if (pr.cut != CutReason::kClientGone)
-          write(sse_event(
-              job_failure_error(impl->ctx, *pr.failed, job->meta.model, pr.cut == CutReason::kClientGone).to_json()));
+          end_with(job_failure_error(impl->ctx, *pr.failed, job->meta.model, /*client_gone=*/false));
         alive = false;
       }
       const bool chat = job->meta.endpoint == Endpoint::kChat;
@@ -834,8 +848,7 @@ struct Server::Impl {
       for (int i = 0; i < job->n && alive; ++i) {
         const auto& d = pr.done[static_cast<size_t>(i)];
         if (!d || d->finish_reason == engine::FinishReason::kCancelled) {
-          if (pr.cut != CutReason::kClientGone)
-            write(sse_event(job_cut_error(pr.cut == CutReason::kClientGone).to_json()));
+          if (pr.cut != CutReason::kClientGone) end_with(job_cut_error(/*client_gone=*/false));
           alive = false;
           break;
         }

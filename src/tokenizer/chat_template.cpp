@@ -473,7 +473,10 @@ std::unexpected<ChatMessageError> invalid(std::string message, const std::string
 }
 
 // OpenAI message content: a string, null, or an array of content parts of
-// which {"type":"text","text":...} is accepted (joined without separators).
+// which {"type":"text","text":...} is accepted: the texts joined with "\n"
+// (none before the first non-empty text), as llama.cpp's server
+// (common_chat_msgs_to_json_oaicompat) and vLLM join text parts for a
+// template that takes string content.
 std::expected<void, ChatMessageError> read_content(const OJson& msg, const std::string& where, std::string& out) {
   auto it = msg.find("content");
   if (it == msg.end() || it->is_null()) return {};
@@ -493,6 +496,7 @@ std::expected<void, ChatMessageError> read_content(const OJson& msg, const std::
     auto text = part.find("text");
     if (text == part.end()) return missing(pw + ".text");
     if (!text->is_string()) return wrong_type(pw + ".text", "a string", *text);
+    if (!out.empty()) out += '\n';
     out += text->get<std::string>();
   }
   return {};

@@ -230,7 +230,8 @@ struct ChatMessageError {
 // chat_messages_from_json both use it). Message `index` of a `messages`
 // array: `role` one of system / developer (read as system) / user /
 // assistant / tool; `content` a string, null, or an array of
-// {"type":"text","text":...} parts (joined); `reasoning_content` a string;
+// {"type":"text","text":...} parts (joined with "\n", as llama.cpp's server
+// and vLLM join them); `reasoning_content` a string;
 // `tool_calls[].function.{name,arguments}` with arguments a string (kept
 // verbatim) or any other JSON value (written with to_python_json, as the
 // template's tojson would: the chat template's format wins); `name` and

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -34,6 +36,7 @@ class LlamaRoutes : public ::testing::Test {
  protected:
   virtual bool one_model() const { return false; }
   virtual void customize(ServerOptions&) {}
+  virtual int qwen_ctx_size() const { return 512; }  // 0: the model's own context (capped at 4096)
 
   void SetUp() override {
     BONSAI_REQUIRE_FILE(kStories);
@@ -48,7 +51,7 @@ class LlamaRoutes : public ::testing::Test {
     ASSERT_TRUE(m.has_value()) << m.error().message;
     m->release();
     if (!one_model()) {
-      spec.ctx_size = 512;
+      spec.ctx_size = qwen_ctx_size();
       spec.path = kQwen;
       pool_->loader_register("qwen", spec);
     }
@@ -625,6 +628,157 @@ TEST_F(LlamaRoutes, ModelsGiveTheContextLength) {
   auto [st3, j] = post("/v1/completions", json{{"model", "gpt-4o"}, {"prompt", "x"}, {"max_tokens", 1}});
   EXPECT_EQ(st3, 404);
   EXPECT_EQ(j["error"]["code"], "model_not_found");
+}
+
+// A registered model with no ctx-size of its own, not loaded: /v1/models
+// reads its context from the GGUF header (context_length, capped at 4096)
+// without loading it, and says the same once it is loaded.
+class LlamaRoutesOwnContext : public LlamaRoutes {
+ protected:
+  int qwen_ctx_size() const override { return 0; }
+};
+
+TEST_F(LlamaRoutesOwnContext, ModelsGiveTheContextOfAModelNotLoaded) {
+  auto context_of = [this](const std::string& id) -> json {
+    auto [st, list] = get("/v1/models");
+    EXPECT_EQ(st, 200);
+    for (const json& m : list["data"])
+      if (m["id"] == id) return m;
+    return json();
+  };
+  ASSERT_EQ(pool_->peek("qwen"), nullptr);  // registered, not loaded
+  const json before = context_of("qwen");
+  ASSERT_TRUE(before.contains("context_length")) << before.dump();
+  EXPECT_EQ(pool_->peek("qwen"), nullptr);  // listing did not load it
+  auto [st1, one] = get("/v1/models/qwen");
+  ASSERT_EQ(st1, 200);
+  EXPECT_EQ(one["context_length"], before["context_length"]);
+  // Loaded: its n_ctx is the number listed before.
+  auto [st, r] = post("/v1/completions", json{{"model", "qwen"}, {"prompt", "Hi"}, {"max_tokens", 1}});
+  ASSERT_EQ(st, 200) << r.dump();
+  auto lm = pool_->peek("qwen");
+  ASSERT_NE(lm, nullptr);
+  EXPECT_EQ(before["context_length"], lm->n_ctx);
+  EXPECT_EQ(before["max_model_len"], lm->n_ctx);
+  EXPECT_EQ(context_of("qwen")["context_length"], lm->n_ctx);
+  EXPECT_GT(lm->n_ctx, 512);  // the fixture's own context, not a ctx-size
+}
+
+// llama-server's mixed prompt: ids kept, strings tokenized (BOS only before
+// a string that comes first), concatenated: the same answer as those ids.
+TEST_F(LlamaRoutes, MixedPromptIsItsIdsAndTokenizedTextsInOrder) {
+  const std::vector<int> once = tokenize("stories", "Once upon");
+  const std::vector<int> time = tokenize("stories", "a time");
+  auto answer = [this](const json& prompt) {
+    auto [st, r] = post("/completion", json{{"prompt", prompt}, {"n_predict", 12}, {"temperature", 0}});
+    EXPECT_EQ(st, 200) << prompt.dump() << " " << r.dump();
+    return r;
+  };
+  std::vector<int> ids = {1};  // BOS, then the texts' tokens
+  ids.insert(ids.end(), once.begin(), once.end());
+  ids.insert(ids.end(), time.begin(), time.end());
+  const json by_ids = answer(ids);
+  for (const json& mixed : {json::array({1, "Once upon", "a time"}), json::array({"Once upon", "a time", 1}), [&] {
+                              json m = json::array({"Once upon"});  // first a text: BOS added (llama vocabulary)
+                              for (int id : time) m.push_back(id);
+                              return m;
+                            }()}) {
+    const json r = answer(mixed);
+    std::vector<int> want = ids;
+    if (mixed.back() == 1) {  // ["Once upon", "a time", 1]: BOS + texts, then the id 1
+      want.push_back(1);
+      EXPECT_EQ(r["tokens_evaluated"], want.size()) << mixed.dump();
+      EXPECT_EQ(r["prompt"], answer(want)["prompt"]) << mixed.dump();
+      EXPECT_EQ(r["content"], answer(want)["content"]) << mixed.dump();
+      continue;
+    }
+    EXPECT_EQ(r["tokens_evaluated"], want.size()) << mixed.dump();
+    EXPECT_EQ(r["prompt"], by_ids["prompt"]) << mixed.dump();
+    EXPECT_EQ(r["content"], by_ids["content"]) << mixed.dump();
+  }
+  // /v1/completions reads it the same way.
+  auto [st, v1] =
+      post("/v1/completions",
+           json{{"prompt", json::array({1, "Once upon", "a time"})}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(st, 200) << v1.dump();
+  EXPECT_EQ(v1["choices"][0]["text"], by_ids["content"]);
+  EXPECT_EQ(v1["usage"]["prompt_tokens"], ids.size());
+  // An id outside the vocabulary is a 400 naming the prompt.
+  auto [bst, bad] = post("/completion", json{{"prompt", json::array({1, "x", 99999})}, {"n_predict", 1}});
+  EXPECT_EQ(bst, 400) << bad.dump();
+  EXPECT_EQ(bad["error"]["param"], "prompt") << bad.dump();
+}
+
+// llama-server's logit_bias with text: every token of the text gets the
+// bias, as [["text", bias]] or {"text": bias}; false bans them.
+TEST_F(LlamaRoutes, LogitBiasTakesTextAsLlamaServerDoes) {
+  const std::vector<int> girl = tokenize("stories", "girl");
+  ASSERT_FALSE(girl.empty());
+  auto ask = [this](const json& bias) {
+    auto [st, r] = post("/completion", json{{"prompt", "Once upon a time"},
+                                            {"n_predict", 6},
+                                            {"temperature", 0},
+                                            {"return_tokens", true},
+                                            {"logit_bias", bias}});
+    EXPECT_EQ(st, 200) << bias.dump() << " " << r.dump();
+    return r;
+  };
+  json want = json::array();
+  for (int id : girl) want.push_back(json::array({id, 100.0}));
+  const json pushed = ask(json::array({json::array({"girl", 100})}));
+  EXPECT_EQ(pushed["generation_settings"]["logit_bias"], want);
+  ASSERT_EQ(pushed["tokens"].size(), 6u) << pushed.dump();
+  for (const json& t : pushed["tokens"])  // +100 on the text's tokens: only they are picked
+    EXPECT_NE(std::find(girl.begin(), girl.end(), t.get<int>()), girl.end()) << pushed.dump();
+  const json as_object = ask(json{{"girl", 100}});
+  EXPECT_EQ(as_object["generation_settings"]["logit_bias"], want);
+  EXPECT_EQ(as_object["tokens"], pushed["tokens"]);
+  // false: never; an id pair and a text pair together (ids first, then the text's tokens).
+  const json banned = ask(json::array({json::array({"girl", false}), json::array({13, -1})}));
+  json want_banned = json::array({json::array({13, -1.0})});
+  for (int id : girl) want_banned.push_back(json::array({id, -100.0}));
+  EXPECT_EQ(banned["generation_settings"]["logit_bias"], want_banned);
+  for (const json& t : banned["tokens"])
+    EXPECT_EQ(std::find(girl.begin(), girl.end(), t.get<int>()), girl.end()) << banned.dump();
+  // The id forms still work ([[id, bias]] and {"id": bias}).
+  const json by_id = ask(json{{std::to_string(girl[0]), 100}});
+  EXPECT_EQ(by_id["generation_settings"]["logit_bias"], json::array({json::array({girl[0], 100.0})}));
+  for (const json& bad : {json::array({json::array({"girl", 101})}), json::array({json::array({"girl"})}),
+                          json::array({json::array({"girl", "x"})}), json{{"girl", true}}}) {
+    auto [st, j] = post("/completion", json{{"prompt", "x"}, {"n_predict", 1}, {"logit_bias", bad}});
+    EXPECT_EQ(st, 400) << bad.dump() << " " << j.dump();
+    EXPECT_EQ(j["error"]["param"], "logit_bias") << j.dump();
+  }
+}
+
+// llama-server's per-request cache_prompt false: the request reuses no
+// cached prefix and leaves none behind (tokens_cached 0 and every prompt
+// token computed); the answer is the same (batch invariance).
+TEST_F(LlamaRoutes, CachePromptFalseNeitherReusesNorLeavesThePrefix) {
+  std::string prompt;
+  for (int i = 0; i < 6; ++i) prompt += "Once upon a time there was a little girl. ";
+  auto ask = [&](std::optional<bool> cache) {
+    json b{{"prompt", prompt}, {"n_predict", 4}, {"temperature", 0}};
+    if (cache) b["cache_prompt"] = *cache;
+    auto [st, r] = post("/completion", b);
+    EXPECT_EQ(st, 200) << r.dump();
+    return r;
+  };
+  const json a = ask(false);
+  const json b = ask(false);
+  const json c = ask(std::nullopt);  // nothing left by a and b
+  const json d = ask(std::nullopt);  // c left its prompt
+  const json e = ask(false);         // a cached prefix there, not reused
+  for (const json* r : {&a, &b, &c, &e}) {
+    EXPECT_EQ((*r)["tokens_cached"], 0) << r->dump();
+    EXPECT_EQ((*r)["timings"]["prompt_n"], (*r)["tokens_evaluated"]) << r->dump();
+  }
+  EXPECT_GT(d["tokens_cached"].get<int>(), 32) << d.dump();
+  EXPECT_EQ(d["timings"]["prompt_n"].get<int>() + d["tokens_cached"].get<int>(), d["tokens_evaluated"].get<int>());
+  for (const json* r : {&b, &c, &d, &e}) EXPECT_EQ((*r)["content"], a["content"]);
+  auto [st, j] = post("/completion", json{{"prompt", "x"}, {"cache_prompt", "no"}});
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["param"], "cache_prompt") << j.dump();
 }
 
 // One model served: any name reaches it and the answer names the model that served it.

@@ -582,8 +582,8 @@ TEST_F(OllamaHttp, ThinkTextIsThinking) {
 
 // /api/embed's truncate (default true): an input longer than the context
 // (512) is cut to its first 512 tokens, equal to embedding those tokens;
-// truncate false keeps the 400. /api/generate's context error (still a
-// 400: no truncation of prompts yet) names the prompt, not "messages".
+// truncate false keeps the 400. /api/generate's context error (truncate
+// false) names the prompt, not "messages".
 TEST_F(OllamaHttp, EmbedTruncatesToTheContextUnlessTruncateFalse) {
   std::string text;
   while (text.size() < 4000) text += "Once upon a time there was a cat. ";
@@ -612,10 +612,113 @@ TEST_F(OllamaHttp, EmbedTruncatesToTheContextUnlessTruncateFalse) {
   EXPECT_EQ(bst, 400) << b.dump();
   EXPECT_NE(b["error"].get<std::string>().find("truncate"), std::string::npos) << b.dump();
 
-  auto [gst, g] = post("/api/generate", {{"model", "stories"}, {"prompt", text + text}, {"stream", false}});
+  auto [gst, g] =
+      post("/api/generate", {{"model", "stories"}, {"prompt", text + text}, {"stream", false}, {"truncate", false}});
   ASSERT_EQ(gst, 400) << g.dump();
   EXPECT_EQ(g["error"].get<std::string>().find("messages"), std::string::npos) << g.dump();
   EXPECT_NE(g["error"].get<std::string>().find("prompt"), std::string::npos) << g.dump();
+}
+
+// Ollama cuts a conversation longer than the context instead of refusing
+// it: /api/chat drops the oldest messages but the system one (the last
+// always stays) until the prompt fits (the model's 512, or options.num_ctx),
+// which is the answer to the longest tail of the conversation that fits.
+TEST_F(OllamaHttp, ChatDropsTheOldestMessagesButTheSystemOneToFit) {
+  std::string para;
+  while (para.size() < 500) para += "The cat sat on the mat and looked at the dog. ";
+  const json system{{"role", "system"}, {"content", "You tell short stories."}};
+  std::vector<json> rest;
+  for (int i = 0; i < 6; ++i) {
+    rest.push_back(json{{"role", "user"}, {"content", std::to_string(i) + " " + para}});
+    rest.push_back(json{{"role", "assistant"}, {"content", "Story " + std::to_string(i) + "."}});
+  }
+  rest.push_back(json{{"role", "user"}, {"content", "Tell me about the cat."}});
+  auto chat = [this, &system](const std::vector<json>& msgs, size_t from, json extra) {
+    json messages = json::array({system});
+    for (size_t i = from; i < msgs.size(); ++i) messages.push_back(msgs[i]);
+    json body{{"model", "stories"},
+              {"messages", messages},
+              {"stream", false},
+              {"options", {{"temperature", 0}, {"num_predict", 1}}}};
+    body.update(extra, /*merge_objects=*/true);
+    return post("/api/chat", body);
+  };
+  for (const int64_t limit : {int64_t{511}, int64_t{199}}) {
+    SCOPED_TRACE("prompt limit " + std::to_string(limit));
+    json extra = limit == 511 ? json::object() : json{{"options", {{"num_ctx", limit + 1}}}};
+    auto [st, cut] = chat(rest, 0, extra);
+    ASSERT_EQ(st, 200) << cut.dump();
+    EXPECT_LE(cut["prompt_eval_count"].get<int64_t>(), limit) << cut.dump();
+    // The longest tail that fits, sent as is (truncate false), gives the same prompt and answer.
+    size_t from = 0;
+    json want;
+    for (; from < rest.size(); ++from) {
+      auto [wst, w] = chat(rest, from, json{{"truncate", false}});
+      if (wst == 200 && w["prompt_eval_count"].get<int64_t>() <= limit) {
+        want = w;
+        break;
+      }
+    }
+    ASSERT_GT(from, 0u);
+    ASSERT_LT(from, rest.size()) << "no tail fits";
+    EXPECT_EQ(cut["prompt_eval_count"], want["prompt_eval_count"]);
+    EXPECT_EQ(cut["message"]["content"], want["message"]["content"]);
+  }
+  // Sent as is, the whole conversation is a 400; so is a last message that alone does not fit.
+  auto [fst, f] = chat(rest, 0, json{{"truncate", false}});
+  EXPECT_EQ(fst, 400) << f.dump();
+  std::string huge;
+  while (huge.size() < 6000) huge += para;
+  auto [hst, h] = chat({json{{"role", "user"}, {"content", huge}}}, 0, json::object());
+  EXPECT_EQ(hst, 400) << h.dump();
+  EXPECT_NE(h["error"].get<std::string>().find("context length"), std::string::npos) << h.dump();
+}
+
+// /api/generate keeps the end of a prompt longer than the context: raw, the
+// BOS and the last 507 tokens (num_predict 4 left to answer), the answer
+// to exactly those tokens; templated, the end of the prompt inside the template.
+TEST_F(OllamaHttp, GenerateKeepsTheEndOfAPromptLongerThanTheContext) {
+  std::string text;
+  for (int i = 0; text.size() < 4000; ++i) text += "Once upon a time there was cat number " + std::to_string(i) + ". ";
+  auto [tst, t] = post("/tokenize", {{"model", "stories"}, {"content", text}});
+  ASSERT_EQ(tst, 200) << t.dump();
+  std::vector<int> ids = t["tokens"].get<std::vector<int>>();
+  ASSERT_GT(ids.size(), 600u);
+  std::vector<int> tail = {1};  // BOS
+  tail.insert(tail.end(), ids.end() - 507, ids.end());
+  const json opts{{"temperature", 0}, {"num_predict", 4}};
+  auto [rst, raw] = post("/api/generate",
+                         {{"model", "stories"}, {"prompt", text}, {"raw", true}, {"stream", false}, {"options", opts}});
+  ASSERT_EQ(rst, 200) << raw.dump();
+  EXPECT_EQ(raw["prompt_eval_count"], 508);
+  auto [cst, c] = post("/completion", {{"prompt", tail}, {"n_predict", 4}, {"temperature", 0}});
+  EXPECT_EQ(raw["eval_count"], c["tokens_predicted"]);
+  ASSERT_EQ(cst, 200) << c.dump();
+  EXPECT_EQ(raw["response"], c["content"]);
+  // The room kept is num_predict's (at most half the context), else a quarter of the context.
+  auto [lst, l] = post("/api/generate", {{"model", "stories"},
+                                         {"prompt", text},
+                                         {"raw", true},
+                                         {"stream", false},
+                                         {"options", {{"temperature", 0}, {"num_predict", 50}}}});
+  ASSERT_EQ(lst, 200) << l.dump();
+  EXPECT_EQ(l["prompt_eval_count"], 462) << l.dump();
+  auto [qst, q] = post("/api/generate", {{"model", "stories"}, {"prompt", text}, {"raw", true}, {"stream", false}});
+  ASSERT_EQ(qst, 200) << q.dump();
+  EXPECT_EQ(q["prompt_eval_count"], 384) << q.dump();
+  // Templated: the prompt's end inside the chat template.
+  auto [gst, g] = post("/api/generate", {{"model", "stories"}, {"prompt", text}, {"stream", false}, {"options", opts}});
+  ASSERT_EQ(gst, 200) << g.dump();
+  EXPECT_LE(g["prompt_eval_count"].get<int>(), 508);
+  EXPECT_GT(g["prompt_eval_count"].get<int>(), 400);
+  auto [nst, n] = post("/api/generate",
+                       {{"model", "stories"}, {"prompt", text}, {"stream", false}, {"options", {{"num_ctx", 100}}}});
+  ASSERT_EQ(nst, 200) << n.dump();
+  EXPECT_LE(n["prompt_eval_count"].get<int>(), 75);
+  EXPECT_GT(n["prompt_eval_count"].get<int>(), 40);
+  auto [bst, b] = post("/api/generate", {{"model", "stories"}, {"prompt", "x"}, {"options", {{"num_ctx", "big"}}}});
+  EXPECT_EQ(bst, 400) << b.dump();
+  EXPECT_NE(b["error"].get<std::string>().find("num_ctx"), std::string::npos) << b.dump();
 }
 
 TEST_F(OllamaHttp, EmbedEqualsV1Embeddings) {

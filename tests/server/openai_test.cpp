@@ -27,7 +27,7 @@ TEST(OpenAiParse, FullChatRequest) {
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[0].role, "system");
-  EXPECT_EQ(r.messages[1].content, "Hi there");
+  EXPECT_EQ(r.messages[1].content, "Hi \nthere");  // text parts joined with "\n" (llama-server, vLLM)
   EXPECT_EQ(*r.sampling.max_tokens, 12);
   EXPECT_FLOAT_EQ(*r.sampling.temperature, 0.5f);
   EXPECT_FLOAT_EQ(*r.sampling.top_p, 0.9f);
@@ -145,7 +145,10 @@ TEST(OpenAiParse, CompletionPromptForms) {
     auto e = parse(body, Endpoint::kCompletion, x);
     return e ? e->param : std::string("(accepted)");
   };
-  EXPECT_EQ(param_of(R"({"prompt":["a",5]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":["a",5]})"), "(accepted)");  // one mixed prompt (llama-server's)
+  EXPECT_EQ(param_of(R"({"prompt":["a",5.5]})"), "prompt");
+  EXPECT_EQ(param_of(R"({"prompt":["a",[1,"b",-1]]})"), "prompt[1]");
+  EXPECT_EQ(param_of(R"({"prompt":[1,"a"],"suffix":"c"})"), "suffix");
   EXPECT_EQ(param_of(R"({"prompt":["a",[]]})"), "prompt[1]");
   EXPECT_EQ(param_of(R"({"prompt":["a",[1,-2]]})"), "prompt[1]");
   EXPECT_EQ(param_of(R"({"prompt":["a","b"],"suffix":"c"})"), "suffix");
@@ -155,6 +158,118 @@ TEST(OpenAiParse, CompletionPromptForms) {
   many.erase(many.begin());
   EXPECT_EQ(param_of(json{{"prompt", many}}.dump()), "(accepted)");
   EXPECT_EQ(param_of(json{{"prompt", many}, {"n", 2}}.dump()), "prompt");  // 128 choices
+}
+
+// llama-server's mixed prompt: token ids and strings in one array are one
+// prompt, in order (strings tokenized by prepare_completion); an array of
+// prompts may hold mixed ones.
+TEST(OpenAiParse, MixedPromptsKeepIdsAndTextsInOrder) {
+  auto piece = [](const engine::PromptPiece& p) { return p.id >= 0 ? std::to_string(p.id) : "'" + p.text + "'"; };
+  auto pieces = [&](const std::vector<engine::PromptPiece>& ps) {
+    std::string out;
+    for (const auto& p : ps) out += (out.empty() ? "" : " ") + piece(p);
+    return out;
+  };
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"prompt":[1,"Once upon",13,"a"]})", Endpoint::kCompletion, r));
+  EXPECT_EQ(pieces(r.prompt_pieces), "1 'Once upon' 13 'a'");
+  EXPECT_TRUE(r.prompt_ids.empty());
+  EXPECT_TRUE(r.prompt.empty());
+  EXPECT_TRUE(r.prompts.empty());
+  CompletionRequest b;
+  ASSERT_FALSE(parse(R"({"prompt":[[1,"x"],"y",[2,3]]})", Endpoint::kCompletion, b));
+  ASSERT_EQ(b.prompts.size(), 3u);
+  EXPECT_EQ(pieces(b.prompts[0].pieces), "1 'x'");
+  EXPECT_EQ(b.prompts[1].text, "y");
+  EXPECT_EQ(b.prompts[2].ids, (std::vector<int32_t>{2, 3}));
+  // Only strings: several prompts, as before.
+  CompletionRequest s;
+  ASSERT_FALSE(parse(R"({"prompt":["x","y"]})", Endpoint::kCompletion, s));
+  EXPECT_EQ(s.prompts.size(), 2u);
+  EXPECT_TRUE(s.prompt_pieces.empty());
+}
+
+// llama-server's per-request cache_prompt: default true, false recorded, a non-boolean a 400.
+TEST(OpenAiParse, CachePrompt) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"prompt":"x"})", Endpoint::kCompletion, r));
+  EXPECT_TRUE(r.cache_prompt);
+  ASSERT_FALSE(parse(R"({"prompt":"x","cache_prompt":false})", Endpoint::kCompletion, r));
+  EXPECT_FALSE(r.cache_prompt);
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"x"}],"cache_prompt":false})", Endpoint::kChat, r));
+  EXPECT_FALSE(r.cache_prompt);
+  auto e = parse(R"({"prompt":"x","cache_prompt":"no"})", Endpoint::kCompletion, r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "cache_prompt");
+}
+
+// Text parts are joined with "\n" (llama.cpp's common_chat_msgs_to_json_oaicompat,
+// vLLM): none before the first non-empty text.
+TEST(OpenAiParse, TextPartsJoinWithNewlines) {
+  CompletionRequest r;
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},
+      {"type":"text","text":"b"},{"type":"text","text":"c"}]},
+      {"role":"user","content":[{"type":"text","text":""},{"type":"text","text":"d"}]}]})",
+                     Endpoint::kChat, r));
+  EXPECT_EQ(r.messages[0].content, "a\nb\nc");
+  EXPECT_EQ(r.messages[1].content, "d");
+}
+
+// OpenAI's deprecated function calling maps onto tools: functions ->
+// tools, function_call -> tool_choice, a role "function" message -> a tool
+// message, an assistant function_call -> a tool call; errors name the old fields.
+TEST(OpenAiParse, LegacyFunctionsMapOntoTools) {
+  const std::string fns =
+      R"("functions":[{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}])";
+  const std::string msgs = R"("messages":[{"role":"user","content":"Weather in Paris?"}])";
+  CompletionRequest r;
+  ASSERT_FALSE(parse("{" + msgs + "," + fns + "}", Endpoint::kChat, r));
+  ASSERT_TRUE(r.tools.is_array());
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0]["type"], "function");
+  EXPECT_EQ(r.tools[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(r.tools[0]["function"]["parameters"]["properties"]["city"]["type"], "string");
+  EXPECT_FALSE(r.forced_tool_call);
+  // function_call {"name"}: the named tool is forced (a grammar), as tool_choice {"type": "function", ...}.
+  CompletionRequest f;
+  ASSERT_FALSE(parse("{" + msgs + "," + fns + R"(,"function_call":{"name":"get_weather"}})", Endpoint::kChat, f));
+  EXPECT_TRUE(f.forced_tool_call);
+  ASSERT_TRUE(f.sampling.grammar.has_value());
+  EXPECT_NE(*f.sampling.grammar, nullptr);
+  CompletionRequest n;
+  ASSERT_FALSE(parse("{" + msgs + "," + fns + R"(,"function_call":"none"})", Endpoint::kChat, n));
+  EXPECT_TRUE(n.tool_choice_none);
+  // The old conversation shapes.
+  CompletionRequest c;
+  ASSERT_FALSE(parse(R"({"messages":[{"role":"user","content":"Weather?"},
+      {"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+      {"role":"function","name":"get_weather","content":"Sunny"}],)" +
+                         fns + "}",
+                     Endpoint::kChat, c));
+  ASSERT_EQ(c.messages.size(), 3u);
+  ASSERT_EQ(c.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(c.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(c.messages[1].tool_calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(c.messages[2].role, "tool");
+  EXPECT_EQ(c.messages[2].content, "Sunny");
+  EXPECT_EQ(c.messages[2].tool_call_id, c.messages[1].tool_calls[0].id);
+  // Errors name the fields the client sent.
+  auto param_of = [](const std::string& body) {
+    CompletionRequest x;
+    auto e = parse(body, Endpoint::kChat, x);
+    return e ? e->param : std::string("(accepted)");
+  };
+  EXPECT_EQ(param_of("{" + msgs + R"(,"functions":{"name":"f"}})"), "functions");
+  EXPECT_EQ(param_of("{" + msgs + R"(,"functions":[{"name":"bad name"}]})"), "functions[0].name");
+  EXPECT_EQ(param_of("{" + msgs + R"(,"functions":[{"name":"f"}],"function_call":{"name":"g"}})"), "function_call");
+  EXPECT_EQ(param_of("{" + msgs + R"(,"functions":[{"name":"f"}],"function_call":"sometimes"})"), "function_call");
+  EXPECT_EQ(param_of("{" + msgs + R"(,"function_call":{}})"), "function_call.name");
+  EXPECT_EQ(param_of(R"({"messages":[{"role":"function","content":"x"}]})"), "messages[0].name");
+  CompletionRequest x;
+  auto e = parse("{" + msgs + R"(,"functions":[{"name":"f"}],"function_call":{"name":"g"}})", Endpoint::kChat, x);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_NE(e->message.find("'function_call'"), std::string::npos) << e->message;
+  EXPECT_EQ(e->message.find("tool_choice"), std::string::npos) << e->message;
 }
 
 struct BadCase {

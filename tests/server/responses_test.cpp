@@ -70,7 +70,7 @@ TEST(ResponsesTranslate, ItemsMapOntoChatMessagesAndToolCalls) {
       {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "two"}]}]})");
   const OJson want = OJson::parse(R"([
       {"role": "developer", "content": "sys"},
-      {"role": "user", "content": "ab"},
+      {"role": "user", "content": "a\nb"},
       {"role": "assistant", "content": "Let me look.", "reasoning_content": "hmm",
        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
                       {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
@@ -693,6 +693,31 @@ TEST_F(ResponsesHttp, BadInputIs400NamingTheFieldAndTheServerKeepsServing) {
     EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   }
   auto [st, ok] = post("/v1/responses", json{{"input", "Hi"}, {"max_output_tokens", 2}});
+  EXPECT_EQ(st, 200) << ok.dump();
+}
+
+// A function_call_output answers a function_call before it (in this input
+// or the stored conversation): else OpenAI's 400 naming the call_id.
+TEST_F(ResponsesHttp, FunctionCallOutputWithoutItsCallIs400NamingTheCallId) {
+  const json orphan{{"type", "function_call_output"}, {"call_id", "call_nope"}, {"output", "x"}};
+  const json call{{"type", "function_call"}, {"call_id", "call_1"}, {"name", "f"}, {"arguments", "{}"}};
+  const json answer{{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "one"}};
+  const std::vector<json> inputs = {
+      json::array({{{"role", "user"}, {"content", "Hi"}}, orphan}),
+      json::array({{{"role", "user"}, {"content", "Hi"}}, call, answer, orphan}),
+      json::array({{{"role", "user"}, {"content", "Hi"}}, orphan, call}),  // the call comes after its output
+  };
+  for (const json& input : inputs) {
+    auto [st, j] = post("/v1/responses", json{{"input", input}, {"max_output_tokens", 2}});
+    EXPECT_EQ(st, 400) << input.dump() << " -> " << j.dump();
+    EXPECT_EQ(j["error"]["param"], "input") << j.dump();
+    EXPECT_EQ(j["error"]["message"], "No tool call found for function call output with call_id call_nope.") << j.dump();
+  }
+  // The matched pair alone is served.
+  auto [st, ok] =
+      post("/v1/responses", json{{"model", "qwen"},
+                                 {"input", json::array({{{"role", "user"}, {"content", "Hi"}}, call, answer})},
+                                 {"max_output_tokens", 2}});
   EXPECT_EQ(st, 200) << ok.dump();
 }
 

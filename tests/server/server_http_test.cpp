@@ -1292,7 +1292,7 @@ TEST_F(ServerHttpDrain, RunningStreamsFinishAndQueuedOnesGet503) {
 
 // Past the drain timeout, a stream still running is cancelled: having
 // started (status 200 and text out), it ends with the shutting_down error
-// event and no [DONE].
+// event, then data: [DONE] (vLLM's end of a failed stream).
 TEST_F(ServerHttpDrain, DrainTimeoutEndsRunningStreamsWithTheErrorEvent) {
   json req = completion_body("Once upon a time", 200);
   req["ignore_eos"] = true;
@@ -1319,11 +1319,15 @@ TEST_F(ServerHttpDrain, DrainTimeoutEndsRunningStreamsWithTheErrorEvent) {
   t.join();
   EXPECT_EQ(answer.status, 200) << answer.body;
   EXPECT_NE(answer.body.find("\"text\""), std::string::npos) << answer.body;
-  EXPECT_EQ(answer.body.find("[DONE]"), std::string::npos) << answer.body;
-  const size_t last = answer.body.rfind("data: ");
+  const std::string done = "\n\ndata: [DONE]\n\n";
+  ASSERT_TRUE(answer.body.ends_with(done)) << answer.body;
+  const std::string head = answer.body.substr(0, answer.body.size() - done.size());
+  const size_t last = head.rfind("data: ");
   ASSERT_NE(last, std::string::npos) << answer.body;
-  const json ev = json::parse(answer.body.substr(last + 6), nullptr, false);
+  const json ev = json::parse(head.substr(last + 6), nullptr, false);
   EXPECT_EQ(ev["error"]["code"], "shutting_down") << answer.body;
+  EXPECT_EQ(ev["error"]["type"], "server_error") << answer.body;
+  EXPECT_EQ(answer.body.find("finish_reason\":\"length"), std::string::npos) << answer.body;
 }
 
 // Issue 33.3 over HTTP: with both model slots (--models-max 2) held by
