@@ -43,9 +43,21 @@ const detail::AttnOps* attn_ops_of(Tier t) {
 }  // namespace
 
 AttnKernels attn_kernels(int64_t hd_k, int64_t hd_v) {
-  const detail::AttnOps& ops = *attn_ops_of(active_tier());
-  const int64_t m = ops.head_dim_multiple;
-  if (m > 0 && hd_k % m == 0 && hd_v % m == 0) return {ops.name, ops.step, ops.score_q8, ops.load_rows};
+  const Tier tier = active_tier();
+  const detail::AttnOps& ops = *attn_ops_of(tier);
+  const auto fits = [&](const detail::AttnOps& o) {
+    const int64_t m = o.head_dim_multiple;
+    return m > 0 && hd_k % m == 0 && hd_v % m == 0;
+  };
+  if (fits(ops)) return {ops.name, ops.step, ops.score_q8, ops.load_rows};
+  // Head dims the AVX-512 kernels do not take (multiples of 8, not 16, e.g.
+  // stories260K's 8) run the AVX2 kernels, which every AVX-512 CPU has,
+  // instead of the scalar reference: the choice still depends only on the
+  // tier and the head dims, so it is the same for every batch.
+  if (tier == Tier::kAvx512) {
+    if (const detail::AttnOps* narrow = attn_ops_of(Tier::kAvx2); narrow != &ops && fits(*narrow))
+      return {narrow->name, narrow->step, narrow->score_q8, narrow->load_rows};
+  }
   return {"scalar", nullptr, detail::attn_score_q8_ref, ops.load_rows};
 }
 

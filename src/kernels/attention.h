@@ -109,8 +109,9 @@ using AttnLoadRowsFn = void (*)(Format f, const uint8_t* src, float* dst, int64_
 // The attention kernels of the active tier for head dims hd_k, hd_v.
 struct AttnKernels {
   // "avx512" (AVX-512 tier, head dims multiples of 16), "avx2" (AVX2 tier,
-  // multiples of 8), "neon" (the ARM tiers, multiples of 4) or "scalar"
-  // (every other case). Static storage.
+  // multiples of 8; also the AVX-512 tier's for multiples of 8 that are not
+  // of 16), "neon" (the ARM tiers, multiples of 4) or "scalar" (every other
+  // case). Static storage.
   const char* name;
   AttnStepFn step;           // the SIMD group step; null for "scalar" (use attn_block_ref / attn_update_ref)
   AttnScoreQ8Fn score_q8;    // never null (the reference scorer for "scalar")

@@ -3,7 +3,7 @@
 // whether it ran alone (decode), inside a prefill of any chunking, or next to
 // other sequences' tokens; for every KV type and kernels tier. End to end:
 // logits memcmp across prefill chunkings and batch mixes on stories260K
-// (scalar attention kernel, head dim 8) and the tiny Qwen3 fixture (head dim 64).
+// (head dim 8: the AVX2 / NEON kernels, scalar elsewhere) and the tiny Qwen3 fixture (head dim 64).
 #include "model/attention.h"
 
 #include <gtest/gtest.h>
@@ -361,7 +361,9 @@ TEST(AttentionKernel, Avx512IsUsedWhereAvailable) {
   const kernels::Tier saved = kernels::active_tier();
   ASSERT_TRUE(kernels::set_active_tier(kernels::Tier::kAvx512).has_value());
   EXPECT_STREQ(attention_kernel_name(128, 128), "avx512");
-  EXPECT_STREQ(attention_kernel_name(8, 8), "scalar");
+  EXPECT_STREQ(attention_kernel_name(40, 40), "avx2");  // not a multiple of 16: the AVX2 kernels
+  EXPECT_STREQ(attention_kernel_name(8, 8), "avx2");
+  EXPECT_STREQ(attention_kernel_name(12, 12), "scalar");
   ASSERT_TRUE(kernels::set_active_tier(kernels::Tier::kReference).has_value());
   EXPECT_STREQ(attention_kernel_name(128, 128), "scalar");
   ASSERT_TRUE(kernels::set_active_tier(saved).has_value());
