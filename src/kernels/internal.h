@@ -278,6 +278,13 @@ bool avx512_amx_for(int64_t n);
 // process means the stored pages are the copy it reads.
 bool avx512_amx_in_use();
 
+// The PQ2_0 twin of a PTQ1_0 matrix w (same values, chunk order and scales;
+// formats.h): w with format kPQ2_0 and PQ2_0's row stride. `data` is still
+// w's PTQ1_0 bytes, so only the twin's geometry and `packed` may be read. A
+// PTQ1_0 matrix is packed (pack_matrix) and, on the AVX-512 tier, computed
+// (kernels.cpp) as this twin.
+MatrixView pq2_twin(const MatrixView& w);
+
 // ---- Packed row-quad layout (Packing::kAvx512RowQuad; packing.cpp writes it,
 // avx512_packed.inc reads it) -----------------------------------------------
 // The AVX-512 grouped kernel (avx512.cpp "Grouped layout") gathers, per row

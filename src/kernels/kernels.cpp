@@ -357,9 +357,35 @@ const detail::QuantAct* prepare_act(const TierOps* ops, Format f, int64_t cols, 
   return ap;
 }
 
-void run_rows(const TierOps* ops, const MatrixView& w, const float* x, int64_t n, float* y, core::ThreadPool* pool,
+// The matrix a product on `tier` computes: w, or for a PTQ1_0 matrix whose
+// row-quad copy that tier reads (packing.cpp packs PTQ1_0 as its PQ2_0
+// twin), the twin with `data` cleared (its stored bytes are PTQ1_0, not the
+// twin's; only `packed` is read). Every other tier, and the AVX-512 tier
+// while AMX is in use (it reads stored layouts), computes w's PTQ1_0 bytes.
+MatrixView computed(const MatrixView& w, Tier tier) {
+  if (w.format != Format::kPTQ1_0 || w.packed == nullptr || w.packing != Packing::kAvx512RowQuad ||
+      tier != Tier::kAvx512 || detail::avx512_amx_in_use())
+    return w;
+  MatrixView t = detail::pq2_twin(w);
+  t.data = nullptr;
+  return t;
+}
+
+// computed() of ws[0 .. count) into `out` (kMaxMulti views), or ws itself
+// when none changes.
+constexpr int kMaxMulti = 8;
+const MatrixView* computed(const MatrixView* ws, int count, MatrixView (&out)[kMaxMulti]) {
+  bool any = false;
+  for (int i = 0; i < count; ++i) any = any || (ws[i].format == Format::kPTQ1_0 && ws[i].packed != nullptr);
+  if (!any || count > kMaxMulti) return ws;  // (more than kMaxMulti: run_rows maps each one)
+  for (int i = 0; i < count; ++i) out[i] = computed(ws[i], active_tier());
+  return out;
+}
+
+void run_rows(const TierOps* ops, const MatrixView& w_in, const float* x, int64_t n, float* y, core::ThreadPool* pool,
               ActScratch* scratch) {
-  if (w.rows <= 0 || n <= 0) return;
+  if (w_in.rows <= 0 || n <= 0) return;
+  const MatrixView w = computed(w_in, active_tier());
   ops = detail::ops_for_format(ops, w.format);
   const detail::QuantAct* a = prepare_act(ops, w.format, w.cols, x, n, pool, scratch, tile16_use(&w, 1));
   RowsCtx ctx{ops, &w, x, a, n, y};
@@ -388,9 +414,11 @@ void gemm(const MatrixView& w, const float* x, int64_t n, float* y, core::Thread
   run_rows(active_ops(), w, x, n, y, pool, scratch);
 }
 
-void gemm_multi(const MatrixView* ws, int count, const float* x, int64_t n, float* const* ys, core::ThreadPool* pool,
+void gemm_multi(const MatrixView* ws_in, int count, const float* x, int64_t n, float* const* ys, core::ThreadPool* pool,
                 ActScratch* scratch) {
   if (count <= 0 || n <= 0) return;
+  MatrixView mapped[kMaxMulti];
+  const MatrixView* ws = computed(ws_in, count, mapped);
   bool same = true;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
@@ -425,6 +453,8 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
                 void (*epilogue)(void* ctx, int64_t u0, int64_t u1), void* ctx, core::ThreadPool* pool,
                 ActScratch* scratch) {
   if (count <= 0 || n <= 0 || units <= 0) return;
+  MatrixView mapped[kMaxMulti];
+  ws = computed(ws, count, mapped);
   bool same = true;
   int64_t total = 0;
   for (int i = 0; i < count; ++i) {
@@ -455,9 +485,10 @@ void gemm_units(const MatrixView* ws, int count, const float* x, int64_t n, floa
   pool->parallel_for(units, std::move(slice), per_chunk);
 }
 
-void gemm_rows(Tier tier, const MatrixView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+void gemm_rows(Tier tier, const MatrixView& w_in, const float* x, int64_t n, float* y, int64_t row_begin,
                int64_t row_end) {
   const bool supported = tier_supported(tier);
+  const MatrixView w = computed(w_in, supported ? tier : Tier::kReference);
   const TierOps* ops = detail::ops_for_format(supported ? ops_of(tier) : detail::reference_ops(), w.format);
   if (row_end <= row_begin || n <= 0) return;
   thread_local detail::QuantAct act;

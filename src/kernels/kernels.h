@@ -165,9 +165,17 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
 // that holds the model copies a PTQ1_0 matrix once into PQ2_0 at load (one
 // copy, 34/28 = 1.21x the bytes, the mapped pages released) and runs the
 // PQ2_0 kernels. The two formats share the Q2_0 chunk order, so the
-// products are bit-identical either way.
+// products are bit-identical either way. The AVX-512 tier goes one step
+// further: packing_for gives a PTQ1_0 matrix the row-quad layout of its PQ2_0
+// twin (the same 34/28 of the bytes; pack_matrix transcodes 1,024 rows at a
+// time into scratch and packs them), `data` keeps the file's PTQ1_0 bytes
+// for every other tier, and the products run the row-quad PQ2_0 kernel: on
+// Zen 5, 17408 x 5120 GEMV from DRAM at 2 threads 1.55x the stored PQ2_0
+// layout's, the 27B shape's tg32 1.4-1.7x the transcoded build's
+// (bench/results/ptq1-rowquad-2026-12-06-zen5.txt).
 // The format `w` is better computed in on the active tier: kPQ2_0 for a
-// PTQ1_0 matrix on the AVX2 and AVX-512 tiers, else w.format (no change).
+// PTQ1_0 matrix on the AVX2 tier and on the AVX-512 tier where it is not
+// packed instead (packing_for), else w.format (no change).
 Format transcode_target(const MatrixView& w);
 // Writes w (PTQ1_0) as PQ2_0 rows to dst (w.rows * row_bytes(kPQ2_0,
 // w.cols) bytes; block b of a row keeps its fp16 scale bits and each digit

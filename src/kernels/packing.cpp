@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -207,7 +208,21 @@ std::string_view packing_name(Packing p) {
   return "?";
 }
 
+MatrixView detail::pq2_twin(const MatrixView& w) {
+  MatrixView t = w;
+  t.format = Format::kPQ2_0;
+  t.row_stride = row_bytes(Format::kPQ2_0, w.cols);
+  return t;
+}
+
 Packing packing_for(const MatrixView& w) {
+  if (w.format == Format::kPTQ1_0) {
+    // Packed as its PQ2_0 twin on the AVX-512 tier (see kernels.h "Load-time
+    // transcoding"): the padding rule is the twin's, its 34/28 of the file
+    // being the transcoding's known cost.
+    if (w.rows <= 0 || w.cols <= 0 || w.data == nullptr || active_tier() != Tier::kAvx512) return Packing::kNone;
+    return packing_for(detail::pq2_twin(w)) == Packing::kAvx512RowQuad ? Packing::kAvx512RowQuad : Packing::kNone;
+  }
   if (!has_units(w.format) || w.rows <= 0 || w.cols <= 0 || w.data == nullptr) return Packing::kNone;
   const Tier tier = active_tier();
   if (tier != Tier::kAvx512 && tier != Tier::kAvx2) return Packing::kNone;
@@ -246,6 +261,7 @@ Packing packing_for(const MatrixView& w) {
 }
 
 size_t packed_bytes(const MatrixView& w, Packing p) {
+  if (w.format == Format::kPTQ1_0) return p == Packing::kAvx512RowQuad ? packed_bytes(detail::pq2_twin(w), p) : 0;
   switch (p) {
     case Packing::kNone:
       return 0;
@@ -262,6 +278,25 @@ size_t packed_bytes(const MatrixView& w, Packing p) {
 
 void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* pool) {
   auto* out = static_cast<uint8_t*>(dst);
+  if (w.format == Format::kPTQ1_0) {
+    if (p != Packing::kAvx512RowQuad) return;
+    // Transcoded to PQ2_0 a slice of whole quads at a time (kSliceRows rows:
+    // a few MiB of scratch instead of a second copy of the matrix), each
+    // slice packed into its quads' place.
+    constexpr int64_t kSliceRows = 1024;
+    const MatrixView twin = detail::pq2_twin(w);
+    const size_t quad_bytes = packed_bytes(MatrixView{twin.data, twin.format, 4, twin.cols, twin.row_stride}, p);
+    std::vector<uint8_t> scratch(static_cast<size_t>(std::min<int64_t>(kSliceRows, w.rows)) * twin.row_stride);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += kSliceRows) {
+      const int64_t rows = std::min<int64_t>(kSliceRows, w.rows - r0);
+      const MatrixView src{static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_stride, w.format, rows,
+                           w.cols, w.row_stride};
+      transcode_ptq1_0_to_pq2_0(src, scratch.data(), pool);
+      const MatrixView slice{scratch.data(), Format::kPQ2_0, rows, w.cols, twin.row_stride};
+      pack_matrix(slice, p, out + static_cast<size_t>(r0 / 4) * quad_bytes, pool);
+    }
+    return;
+  }
   if (detail::is_lut_packing(p) && tile16_defined(w, p)) {
     const bool avx2 = p == Packing::kAvx2Tile16;
     split(pool, (w.rows + detail::kTileRows - 1) / detail::kTileRows, 4,
@@ -273,6 +308,7 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
 
 Format transcode_target(const MatrixView& w) {
   if (w.format != Format::kPTQ1_0 || w.data == nullptr) return w.format;
+  if (packing_for(w) != Packing::kNone) return w.format;  // packed instead (pack_matrix)
   const Tier tier = active_tier();
   return tier == Tier::kAvx2 || tier == Tier::kAvx512 ? Format::kPQ2_0 : w.format;
 }

@@ -475,8 +475,9 @@ core::Expected<void> Model::repack_weights() {
   mats.push_back(&weights_.output);
   // A job either packs a matrix into another layout of its format, or
   // transcodes it into another format the tier computes faster
-  // (kernels::transcode_target: PTQ1_0 -> PQ2_0 on AVX2 / AVX-512); a
-  // transcoded matrix is not packed further.
+  // (kernels::transcode_target: PTQ1_0 -> PQ2_0 on AVX2, and on AVX-512
+  // where the matrix is not packed as its PQ2_0 twin's row quads instead);
+  // a transcoded matrix is not packed further.
   struct Job {
     kernels::MatrixView* m;
     kernels::Packing p;

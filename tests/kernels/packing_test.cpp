@@ -364,6 +364,72 @@ TEST(Packing, GemmMultiMixesPackedAndStored) {
   }
 }
 
+// PTQ1_0 is packed as its PQ2_0 twin's row quads (kernels.h "Load-time
+// transcoding"), in slices of 1,024 rows: the AVX-512 tier chooses it (and
+// no longer transcodes), the AVX2 tier still transcodes; every tier gives
+// the stored PTQ1_0 matrix's bits (products, gemm_multi with a stored
+// PTQ1_0 matrix, gemm_rows ranges that cut quads), 1 and 2 threads. 1,030
+// rows: a slice boundary and a partial last quad.
+TEST(Packing, Ptq1PackedAsItsPq2Twin) {
+  core::ThreadPool pool2(2);
+  const int64_t rows = 1030, cols = 2048;
+  auto m = testing::random_matrix(Format::kPTQ1_0, rows, cols, 77);
+  auto other = testing::random_matrix(Format::kPTQ1_0, 70, cols, 78);
+  const MatrixView twin = detail::pq2_twin(m.view);
+  EXPECT_EQ(twin.format, Format::kPQ2_0);
+  EXPECT_EQ(twin.row_stride, row_bytes(Format::kPQ2_0, cols));
+  EXPECT_EQ(packed_bytes(m.view, Packing::kAvx512RowQuad), packed_bytes(twin, Packing::kAvx512RowQuad));
+  EXPECT_EQ(packed_bytes(m.view, Packing::kTile16), 0u);
+  const Packed p = pack(m.view, &pool2);
+  {
+    const Packed p1 = pack(m.view, nullptr);
+    ASSERT_EQ(std::memcmp(p.buf.get(), p1.buf.get(), packed_bytes(m.view, Packing::kAvx512RowQuad)), 0);
+  }
+  // The same bytes as packing a transcoded copy.
+  {
+    std::vector<uint8_t> pq(static_cast<size_t>(rows) * twin.row_stride);
+    transcode_ptq1_0_to_pq2_0(m.view, pq.data(), &pool2);
+    const MatrixView pqv{pq.data(), Format::kPQ2_0, rows, cols, twin.row_stride};
+    const Packed pp = pack(pqv, nullptr);
+    ASSERT_EQ(std::memcmp(p.buf.get(), pp.buf.get(), packed_bytes(pqv, Packing::kAvx512RowQuad)), 0);
+  }
+  const auto x = testing::random_batch(65, cols, 123);
+  for (const Variant& v : variants()) {
+    Scope scope(v);
+    const bool avx512 = v.tier == Tier::kAvx512;
+    EXPECT_EQ(packing_for(m.view), avx512 ? Packing::kAvx512RowQuad : Packing::kNone) << v.label;
+    const Format target = avx512 || v.tier == Tier::kReference || v.tier == Tier::kNeon ||
+                                  v.tier == Tier::kNeonDotprod || v.tier == Tier::kNeonI8mm
+                              ? Format::kPTQ1_0
+                              : Format::kPQ2_0;
+    EXPECT_EQ(transcode_target(m.view), target) << v.label;
+    for (int64_t n : {1, 2, 5, 17, 65}) {
+      const std::string where = v.label + " n=" + std::to_string(n);
+      std::vector<float> want(static_cast<size_t>(n * rows)), got(want.size());
+      gemm(m.view, x.data(), n, want.data(), nullptr);  // the stored PTQ1_0 bytes
+      for (core::ThreadPool* tp : {static_cast<core::ThreadPool*>(nullptr), &pool2}) {
+        std::fill(got.begin(), got.end(), -1.0f);
+        gemm(p.view, x.data(), n, got.data(), tp);
+        ASSERT_TRUE(same(want, got)) << where << (tp ? " 2 threads" : " 1 thread");
+      }
+      std::fill(got.begin(), got.end(), -1.0f);
+      gemm_rows(v.tier, p.view, x.data(), n, got.data(), 0, 333);
+      gemm_rows(v.tier, p.view, x.data(), n, got.data(), 333, 1029);
+      gemm_rows(v.tier, p.view, x.data(), n, got.data(), 1029, rows);
+      ASSERT_TRUE(same(want, got)) << where << " row split";
+      // One dispatch over the packed matrix and a stored one.
+      std::vector<float> ya(want.size()), yb(static_cast<size_t>(n * 70)), wb(yb.size());
+      float* ys[2] = {ya.data(), yb.data()};
+      const MatrixView ws[2] = {p.view, other.view};
+      ActScratch fresh;
+      gemm_multi(ws, 2, x.data(), n, ys, &pool2, &fresh);
+      gemm(other.view, x.data(), n, wb.data(), nullptr);
+      ASSERT_TRUE(same(want, ya)) << where << " gemm_multi";
+      ASSERT_TRUE(same(wb, yb)) << where << " gemm_multi stored";
+    }
+  }
+}
+
 // tile16's lookup tables are built per thread from the prepared activations
 // and reused until the next prepare: products with other activations (or
 // other columns counts) in any order, on one scratch and on the calling
