@@ -22,6 +22,7 @@
 #include "core/thread_pool.h"
 #include "kernels/delta_rule.h"
 #include "kernels/hadamard.h"
+#include "kernels/silu.h"  // silu_mul: the gated norm
 #include "model/model.h"
 #include "model/model_internal.h"
 
@@ -197,7 +198,7 @@ void Model::gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCa
                                      beta[i * n_v + h], scale, oh, d);
             rms_norm(oh, G.norm.data, oh, d, c.rms_eps);
             const float* zh = z + i * vd + h * d;
-            for (int64_t j = 0; j < d; ++j) oh[j] *= silu(zh[j]);
+            kernels::silu_mul(zh, oh, oh, d);  // oh[j] *= silu(zh[j])
           }
         }
       },

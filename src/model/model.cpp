@@ -20,6 +20,7 @@
 #include "core/mapped_file.h"  // MappedFile::release
 #include "core/thread_pool.h"
 #include "kernels/hadamard.h"  // hadamard_unrotate (Bonsai 2 embedding rows)
+#include "kernels/silu.h"      // silu_mul: the SwiGLU gate
 #include "model/attention.h"   // attention
 #include "model/model_internal.h"
 
@@ -895,7 +896,7 @@ void Model::ffn_block(int64_t l, int64_t n, Workspace& ws, core::ThreadPool& poo
         for (int64_t i = 0; i < n; ++i) {
           float* g = gate + i * c.n_ff;
           const float* u = up + i * c.n_ff;
-          for (int64_t j = u0 * ff_unit; j < u1 * ff_unit; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+          kernels::silu_mul(g + u0 * ff_unit, u + u0 * ff_unit, g + u0 * ff_unit, (u1 - u0) * ff_unit);
         }
       },
       &pool, &ws.act_);
