@@ -354,11 +354,11 @@ int serve_main(const CLI::App& cmd) {
   // timer: clients that send keep_alive with every request must not leave
   // the server with its default model unloaded (ModelPool::pin).
   pool->pin(cfg.models.front().id);
-  if (!preload_models(*pool, cfg, capacity)) return 1;
-  // From now on a model that just served a request is not evicted for
-  // another model's request (no ping-pong over --models-max slots).
-  pool->set_recent_use_grace(engine::kRecentUseGrace);
 
+  // The port is bound before the models load: a port in use (or a host that
+  // is not this machine's) is reported at once, not after a load that can
+  // take a minute (a 27B model). Connections made during the load wait in
+  // the listen backlog and are served once it is done.
   const server::ServerOptions so = server_options(cfg, base);
   server::Server srv(pool, so);
   auto port = srv.bind();
@@ -366,6 +366,10 @@ int serve_main(const CLI::App& cmd) {
     std::cerr << "bonsai serve: " << port.error().message << "\n";
     return 1;
   }
+  if (!preload_models(*pool, cfg, capacity)) return 1;
+  // From now on a model that just served a request is not evicted for
+  // another model's request (no ping-pong over --models-max slots).
+  pool->set_recent_use_grace(engine::kRecentUseGrace);
   // An IPv6 address in a URL is bracketed (RFC 3986): http://[::1]:8080.
   const std::string url_host = so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host;
   const std::string url = "http://" + url_host + ":" + std::to_string(*port);

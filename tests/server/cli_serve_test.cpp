@@ -570,6 +570,31 @@ TEST(ServeCli, ModelDraftChecksTheTokenizerAtLoad) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << out;
 }
 
+// A port already in use is reported before any model loads (the port is
+// bound first; a 27B load takes a minute): exit 1 naming the address, and no
+// "loaded" line before it.
+TEST(ServeCli, BusyPortIsReportedBeforeTheLoad) {
+  BONSAI_REQUIRE_FILE(kG64);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string busy = std::to_string(ntohs(addr.sin_port));
+  ServeProcess p({"--host", "127.0.0.1", "--port", busy, "-t", "1", "-c", "128", "-m", "g=" + kG64}, {});
+  EXPECT_EQ(p.wait_listening(), 0) << p.err();
+  EXPECT_EQ(p.wait_exit(), 1) << p.err();
+  ::close(fd);
+  EXPECT_NE(p.err().find("cannot listen on"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find(busy), std::string::npos) << p.err();
+  EXPECT_EQ(p.err().find("loaded '"), std::string::npos) << p.err();
+}
+
 // -a / --alias names the one model: /v1/models lists the alias with its
 // context length, answers report it; any other name means that model unless
 // --strict-model-names. With two models --alias is refused.
