@@ -49,7 +49,12 @@ void silu_mul(const float* g, const float* u, float* out, int64_t n) {
     case Tier::kAvx512:  // every AVX-512 CPU runs AVX2
       fn = detail::avx2_silu_mul();
       break;
-    default:
+    case Tier::kNeon:
+    case Tier::kNeonDotprod:
+    case Tier::kNeonI8mm:
+      fn = detail::neon_silu_mul();
+      break;
+    case Tier::kReference:
       break;
   }
   (fn != nullptr ? fn : detail::silu_mul_ref)(g, u, out, n);

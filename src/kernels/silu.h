@@ -19,7 +19,8 @@
 // scalar, one call per element) was ~5% of a decode step of the 1.7B shape.
 //
 // Tiers: the AVX2 kernel serves the AVX2 and AVX-512 tiers (8 lanes), the
-// reference every other one; the result never depends on the tier, the
+// NEON kernel the three ARM tiers (4 lanes), the reference the reference
+// tier; the result never depends on the tier, the
 // length or the alignment. Single-threaded, no allocation, thread-safe.
 #pragma once
 

@@ -1,5 +1,6 @@
 // Internal interface between silu.cpp (dispatch and the scalar reference)
-// and silu_avx2.cpp. The public side is silu.h.
+// and the tier kernels silu_avx2.cpp, silu_neon.cpp. The public side is
+// silu.h.
 #pragma once
 
 #include <cstdint>
@@ -24,5 +25,8 @@ void silu_mul_ref(const float* g, const float* u, float* out, int64_t n);
 // The AVX2 kernel (any n; its tail runs the reference); nullptr when the
 // tier is not compiled into this binary.
 SiluMulFn avx2_silu_mul();
+// The NEON kernel (the three ARM tiers; any n); nullptr when not built for
+// arm64.
+SiluMulFn neon_silu_mul();
 
 }  // namespace bonsai::kernels::detail
