@@ -807,10 +807,15 @@ int64_t Sequence::n_ctx() const { return s_->cache.n_ctx(); }
 bool SpecGuard::allow() {
   ++spec_.since;
   ++plain_.since;
-  bool spec = plain_.n < kWarmup ? false : spec_.n < kWarmup ? true : spec_rate() >= plain_rate();
+  // Warm-up: the modes take turns (plain first), so both see the same
+  // conditions (the first steps of a process are slower).
+  if (spec_.n < kWarmup || plain_.n < kWarmup) return spec_.n < plain_.n;
+  // Speculation must win by kMargin: where the two are about even, plain
+  // decoding (the side "never slower" is about) keeps the step.
+  bool spec = spec_rate() > plain_rate() * (1 + kMargin);
   // The mode not chosen gets a step now and then, to see whether it still loses.
-  if (spec && plain_.n >= kWarmup && plain_.since > kProbeEvery) spec = false;
-  if (!spec && plain_.n >= kWarmup && spec_.since > kProbeEvery) spec = true;
+  if (spec && plain_.since > kProbeEvery) spec = false;
+  if (!spec && spec_.since > kProbeEvery) spec = true;
   return spec;
 }
 
@@ -823,15 +828,14 @@ void SpecGuard::record(int64_t rows, bool speculated, int64_t tokens, double sec
   }
   if (rows_ == 0) rows_ = rows;
   Mode& m = speculated ? spec_ : plain_;
-  if (m.n == 0) {
-    m.tokens = static_cast<double>(tokens);
-    m.seconds = seconds;
-  } else {
-    // A step far above the average (the thread descheduled, the process
-    // stopped) counts as 3x the average, so one stall does not decide.
-    m.tokens += kWeight * (static_cast<double>(tokens) - m.tokens);
-    m.seconds += kWeight * (std::min(seconds, 3 * m.seconds) - m.seconds);
-  }
+  // The plain mean of the first 1 / kWeight samples, then the moving
+  // average (so the first sample does not weigh on it for long).
+  const double w = std::max(kWeight, 1.0 / static_cast<double>(m.n + 1));
+  // A step far above the average (the thread descheduled, the process
+  // stopped) counts as 3x the average, so one stall does not decide.
+  if (m.n > 0) seconds = std::min(seconds, 3 * m.seconds);
+  m.tokens += w * (static_cast<double>(tokens) - m.tokens);
+  m.seconds += w * (seconds - m.seconds);
   ++m.n;
   m.since = 0;
 }

@@ -243,11 +243,12 @@ inline constexpr int32_t kProbeSteps = 16;
 // can be wrong (on stories260K a row costs more than the model says and
 // prompt lookup ran at 0.94x); the guard measures instead what each mode
 // yields: output tokens per second of step time, as exponential moving
-// averages (weight kWeight) of the tokens and of the seconds of decode
-// steps (no prompt tokens) in which greedy sequences ran proposed rows
-// ("spec") or did not ("plain"). allow() says whether greedy sequences
-// may propose in the next step: first kWarmup samples of each mode, then
-// the mode with the higher yield (ties: spec), with one step of the other
+// averages (weight kWeight, the plain mean of the first 1 / kWeight
+// samples) of the tokens and of the seconds of decode steps (no prompt
+// tokens) in which greedy sequences ran proposed rows ("spec") or did not
+// ("plain"). allow() says whether greedy sequences may propose in the next
+// step: first kWarmup samples of each mode, taking turns, then spec only
+// where its yield beats plain's by kMargin, with one step of the other
 // mode when it has had no sample for kProbeEvery steps, so a change in
 // either (the text turned repetitive, other load) can switch it back.
 // When the decode rows move by more than a quarter from those the
@@ -270,6 +271,7 @@ class SpecGuard {
   static constexpr double kWeight = 0.125;
   static constexpr int64_t kWarmup = 4;
   static constexpr int64_t kProbeEvery = 16;
+  static constexpr double kMargin = 0.02;
 
  private:
   struct Mode {
