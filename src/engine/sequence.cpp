@@ -512,6 +512,10 @@ int64_t Sequence::propose(int64_t max_draft, double row_cost, double step_s) {
                                             : std::max(0.0, row_cost);
   if (proposer != nullptr && step_s > 0 && m.spec.row_cost < 0 && params.temperature <= 0.0f)
     cost += proposer->seconds_per_token() / step_s;
+  // Held back (the guard): not even a proposal to compare with what is
+  // sampled, as the n-gram search over the history costs a few percent of a
+  // small model's step; the guard's probes keep the acceptance estimate.
+  if (!std::isfinite(cost)) return 0;
   int64_t k = draft_length(m.acceptance, cost, room);
   // The sequence so far: the cache's tokens and the last sampled one.
   m.decode_in.assign(m.history.begin(), m.history.end());
@@ -812,10 +816,18 @@ bool SpecGuard::allow() {
   if (spec_.n < kWarmup || plain_.n < kWarmup) return spec_.n < plain_.n;
   // Speculation must win by kMargin: where the two are about even, plain
   // decoding (the side "never slower" is about) keeps the step.
-  bool spec = spec_rate() > plain_rate() * (1 + kMargin);
-  // The mode not chosen gets a step now and then, to see whether it still loses.
-  if (spec && plain_.since > kProbeEvery) spec = false;
-  if (!spec && spec_.since > kProbeEvery) spec = true;
+  const bool spec = spec_rate() > plain_rate() * (1 + kMargin);
+  if (spec != spec_wins_) {
+    spec_wins_ = spec;
+    gap_ = kProbeEvery;
+  }
+  // The mode not chosen gets a step when it has had no sample for gap_
+  // steps, to see whether it still loses; the gap doubles with every probe
+  // (up to kProbeMax) while the same mode keeps winning.
+  if ((spec ? plain_ : spec_).since > gap_) {
+    gap_ = std::min(2 * gap_, kProbeMax);
+    return !spec;
+  }
   return spec;
 }
 
@@ -825,6 +837,8 @@ void SpecGuard::record(int64_t rows, bool speculated, int64_t tokens, double sec
     spec_ = Mode{};  // another width: another yield
     plain_ = Mode{};
     rows_ = 0;
+    spec_wins_ = false;
+    gap_ = kProbeEvery;
   }
   if (rows_ == 0) rows_ = rows;
   Mode& m = speculated ? spec_ : plain_;

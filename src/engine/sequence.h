@@ -249,8 +249,10 @@ inline constexpr int32_t kProbeSteps = 16;
 // ("plain"). allow() says whether greedy sequences may propose in the next
 // step: first kWarmup samples of each mode, taking turns, then spec only
 // where its yield beats plain's by kMargin, with one step of the other
-// mode when it has had no sample for kProbeEvery steps, so a change in
-// either (the text turned repetitive, other load) can switch it back.
+// mode when it has had no sample for kProbeEvery steps (the gap doubling
+// with each such probe, up to kProbeMax, while the same mode keeps
+// winning), so a change in either (the text turned repetitive, other
+// load) can switch it back at a small cost.
 // When the decode rows move by more than a quarter from those the
 // averages were taken at, both are forgotten (a wider step yields
 // differently). Greedy text does not depend on any of this (verification);
@@ -268,9 +270,10 @@ class SpecGuard {
   // Tokens per second measured in each mode (0: fewer than kWarmup samples).
   double spec_rate() const { return spec_.n >= kWarmup ? spec_.tokens / spec_.seconds : 0; }
   double plain_rate() const { return plain_.n >= kWarmup ? plain_.tokens / plain_.seconds : 0; }
-  static constexpr double kWeight = 0.125;
+  static constexpr double kWeight = 1.0 / 16;
   static constexpr int64_t kWarmup = 4;
   static constexpr int64_t kProbeEvery = 16;
+  static constexpr int64_t kProbeMax = 128;
   static constexpr double kMargin = 0.02;
 
  private:
@@ -280,7 +283,9 @@ class SpecGuard {
     int64_t since = 0;               // steps allowed since this mode's last sample
   };
   Mode spec_, plain_;
-  int64_t rows_ = 0;  // decode rows the averages were taken at (0: none yet)
+  int64_t rows_ = 0;           // decode rows the averages were taken at (0: none yet)
+  bool spec_wins_ = false;     // the mode chosen at the last allow() after the warm-up
+  int64_t gap_ = kProbeEvery;  // steps without a sample before the other mode is probed
 };
 
 // How many proposed tokens to verify (at most `room`, >= 0), for acceptance

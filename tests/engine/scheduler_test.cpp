@@ -1257,10 +1257,10 @@ TEST(SpecGuard, WarmsUpBothModesThenKeepsTheFasterOne) {
   EXPECT_NEAR(g.spec_rate(), 2 / 180e-6, 1e-6);
   // A step the warm-up gave speculation but that proposed nothing counts as plain.
   g.record(1, false, 1, 100e-6);
-  // Faster: allowed, except one plain step in every kProbeEvery + 1.
-  const int n = 17 * 10;
-  const int allowed = run_guard(g, n, 100e-6, 2, 180e-6);
-  EXPECT_EQ(n - allowed, n / (SpecGuard::kProbeEvery + 1));
+  // Faster: allowed, except a plain step after 16, 32, 64, 128, 128, ...
+  // steps without one (steps 17, 50, 115, 244 and 373 of these 400).
+  const int allowed = run_guard(g, 400, 100e-6, 2, 180e-6);
+  EXPECT_EQ(400 - allowed, 5);
 }
 
 TEST(SpecGuard, SlowerSpeculationStopsAndIsProbedUntilItPaysAgain) {
@@ -1270,17 +1270,19 @@ TEST(SpecGuard, SlowerSpeculationStopsAndIsProbedUntilItPaysAgain) {
   // 190 us (7895 tok/s; injected as 3 per 380 us) against 1 per 120 us
   // (8333 tok/s) does not pay.
   run_guard(g, 2 * SpecGuard::kWarmup, 120e-6, 3, 380e-6);
-  const int n = 170;
-  int allowed = run_guard(g, n, 120e-6, 3, 380e-6);
-  EXPECT_EQ(allowed, n / (SpecGuard::kProbeEvery + 1)) << "only probes";
+  // Only probes, after 16, 32, 64, 128, 128 steps without one.
+  int allowed = run_guard(g, 400, 120e-6, 3, 380e-6);
+  EXPECT_EQ(allowed, 5);
   EXPECT_LT(g.spec_rate(), g.plain_rate());
-  // Proposals became good (the text repeats): the probes see it and it switches.
-  allowed = run_guard(g, n, 120e-6, 4, 200e-6);
-  EXPECT_GT(allowed, n - n / (SpecGuard::kProbeEvery + 1) - 40);
+  // Proposals became good (4 tokens per 200 us, the text repeats): a probe
+  // sees it and it switches, probing plain decoding now and then.
+  allowed = run_guard(g, 600, 120e-6, 4, 200e-6);
+  EXPECT_GT(allowed, 400);
   EXPECT_GT(g.spec_rate(), g.plain_rate());
-  // And back off when they are bad again.
-  allowed = run_guard(g, n, 120e-6, 1, 160e-6);
-  EXPECT_LT(allowed, n / (SpecGuard::kProbeEvery + 1) + 20);
+  // And back off when they are bad again (1 token per 160 us).
+  allowed = run_guard(g, 600, 120e-6, 1, 160e-6);
+  EXPECT_LT(allowed, 80);
+  EXPECT_LT(g.spec_rate(), g.plain_rate());
 }
 
 TEST(SpecGuard, OneStallDoesNotDecide) {
@@ -1291,9 +1293,9 @@ TEST(SpecGuard, OneStallDoesNotDecide) {
     ASSERT_TRUE(g.allow());
   }
   // A speculating step stopped for a second (SIGSTOP, a descheduled thread)
-  // counts as 3x the average (3 per 225 us on average after it): still faster.
+  // counts as 3x the average (3 per 202.5 us on average after it): still faster.
   g.record(1, true, 3, 1.0);
-  EXPECT_NEAR(g.spec_rate(), 3 / 225e-6, 1e-3);
+  EXPECT_NEAR(g.spec_rate(), 3 / 202.5e-6, 1e-3);
   EXPECT_GT(g.spec_rate(), g.plain_rate() * (1 + SpecGuard::kMargin));
 }
 
