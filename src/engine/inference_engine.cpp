@@ -292,7 +292,7 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
     const bool decoding = m.seq.pending_prompt() == 0;
     // Where proposing yields fewer tokens per second than not (measured),
     // a greedy sequence does not propose (SpecGuard; sampled ones ignore row_cost).
-    if (decoding && m.decode_s > 0 && !m.guard.allow()) row_cost = std::numeric_limits<double>::infinity();
+    if (decoding && m.decode_s > 0 && !m.guard.allow(1)) row_cost = std::numeric_limits<double>::infinity();
     // Until a wider step was timed, a greedy sequence proposes one token at
     // most: where a row costs as much as a step (a compute-bound kernel) the
     // first measurement then wastes one row, not draft-max of them. (A

@@ -699,7 +699,8 @@ void Scheduler::plan_step() {
   // SpecGuard), greedy sequences do not propose this step (infinite cost;
   // sampled ones keep kSampledRowCost).
   const double row_cost =
-      opt_.spec.type != SpecType::kNone && decoders > 0 && !guard_.allow() ? std::numeric_limits<double>::infinity()
+      opt_.spec.type != SpecType::kNone && decoders > 0 && !guard_.allow(decoders)
+          ? std::numeric_limits<double>::infinity()
       : cost_.token_seconds() > 0 && cost_.decode_step_seconds() > 0
           ? cost_.token_seconds() * static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()
           : kSampledRowCost;

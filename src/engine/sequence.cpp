@@ -808,24 +808,34 @@ int64_t Sequence::n_ctx() const { return s_->cache.n_ctx(); }
 
 // ---- SpecGuard ------------------------------------------------------------------------
 
-bool SpecGuard::allow() {
-  ++spec_.since;
-  ++plain_.since;
+size_t SpecGuard::width_of(int64_t rows) {
+  size_t w = 0;
+  while (rows > 1 && w + 1 < kWidths) {
+    rows >>= 1;
+    ++w;
+  }
+  return w;
+}
+
+bool SpecGuard::allow(int64_t rows) {
+  Width& g = widths_[width_of(rows)];
+  ++g.spec.since;
+  ++g.plain.since;
   // Warm-up: the modes take turns (plain first), so both see the same
   // conditions (the first steps of a process are slower).
-  if (spec_.n < kWarmup || plain_.n < kWarmup) return spec_.n < plain_.n;
+  if (g.spec.n < kWarmup || g.plain.n < kWarmup) return g.spec.n < g.plain.n;
   // Speculation must win by kMargin: where the two are about even, plain
   // decoding (the side "never slower" is about) keeps the step.
-  const bool spec = spec_rate() > plain_rate() * (1 + kMargin);
-  if (spec != spec_wins_) {
-    spec_wins_ = spec;
-    gap_ = kProbeEvery;
+  const bool spec = g.spec.rate() > g.plain.rate() * (1 + kMargin);
+  if (spec != g.spec_wins) {
+    g.spec_wins = spec;
+    g.gap = kProbeEvery;
   }
-  // The mode not chosen gets a step when it has had no sample for gap_
+  // The mode not chosen gets a step when it has had no sample for `gap`
   // steps, to see whether it still loses; the gap doubles with every probe
   // (up to kProbeMax) while the same mode keeps winning.
-  if ((spec ? plain_ : spec_).since > gap_) {
-    gap_ = std::min(2 * gap_, kProbeMax);
+  if ((spec ? g.plain : g.spec).since > g.gap) {
+    g.gap = std::min(2 * g.gap, kProbeMax);
     return !spec;
   }
   return spec;
@@ -833,15 +843,8 @@ bool SpecGuard::allow() {
 
 void SpecGuard::record(int64_t rows, bool speculated, int64_t tokens, double seconds) {
   if (!(seconds > 0) || tokens <= 0 || rows <= 0) return;
-  if (rows_ > 0 && (4 * rows < 3 * rows_ || 3 * rows > 4 * rows_)) {
-    spec_ = Mode{};  // another width: another yield
-    plain_ = Mode{};
-    rows_ = 0;
-    spec_wins_ = false;
-    gap_ = kProbeEvery;
-  }
-  if (rows_ == 0) rows_ = rows;
-  Mode& m = speculated ? spec_ : plain_;
+  Width& g = widths_[width_of(rows)];
+  Mode& m = speculated ? g.spec : g.plain;
   // The plain mean of the first 1 / kWeight samples, then the moving
   // average (so the first sample does not weigh on it for long).
   const double w = std::max(kWeight, 1.0 / static_cast<double>(m.n + 1));

@@ -28,6 +28,7 @@
 // Not thread-safe: one driver at a time. Movable, not copyable.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -253,23 +254,28 @@ inline constexpr int32_t kProbeSteps = 16;
 // with each such probe, up to kProbeMax, while the same mode keeps
 // winning), so a change in either (the text turned repetitive, other
 // load) can switch it back at a small cost.
-// When the decode rows move by more than a quarter from those the
-// averages were taken at, both are forgotten (a wider step yields
-// differently). Greedy text does not depend on any of this (verification);
-// sampled sequences never consult it (their proposal lengths depend on
-// their own acceptance only, kSampledRowCost). Not thread-safe.
+// Each batch width (decoding sequences in the step, in powers of two) has
+// its own averages and decision: a wider step yields differently. Greedy text does not depend on any of this
+// (verification); sampled sequences never consult it (their proposal lengths depend on their own acceptance only,
+// kSampledRowCost). Not thread-safe.
 class SpecGuard {
  public:
-  // Whether greedy sequences may propose in the next step; counts it.
-  bool allow();
+  // Whether greedy sequences may propose in the next step, which has `rows`
+  // decoding sequences; counts it.
+  bool allow(int64_t rows);
   // After a decode step of `rows` decoding sequences (no prompt tokens)
   // that took `seconds` (forward and sampling) and produced `tokens` tokens
   // (each sequence's sampled one plus its accepted proposals); `speculated`:
-  // a greedy sequence's proposal ran in it. seconds <= 0 or tokens <= 0: ignored.
+  // a greedy sequence's proposal ran in it. seconds <= 0, tokens <= 0 or
+  // rows <= 0: ignored.
   void record(int64_t rows, bool speculated, int64_t tokens, double seconds);
-  // Tokens per second measured in each mode (0: fewer than kWarmup samples).
-  double spec_rate() const { return spec_.n >= kWarmup ? spec_.tokens / spec_.seconds : 0; }
-  double plain_rate() const { return plain_.n >= kWarmup ? plain_.tokens / plain_.seconds : 0; }
+  // Tokens per second measured in each mode for steps of `rows` decoding
+  // sequences (0: fewer than kWarmup samples).
+  double spec_rate(int64_t rows) const { return widths_[width_of(rows)].spec.rate(); }
+  double plain_rate(int64_t rows) const { return widths_[width_of(rows)].plain.rate(); }
+  // Widths measured apart: rows 1, 2-3, 4-7, ..., >= 2^(kWidths - 1).
+  static constexpr size_t kWidths = 8;
+  static size_t width_of(int64_t rows);
   static constexpr double kWeight = 1.0 / 16;
   static constexpr int64_t kWarmup = 4;
   static constexpr int64_t kProbeEvery = 16;
@@ -279,13 +285,16 @@ class SpecGuard {
  private:
   struct Mode {
     double tokens = 0, seconds = 0;  // moving averages per step
-    int64_t n = 0;                   // samples since the averages were last forgotten
-    int64_t since = 0;               // steps allowed since this mode's last sample
+    int64_t n = 0;                   // samples
+    int64_t since = 0;               // steps of this width allowed since this mode's last sample
+    double rate() const { return n >= kWarmup ? tokens / seconds : 0; }
   };
-  Mode spec_, plain_;
-  int64_t rows_ = 0;           // decode rows the averages were taken at (0: none yet)
-  bool spec_wins_ = false;     // the mode chosen at the last allow() after the warm-up
-  int64_t gap_ = kProbeEvery;  // steps without a sample before the other mode is probed
+  struct Width {
+    Mode spec, plain;
+    bool spec_wins = false;     // the mode chosen at the last allow() after the warm-up
+    int64_t gap = kProbeEvery;  // steps without a sample before the other mode is probed
+  };
+  std::array<Width, kWidths> widths_{};
 };
 
 // How many proposed tokens to verify (at most `room`, >= 0), for acceptance

@@ -1231,7 +1231,7 @@ namespace {
 int run_guard(SpecGuard& g, int steps, double plain_s, int64_t spec_tokens, double spec_s, int64_t rows = 1) {
   int allowed = 0;
   for (int i = 0; i < steps; ++i) {
-    const bool on = g.allow();
+    const bool on = g.allow(rows);
     allowed += on ? 1 : 0;
     if (on)
       g.record(rows, true, spec_tokens * rows, spec_s);
@@ -1247,14 +1247,14 @@ TEST(SpecGuard, WarmsUpBothModesThenKeepsTheFasterOne) {
   // Turns, plain first; the first plain step is slow (a cold start) and
   // weighs as one sample of the mean, not the whole estimate.
   for (int64_t i = 0; i < SpecGuard::kWarmup; ++i) {
-    EXPECT_FALSE(g.allow()) << "plain, step " << 2 * i;
+    EXPECT_FALSE(g.allow(1)) << "plain, step " << 2 * i;
     g.record(1, false, 1, i == 0 ? 400e-6 : 100e-6);
-    if (i + 1 < SpecGuard::kWarmup) EXPECT_EQ(g.plain_rate(), 0);
-    EXPECT_TRUE(g.allow()) << "speculation, step " << 2 * i + 1;
+    if (i + 1 < SpecGuard::kWarmup) EXPECT_EQ(g.plain_rate(1), 0);
+    EXPECT_TRUE(g.allow(1)) << "speculation, step " << 2 * i + 1;
     g.record(1, true, 2, 180e-6);  // 2 tokens in 180 us: 11111 tok/s, faster
   }
-  EXPECT_NEAR(g.plain_rate(), 4 / 700e-6, 1e-6);
-  EXPECT_NEAR(g.spec_rate(), 2 / 180e-6, 1e-6);
+  EXPECT_NEAR(g.plain_rate(1), 4 / 700e-6, 1e-6);
+  EXPECT_NEAR(g.spec_rate(1), 2 / 180e-6, 1e-6);
   // A step the warm-up gave speculation but that proposed nothing counts as plain.
   g.record(1, false, 1, 100e-6);
   // Faster: allowed, except a plain step after 16, 32, 64, 128, 128, ...
@@ -1273,49 +1273,60 @@ TEST(SpecGuard, SlowerSpeculationStopsAndIsProbedUntilItPaysAgain) {
   // Only probes, after 16, 32, 64, 128, 128 steps without one.
   int allowed = run_guard(g, 400, 120e-6, 3, 380e-6);
   EXPECT_EQ(allowed, 5);
-  EXPECT_LT(g.spec_rate(), g.plain_rate());
+  EXPECT_LT(g.spec_rate(1), g.plain_rate(1));
   // Proposals became good (4 tokens per 200 us, the text repeats): a probe
   // sees it and it switches, probing plain decoding now and then.
   allowed = run_guard(g, 600, 120e-6, 4, 200e-6);
   EXPECT_GT(allowed, 400);
-  EXPECT_GT(g.spec_rate(), g.plain_rate());
+  EXPECT_GT(g.spec_rate(1), g.plain_rate(1));
   // And back off when they are bad again (1 token per 160 us).
   allowed = run_guard(g, 600, 120e-6, 1, 160e-6);
   EXPECT_LT(allowed, 80);
-  EXPECT_LT(g.spec_rate(), g.plain_rate());
+  EXPECT_LT(g.spec_rate(1), g.plain_rate(1));
 }
 
 TEST(SpecGuard, OneStallDoesNotDecide) {
   SpecGuard g;
   run_guard(g, 40, 100e-6, 3, 180e-6);  // 16667 tok/s against 10000
-  if (!g.allow()) {
+  if (!g.allow(1)) {
     g.record(1, false, 1, 100e-6);  // (that was a probe of plain decoding)
-    ASSERT_TRUE(g.allow());
+    ASSERT_TRUE(g.allow(1));
   }
   // A speculating step stopped for a second (SIGSTOP, a descheduled thread)
   // counts as 3x the average (3 per 202.5 us on average after it): still faster.
   g.record(1, true, 3, 1.0);
-  EXPECT_NEAR(g.spec_rate(), 3 / 202.5e-6, 1e-3);
-  EXPECT_GT(g.spec_rate(), g.plain_rate() * (1 + SpecGuard::kMargin));
+  EXPECT_NEAR(g.spec_rate(1), 3 / 202.5e-6, 1e-3);
+  EXPECT_GT(g.spec_rate(1), g.plain_rate(1) * (1 + SpecGuard::kMargin));
 }
 
-TEST(SpecGuard, AnotherBatchWidthStartsOver) {
+TEST(SpecGuard, EachBatchWidthHasItsOwnMeasure) {
+  EXPECT_EQ(SpecGuard::width_of(1), 0u);
+  EXPECT_EQ(SpecGuard::width_of(3), 1u);
+  EXPECT_EQ(SpecGuard::width_of(4), 2u);
+  EXPECT_EQ(SpecGuard::width_of(7), 2u);
+  EXPECT_EQ(SpecGuard::width_of(8), 3u);
+  EXPECT_EQ(SpecGuard::width_of(1 << 20), SpecGuard::kWidths - 1);
   SpecGuard g;
-  run_guard(g, 40, 100e-6, 2, 180e-6, 1);
-  EXPECT_GT(g.spec_rate(), 0);
-  // 8 rows: the averages of one row are forgotten, warm-up again (plain first).
-  g.record(8, false, 8, 400e-6);
-  EXPECT_EQ(g.spec_rate(), 0);
-  EXPECT_EQ(g.plain_rate(), 0);  // one sample: not yet a rate
-  EXPECT_TRUE(g.allow());        // warm-up again: speculation's turn
-  // Within a quarter of 8 (6..10 rows) the averages are kept.
-  for (int i = 0; i < 5; ++i) g.record(i % 2 == 0 ? 7 : 9, false, 8, 400e-6);
-  EXPECT_DOUBLE_EQ(g.plain_rate(), 8 / 400e-6);
+  run_guard(g, 40, 100e-6, 2, 180e-6, 1);  // one row: speculation pays
+  EXPECT_GT(g.spec_rate(1), g.plain_rate(1) * (1 + SpecGuard::kMargin));
+  // Eight rows (a batch where the extra rows cost more): its own warm-up
+  // (plain first), then its own decision, the one-row one unchanged.
+  EXPECT_EQ(g.spec_rate(8), 0);
+  EXPECT_FALSE(g.allow(8));
+  run_guard(g, 40, 400e-6, 2, 1000e-6, 8);         // 16 per 1000 us against 8 per 400 us
+  EXPECT_NEAR(g.plain_rate(9), 8 / 400e-6, 1e-6);  // 9 rows: the same width as 8
+  EXPECT_NEAR(g.spec_rate(15), 16 / 1000e-6, 1e-6);
+  EXPECT_FALSE(g.allow(8));
+  EXPECT_TRUE(g.allow(1));
+  EXPECT_NEAR(g.spec_rate(1), 2 / 180e-6, 1e-6);
   // Ignored: no time, no token, no row.
-  g.record(8, true, 8, 0);
-  g.record(8, true, 0, 1e-3);
-  g.record(0, true, 8, 1e-3);
-  EXPECT_EQ(g.spec_rate(), 0);
+  SpecGuard h;
+  h.record(8, false, 8, 0);
+  h.record(8, false, 0, 1e-3);
+  h.record(0, false, 8, 1e-3);
+  EXPECT_FALSE(h.allow(8)) << "no plain sample counted: still plain's turn";
+  h.record(8, false, 8, 1e-3);
+  EXPECT_TRUE(h.allow(8)) << "one plain sample: speculation's turn";
 }
 
 TEST(SpecOptions, ValidatesAndParses) {
