@@ -192,7 +192,10 @@ struct SpecOptions {
   // Off by default until a measurement shows it pays: prompt lookup on
   // stories260K ran at 0.885x of plain decode (7 pairs, the extra rows cost
   // ~1/3 of a step on a compute-bound toy model) and 0.95x on the 1.7B shape
-  // (bench/results/spec-ngram-2026-12-06-zen3.txt).
+  // (bench/results/spec-ngram-2026-12-06-zen3.txt); with SpecGuard, on Zen 5
+  // under load, 0.958-0.971x (one stream), 0.923-0.950x (a repeating
+  // prompt), 0.945-1.039x (8 streams): not >= 0.95x everywhere
+  // (bench/results/spec-guard-2026-12-06-zen5.txt).
   SpecType type = SpecType::kNone;
   // Most tokens proposed per step (llama.cpp's --draft-max); 0 turns
   // speculation off. At most kMaxDraft.
