@@ -32,6 +32,9 @@ struct InferenceEngine::Impl {
   // The most a greedy sequence proposes before row_s is measured: one token
   // (draft-min if larger; any number with a fixed SpecOptions::row_cost).
   int64_t first_draft = 1;
+  // Whether a greedy sequence's proposals pay, measured (issue 29: never
+  // slower); kept across requests, as the machine and model are.
+  SpecGuard guard;
 
   Impl(SequenceModel shared, model::KvCache cache, Sampler sampler)
       : model(shared.model),
@@ -283,10 +286,13 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
     // One more row's cost relative to a decode step; before a plain decode
     // step was timed, too much for a greedy sequence to propose (a sampled
     // one uses kSampledRowCost whatever is measured: Sequence::propose).
-    const double row_cost = !(m.decode_s > 0) ? std::numeric_limits<double>::infinity()
-                            : m.row_s > 0     ? m.row_s / m.decode_s
-                                              : kSampledRowCost;
+    double row_cost = !(m.decode_s > 0) ? std::numeric_limits<double>::infinity()
+                      : m.row_s > 0     ? m.row_s / m.decode_s
+                                        : kSampledRowCost;
     const bool decoding = m.seq.pending_prompt() == 0;
+    // Where proposing yields fewer tokens per second than not (measured),
+    // a greedy sequence does not propose (SpecGuard; sampled ones ignore row_cost).
+    if (decoding && m.decode_s > 0 && !m.guard.allow(1)) row_cost = std::numeric_limits<double>::infinity();
     // Until a wider step was timed, a greedy sequence proposes one token at
     // most: where a row costs as much as a step (a compute-bound kernel) the
     // first measurement then wastes one row, not draft-max of them. (A
@@ -330,6 +336,8 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
       const SpecCounts c = m.seq.accept_rows(rows);
       m.stats.spec_proposed += static_cast<uint64_t>(c.proposed);
       m.stats.spec_accepted += static_cast<uint64_t>(c.accepted);
+      // What the step yielded, verification included (greedy: SpecGuard).
+      if (greedy) m.guard.record(1, true, 1 + c.accepted, std::chrono::duration<double>(Clock::now() - t0).count());
       continue;
     }
     if (all_rows) {
@@ -337,6 +345,8 @@ core::Expected<GenerationResult> InferenceEngine::generate_request(const Generat
       std::copy(rows.end() - static_cast<std::ptrdiff_t>(nv), rows.end(), m.logits.begin());  // the last row
     }
     if (inputs_done(static_cast<int64_t>(in.size()))) accept_logits(m.logits);
+    if (decoding && greedy && m.decode_s > 0)
+      m.guard.record(1, false, 1, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return finish();
 }

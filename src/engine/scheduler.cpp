@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -157,6 +158,8 @@ struct Scheduler::Scratch {
   int64_t prompt_fed = 0;               // prompt tokens in the batch
   int64_t allowance = 0;                // prompt tokens the step-time budget allowed
   int64_t proposed = 0;                 // proposed tokens (speculation) in the batch
+  bool greedy_proposed = false;         // a greedy sequence's proposal is among them (SpecGuard)
+  int64_t tokens_out = 0;               // tokens the decoding sequences took (apply_step)
 };
 
 Scheduler::Scheduler(std::shared_ptr<EnginePool> pool, std::shared_ptr<const model::Model> model, int64_t n_ctx,
@@ -654,6 +657,7 @@ void Scheduler::plan_step() {
   sc.caches.clear();
   sc.prompt_fed = 0;
   sc.proposed = 0;
+  sc.greedy_proposed = false;
   // Prompt tokens get what the decode tokens leave of batch_size, at least
   // one per step (so prompts progress even when batch_size <= running streams).
   int64_t decoders = 0;
@@ -691,8 +695,13 @@ void Scheduler::plan_step() {
   // relative to the step per token it yields (c * R / D; unknown yet:
   // kSampledRowCost).
   int64_t draft_room = std::max<int64_t>(0, opt_.batch_size - decoders - (prefilling > 0 ? budget : 0));
+  // Where proposing yields fewer tokens per second than not (measured:
+  // SpecGuard), greedy sequences do not propose this step (infinite cost;
+  // sampled ones keep kSampledRowCost).
   const double row_cost =
-      cost_.token_seconds() > 0 && cost_.decode_step_seconds() > 0
+      opt_.spec.type != SpecType::kNone && decoders > 0 && !guard_.allow(decoders)
+          ? std::numeric_limits<double>::infinity()
+      : cost_.token_seconds() > 0 && cost_.decode_step_seconds() > 0
           ? cost_.token_seconds() * static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()
           : kSampledRowCost;
   sc.order.resize(live_.size());
@@ -732,6 +741,7 @@ void Scheduler::plan_step() {
       l.proposed = e.proposed();
       draft_room -= l.proposed;
       sc.proposed += l.proposed;
+      if (l.proposed > 0 && !(e.sampler().params().temperature > 0.0f)) sc.greedy_proposed = true;
     }
     const bool wants = e.logits_wanted(static_cast<int64_t>(in.size()));
     for (size_t k = 0; k < in.size(); ++k)
@@ -784,6 +794,7 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
   }
   const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
   const size_t n_embd = static_cast<size_t>(model_->config().n_embd);
+  sc.tokens_out = 0;
   size_t row = 0;   // logits rows come in batch order, i.e. sc.order
   size_t hrow = 0;  // hidden rows likewise
   for (const size_t si : sc.order) {
@@ -807,6 +818,7 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
       row += static_cast<size_t>(l->fed);
       spec_proposed_.fetch_add(static_cast<uint64_t>(c.proposed));
       spec_accepted_.fetch_add(static_cast<uint64_t>(c.accepted));
+      sc.tokens_out += 1 + c.accepted;
       continue;
     }
     const bool wanted = e.inputs_done(l->fed);
@@ -816,6 +828,7 @@ void Scheduler::apply_step(const core::Expected<void>& ok) {
     }
     const std::span<const float> lg(logits_.data() + row * n_vocab, n_vocab);
     ++row;
+    ++sc.tokens_out;
     Job& job = *l->job;
     if (job.independent()) {
       if (job.req.params.prompt_logprobs >= 0 && l->prompt_lp.empty() &&
@@ -858,7 +871,9 @@ void Scheduler::step() {
     // Decode rows are the decoding sequences (their proposals' rows are part
     // of what their step costs), as want_decode_sample counts them.
     const int64_t rows = static_cast<int64_t>(sc.batch.size()) - sc.prompt_fed - sc.proposed;
-    cost_.record(rows, sc.prompt_fed, std::chrono::duration<double>(Clock::now() - t0).count());
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    cost_.record(rows, sc.prompt_fed, seconds);
+    if (sc.prompt_fed == 0) guard_.record(rows, sc.greedy_proposed, sc.tokens_out, seconds);
     decode_step_s_.store(cost_.decode_step_seconds());
     prompt_token_s_.store(cost_.token_seconds());
     if (sc.prompt_fed > 0) prompt_allowance_.store(sc.allowance);

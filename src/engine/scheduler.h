@@ -472,7 +472,8 @@ class Scheduler {
 
   std::atomic<int64_t> n_running_{0}, n_waiting_{0}, kv_used_{0}, kv_cached_{0};
   std::atomic<uint64_t> preemptions_{0};
-  StepCost cost_;  // loop thread only; published through the atomics below
+  StepCost cost_;    // loop thread only; published through the atomics below
+  SpecGuard guard_;  // loop thread only: whether greedy proposals pay here
   std::atomic<double> decode_step_s_{0}, prompt_token_s_{0};
   std::atomic<int64_t> prompt_allowance_{0};
   std::atomic<uint64_t> steps_{0}, step_tokens_{0}, prompt_tokens_{0}, cached_tokens_{0}, cache_hits_{0}, sequences_{0},

@@ -2,6 +2,7 @@
 #include "engine/sequence.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <utility>
@@ -437,6 +438,22 @@ std::vector<int32_t> ngram_proposal(std::span<const int32_t> seq, int32_t ngram_
   return {};
 }
 
+int64_t draft_length(double acceptance, double row_cost, int64_t room) {
+  // E(k) / (1 + k c) rises while the next token pays and falls after (the
+  // added tokens shrink geometrically, the cost grows linearly): the greedy
+  // stop is its maximum.
+  int64_t k = 0;
+  double reach = 1.0;     // a^(k+1) below: the chance the next token is reached and taken
+  double expected = 1.0;  // E(k)
+  while (k < room && std::isfinite(row_cost)) {
+    reach *= acceptance;
+    if (!(reach * (1.0 + static_cast<double>(k) * row_cost) > row_cost * expected)) break;
+    expected += reach;
+    ++k;
+  }
+  return k;
+}
+
 void Sequence::set_spec(const SpecOptions& spec) {
   State& m = *s_;
   m.spec = spec;
@@ -487,20 +504,19 @@ int64_t Sequence::propose(int64_t max_draft, double row_cost, double step_s) {
     if (!m.proposer) return 0;
     proposer = m.proposer.get();
   }
-  // The j-th token pays while acceptance^j exceeds what one more row costs
-  // (a proposer's own time per token included).
+  // What one more row costs relative to a plain step (a proposer's own time
+  // per token included); infinite: a greedy sequence the driver's SpecGuard
+  // holds back.
   double cost = m.spec.row_cost >= 0        ? m.spec.row_cost
                 : params.temperature > 0.0f ? kSampledRowCost
                                             : std::max(0.0, row_cost);
   if (proposer != nullptr && step_s > 0 && m.spec.row_cost < 0 && params.temperature <= 0.0f)
     cost += proposer->seconds_per_token() / step_s;
-  int64_t k = 0;
-  double reach = 1.0;  // acceptance^j: the chance the j-th token is reached and taken
-  while (k < room) {
-    reach *= m.acceptance;
-    if (!(reach > cost)) break;
-    ++k;
-  }
+  // Held back (the guard): not even a proposal to compare with what is
+  // sampled, as the n-gram search over the history costs a few percent of a
+  // small model's step; the guard's probes keep the acceptance estimate.
+  if (!std::isfinite(cost)) return 0;
+  int64_t k = draft_length(m.acceptance, cost, room);
   // The sequence so far: the cache's tokens and the last sampled one.
   m.decode_in.assign(m.history.begin(), m.history.end());
   m.decode_in.push_back(m.last);
@@ -789,5 +805,56 @@ const std::vector<int32_t>& Sequence::tokens() const { return s_->history; }
 Sampler& Sequence::sampler() { return s_->sampler; }
 const Sampler& Sequence::sampler() const { return s_->sampler; }
 int64_t Sequence::n_ctx() const { return s_->cache.n_ctx(); }
+
+// ---- SpecGuard ------------------------------------------------------------------------
+
+size_t SpecGuard::width_of(int64_t rows) {
+  size_t w = 0;
+  while (rows > 1 && w + 1 < kWidths) {
+    rows >>= 1;
+    ++w;
+  }
+  return w;
+}
+
+bool SpecGuard::allow(int64_t rows) {
+  Width& g = widths_[width_of(rows)];
+  ++g.spec.since;
+  ++g.plain.since;
+  // Warm-up: the modes take turns (plain first), so both see the same
+  // conditions (the first steps of a process are slower).
+  if (g.spec.n < kWarmup || g.plain.n < kWarmup) return g.spec.n < g.plain.n;
+  // Speculation must win by kMargin: where the two are about even, plain
+  // decoding (the side "never slower" is about) keeps the step.
+  const bool spec = g.spec.rate() > g.plain.rate() * (1 + kMargin);
+  if (spec != g.spec_wins) {
+    g.spec_wins = spec;
+    g.gap = kProbeEvery;
+  }
+  // The mode not chosen gets a step when it has had no sample for `gap`
+  // steps, to see whether it still loses; the gap doubles with every probe
+  // (up to kProbeMax) while the same mode keeps winning.
+  if ((spec ? g.plain : g.spec).since > g.gap) {
+    g.gap = std::min(2 * g.gap, kProbeMax);
+    return !spec;
+  }
+  return spec;
+}
+
+void SpecGuard::record(int64_t rows, bool speculated, int64_t tokens, double seconds) {
+  if (!(seconds > 0) || tokens <= 0 || rows <= 0) return;
+  Width& g = widths_[width_of(rows)];
+  Mode& m = speculated ? g.spec : g.plain;
+  // The plain mean of the first 1 / kWeight samples, then the moving
+  // average (so the first sample does not weigh on it for long).
+  const double w = std::max(kWeight, 1.0 / static_cast<double>(m.n + 1));
+  // A step far above the average (the thread descheduled, the process
+  // stopped) counts as 3x the average, so one stall does not decide.
+  if (m.n > 0) seconds = std::min(seconds, 3 * m.seconds);
+  m.tokens += w * (static_cast<double>(tokens) - m.tokens);
+  m.seconds += w * (seconds - m.seconds);
+  ++m.n;
+  m.since = 0;
+}
 
 }  // namespace bonsai::engine

@@ -28,6 +28,7 @@
 // Not thread-safe: one driver at a time. Movable, not copyable.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -180,17 +181,21 @@ core::Expected<SpecType> parse_spec_type(std::string_view name);
 // n tokens of the sequence (n = kNgramMax down to kNgramMin, the longest
 // that occurs earlier wins, its latest occurrence) and proposes the tokens
 // that followed that occurrence. How many are verified adapts per sequence
-// (Sequence::propose): the j-th proposed token is run only while
-// acceptance^j exceeds the relative cost of one more row, so a sequence
-// whose proposals stop being accepted stops speculating (and starts again
-// when its proposals — still compared, for free, with what it samples —
-// become good). No effect on a recurrent (qwen35) cache: it cannot roll
-// back past a rejected token, so those sequences never speculate.
+// (Sequence::propose, draft_length): a proposed token is run only while
+// its expected tokens per cost beat the step's, so a sequence whose
+// proposals stop being accepted stops speculating (and starts again when
+// its proposals — still compared, for free, with what it samples — become
+// good); and a driver's SpecGuard stops greedy sequences proposing where
+// measured steps with proposals yield fewer tokens per second than without. No effect on a recurrent (qwen35) cache: it
+// cannot roll back past a rejected token, so those sequences never speculate.
 struct SpecOptions {
   // Off by default until a measurement shows it pays: prompt lookup on
   // stories260K ran at 0.885x of plain decode (7 pairs, the extra rows cost
   // ~1/3 of a step on a compute-bound toy model) and 0.95x on the 1.7B shape
-  // (bench/results/spec-ngram-2026-12-06-zen3.txt).
+  // (bench/results/spec-ngram-2026-12-06-zen3.txt); with SpecGuard, on Zen 5
+  // under load, 0.958-0.971x (one stream), 0.923-0.950x (a repeating
+  // prompt), 0.945-1.039x (8 streams): not >= 0.95x everywhere
+  // (bench/results/spec-guard-2026-12-06-zen5.txt).
   SpecType type = SpecType::kNone;
   // Most tokens proposed per step (llama.cpp's --draft-max); 0 turns
   // speculation off. At most kMaxDraft.
@@ -205,7 +210,8 @@ struct SpecOptions {
   float draft_p_min = 0.75f;
   // One more row's relative cost to assume instead of the driver's
   // measurement (Sequence::propose), for runs that must propose the same
-  // way whatever the machine's speed (tests); < 0 (default): measured.
+  // way whatever the machine's speed (tests; no SpecGuard holds them back
+  // either); < 0 (default): measured.
   double row_cost = -1;
   // SpecType::kDraft: makes each sequence's proposer (draft_model_proposer,
   // or a benchmark's); a sequence without one (unset, or its allocation
@@ -233,6 +239,78 @@ struct SpecCounts {
 // every kProbeSteps-th decode step it still asks for one token, not run but
 // compared with what is sampled, so the acceptance estimate can recover.
 inline constexpr int32_t kProbeSteps = 16;
+
+// Realized-throughput guard of greedy speculation (issue 29, "never
+// slower"): one per driver (the scheduler, a single-stream engine), since
+// extra rows slow the whole step and so every sequence in it. The cost
+// model behind Sequence::propose (acceptance and a row's relative cost)
+// can be wrong (on stories260K a row costs more than the model says and
+// prompt lookup ran at 0.94x); the guard measures instead what each mode
+// yields: output tokens per second of step time, as exponential moving
+// averages (weight kWeight, the plain mean of the first 1 / kWeight
+// samples) of the tokens and of the seconds of decode steps (no prompt
+// tokens) in which greedy sequences ran proposed rows ("spec") or did not
+// ("plain"). allow() says whether greedy sequences may propose in the next
+// step: first kWarmup samples of each mode, taking turns, then spec only
+// where its yield beats plain's by kMargin, with one step of the other
+// mode when it has had no sample for kProbeEvery steps (the gap doubling
+// with each such probe, up to kProbeMax, while the same mode keeps
+// winning), so a change in either (the text turned repetitive, other
+// load) can switch it back at a small cost.
+// Each batch width (decoding sequences in the step, in powers of two) has
+// its own averages and decision: a wider step yields differently. Greedy text does not depend on any of this
+// (verification); sampled sequences never consult it (their proposal lengths depend on their own acceptance only,
+// kSampledRowCost). Not thread-safe.
+class SpecGuard {
+ public:
+  // Whether greedy sequences may propose in the next step, which has `rows`
+  // decoding sequences; counts it.
+  bool allow(int64_t rows);
+  // After a decode step of `rows` decoding sequences (no prompt tokens)
+  // that took `seconds` (forward and sampling) and produced `tokens` tokens
+  // (each sequence's sampled one plus its accepted proposals); `speculated`:
+  // a greedy sequence's proposal ran in it. seconds <= 0, tokens <= 0 or
+  // rows <= 0: ignored.
+  void record(int64_t rows, bool speculated, int64_t tokens, double seconds);
+  // Tokens per second measured in each mode for steps of `rows` decoding
+  // sequences (0: fewer than kWarmup samples).
+  double spec_rate(int64_t rows) const { return widths_[width_of(rows)].spec.rate(); }
+  double plain_rate(int64_t rows) const { return widths_[width_of(rows)].plain.rate(); }
+  // Widths measured apart: rows 1, 2-3, 4-7, ..., >= 2^(kWidths - 1).
+  static constexpr size_t kWidths = 8;
+  static size_t width_of(int64_t rows);
+  static constexpr double kWeight = 1.0 / 16;
+  static constexpr int64_t kWarmup = 4;
+  static constexpr int64_t kProbeEvery = 16;
+  static constexpr int64_t kProbeMax = 128;
+  static constexpr double kMargin = 0.02;
+
+ private:
+  struct Mode {
+    double tokens = 0, seconds = 0;  // moving averages per step
+    int64_t n = 0;                   // samples
+    int64_t since = 0;               // steps of this width allowed since this mode's last sample
+    double rate() const { return n >= kWarmup ? tokens / seconds : 0; }
+  };
+  struct Width {
+    Mode spec, plain;
+    bool spec_wins = false;     // the mode chosen at the last allow() after the warm-up
+    int64_t gap = kProbeEvery;  // steps without a sample before the other mode is probed
+  };
+  std::array<Width, kWidths> widths_{};
+};
+
+// How many proposed tokens to verify (at most `room`, >= 0), for acceptance
+// a (the chance each proposed token is taken, in [0, 1]) and one more row
+// costing c = `row_cost` of a plain step (>= 0; infinite: none). From
+// Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via
+// Speculative Decoding" (Theorem 3.8 and its expected tokens per step): k
+// proposed tokens yield E(k) = 1 + a + ... + a^k tokens for 1 + k c of a
+// plain step's time. The (k+1)-th adds a^(k+1) tokens for c more, so it
+// pays while its yield per cost beats the step's current one (not that of
+// a single token, a plain step's):
+//   a^(k+1) / c > E(k) / (1 + k c)  <=>  a^(k+1) (1 + k c) > c E(k).
+int64_t draft_length(double acceptance, double row_cost, int64_t room);
 
 // Prompt lookup: the tokens that followed the latest earlier occurrence of
 // the last n tokens of `seq` (n from ngram_max down to ngram_min; the
@@ -299,9 +377,10 @@ class Sequence {
   // on) and the driver must want every one of those rows' logits. At most
   // `max_draft` (the room the driver has: KV, batch) and never beyond the
   // context or max_tokens; its length adapts to this sequence's measured
-  // acceptance a: the j-th token is proposed only while a^j > row_cost
-  // (the relative cost of one more row: its time over the step's time per
-  // token the step yields; sampled sequences use kSampledRowCost instead).
+  // acceptance a: draft_length(a, row_cost, room) tokens (row_cost: the
+  // relative cost of one more row, its time over the step's time per token
+  // the step yields; infinite: none, a driver's SpecGuard holding greedy
+  // sequences back; sampled sequences use kSampledRowCost instead).
   // With a proposer (SpecType::kDraft) its own time per token relative to
   // `step_s` (the driver's plain decode step in seconds; 0: unknown, not
   // counted) adds to row_cost, and only as many tokens as pay are asked for.

@@ -13,6 +13,7 @@
 #include <cstdlib>  // mkdtemp
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1189,6 +1190,145 @@ TEST(NgramProposal, LongestThenLatestMatch) {
   EXPECT_TRUE(ngram_proposal(std::vector<int32_t>{5}, 1, 3, 8).empty());
 }
 
+// The marginal rule (Leviathan et al. 2023): the (k+1)-th proposed token
+// runs while a^(k+1) (1 + k c) > c E(k), E(k) = 1 + a + ... + a^k.
+TEST(DraftLength, NextTokenMustBeatTheStepsYieldPerCost) {
+  // a = 0.6, c = 0.1: k = 3 (a^4 = 0.1296 against 0.1 * 2.176 / 1.3 = 0.167),
+  // where comparing a^j with c alone would take 4 (0.1296 > 0.1).
+  EXPECT_EQ(draft_length(0.6, 0.1, 8), 3);
+  // a = 0.5, c = 1/3 (stories260K's row): one token (0.5 > 1/3; then
+  // 0.25 * 4/3 = 0.333 < 0.5 = c E(1)).
+  EXPECT_EQ(draft_length(0.5, 1.0 / 3, 8), 1);
+  EXPECT_EQ(draft_length(0.3, 1.0 / 3, 8), 0);  // a <= c: not even one
+  EXPECT_EQ(draft_length(0.9, 0.0, 5), 5);      // free rows: all the room
+  EXPECT_EQ(draft_length(0.9, 0.05, 2), 2);     // capped by the room
+  EXPECT_EQ(draft_length(0.9, 0.05, 0), 0);
+  EXPECT_EQ(draft_length(1.0, std::numeric_limits<double>::infinity(), 8), 0);  // held back
+  EXPECT_EQ(draft_length(0.0, 0.01, 8), 0);
+  // The length maximises E(k) / (1 + k c) over 0..room.
+  for (const double a : {0.2, 0.5, 0.7, 0.9, 0.97}) {
+    for (const double c : {0.01, 0.05, 0.2, 0.5}) {
+      int64_t best = 0;
+      double best_yield = 1.0, e = 1.0, r = 1.0;
+      for (int64_t k = 1; k <= 16; ++k) {
+        r *= a;
+        e += r;
+        if (e / (1.0 + static_cast<double>(k) * c) > best_yield + 1e-12) {
+          best_yield = e / (1.0 + static_cast<double>(k) * c);
+          best = k;
+        }
+      }
+      EXPECT_EQ(draft_length(a, c, 16), best) << "a " << a << " c " << c;
+    }
+  }
+}
+
+// SpecGuard with injected step timings (no clock): warm-up of each mode,
+// then the one with the higher tokens per second, probing the other.
+namespace {
+// Runs `steps` steps of one decode row: a plain step yields 1 token in
+// plain_s, a speculating one spec_tokens in spec_s. Returns how many were allowed.
+int run_guard(SpecGuard& g, int steps, double plain_s, int64_t spec_tokens, double spec_s, int64_t rows = 1) {
+  int allowed = 0;
+  for (int i = 0; i < steps; ++i) {
+    const bool on = g.allow(rows);
+    allowed += on ? 1 : 0;
+    if (on)
+      g.record(rows, true, spec_tokens * rows, spec_s);
+    else
+      g.record(rows, false, rows, plain_s);
+  }
+  return allowed;
+}
+}  // namespace
+
+TEST(SpecGuard, WarmsUpBothModesThenKeepsTheFasterOne) {
+  SpecGuard g;
+  // Turns, plain first; the first plain step is slow (a cold start) and
+  // weighs as one sample of the mean, not the whole estimate.
+  for (int64_t i = 0; i < SpecGuard::kWarmup; ++i) {
+    EXPECT_FALSE(g.allow(1)) << "plain, step " << 2 * i;
+    g.record(1, false, 1, i == 0 ? 400e-6 : 100e-6);
+    if (i + 1 < SpecGuard::kWarmup) EXPECT_EQ(g.plain_rate(1), 0);
+    EXPECT_TRUE(g.allow(1)) << "speculation, step " << 2 * i + 1;
+    g.record(1, true, 2, 180e-6);  // 2 tokens in 180 us: 11111 tok/s, faster
+  }
+  EXPECT_NEAR(g.plain_rate(1), 4 / 700e-6, 1e-6);
+  EXPECT_NEAR(g.spec_rate(1), 2 / 180e-6, 1e-6);
+  // A step the warm-up gave speculation but that proposed nothing counts as plain.
+  g.record(1, false, 1, 100e-6);
+  // Faster: allowed, except a plain step after 16, 32, 64, 128, 128, ...
+  // steps without one (steps 17, 50, 115, 244 and 373 of these 400).
+  const int allowed = run_guard(g, 400, 100e-6, 2, 180e-6);
+  EXPECT_EQ(400 - allowed, 5);
+}
+
+TEST(SpecGuard, SlowerSpeculationStopsAndIsProbedUntilItPaysAgain) {
+  SpecGuard g;
+  // stories260K-like: about half the proposals are taken, but the steps
+  // that verify them are slower than the cost model says: 1.5 tokens per
+  // 190 us (7895 tok/s; injected as 3 per 380 us) against 1 per 120 us
+  // (8333 tok/s) does not pay.
+  run_guard(g, 2 * SpecGuard::kWarmup, 120e-6, 3, 380e-6);
+  // Only probes, after 16, 32, 64, 128, 128 steps without one.
+  int allowed = run_guard(g, 400, 120e-6, 3, 380e-6);
+  EXPECT_EQ(allowed, 5);
+  EXPECT_LT(g.spec_rate(1), g.plain_rate(1));
+  // Proposals became good (4 tokens per 200 us, the text repeats): a probe
+  // sees it and it switches, probing plain decoding now and then.
+  allowed = run_guard(g, 600, 120e-6, 4, 200e-6);
+  EXPECT_GT(allowed, 400);
+  EXPECT_GT(g.spec_rate(1), g.plain_rate(1));
+  // And back off when they are bad again (1 token per 160 us).
+  allowed = run_guard(g, 600, 120e-6, 1, 160e-6);
+  EXPECT_LT(allowed, 80);
+  EXPECT_LT(g.spec_rate(1), g.plain_rate(1));
+}
+
+TEST(SpecGuard, OneStallDoesNotDecide) {
+  SpecGuard g;
+  run_guard(g, 40, 100e-6, 3, 180e-6);  // 16667 tok/s against 10000
+  if (!g.allow(1)) {
+    g.record(1, false, 1, 100e-6);  // (that was a probe of plain decoding)
+    ASSERT_TRUE(g.allow(1));
+  }
+  // A speculating step stopped for a second (SIGSTOP, a descheduled thread)
+  // counts as 3x the average (3 per 202.5 us on average after it): still faster.
+  g.record(1, true, 3, 1.0);
+  EXPECT_NEAR(g.spec_rate(1), 3 / 202.5e-6, 1e-3);
+  EXPECT_GT(g.spec_rate(1), g.plain_rate(1) * (1 + SpecGuard::kMargin));
+}
+
+TEST(SpecGuard, EachBatchWidthHasItsOwnMeasure) {
+  EXPECT_EQ(SpecGuard::width_of(1), 0u);
+  EXPECT_EQ(SpecGuard::width_of(3), 1u);
+  EXPECT_EQ(SpecGuard::width_of(4), 2u);
+  EXPECT_EQ(SpecGuard::width_of(7), 2u);
+  EXPECT_EQ(SpecGuard::width_of(8), 3u);
+  EXPECT_EQ(SpecGuard::width_of(1 << 20), SpecGuard::kWidths - 1);
+  SpecGuard g;
+  run_guard(g, 40, 100e-6, 2, 180e-6, 1);  // one row: speculation pays
+  EXPECT_GT(g.spec_rate(1), g.plain_rate(1) * (1 + SpecGuard::kMargin));
+  // Eight rows (a batch where the extra rows cost more): its own warm-up
+  // (plain first), then its own decision, the one-row one unchanged.
+  EXPECT_EQ(g.spec_rate(8), 0);
+  EXPECT_FALSE(g.allow(8));
+  run_guard(g, 40, 400e-6, 2, 1000e-6, 8);         // 16 per 1000 us against 8 per 400 us
+  EXPECT_NEAR(g.plain_rate(9), 8 / 400e-6, 1e-6);  // 9 rows: the same width as 8
+  EXPECT_NEAR(g.spec_rate(15), 16 / 1000e-6, 1e-6);
+  EXPECT_FALSE(g.allow(8));
+  EXPECT_TRUE(g.allow(1));
+  EXPECT_NEAR(g.spec_rate(1), 2 / 180e-6, 1e-6);
+  // Ignored: no time, no token, no row.
+  SpecGuard h;
+  h.record(8, false, 8, 0);
+  h.record(8, false, 0, 1e-3);
+  h.record(0, false, 8, 1e-3);
+  EXPECT_FALSE(h.allow(8)) << "no plain sample counted: still plain's turn";
+  h.record(8, false, 8, 1e-3);
+  EXPECT_TRUE(h.allow(8)) << "one plain sample: speculation's turn";
+}
+
 TEST(SpecOptions, ValidatesAndParses) {
   EXPECT_TRUE(SpecOptions{}.validate().has_value());
   EXPECT_FALSE((SpecOptions{.draft_max = -1}).validate().has_value());
@@ -1284,6 +1424,48 @@ TEST_P(SpecGreedyTest, SameTokensAsWithoutSpeculationAloneAndBatched) {
   Outcome o = collect(*submit(ps[0], params[0]));
   same(o.results[0], 0, "spec off");
   EXPECT_EQ(sched_->stats().spec_ngram_proposed, 0u);
+}
+
+// With the measured cost (SpecOptions::row_cost unset) the drivers'
+// SpecGuards decide from wall-clock step times whether greedy sequences
+// propose, differently from run to run: whatever they decide, every greedy
+// request returns exactly the tokens it returns without speculation, alone
+// (engine and scheduler) and with 5 others sharing its steps.
+TEST_F(SchedulerTest, GreedyTextIsTheSameWhateverTheGuardDecides) {
+  constexpr int64_t kCtx = 512;
+  SchedulerOptions so;
+  so.spec.type = SpecType::kNgram;
+  build(6, kCtx, so);
+  const std::string passage =
+      "Once upon a time, there was a little girl named Lily. She liked to play with her ball in the park. "
+      "One day, Lily saw a big dog in the park. Once upon a time, there was a little girl named Lily. She";
+  std::vector<std::vector<int32_t>> ps = {tok_->encode_prompt(passage), tok_->encode_prompt(passage + " liked")};
+  for (auto& p : prompts(4)) ps.push_back(p);
+  std::vector<GenerationResult> ref;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    SamplingParams p = greedy(120);
+    p.ignore_eos = true;
+    ref.push_back(alone(ps[i], p, 1, kCtx, SpecOptions{.type = SpecType::kNone}));
+    EXPECT_EQ(alone(ps[i], p, 1, kCtx, SpecOptions{.type = SpecType::kNgram}).tokens, ref[i].tokens)
+        << "engine, request " << i;
+    Outcome o = collect(*submit(ps[i], p));
+    ASSERT_FALSE(o.failed) << o.error.message;
+    EXPECT_EQ(o.results[0].tokens, ref[i].tokens) << "alone, request " << i;
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::shared_ptr<JobHandle>> hs;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      SamplingParams p = greedy(120);
+      p.ignore_eos = true;
+      hs.push_back(submit(ps[i], p));
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Outcome o = collect(*hs[i]);
+      ASSERT_FALSE(o.failed) << o.error.message;
+      EXPECT_EQ(o.results[0].tokens, ref[i].tokens) << "batched, round " << round << ", request " << i;
+      EXPECT_EQ(o.results[0].text, ref[i].text);
+    }
+  }
 }
 
 // Proposed tokens share batch_size with the decode tokens and prompt chunks:
