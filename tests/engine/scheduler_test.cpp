@@ -1249,7 +1249,9 @@ TEST(SpecGuard, WarmsUpBothModesThenKeepsTheFasterOne) {
   for (int64_t i = 0; i < SpecGuard::kWarmup; ++i) {
     EXPECT_FALSE(g.allow(1)) << "plain, step " << 2 * i;
     g.record(1, false, 1, i == 0 ? 400e-6 : 100e-6);
-    if (i + 1 < SpecGuard::kWarmup) EXPECT_EQ(g.plain_rate(1), 0);
+    if (i + 1 < SpecGuard::kWarmup) {
+      EXPECT_EQ(g.plain_rate(1), 0);
+    }
     EXPECT_TRUE(g.allow(1)) << "speculation, step " << 2 * i + 1;
     g.record(1, true, 2, 180e-6);  // 2 tokens in 180 us: 11111 tok/s, faster
   }
@@ -1562,7 +1564,9 @@ TEST_F(DraftSpecTest, GreedySameTokensAsWithoutSpeculationAloneAndBatched) {
       const GenerationResult r = alone(ps[i], params[i], 1, kCtx, so.spec);
       same(r, i, "engine");
       EXPECT_GT(r.draft_tokens, 0);
-      if (draft_seed == 1) EXPECT_EQ(r.draft_accepted, r.draft_tokens);  // the target's own weights
+      if (draft_seed == 1) {
+        EXPECT_EQ(r.draft_accepted, r.draft_tokens);  // the target's own weights
+      }
     }
     for (int round = 0; round < 2; ++round) {
       std::vector<std::shared_ptr<JobHandle>> hs;
