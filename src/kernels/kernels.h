@@ -171,7 +171,7 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
 // time into scratch and packs them), `data` keeps the file's PTQ1_0 bytes
 // for every other tier, and the products run the row-quad PQ2_0 kernel: on
 // Zen 5, 17408 x 5120 GEMV from DRAM at 2 threads 1.55x the stored PQ2_0
-X
+// layout's, the 27B shape's tg32 1.27-1.61x the transcoded build's
 // (bench/results/ptq1-rowquad-2026-12-06-zen5.txt).
 // The format `w` is better computed in on the active tier: kPQ2_0 for a
 // PTQ1_0 matrix on the AVX2 tier and on the AVX-512 tier where it is not
