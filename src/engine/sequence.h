@@ -186,8 +186,9 @@ core::Expected<SpecType> parse_spec_type(std::string_view name);
 // proposals stop being accepted stops speculating (and starts again when
 // its proposals — still compared, for free, with what it samples — become
 // good); and a driver's SpecGuard stops greedy sequences proposing where
-// measured steps with proposals yield fewer tokens per second than without. No effect on a recurrent (qwen35) cache: it
-// cannot roll back past a rejected token, so those sequences never speculate.
+// measured steps with proposals yield fewer tokens per second than without.
+// No effect on a recurrent (qwen35) cache: it cannot roll back past a
+// rejected token, so those sequences never speculate.
 struct SpecOptions {
   // Off by default until a measurement shows it pays: prompt lookup on
   // stories260K ran at 0.885x of plain decode (7 pairs, the extra rows cost
@@ -258,9 +259,10 @@ inline constexpr int32_t kProbeSteps = 16;
 // winning), so a change in either (the text turned repetitive, other
 // load) can switch it back at a small cost.
 // Each batch width (decoding sequences in the step, in powers of two) has
-// its own averages and decision: a wider step yields differently. Greedy text does not depend on any of this
-// (verification); sampled sequences never consult it (their proposal lengths depend on their own acceptance only,
-// kSampledRowCost). Not thread-safe.
+// its own averages and decision: a wider step yields differently. Greedy
+// text does not depend on any of this (verification); sampled sequences
+// never consult it (their proposal lengths depend on their own acceptance
+// only, kSampledRowCost). Not thread-safe.
 class SpecGuard {
  public:
   // Whether greedy sequences may propose in the next step, which has `rows`

@@ -377,7 +377,9 @@ constexpr int kMaxMulti = 8;
 const MatrixView* computed(const MatrixView* ws, int count, MatrixView (&out)[kMaxMulti]) {
   bool any = false;
   for (int i = 0; i < count; ++i) any = any || (ws[i].format == Format::kPTQ1_0 && ws[i].packed != nullptr);
-  if (!any || count > kMaxMulti) return ws;  // (more than kMaxMulti: run_rows maps each one)
+  // (More than kMaxMulti, which no caller passes: left as they are, computed
+  // from their PTQ1_0 bytes by the AVX2 kernels, the same bits more slowly.)
+  if (!any || count > kMaxMulti) return ws;
   for (int i = 0; i < count; ++i) out[i] = computed(ws[i], active_tier());
   return out;
 }

@@ -217,10 +217,10 @@ MatrixView detail::pq2_twin(const MatrixView& w) {
 
 Packing packing_for(const MatrixView& w) {
   if (w.format == Format::kPTQ1_0) {
-    // Packed as its PQ2_0 twin on the AVX-512 tier (see kernels.h "Load-time
-    // transcoding"): the padding rule is the twin's, its 34/28 of the file
-    // being the transcoding's known cost.
-    if (w.rows <= 0 || w.cols <= 0 || w.data == nullptr || active_tier() != Tier::kAvx512) return Packing::kNone;
+    // Packed as its PQ2_0 twin (see kernels.h "Load-time transcoding"), in
+    // the one layout the twin can get, row quads (so only on the AVX-512
+    // tier): the checks and padding rule are the twin's, its 34/28 of the
+    // file being the transcoding's known cost.
     return packing_for(detail::pq2_twin(w)) == Packing::kAvx512RowQuad ? Packing::kAvx512RowQuad : Packing::kNone;
   }
   if (!has_units(w.format) || w.rows <= 0 || w.cols <= 0 || w.data == nullptr) return Packing::kNone;
@@ -285,7 +285,7 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
     // slice packed into its quads' place.
     constexpr int64_t kSliceRows = 1024;
     const MatrixView twin = detail::pq2_twin(w);
-    const size_t quad_bytes = packed_bytes(MatrixView{twin.data, twin.format, 4, twin.cols, twin.row_stride}, p);
+    const size_t quad_bytes = rq_quad_bytes(twin);
     std::vector<uint8_t> scratch(static_cast<size_t>(std::min<int64_t>(kSliceRows, w.rows)) * twin.row_stride);
     for (int64_t r0 = 0; r0 < w.rows; r0 += kSliceRows) {
       const int64_t rows = std::min<int64_t>(kSliceRows, w.rows - r0);
