@@ -63,24 +63,32 @@ void JobHandle::push(JobEvent e) {
 
 // ---- StepCost ---------------------------------------------------------------------------
 
-void StepCost::record(int64_t decode_rows, int64_t prompt_tokens, double seconds) {
+void StepCost::record(int64_t decode_rows, int64_t prompt_tokens, double seconds, int64_t proposal_rows) {
   constexpr double kWeight = 0.25;
   if (!(seconds > 0)) return;
   const auto blend = [](double& avg, double sample) { avg = avg > 0 ? avg + kWeight * (sample - avg) : sample; };
+  proposal_rows = std::max<int64_t>(0, proposal_rows);
   if (prompt_tokens <= 0) {
-    if (decode_rows > 0) {
-      blend(decode_s_, seconds);
-      steps_since_decode_ = 0;
-      decode_rows_ = decode_rows;
+    if (decode_rows <= 0) return;
+    if (proposal_rows == 0 || !(decode_s_ > 0)) {
+      blend(decode_s_, seconds);  // (with proposals only while D is unknown: see the class comment)
+    } else {
+      // A step faster than the decode estimate (noise) still costs something per row.
+      blend(row_s_, std::max(seconds - decode_s_, 0.05 * seconds) / static_cast<double>(proposal_rows));
     }
+    steps_since_decode_ = 0;
+    decode_rows_ = decode_rows;
     return;
   }
   ++steps_since_decode_;
   if (decode_rows > 0 && !(decode_s_ > 0)) return;  // the decode part is unknown yet
-  // D is the fixed part of any step (streaming the weights once), rows or not.
-  const double rest = seconds - decode_s_;
-  // A step faster than the decode estimate (noise) still costs something per token.
-  blend(token_s_, std::max(rest, 0.05 * seconds) / static_cast<double>(prompt_tokens));
+  // D is the fixed part of any step (streaming the weights once), rows or
+  // not; proposal rows in a prompt step cost their measured r, or a prompt
+  // token's while r is unknown. A step faster than that (noise) still costs
+  // something per token.
+  const double rest = seconds - decode_s_ - (row_s_ > 0 ? static_cast<double>(proposal_rows) * row_s_ : 0.0);
+  const int64_t per = prompt_tokens + (row_s_ > 0 ? 0 : proposal_rows);
+  blend(token_s_, std::max(rest, 0.05 * seconds) / static_cast<double>(per));
 }
 
 bool StepCost::want_decode_sample(int64_t decode_rows) const {
@@ -692,18 +700,19 @@ void Scheduler::plan_step() {
   // Speculation: rows the batch has for proposed tokens beyond one per
   // decoding sequence and the prompt tokens it may carry (batch_size caps
   // the step; prompts keep their allowance), and what one more row costs
-  // relative to the step per token it yields (c * R / D; unknown yet:
+  // relative to the step per token it yields (r * R / D, with a prompt
+  // token's c for r until a proposal row was timed; unknown yet:
   // kSampledRowCost).
   int64_t draft_room = std::max<int64_t>(0, opt_.batch_size - decoders - (prefilling > 0 ? budget : 0));
   // Where proposing yields fewer tokens per second than not (measured:
   // SpecGuard), greedy sequences do not propose this step (infinite cost;
   // sampled ones keep kSampledRowCost).
-  const double row_cost =
-      opt_.spec.type != SpecType::kNone && decoders > 0 && !guard_.allow(decoders)
-          ? std::numeric_limits<double>::infinity()
-      : cost_.token_seconds() > 0 && cost_.decode_step_seconds() > 0
-          ? cost_.token_seconds() * static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()
-          : kSampledRowCost;
+  const double row_cost = opt_.spec.type != SpecType::kNone && decoders > 0 && !guard_.allow(decoders)
+                              ? std::numeric_limits<double>::infinity()
+                          : (cost_.row_seconds() > 0 || cost_.token_seconds() > 0) && cost_.decode_step_seconds() > 0
+                              ? (cost_.row_seconds() > 0 ? cost_.row_seconds() : cost_.token_seconds()) *
+                                    static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()
+                              : kSampledRowCost;
   sc.order.resize(live_.size());
   for (size_t i = 0; i < live_.size(); ++i) sc.order[i] = i;
   std::stable_sort(sc.order.begin(), sc.order.end(), [&](size_t a, size_t b) {
@@ -868,11 +877,11 @@ void Scheduler::step() {
   apply_step(ok);
   // What the step cost (forward and sampling), for the next steps' prompt chunks.
   if (ok) {
-    // Decode rows are the decoding sequences (their proposals' rows are part
-    // of what their step costs), as want_decode_sample counts them.
+    // Decode rows are the decoding sequences, as want_decode_sample counts
+    // them; their proposals' rows are timed apart (StepCost's r).
     const int64_t rows = static_cast<int64_t>(sc.batch.size()) - sc.prompt_fed - sc.proposed;
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    cost_.record(rows, sc.prompt_fed, seconds);
+    cost_.record(rows, sc.prompt_fed, seconds, sc.proposed);
     if (sc.prompt_fed == 0) guard_.record(rows, sc.greedy_proposed, sc.tokens_out, seconds);
     decode_step_s_.store(cost_.decode_step_seconds());
     prompt_token_s_.store(cost_.token_seconds());

@@ -31,17 +31,17 @@
 //      step-time budget allows (StepCost; none in the occasional step that
 //      measures the decode step alone; decode tokens always go; prompt
 //      chunks share what is left, shortest pending prompt first, the oldest
-//      pending prompt keeping half), Model::forward runs once, and each
-//      sequence whose prompt completed or that decoded samples from its own
-//      logits row;
+//      pending prompt keeping half), Model::forward runs
+//      once, and each sequence whose prompt completed or that decoded
+//      samples from its own logits row;
 //      a decoding sequence may add proposed tokens (speculative decoding,
 //      SpecOptions) as extra rows after its token, all wanting logits, as
 //      many as its acceptance pays for against the measured cost of a row
-//      (StepCost: c / D per token the step yields) and the batch and KV
-//      leave room for; apply verifies them (Sequence::accept_rows: greedy
-//      text is bit-identical to plain decoding, by batch invariance;
-//      sampled text keeps the target distribution) and rolls the KV back
-//      past the first rejection;
+//      (StepCost: r R / D per token the step yields, r a proposal row's
+//      time) and the batch and KV leave room for; apply verifies them
+//      (Sequence::accept_rows: greedy text is bit-identical to plain
+//      decoding, by batch invariance; sampled text keeps the target
+//      distribution) and rolls the KV back past the first rejection;
 //   5. blocks that became full are published in the prefix index at once;
 //      a finished sequence publishes its last, partial block too, and its
 //      blocks go back to the pool (published ones stay cached, evictable
@@ -174,26 +174,39 @@ inline constexpr double kSoloStepSeconds = 0.5;
 inline constexpr int64_t kInitialPromptChunk = 64;
 
 // What the scheduler learns of this machine's step times (issue 28: prompt
-// chunks sized in time, not tokens), and the prompt tokens a step may carry.
-// Model: a step with R one-token decode rows and P prompt tokens takes
-//   t = D + P * c
+// chunks sized in time, not tokens; issue 29: what a proposal row costs),
+// and the prompt tokens a step may carry.
+// Model: a step with R one-token decode rows, K proposal rows (speculative
+// tokens verified in the step) and P prompt tokens takes
+//   t = D + K * r + P * c
 // with D the decode step (exponential moving average, weight 1/4, of steps
-// with no prompt token; also the fixed part of a step without rows: the
-// weights are streamed once either way; 0 until measured) and c the
-// marginal seconds per prompt token (the same average of (t - D) / P, at
-// least t / (20 P), over steps with prompt tokens). Both adapt to whatever
-// regime the machine is in (memory- or compute-bound, other load). D is
-// kept fresh under steady load by asking for a decode-only step
-// (want_decode_sample) when none ran for kDecodeSampleEvery steps or the
-// row count moved by more than a quarter since the last one.
+// with neither prompt tokens nor proposals; also the fixed part of a step
+// without rows: the weights are streamed once either way; 0 until
+// measured), r the marginal seconds per proposal row (the same average of
+// (t - D) / K, at least t / (20 K), over prompt-free steps with proposals)
+// and c the marginal seconds per prompt token (the same average of
+// (t - D - K r) / P, at least t / (20 P), over steps with prompt tokens;
+// the K rows counted as prompt tokens while r is unknown). All three adapt
+// to whatever regime the machine is in (memory- or compute-bound, other
+// load). While D is unknown a prompt-free step with proposals is taken as
+// D (so a step that only sampled sequences keep proposing in still measures
+// something: their proposals follow their own acceptance, whatever the
+// load). (Before r, every prompt-free step was a D sample: D grew with the
+// proposals, so a row's cost relative to the step came out too low and
+// sequences proposed more than paid.) D is kept fresh under steady load by
+// asking for a step without prompt tokens (want_decode_sample) when none
+// ran for kDecodeSampleEvery steps or the row count moved by more than a
+// quarter since the last one.
 // Not thread-safe (the loop thread's).
 class StepCost {
  public:
-  // One forward step of `decode_rows` decode rows and `prompt_tokens` prompt
-  // tokens that took `seconds` (model::Model::forward and the sampling).
-  void record(int64_t decode_rows, int64_t prompt_tokens, double seconds);
+  // One forward step of `decode_rows` decode rows, `proposal_rows` rows of
+  // proposed tokens beyond them and `prompt_tokens` prompt tokens that took
+  // `seconds` (model::Model::forward and the sampling).
+  void record(int64_t decode_rows, int64_t prompt_tokens, double seconds, int64_t proposal_rows = 0);
   double decode_step_seconds() const { return decode_s_; }  // D; 0 until measured
   double token_seconds() const { return token_s_; }         // c; 0 until measured
+  double row_seconds() const { return row_s_; }             // r; 0 until measured
   // The time a step with `decode_rows` rows aims at: budget_s when > 0,
   // else 2 D (0 while D is unknown); with no rows at least kSoloStepSeconds.
   double target_seconds(int64_t decode_rows, double budget_s) const;
@@ -201,7 +214,8 @@ class StepCost {
   // `cap`; min(cap, kInitialPromptChunk) while c (or, with rows, D) is unknown.
   int64_t prompt_allowance(int64_t decode_rows, double budget_s, int64_t cap) const;
   // Whether a step with `decode_rows` rows should carry no prompt token, so
-  // that D is measured for about this many rows (see the class comment).
+  // that D (or, with proposals, r) is measured for about this many rows (see
+  // the class comment).
   bool want_decode_sample(int64_t decode_rows) const;
   // Steps between two decode-only samples under steady load, at most.
   static constexpr int64_t kDecodeSampleEvery = 16;
@@ -209,6 +223,7 @@ class StepCost {
  private:
   double decode_s_ = 0;
   double token_s_ = 0;
+  double row_s_ = 0;
   int64_t steps_since_decode_ = 0;  // steps recorded since the last decode-only one
   int64_t decode_rows_ = 0;         // rows of the last decode-only step
 };

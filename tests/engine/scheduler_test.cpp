@@ -349,6 +349,46 @@ TEST(StepCost, LearnsDecodeAndPromptCostsAndSizesChunks) {
   EXPECT_FALSE(d.want_decode_sample(4));
 }
 
+// Proposal rows (speculative decoding, issue 29) are timed apart: once D is
+// known, a prompt-free step with K proposals is not a decode sample (D
+// would grow with them) but a sample of r = (t - D) / K; before, it is D's;
+// a prompt step subtracts K r (or, before r is known, counts the rows as
+// prompt tokens); and a step with proposals counts as the decode sample
+// want_decode_sample asks for (no prompt waits on a proposal-free step).
+TEST(StepCost, TimesProposalRowsApartFromTheDecodeStep) {
+  StepCost c;
+  c.record(2, 0, 0.02, 3);  // D unknown: this step is D
+  EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.02);
+  EXPECT_EQ(c.row_seconds(), 0.0);
+  c.record(2, 0, 0.026, 3);  // (26 - 20) / 3 = 2 ms per row; D unchanged
+  EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.02);
+  EXPECT_DOUBLE_EQ(c.row_seconds(), 0.002);
+  c.record(2, 0, 0.034, 2);  // (34 - 20) / 2 = 7 ms -> 2 + (7 - 2) / 4
+  EXPECT_DOUBLE_EQ(c.row_seconds(), 0.00325);
+  c.record(2, 0, 0.019, 4);  // faster than D (noise): at least 1/20 of t / K
+  EXPECT_DOUBLE_EQ(c.row_seconds(), 0.00325 + (0.019 / 80 - 0.00325) / 4);
+  c.record(2, 0, 0.024);  // a step without proposals: D
+  EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.021);
+  const double r = c.row_seconds();
+  c.record(2, 10, 0.121 + 2 * r, 2);  // prompt step: (t - D - 2 r) / 10 = 10 ms
+  EXPECT_DOUBLE_EQ(c.token_seconds(), 0.01);
+  EXPECT_DOUBLE_EQ(c.row_seconds(), r);
+  EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.021);
+  StepCost u;
+  u.record(1, 0, 0.02);
+  u.record(1, 8, 0.12, 2);  // r unknown: (120 - 20) / (8 + 2) = 10 ms per token
+  EXPECT_DOUBLE_EQ(u.token_seconds(), 0.01);
+  // A step with proposals answers want_decode_sample (and keeps D).
+  StepCost d;
+  d.record(4, 0, 0.02);
+  for (int64_t i = 0; i < StepCost::kDecodeSampleEvery; ++i) d.record(4, 10, 0.05);
+  EXPECT_TRUE(d.want_decode_sample(4));
+  d.record(4, 0, 0.03, 4);
+  EXPECT_FALSE(d.want_decode_sample(4));
+  EXPECT_DOUBLE_EQ(d.decode_step_seconds(), 0.02);
+  EXPECT_DOUBLE_EQ(d.row_seconds(), 0.0025);
+}
+
 // The step-time budget sizes prompt chunks: with a budget below one prompt
 // token, a long prompt arriving beside a decoding stream advances one token
 // per step (each step: the stream's token + 1), and both answers are what
