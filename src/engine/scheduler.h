@@ -31,9 +31,9 @@
 //      step-time budget allows (StepCost; none in the occasional step that
 //      measures the decode step alone; decode tokens always go; prompt
 //      chunks share what is left, shortest pending prompt first, the oldest
-//      pending prompt keeping half), Model::forward runs
-//      once, and each sequence whose prompt completed or that decoded
-//      samples from its own logits row;
+//      pending prompt keeping half), Model::forward runs once, and each
+//      sequence whose prompt completed or that decoded samples from its own
+//      logits row;
 //      a decoding sequence may add proposed tokens (speculative decoding,
 //      SpecOptions) as extra rows after its token, all wanting logits, as
 //      many as its acceptance pays for against the measured cost of a row
@@ -188,15 +188,18 @@ inline constexpr int64_t kInitialPromptChunk = 64;
 // (t - D - K r) / P, at least t / (20 P), over steps with prompt tokens;
 // the K rows counted as prompt tokens while r is unknown). All three adapt
 // to whatever regime the machine is in (memory- or compute-bound, other
-// load). While D is unknown a prompt-free step with proposals is taken as
-// D (so a step that only sampled sequences keep proposing in still measures
-// something: their proposals follow their own acceptance, whatever the
-// load). (Before r, every prompt-free step was a D sample: D grew with the
+// load). While D is unknown, a prompt-free step with proposals is taken as
+// a D sample, so D is measured even where every step carries proposals
+// (sampled sequences propose by their own acceptance, whatever the load).
+// (Before r, every prompt-free step was a D sample: D grew with the
 // proposals, so a row's cost relative to the step came out too low and
 // sequences proposed more than paid.) D is kept fresh under steady load by
 // asking for a step without prompt tokens (want_decode_sample) when none
 // ran for kDecodeSampleEvery steps or the row count moved by more than a
-// quarter since the last one.
+// quarter since the last one; a step with proposals answers that request
+// too (it samples r against the D known), so no prompt waits for a step
+// without proposals, and D itself moves with the steps that have none
+// (SpecGuard's probes, sequences with nothing to propose).
 // Not thread-safe (the loop thread's).
 class StepCost {
  public:
