@@ -707,11 +707,11 @@ void Scheduler::plan_step() {
   // Where proposing yields fewer tokens per second than not (measured:
   // SpecGuard), greedy sequences do not propose this step (infinite cost;
   // sampled ones keep kSampledRowCost).
+  const double row_s = cost_.proposal_row_seconds(), step_s = cost_.decode_step_seconds();
   const double row_cost = opt_.spec.type != SpecType::kNone && decoders > 0 && !guard_.allow(decoders)
                               ? std::numeric_limits<double>::infinity()
-                          : (cost_.row_seconds() > 0 || cost_.token_seconds() > 0) && cost_.decode_step_seconds() > 0
-                              ? (cost_.row_seconds() > 0 ? cost_.row_seconds() : cost_.token_seconds()) *
-                                    static_cast<double>(std::max<int64_t>(1, decoders)) / cost_.decode_step_seconds()
+                          : row_s > 0 && step_s > 0
+                              ? row_s * static_cast<double>(std::max<int64_t>(1, decoders)) / step_s
                               : kSampledRowCost;
   sc.order.resize(live_.size());
   for (size_t i = 0; i < live_.size(); ++i) sc.order[i] = i;

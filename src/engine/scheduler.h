@@ -210,6 +210,9 @@ class StepCost {
   double decode_step_seconds() const { return decode_s_; }  // D; 0 until measured
   double token_seconds() const { return token_s_; }         // c; 0 until measured
   double row_seconds() const { return row_s_; }             // r; 0 until measured
+  // What a proposal row costs as far as known: r, or a prompt token's c
+  // until a proposal row was timed; 0 while neither is measured.
+  double proposal_row_seconds() const { return row_s_ > 0 ? row_s_ : token_s_; }
   // The time a step with `decode_rows` rows aims at: budget_s when > 0,
   // else 2 D (0 while D is unknown); with no rows at least kSoloStepSeconds.
   double target_seconds(int64_t decode_rows, double budget_s) const;

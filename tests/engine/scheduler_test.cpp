@@ -360,9 +360,11 @@ TEST(StepCost, TimesProposalRowsApartFromTheDecodeStep) {
   c.record(2, 0, 0.02, 3);  // D unknown: this step is D
   EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.02);
   EXPECT_EQ(c.row_seconds(), 0.0);
-  c.record(2, 0, 0.026, 3);  // (26 - 20) / 3 = 2 ms per row; D unchanged
+  EXPECT_EQ(c.proposal_row_seconds(), 0.0);  // neither r nor c measured
+  c.record(2, 0, 0.026, 3);                  // (26 - 20) / 3 = 2 ms per row; D unchanged
   EXPECT_DOUBLE_EQ(c.decode_step_seconds(), 0.02);
   EXPECT_DOUBLE_EQ(c.row_seconds(), 0.002);
+  EXPECT_DOUBLE_EQ(c.proposal_row_seconds(), 0.002);
   c.record(2, 0, 0.034, 2);  // (34 - 20) / 2 = 7 ms -> 2 + (7 - 2) / 4
   EXPECT_DOUBLE_EQ(c.row_seconds(), 0.00325);
   c.record(2, 0, 0.019, 4);  // faster than D (noise): at least 1/20 of t / K
@@ -378,6 +380,7 @@ TEST(StepCost, TimesProposalRowsApartFromTheDecodeStep) {
   u.record(1, 0, 0.02);
   u.record(1, 8, 0.12, 2);  // r unknown: (120 - 20) / (8 + 2) = 10 ms per token
   EXPECT_DOUBLE_EQ(u.token_seconds(), 0.01);
+  EXPECT_DOUBLE_EQ(u.proposal_row_seconds(), 0.01);  // c stands in for r
   // A step with proposals answers want_decode_sample (and keeps D).
   StepCost d;
   d.record(4, 0, 0.02);
