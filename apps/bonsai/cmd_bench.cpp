@@ -21,6 +21,14 @@
 //                bytes are every matrix a token streams (the layers and the
 //                output head) plus the KV cache read at the test's mean
 //                position (depth + (N+1)/2 positions, K and V, every layer).
+//                The bandwidth is measured once before the models load and,
+//                with --bw-probe each (auto: where the matrices exceed the
+//                last-level cache or its size is unknown), again right before and after every tg
+//                repetition: each repetition is then rated against the mean
+//                of its two neighbours and the column is the mean of those
+//                ratios, so bandwidth that drifts during a run (shared VMs:
+//                2x within the hour) moves the ratio less; the md footer
+//                lists the range the probes saw, JSON read_bw_gbs_reps.
 //   int8 peak    pp only: (2 x matrix weights each token passes through x
 //                t/s) / the int8 dot peak. The output head counts once per
 //                prompt (only the last token's logits are computed).
@@ -92,6 +100,7 @@ struct BenchFlags {
   std::string q2_layout;
   bool no_repack = false;  // --no-repack
   int bw_mib = 1024;
+  std::string bw_probe = "auto";     // --bw-probe: auto, start or each
   std::string cache_type_k = "f16";  // -ctk (model::parse_kv_type)
   std::string cache_type_v = "f16";  // -ctv
   IgnoredLlamaFlags llama;           // -ngl, -fa, -b, -ub, -mmp, ... (llama_compat.h)
@@ -202,6 +211,10 @@ LastLevelCache last_level_cache() {
   return llc;
 }
 
+// Passes (after one warm-up pass) of each bandwidth probe around a tg
+// repetition (--bw-probe): 1 GiB at 30-80 GB/s is 15-35 ms a pass.
+constexpr int kProbePasses = 3;
+
 // Hardware ceilings per thread count.
 struct Ceilings {
   double read_gbs = 0;
@@ -217,6 +230,10 @@ struct Row {
   std::vector<double> samples_ns;
   std::string test_time;
   Ceilings ceil;
+  // Read bandwidth (GB/s) around each timed repetition, the mean of the
+  // probes just before and just after it (--bw-probe); empty: the ratio
+  // uses the run's start probe, ceil.read_gbs.
+  std::vector<double> read_gbs_reps;
   LastLevelCache llc;
 
   // The matrices a decode step streams fit in the last-level cache: tg reads
@@ -248,9 +265,21 @@ struct Row {
     const double mean_ctx = test.n_depth + (test.n_gen + 1) / 2.0;
     return static_cast<double>(model->matrix_bytes) + mean_ctx * static_cast<double>(model->kv_bytes_per_pos);
   }
-  // tg only: t/s over the read-bandwidth roofline; nullopt otherwise.
+  // tg only: t/s over the read-bandwidth roofline; nullopt otherwise. With
+  // probes around the repetitions, the mean of each repetition's t/s over
+  // its own bandwidth; else the mean t/s over the start probe's.
   std::optional<double> bw_ratio() const {
-    if (test.n_prompt != 0 || test.n_gen == 0 || ceil.read_gbs <= 0) return std::nullopt;
+    if (test.n_prompt != 0 || test.n_gen == 0) return std::nullopt;
+    if (!read_gbs_reps.empty() && read_gbs_reps.size() == samples_ns.size()) {
+      const auto ts = samples_ts();
+      double s = 0;
+      for (size_t i = 0; i < ts.size(); ++i) {
+        if (read_gbs_reps[i] <= 0) return std::nullopt;
+        s += ts[i] / (read_gbs_reps[i] * 1e9 / bytes_per_token());
+      }
+      return s / static_cast<double>(ts.size());
+    }
+    if (ceil.read_gbs <= 0) return std::nullopt;
     return avg_ts() / (ceil.read_gbs * 1e9 / bytes_per_token());
   }
   // Integer ops per prompt token (2 per multiply-add; the head once per prompt).
@@ -370,6 +399,8 @@ nlohmann::ordered_json row_json(const Row& r, const std::string& cpu) {
   j["samples_ts"] = ts;
   // Ours: the ceilings and the ratios to them.
   j["read_bw_gbs"] = r.ceil.read_gbs;
+  j["read_bw_gbs_reps"] =
+      r.read_gbs_reps.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(r.read_gbs_reps);
   j["bytes_per_token"] = r.test.n_gen > 0 ? nlohmann::ordered_json(r.bytes_per_token()) : nullptr;
   j["bw_ratio"] = opt(r.bw_ratio());
   j["weights_in_llc"] = r.weights_in_llc();
@@ -405,6 +436,13 @@ class Printer {
                   (format_ratio(r.bw_ratio()) + (r.bw_ratio() && r.weights_in_llc() ? "*" : "")).c_str(),
                   format_ratio(r.peak_ratio()).c_str());
       if (r.bw_ratio() && r.weights_in_llc()) llc_marked_ = r.llc;
+      if (!r.read_gbs_reps.empty()) {
+        const auto [lo, hi] = std::minmax_element(r.read_gbs_reps.begin(), r.read_gbs_reps.end());
+        char note[256];
+        std::snprintf(note, sizeof note, "%s, %d thread%s: %.2f-%.2f GB/s", r.test.name().c_str(), r.threads,
+                      r.threads == 1 ? "" : "s", *lo, *hi);
+        probed_.emplace_back(note);
+      }
     } else if (format_ == "csv") {
       const auto j = row_json(r, cpu_);
       if (n_ == 0) {
@@ -446,6 +484,12 @@ class Printer {
                     static_cast<unsigned long long>(m->kv_bytes_per_pos), model::kv_type_name(m->type_k),
                     model::kv_type_name(m->type_v));
       }
+      if (!probed_.empty()) {
+        std::printf(
+            "bw roofline of these rows: each repetition's t/s over the read bandwidth measured right before and "
+            "after it (their mean), averaged:\n");
+        for (const auto& n : probed_) std::printf("  %s\n", n.c_str());
+      }
       if (llc_marked_.bytes > 0)
         std::printf(
             "* weights fit in L%d (%llu MiB): not bandwidth-bound (the ratio compares with DRAM read "
@@ -460,7 +504,8 @@ class Printer {
   std::string format_;
   std::string cpu_;
   int n_ = 0;
-  LastLevelCache llc_marked_;  // a row's ratio was marked '*' (weights in this cache): the footnote
+  LastLevelCache llc_marked_;        // a row's ratio was marked '*' (weights in this cache): the footnote
+  std::vector<std::string> probed_;  // md rows rated by probes around their repetitions: "test, threads: range"
 };
 
 // ---- Flag parsing -------------------------------------------------------------------
@@ -742,6 +787,21 @@ class BenchRun {
     row.ceil = ceilings_[threads];
     row.llc = llc_;
     Progress p("", total_runs_, Progress::Unit::kItems, rt_.progress);
+    // --bw-probe: the bandwidth measured again right before each timed tg
+    // repetition and after the last, on the same pool (auto: where the
+    // matrices do not fit in the last-level cache, so the ratio means
+    // something and the probe cannot evict weights the test would have found
+    // in the cache; or where its size is unknown). A buffer that cannot be
+    // allocated leaves the row on the start probe.
+    const bool is_tg = test.n_prompt == 0 && test.n_gen > 0;
+    const bool probe_each = is_tg && (f_.bw_probe == "each" || (f_.bw_probe == "auto" && !row.weights_in_llc()));
+    std::optional<kernels::ReadBandwidthProbe> probe;
+    std::vector<double> probes;  // GB/s: before timed rep 0, 1, ..., after the last
+    if (probe_each) {
+      probe.emplace(pool, static_cast<size_t>(f_.bw_mib) << 20);
+      if (!probe->ok()) probe.reset();
+    }
+    auto measure_probe = [&] { probes.push_back(probe->measure(pool, kProbePasses)); };
     auto one = [&](int n_prompt, int n_gen) -> core::Expected<void> {
       cache.truncate(test.n_depth);
       if (auto r = runner.prompt(n_prompt, pool); !r) return r;
@@ -753,6 +813,7 @@ class BenchRun {
                   (warmup ? std::string("warm-up")
                           : "rep " + std::to_string(rep + (f_.no_warmup ? 1 : 0)) + "/" + std::to_string(f_.reps)));
       p.update(runs_done_);
+      if (probe && !warmup && probes.empty()) measure_probe();
       // llama-bench's warm-up: the prompt once, one generated token.
       const auto t0 = Clock::now();
       auto r = warmup ? one(test.n_prompt, test.n_gen > 0 ? 1 : 0) : one(test.n_prompt, test.n_gen);
@@ -762,9 +823,11 @@ class BenchRun {
         return std::unexpected(r.error());
       }
       if (!warmup) row.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+      if (probe && !warmup) measure_probe();
       p.update(++runs_done_);
     }
     p.finish();
+    for (size_t i = 0; i + 1 < probes.size(); ++i) row.read_gbs_reps.push_back((probes[i] + probes[i + 1]) / 2);
     return row;
   }
 
@@ -852,6 +915,12 @@ void register_bench(CLI::App& app) {
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");
   cmd->add_flag("--no-repack", f->no_repack, kNoRepackHelp);
   cmd->add_option("--bw-mib", f->bw_mib, "Buffer streamed by the read-bandwidth measurement, MiB")
+      ->capture_default_str();
+  cmd->add_option("--bw-probe", f->bw_probe,
+                  "When tg's bw roofline measures the bandwidth: start (once, before the models load), each (also "
+                  "right before and after every tg repetition), auto (each where the matrices exceed the "
+                  "last-level cache, or its size is unknown)")
+      ->check(CLI::IsMember({"auto", "start", "each"}))
       ->capture_default_str();
   add_ignored_llama_flags(cmd, f->llama, LlamaCommand::kBench);
   cmd->callback([cmd, f] {

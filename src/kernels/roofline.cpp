@@ -203,12 +203,12 @@ __attribute__((target("avx2"))) uint64_t dot_avx2(int64_t iters) {
 
 }  // namespace
 
-double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int reps) {
+ReadBandwidthProbe::ReadBandwidthProbe(core::ThreadPool& pool, size_t buffer_bytes) {
   const size_t n_pieces = std::max<size_t>(1, (buffer_bytes + kPiece - 1) / kPiece);
-  const size_t bytes = n_pieces * kPiece;
   constexpr size_t kHuge = size_t{2} << 20;
+  const size_t bytes = n_pieces * kPiece;
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
-  if (buf == nullptr) return 0;
+  if (buf == nullptr) return;
   // Huge pages as the model mappings ask for: 4 KiB pages would cost a TLB
   // miss per page and stop the prefetchers at each boundary.
   madvise(buf, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
@@ -217,6 +217,15 @@ double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int r
   pool.parallel_for(static_cast<int64_t>(n_pieces), [buf](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) std::memset(buf + static_cast<size_t>(i) * kPiece, 0x5a, kPiece);
   });
+  buf_ = buf;
+  bytes_ = bytes;
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(buf_); }
+
+double ReadBandwidthProbe::measure(core::ThreadPool& pool, int reps) const {
+  if (buf_ == nullptr) return 0;
+  const size_t n_pieces = bytes_ / kPiece;
   const ReadFn read = pick_reader();
   double best = 0;
   for (int r = 0; r <= std::max(1, reps); ++r) {
@@ -224,14 +233,18 @@ double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int r
     const auto t0 = Clock::now();
     pool.parallel_for(static_cast<int64_t>(n_pieces), [&](int64_t b, int64_t e) {
       const size_t off = static_cast<size_t>(b) * kPiece;
-      sum.fetch_add(read(buf + off, static_cast<size_t>(e - b) * kPiece), std::memory_order_relaxed);
+      sum.fetch_add(read(buf_ + off, static_cast<size_t>(e - b) * kPiece), std::memory_order_relaxed);
     });
     const double secs = seconds_since(t0);
     g_sink.fetch_add(sum.load(), std::memory_order_relaxed);
-    if (r > 0 && secs > 0) best = std::max(best, static_cast<double>(bytes) / secs / 1e9);  // r 0: warm-up
+    if (r > 0 && secs > 0) best = std::max(best, static_cast<double>(bytes_) / secs / 1e9);  // r 0: warm-up
   }
-  std::free(buf);
   return best;
+}
+
+double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int reps) {
+  const ReadBandwidthProbe probe(pool, buffer_bytes);
+  return probe.measure(pool, reps);
 }
 
 #if defined(__x86_64__)

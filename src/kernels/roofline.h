@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "kernels/kernels.h"  // Tier
@@ -29,6 +30,30 @@ namespace bonsai::kernels {
 // it should be several times the last-level cache (the default 1 GiB is).
 // Returns 0 if the buffer cannot be allocated.
 double measure_read_bandwidth(core::ThreadPool& pool, size_t buffer_bytes, int reps = 5);
+
+// The same measurement, repeatable on one buffer: allocated and written once
+// (as above, on the threads of the pool given to the constructor) and kept
+// until destruction, so a benchmark can measure the bandwidth again right
+// next to each timed run it rates (`bonsai bench`'s tg repetitions) for the
+// cost of the passes alone. Holds buffer_bytes (rounded up to 1 MiB) for its
+// lifetime; not copyable. A failed allocation leaves ok() false and every
+// measure() 0.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(core::ThreadPool& pool, size_t buffer_bytes);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+
+  bool ok() const { return buf_ != nullptr; }
+  // GB/s (1e9 B/s) of every thread of `pool` streaming disjoint slices of
+  // the buffer: the best of `reps` passes after one warm-up pass.
+  double measure(core::ThreadPool& pool, int reps) const;
+
+ private:
+  uint8_t* buf_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 // Result of measure_int8_peak.
 struct Int8Peak {

@@ -293,6 +293,50 @@ TEST(CliBench, LlcResidentModelIsMarked) {
   EXPECT_NE(r.out.find(note), std::string::npos) << r.out;
 }
 
+// --bw-probe each: the bandwidth measured again around every tg repetition;
+// the column is the mean of each repetition's t/s over the mean of the probes
+// before and after it (checked against the JSON's own samples), the md
+// footer lists the range. The default (auto) does not probe a model that
+// fits in the last-level cache, and pp rows never get probes.
+TEST(CliBench, BandwidthProbedAroundEachTgRepetition) {
+  BONSAI_REQUIRE_FILE(kStories);
+  const std::string args = "bench -m '" + kStories + "' -p 8 -n 4 -r 3 -t 1 --bw-mib 32 --no-warmup";
+  const auto r = run_bonsai(args + " --bw-probe each -o json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_TRUE(j[0].at("read_bw_gbs_reps").is_null());  // pp8
+  const auto& tg = j[1];
+  ASSERT_EQ(tg.at("test").get<std::string>(), "tg4");
+  const auto bw = tg.at("read_bw_gbs_reps").get<std::vector<double>>();
+  const auto ts = tg.at("samples_ts").get<std::vector<double>>();
+  ASSERT_EQ(bw.size(), 3u);
+  ASSERT_EQ(ts.size(), 3u);
+  double want = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_GT(bw[i], 0.0);
+    want += ts[i] * tg.at("bytes_per_token").get<double>() / (bw[i] * 1e9) / 3;
+  }
+  EXPECT_NEAR(tg.at("bw_ratio").get<double>(), want, want * 1e-9);
+  // The start-of-run probe is still reported beside them.
+  EXPECT_GT(tg.at("read_bw_gbs").get<double>(), 0.0);
+
+  const auto md = run_bonsai(args + " --bw-probe each");
+  ASSERT_EQ(md.rc, 0) << md.err;
+  EXPECT_NE(md.out.find("bw roofline of these rows: each repetition's t/s over the read bandwidth"), std::string::npos)
+      << md.out;
+  EXPECT_NE(md.out.find("  tg4, 1 thread: "), std::string::npos) << md.out;
+
+  if (llc_bytes_from_sysfs() > 0) {  // auto: stories260K fits, so no probes
+    const auto a = nlohmann::json::parse(run_bonsai(args + " -o json").out);
+    ASSERT_EQ(a.size(), 2u);
+    EXPECT_TRUE(a[1].at("read_bw_gbs_reps").is_null());
+  }
+  const auto bad = run_bonsai(args + " --bw-probe sometimes");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("--bw-probe"), std::string::npos) << bad.err;
+}
+
 // A depth (plus the test's tokens) beyond the model's context (stories260K:
 // 2048) is refused as a usage error naming the context, before anything runs.
 TEST(CliBench, DepthBeyondTheContextIsAUsageError) {
