@@ -443,6 +443,34 @@ bool set_avx2_vnni(bool enabled) {
 
 bool avx2_vnni_in_use() { return use_vnni(); }
 
+// tdecode's four vectors hold a block's digits in weight order (R_k byte i =
+// weight 32 k + i), which is PQ2_0's order too: PMADDUBSW by bytes (1, 4)
+// and PMADDWD by words (1, 16) make each dword t0 + 4 t1 + 16 t2 + 64 t3 of
+// four consecutive weights (<= 170), i.e. PQ2_0 byte i of R_k = byte 8 k + i;
+// two saturating packs (no value saturates) and one dword permutation put
+// the 32 bytes in order. ~35 instructions per block against the scalar
+// form's ~150 (bench/results/ptq1-load-2026-12-07-zen5.txt).
+void transcode_ptq1_0_row_avx2(const uint8_t* src, uint8_t* dst, int64_t blocks) {
+  static const TritConsts c = make_trit_consts();
+  const __m256i m14 = _mm256_set1_epi16(0x0401);       // bytes (1, 4)
+  const __m256i m116 = _mm256_set1_epi32(0x00100001);  // words (1, 16)
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* in = src + b * 28;
+    uint8_t* out = dst + b * 34;
+    _mm_prefetch(reinterpret_cast<const char*>(in + 2048), _MM_HINT_T0);
+    __m256i t[4];
+    tdecode(in, c, t);
+    __m256i d[4];
+    for (int k = 0; k < 4; ++k) d[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], m14), m116);
+    // Per 128-bit half: packs gives [d0 | d1] and [d2 | d3] words, packus
+    // [d0 d1 d2 d3] bytes, dwords 0..3 from the low halves, 4..7 the high.
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(d[0], d[1]), _mm256_packs_epi32(d[2], d[3]));
+    std::memcpy(out, in + 26, 2);  // d: the file's fp16 bits
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_permutevar8x32_epi32(bytes, order));
+  }
+}
+
 const TierOps* avx2_ops() {
   static const TierOps ops{prepare,        rows,       dot_f32, dot_f16_f32_entry, axpy_f32,
                            axpy_f16_entry, f32_to_f16, nullptr, nullptr,           kAvx2TierFormats};
@@ -456,6 +484,9 @@ const TierOps* avx2_ops() {
 namespace bonsai::kernels::detail {
 bool set_avx2_vnni(bool) { return false; }
 bool avx2_vnni_in_use() { return false; }
+void transcode_ptq1_0_row_avx2(const uint8_t* src, uint8_t* dst, int64_t blocks) {
+  transcode_ptq1_0_row_scalar(src, dst, blocks);  // (never chosen: tier_supported(kAvx2) is false here)
+}
 const TierOps* avx2_ops() { return nullptr; }
 }  // namespace bonsai::kernels::detail
 

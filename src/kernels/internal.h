@@ -187,6 +187,16 @@ const TierOps* ops_for_format(const TierOps* ops, Format f);
 // `enabled` is ANDed with CPUID; returns the previous setting.
 bool set_avx512_gfni(bool enabled);
 
+// One row of PTQ1_0 blocks to PQ2_0 blocks (kernels.h
+// transcode_ptq1_0_to_pq2_0): `blocks` blocks of 28 bytes at src to blocks
+// of 34 at dst (the same 128 weights, codes = digits, d copied). The scalar
+// form (packing.cpp, any CPU) and the AVX2 tier's (avx2.cpp: the PTQ1_0
+// kernels' in-register digit decode, four digits packed per byte; callable
+// where tier_supported(Tier::kAvx2)) write the same bytes for every input
+// byte, valid base-3 or not (tests/kernels/formats_test.cpp).
+void transcode_ptq1_0_row_scalar(const uint8_t* src, uint8_t* dst, int64_t blocks);
+void transcode_ptq1_0_row_avx2(const uint8_t* src, uint8_t* dst, int64_t blocks);
+
 // Test hook: makes the AVX2 tier use PMADDUBSW/PMADDWD instead of AVX-VNNI's
 // VPDPBUSD on a CPU that has it (`enabled` is ANDed with CPUID); returns the
 // previous setting.

@@ -41,11 +41,12 @@ size_t rq_quad_bytes(const MatrixView& w) {
 }
 
 // Quads [q0, q1) of w in the row-quad layout.
-void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
+template <Format F>
+void pack_row_quads_of(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
   const int64_t units = rq_units(w), groups = rq_groups(w);
   const size_t qb = rq_quad_bytes(w);
   const bool g128 = shares_d(w.format);
-  const bool code3_is_zero = format_def(w.format).code3_is_zero;
+  constexpr bool code3_is_zero = kDef<F>.code3_is_zero;
   const int64_t k = rq_block_groups(w);
   const size_t bb = rq_block_bytes(w);
   const size_t sb = g128 ? detail::kPackG128SBytes : detail::kPackSBytes;  // S bytes per group
@@ -62,10 +63,10 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
                       static_cast<size_t>(i) * (sb / 4);
         for (int64_t u = 0; u < 4 && 4 * g + u < units; ++u) {
           const int64_t t = 4 * g + u;
-          std::memcpy(qd + 16 * u, row + unit_qs_offset(w.format, t), 16);
+          std::memcpy(qd + 16 * u, row + UnitGeo<F>::unit_qs(t), 16);
           // g128: one fp16 per 128-weight block (units 2h, 2h + 1 share it).
-          if (!g128 || u % 2 == 0) std::memcpy(sd + 2 * (g128 ? u / 2 : u), row + unit_d_offset(w.format, t), 2);
-          if (code3_is_zero) {
+          if (!g128 || u % 2 == 0) std::memcpy(sd + 2 * (g128 ? u / 2 : u), row + UnitGeo<F>::unit_d(t), 2);
+          if constexpr (code3_is_zero) {
             // Code 3 means 0 in the g128 layouts, as code 1 does: store 1, so
             // the kernel treats every Q2_0 layout as g64 (whose 3 is +2).
             for (int k = 0; k < 16; ++k) {
@@ -77,6 +78,14 @@ void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
       }
     }
   }
+}
+
+// The quads of w's format (offsets known at compile time: the byte copies
+// inline; a table lookup per unit was ~2% of a 27B model's load profile).
+void pack_row_quads(const MatrixView& w, uint8_t* dst, int64_t q0, int64_t q1) {
+  visit_format(w.format, [&](auto fc) {
+    if constexpr (kHasUnits<fc.value>) pack_row_quads_of<fc.value>(w, dst, q0, q1);
+  });
 }
 
 // Whether layout p (tile16 or avx2-tile16) is defined for w: Q1_0 rows of
@@ -280,21 +289,31 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
   auto* out = static_cast<uint8_t*>(dst);
   if (w.format == Format::kPTQ1_0) {
     if (p != Packing::kAvx512RowQuad) return;
-    // Transcoded to PQ2_0 a slice of whole quads at a time (kSliceRows rows:
-    // a few MiB of scratch instead of a second copy of the matrix), each
-    // slice packed into its quads' place.
-    constexpr int64_t kSliceRows = 1024;
+    // Each thread transcodes a few quads' rows at a time to PQ2_0 in its own
+    // scratch, sized to stay in its core's L2 (<= kScratchBytes, at least
+    // one quad: 64 rows of 5,120 columns are 85 KiB), and packs them into
+    // their quads' place: one dispatch per matrix, and the PQ2_0 rows are
+    // read back from L2, not memory. (Before: 1,024-row slices, each
+    // transcoded and packed by its own dispatch over a scratch of up to
+    // 4.7 MiB; 1.9-2.3 GB/s of PTQ1_0 input on 2 Zen 5 threads, now
+    // bench/results/ptq1-load-2026-12-07-zen5.txt.)
+    constexpr size_t kScratchBytes = size_t{512} << 10;
     const MatrixView twin = detail::pq2_twin(w);
     const size_t quad_bytes = rq_quad_bytes(twin);
-    std::vector<uint8_t> scratch(static_cast<size_t>(std::min<int64_t>(kSliceRows, w.rows)) * twin.row_stride);
-    for (int64_t r0 = 0; r0 < w.rows; r0 += kSliceRows) {
-      const int64_t rows = std::min<int64_t>(kSliceRows, w.rows - r0);
-      const MatrixView src{static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_stride, w.format, rows,
-                           w.cols, w.row_stride};
-      transcode_ptq1_0_to_pq2_0(src, scratch.data(), pool);
-      const MatrixView slice{scratch.data(), Format::kPQ2_0, rows, w.cols, twin.row_stride};
-      pack_matrix(slice, p, out + static_cast<size_t>(r0 / 4) * quad_bytes, pool);
-    }
+    const int64_t slice_quads = std::clamp<int64_t>(static_cast<int64_t>(kScratchBytes / (4 * twin.row_stride)), 1, 16);
+    const auto* in = static_cast<const uint8_t*>(w.data);
+    split(pool, (w.rows + 3) / 4, slice_quads, [&](int64_t q0, int64_t q1) {
+      thread_local std::vector<uint8_t> scratch;  // (kept: the next matrix reuses it)
+      const size_t need = static_cast<size_t>(std::min<int64_t>(4 * slice_quads, w.rows)) * twin.row_stride;
+      if (scratch.size() < need) scratch.resize(need);
+      for (int64_t qa = q0; qa < q1; qa += slice_quads) {
+        const int64_t r0 = 4 * qa, r1 = std::min(w.rows, 4 * std::min(q1, qa + slice_quads));
+        const MatrixView src{in + static_cast<size_t>(r0) * w.row_stride, w.format, r1 - r0, w.cols, w.row_stride};
+        transcode_ptq1_0_to_pq2_0(src, scratch.data(), nullptr);
+        const MatrixView slice{scratch.data(), Format::kPQ2_0, r1 - r0, w.cols, twin.row_stride};
+        pack_matrix(slice, p, out + static_cast<size_t>(qa) * quad_bytes, nullptr);
+      }
+    });
     return;
   }
   if (detail::is_lut_packing(p) && tile16_defined(w, p)) {
@@ -313,12 +332,11 @@ Format transcode_target(const MatrixView& w) {
   return tier == Tier::kAvx2 || tier == Tier::kAvx512 ? Format::kPQ2_0 : w.format;
 }
 
-void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool) {
+void detail::transcode_ptq1_0_row_scalar(const uint8_t* src, uint8_t* dst, int64_t blocks) {
   // spread[b]: the five base-3 digits of byte b (most significant first, as
   // BlockPTQ1_0 reads them: ((uint8)(b * 3^n) * 3) >> 8), digit n in byte n
   // of the word. A digit t means t - 1, as PQ2_0's 2-bit code c means c - 1,
-  // so a digit is its code. A table: a 27B model's load goes through every
-  // byte once.
+  // so a digit is its code.
   static const auto spread = [] {
     std::array<uint64_t, 256> t{};
     for (int b = 0; b < 256; ++b) {
@@ -331,42 +349,50 @@ void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool*
   // The codes of the four digit bytes src[0..3] interleaved: byte n of the
   // result = digit n of src[0] | digit n of src[1] << 2 | ... << 6, i.e.
   // the PQ2_0 byte of four consecutive weights (codes <= 2: no carries).
-  const auto four = [](const uint8_t* src) {
-    return spread[src[0]] | spread[src[1]] << 2 | spread[src[2]] << 4 | spread[src[3]] << 6;
+  const auto four = [](const uint8_t* p) {
+    return spread[p[0]] | spread[p[1]] << 2 | spread[p[2]] << 4 | spread[p[3]] << 6;
   };
+  for (int64_t b = 0; b < blocks; ++b) {
+    BlockPTQ1_0 in;
+    std::memcpy(&in, src + b * sizeof(BlockPTQ1_0), sizeof in);
+    BlockPQ2_0 o{};
+    std::memcpy(o.d, in.d, 2);
+    // Weight e at PQ2_0 byte e / 4, bits 2 (e % 4). qs[m], m < 16: digit n
+    // is weight 16 n + m (byte 4 n + m / 4); qs[16 + m], m < 8: weight
+    // 80 + 8 n + m (byte 20 + 2 n + m / 4); qh[h]'s 4 digits: weight
+    // 120 + 2 n + h.
+    for (int a = 0; a < 4; ++a) {
+      const uint64_t x = four(in.qs + 4 * a);
+      for (int n = 0; n < 5; ++n) o.qs[4 * n + a] = static_cast<uint8_t>(x >> (8 * n));
+    }
+    for (int a = 0; a < 2; ++a) {
+      const uint64_t x = four(in.qs + 16 + 4 * a);
+      for (int n = 0; n < 5; ++n) o.qs[20 + 2 * n + a] = static_cast<uint8_t>(x >> (8 * n));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const uint64_t x = spread[in.qh[h]];
+      for (int n = 0; n < 4; ++n) {
+        const int e = 120 + 2 * n + h;
+        o.qs[e / 4] |= static_cast<uint8_t>(((x >> (8 * n)) & 3) << (2 * (e % 4)));
+      }
+    }
+    std::memcpy(dst + b * sizeof(BlockPQ2_0), &o, sizeof o);
+  }
+}
+
+void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool) {
+  // A 27B model's load goes through every byte once: the AVX2 decode where
+  // the CPU has it (any tier's choice: the bytes are the same), else the
+  // table-driven scalar form.
+  const auto row_fn =
+      tier_supported(Tier::kAvx2) ? detail::transcode_ptq1_0_row_avx2 : detail::transcode_ptq1_0_row_scalar;
   const int64_t blocks = w.cols / block_elems(Format::kPTQ1_0);
   const size_t out_stride = row_bytes(Format::kPQ2_0, w.cols);
   auto* out = static_cast<uint8_t*>(dst);
+  const auto* in = static_cast<const uint8_t*>(w.data);
   split(pool, w.rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const auto* src = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_stride;
-      for (int64_t b = 0; b < blocks; ++b) {
-        BlockPTQ1_0 in;
-        std::memcpy(&in, src + b * sizeof(BlockPTQ1_0), sizeof in);
-        BlockPQ2_0 o{};
-        std::memcpy(o.d, in.d, 2);
-        // Weight e at PQ2_0 byte e / 4, bits 2 (e % 4). qs[m], m < 16: digit n
-        // is weight 16 n + m (byte 4 n + m / 4); qs[16 + m], m < 8: weight
-        // 80 + 8 n + m (byte 20 + 2 n + m / 4); qh[h]'s 4 digits: weight
-        // 120 + 2 n + h.
-        for (int a = 0; a < 4; ++a) {
-          const uint64_t x = four(in.qs + 4 * a);
-          for (int n = 0; n < 5; ++n) o.qs[4 * n + a] = static_cast<uint8_t>(x >> (8 * n));
-        }
-        for (int a = 0; a < 2; ++a) {
-          const uint64_t x = four(in.qs + 16 + 4 * a);
-          for (int n = 0; n < 5; ++n) o.qs[20 + 2 * n + a] = static_cast<uint8_t>(x >> (8 * n));
-        }
-        for (int h = 0; h < 2; ++h) {
-          const uint64_t x = spread[in.qh[h]];
-          for (int n = 0; n < 4; ++n) {
-            const int e = 120 + 2 * n + h;
-            o.qs[e / 4] |= static_cast<uint8_t>(((x >> (8 * n)) & 3) << (2 * (e % 4)));
-          }
-        }
-        std::memcpy(out + static_cast<size_t>(r) * out_stride + b * sizeof(BlockPQ2_0), &o, sizeof o);
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      row_fn(in + static_cast<size_t>(r) * w.row_stride, out + static_cast<size_t>(r) * out_stride, blocks);
   });
 }
 

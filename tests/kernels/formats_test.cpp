@@ -203,5 +203,45 @@ TEST(Formats, Ptq1TranscodesToPq2Exactly) {
   EXPECT_EQ(transcode_target(m), simd ? Format::kPQ2_0 : Format::kPTQ1_0);
 }
 
+// The AVX2 row transcode writes the scalar one's bytes for every byte value
+// at every position of a block (valid base-3 bytes, 0..242, and the 243..255
+// no encoder writes, which both decode by the same digit rule), row lengths
+// of 1..9 blocks (no read or write past a row: the buffers are exact, and
+// the bytes after dst's last block are checked untouched).
+TEST(Formats, Ptq1TranscodeAvx2MatchesScalar) {
+  if (!tier_supported(Tier::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU or build";
+  uint64_t s = 99;
+  auto next = [&s] {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<uint8_t>(s >> 56);
+  };
+  for (int64_t blocks = 1; blocks <= 9; ++blocks) {
+    for (int round = 0; round < 64; ++round) {
+      std::vector<uint8_t> src(static_cast<size_t>(blocks) * 28);
+      for (size_t i = 0; i < src.size(); ++i) {
+        // Round r sweeps byte value 4 r .. 4 r + 3 through every position; the rest random.
+        src[i] = (i + static_cast<size_t>(round)) % 7 == 0 ? static_cast<uint8_t>(4 * round + i % 4) : next();
+      }
+      std::vector<uint8_t> a(static_cast<size_t>(blocks) * 34 + 8, 0xEE), b(a.size(), 0xEE);
+      detail::transcode_ptq1_0_row_scalar(src.data(), a.data(), blocks);
+      detail::transcode_ptq1_0_row_avx2(src.data(), b.data(), blocks);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << blocks << " blocks, round " << round;
+      for (size_t i = static_cast<size_t>(blocks) * 34; i < b.size(); ++i) ASSERT_EQ(b[i], 0xEE);
+    }
+  }
+  // Every byte value in every qs / qh position, one block at a time.
+  for (int pos = 0; pos < 26; ++pos) {
+    for (int v = 0; v < 256; ++v) {
+      uint8_t src[28];
+      for (auto& x : src) x = next();
+      src[pos] = static_cast<uint8_t>(v);
+      uint8_t a[34], b[34];
+      detail::transcode_ptq1_0_row_scalar(src, a, 1);
+      detail::transcode_ptq1_0_row_avx2(src, b, 1);
+      ASSERT_EQ(std::memcmp(a, b, 34), 0) << "byte " << pos << " = " << v;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bonsai::kernels
