@@ -5,14 +5,17 @@
 
 Two servers over the same model (one per setting) run side by side; each
 round sends N concurrent /v1/completions (temperature 0, ignore_eos,
-max_tokens M, N different prompts) to one then the other, alternating which
-goes first, and prints the aggregate completion tokens / wall seconds of each
-and their ratio. The answers of the two must be identical (temperature 0).
+max_tokens M, N different prompts) four times, to one, the other, the other,
+the first (ABBA; the first side alternates between rounds), and prints each
+side's mean aggregate completion tokens / wall seconds and their ratio. The answers of the two must be identical (temperature 0).
 The shared VMs drift, so only the paired ratios mean something.
 
 Usage:
   bench/spec_serve_bench.py [--bonsai build/apps/bonsai/bonsai] [--model F] [--clients 8]
-                            [--max-tokens 128] [--rounds 5] [--threads 0]
+                            [--max-tokens 128] [--rounds 5] [--threads 0] [--on-spec ngram]
+--on-spec none runs the same comparison between two servers without
+speculation: an A/A control whose spread of ratios is this machine's noise
+floor for the "on / off" figure.
 The default model is ../shared/models/stories260K/stories260K.gguf.
 """
 import argparse
@@ -101,8 +104,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--on-spec", default="ngram", help="--spec-type of the 'on' server (none: an A/A control)")
     a = ap.parse_args()
-    on, url_on = start(a, "ngram")
+    on, url_on = start(a, a.on_spec)
     off, url_off = start(a, "none")
     try:
         level(url_on, a)  # warm-up (and the step-cost estimates)
@@ -110,14 +114,19 @@ def main():
         ratios = []
         print("round  on_tok/s  off_tok/s  ratio  same_text")
         for r in range(a.rounds):
-            if r % 2 == 0:
-                ton, xon = level(url_on, a)
-                toff, xoff = level(url_off, a)
-            else:
-                toff, xoff = level(url_off, a)
-                ton, xon = level(url_on, a)
+            # ABBA (BAAB in odd rounds): each server runs once right after
+            # itself and once right after the other, first and last, so an
+            # order effect (caches, idle threads waking) cancels within the
+            # round instead of favouring whichever side a median lands on.
+            order = ["on", "off", "off", "on"] if r % 2 == 0 else ["off", "on", "on", "off"]
+            got = {"on": [], "off": []}
+            for side in order:
+                got[side].append(level(url_on if side == "on" else url_off, a))
+            ton = statistics.mean(t for t, _ in got["on"])
+            toff = statistics.mean(t for t, _ in got["off"])
+            same = all(x == got["off"][0][1] for _, x in got["on"] + got["off"])
             ratios.append(ton / toff)
-            print("%5d  %8.1f  %9.1f  %5.3f  %s" % (r + 1, ton, toff, ton / toff, xon == xoff))
+            print("%5d  %8.1f  %9.1f  %5.3f  %s" % (r + 1, ton, toff, ton / toff, same))
         print("median ratio (on / off): %.3f" % statistics.median(ratios))
         print("proposed %d, accepted %d (vllm:spec_decode_num_*_tokens_total of the server with speculation)" %
               (metric(url_on, "vllm:spec_decode_num_draft_tokens_total"),
