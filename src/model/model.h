@@ -131,7 +131,8 @@ class Workspace {
   // qwen35: rotated matmul inputs (the Hadamard fold) [n][widest folded
   // input]; the gated attention's q|gate rows [n][2 q_dim] and gate
   // [n][q_dim]; GDN conv input/output [n][conv_dim], z [n][v_dim], beta and
-  // alpha [n][n_v_heads], output [n][v_dim].
+  // alpha [n][n_v_heads], output [n][v_dim]; ones_ [conv_dim] of 1.0f
+  // (the u of kernels::silu_mul for the conv's plain SiLU).
   std::vector<float> rot_;
   std::vector<float> qg_;
   std::vector<float> agate_;
@@ -141,6 +142,7 @@ class Workspace {
   std::vector<float> beta_;
   std::vector<float> alpha_;
   std::vector<float> ssm_o_;
+  std::vector<float> ones_;
   std::vector<std::vector<int32_t>> seq_tokens_;  // per sequence id: its token indices in the ubatch, in order
   std::vector<int32_t> seq_order_;                // the sequence ids present in the ubatch, first appearance first
   std::vector<float> out_;                        // final-normed rows of wanted tokens [n_wanted][n_embd]
