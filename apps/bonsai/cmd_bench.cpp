@@ -23,12 +23,13 @@
 //                position (depth + (N+1)/2 positions, K and V, every layer).
 //                The bandwidth is measured once before the models load and,
 //                with --bw-probe each (auto: where the matrices exceed the
-//                last-level cache or its size is unknown), again right before and after every tg
-//                repetition: each repetition is then rated against the mean
-//                of its two neighbours and the column is the mean of those
-//                ratios, so bandwidth that drifts during a run (shared VMs:
-//                2x within the hour) moves the ratio less; the md footer
-//                lists the range the probes saw, JSON read_bw_gbs_reps.
+//                last-level cache or its size is unknown), again right
+//                before and after every tg repetition: each repetition is
+//                then rated against the mean of its two neighbours and the
+//                column is the mean of those ratios, so bandwidth that
+//                drifts during a run (shared VMs: 2x within the hour) moves
+//                the ratio less; the md footer lists the range the probes
+//                saw, JSON read_bw_gbs_reps.
 //   int8 peak    pp only: (2 x matrix weights each token passes through x
 //                t/s) / the int8 dot peak. The output head counts once per
 //                prompt (only the last token's logits are computed).

@@ -167,8 +167,9 @@ void pack_matrix(const MatrixView& w, Packing p, void* dst, core::ThreadPool* po
 // PQ2_0 kernels. The two formats share the Q2_0 chunk order, so the
 // products are bit-identical either way. The AVX-512 tier goes one step
 // further: packing_for gives a PTQ1_0 matrix the row-quad layout of its PQ2_0
-// twin (the same 34/28 of the bytes; pack_matrix transcodes 1,024 rows at a
-// time into scratch and packs them), `data` keeps the file's PTQ1_0 bytes
+// twin (the same 34/28 of the bytes; pack_matrix has each thread transcode
+// up to 16 quads' rows into an L2-sized scratch and pack them), `data` keeps
+// the file's PTQ1_0 bytes
 // for every other tier, and the products run the row-quad PQ2_0 kernel: on
 // Zen 5, 17408 x 5120 GEMV from DRAM at 2 threads 1.55x the stored PQ2_0
 // layout's, the 27B shape's tg32 1.27-1.61x the transcoded build's
@@ -180,7 +181,10 @@ Format transcode_target(const MatrixView& w);
 // Writes w (PTQ1_0) as PQ2_0 rows to dst (w.rows * row_bytes(kPQ2_0,
 // w.cols) bytes; block b of a row keeps its fp16 scale bits and each digit
 // t becomes the 2-bit code t, i.e. weight t - 1): rows split over `pool`
-// (nullptr: the calling thread). w.format must be kPTQ1_0.
+// (nullptr: the calling thread). w.format must be kPTQ1_0. Rows go through
+// the AVX2 digit decode where the CPU has AVX2, else a scalar table form:
+// the same bytes (bench/results/ptq1-load-2026-12-07-zen5.txt: 6.2 against
+// 2.2 GB/s of input per Zen 5 thread).
 void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool);
 
 namespace detail {

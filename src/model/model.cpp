@@ -563,9 +563,12 @@ core::Expected<std::shared_ptr<const Model>> Model::from_file(std::shared_ptr<co
 
 size_t Workspace::bytes() const {
   size_t n = 0;
-  for (const auto* v : {&x_, &xb_, &q_, &k_, &v_, &att_, &proj_, &gate_, &up_, &rope_, &out_}) {
+  for (const auto* v : {&x_,   &xb_, &q_,     &k_,   &v_,    &att_, &proj_, &gate_,  &up_,    &rope_, &out_,
+                        &rot_, &qg_, &agate_, &qkv_, &conv_, &z_,   &beta_, &alpha_, &ssm_o_, &ones_}) {
     n += v->capacity() * sizeof(float);
   }
+  for (const auto& t : seq_tokens_) n += t.capacity() * sizeof(int32_t);
+  n += seq_order_.capacity() * sizeof(int32_t) + seq_first_.capacity() * sizeof(int64_t);
   return n + seq_next_.capacity() * sizeof(int64_t) + act_.bytes();
 }
 
