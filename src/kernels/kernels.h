@@ -182,7 +182,8 @@ Format transcode_target(const MatrixView& w);
 // w.cols) bytes; block b of a row keeps its fp16 scale bits and each digit
 // t becomes the 2-bit code t, i.e. weight t - 1): rows split over `pool`
 // (nullptr: the calling thread). w.format must be kPTQ1_0. Rows go through
-// the AVX2 digit decode where the CPU has AVX2, else a scalar table form:
+// the AVX2 digit decode on the AVX2 and AVX-512 tiers, else (the reference
+// and ARM tiers) a scalar table form:
 // the same bytes (bench/results/ptq1-load-2026-12-07-zen5.txt: 6.2 against
 // 2.2 GB/s of input per Zen 5 thread).
 void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool);

@@ -381,11 +381,12 @@ void detail::transcode_ptq1_0_row_scalar(const uint8_t* src, uint8_t* dst, int64
 }
 
 void transcode_ptq1_0_to_pq2_0(const MatrixView& w, void* dst, core::ThreadPool* pool) {
-  // A 27B model's load goes through every byte once: the AVX2 decode where
-  // the CPU has it (any tier's choice: the bytes are the same), else the
-  // table-driven scalar form.
-  const auto row_fn =
-      tier_supported(Tier::kAvx2) ? detail::transcode_ptq1_0_row_avx2 : detail::transcode_ptq1_0_row_scalar;
+  // A 27B model's load goes through every byte once: the AVX2 decode on the
+  // x86 SIMD tiers (the AVX-512 tier runs AVX2 code too), else the
+  // table-driven scalar form; the bytes are the same.
+  const Tier tier = active_tier();
+  const auto row_fn = tier == Tier::kAvx2 || tier == Tier::kAvx512 ? detail::transcode_ptq1_0_row_avx2
+                                                                   : detail::transcode_ptq1_0_row_scalar;
   const int64_t blocks = w.cols / block_elems(Format::kPTQ1_0);
   const size_t out_stride = row_bytes(Format::kPQ2_0, w.cols);
   auto* out = static_cast<uint8_t*>(dst);
