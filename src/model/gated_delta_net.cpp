@@ -22,7 +22,8 @@
 #include "core/thread_pool.h"
 #include "kernels/delta_rule.h"
 #include "kernels/hadamard.h"
-#include "kernels/silu.h"  // silu_mul: the conv's SiLU, the gated norm
+#include "kernels/silu.h"      // silu_mul: the conv's SiLU, the gated norm
+#include "kernels/ssm_conv.h"  // ssm_conv_step: the causal conv
 #include "model/model.h"
 #include "model/model_internal.h"
 
@@ -139,37 +140,27 @@ void Model::gdn_block(int64_t l, std::span<const BatchToken> tok, std::span<KvCa
   // Causal depthwise conv over the cd channels, then SiLU:
   //   conv_t[ch] = silu(sum_{k<K} w[ch K + k] * in_{t-K+1+k}[ch])
   // where in_ before the sequence's first token of this ubatch comes from its
-  // state's conv tail (zeros at position 0); the tail then keeps the last K-1
-  // inputs. Split by channel ranges: channels are independent. The sums run
-  // in tap order per channel (one fixed sequence of roundings); the SiLU is
-  // kernels::silu_mul's (times 1.0f: exact), over each token's run of
-  // channels at once, the same bits on every tier and for any chunking.
-  // (A scalar SiLU through libm's expf per channel made this loop ~5% of a
-  // 27B decode token: ~10 ms of ~215.)
+  // state's conv tail (zeros at position 0); kernels::ssm_conv_step sums the
+  // taps in order and moves the tail by one token, so the tail keeps the
+  // last K-1 inputs. Split by channel ranges: channels are independent. The
+  // SiLU is kernels::silu_mul's (times 1.0f: exact), over each token's run of
+  // channels at once: the same bits on every tier and for any chunking.
+  // (Scalar per-channel loops here, with libm's expf for the SiLU, were ~5%
+  // of a 27B decode token: ~10 ms of ~215.)
   constexpr int64_t kChanChunk = 64;
   if (static_cast<int64_t>(ws.ones_.size()) < cd) ws.ones_.assign(static_cast<size_t>(cd), 1.0f);
   const float* ones = ws.ones_.data();
   pool.parallel_for((cd + kChanChunk - 1) / kChanChunk,
                     [&](int64_t b, int64_t e) {
                       const int64_t c0 = b * kChanChunk, c1 = std::min(cd, e * kChanChunk);
-                      float win[64];  // K <= 64 (ModelConfig check)
                       for (int32_t s : seqs) {
                         float* tail = caches[s]->recurrent_state(rl);  // [(K-1)][cd]
-                        const auto& toks = seq_tokens[static_cast<size_t>(s)];
-                        for (int64_t ch = c0; ch < c1; ++ch) {
-                          const float* w = G.conv.data + ch * K;
-                          for (int64_t k = 0; k + 1 < K; ++k) win[k] = tail[k * cd + ch];
-                          for (int32_t i : toks) {
-                            win[K - 1] = qkv[i * cd + ch];
-                            float acc = 0.0f;
-                            for (int64_t k = 0; k < K; ++k) acc += w[k] * win[k];
-                            conv[i * cd + ch] = acc;
-                            for (int64_t k = 0; k + 1 < K; ++k) win[k] = win[k + 1];
-                          }
-                          for (int64_t k = 0; k + 1 < K; ++k) tail[k * cd + ch] = win[k];
+                        for (int32_t i : seq_tokens[static_cast<size_t>(s)]) {
+                          float* out = conv + i * cd + c0;
+                          kernels::ssm_conv_step(G.conv.data + c0 * K, K, tail + c0, cd, qkv + i * cd + c0, out,
+                                                 c1 - c0);
+                          kernels::silu_mul(out, ones + c0, out, c1 - c0);
                         }
-                        for (int32_t i : toks)
-                          kernels::silu_mul(conv + i * cd + c0, ones + c0, conv + i * cd + c0, c1 - c0);
                       }
                     },
                     1);
