@@ -225,6 +225,13 @@ inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512
 // (the same bytes).
 template <Format F, bool kGf>
 inline __m512i gplane(__m512i q, int m, const GConsts& c) {
+  // The one plane a single VPAND gives (Q1_0 plane 1: q & 2 = 2 * bit 1;
+  // Q2_0 plane 0: q & 3): VPAND runs beside GF2P8AFFINEQB and VPDPBUSD,
+  // which share two pipes on Zen 5.
+  constexpr int kAndPlane = kDef<F>.family == Family::kSign ? 1 : 0;
+  if (m == kAndPlane) {
+    return _mm512_and_si512(q, _mm512_set1_epi8(kDef<F>.family == Family::kSign ? 2 : 3));
+  }
   if constexpr (kGf) {
     return _mm512_gf2p8affine_epi64_epi8(q, c.plane[m], 0);
   } else if constexpr (kDef<F>.family == Family::kSign) {
