@@ -96,10 +96,10 @@ inline float lut_fp16(const uint8_t* p) {
 // VPERMT2W + VCVTPH2PS their four fp16 scales into a lane vector. Each dword
 // lane of the accumulator is then one (unit, lane-chunk) pair:
 //   * Q1_0 (8 bit planes m): plane m's weight byte p = 2 * bit m of Q byte p
-//     (one GF2P8AFFINEQB), the weight of element 8*(p%16) + m of unit p/16;
+//     (one GF2P8AFFINEQB; plane 1 one VPAND), the weight of element 8*(p%16) + m of unit p/16;
 //     lane L (= 4u + k) sums the 32 elements of sub-block k of unit u.
 //   * Q2_0 (4 code planes c): plane c's byte p = code c of Q byte p (one
-//     GF2P8AFFINEQB), the code of element 4*(p%16) + c of unit p/16; lane L
+//     GF2P8AFFINEQB; plane 0 one VPAND), the code of element 4*(p%16) + c of unit p/16; lane L
 //     sums elements [16*(L%4), +16) of unit L/4 (one half of a sub-block).
 //     g128 codes are remapped 3 -> 1 (value 0) on Q before the planes.
 // The activations are laid out to match (prepare_cols_grouped): per group,
@@ -221,8 +221,8 @@ inline void gload(const uint8_t* p, int nu, const GConsts& c, __m512i& q, __m512
 }
 
 // Weight bytes of plane m of Q (see "Grouped layout"): Q1_0 2 * bit m,
-// Q2_0 code m. kGf: one GF2P8AFFINEQB; else a bit test or a shift and mask
-// (the same bytes).
+// Q2_0 code m. Q1_0 plane 1 and Q2_0 plane 0: one VPAND; the others with kGf
+// one GF2P8AFFINEQB, else a bit test or a shift and mask (the same bytes).
 template <Format F, bool kGf>
 inline __m512i gplane(__m512i q, int m, const GConsts& c) {
   // The one plane a single VPAND gives (Q1_0 plane 1: q & 2 = 2 * bit 1;

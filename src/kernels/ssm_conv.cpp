@@ -52,7 +52,9 @@ void ssm_conv_step(const float* w, int64_t K, float* tail, int64_t tail_ld, cons
     done = n - n % lanes;
     fn(w, tail, tail_ld, x, out, done);
   }
-  if (done < n) detail::ssm_conv_ref(w + done * K, K, tail + done, tail_ld, x + done, out + done, n - done);
+  if (done < n) {
+    detail::ssm_conv_ref(w + done * K, K, K > 1 ? tail + done : tail, tail_ld, x + done, out + done, n - done);
+  }
 }
 
 }  // namespace bonsai::kernels

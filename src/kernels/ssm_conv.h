@@ -23,9 +23,12 @@ namespace bonsai::kernels {
 // (GGUF's ssm_conv1d.weight rows, K taps each, oldest tap first); tail:
 // K-1 rows of n inputs, row k at tail + k * tail_ld (row 0 the oldest),
 // updated in place; x: [n] this token's inputs; out: [n] the sums (no
-// activation). K >= 1 (K = 1: no tail, out = 0 + w x); tail_ld >= n when
-// K > 1. Nothing overlaps except that out may be x. All pointers borrowed
-// for the call.
+// activation). K >= 1 (K = 1: no tail, which may then be null; out = 0 + w
+// x); tail_ld >= n when K > 1. Nothing overlaps except that out may be x.
+// All pointers borrowed for the call. The caller checks the shapes (the
+// model's config validation); outside them the behaviour is undefined (an
+// assert in debug builds). A NaN input gives a NaN out, whose payload may
+// differ between tiers.
 void ssm_conv_step(const float* w, int64_t K, float* tail, int64_t tail_ld, const float* x, float* out, int64_t n);
 
 }  // namespace bonsai::kernels

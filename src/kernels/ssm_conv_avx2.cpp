@@ -1,5 +1,5 @@
 // AVX2 kernel of ssm_conv_step for K = 4 (ssm_conv.h): 8 channels per step,
-// their 8 x 4 filter taps transposed into one vector per tap (two 128-bit
+// their 8 x 4 filter taps transposed into one vector per tap (four 128-bit
 // lane permutes, four unpacks, four shuffles), then the reference's
 // operations on 8 lanes (multiply, then add in tap order from +0; no fma).
 // Compiled with -mavx2 only (src/kernels/CMakeLists.txt); serves the AVX2

@@ -7,8 +7,8 @@
 
 namespace bonsai::kernels::detail {
 
-// The K = 4 kernels' signature: ssm_conv_step with K = 4, over the channels
-// [0, n - n mod lanes) only (the caller runs the rest on the reference).
+// The K = 4 kernels' signature: ssm_conv_step with K = 4 for n a multiple
+// of the kernel's lanes (below; the caller runs the rest on the reference).
 using SsmConv4Fn = void (*)(const float* w, float* tail, int64_t tail_ld, const float* x, float* out, int64_t n);
 
 // The scalar reference (the definition every tier reproduces); any K >= 1.
