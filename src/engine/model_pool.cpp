@@ -759,13 +759,50 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
   };
 }
 
+namespace {
+
+// What gguf_model_loader would refuse in spec's files, found without reading
+// weights: the model's metadata, tensors and Hadamard fold (Model::load with
+// no repack: views of the mapping), its tokenizer and chat template (the
+// loader's options), and a draft model's file and tokenizer against it. The
+// pool runs the estimator before it makes room for a load, and making room
+// evicts idle models: a file refused only by the loader would have cost them
+// for nothing. Errors: the loader's own, with its code and message.
+core::Expected<void> precheck_model_files(const ModelSpec& spec, const model::LoadOptions& open) {
+  model::LoadOptions views = open;
+  views.repack = false;
+  auto chat = chat_template_options(spec);
+  if (!chat) return std::unexpected(chat.error());
+  auto m = model::Model::load(spec.path, views);
+  if (!m) return std::unexpected(m.error());
+  auto tok = tokenizer::Tokenizer::from_gguf((*m)->file(), *chat);
+  if (!tok) return std::unexpected(tok.error());
+  if (spec.model_draft.empty()) return {};
+  auto draft = model::Model::load(spec.model_draft, views);
+  if (!draft) {
+    return core::fail(draft.error().code,
+                      "cannot load the draft model " + spec.model_draft + ": " + draft.error().message);
+  }
+  auto draft_tok = tokenizer::Tokenizer::from_gguf((*draft)->file(), *chat);
+  if (!draft_tok) {
+    return core::fail(draft_tok.error().code, "cannot load the tokenizer of the draft model " + spec.model_draft +
+                                                  ": " + draft_tok.error().message);
+  }
+  return check_draft_tokenizer(**tok, spec.path, **draft_tok, spec.model_draft);
+}
+
+}  // namespace
+
 ModelPool::Estimator gguf_model_estimator() {
-  return [](const ModelSpec& spec) {
+  return [](const ModelSpec& spec) -> core::Expected<uint64_t> {
     model::LoadOptions open;
     open.file.q2_layout = spec.q2_layout;
     open.repack = spec.repack;
-    return estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
-                                spec.kv_budget_tokens, spec.parallel);
+    auto bytes = estimate_model_bytes(spec.path, spec.ctx_size, spec.pool_size, open, spec.kv_type_k, spec.kv_type_v,
+                                      spec.kv_budget_tokens, spec.parallel);
+    if (!bytes) return bytes;
+    if (auto ok = precheck_model_files(spec, open); !ok) return std::unexpected(ok.error());
+    return bytes;
   };
 }
 

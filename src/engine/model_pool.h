@@ -451,7 +451,11 @@ core::Expected<tokenizer::ChatTemplateOptions> chat_template_options(const Model
 
 // The loader and estimator for real GGUF models: build_pool_from_gguf with
 // the spec's pool size, context, default sampling (seed = defaults.seed) and
-// Q2_0 layout, and estimate_model_bytes. Defined in model_pool.cpp.
+// Q2_0 layout, and estimate_model_bytes. The estimator also checks, without
+// reading weights, everything the loader would refuse (metadata, tensors,
+// Hadamard fold, tokenizer, chat template, draft model), so that a bad file
+// is refused before the pool evicts idle models to make room for it.
+// Defined in model_pool.cpp.
 // `tune_scheduler`, if set, is called on each model's SchedulerOptions after
 // they are filled from the spec and before the scheduler starts (tests use
 // it to observe or hold forward steps through on_step); it runs on the

@@ -47,11 +47,12 @@ class ServerHttp : public ::testing::Test {
   virtual void customize_spec(engine::ModelSpec&) {}  // the "stories" registration
   virtual engine::ModelPool::Loader loader() { return engine::gguf_model_loader(); }
   virtual uint64_t budget_mb() const { return 0; }  // the ModelPool's --mem-budget
+  virtual size_t capacity() const { return 2; }     // the ModelPool's --models-max
 
   void SetUp() override {
     stories_ = bonsai::test::shared_path("models/stories260K/stories260K.gguf");
     BONSAI_REQUIRE_FILE(stories_);
-    pool_ = std::make_shared<engine::ModelPool>(2, budget_mb(), loader(), engine::gguf_model_estimator());
+    pool_ = std::make_shared<engine::ModelPool>(capacity(), budget_mb(), loader(), engine::gguf_model_estimator());
     spec_.path = stories_;
     spec_.pool_size = 1;
     spec_.ctx_size = 256;
@@ -272,6 +273,64 @@ TEST_F(ServerHttp, AdminLoadOfABadFileNamesThePath) {
   // The served model is untouched.
   auto [st, got] = post("/v1/completions", completion_body("Once upon a time", 2).dump());
   EXPECT_EQ(st, 200) << got.dump();
+}
+
+// One model slot (--models-max 1), "stories" loaded and idle.
+class ServerHttpOneSlot : public ServerHttp {
+ protected:
+  size_t capacity() const override { return 1; }
+};
+
+// Regression: an admin load of a file that only the full load refuses (a bad
+// prism.hadamard.* key, a tokenizer key out of range) answered 202, evicted
+// the idle model to make room, then failed: the served model was gone (and
+// its prompt cache with it) for a file that could never load. Such files are
+// now refused with a 400 before anything is evicted.
+TEST_F(ServerHttpOneSlot, AdminLoadOfAFileTheLoaderRefusesEvictsNothing) {
+  const std::string fold =
+      bonsai::test::shared_path("fixtures/qwen35/malformed/qwen35-micro-bonsai2-bad-name_dup.gguf");
+  BONSAI_REQUIRE_FILE(fold);
+  std::string bytes;
+  {
+    std::FILE* f = std::fopen(stories_.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+    std::fclose(f);
+  }
+  // tokenizer.ggml.eos_token_id (u32) set past the vocabulary: the key, its
+  // type (4 bytes), then the value.
+  const std::string key = "tokenizer.ggml.eos_token_id";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t past = 0x7fffffff;
+  std::memcpy(bytes.data() + at + key.size() + 4, &past, 4);
+  const std::string bad_tok = ::testing::TempDir() + "/bonsai_http_bad_eos.gguf";
+  {
+    std::FILE* f = std::fopen(bad_tok.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+  const json want = post("/v1/completions", completion_body("Once upon a time", 4).dump()).second;
+  ASSERT_TRUE(want.contains("choices")) << want.dump();
+  const auto before = pool_->peek("stories");
+  ASSERT_NE(before, nullptr);
+  for (const std::string& path : {fold, bad_tok}) {
+    auto [st, j] = post("/admin/models/load", json{{"id", "other"}, {"path", path}}.dump());
+    EXPECT_EQ(st, 400) << path << ": " << j.dump();
+    ASSERT_TRUE(j.contains("error")) << j.dump();
+    EXPECT_EQ(j["error"]["param"], "path") << j.dump();
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(path), std::string::npos) << j.dump();
+    pool_->wait_background();
+    // Still the same loaded model: not evicted and reloaded.
+    EXPECT_EQ(pool_->peek("stories"), before) << path;
+  }
+  auto [st, got] = post("/v1/completions", completion_body("Once upon a time", 4).dump());
+  ASSERT_EQ(st, 200) << got.dump();
+  EXPECT_EQ(got["choices"][0]["text"], want["choices"][0]["text"]);
+  EXPECT_EQ(pool_->peek("stories"), before);
+  std::remove(bad_tok.c_str());
 }
 
 // Model ids show up in /v1/models, /metrics labels and logs: an admin load
