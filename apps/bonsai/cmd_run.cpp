@@ -362,6 +362,13 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o, int* r
   // -md implies --spec-type draft; draft needs -md (checked by runtime_usage_ok).
   eo.spec.type = o.spec_type.empty() ? (o.model_draft.empty() ? engine::SpecType::kNone : engine::SpecType::kDraft)
                                      : engine::parse_spec_type(o.spec_type).value_or(engine::SpecType::kNone);
+  if (eo.spec.type != engine::SpecType::kNone && (*model)->config().n_recurrent_layer() > 0) {
+    // Sequence::propose never proposes for such a model: say so, and load no draft.
+    std::cerr << "bonsai " << cmd << ": warning: speculative decoding is off for " << path << " ("
+              << (*model)->config().arch_name
+              << "): its recurrent state cannot roll back a rejected proposal; --spec-type / -md ignored\n";
+    eo.spec.type = engine::SpecType::kNone;
+  }
   if (eo.spec.type == engine::SpecType::kDraft) {
     auto draft = model::Model::load(o.model_draft, *open_options);
     if (!draft) {

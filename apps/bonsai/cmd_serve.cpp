@@ -131,6 +131,12 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
     if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
+    if ((*m)->model && (*m)->model->config().n_recurrent_layer() > 0 &&
+        ((*m)->spec.spec.type != engine::SpecType::kNone || !(*m)->spec.model_draft.empty())) {
+      line += "\nbonsai serve: warning: speculative decoding is off for '" + id + "' (" +
+              (*m)->model->config().arch_name +
+              "): its recurrent state cannot roll back a rejected proposal; --spec-type / -md ignored";
+    }
     // The KV pool is reserved, not touched, at load: a budget larger than
     // the machine starts, then fails under load. Say so now.
     if (const uint64_t avail = available_memory_bytes(); avail > 0 && (*m)->mem_bytes > avail) {

@@ -731,6 +731,10 @@ ModelPool::Loader gguf_model_loader(std::function<void(SchedulerOptions&)> tune_
     // A draft model: loaded, its tokenizer checked, one proposer per sequence.
     uint64_t draft_bytes = 0;
     if (!spec.model_draft.empty() && so.spec.type == SpecType::kNone) so.spec.type = SpecType::kDraft;
+    // A hybrid (qwen35) model never speculates (Sequence::propose: its
+    // recurrent state cannot roll back a rejected proposal): no proposer, no
+    // draft model loaded or counted. `serve` says so in its load line.
+    if (built->recurrent_state_bytes > 0) so.spec.type = SpecType::kNone;
     if (so.spec.type == SpecType::kDraft) {
       if (spec.model_draft.empty())
         return core::fail(core::Errc::kInvalidArgument, "spec-type draft needs a draft model (model-draft / -md FILE)");
@@ -777,7 +781,7 @@ core::Expected<void> precheck_model_files(const ModelSpec& spec, const model::Lo
   if (!m) return std::unexpected(m.error());
   auto tok = tokenizer::Tokenizer::from_gguf((*m)->file(), *chat);
   if (!tok) return std::unexpected(tok.error());
-  if (spec.model_draft.empty()) return {};
+  if (spec.model_draft.empty() || (*m)->config().n_recurrent_layer() > 0) return {};  // (no draft for a hybrid)
   auto draft = model::Model::load(spec.model_draft, views);
   if (!draft) {
     return core::fail(draft.error().code,

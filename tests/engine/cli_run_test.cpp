@@ -91,6 +91,27 @@ TEST(CliRun, SeedReproducesSampledOutput) {
   EXPECT_NE(nlohmann::json::parse(a.out).at("tokens"), nlohmann::json::parse(c.out).at("tokens"));
 }
 
+// A hybrid (qwen35) model never speculates: -md / --spec-type are dropped
+// with a warning on stderr (they were ignored silently, the draft model
+// loaded for nothing), and the text is the text without them.
+TEST(CliRun, SpeculationOnAHybridModelWarnsAndIsOff) {
+  const std::string q35 = bonsai::test::shared_path("fixtures/qwen35/qwen35-tiny-f16.gguf");
+  BONSAI_REQUIRE_FILE(q35);
+  const std::string base = "run -m '" + q35 + "' -p 'one two three one two three' -n 12 --temp 0 --json";
+  const CliResult plain = bonsai(base);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("speculative decoding is off"), std::string::npos) << plain.err;
+  for (const std::string& flags : {std::string(" -md '") + q35 + "'", std::string(" --spec-type ngram")}) {
+    const CliResult r = bonsai(base + flags);
+    ASSERT_EQ(r.rc, 0) << flags << ": " << r.err;
+    EXPECT_NE(r.err.find("warning: speculative decoding is off for " + q35 + " (qwen35)"), std::string::npos)
+        << flags << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j.at("tokens"), nlohmann::json::parse(plain.out).at("tokens")) << flags;
+    EXPECT_EQ(j.at("timings").at("draft_n"), 0) << flags;
+  }
+}
+
 TEST(CliRun, ErrorsAreClearAndNonZero) {
   const CliResult missing = bonsai("run -m /nonexistent/model.gguf -p hi");
   EXPECT_NE(missing.rc, 0);

@@ -92,5 +92,38 @@ TEST(StateMetrics, AdminModelsAndMetricsCountTheRecurrentState) {
   pool->wait_background();
 }
 
+// A hybrid model never speculates (Sequence::propose), so a draft model or an
+// n-gram spec-type given for one is dropped at load: no proposer, and the
+// draft model is neither loaded nor counted in the model's memory (it was
+// loaded and its ~35 MiB counted for nothing).
+TEST(StateMetrics, AHybridModelLoadsNoDraftModel) {
+  const std::string path = test::shared_path("fixtures/qwen35/qwen35-tiny-q1_0.gguf");
+  BONSAI_REQUIRE_FILE(path);
+  auto pool = std::make_shared<engine::ModelPool>(2, 0, engine::gguf_model_loader(), engine::gguf_model_estimator());
+  engine::ModelSpec plain;
+  plain.path = path;
+  plain.pool_size = 1;
+  plain.ctx_size = 128;
+  engine::ModelSpec draft = plain, ngram = plain;
+  draft.model_draft = path;
+  ngram.spec.type = engine::SpecType::kNgram;
+  pool->loader_register("plain", plain);
+  pool->loader_register("draft", draft);
+  pool->loader_register("ngram", ngram);
+  uint64_t plain_bytes = 0;
+  for (const char* id : {"plain", "draft", "ngram"}) {
+    auto h = pool->acquire(id);
+    ASSERT_TRUE(h.has_value()) << id << ": " << h.error().message;
+    const auto& lm = h->shared();
+    ASSERT_NE(lm->scheduler, nullptr);
+    EXPECT_EQ(lm->scheduler->options().spec.type, engine::SpecType::kNone) << id;
+    EXPECT_FALSE(lm->scheduler->options().spec.proposer) << id;
+    if (plain_bytes == 0) plain_bytes = lm->mem_bytes;
+    EXPECT_EQ(lm->mem_bytes, plain_bytes) << id;
+    h->release();
+    ASSERT_TRUE(pool->unload(id).has_value()) << id;
+  }
+}
+
 }  // namespace
 }  // namespace bonsai::server
