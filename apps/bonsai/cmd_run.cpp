@@ -348,6 +348,8 @@ std::optional<Session> open_session(const char* cmd, const GenOptions& o, int* r
     std::cerr << "bonsai " << cmd << ": cannot load the tokenizer of " << path << ": " << tok.error().message << "\n";
     return std::nullopt;
   }
+  if (!(*tok)->load_warning().empty())
+    std::cerr << "bonsai " << cmd << ": warning: " << path << ": " << (*tok)->load_warning() << "\n";
   if (auto ok = engine::check_ctx_supported(path, o.ctx, (*model)->config()); !ok) {
     std::cerr << "bonsai " << cmd << ": " << ok.error().message << "\n";
     *rc = kExitUsage;  // -c's value

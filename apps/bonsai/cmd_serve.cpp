@@ -52,6 +52,7 @@
 #include "server/config.h"             // ServeConfig, load_serve_toml
 #include "server/server.h"             // Server
 #include "server/shutdown.h"           // ShutdownSignals
+#include "tokenizer/tokenizer.h"       // Tokenizer::load_warning
 
 namespace bonsai::app {
 namespace {
@@ -131,6 +132,8 @@ bool preload_models(engine::ModelPool& pool, const server::ServeConfig& cfg, siz
       line += ", Q2_0 layout " + std::string(core::q2_layout_name(*layout)) +
               ((*m)->spec.q2_layout ? " (forced)" : " (detected)");
     if ((*m)->model) line += "; " + model::describe((*m)->model->repack_stats());
+    if ((*m)->tokenizer && !(*m)->tokenizer->load_warning().empty())
+      line += "\nbonsai serve: warning: '" + id + "': " + (*m)->tokenizer->load_warning();
     if ((*m)->model && (*m)->model->config().n_recurrent_layer() > 0 &&
         ((*m)->spec.spec.type != engine::SpecType::kNone || !(*m)->spec.model_draft.empty())) {
       line += "\nbonsai serve: warning: speculative decoding is off for '" + id + "' (" +

@@ -41,6 +41,8 @@ int run_validate(const ValidateOptions& o) {
   if ((*file)->has("tokenizer.ggml.model")) {
     auto tok = tokenizer::Tokenizer::from_gguf(**file);
     if (!tok) problems.push_back("tokenizer: " + tok.error().message);
+    if (tok && !(*tok)->load_warning().empty())
+      std::cerr << o.model_path << ": warning: tokenizer: " << (*tok)->load_warning() << "\n";
   }
   // (check_model already lists a fold that does not validate; read here for the summary line.)
   auto fold = model::read_hadamard_fold(**file);
@@ -77,7 +79,7 @@ int run_validate(const ValidateOptions& o) {
 
 void register_validate(CLI::App& app) {
   auto opts = std::make_shared<ValidateOptions>();
-  auto* cmd = app.add_subcommand("validate", "Check that a GGUF is a loadable Qwen3/llama model");
+  auto* cmd = app.add_subcommand("validate", "Check that a GGUF is a loadable Qwen3 / qwen35 / llama model");
   cmd->add_option("-m,--model", opts->model_path, "GGUF model file")->required();
   cmd->add_option("--q2-layout", opts->q2_layout,
                   "Force the type-42 layout: g64, g128-d-first, g128-qs-first (env BONSAI_Q2_LAYOUT)");

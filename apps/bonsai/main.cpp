@@ -20,7 +20,7 @@ int exit_code() { return g_exit_code; }
 }  // namespace bonsai::app
 
 int main(int argc, char** argv) {
-  CLI::App app{"bonsai: run and serve Bonsai (Qwen3, Q1_0/Q2_0 GGUF) language models"};
+  CLI::App app{"bonsai: run and serve Bonsai (Qwen3, qwen35; Q1_0/Q2_0/PQ2_0/PTQ1_0 GGUF) language models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "bonsai 0.1.0");
   bonsai::app::register_run(app);

@@ -47,6 +47,7 @@ struct Tokenizer::Impl {
   std::string path;
   VocabType type = VocabType::kBpe;
   std::string pre;
+  std::string load_warning;                                  // Tokenizer::load_warning
   std::vector<std::string> tokens;                           // [n_vocab] token text as stored
   std::vector<TokenType> types;                              // [n_vocab]
   std::vector<float> scores;                                 // [n_vocab] (llama; zeros if absent)
@@ -299,6 +300,11 @@ core::Expected<void> Tokenizer::Impl::read_pretokenizer(const gguf::File& file) 
   // Qwen2/Qwen3 tokenizer.json: normalizer NFC (Hugging Face, see tokenizer.h).
   // qwen35 follows llama.cpp (no NFC): its goldens tokenize NFD text as is.
   nfc = (pre == "qwen2");
+  if (pre != "qwen2" && pre != "qwen35" && pre != "default" && pre != "gpt-2") {
+    load_warning = "tokenizer.ggml.pre = '" + pre +
+                   "' is not a pre-tokenizer bonsai implements (qwen2, qwen35; default and gpt-2 split as GPT-2): "
+                   "text is split with GPT-2's pattern, which may not match the model's training";
+  }
   return {};
 }
 
@@ -737,6 +743,8 @@ bool Tokenizer::add_bos_token() const { return impl_->add_bos; }
 bool Tokenizer::is_eog(TokenId id) const { return impl_->eog.contains(id); }
 bool Tokenizer::is_control(TokenId id) const { return impl_->valid(id) && impl_->types[id] == TokenType::kControl; }
 const ChatTemplate& Tokenizer::chat_template() const { return impl_->chat_template; }
+
+const std::string& Tokenizer::load_warning() const { return impl_->load_warning; }
 
 // ---- incremental decoding ------------------------------------------------------
 

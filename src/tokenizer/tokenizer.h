@@ -150,6 +150,14 @@ class Tokenizer {
   // `tokenizer.chat_template` through Jinja; plain ChatML if absent).
   const ChatTemplate& chat_template() const;
 
+  // What the loaded tokenizer does differently from the file's intent, for
+  // the commands to print as a warning; empty when nothing. Today: a BPE
+  // `tokenizer.ggml.pre` bonsai does not implement (anything but "qwen2",
+  // "qwen35", "default", "gpt-2" or none), whose text is then split with
+  // GPT-2's pattern, which may not be how the model was trained (llama.cpp
+  // refuses such a file). One line naming the key and the value.
+  const std::string& load_warning() const;
+
   struct Impl;  // defined in tokenizer.cpp
 
  private:

@@ -199,7 +199,7 @@ TEST(Qwen35Tokenizer, UnseenCombiningMarksRoundTrip) {
 
 // `pre` values other than "qwen2" / "qwen35", or none, load with GPT-2's
 // regex, which keeps digit runs together (" ?\p{N}+"); qwen2 and qwen35 cut
-// every digit.
+// every digit. Values bonsai does not implement come with a load warning.
 TEST(Qwen35Tokenizer, UnknownPreFallsBackToGpt2) {
   auto build = [](const std::string& pre) {
     gguf::Writer w;
@@ -213,15 +213,25 @@ TEST(Qwen35Tokenizer, UnknownPreFallsBackToGpt2) {
     EXPECT_TRUE(file.has_value());
     return Tokenizer::from_gguf(**file);
   };
-  for (const char* pre : {"", "default", "no-such-pre", "qwen3.5", "QWEN35"}) {
+  // Names bonsai implements load quietly; others carry a load warning that
+  // names the key and the value (the commands print it).
+  for (const char* pre : {"", "default", "gpt-2", "no-such-pre", "qwen3.5", "QWEN35"}) {
     auto tok = build(pre);
     ASSERT_TRUE(tok.has_value()) << pre << ": " << tok.error().message;
     EXPECT_EQ((*tok)->encode("12"), (std::vector<TokenId>{2})) << "pre '" << pre << "'";
+    const std::string p = pre;
+    if (p.empty() || p == "default" || p == "gpt-2") {
+      EXPECT_EQ((*tok)->load_warning(), "") << "pre '" << pre << "'";
+    } else {
+      EXPECT_NE((*tok)->load_warning().find("tokenizer.ggml.pre = '" + p + "'"), std::string::npos)
+          << (*tok)->load_warning();
+    }
   }
   for (const char* pre : {"qwen2", "qwen35"}) {
     auto tok = build(pre);
     ASSERT_TRUE(tok.has_value()) << pre << ": " << tok.error().message;
     EXPECT_EQ((*tok)->encode("12"), (std::vector<TokenId>{0, 1})) << "pre '" << pre << "'";
+    EXPECT_EQ((*tok)->load_warning(), "") << "pre '" << pre << "'";
   }
 }
 
