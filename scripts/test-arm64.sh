@@ -197,6 +197,7 @@ run_test max "" kernels_packing_test --gtest_filter="$PACKING"
 run_test max "" kernels_hadamard_test
 run_test max "" kernels_delta_rule_test
 run_test max "" kernels_silu_test
+run_test max "" kernels_ssm_conv_test
 run_test max "" model_attention_test --gtest_filter="$ATTN_MAX"
 run_test max "" engine_sampling_test --gtest_filter='Argmax.*'  # the NEON argmax against the scalar scan
 for t in "${TOKENIZER_TESTS[@]}"; do run_test max "" "$t"; done
