@@ -37,7 +37,8 @@ start=$SECONDS
 BUILD_DIR="${BUILD_DIR:-build-arm64}"
 export BONSAI_SHARED="${BONSAI_SHARED:-$PWD/../shared}"
 KERNEL_TESTS=(kernels_test kernels_formats_test kernels_golden_test kernels_tiers_test kernels_invariance_test
-              kernels_packing_test kernels_hadamard_test kernels_delta_rule_test kernels_silu_test)
+              kernels_packing_test kernels_hadamard_test kernels_delta_rule_test kernels_silu_test
+              kernels_ssm_conv_test)
 MODEL_TESTS=(model_golden_test engine_inference_test model_attention_test engine_sampling_test)
 TOKENIZER_TESTS=(tokenizer_qwen_test tokenizer_decode_test)
 TARGETS="bonsai ${KERNEL_TESTS[*]} ${MODEL_TESTS[*]} ${TOKENIZER_TESTS[*]}" ./scripts/cross-arm64.sh
