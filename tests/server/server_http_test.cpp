@@ -106,6 +106,17 @@ class ServerHttp : public ::testing::Test {
   int port_ = 0;
 };
 
+// The whole file at `path` ("" if it cannot be read).
+std::string file_bytes(const std::string& path) {
+  std::string bytes;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return bytes;
+  char buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
+  std::fclose(f);
+  return bytes;
+}
+
 json completion_body(const std::string& prompt, int max_tokens) {
   return json{{"model", "stories"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
 }
@@ -239,14 +250,8 @@ TEST_F(ServerHttp, RefusedAdminLoadDoesNotRepointAServedModel) {
 // with "param": null and "code": null (a missing key was even a 404); the
 // error must name the field at fault, 'path', as every other admin error does.
 TEST_F(ServerHttp, AdminLoadOfABadFileNamesThePath) {
-  std::string bytes;
-  {
-    std::FILE* f = std::fopen(stories_.c_str(), "rb");
-    ASSERT_NE(f, nullptr);
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
-    std::fclose(f);
-  }
+  std::string bytes = file_bytes(stories_);
+  ASSERT_FALSE(bytes.empty()) << stories_;
   const size_t arch = bytes.find("llama", bytes.find("general.architecture"));
   ASSERT_NE(arch, std::string::npos);
   std::string other_arch = bytes;
@@ -290,14 +295,8 @@ TEST_F(ServerHttpOneSlot, AdminLoadOfAFileTheLoaderRefusesEvictsNothing) {
   const std::string fold =
       bonsai::test::shared_path("fixtures/qwen35/malformed/qwen35-micro-bonsai2-bad-name_dup.gguf");
   BONSAI_REQUIRE_FILE(fold);
-  std::string bytes;
-  {
-    std::FILE* f = std::fopen(stories_.c_str(), "rb");
-    ASSERT_NE(f, nullptr);
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
-    std::fclose(f);
-  }
+  std::string bytes = file_bytes(stories_);
+  ASSERT_FALSE(bytes.empty()) << stories_;
   // tokenizer.ggml.eos_token_id (u32) set past the vocabulary: the key, its
   // type (4 bytes), then the value.
   const std::string key = "tokenizer.ggml.eos_token_id";
@@ -559,14 +558,8 @@ TEST(AvailableMemory, ReadsMemAvailable) {
 // not a 404 "does not exist" (the loader's kNotFound for a missing GGUF key
 // was mapped to model_not_found); an unknown id is still a 404.
 TEST_F(ServerHttp, RegisteredModelThatFailsToLoadIs500Not404) {
-  std::string bytes;
-  {
-    std::FILE* f = std::fopen(stories_.c_str(), "rb");
-    ASSERT_NE(f, nullptr);
-    char buf[65536];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) bytes.append(buf, n);
-    std::fclose(f);
-  }
+  std::string bytes = file_bytes(stories_);
+  ASSERT_FALSE(bytes.empty()) << stories_;
   const std::string key = "tokenizer.ggml.tokens";
   const size_t at = bytes.find(key);
   ASSERT_NE(at, std::string::npos);
